@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs every build and run dependency of asyncps from Debian's archive.
+# Idempotent: packages already present are skipped, so it is cheap to call
+# from the README commands and from .ci/run. Needs root (or sudo).
+set -euo pipefail
+
+PKGS=(
+  build-essential cmake pkg-config git
+  libzmq3-dev cppzmq-dev
+  capnproto libcapnp-dev
+  librocksdb-dev
+  libgflags-dev libgoogle-glog-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libopenblas-dev zlib1g-dev
+  dataset-fashion-mnist
+  gnuplot-nox python3 procps iproute2
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install_deps: all ${#PKGS[@]} packages present"
+  exit 0
+fi
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "install_deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install_deps: done"
