@@ -1,0 +1,104 @@
+// Model layout: named tensors, their chunks, and which shard holds each chunk.
+//
+// A model is a list of tensors. Each tensor is cut into chunks of at most
+// `chunk_elems` floats, and every chunk is assigned to one of `num_shards`
+// shards. The assignment is a pure function of (tensors, options), so every
+// process computes the same layout without a coordinator.
+//
+// Balancing: chunks are cut small enough that each shard receives several of
+// them, then assigned largest-first to the least-loaded shard (LPT). With at
+// least four chunks per shard the largest shard holds at most ~1.125 x the
+// mean bytes (see layout_test.cc), unlike key-range partitioning where every
+// small dense tensor lands on server 0.
+//
+// A Layout is immutable after Create() and safe to share between threads.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace asyncps {
+
+// How a tensor's initial values are drawn. Travels on the wire: never renumber.
+enum class InitKind : uint8_t {
+  kZeros = 0,
+  kConstant = 1,   // every element = param
+  kUniform = 2,    // U(-param, param)
+  kNormal = 3,     // N(0, param^2)
+  kHeNormal = 4,   // N(0, 2 / fan_in), fan_in = shape[0]
+  kXavierUniform = 5,  // U(-a, a), a = sqrt(6 / (shape[0] + shape[1]))
+};
+
+struct TensorSpec {
+  std::string name;            // Unique within the model, 1-255 bytes.
+  std::vector<int64_t> shape;  // Row-major; all dims >= 1.
+  InitKind init = InitKind::kZeros;
+  float init_param = 0.0f;     // See InitKind.
+  uint64_t seed = 0;           // Initialiser seed.
+
+  int64_t num_elements() const;
+  bool operator==(const TensorSpec& o) const;
+  bool operator!=(const TensorSpec& o) const { return !(*this == o); }
+};
+
+struct LayoutOptions {
+  // Largest chunk, in floats. Default: 1 Mi floats (4 MiB), so no single
+  // message frame grows past a few MiB.
+  size_t chunk_elems = size_t{1} << 20;
+  // Smallest chunk a tensor is cut into for balancing, in floats.
+  // Default: 4096 (16 KiB); tensors smaller than this stay in one chunk.
+  size_t min_chunk_elems = 4096;
+  // Number of shards. Default: 1.
+  int num_shards = 1;
+};
+
+struct ChunkSpec {
+  uint32_t id;          // Global chunk index, 0..num_chunks-1, tensor-major.
+  uint32_t tensor;      // Index into tensors().
+  uint64_t offset;      // First element within the tensor.
+  uint64_t num_elems;   // Length in floats.
+  int shard;            // Owning shard.
+};
+
+class Layout {
+ public:
+  // Validates the specs (names unique and non-empty, shapes positive, no
+  // more than 2^32 chunks) and computes chunks and shard assignment.
+  static StatusOr<Layout> Create(std::vector<TensorSpec> tensors, const LayoutOptions& options);
+
+  const std::vector<TensorSpec>& tensors() const { return tensors_; }
+  const std::vector<ChunkSpec>& chunks() const { return chunks_; }
+  const LayoutOptions& options() const { return options_; }
+  int num_shards() const { return options_.num_shards; }
+
+  // Chunks of one tensor, in offset order.
+  const std::vector<uint32_t>& tensor_chunks(uint32_t tensor) const { return tensor_chunks_[tensor]; }
+  // Chunks held by one shard, in id order.
+  const std::vector<uint32_t>& shard_chunks(int shard) const { return shard_chunks_[shard]; }
+  // Bytes held by each shard.
+  std::vector<uint64_t> ShardBytes() const;
+  // Index of the tensor called `name`, or NotFound.
+  StatusOr<uint32_t> FindTensor(const std::string& name) const;
+  // Total floats in the model.
+  uint64_t total_elems() const { return total_elems_; }
+
+ private:
+  std::vector<TensorSpec> tensors_;
+  std::vector<ChunkSpec> chunks_;
+  std::vector<std::vector<uint32_t>> tensor_chunks_;
+  std::vector<std::vector<uint32_t>> shard_chunks_;
+  LayoutOptions options_;
+  uint64_t total_elems_ = 0;
+};
+
+// Fills dst[0..n) with elements [offset, offset+n) of tensor `spec`'s initial
+// value. Element i's value depends only on (spec.seed, spec.name, i), so
+// chunks initialised separately on different shards equal the whole tensor
+// initialised in one process.
+void InitializeTensorRange(const TensorSpec& spec, uint64_t offset, uint64_t n, float* dst);
+
+}  // namespace asyncps
