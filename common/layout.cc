@@ -15,33 +15,40 @@ int64_t TensorSpec::num_elements() const {
 
 bool TensorSpec::operator==(const TensorSpec& o) const {
   return name == o.name && shape == o.shape && init == o.init &&
-         (init_param == o.init_param || (std::isnan(init_param) && std::isnan(o.init_param))) &&
+         (init_param == o.init_param ||
+          (std::isnan(init_param) && std::isnan(o.init_param))) &&
          seed == o.seed;
 }
 
-StatusOr<Layout> Layout::Create(std::vector<TensorSpec> tensors, const LayoutOptions& options) {
+StatusOr<Layout> Layout::Create(std::vector<TensorSpec> tensors,
+                                const LayoutOptions& options) {
   if (options.num_shards < 1 || options.num_shards > 4096) {
     return Status::InvalidArgument("num_shards must be in [1, 4096], got " +
                                    std::to_string(options.num_shards));
   }
-  if (options.chunk_elems < 1) return Status::InvalidArgument("chunk_elems must be >= 1");
-  if (tensors.empty()) return Status::InvalidArgument("a layout needs at least one tensor");
+  if (options.chunk_elems < 1)
+    return Status::InvalidArgument("chunk_elems must be >= 1");
+  if (tensors.empty())
+    return Status::InvalidArgument("a layout needs at least one tensor");
   std::unordered_set<std::string> names;
   uint64_t total = 0;
   for (const TensorSpec& t : tensors) {
     if (t.name.empty() || t.name.size() > 255) {
-      return Status::InvalidArgument("tensor name must be 1-255 bytes: '" + t.name + "'");
+      return Status::InvalidArgument("tensor name must be 1-255 bytes: '" +
+                                     t.name + "'");
     }
     if (!names.insert(t.name).second) {
       return Status::InvalidArgument("duplicate tensor name '" + t.name + "'");
     }
     if (t.shape.empty() || t.shape.size() > 8) {
-      return Status::InvalidArgument("tensor '" + t.name + "' needs 1 to 8 dimensions");
+      return Status::InvalidArgument("tensor '" + t.name +
+                                     "' needs 1 to 8 dimensions");
     }
     uint64_t n = 1;
     for (int64_t d : t.shape) {
       if (d < 1 || d > (int64_t{1} << 40)) {
-        return Status::InvalidArgument("tensor '" + t.name + "' has a dimension out of range");
+        return Status::InvalidArgument("tensor '" + t.name +
+                                       "' has a dimension out of range");
       }
       n *= static_cast<uint64_t>(d);
       if (n > (uint64_t{1} << 40)) {
@@ -49,7 +56,8 @@ StatusOr<Layout> Layout::Create(std::vector<TensorSpec> tensors, const LayoutOpt
       }
     }
     if (!std::isfinite(t.init_param)) {
-      return Status::InvalidArgument("tensor '" + t.name + "' has a non-finite init parameter");
+      return Status::InvalidArgument("tensor '" + t.name +
+                                     "' has a non-finite init parameter");
     }
     total += n;
   }
@@ -61,10 +69,12 @@ StatusOr<Layout> Layout::Create(std::vector<TensorSpec> tensors, const LayoutOpt
   const int S = options.num_shards;
   // Cut chunks small enough that each shard gets >= 8 pieces of the model:
   // LPT then bounds the largest shard by mean + one piece <= 1.125 x mean.
-  uint64_t target = std::max<uint64_t>(1, total / (8 * static_cast<uint64_t>(S)));
-  uint64_t piece = std::min<uint64_t>(options.chunk_elems,
-                                      std::max<uint64_t>(target, std::min<uint64_t>(
-                                          options.min_chunk_elems, options.chunk_elems)));
+  uint64_t target =
+      std::max<uint64_t>(1, total / (8 * static_cast<uint64_t>(S)));
+  uint64_t piece = std::min<uint64_t>(
+      options.chunk_elems,
+      std::max<uint64_t>(target, std::min<uint64_t>(options.min_chunk_elems,
+                                                    options.chunk_elems)));
   l.tensor_chunks_.resize(l.tensors_.size());
   for (uint32_t t = 0; t < l.tensors_.size(); ++t) {
     uint64_t n = static_cast<uint64_t>(l.tensors_[t].num_elements());
@@ -73,14 +83,16 @@ StatusOr<Layout> Layout::Create(std::vector<TensorSpec> tensors, const LayoutOpt
     uint64_t base = n / pieces, extra = n % pieces, off = 0;
     for (uint64_t p = 0; p < pieces; ++p) {
       uint64_t len = base + (p < extra ? 1 : 0);
-      if (l.chunks_.size() >= UINT32_MAX) return Status::InvalidArgument("too many chunks");
+      if (l.chunks_.size() >= UINT32_MAX)
+        return Status::InvalidArgument("too many chunks");
       ChunkSpec c{static_cast<uint32_t>(l.chunks_.size()), t, off, len, 0};
       l.tensor_chunks_[t].push_back(c.id);
       l.chunks_.push_back(c);
       off += len;
     }
   }
-  // LPT: largest first (ties by id), each to the least-loaded shard (ties by index).
+  // LPT: largest first (ties by id), each to the least-loaded shard (ties by
+  // index).
   std::vector<uint32_t> order(l.chunks_.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
@@ -102,7 +114,8 @@ StatusOr<Layout> Layout::Create(std::vector<TensorSpec> tensors, const LayoutOpt
 
 std::vector<uint64_t> Layout::ShardBytes() const {
   std::vector<uint64_t> bytes(options_.num_shards, 0);
-  for (const ChunkSpec& c : chunks_) bytes[c.shard] += c.num_elems * sizeof(float);
+  for (const ChunkSpec& c : chunks_)
+    bytes[c.shard] += c.num_elems * sizeof(float);
   return bytes;
 }
 
@@ -129,11 +142,14 @@ uint64_t HashName(const std::string& s) {
 }
 
 // Uniform in (0, 1), from the top 24 bits.
-inline float Unit(uint64_t bits) { return (static_cast<float>(bits >> 40) + 0.5f) * (1.0f / 16777216.0f); }
+inline float Unit(uint64_t bits) {
+  return (static_cast<float>(bits >> 40) + 0.5f) * (1.0f / 16777216.0f);
+}
 
 }  // namespace
 
-void InitializeTensorRange(const TensorSpec& spec, uint64_t offset, uint64_t n, float* dst) {
+void InitializeTensorRange(const TensorSpec& spec, uint64_t offset, uint64_t n,
+                           float* dst) {
   const uint64_t key = SplitMix64(spec.seed ^ HashName(spec.name));
   float scale = spec.init_param;
   switch (spec.init) {
@@ -144,7 +160,10 @@ void InitializeTensorRange(const TensorSpec& spec, uint64_t offset, uint64_t n, 
       std::fill(dst, dst + n, spec.init_param);
       return;
     case InitKind::kXavierUniform:
-      scale = std::sqrt(6.0f / static_cast<float>(spec.shape[0] + (spec.shape.size() > 1 ? spec.shape[1] : 1)));
+      scale =
+          std::sqrt(6.0f / static_cast<float>(
+                               spec.shape[0] +
+                               (spec.shape.size() > 1 ? spec.shape[1] : 1)));
       [[fallthrough]];
     case InitKind::kUniform:
       for (uint64_t i = 0; i < n; ++i) {
@@ -158,7 +177,8 @@ void InitializeTensorRange(const TensorSpec& spec, uint64_t offset, uint64_t n, 
       for (uint64_t i = 0; i < n; ++i) {
         uint64_t r = SplitMix64(key + offset + i);
         float u1 = Unit(r), u2 = Unit(r << 24);
-        dst[i] = scale * std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853f * u2);
+        dst[i] =
+            scale * std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853f * u2);
       }
       return;
   }

@@ -26,10 +26,10 @@ namespace asyncps {
 // How a tensor's initial values are drawn. Travels on the wire: never renumber.
 enum class InitKind : uint8_t {
   kZeros = 0,
-  kConstant = 1,   // every element = param
-  kUniform = 2,    // U(-param, param)
-  kNormal = 3,     // N(0, param^2)
-  kHeNormal = 4,   // N(0, 2 / fan_in), fan_in = shape[0]
+  kConstant = 1,       // every element = param
+  kUniform = 2,        // U(-param, param)
+  kNormal = 3,         // N(0, param^2)
+  kHeNormal = 4,       // N(0, 2 / fan_in), fan_in = shape[0]
   kXavierUniform = 5,  // U(-a, a), a = sqrt(6 / (shape[0] + shape[1]))
 };
 
@@ -37,8 +37,8 @@ struct TensorSpec {
   std::string name;            // Unique within the model, 1-255 bytes.
   std::vector<int64_t> shape;  // Row-major; all dims >= 1.
   InitKind init = InitKind::kZeros;
-  float init_param = 0.0f;     // See InitKind.
-  uint64_t seed = 0;           // Initialiser seed.
+  float init_param = 0.0f;  // See InitKind.
+  uint64_t seed = 0;        // Initialiser seed.
 
   int64_t num_elements() const;
   bool operator==(const TensorSpec& o) const;
@@ -57,18 +57,19 @@ struct LayoutOptions {
 };
 
 struct ChunkSpec {
-  uint32_t id;          // Global chunk index, 0..num_chunks-1, tensor-major.
-  uint32_t tensor;      // Index into tensors().
-  uint64_t offset;      // First element within the tensor.
-  uint64_t num_elems;   // Length in floats.
-  int shard;            // Owning shard.
+  uint32_t id;         // Global chunk index, 0..num_chunks-1, tensor-major.
+  uint32_t tensor;     // Index into tensors().
+  uint64_t offset;     // First element within the tensor.
+  uint64_t num_elems;  // Length in floats.
+  int shard;           // Owning shard.
 };
 
 class Layout {
  public:
   // Validates the specs (names unique and non-empty, shapes positive, no
   // more than 2^32 chunks) and computes chunks and shard assignment.
-  static StatusOr<Layout> Create(std::vector<TensorSpec> tensors, const LayoutOptions& options);
+  static StatusOr<Layout> Create(std::vector<TensorSpec> tensors,
+                                 const LayoutOptions& options);
 
   const std::vector<TensorSpec>& tensors() const { return tensors_; }
   const std::vector<ChunkSpec>& chunks() const { return chunks_; }
@@ -76,9 +77,13 @@ class Layout {
   int num_shards() const { return options_.num_shards; }
 
   // Chunks of one tensor, in offset order.
-  const std::vector<uint32_t>& tensor_chunks(uint32_t tensor) const { return tensor_chunks_[tensor]; }
+  const std::vector<uint32_t>& tensor_chunks(uint32_t tensor) const {
+    return tensor_chunks_[tensor];
+  }
   // Chunks held by one shard, in id order.
-  const std::vector<uint32_t>& shard_chunks(int shard) const { return shard_chunks_[shard]; }
+  const std::vector<uint32_t>& shard_chunks(int shard) const {
+    return shard_chunks_[shard];
+  }
   // Bytes held by each shard.
   std::vector<uint64_t> ShardBytes() const;
   // Index of the tensor called `name`, or NotFound.
@@ -99,6 +104,7 @@ class Layout {
 // value. Element i's value depends only on (spec.seed, spec.name, i), so
 // chunks initialised separately on different shards equal the whole tensor
 // initialised in one process.
-void InitializeTensorRange(const TensorSpec& spec, uint64_t offset, uint64_t n, float* dst);
+void InitializeTensorRange(const TensorSpec& spec, uint64_t offset, uint64_t n,
+                           float* dst);
 
 }  // namespace asyncps

@@ -1,0 +1,88 @@
+# asyncps wire protocol, version 1.
+#
+# Every ZeroMQ message is one header frame holding a Request or a Reply
+# (Cap'n Proto, unpacked, single segment preferred), followed by zero or more
+# data frames. Tensor bytes never sit inside the header: a ChunkRef names the
+# data frame (1-based: frame 0 is the header) that carries them, the codec
+# that encoded them, the chunk's element count and the frame's exact size.
+# The receiver validates every ChunkRef (frame index in range, size equal to
+# the frame, chunk owned by the receiving shard, element count equal to the
+# layout's) before touching memory. Every request gets exactly one reply,
+# with the request's id; a failed request gets a reply whose status is not
+# OK and whose body is `none`.
+@0xc4a0f3b1d2e5a697;
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("asyncps::capnpwire");
+
+const protocolVersion :UInt16 = 1;
+
+struct TensorSpec {
+  name @0 :Text;
+  shape @1 :List(Int64);
+  init @2 :UInt8;        # asyncps::InitKind
+  initParam @3 :Float32;
+  seed @4 :UInt64;
+}
+
+struct ChunkRef {
+  chunk @0 :UInt32;      # global chunk id from the layout
+  frame @1 :UInt32;      # data frame index, >= 1
+  codec @2 :UInt8;       # asyncps::compression::CodecId (0 = raw fp32)
+  numElems @3 :UInt64;   # elements in the chunk
+  byteSize @4 :UInt64;   # exact size of the data frame in bytes
+  version @5 :UInt64;    # pull replies: updates applied to this chunk
+}
+
+struct Register {
+  tensors @0 :List(TensorSpec);
+  chunkElems @1 :UInt64;
+  minChunkElems @2 :UInt64;
+  numShards @3 :UInt32;
+}
+
+struct Push {
+  clock @0 :Int64;           # the pushing worker's clock (iterations done)
+  chunks @1 :List(ChunkRef);
+}
+
+struct Pull {
+  clock @0 :Int64;           # the pulling worker's clock
+  chunks @1 :List(UInt32);   # empty: every chunk of the shard
+  codec @2 :Text;            # pull compression spec, "" = raw fp32
+}
+
+struct Clock {
+  clock @0 :Int64;           # the worker's new clock
+}
+
+struct Request {
+  version @0 :UInt16;
+  id @1 :UInt64;             # unique per (rank, incarnation); replies echo it
+  rank @2 :Int32;            # worker rank, or -1 for tools (ps_ctl)
+  incarnation @3 :UInt64;    # random per client process: dedups resent pushes
+  body :union {
+    register @4 :Register;
+    push @5 :Push;
+    pull @6 :Pull;
+    clock @7 :Clock;
+    heartbeat @8 :Void;
+    stats @9 :Void;
+    checkpoint @10 :Void;
+    shutdown @11 :Void;
+  }
+}
+
+struct Reply {
+  version @0 :UInt16;
+  id @1 :UInt64;
+  code @2 :UInt8;            # asyncps::StatusCode, 0 = OK
+  message @3 :Text;          # error text when code != 0
+  kind @4 :UInt8;            # asyncps::RequestKind this answers
+  shardVersion @5 :UInt64;   # updates applied by the shard so far
+  minClock @6 :Int64;        # min clock of live workers
+  staleness @7 :Int64;       # push: staleness recorded for it (-1 n/a)
+  created @8 :Bool;          # register: true when this call created the tensors
+  chunks @9 :List(ChunkRef); # pull: one per data frame
+  text @10 :Text;            # stats: JSON
+}

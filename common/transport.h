@@ -1,0 +1,139 @@
+// Message transport over ZeroMQ: a ROUTER for servers, DEALERs for clients.
+//
+// A message is a list of frames. Frames are sent without copying: a Frame
+// holds a reference to the bytes' owner (a Buffer, a received message...) and
+// ZeroMQ releases that reference through a free callback once the bytes are
+// on the wire. Received frames are handed out as ByteViews that keep the
+// underlying zmq message alive, so a receiver copies tensor bytes at most
+// once, into their destination.
+//
+// Endpoints are ZeroMQ addresses: "tcp://127.0.0.1:5555", "tcp://127.0.0.1:*"
+// (ephemeral port; endpoint() tells the one bound) or "inproc://name" (an
+// in-process transport for tests; both sides must share one Context).
+//
+// cppzmq throws; this adapter catches everything and returns Status.
+// Thread safety: a socket object must be used by one thread at a time.
+// A Context may be shared by any number of threads.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/buffer.h"
+#include "common/status.h"
+
+namespace asyncps {
+
+// Owns a ZeroMQ context (I/O threads). Sockets keep their context alive.
+class Context {
+ public:
+  // `io_threads`: ZeroMQ I/O threads. Default 1.
+  static std::shared_ptr<Context> Create(int io_threads = 1);
+  virtual ~Context() = default;
+};
+
+struct TransportOptions {
+  // Shared context; nullptr creates a private one for this socket.
+  std::shared_ptr<Context> context;
+  // Largest single frame accepted, in bytes (ZMQ_MAXMSGSIZE: a peer sending
+  // more is disconnected by ZeroMQ). Default: 256 MiB.
+  int64_t max_frame_bytes = int64_t{256} << 20;
+  // Largest whole message (all frames) accepted, in bytes; a larger one is
+  // received and dropped, and Receive() reports ResourceExhausted for it.
+  // Default: 1 GiB.
+  int64_t max_message_bytes = int64_t{1} << 30;
+  // Most frames in one message; more is ResourceExhausted. Default: 65536.
+  size_t max_frames = 65536;
+  // Send/receive high-water marks, in messages. Default: 10000.
+  int hwm = 10000;
+  // Kernel socket buffer size, bytes; 0 keeps the OS default. Default: 0.
+  int socket_buffer_bytes = 0;
+  // CurveZMQ keys (Z85, 40 chars). Server: its secret key. Client: its
+  // secret key plus the server's public key. Empty: no encryption.
+  std::string curve_secret_key;
+  std::string curve_public_key;
+  std::string curve_server_key;
+};
+
+// One outgoing frame: bytes plus whatever keeps them alive until sent.
+struct Frame {
+  const void* data = nullptr;
+  size_t size = 0;
+  std::shared_ptr<const void> owner;  // nullptr: bytes are copied on Send.
+
+  static Frame Copy(const void* data, size_t size);  // copies now
+  static Frame Owned(std::vector<uint8_t>&& bytes);  // no copy
+  static Frame Ref(const BufferPtr& b);              // no copy
+  static Frame Ref(const void* data, size_t size,
+                   std::shared_ptr<const void> owner);
+};
+
+// A received message. frames[0] is the header.
+struct Message {
+  std::vector<ByteView> frames;
+  int64_t total_bytes = 0;
+  // Set when the message broke a limit (too big, too many frames): its
+  // frames were dropped and the receiver should answer with this error.
+  Status error;
+  void Clear() {
+    frames.clear();
+    total_bytes = 0;
+    error = Status::OK();
+  }
+};
+
+// ROUTER socket of a server. Replies are routed by the peer identity the
+// request arrived with.
+class ServerSocket {
+ public:
+  static StatusOr<std::unique_ptr<ServerSocket>> Bind(
+      const std::string& endpoint, const TransportOptions& options);
+  virtual ~ServerSocket() = default;
+
+  // The bound address, with the real port for "tcp://host:*".
+  virtual const std::string& endpoint() const = 0;
+
+  // Waits up to `timeout` for a message. Returns false on timeout. `peer`
+  // receives the sender's routing identity (opaque).
+  virtual StatusOr<bool> Receive(std::string* peer, Message* msg,
+                                 std::chrono::milliseconds timeout) = 0;
+
+  // Sends frames to `peer`. Never blocks for long: a peer that is gone or
+  // whose queue is full loses the message (Unavailable is returned).
+  virtual Status Send(const std::string& peer, std::vector<Frame>& frames) = 0;
+};
+
+// DEALER socket of a client, connected to one server. Reconnects on its own
+// when the server restarts; messages queue (up to the high-water mark) while
+// it is away.
+class ClientSocket {
+ public:
+  static StatusOr<std::unique_ptr<ClientSocket>> Connect(
+      const std::string& endpoint, const TransportOptions& options);
+  virtual ~ClientSocket() = default;
+
+  virtual const std::string& endpoint() const = 0;
+
+  // Queues a message. Returns ResourceExhausted if the queue is full.
+  virtual Status Send(std::vector<Frame>& frames) = 0;
+
+  // Waits up to `timeout` for one message; false on timeout.
+  virtual StatusOr<bool> Receive(Message* msg,
+                                 std::chrono::milliseconds timeout) = 0;
+
+  // Waits up to `timeout` until any of `sockets` has a message; returns the
+  // index of one that is readable, or -1 on timeout.
+  static StatusOr<int> PollAny(const std::vector<ClientSocket*>& sockets,
+                               std::chrono::milliseconds timeout);
+
+ protected:
+  virtual void* raw_handle() = 0;  // for PollAny
+};
+
+// Generates a CurveZMQ key pair (Z85 text, 40 characters each).
+Status GenerateCurveKeyPair(std::string* public_key, std::string* secret_key);
+
+}  // namespace asyncps

@@ -1,0 +1,129 @@
+#include "common/transport.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+
+namespace asyncps {
+namespace {
+
+using std::chrono::milliseconds;
+
+TEST(TransportTest, TcpRoundTripZeroCopy) {
+  TransportOptions o;
+  auto server = ServerSocket::Bind("tcp://127.0.0.1:0", o);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  EXPECT_NE((*server)->endpoint().find("127.0.0.1:"), std::string::npos);
+  auto client = ClientSocket::Connect((*server)->endpoint(), o);
+  ASSERT_TRUE(client.ok());
+
+  BufferPtr big = Buffer::Allocate(1 << 20);
+  for (size_t i = 0; i < big->size(); ++i)
+    big->data()[i] = static_cast<uint8_t>(i * 7);
+  std::weak_ptr<Buffer> watch = big;
+  std::vector<Frame> frames{Frame::Copy("hdr", 3), Frame::Ref(big)};
+  ASSERT_TRUE((*client)->Send(frames).ok());
+  frames.clear();
+  big.reset();  // the transport keeps its own reference until sent
+
+  std::string peer;
+  Message msg;
+  auto got = (*server)->Receive(&peer, &msg, milliseconds(5000));
+  ASSERT_TRUE(got.ok() && *got);
+  ASSERT_EQ(msg.frames.size(), 2u);
+  EXPECT_EQ(std::string(reinterpret_cast<const char*>(msg.frames[0].data), 3),
+            "hdr");
+  ASSERT_EQ(msg.frames[1].size, size_t{1} << 20);
+  EXPECT_EQ(msg.frames[1].data[12345], static_cast<uint8_t>(12345 * 7));
+  for (int i = 0; i < 100 && !watch.expired(); ++i)
+    std::this_thread::sleep_for(milliseconds(10));
+  EXPECT_TRUE(watch.expired()) << "buffer still referenced after send";
+
+  std::vector<Frame> reply{Frame::Owned(std::vector<uint8_t>{1, 2, 3})};
+  ASSERT_TRUE((*server)->Send(peer, reply).ok());
+  Message r;
+  auto rgot = (*client)->Receive(&r, milliseconds(5000));
+  ASSERT_TRUE(rgot.ok() && *rgot);
+  ASSERT_EQ(r.frames.size(), 1u);
+  EXPECT_EQ(r.frames[0].data[2], 3);
+}
+
+TEST(TransportTest, ReceiveTimesOut) {
+  auto server = ServerSocket::Bind("tcp://127.0.0.1:*", {});
+  ASSERT_TRUE(server.ok());
+  std::string peer;
+  Message msg;
+  auto got = (*server)->Receive(&peer, &msg, milliseconds(20));
+  ASSERT_TRUE(got.ok());
+  EXPECT_FALSE(*got);
+}
+
+TEST(TransportTest, OversizeMessageIsFlagged) {
+  TransportOptions o;
+  o.max_message_bytes = 1000;
+  o.max_frames = 4;
+  auto server = ServerSocket::Bind("tcp://127.0.0.1:0", o);
+  ASSERT_TRUE(server.ok());
+  auto client = ClientSocket::Connect((*server)->endpoint(), {});
+  ASSERT_TRUE(client.ok());
+  std::vector<uint8_t> blob(2000, 1);
+  std::vector<Frame> f{Frame::Copy("h", 1),
+                       Frame::Copy(blob.data(), blob.size())};
+  ASSERT_TRUE((*client)->Send(f).ok());
+  std::vector<Frame> many;
+  for (int i = 0; i < 10; ++i) many.push_back(Frame::Copy("x", 1));
+  ASSERT_TRUE((*client)->Send(many).ok());
+  std::string peer;
+  Message msg;
+  ASSERT_TRUE(*(*server)->Receive(&peer, &msg, milliseconds(5000)));
+  EXPECT_EQ(msg.error.code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(msg.frames.size(), 1u);
+  ASSERT_TRUE(*(*server)->Receive(&peer, &msg, milliseconds(5000)));
+  EXPECT_EQ(msg.error.code(), StatusCode::kResourceExhausted);
+}
+
+TEST(TransportTest, InprocWithSharedContextAndPollAny) {
+  TransportOptions o;
+  o.context = Context::Create();
+  auto s1 = ServerSocket::Bind("inproc://a", o);
+  auto s2 = ServerSocket::Bind("inproc://b", o);
+  ASSERT_TRUE(s1.ok() && s2.ok());
+  auto c1 = ClientSocket::Connect("inproc://a", o);
+  auto c2 = ClientSocket::Connect("inproc://b", o);
+  ASSERT_TRUE(c1.ok() && c2.ok());
+  std::vector<Frame> f{Frame::Copy("ping", 4)};
+  ASSERT_TRUE((*c2)->Send(f).ok());
+  std::string peer;
+  Message msg;
+  ASSERT_TRUE(*(*s2)->Receive(&peer, &msg, milliseconds(2000)));
+  std::vector<Frame> back{Frame::Copy("pong", 4)};
+  ASSERT_TRUE((*s2)->Send(peer, back).ok());
+  auto idx = ClientSocket::PollAny({c1->get(), c2->get()}, milliseconds(2000));
+  ASSERT_TRUE(idx.ok());
+  EXPECT_EQ(*idx, 1);
+  auto none = ClientSocket::PollAny({c1->get()}, milliseconds(10));
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*none, -1);
+}
+
+TEST(TransportTest, BindConflictIsAnError) {
+  auto a = ServerSocket::Bind("tcp://127.0.0.1:0", {});
+  ASSERT_TRUE(a.ok());
+  auto b = ServerSocket::Bind((*a)->endpoint(), {});
+  EXPECT_FALSE(b.ok());
+  auto bad = ServerSocket::Bind("nonsense://x", {});
+  EXPECT_FALSE(bad.ok());
+}
+
+TEST(TransportTest, CurveKeyPair) {
+  std::string pub, sec;
+  Status s = GenerateCurveKeyPair(&pub, &sec);
+  if (s.code() == StatusCode::kUnimplemented) GTEST_SKIP() << s.ToString();
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(pub.size(), 40u);
+  EXPECT_EQ(sec.size(), 40u);
+}
+
+}  // namespace
+}  // namespace asyncps

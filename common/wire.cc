@@ -1,0 +1,326 @@
+// Encoding of RequestHeader / ReplyHeader to and from Cap'n Proto.
+// This file is the one place that catches Cap'n Proto (kj) exceptions.
+#include "common/wire.h"
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <kj/exception.h>
+#include <kj/io.h>
+
+#include <cstring>
+
+#include "common/protocol.capnp.h"
+
+namespace asyncps {
+
+namespace cw = capnpwire;
+
+const char* RequestKindName(RequestKind kind) {
+  switch (kind) {
+    case RequestKind::kRegister:
+      return "register";
+    case RequestKind::kPush:
+      return "push";
+    case RequestKind::kPull:
+      return "pull";
+    case RequestKind::kClock:
+      return "clock";
+    case RequestKind::kHeartbeat:
+      return "heartbeat";
+    case RequestKind::kStats:
+      return "stats";
+    case RequestKind::kCheckpoint:
+      return "checkpoint";
+    case RequestKind::kShutdown:
+      return "shutdown";
+  }
+  return "unknown";
+}
+
+namespace {
+
+std::vector<uint8_t> Serialize(capnp::MessageBuilder& builder) {
+  size_t words = capnp::computeSerializedSizeInWords(builder);
+  std::vector<uint8_t> out(words * sizeof(capnp::word));
+  kj::ArrayOutputStream stream(kj::arrayPtr(out.data(), out.size()));
+  capnp::writeMessage(stream, builder);
+  return out;
+}
+
+void FillChunkRefs(capnp::List<cw::ChunkRef>::Builder list,
+                   const std::vector<ChunkRef>& refs) {
+  for (size_t i = 0; i < refs.size(); ++i) {
+    auto c = list[i];
+    c.setChunk(refs[i].chunk);
+    c.setFrame(refs[i].frame);
+    c.setCodec(refs[i].codec);
+    c.setNumElems(refs[i].num_elems);
+    c.setByteSize(refs[i].byte_size);
+    c.setVersion(refs[i].version);
+  }
+}
+
+Status ReadChunkRefs(capnp::List<cw::ChunkRef>::Reader list,
+                     const DecodeLimits& limits, std::vector<ChunkRef>* out) {
+  if (list.size() > limits.max_list_entries) {
+    return Status::ResourceExhausted("too many chunk refs: " +
+                                     std::to_string(list.size()));
+  }
+  out->resize(list.size());
+  for (uint32_t i = 0; i < list.size(); ++i) {
+    auto c = list[i];
+    ChunkRef& r = (*out)[i];
+    r.chunk = c.getChunk();
+    r.frame = c.getFrame();
+    r.codec = c.getCodec();
+    r.num_elems = c.getNumElems();
+    r.byte_size = c.getByteSize();
+    r.version = c.getVersion();
+  }
+  return Status::OK();
+}
+
+// Runs `fn` on a reader over [data, size), turning every kj exception into
+// InvalidArgument. Copies into aligned memory when `data` is not word-aligned.
+template <typename Root, typename Fn>
+Status WithReader(const uint8_t* data, size_t size, const DecodeLimits& limits,
+                  Fn&& fn) {
+  if (size == 0) return Status::InvalidArgument("empty header frame");
+  if (size > limits.max_header_bytes) {
+    return Status::ResourceExhausted("header of " + std::to_string(size) +
+                                     " bytes exceeds limit");
+  }
+  if (size % sizeof(capnp::word) != 0) {
+    return Status::InvalidArgument("header size " + std::to_string(size) +
+                                   " is not a multiple of 8");
+  }
+  kj::Array<capnp::word> copy;
+  const capnp::word* words = reinterpret_cast<const capnp::word*>(data);
+  if (reinterpret_cast<uintptr_t>(data) % alignof(capnp::word) != 0) {
+    copy = kj::heapArray<capnp::word>(size / sizeof(capnp::word));
+    std::memcpy(copy.begin(), data, size);
+    words = copy.begin();
+  }
+  Status result;
+  KJ_IF_MAYBE (e, kj::runCatchingExceptions([&]() {
+                 capnp::ReaderOptions options;
+                 options.traversalLimitInWords =
+                     size / sizeof(capnp::word) * 4 + 1024;
+                 options.nestingLimit = 16;
+                 capnp::FlatArrayMessageReader reader(
+                     kj::arrayPtr(words, size / sizeof(capnp::word)), options);
+                 result = fn(reader.getRoot<Root>());
+               })) {
+    return Status::InvalidArgument(std::string("malformed header: ") +
+                                   e->getDescription().cStr());
+  }
+  return result;
+}
+
+}  // namespace
+
+std::vector<uint8_t> EncodeRequest(const RequestHeader& h) {
+  capnp::MallocMessageBuilder builder(256);
+  auto r = builder.initRoot<cw::Request>();
+  r.setVersion(h.version);
+  r.setId(h.id);
+  r.setRank(h.rank);
+  r.setIncarnation(h.incarnation);
+  auto body = r.initBody();
+  switch (h.kind) {
+    case RequestKind::kRegister: {
+      auto reg = body.initRegister();
+      auto ts = reg.initTensors(h.tensors.size());
+      for (size_t i = 0; i < h.tensors.size(); ++i) {
+        const TensorSpec& t = h.tensors[i];
+        auto o = ts[i];
+        o.setName(t.name);
+        auto shape = o.initShape(t.shape.size());
+        for (size_t d = 0; d < t.shape.size(); ++d) shape.set(d, t.shape[d]);
+        o.setInit(static_cast<uint8_t>(t.init));
+        o.setInitParam(t.init_param);
+        o.setSeed(t.seed);
+      }
+      reg.setChunkElems(h.layout.chunk_elems);
+      reg.setMinChunkElems(h.layout.min_chunk_elems);
+      reg.setNumShards(static_cast<uint32_t>(h.layout.num_shards));
+      break;
+    }
+    case RequestKind::kPush: {
+      auto p = body.initPush();
+      p.setClock(h.clock);
+      FillChunkRefs(p.initChunks(h.chunks.size()), h.chunks);
+      break;
+    }
+    case RequestKind::kPull: {
+      auto p = body.initPull();
+      p.setClock(h.clock);
+      auto ids = p.initChunks(h.pull_chunks.size());
+      for (size_t i = 0; i < h.pull_chunks.size(); ++i)
+        ids.set(i, h.pull_chunks[i]);
+      p.setCodec(h.pull_codec);
+      break;
+    }
+    case RequestKind::kClock:
+      body.initClock().setClock(h.clock);
+      break;
+    case RequestKind::kHeartbeat:
+      body.setHeartbeat();
+      break;
+    case RequestKind::kStats:
+      body.setStats();
+      break;
+    case RequestKind::kCheckpoint:
+      body.setCheckpoint();
+      break;
+    case RequestKind::kShutdown:
+      body.setShutdown();
+      break;
+  }
+  return Serialize(builder);
+}
+
+std::vector<uint8_t> EncodeReply(const ReplyHeader& h) {
+  capnp::MallocMessageBuilder builder(128 + h.chunks.size() * 8);
+  auto r = builder.initRoot<cw::Reply>();
+  r.setVersion(h.version);
+  r.setId(h.id);
+  r.setCode(static_cast<uint8_t>(h.status.code()));
+  if (!h.status.ok()) r.setMessage(h.status.message());
+  r.setKind(static_cast<uint8_t>(h.kind));
+  r.setShardVersion(h.shard_version);
+  r.setMinClock(h.min_clock);
+  r.setStaleness(h.staleness);
+  r.setCreated(h.created);
+  if (!h.chunks.empty()) FillChunkRefs(r.initChunks(h.chunks.size()), h.chunks);
+  if (!h.text.empty()) r.setText(h.text);
+  return Serialize(builder);
+}
+
+Status DecodeRequest(const uint8_t* data, size_t size,
+                     const DecodeLimits& limits, RequestHeader* out) {
+  return WithReader<cw::Request>(
+      data, size, limits, [&](cw::Request::Reader r) -> Status {
+        out->id = r.getId();
+        out->version = r.getVersion();
+        out->rank = r.getRank();
+        out->incarnation = r.getIncarnation();
+        if (out->version != kProtocolVersion) {
+          return Status::FailedPrecondition(
+              "protocol version " + std::to_string(out->version) +
+              " not supported (this build speaks " +
+              std::to_string(kProtocolVersion) + ")");
+        }
+        out->chunks.clear();
+        out->pull_chunks.clear();
+        out->tensors.clear();
+        out->pull_codec.clear();
+        out->clock = 0;
+        auto body = r.getBody();
+        switch (body.which()) {
+          case cw::Request::Body::REGISTER: {
+            out->kind = RequestKind::kRegister;
+            auto reg = body.getRegister();
+            auto ts = reg.getTensors();
+            if (ts.size() > limits.max_list_entries)
+              return Status::ResourceExhausted("too many tensors");
+            out->tensors.resize(ts.size());
+            for (uint32_t i = 0; i < ts.size(); ++i) {
+              auto t = ts[i];
+              TensorSpec& s = out->tensors[i];
+              s.name = t.getName().cStr();
+              auto shape = t.getShape();
+              if (shape.size() > 8)
+                return Status::InvalidArgument(
+                    "tensor with more than 8 dimensions");
+              s.shape.resize(shape.size());
+              for (uint32_t d = 0; d < shape.size(); ++d) s.shape[d] = shape[d];
+              if (t.getInit() >
+                  static_cast<uint8_t>(InitKind::kXavierUniform)) {
+                return Status::InvalidArgument("unknown initialiser " +
+                                               std::to_string(t.getInit()));
+              }
+              s.init = static_cast<InitKind>(t.getInit());
+              s.init_param = t.getInitParam();
+              s.seed = t.getSeed();
+            }
+            out->layout.chunk_elems = reg.getChunkElems();
+            out->layout.min_chunk_elems = reg.getMinChunkElems();
+            out->layout.num_shards = static_cast<int>(
+                std::min<uint32_t>(reg.getNumShards(), 1u << 20));
+            return Status::OK();
+          }
+          case cw::Request::Body::PUSH: {
+            out->kind = RequestKind::kPush;
+            auto p = body.getPush();
+            out->clock = p.getClock();
+            return ReadChunkRefs(p.getChunks(), limits, &out->chunks);
+          }
+          case cw::Request::Body::PULL: {
+            out->kind = RequestKind::kPull;
+            auto p = body.getPull();
+            out->clock = p.getClock();
+            auto ids = p.getChunks();
+            if (ids.size() > limits.max_list_entries)
+              return Status::ResourceExhausted("too many chunk ids");
+            out->pull_chunks.resize(ids.size());
+            for (uint32_t i = 0; i < ids.size(); ++i)
+              out->pull_chunks[i] = ids[i];
+            out->pull_codec = p.getCodec().cStr();
+            return Status::OK();
+          }
+          case cw::Request::Body::CLOCK:
+            out->kind = RequestKind::kClock;
+            out->clock = body.getClock().getClock();
+            return Status::OK();
+          case cw::Request::Body::HEARTBEAT:
+            out->kind = RequestKind::kHeartbeat;
+            return Status::OK();
+          case cw::Request::Body::STATS:
+            out->kind = RequestKind::kStats;
+            return Status::OK();
+          case cw::Request::Body::CHECKPOINT:
+            out->kind = RequestKind::kCheckpoint;
+            return Status::OK();
+          case cw::Request::Body::SHUTDOWN:
+            out->kind = RequestKind::kShutdown;
+            return Status::OK();
+        }
+        return Status::InvalidArgument(
+            "unknown request kind " +
+            std::to_string(static_cast<int>(body.which())));
+      });
+}
+
+Status DecodeReply(const uint8_t* data, size_t size, const DecodeLimits& limits,
+                   ReplyHeader* out) {
+  return WithReader<cw::Reply>(
+      data, size, limits, [&](cw::Reply::Reader r) -> Status {
+        out->id = r.getId();
+        out->version = r.getVersion();
+        if (out->version != kProtocolVersion) {
+          return Status::FailedPrecondition("reply protocol version " +
+                                            std::to_string(out->version) +
+                                            " not supported");
+        }
+        uint8_t code = r.getCode();
+        if (code > static_cast<uint8_t>(StatusCode::kUnimplemented)) {
+          return Status::InvalidArgument("unknown status code " +
+                                         std::to_string(code));
+        }
+        out->status =
+            Status(static_cast<StatusCode>(code), r.getMessage().cStr());
+        if (r.getKind() > static_cast<uint8_t>(RequestKind::kShutdown)) {
+          return Status::InvalidArgument("unknown reply kind");
+        }
+        out->kind = static_cast<RequestKind>(r.getKind());
+        out->shard_version = r.getShardVersion();
+        out->min_clock = r.getMinClock();
+        out->staleness = r.getStaleness();
+        out->created = r.getCreated();
+        out->text = r.getText().cStr();
+        return ReadChunkRefs(r.getChunks(), limits, &out->chunks);
+      });
+}
+
+}  // namespace asyncps

@@ -1,0 +1,102 @@
+// Plain C++ views of the wire protocol (common/protocol.capnp), and their
+// encoding to and from header frames.
+//
+// Only this module sees Cap'n Proto types: the server and the client work
+// with RequestHeader / ReplyHeader. Decoding never throws; a malformed,
+// truncated or oversized header, or a wrong protocol version, is a non-OK
+// Status and leaves nothing half-built that the caller could use.
+//
+// Decode functions fill a caller-owned object so the hot path can reuse its
+// vectors (no allocation per message once capacities have grown).
+//
+// Thread safety: all functions are reentrant.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/layout.h"
+#include "common/status.h"
+
+namespace asyncps {
+
+inline constexpr uint16_t kProtocolVersion = 1;
+
+// Request kinds. Travel on the wire: never renumber.
+enum class RequestKind : uint8_t {
+  kRegister = 0,
+  kPush = 1,
+  kPull = 2,
+  kClock = 3,
+  kHeartbeat = 4,
+  kStats = 5,
+  kCheckpoint = 6,
+  kShutdown = 7,
+};
+const char* RequestKindName(RequestKind kind);
+
+// A tensor chunk carried in data frame `frame` (>= 1) of the same message.
+struct ChunkRef {
+  uint32_t chunk = 0;
+  uint32_t frame = 0;
+  uint8_t codec = 0;  // compression::CodecId; 0 = raw fp32
+  uint64_t num_elems = 0;
+  uint64_t byte_size = 0;
+  uint64_t version = 0;  // pull replies only
+};
+
+struct RequestHeader {
+  uint16_t version = kProtocolVersion;
+  uint64_t id = 0;
+  int32_t rank = -1;
+  uint64_t incarnation = 0;
+  RequestKind kind = RequestKind::kHeartbeat;
+
+  // kRegister
+  std::vector<TensorSpec> tensors;
+  LayoutOptions layout;
+  // kPush, kPull, kClock
+  int64_t clock = 0;
+  // kPush: one per data frame.
+  std::vector<ChunkRef> chunks;
+  // kPull: chunk ids wanted (empty = all of the shard's), pull codec spec.
+  std::vector<uint32_t> pull_chunks;
+  std::string pull_codec;
+};
+
+struct ReplyHeader {
+  uint16_t version = kProtocolVersion;
+  uint64_t id = 0;
+  Status status;
+  RequestKind kind = RequestKind::kHeartbeat;
+  uint64_t shard_version = 0;
+  int64_t min_clock = 0;
+  int64_t staleness = -1;
+  bool created = false;
+  std::vector<ChunkRef> chunks;  // kPull replies
+  std::string text;              // kStats replies (JSON)
+};
+
+// Limits applied while decoding a header.
+struct DecodeLimits {
+  // Largest header accepted, in bytes. Default: 16 MiB.
+  size_t max_header_bytes = size_t{16} << 20;
+  // Most list entries (chunk refs, tensors, chunk ids). Default: 1 Mi.
+  size_t max_list_entries = size_t{1} << 20;
+};
+
+// Serialises a header into a fresh byte vector.
+std::vector<uint8_t> EncodeRequest(const RequestHeader& h);
+std::vector<uint8_t> EncodeReply(const ReplyHeader& h);
+
+// Parses a header frame. Never throws; never reads outside [data, data+size).
+// Returns InvalidArgument for malformed input and FailedPrecondition for a
+// protocol version other than kProtocolVersion (with the id still filled in
+// `out` where it could be read, so an error reply can echo it).
+Status DecodeRequest(const uint8_t* data, size_t size,
+                     const DecodeLimits& limits, RequestHeader* out);
+Status DecodeReply(const uint8_t* data, size_t size, const DecodeLimits& limits,
+                   ReplyHeader* out);
+
+}  // namespace asyncps

@@ -1,0 +1,142 @@
+#include "common/wire.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+namespace asyncps {
+namespace {
+
+TEST(WireTest, PushRoundTrip) {
+  RequestHeader h;
+  h.id = 42;
+  h.rank = 3;
+  h.incarnation = 0xdeadbeef;
+  h.kind = RequestKind::kPush;
+  h.clock = 17;
+  h.chunks = {{5, 1, 0, 1000, 4000, 0}, {9, 2, 7, 20, 88, 0}};
+  auto bytes = EncodeRequest(h);
+  RequestHeader d;
+  ASSERT_TRUE(DecodeRequest(bytes.data(), bytes.size(), {}, &d).ok());
+  EXPECT_EQ(d.id, 42u);
+  EXPECT_EQ(d.rank, 3);
+  EXPECT_EQ(d.incarnation, 0xdeadbeefu);
+  EXPECT_EQ(d.kind, RequestKind::kPush);
+  EXPECT_EQ(d.clock, 17);
+  ASSERT_EQ(d.chunks.size(), 2u);
+  EXPECT_EQ(d.chunks[1].chunk, 9u);
+  EXPECT_EQ(d.chunks[1].codec, 7);
+  EXPECT_EQ(d.chunks[1].byte_size, 88u);
+}
+
+TEST(WireTest, RegisterAndPullRoundTrip) {
+  RequestHeader h;
+  h.kind = RequestKind::kRegister;
+  TensorSpec t;
+  t.name = "fc0.weight";
+  t.shape = {784, 256};
+  t.init = InitKind::kHeNormal;
+  t.seed = 99;
+  h.tensors = {t};
+  h.layout.chunk_elems = 4096;
+  h.layout.num_shards = 2;
+  auto bytes = EncodeRequest(h);
+  RequestHeader d;
+  ASSERT_TRUE(DecodeRequest(bytes.data(), bytes.size(), {}, &d).ok());
+  ASSERT_EQ(d.tensors.size(), 1u);
+  EXPECT_EQ(d.tensors[0], t);
+  EXPECT_EQ(d.layout.chunk_elems, 4096u);
+  EXPECT_EQ(d.layout.num_shards, 2);
+
+  RequestHeader p;
+  p.kind = RequestKind::kPull;
+  p.clock = 4;
+  p.pull_chunks = {1, 2, 3};
+  p.pull_codec = "fp16";
+  bytes = EncodeRequest(p);
+  ASSERT_TRUE(DecodeRequest(bytes.data(), bytes.size(), {}, &d).ok());
+  EXPECT_EQ(d.kind, RequestKind::kPull);
+  EXPECT_EQ(d.pull_chunks, (std::vector<uint32_t>{1, 2, 3}));
+  EXPECT_EQ(d.pull_codec, "fp16");
+  EXPECT_TRUE(d.tensors.empty());
+}
+
+TEST(WireTest, ReplyCarriesStatus) {
+  ReplyHeader r;
+  r.id = 7;
+  r.kind = RequestKind::kPull;
+  r.status = Status::NotFound("chunk 12");
+  r.min_clock = 5;
+  r.chunks = {{1, 1, 0, 10, 40, 3}};
+  auto bytes = EncodeReply(r);
+  ReplyHeader d;
+  ASSERT_TRUE(DecodeReply(bytes.data(), bytes.size(), {}, &d).ok());
+  EXPECT_EQ(d.status, Status::NotFound("chunk 12"));
+  EXPECT_EQ(d.min_clock, 5);
+  EXPECT_EQ(d.chunks[0].version, 3u);
+}
+
+TEST(WireTest, WrongVersionIsRejectedButIdEchoed) {
+  RequestHeader h;
+  h.version = 9;
+  h.id = 1234;
+  auto bytes = EncodeRequest(h);
+  RequestHeader d;
+  Status s = DecodeRequest(bytes.data(), bytes.size(), {}, &d);
+  EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(d.id, 1234u);
+}
+
+TEST(WireTest, GarbageAndTruncationNeverCrash) {
+  RequestHeader h;
+  h.kind = RequestKind::kPush;
+  h.chunks.resize(50);
+  auto good = EncodeRequest(h);
+  RequestHeader d;
+  for (size_t len = 0; len < good.size(); ++len) {
+    std::vector<uint8_t> cut(good.begin(), good.begin() + len);
+    EXPECT_FALSE(DecodeRequest(cut.data(), cut.size(), {}, &d).ok()) << len;
+  }
+  std::mt19937 rng(3);
+  int rejected = 0;
+  for (int i = 0; i < 5000; ++i) {
+    std::vector<uint8_t> m = good;
+    for (int k = 0; k < 1 + i % 8; ++k)
+      m[rng() % m.size()] = static_cast<uint8_t>(rng());
+    if (!DecodeRequest(m.data(), m.size(), {}, &d).ok()) ++rejected;
+    std::vector<uint8_t> g(8 * (1 + rng() % 64));
+    for (auto& b : g) b = static_cast<uint8_t>(rng());
+    (void)DecodeRequest(g.data(), g.size(), {}, &d);
+  }
+  EXPECT_GT(rejected, 0);
+}
+
+TEST(WireTest, LimitsAreEnforced) {
+  RequestHeader h;
+  h.kind = RequestKind::kPush;
+  h.chunks.resize(100);
+  auto bytes = EncodeRequest(h);
+  DecodeLimits small;
+  small.max_list_entries = 10;
+  RequestHeader d;
+  EXPECT_EQ(DecodeRequest(bytes.data(), bytes.size(), small, &d).code(),
+            StatusCode::kResourceExhausted);
+  small.max_header_bytes = 64;
+  EXPECT_EQ(DecodeRequest(bytes.data(), bytes.size(), small, &d).code(),
+            StatusCode::kResourceExhausted);
+}
+
+TEST(WireTest, UnalignedInputIsCopied) {
+  RequestHeader h;
+  h.kind = RequestKind::kClock;
+  h.clock = 77;
+  auto bytes = EncodeRequest(h);
+  std::vector<uint8_t> shifted(bytes.size() + 1);
+  std::copy(bytes.begin(), bytes.end(), shifted.begin() + 1);
+  RequestHeader d;
+  ASSERT_TRUE(DecodeRequest(shifted.data() + 1, bytes.size(), {}, &d).ok());
+  EXPECT_EQ(d.clock, 77);
+}
+
+}  // namespace
+}  // namespace asyncps
