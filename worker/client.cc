@@ -1,0 +1,473 @@
+#include "worker/client.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <unordered_map>
+
+#include "common/wire.h"
+#include "compression/codec.h"
+
+namespace asyncps::worker {
+
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+uint64_t RandomIncarnation() {
+  std::random_device rd;
+  uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  v ^= static_cast<uint64_t>(SteadyClock::now().time_since_epoch().count());
+  return v == 0 ? 1 : v;
+}
+
+// Sends heartbeats to every shard from its own thread and sockets.
+class Heartbeater {
+ public:
+  Heartbeater(const ClientOptions& o, uint64_t incarnation)
+      : options_(o), incarnation_(incarnation) {}
+  ~Heartbeater() { Stop(); }
+
+  Status Start() {
+    for (const auto& e : options_.servers) {
+      ASSIGN_OR_RETURN(auto s, ClientSocket::Connect(e, options_.transport));
+      sockets_.push_back(std::move(s));
+    }
+    thread_ = std::thread([this] { Run(); });
+    return Status::OK();
+  }
+
+  void Stop() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void Run() {
+    uint64_t id = uint64_t{1} << 63;
+    std::unique_lock<std::mutex> l(mu_);
+    while (!stop_) {
+      l.unlock();
+      RequestHeader h;
+      h.kind = RequestKind::kHeartbeat;
+      h.rank = options_.rank;
+      h.incarnation = incarnation_;
+      h.id = id++;
+      auto bytes = EncodeRequest(h);
+      Message drain;
+      for (auto& s : sockets_) {
+        std::vector<Frame> f{Frame::Copy(bytes.data(), bytes.size())};
+        (void)s->Send(f);  // best effort: a full queue means the shard is away
+        while (true) {     // discard replies
+          auto got = s->Receive(&drain, milliseconds(0));
+          if (!got.ok() || !*got) break;
+        }
+      }
+      l.lock();
+      cv_.wait_for(l, options_.heartbeat_interval, [this] { return stop_; });
+    }
+  }
+
+  ClientOptions options_;
+  uint64_t incarnation_;
+  std::vector<std::unique_ptr<ClientSocket>> sockets_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;  // GUARDED_BY(mu_)
+};
+
+class ClientImpl : public Client {
+ public:
+  explicit ClientImpl(const ClientOptions& o)
+      : Client(o), incarnation_(RandomIncarnation()) {}
+
+  ~ClientImpl() override {
+    if (heartbeater_) heartbeater_->Stop();
+  }
+
+  Status Init() {
+    if (options_.servers.empty())
+      return Status::InvalidArgument(
+          "client needs at least one server endpoint");
+    if (!options_.transport.context)
+      options_.transport.context = Context::Create(1);
+    for (const auto& e : options_.servers) {
+      ASSIGN_OR_RETURN(auto s, ClientSocket::Connect(e, options_.transport));
+      sockets_.push_back(std::move(s));
+      raw_sockets_.push_back(sockets_.back().get());
+    }
+    if (options_.heartbeat_interval.count() > 0) {
+      heartbeater_ = std::make_unique<Heartbeater>(options_, incarnation_);
+      RETURN_IF_ERROR(heartbeater_->Start());
+    }
+    return Status::OK();
+  }
+
+  Status Register(const std::vector<TensorSpec>& tensors,
+                  LayoutOptions layout) override {
+    layout.num_shards = num_shards();
+    ASSIGN_OR_RETURN(Layout l, Layout::Create(tensors, layout));
+    RequestHeader h = NewHeader(RequestKind::kRegister);
+    h.tensors = tensors;
+    h.layout = layout;
+    ASSIGN_OR_RETURN(Ticket t, StartOnShards(h, AllShards()));
+    TicketResult r;
+    RETURN_IF_ERROR(Wait(t, options_.deadline, &r));
+    layout_ = std::make_unique<Layout>(std::move(l));
+    return Status::OK();
+  }
+
+  const Layout& layout() const override { return *layout_; }
+
+  StatusOr<Ticket> StartPush(int64_t clock,
+                             std::vector<ChunkPayload> chunks) override {
+    if (!layout_) return Status::FailedPrecondition("push before Register()");
+    std::vector<std::vector<size_t>> by_shard(num_shards());
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      if (chunks[i].chunk >= layout_->chunks().size()) {
+        return Status::InvalidArgument("push of unknown chunk " +
+                                       std::to_string(chunks[i].chunk));
+      }
+      by_shard[layout_->chunks()[chunks[i].chunk].shard].push_back(i);
+    }
+    Ticket t = NewTicket();
+    for (int s = 0; s < num_shards(); ++s) {
+      if (by_shard[s].empty()) continue;
+      RequestHeader h = NewHeader(RequestKind::kPush);
+      h.clock = clock;
+      std::vector<Frame> frames(1);
+      for (size_t i : by_shard[s]) {
+        ChunkPayload& p = chunks[i];
+        ChunkRef ref;
+        ref.chunk = p.chunk;
+        ref.frame = static_cast<uint32_t>(frames.size());
+        ref.codec = p.codec;
+        ref.num_elems = layout_->chunks()[p.chunk].num_elems;
+        ref.byte_size = p.data.size;
+        h.chunks.push_back(ref);
+        frames.push_back(std::move(p.data));
+      }
+      RETURN_IF_ERROR(Enqueue(t, s, h, std::move(frames)));
+    }
+    return t;
+  }
+
+  StatusOr<Ticket> StartPull(int64_t clock, const std::vector<float*>& tensors,
+                             const std::string& codec) override {
+    if (!layout_) return Status::FailedPrecondition("pull before Register()");
+    if (tensors.size() != layout_->tensors().size()) {
+      return Status::InvalidArgument(
+          "pull needs " + std::to_string(layout_->tensors().size()) +
+          " buffers, got " + std::to_string(tensors.size()));
+    }
+    RequestHeader h = NewHeader(RequestKind::kPull);
+    h.clock = clock;
+    h.pull_codec = codec;
+    ASSIGN_OR_RETURN(Ticket t, StartOnShards(h, AllShards()));
+    tickets_[t].pull_dst = tensors;
+    return t;
+  }
+
+  StatusOr<Ticket> StartClock(int64_t clock) override {
+    RequestHeader h = NewHeader(RequestKind::kClock);
+    h.clock = clock;
+    return StartOnShards(h, AllShards());
+  }
+
+  Status Wait(Ticket ticket, milliseconds timeout,
+              TicketResult* result) override {
+    auto it = tickets_.find(ticket);
+    if (it == tickets_.end())
+      return Status::NotFound("unknown ticket " + std::to_string(ticket));
+    auto deadline = std::min(it->second.deadline, SteadyClock::now() + timeout);
+    while (true) {
+      it = tickets_.find(ticket);
+      if (it->second.remaining == 0) {
+        Status s = it->second.status;
+        if (result) *result = it->second.result;
+        tickets_.erase(it);
+        return s;
+      }
+      auto now = SteadyClock::now();
+      if (now >= deadline) {
+        std::string shards;
+        for (const auto& [id, p] : pending_) {
+          if (p.ticket == ticket)
+            shards += (shards.empty() ? "" : ",") + options_.servers[p.shard];
+        }
+        Abandon(ticket);
+        return Status::TimedOut("no reply from " + shards +
+                                " before the deadline");
+      }
+      RETURN_IF_ERROR(Pump(deadline));
+    }
+  }
+
+  Status WaitAll(milliseconds timeout) override {
+    Status first;
+    while (!tickets_.empty()) {
+      Status s = Wait(tickets_.begin()->first, timeout, nullptr);
+      if (first.ok() && !s.ok()) first = s;
+    }
+    return first;
+  }
+
+  Status Stats(std::vector<std::string>* replies,
+               milliseconds timeout) override {
+    std::vector<std::string> texts(num_shards());
+    stats_sink_ = &texts;
+    Status s = Simple(RequestKind::kStats, timeout);
+    stats_sink_ = nullptr;
+    *replies = std::move(texts);
+    return s;
+  }
+
+  Status Checkpoint(milliseconds timeout) override {
+    return Simple(RequestKind::kCheckpoint, timeout);
+  }
+  Status Shutdown(milliseconds timeout) override {
+    return Simple(RequestKind::kShutdown, timeout);
+  }
+  Status Heartbeat(milliseconds timeout) override {
+    return Simple(RequestKind::kHeartbeat, timeout);
+  }
+  uint64_t resends() const override { return resends_; }
+
+ private:
+  // One request to one shard, kept until its reply for resending.
+  struct Pending {
+    Ticket ticket = 0;
+    int shard = 0;
+    RequestKind kind = RequestKind::kHeartbeat;
+    std::vector<Frame> frames;
+    SteadyClock::time_point next_send;
+    milliseconds backoff{0};
+  };
+  struct TicketState {
+    int remaining = 0;
+    Status status;
+    TicketResult result;
+    SteadyClock::time_point deadline;
+    std::vector<float*> pull_dst;
+  };
+
+  RequestHeader NewHeader(RequestKind kind) {
+    RequestHeader h;
+    h.kind = kind;
+    h.rank = options_.rank;
+    h.incarnation = incarnation_;
+    return h;
+  }
+
+  std::vector<int> AllShards() const {
+    std::vector<int> v(num_shards());
+    for (int i = 0; i < num_shards(); ++i) v[i] = i;
+    return v;
+  }
+
+  Ticket NewTicket() {
+    Ticket t = next_ticket_++;
+    TicketState& st = tickets_[t];
+    st.result.min_clock = INT64_MAX;
+    st.deadline = SteadyClock::now() + options_.deadline;
+    return t;
+  }
+
+  StatusOr<Ticket> StartOnShards(const RequestHeader& base,
+                                 const std::vector<int>& shards) {
+    Ticket t = NewTicket();
+    for (int s : shards) {
+      RETURN_IF_ERROR(Enqueue(t, s, base, std::vector<Frame>(1)));
+    }
+    return t;
+  }
+
+  Status Enqueue(Ticket t, int shard, RequestHeader h,
+                 std::vector<Frame> frames) {
+    if (pending_.size() >= options_.max_in_flight) {
+      Abandon(t);
+      return Status::ResourceExhausted("more than " +
+                                       std::to_string(options_.max_in_flight) +
+                                       " requests in flight");
+    }
+    h.id = next_id_++;
+    frames[0] = Frame::Owned(EncodeRequest(h));
+    Pending p;
+    p.ticket = t;
+    p.shard = shard;
+    p.kind = h.kind;
+    p.frames = std::move(frames);
+    p.backoff = options_.attempt_timeout;
+    p.next_send = SteadyClock::now() + p.backoff;
+    Status s = Send(p);
+    if (!s.ok() && !s.IsRetryable()) {
+      Abandon(t);
+      return s;
+    }
+    pending_.emplace(h.id, std::move(p));
+    tickets_[t].remaining++;
+    return Status::OK();
+  }
+
+  Status Send(Pending& p) {
+    // Frames are shared, so a resend costs no copy of the payload.
+    std::vector<Frame> copy = p.frames;
+    return sockets_[p.shard]->Send(copy);
+  }
+
+  void Abandon(Ticket t) {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      it = it->second.ticket == t ? pending_.erase(it) : std::next(it);
+    }
+    auto it = tickets_.find(t);
+    if (it != tickets_.end()) tickets_.erase(it);
+  }
+
+  // Receives replies until one arrives or `until` passes; resends requests
+  // whose attempt timed out.
+  Status Pump(SteadyClock::time_point until) {
+    auto now = SteadyClock::now();
+    auto wake = until;
+    for (auto& [id, p] : pending_) {
+      if (p.next_send <= now) {
+        if (Send(p).ok()) ++resends_;
+        p.backoff = std::min(p.backoff * 2, options_.max_backoff);
+        p.next_send = now + p.backoff;
+        VLOG(1) << "resending " << RequestKindName(p.kind) << " " << id
+                << " to shard " << p.shard;
+      }
+      wake = std::min(wake, p.next_send);
+    }
+    auto wait = std::chrono::duration_cast<milliseconds>(wake - now);
+    if (wait.count() < 0) wait = milliseconds(0);
+    ASSIGN_OR_RETURN(
+        int ready, ClientSocket::PollAny(raw_sockets_, wait + milliseconds(1)));
+    if (ready < 0) return Status::OK();
+    for (size_t s = 0; s < sockets_.size(); ++s) {
+      while (true) {
+        ASSIGN_OR_RETURN(bool got,
+                         sockets_[s]->Receive(&msg_, milliseconds(0)));
+        if (!got) break;
+        HandleReply(static_cast<int>(s));
+      }
+    }
+    return Status::OK();
+  }
+
+  void HandleReply(int shard) {
+    if (msg_.frames.empty()) return;
+    Status st =
+        DecodeReply(msg_.frames[0].data, msg_.frames[0].size, {}, &reply_);
+    if (!st.ok()) {
+      LOG(WARNING) << "undecodable reply from shard " << shard << ": "
+                   << st.ToString();
+      return;
+    }
+    auto pit = pending_.find(reply_.id);
+    if (pit == pending_.end() || pit->second.shard != shard)
+      return;  // late duplicate
+    Pending& p = pit->second;
+    if (reply_.status.code() == StatusCode::kUnavailable ||
+        reply_.status.code() == StatusCode::kResourceExhausted) {
+      p.next_send =
+          SteadyClock::now() + p.backoff;  // shard busy or recovering: retry
+      return;
+    }
+    TicketState& t = tickets_[p.ticket];
+    Status s = reply_.status.ok() ? Absorb(shard, p, t) : reply_.status;
+    if (!s.ok() && t.status.ok())
+      t.status = s.WithContext("shard " + std::to_string(shard));
+    t.remaining--;
+    pending_.erase(pit);
+  }
+
+  // Folds a successful reply into its ticket.
+  Status Absorb(int shard, const Pending& p, TicketState& t) {
+    t.result.max_staleness = std::max(t.result.max_staleness, reply_.staleness);
+    t.result.min_clock = std::min(t.result.min_clock, reply_.min_clock);
+    t.result.created = t.result.created || reply_.created;
+    if (p.kind == RequestKind::kStats && stats_sink_ != nullptr) {
+      (*stats_sink_)[shard] = reply_.text;
+    }
+    if (p.kind != RequestKind::kPull) return Status::OK();
+    // Validate every chunk ref before writing anything.
+    const auto& owned = layout_->shard_chunks(shard);
+    if (reply_.chunks.size() != owned.size()) {
+      return Status::Corruption(
+          "pull reply has " + std::to_string(reply_.chunks.size()) +
+          " chunks, expected " + std::to_string(owned.size()));
+    }
+    for (const ChunkRef& c : reply_.chunks) {
+      if (c.chunk >= layout_->chunks().size() ||
+          layout_->chunks()[c.chunk].shard != shard ||
+          c.num_elems != layout_->chunks()[c.chunk].num_elems || c.frame == 0 ||
+          c.frame >= msg_.frames.size() ||
+          c.byte_size != msg_.frames[c.frame].size) {
+        return Status::Corruption(
+            "pull reply has an inconsistent chunk ref for chunk " +
+            std::to_string(c.chunk));
+      }
+      if (c.codec == 0 && c.byte_size != c.num_elems * sizeof(float)) {
+        return Status::Corruption("raw chunk " + std::to_string(c.chunk) +
+                                  " has the wrong size");
+      }
+    }
+    for (const ChunkRef& c : reply_.chunks) {
+      const ChunkSpec& spec = layout_->chunks()[c.chunk];
+      float* dst = t.pull_dst[spec.tensor] + spec.offset;
+      const ByteView& f = msg_.frames[c.frame];
+      if (c.codec == 0) {
+        std::memcpy(dst, f.data, f.size);
+      } else {
+        auto id = static_cast<compression::CodecId>(c.codec);
+        if (c.codec >= compression::kNumCodecs)
+          return Status::Corruption("unknown pull codec");
+        RETURN_IF_ERROR(compression::CodecForId(id).Decode(f.data, f.size,
+                                                           c.num_elems, dst));
+      }
+      t.result.bytes_received += f.size;
+    }
+    return Status::OK();
+  }
+
+  Status Simple(RequestKind kind, milliseconds timeout) {
+    ASSIGN_OR_RETURN(Ticket t, StartOnShards(NewHeader(kind), AllShards()));
+    return Wait(t, timeout, nullptr);
+  }
+
+  uint64_t incarnation_;
+  std::vector<std::unique_ptr<ClientSocket>> sockets_;
+  std::vector<ClientSocket*> raw_sockets_;
+  std::unique_ptr<Heartbeater> heartbeater_;
+  std::unique_ptr<Layout> layout_;
+  std::unordered_map<uint64_t, Pending> pending_;
+  std::unordered_map<Ticket, TicketState> tickets_;
+  uint64_t next_id_ = 1;
+  Ticket next_ticket_ = 1;
+  uint64_t resends_ = 0;
+  std::vector<std::string>* stats_sink_ = nullptr;
+  Message msg_;        // reused receive buffer
+  ReplyHeader reply_;  // reused decoded header
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {
+  auto c = std::make_unique<ClientImpl>(options);
+  RETURN_IF_ERROR(c->Init());
+  return std::unique_ptr<Client>(std::move(c));
+}
+
+}  // namespace asyncps::worker

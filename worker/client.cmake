@@ -1,0 +1,16 @@
+# The parameter-server client library and the ps_worker binary.
+add_library(asyncps_client client.cc ps_store.cc)
+add_library(asyncps::client ALIAS asyncps_client)
+target_include_directories(asyncps_client PUBLIC ${PROJECT_SOURCE_DIR})
+target_link_libraries(asyncps_client
+  PUBLIC asyncps::common
+  PRIVATE asyncps::compression glog::glog asyncps_warnings)
+
+add_executable(ps_worker main.cc)
+target_link_libraries(ps_worker PRIVATE asyncps::client asyncps::worker asyncps::compression
+  gflags glog::glog asyncps_warnings)
+
+asyncps_add_test(client_test
+  SOURCES client_test.cc
+  LIBS asyncps::client asyncps::compression glog::glog
+  TIMEOUT 120)

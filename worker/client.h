@@ -1,0 +1,126 @@
+// Client: a worker's connection to every parameter-server shard.
+//
+// The client splits pushes and pulls by shard (from the model Layout), sends
+// them over one DEALER socket per shard, and lets many requests be in flight
+// at once: Start*() queue a request and return a Ticket at once; Wait() drives
+// the sockets until that ticket completes or its deadline passes. Requests
+// that get no reply in `attempt_timeout` are resent with exponential backoff
+// (a restarted shard is reached again without the caller noticing); resent
+// pushes are applied once, because the server deduplicates them by
+// (rank, incarnation, request id). Tensor bytes leave without copying
+// (payload frames are ref-counted) and pulled weights are copied once, from
+// the received frame straight into the caller's buffer.
+//
+// Thread safety: a Client is used by one thread at a time. Heartbeats, when
+// enabled, are sent by a private thread with sockets of its own.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/layout.h"
+#include "common/status.h"
+#include "common/transport.h"
+
+namespace asyncps::worker {
+
+struct ClientOptions {
+  // Shard endpoints; servers[i] is shard i. Required.
+  std::vector<std::string> servers;
+  // Worker rank, 0..num_workers-1, or -1 for tools (stats, shutdown).
+  // Default: -1.
+  int rank = -1;
+  // Socket options (limits, keys). Default: TransportOptions defaults.
+  TransportOptions transport;
+  // A request without a reply after this long is resent. Default: 2000 ms.
+  std::chrono::milliseconds attempt_timeout{2000};
+  // Longest pause between resends (doubling from attempt_timeout).
+  // Default: 8000 ms.
+  std::chrono::milliseconds max_backoff{8000};
+  // Deadline of a request from its start, unless Wait() is given a shorter
+  // one. Default: 120 s.
+  std::chrono::milliseconds deadline{120000};
+  // Most requests in flight; Start*() returns ResourceExhausted past it.
+  // Default: 256.
+  size_t max_in_flight = 256;
+  // Interval of the background heartbeat thread; 0 disables it.
+  // Default: 0 (workers enable it).
+  std::chrono::milliseconds heartbeat_interval{0};
+};
+
+// One chunk of a push: the chunk id (from the layout), the codec its payload
+// is encoded with (compression::CodecId, 0 = raw fp32) and the payload frame.
+struct ChunkPayload {
+  uint32_t chunk = 0;
+  uint8_t codec = 0;
+  Frame data;
+};
+
+// What a completed request reports (aggregated over shards).
+struct TicketResult {
+  int64_t max_staleness = -1;   // pushes: largest staleness recorded by a shard
+  int64_t min_clock = 0;        // smallest min-clock among the shards' replies
+  uint64_t bytes_received = 0;  // data-frame bytes of the replies
+  bool created = false;         // register: some shard created the tensors
+};
+
+class Client {
+ public:
+  using Ticket = uint64_t;
+
+  static StatusOr<std::unique_ptr<Client>> Create(const ClientOptions& options);
+  virtual ~Client() = default;
+
+  int num_shards() const { return static_cast<int>(options_.servers.size()); }
+  const ClientOptions& options() const { return options_; }
+
+  // Registers the model on every shard and keeps its layout (num_shards is
+  // taken from the server list). Idempotent; AlreadyExists if a shard holds a
+  // different model.
+  virtual Status Register(const std::vector<TensorSpec>& tensors,
+                          LayoutOptions layout) = 0;
+  // REQUIRES: Register() succeeded.
+  virtual const Layout& layout() const = 0;
+
+  // Starts a push of `chunks` (any subset of the model's chunks) made at
+  // worker clock `clock`.
+  virtual StatusOr<Ticket> StartPush(int64_t clock,
+                                     std::vector<ChunkPayload> chunks) = 0;
+  // Starts a pull of every chunk into `tensors` (one buffer per tensor, in
+  // layout order, each num_elements floats), answered as the server's
+  // consistency mode allows for a worker at `clock`. `codec` is the pull
+  // compression spec ("" = raw fp32). The buffers are written during Wait().
+  virtual StatusOr<Ticket> StartPull(int64_t clock,
+                                     const std::vector<float*>& tensors,
+                                     const std::string& codec = "") = 0;
+  // Starts announcing this worker's new clock to every shard.
+  virtual StatusOr<Ticket> StartClock(int64_t clock) = 0;
+
+  // Waits until `ticket` completes: its status (the first error from any
+  // shard), or TimedOut when `timeout` (capped by the request deadline)
+  // passes first, in which case the ticket is abandoned.
+  virtual Status Wait(Ticket ticket, std::chrono::milliseconds timeout,
+                      TicketResult* result = nullptr) = 0;
+  // Waits for every outstanding ticket.
+  virtual Status WaitAll(std::chrono::milliseconds timeout) = 0;
+
+  // Admin requests, answered by every shard; `replies` gets one JSON text
+  // per shard for Stats.
+  virtual Status Stats(std::vector<std::string>* replies,
+                       std::chrono::milliseconds timeout) = 0;
+  virtual Status Checkpoint(std::chrono::milliseconds timeout) = 0;
+  virtual Status Shutdown(std::chrono::milliseconds timeout) = 0;
+  virtual Status Heartbeat(std::chrono::milliseconds timeout) = 0;
+
+  // Requests resent so far (all shards).
+  virtual uint64_t resends() const = 0;
+
+ protected:
+  explicit Client(const ClientOptions& o) : options_(o) {}
+  ClientOptions options_;
+};
+
+}  // namespace asyncps::worker

@@ -1,0 +1,253 @@
+// Client tests against a scripted in-process shard on real loopback sockets.
+#include "worker/client.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <thread>
+
+#include "common/wire.h"
+
+namespace asyncps::worker {
+namespace {
+
+using std::chrono::milliseconds;
+
+// A fake shard: answers each request with `handler`, on its own thread.
+class FakeShard {
+ public:
+  using Handler = std::function<bool(const RequestHeader&, const Message&,
+                                     ReplyHeader*, std::vector<Frame>*)>;
+
+  explicit FakeShard(Handler h, std::string endpoint = "tcp://127.0.0.1:0")
+      : handler_(std::move(h)) {
+    auto s = ServerSocket::Bind(endpoint, {});
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    socket_ = std::move(*s);
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~FakeShard() {
+    stop_ = true;
+    thread_.join();
+  }
+  std::string endpoint() const { return socket_->endpoint(); }
+  int requests() const { return requests_; }
+
+ private:
+  void Run() {
+    while (!stop_) {
+      std::string peer;
+      Message msg;
+      auto got = socket_->Receive(&peer, &msg, milliseconds(20));
+      if (!got.ok() || !*got) continue;
+      RequestHeader req;
+      if (!DecodeRequest(msg.frames[0].data, msg.frames[0].size, {}, &req).ok())
+        continue;
+      ++requests_;
+      ReplyHeader rep;
+      rep.id = req.id;
+      rep.kind = req.kind;
+      std::vector<Frame> data;
+      if (!handler_(req, msg, &rep, &data)) continue;  // drop: no reply
+      std::vector<Frame> frames{Frame::Owned(EncodeReply(rep))};
+      for (auto& f : data) frames.push_back(std::move(f));
+      (void)socket_->Send(peer, frames);
+    }
+  }
+
+  Handler handler_;
+  std::unique_ptr<ServerSocket> socket_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> requests_{0};
+};
+
+std::vector<TensorSpec> Model() {
+  TensorSpec w{"w", {100, 50}, InitKind::kZeros, 0, 1};
+  TensorSpec b{"b", {50}, InitKind::kZeros, 0, 1};
+  return {w, b};
+}
+
+// Serves pulls from a model whose element i of tensor t is t*1000 + i.
+bool ServeModel(const Layout& layout, int shard, const RequestHeader& req,
+                ReplyHeader* rep, std::vector<Frame>* data) {
+  if (req.kind != RequestKind::kPull) return true;
+  for (uint32_t id : layout.shard_chunks(shard)) {
+    const ChunkSpec& c = layout.chunks()[id];
+    std::vector<float> v(c.num_elems);
+    for (size_t i = 0; i < v.size(); ++i)
+      v[i] = c.tensor * 1000.0f + static_cast<float>(c.offset + i);
+    ChunkRef r{id,
+               static_cast<uint32_t>(data->size() + 1),
+               0,
+               c.num_elems,
+               c.num_elems * 4,
+               1};
+    rep->chunks.push_back(r);
+    data->push_back(Frame::Copy(v.data(), v.size() * 4));
+  }
+  return true;
+}
+
+TEST(ClientTest, RegisterPushPullAcrossTwoShards) {
+  LayoutOptions lo;
+  lo.num_shards = 2;
+  lo.min_chunk_elems = 256;
+  auto layout = Layout::Create(Model(), lo);
+  ASSERT_TRUE(layout.ok());
+  std::atomic<int> pushed_elems{0};
+  auto handler = [&](int shard) {
+    return [&, shard](const RequestHeader& req, const Message& msg,
+                      ReplyHeader* rep, std::vector<Frame>* data) {
+      if (req.kind == RequestKind::kPush) {
+        for (const ChunkRef& c : req.chunks) {
+          EXPECT_EQ(layout->chunks()[c.chunk].shard, shard);
+          EXPECT_EQ(msg.frames[c.frame].size, c.byte_size);
+          pushed_elems += static_cast<int>(c.num_elems);
+        }
+        rep->staleness = 3 + shard;
+      }
+      return ServeModel(*layout, shard, req, rep, data);
+    };
+  };
+  FakeShard s0(handler(0)), s1(handler(1));
+  ClientOptions o;
+  o.servers = {s0.endpoint(), s1.endpoint()};
+  o.rank = 0;
+  auto client = Client::Create(o);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->Register(Model(), lo).ok());
+  const Layout& l = (*client)->layout();
+  ASSERT_EQ(l.chunks().size(), layout->chunks().size());
+
+  std::vector<ChunkPayload> payloads;
+  for (const ChunkSpec& c : l.chunks()) {
+    auto buf = Buffer::Allocate(c.num_elems * 4);
+    payloads.push_back({c.id, 0, Frame::Ref(buf)});
+  }
+  auto t = (*client)->StartPush(0, std::move(payloads));
+  ASSERT_TRUE(t.ok());
+  TicketResult r;
+  ASSERT_TRUE((*client)->Wait(*t, milliseconds(5000), &r).ok());
+  EXPECT_EQ(r.max_staleness, 4);
+  EXPECT_EQ(pushed_elems, 5050);
+
+  std::vector<float> w(5000, -1), b(50, -1);
+  auto p = (*client)->StartPull(1, {w.data(), b.data()});
+  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE((*client)->Wait(*p, milliseconds(5000), &r).ok());
+  for (int i = 0; i < 5000; ++i) ASSERT_EQ(w[i], static_cast<float>(i));
+  for (int i = 0; i < 50; ++i) ASSERT_EQ(b[i], 1000.0f + i);
+  EXPECT_EQ(r.bytes_received, 5050u * 4);
+}
+
+TEST(ClientTest, PipelinedRequestsAllComplete) {
+  FakeShard s([](const RequestHeader&, const Message&, ReplyHeader*,
+                 std::vector<Frame>*) { return true; });
+  ClientOptions o;
+  o.servers = {s.endpoint()};
+  o.rank = 1;
+  auto client = Client::Create(o);
+  ASSERT_TRUE(client.ok());
+  std::vector<Client::Ticket> tickets;
+  for (int i = 0; i < 100; ++i) tickets.push_back(*(*client)->StartClock(i));
+  for (auto it = tickets.rbegin(); it != tickets.rend(); ++it) {
+    EXPECT_TRUE((*client)->Wait(*it, milliseconds(5000)).ok());
+  }
+  EXPECT_EQ(s.requests(), 100);
+}
+
+TEST(ClientTest, DroppedRequestIsResent) {
+  std::atomic<int> seen{0};
+  FakeShard s([&](const RequestHeader&, const Message&, ReplyHeader*,
+                  std::vector<Frame>*) {
+    return ++seen > 1;  // drop the first attempt
+  });
+  ClientOptions o;
+  o.servers = {s.endpoint()};
+  o.attempt_timeout = milliseconds(100);
+  auto client = Client::Create(o);
+  ASSERT_TRUE(client.ok());
+  EXPECT_TRUE((*client)->Heartbeat(milliseconds(5000)).ok());
+  EXPECT_GE((*client)->resends(), 1u);
+}
+
+TEST(ClientTest, DeadShardTimesOutWithItsName) {
+  // Nothing listens on this port: bind and close to find a free one.
+  std::string endpoint;
+  {
+    auto tmp = ServerSocket::Bind("tcp://127.0.0.1:0", {});
+    endpoint = (*tmp)->endpoint();
+  }
+  ClientOptions o;
+  o.servers = {endpoint};
+  o.attempt_timeout = milliseconds(50);
+  auto client = Client::Create(o);
+  ASSERT_TRUE(client.ok());
+  auto start = std::chrono::steady_clock::now();
+  Status st = (*client)->Heartbeat(milliseconds(300));
+  EXPECT_EQ(st.code(), StatusCode::kTimedOut);
+  EXPECT_NE(st.message().find(endpoint), std::string::npos) << st.ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+}
+
+TEST(ClientTest, ShardErrorIsReported) {
+  FakeShard s([](const RequestHeader&, const Message&, ReplyHeader* rep,
+                 std::vector<Frame>*) {
+    rep->status =
+        Status::AlreadyExists("tensor 'w' registered with another shape");
+    return true;
+  });
+  ClientOptions o;
+  o.servers = {s.endpoint()};
+  auto client = Client::Create(o);
+  ASSERT_TRUE(client.ok());
+  Status st = (*client)->Register(Model(), {});
+  EXPECT_EQ(st.code(), StatusCode::kAlreadyExists);
+  EXPECT_NE(st.message().find("another shape"), std::string::npos);
+}
+
+TEST(ClientTest, InconsistentPullReplyIsCorruptionAndWritesNothing) {
+  FakeShard s([](const RequestHeader& req, const Message&, ReplyHeader* rep,
+                 std::vector<Frame>* data) {
+    if (req.kind == RequestKind::kPull) {
+      rep->chunks.push_back(
+          {0, 1, 0, 5000, 400, 1});  // declares more bytes than sent
+      std::vector<float> v(100, 7.0f);
+      data->push_back(Frame::Copy(v.data(), 400));
+    }
+    return true;
+  });
+  ClientOptions o;
+  o.servers = {s.endpoint()};
+  auto client = Client::Create(o);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->Register({Model()[0]}, {}).ok());
+  std::vector<float> w(5000, -1);
+  auto t = (*client)->StartPull(0, {w.data()});
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ((*client)->Wait(*t, milliseconds(5000)).code(),
+            StatusCode::kCorruption);
+  EXPECT_EQ(w[0], -1.0f);
+}
+
+TEST(ClientTest, RetryableErrorIsRetried) {
+  std::atomic<int> seen{0};
+  FakeShard s([&](const RequestHeader&, const Message&, ReplyHeader* rep,
+                  std::vector<Frame>*) {
+    if (++seen < 3) rep->status = Status::Unavailable("recovering");
+    return true;
+  });
+  ClientOptions o;
+  o.servers = {s.endpoint()};
+  o.attempt_timeout = milliseconds(50);
+  auto client = Client::Create(o);
+  ASSERT_TRUE(client.ok());
+  EXPECT_TRUE((*client)->Heartbeat(milliseconds(5000)).ok());
+  EXPECT_GE(seen, 3);
+}
+
+}  // namespace
+}  // namespace asyncps::worker

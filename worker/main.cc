@@ -1,0 +1,190 @@
+// ps_worker: trains an MLP on (Fashion-)MNIST through the parameter servers.
+//
+// Worker `rank` of `num_workers` trains on its own partition of the training
+// set: it pulls weights (as fresh as the shards' consistency mode requires),
+// computes the gradient of a minibatch on the CPU (OpenBLAS) or a GPU (cuBLAS),
+// pushes it through the configured codec and advances its clock.
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+
+#include <sstream>
+
+#include "compression/codec.h"
+#include "worker/backend.h"
+#include "worker/client.h"
+#include "worker/idx_reader.h"
+#include "worker/model.h"
+#include "worker/ps_store.h"
+#include "worker/trainer.h"
+
+DEFINE_string(servers, "",
+              "Comma-separated shard endpoints, shard 0 first "
+              "(tcp://127.0.0.1:5555,...)");
+DEFINE_int32(rank, 0, "This worker's rank, in [0, num_workers)");
+DEFINE_int32(num_workers, 1, "Number of workers sharing the training set");
+DEFINE_string(data_dir, "/usr/share/datasets/fashion-mnist",
+              "Directory with the MNIST-format IDX files");
+DEFINE_string(layers, "784,256,128,10",
+              "MLP layer sizes, input first, 10 classes last");
+DEFINE_int32(batch, 64, "Minibatch size per worker");
+DEFINE_int32(epochs, 1,
+             "Passes over this worker's partition (0: use --max_steps only)");
+DEFINE_int64(max_steps, 0, "Stop after this many steps (0: no limit)");
+DEFINE_string(device, "auto", "auto | cpu | cuda");
+DEFINE_int32(threads, 1, "CPU backend: OpenBLAS threads");
+DEFINE_uint64(seed, 1,
+              "Seed of the weights' initialisers (must match across workers) "
+              "and shuffling");
+DEFINE_int64(eval_every, 0,
+             "Evaluate on the test set every N steps (0: at the end only)");
+DEFINE_string(eval, "auto",
+              "Evaluate in this process: auto (rank 0) | true | false");
+DEFINE_int64(log_every, 200, "Progress line and CSV row every N steps");
+DEFINE_double(
+    slowdown, 1.0,
+    "Straggler injection: each step's compute takes this many times as long");
+DEFINE_string(metrics_csv, "", "Write per-step metrics to this CSV file");
+DEFINE_string(codec, "none",
+              "Push compression, e.g. none, fp16, int8, qsgd:levels=4, "
+              "topk:ratio=0.01,ef=1");
+DEFINE_string(pull_codec, "", "Pull compression: '' (fp32), fp16, bf16, int8");
+DEFINE_int64(chunk_elems, 1 << 20, "Largest chunk of a tensor, in floats");
+DEFINE_int32(
+    timeout_s, 120,
+    "Longest wait for any reply (a shard restart must finish within it)");
+DEFINE_int32(heartbeat_ms, 1000, "Heartbeat interval (0: off)");
+DEFINE_bool(normalize, false,
+            "Standardise pixels with Fashion-MNIST's mean/stddev");
+
+namespace {
+
+using namespace asyncps;
+using namespace asyncps::worker;
+
+std::vector<std::string> Split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+Status Main() {
+  std::vector<std::string> servers = Split(FLAGS_servers);
+  if (servers.empty())
+    return Status::InvalidArgument(
+        "--servers is required (comma-separated endpoints)");
+  if (FLAGS_num_workers < 1)
+    return Status::InvalidArgument("--num_workers must be >= 1");
+  if (FLAGS_rank < 0 || FLAGS_rank >= FLAGS_num_workers) {
+    return Status::InvalidArgument("--rank must be in [0, --num_workers)");
+  }
+  ASSIGN_OR_RETURN(std::vector<int> layers, ParseLayers(FLAGS_layers));
+  if (FLAGS_batch < 1) return Status::InvalidArgument("--batch must be >= 1");
+  if (FLAGS_epochs < 0 || FLAGS_max_steps < 0)
+    return Status::InvalidArgument("--epochs and --max_steps must be >= 0");
+  if (FLAGS_epochs == 0 && FLAGS_max_steps == 0) {
+    return Status::InvalidArgument(
+        "one of --epochs or --max_steps must be > 0");
+  }
+  if (FLAGS_threads < 1)
+    return Status::InvalidArgument("--threads must be >= 1");
+  if (FLAGS_slowdown < 1.0)
+    return Status::InvalidArgument("--slowdown must be >= 1");
+  if (FLAGS_chunk_elems < 1)
+    return Status::InvalidArgument("--chunk_elems must be >= 1");
+  if (FLAGS_timeout_s < 1)
+    return Status::InvalidArgument("--timeout_s must be >= 1");
+  if (FLAGS_eval != "auto" && FLAGS_eval != "true" && FLAGS_eval != "false") {
+    return Status::InvalidArgument("--eval must be auto, true or false");
+  }
+  RETURN_IF_ERROR(compression::CodecSpec::Parse(FLAGS_codec)
+                      .status()
+                      .WithContext("--codec"));
+  ASSIGN_OR_RETURN(DeviceKind device, ParseDeviceKind(FLAGS_device));
+
+  LOG(INFO) << "ps_worker: servers=" << FLAGS_servers << " rank=" << FLAGS_rank
+            << "/" << FLAGS_num_workers << " layers=" << LayersToString(layers)
+            << " batch=" << FLAGS_batch << " epochs=" << FLAGS_epochs
+            << " max_steps=" << FLAGS_max_steps << " device=" << FLAGS_device
+            << " threads=" << FLAGS_threads << " seed=" << FLAGS_seed
+            << " codec=" << FLAGS_codec << " pull_codec='" << FLAGS_pull_codec
+            << "' eval=" << FLAGS_eval << " eval_every=" << FLAGS_eval_every
+            << " slowdown=" << FLAGS_slowdown
+            << " chunk_elems=" << FLAGS_chunk_elems << " metrics_csv='"
+            << FLAGS_metrics_csv << "'";
+
+  MnistOptions mo;
+  if (FLAGS_normalize) mo.mean = 0.2860f, mo.stddev = 0.3530f;
+  ASSIGN_OR_RETURN(Dataset train, LoadMnist(FLAGS_data_dir, Split::kTrain, mo));
+  ASSIGN_OR_RETURN(Dataset test, LoadMnist(FLAGS_data_dir, Split::kTest, mo));
+
+  BackendOptions bo;
+  bo.layers = layers;
+  bo.device = device;
+  bo.threads = FLAGS_threads;
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, Backend::Create(bo));
+
+  ClientOptions co;
+  co.servers = servers;
+  co.rank = FLAGS_rank;
+  co.deadline = std::chrono::seconds(FLAGS_timeout_s);
+  co.heartbeat_interval = std::chrono::milliseconds(FLAGS_heartbeat_ms);
+  ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Create(co));
+
+  TrainerOptions to;
+  to.layers = layers;
+  to.batch = FLAGS_batch;
+  to.epochs = FLAGS_epochs;
+  to.max_steps = FLAGS_max_steps;
+  to.rank = FLAGS_rank;
+  to.num_workers = FLAGS_num_workers;
+  to.seed = FLAGS_seed;
+  to.eval = FLAGS_eval == "true" || (FLAGS_eval == "auto" && FLAGS_rank == 0);
+  to.eval_every = FLAGS_eval_every;
+  to.log_every = FLAGS_log_every;
+  to.slowdown = FLAGS_slowdown;
+  to.metrics_csv = FLAGS_metrics_csv;
+
+  PsStoreOptions so;
+  so.push_codec = FLAGS_codec;
+  so.pull_codec = FLAGS_pull_codec;
+  so.seed = FLAGS_seed;
+  so.timeout = std::chrono::seconds(FLAGS_timeout_s);
+  so.layout.chunk_elems = static_cast<size_t>(FLAGS_chunk_elems);
+  so.steps_per_epoch = std::max<int64_t>(
+      1, train.num_examples / FLAGS_num_workers / FLAGS_batch);
+  ASSIGN_OR_RETURN(std::unique_ptr<PsParameterStore> store,
+                   PsParameterStore::Create(
+                       client.get(), MlpTensorSpecs(layers, FLAGS_seed), so));
+
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<Trainer> trainer,
+      Trainer::Create(to, backend.get(), store.get(), &train, &test));
+  LOG(INFO) << "training " << trainer->total_steps() << " steps ("
+            << trainer->batches_per_epoch() << " per epoch) on "
+            << backend->name() << " against " << servers.size() << " shard(s)";
+  ASSIGN_OR_RETURN(TrainResult r, trainer->Run());
+  RETURN_IF_ERROR(store->Flush());
+  LOG(INFO) << "done: test accuracy " << r.final_test_acc << ", "
+            << r.samples_per_s << " samples/s, " << client->resends()
+            << " resends";
+  return Status::OK();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("Train an MLP through the asyncps parameter servers");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+  Status s = Main();
+  if (!s.ok()) {
+    LOG(ERROR) << "ps_worker failed: " << s.ToString();
+    return 1;
+  }
+  return 0;
+}

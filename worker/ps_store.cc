@@ -1,0 +1,169 @@
+#include "worker/ps_store.h"
+
+#include <glog/logging.h>
+
+#include <cstring>
+
+#include "compression/codec.h"
+#include "compression/compressor.h"
+
+namespace asyncps::worker {
+
+using std::chrono::milliseconds;
+using SteadyClock = std::chrono::steady_clock;
+
+StatusOr<std::unique_ptr<PsParameterStore>> PsParameterStore::Create(
+    Client* client, const std::vector<TensorSpec>& specs,
+    const PsStoreOptions& options) {
+  std::unique_ptr<PsParameterStore> s(new PsParameterStore());
+  s->options_ = options;
+  s->client_ = client;
+  s->specs_ = specs;
+  if (options.register_model) {
+    RETURN_IF_ERROR(
+        client->Register(specs, options.layout).WithContext("register model"));
+  }
+  ASSIGN_OR_RETURN(compression::CodecSpec spec,
+                   compression::CodecSpec::Parse(options.push_codec));
+  if (!options.pull_codec.empty()) {
+    RETURN_IF_ERROR(compression::CodecSpec::Parse(options.pull_codec)
+                        .status()
+                        .WithContext("--pull_codec"));
+  }
+  s->raw_push_ = spec.id == compression::CodecId::kNone;
+  s->min_elems_ = spec.min_elems;
+  if (!s->raw_push_) {
+    std::vector<size_t> sizes;
+    for (const ChunkSpec& c : client->layout().chunks())
+      sizes.push_back(c.num_elems);
+    compression::CompressorOptions co;
+    co.spec = spec;
+    co.seed = options.seed * 1000003 +
+              static_cast<uint64_t>(client->options().rank + 1);
+    ASSIGN_OR_RETURN(s->compressor_,
+                     compression::Compressor::Create(co, sizes));
+  }
+  for (const TensorSpec& t : specs) s->pulled_.emplace_back(t.num_elements());
+  for (auto& v : s->pulled_) s->pulled_ptrs_.push_back(v.data());
+  return s;
+}
+
+PsParameterStore::~PsParameterStore() { (void)Flush(); }
+
+Status PsParameterStore::Flush() {
+  Status first;
+  for (Client::Ticket t : acks_) {
+    Status s = client_->Wait(t, options_.timeout);
+    if (first.ok()) first = s;
+  }
+  acks_.clear();
+  if (prefetch_) {
+    Status s = client_->Wait(*prefetch_, options_.timeout);
+    if (first.ok()) first = s;
+    prefetch_.reset();
+  }
+  return first;
+}
+
+Status PsParameterStore::Pull(int64_t clock,
+                              const std::vector<float*>& tensors) {
+  if (tensors.size() != specs_.size())
+    return Status::InvalidArgument("pull: wrong number of tensors");
+  const auto start = SteadyClock::now();
+  if (!prefetch_ || prefetch_clock_ != clock) {
+    if (prefetch_)
+      (void)client_->Wait(*prefetch_,
+                          options_.timeout);  // discard the stale one
+    ASSIGN_OR_RETURN(Client::Ticket t, client_->StartPull(clock, pulled_ptrs_,
+                                                          options_.pull_codec));
+    prefetch_ = t;
+  }
+  TicketResult r;
+  Status s = client_->Wait(*prefetch_, options_.timeout, &r);
+  prefetch_.reset();
+  // The step's push and clock were sent before the pull on every connection,
+  // so their acknowledgements have arrived by now.
+  int64_t staleness = -1;
+  for (Client::Ticket t : acks_) {
+    TicketResult ar;
+    Status as = client_->Wait(t, options_.timeout, &ar);
+    if (s.ok() && !as.ok()) s = as;
+    staleness = std::max(staleness, ar.max_staleness);
+  }
+  acks_.clear();
+  RETURN_IF_ERROR(s);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    std::memcpy(tensors[i], pulled_[i].data(),
+                pulled_[i].size() * sizeof(float));
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  traffic_.bytes_pulled += r.bytes_received;
+  traffic_.pull_wait_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               SteadyClock::now() - start)
+                               .count();
+  if (staleness >= 0) traffic_.last_staleness = staleness;
+  return Status::OK();
+}
+
+Status PsParameterStore::Push(int64_t clock,
+                              const std::vector<const float*>& grads) {
+  if (grads.size() != specs_.size())
+    return Status::InvalidArgument("push: wrong number of tensors");
+  const Layout& layout = client_->layout();
+  std::vector<ChunkPayload> payloads;
+  payloads.reserve(layout.chunks().size());
+  uint64_t raw = 0, wire = 0;
+  const double epoch = static_cast<double>(clock) /
+                       std::max<int64_t>(1, options_.steps_per_epoch);
+  for (const ChunkSpec& c : layout.chunks()) {
+    const float* g = grads[c.tensor] + c.offset;
+    const size_t bytes = c.num_elems * sizeof(float);
+    raw += bytes;
+    ChunkPayload p;
+    p.chunk = c.id;
+    if (raw_push_ || c.num_elems < min_elems_) {
+      BufferPtr b = Buffer::Allocate(bytes);
+      std::memcpy(b->data(), g, bytes);
+      p.codec = 0;
+      p.data = Frame::Ref(b);
+    } else {
+      ASSIGN_OR_RETURN(
+          compression::CodecId id,
+          compressor_->Compress(c.id, g, epoch, static_cast<uint64_t>(clock),
+                                &scratch_));
+      p.codec = static_cast<uint8_t>(id);
+      p.data = Frame::Owned(std::move(scratch_));
+      scratch_ = std::vector<uint8_t>();
+    }
+    wire += p.data.size;
+    payloads.push_back(std::move(p));
+  }
+  ASSIGN_OR_RETURN(Client::Ticket t,
+                   client_->StartPush(clock, std::move(payloads)));
+  acks_.push_back(t);
+  std::lock_guard<std::mutex> l(mu_);
+  traffic_.bytes_pushed_raw += raw;
+  traffic_.bytes_pushed_wire += wire;
+  if (compressor_)
+    traffic_.encode_ns = static_cast<int64_t>(compressor_->stats().encode_ns);
+  return Status::OK();
+}
+
+Status PsParameterStore::Clock(int64_t new_clock) {
+  ASSIGN_OR_RETURN(Client::Ticket t, client_->StartClock(new_clock));
+  acks_.push_back(t);
+  // Prefetch the next step's weights right behind the clock.
+  if (prefetch_) (void)client_->Wait(*prefetch_, options_.timeout);
+  ASSIGN_OR_RETURN(Client::Ticket p, client_->StartPull(new_clock, pulled_ptrs_,
+                                                        options_.pull_codec));
+  prefetch_ = p;
+  prefetch_clock_ = new_clock;
+  return Status::OK();
+}
+
+TrafficStats PsParameterStore::traffic() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return traffic_;
+}
+
+}  // namespace asyncps::worker

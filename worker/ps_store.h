@@ -1,0 +1,82 @@
+// PsParameterStore: the ParameterStore backed by the parameter-server shards.
+//
+// Push compresses each chunk of the gradient with the configured codec (raw
+// fp32 when the codec is "none" or the chunk is below the codec's minimum
+// size) and sends it without waiting; Clock announces the new clock and, in
+// the same burst on each connection, starts the next pull, so one step costs
+// one round trip per shard; Pull waits for that prefetched pull (blocking as
+// the shard's consistency mode requires) and for the step's push and clock
+// acknowledgements, reporting any error they carried.
+//
+// Thread safety: traffic() may be called from any thread; everything else
+// from the trainer's thread.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/layout.h"
+#include "worker/client.h"
+#include "worker/parameter_store.h"
+
+namespace asyncps::compression {
+class Compressor;
+}
+
+namespace asyncps::worker {
+
+struct PsStoreOptions {
+  // Push codec spec (compression::CodecSpec::Parse). Default: "none".
+  std::string push_codec = "none";
+  // Pull codec spec; "" = raw fp32. Default: "".
+  std::string pull_codec;
+  // Seed of stochastic codecs (mixed with the rank). Default: 1.
+  uint64_t seed = 1;
+  // Steps per epoch, for the codec's sparsity warm-up. Default: 1000.
+  int64_t steps_per_epoch = 1000;
+  // Longest wait for any one pull, push or clock. Default: 120 s.
+  std::chrono::milliseconds timeout{120000};
+  // Chunking of the model. Default: LayoutOptions defaults.
+  LayoutOptions layout;
+  // Register the model (idempotent) on creation. Default: true.
+  bool register_model = true;
+};
+
+class PsParameterStore : public ParameterStore {
+ public:
+  // `client` must outlive the store.
+  static StatusOr<std::unique_ptr<PsParameterStore>> Create(
+      Client* client, const std::vector<TensorSpec>& specs,
+      const PsStoreOptions& options);
+  ~PsParameterStore() override;
+
+  Status Pull(int64_t clock, const std::vector<float*>& tensors) override;
+  Status Push(int64_t clock, const std::vector<const float*>& grads) override;
+  Status Clock(int64_t new_clock) override;
+  TrafficStats traffic() const override;
+
+  // Waits for every request still in flight.
+  Status Flush();
+
+ private:
+  PsStoreOptions options_;
+  Client* client_;
+  std::vector<TensorSpec> specs_;
+  std::unique_ptr<compression::Compressor> compressor_;
+  bool raw_push_ = true;
+  size_t min_elems_ = 0;
+  std::vector<std::vector<float>> pulled_;  // prefetch target, one per tensor
+  std::vector<float*> pulled_ptrs_;
+  std::optional<Client::Ticket> prefetch_;
+  int64_t prefetch_clock_ = -1;
+  std::vector<Client::Ticket> acks_;  // pushes and clocks not yet confirmed
+  std::vector<uint8_t> scratch_;
+  mutable std::mutex mu_;
+  TrafficStats traffic_;  // GUARDED_BY(mu_)
+};
+
+}  // namespace asyncps::worker
