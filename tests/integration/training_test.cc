@@ -1,0 +1,111 @@
+// End-to-end training: ps_server shards + ps_worker processes on loopback.
+#include <gtest/gtest.h>
+
+#include <regex>
+#include <thread>
+
+#include "tests/util/process.h"
+
+namespace asyncps::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+// Value of `key=` in the worker's SUMMARY line, or NaN.
+double SummaryValue(const std::string& log, const std::string& key) {
+  std::smatch m;
+  std::regex re("SUMMARY .*\\b" + key + "=([-0-9.eE+]+)");
+  if (std::regex_search(log, m, re)) return std::stod(m[1]);
+  return std::nan("");
+}
+
+std::vector<std::string> WorkerArgs(const std::string& servers, int rank, int workers,
+                                    const std::vector<std::string>& extra) {
+  std::vector<std::string> a = {BinPath("ps_worker"), "--servers=" + servers, "--rank=" + std::to_string(rank),
+                                "--num_workers=" + std::to_string(workers), "--log_every=100", "--timeout_s=60"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+TEST(TrainingIntegrationTest, OneShardTwoWorkersReachAccuracyBarInOneEpoch) {
+  TempDir dir;
+  auto server = StartServer(dir, "shard0",
+                            {"--shard_id=0", "--num_shards=1", "--num_workers=2", "--consistency=ssp",
+                             "--staleness=2", "--optimizer=momentum", "--momentum=0.9", "--lr=0.05"});
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  std::vector<std::unique_ptr<Process>> workers;
+  for (int r = 0; r < 2; ++r) {
+    auto w = Process::Start(WorkerArgs(server->endpoint, r, 2, {"--epochs=1", "--batch=64",
+                                                                "--metrics_csv=" + dir.Sub("m" + std::to_string(r))}),
+                            dir.Sub("worker" + std::to_string(r) + ".log"));
+    ASSERT_TRUE(w.ok());
+    workers.push_back(std::move(*w));
+  }
+  for (int r = 0; r < 2; ++r) {
+    auto code = workers[r]->Wait(seconds(240));
+    ASSERT_TRUE(code.ok()) << "worker " << r << " hung:\n" << workers[r]->Log();
+    EXPECT_EQ(*code, 0) << workers[r]->Log();
+  }
+  std::string log0 = workers[0]->Log();
+  double acc = SummaryValue(log0, "final_test_acc");
+  EXPECT_GE(acc, 0.75) << log0;
+  EXPECT_GT(SummaryValue(log0, "bytes_pulled"), 0);
+  // Each worker trained on its own half: one epoch is 30000 / 64 steps.
+  EXPECT_EQ(SummaryValue(workers[1]->Log(), "steps"), 469);
+  std::string csv = ReadFile(dir.Sub("m0"));
+  EXPECT_NE(csv.find("wall_s,rank,step"), std::string::npos) << csv.substr(0, 200);
+}
+
+TEST(TrainingIntegrationTest, WorkerResumesWhenItsShardIsRestarted) {
+  TempDir dir;
+  std::vector<std::string> flags = {"--shard_id=0",        "--num_shards=1", "--num_workers=1", "--consistency=asp",
+                                    "--optimizer=momentum", "--lr=0.05",      "--checkpoint_every_s=1"};
+  auto server = StartServer(dir, "shard0", flags);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const std::string endpoint = server->endpoint;
+  auto w = Process::Start(WorkerArgs(endpoint, 0, 1, {"--max_steps=2500", "--epochs=0", "--slowdown=2"}),
+                          dir.Sub("worker.log"));
+  ASSERT_TRUE(w.ok());
+  std::this_thread::sleep_for(milliseconds(2500));
+  ASSERT_TRUE((*w)->Running()) << (*w)->Log();
+  server->process->Kill(SIGKILL);
+  std::this_thread::sleep_for(milliseconds(300));
+  // Same endpoint, same RocksDB store: the shard recovers its last checkpoint.
+  auto again = StartServer(dir, "shard0", flags, endpoint);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  auto code = (*w)->Wait(seconds(180));
+  ASSERT_TRUE(code.ok()) << (*w)->Log();
+  std::string log = (*w)->Log();
+  EXPECT_EQ(*code, 0) << log;
+  EXPECT_EQ(SummaryValue(log, "steps"), 2500) << log;
+  EXPECT_GE(SummaryValue(log, "final_test_acc"), 0.7) << log;
+}
+
+TEST(TrainingIntegrationTest, BadWorkerFlagsAreClearErrors) {
+  TempDir dir;
+  auto bad_batch = Process::Start(WorkerArgs("tcp://127.0.0.1:1", 0, 1, {"--batch=0"}), dir.Sub("a.log"));
+  ASSERT_TRUE(bad_batch.ok());
+  EXPECT_NE(*(*bad_batch)->Wait(seconds(30)), 0);
+  EXPECT_NE((*bad_batch)->Log().find("--batch"), std::string::npos) << (*bad_batch)->Log();
+
+  auto bad_rank = Process::Start(WorkerArgs("tcp://127.0.0.1:1", 3, 2, {}), dir.Sub("b.log"));
+  ASSERT_TRUE(bad_rank.ok());
+  EXPECT_NE(*(*bad_rank)->Wait(seconds(30)), 0);
+  EXPECT_NE((*bad_rank)->Log().find("--rank"), std::string::npos) << (*bad_rank)->Log();
+
+  auto no_data = Process::Start(WorkerArgs("tcp://127.0.0.1:1", 0, 1, {"--data_dir=" + dir.Sub("nothing")}),
+                                dir.Sub("c.log"));
+  ASSERT_TRUE(no_data.ok());
+  EXPECT_NE(*(*no_data)->Wait(seconds(30)), 0);
+  EXPECT_NE((*no_data)->Log().find("nothing/train-images"), std::string::npos) << (*no_data)->Log();
+
+  auto bad_layers =
+      Process::Start(WorkerArgs("tcp://127.0.0.1:1", 0, 1, {"--layers=100,10"}), dir.Sub("d.log"));
+  ASSERT_TRUE(bad_layers.ok());
+  EXPECT_NE(*(*bad_layers)->Wait(seconds(30)), 0);
+  EXPECT_NE((*bad_layers)->Log().find("784"), std::string::npos) << (*bad_layers)->Log();
+}
+
+}  // namespace
+}  // namespace asyncps::testing
