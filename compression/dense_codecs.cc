@@ -23,8 +23,16 @@ inline void Put(float* d, float v, float alpha) {
   }
 }
 
+// Hot loops get an AVX2 clone picked at load time (ifunc); results are
+// bit-identical (integer ops and IEEE single ops, no contraction).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define ASYNCPS_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define ASYNCPS_VECTOR_CLONES
+#endif
+
 // Largest |x| as float bits; >= 0x7f800000 means inf or NaN was seen.
-inline uint32_t MaxAbsBits(const float* x, size_t len) {
+ASYNCPS_VECTOR_CLONES uint32_t MaxAbsBits(const float* x, size_t len) {
   int32_t m = 0;
   for (size_t i = 0; i < len; ++i) {
     const int32_t v = static_cast<int32_t>(FloatBits(x[i]) & 0x7fffffffu);
@@ -56,6 +64,62 @@ inline void StoreF32(uint8_t* p, size_t i, float v) {
 
 Status NonFinite() {
   return Status::InvalidArgument("non-finite value in gradient");
+}
+
+ASYNCPS_VECTOR_CLONES void Int8Quantise(const float* xs, size_t len, float inv,
+                                        int8_t* qs) {
+  for (size_t i = 0; i < len; ++i) {
+    qs[i] = static_cast<int8_t>(
+        static_cast<int32_t>(RoundNearestEven(xs[i] * inv)));
+  }
+}
+
+ASYNCPS_VECTOR_CLONES void Fp16Encode(const float* x, size_t n,
+                                      UnalignedU16* o) {
+  for (size_t i = 0; i < n; ++i) o[i] = FloatToHalf(x[i]);
+}
+
+// QSGD levels of tl elements starting at global index base.
+ASYNCPS_VECTOR_CLONES void QsgdTile(const float* xs, size_t tl, uint32_t base,
+                                    uint32_t key, float inv, int32_t smax,
+                                    int8_t* tile) {
+  for (size_t i = 0; i < tl; ++i) {
+    const float r = std::fabs(xs[i]) * inv;
+    const float u = Uniform(key, base + static_cast<uint32_t>(i));
+    int32_t l = static_cast<int32_t>(r + u);
+    l = l < smax ? l : smax;
+    tile[i] = static_cast<int8_t>(xs[i] < 0.0f ? -l : l);
+  }
+}
+
+// TernGrad 2-bit codes of tl elements starting at global index base.
+ASYNCPS_VECTOR_CLONES void TernTile(const float* xs, size_t tl, uint32_t base,
+                                    uint32_t key, float inv, uint8_t* tile) {
+  for (size_t i = 0; i < tl; ++i) {
+    const float u = Uniform(key, base + static_cast<uint32_t>(i));
+    const uint32_t nz = u < std::fabs(xs[i]) * inv ? 1u : 0u;
+    const uint32_t neg = xs[i] < 0.0f ? 2u : 0u;
+    tile[i] = static_cast<uint8_t>(nz | (neg & (nz << 1)));
+  }
+}
+
+// Decoding tables: byte -> 8 signs (sign codec), byte -> 4 ternary values.
+struct Tables {
+  float sign[256][8];
+  float tern[256][4];
+  Tables() {
+    for (int b = 0; b < 256; ++b) {
+      for (int i = 0; i < 8; ++i) sign[b][i] = ((b >> i) & 1) ? -1.0f : 1.0f;
+      for (int i = 0; i < 4; ++i) {
+        const int c = (b >> (2 * i)) & 3;
+        tern[b][i] = (c & 1) ? ((c & 2) ? -1.0f : 1.0f) : 0.0f;
+      }
+    }
+  }
+};
+const Tables& GetTables() {
+  static const Tables t;
+  return t;
 }
 
 // ---- none ------------------------------------------------------------------
@@ -109,7 +173,11 @@ class HalfCodec final : public CodecBase {
     ASSIGN_OR_RETURN(uint8_t * body,
                      BeginPayload(id(), x, n, 0, 0, seed, 2ull * n, out));
     auto* o = reinterpret_cast<UnalignedU16*>(body);
-    for (size_t i = 0; i < n; ++i) o[i] = ToHalf(x[i]);
+    if (kId == CodecId::kFp16) {
+      Fp16Encode(x, n, o);
+    } else {
+      for (size_t i = 0; i < n; ++i) o[i] = ToHalf(x[i]);
+    }
     return Status::OK();
   }
   Status Validate(const uint8_t* p, size_t bytes, size_t n) const override {
@@ -201,12 +269,7 @@ class Int8Codec final : public BucketCodec {
       const float m = BitsFloat(mb);
       const float inv = m > 0.0f ? 127.0f / m : 0.0f;
       StoreF32(scales, b, m / 127.0f);
-      const float* xs = x + lo;
-      int8_t* qs = q + lo;
-      for (size_t i = 0; i < len; ++i) {
-        qs[i] = static_cast<int8_t>(
-            static_cast<int32_t>(RoundNearestEven(xs[i] * inv)));
-      }
+      Int8Quantise(x + lo, len, inv, q + lo);
     }
     return Status::OK();
   }
@@ -273,13 +336,7 @@ class QsgdCodec final : public BucketCodec {
         const size_t tl = std::min(kTile, len - t);
         const size_t base = lo + t;
         const float* xs = x + base;
-        for (size_t i = 0; i < tl; ++i) {
-          const float r = std::fabs(xs[i]) * inv;
-          const float u = Uniform(key, static_cast<uint32_t>(base + i));
-          int32_t l = static_cast<int32_t>(r + u);
-          l = l < smax ? l : smax;
-          tile[i] = static_cast<int8_t>(xs[i] < 0.0f ? -l : l);
-        }
+        QsgdTile(xs, tl, static_cast<uint32_t>(base), key, inv, smax, tile);
         if (bits == 8) {
           std::memcpy(packed + base, tile, tl);
         } else {
@@ -378,12 +435,7 @@ class TernGradCodec final : public BucketCodec {
         const size_t tl = std::min(kTile, len - t);
         const size_t base = lo + t;
         const float* xs = x + base;
-        for (size_t i = 0; i < tl; ++i) {
-          const float u = Uniform(key, static_cast<uint32_t>(base + i));
-          const uint32_t nz = u < std::fabs(xs[i]) * inv ? 1u : 0u;
-          const uint32_t neg = xs[i] < 0.0f ? 2u : 0u;
-          tile[i] = static_cast<uint8_t>(nz | (neg & (nz << 1)));
-        }
+        TernTile(xs, tl, static_cast<uint32_t>(base), key, inv, tile);
         uint8_t* o = packed + base / 4;
         const size_t full = tl / 4;
         for (size_t j = 0; j < full; ++j) {
@@ -423,14 +475,21 @@ class TernGradCodec final : public BucketCodec {
     const uint64_t nb = NumBuckets(n, h.p1);
     const uint8_t* scales = p + kPayloadHeaderBytes;
     const uint8_t* packed = scales + 4 * nb;
+    const auto& tern = GetTables().tern;
     for (uint64_t b = 0; b < nb; ++b) {
       const size_t lo = b * h.p1;
       const size_t len = std::min<size_t>(h.p1, n - lo);
       const float m = LoadF32(scales, b);
-      for (size_t i = lo; i < lo + len; ++i) {
+      // lo is a multiple of 8: whole bytes.
+      const size_t full = len / 4;
+      for (size_t j = 0; j < full; ++j) {
+        const float* t = tern[packed[lo / 4 + j]];
+        for (int i = 0; i < 4; ++i)
+          Put<kAdd>(dst + lo + 4 * j + i, t[i] * m, alpha);
+      }
+      for (size_t i = lo + 4 * full; i < lo + len; ++i) {
         const uint32_t c = (packed[i / 4] >> (2 * (i % 4))) & 3u;
-        const float v = (c & 1u) ? ((c & 2u) ? -m : m) : 0.0f;
-        Put<kAdd>(dst + i, v, alpha);
+        Put<kAdd>(dst + i, tern[c][0] * m, alpha);
       }
     }
   }
@@ -493,6 +552,7 @@ class SignCodec final : public BucketCodec {
     const uint64_t nb = NumBuckets(n, h.p1);
     const uint8_t* scales = p + kPayloadHeaderBytes;
     const uint8_t* packed = scales + 4 * nb;
+    const auto& sign = GetTables().sign;
     for (uint64_t b = 0; b < nb; ++b) {
       const size_t lo = b * h.p1;
       const size_t len = std::min<size_t>(h.p1, n - lo);
@@ -500,10 +560,9 @@ class SignCodec final : public BucketCodec {
       // lo and full buckets are multiples of 8: whole bytes.
       const size_t bytes = len / 8;
       for (size_t j = 0; j < bytes; ++j) {
-        const uint32_t v = packed[lo / 8 + j];
-        for (int i = 0; i < 8; ++i) {
-          Put<kAdd>(dst + lo + 8 * j + i, ((v >> i) & 1u) ? -s : s, alpha);
-        }
+        const float* t = sign[packed[lo / 8 + j]];
+        for (int i = 0; i < 8; ++i)
+          Put<kAdd>(dst + lo + 8 * j + i, t[i] * s, alpha);
       }
       for (size_t i = lo + 8 * bytes; i < lo + len; ++i) {
         Put<kAdd>(dst + i, ((packed[i / 8] >> (i % 8)) & 1u) ? -s : s, alpha);
