@@ -1,0 +1,183 @@
+"""psrun's command line: options, run folder, flag files, backend choice."""
+import argparse
+import os
+import shlex
+import shutil
+import sys
+import time
+
+from . import config as config_mod
+from . import procs as procs_mod
+from . import summary as summary_mod
+
+HERE = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # launch/
+REPO = os.path.dirname(HERE)
+
+
+def default_bin_dir():
+    return os.environ.get("ASYNCPS_BIN_DIR") or os.path.join(
+        os.environ.get("BUILD", os.path.join(REPO, "build")), "bin")
+
+
+def make_parser():
+    p = argparse.ArgumentParser(
+        prog="psrun", usage="psrun --servers S --workers W [options] [-- extra worker flags]",
+        description="Launch S ps_server shards and W ps_worker ranks; see launch/README.md.")
+    # Defaults are None so that a config's [psrun] section can fill them in;
+    # DEFAULTS below applies what is still unset.
+    p.add_argument("--servers", type=int, help="number of shards S (default 1)")
+    p.add_argument("--workers", type=int, help="number of workers W (default 1)")
+    p.add_argument("--config", help="experiment flag file with [server]/[worker]/[psrun] sections")
+    p.add_argument("--run_dir", help="run folder (default runs/<UTC time>-<pid> in the cwd)")
+    p.add_argument("--backend", choices=["local", "ssh", "slurm", "k8s"],
+                   help="where processes run (default local)")
+    p.add_argument("--hostfile", help="ssh: 'host slots=N' lines")
+    p.add_argument("--ssh_opts", help="ssh: options for every ssh call (default: -o BatchMode=yes "
+                   "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR)")
+    p.add_argument("--remote_bin_dir", help="ssh: binaries on the hosts (default: --bin_dir)")
+    p.add_argument("--bin_dir", help="ps_server/ps_worker/ps_ctl (default $ASYNCPS_BIN_DIR or "
+                   "$BUILD/bin or <repo>/build/bin)")
+    p.add_argument("--start_timeout", type=float, help="seconds for each shard to come up (default 30)")
+    p.add_argument("--max_restarts", type=int, help="restarts per crashed shard (default 0)")
+    p.add_argument("--grace", type=float, help="seconds between SIGTERM and SIGKILL (default 5)")
+    p.add_argument("--server_flags", help="extra ps_server flags, one shell-quoted string")
+    p.add_argument("--progress", choices=["auto", "on", "off"], help="progress display (default auto: on a tty)")
+    p.add_argument("--log_tail_lines", type=int, help="log lines shown per failure (default 20)")
+    p.add_argument("--dry_run", action="store_true", default=None,
+                   help="slurm: print the srun commands and exit")
+    p.add_argument("--render", help="k8s: write manifests into this folder")
+    p.add_argument("--format", choices=["yaml", "json"], help="k8s manifest format (default yaml)")
+    p.add_argument("--image", help="k8s: container image (default asyncps:latest)")
+    p.add_argument("--storage", help="k8s: RocksDB volume size per shard (default 1Gi)")
+    p.add_argument("--namespace", help="k8s: namespace (default: none)")
+    p.add_argument("--port", type=int, help="k8s: shard port (default 5555)")
+    p.add_argument("--quiet", action="store_true", default=None, help="only the final summary")
+    return p
+
+
+DEFAULTS = dict(servers=1, workers=1, backend="local", start_timeout=30.0, max_restarts=0,
+                grace=5.0, server_flags="", progress="auto", log_tail_lines=20, dry_run=False,
+                format="yaml", image="asyncps:latest", storage="1Gi", port=5555, quiet=False,
+                ssh_opts="-o BatchMode=yes -o StrictHostKeyChecking=no "
+                         "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR")
+
+
+def parse_args(argv):
+    if "--" in argv:
+        i = argv.index("--")
+        own, extra = argv[:i], argv[i + 1:]
+    else:
+        own, extra = argv, []
+    parser = make_parser()
+    opts = parser.parse_args(own)
+    cfg = {r: [] for r in config_mod.ROLES}
+    if opts.config:
+        cfg = config_mod.parse_config_file(opts.config)
+        from_cfg = config_mod.psrun_defaults(cfg["psrun"], make_parser())
+        for k, v in vars(from_cfg).items():
+            if getattr(opts, k) is None and v is not None:
+                setattr(opts, k, v)
+    for k, v in DEFAULTS.items():
+        if getattr(opts, k) is None:
+            setattr(opts, k, v)
+    if opts.bin_dir is None:
+        opts.bin_dir = default_bin_dir()
+    opts.bin_dir = os.path.abspath(opts.bin_dir)
+    opts.worker_extra = extra
+    if opts.servers < 1 or opts.workers < 1:
+        parser.error("--servers and --workers must be >= 1")
+    if opts.grace < 0 or opts.start_timeout <= 0:
+        parser.error("--grace must be >= 0 and --start_timeout > 0")
+    return opts, cfg
+
+
+def prepare_run_dir(opts, cfg):
+    if not opts.run_dir:
+        opts.run_dir = os.path.join("runs", time.strftime("%Y%m%d-%H%M%S", time.gmtime()) +
+                                    "-%d" % os.getpid())
+    opts.run_dir = os.path.abspath(opts.run_dir)
+    os.makedirs(os.path.join(opts.run_dir, "flags"), exist_ok=True)
+    if opts.config:
+        shutil.copyfile(opts.config, os.path.join(opts.run_dir, "flags", "config.flags"))
+    src = opts.config or "(no --config)"
+    config_mod.write_flagfile(os.path.join(opts.run_dir, "flags", "server.flags"), cfg["server"],
+                              "ps_server flags from %s [server]" % src)
+    extra = ["--servers=%d" % opts.servers, "--workers=%d" % opts.workers]
+    config_mod.write_flagfile(os.path.join(opts.run_dir, "flags", "worker.flags"), cfg["worker"],
+                              "ps_worker flags from %s [worker]" % src)
+    with open(os.path.join(opts.run_dir, "flags", "psrun.cmdline"), "w") as f:
+        f.write(" ".join(shlex.quote(a) for a in [sys.argv[0]] + sys.argv[1:]) + "\n")
+        f.write("# effective: %s\n" % " ".join(extra + [
+            "--backend=" + opts.backend, "--bin_dir=" + opts.bin_dir,
+            "--start_timeout=%g" % opts.start_timeout, "--max_restarts=%d" % opts.max_restarts,
+            "--grace=%g" % opts.grace, "--server_flags=" + shlex.quote(opts.server_flags)]))
+
+
+def check_binaries(opts, names):
+    missing = [n for n in names if not os.access(os.path.join(opts.bin_dir, n), os.X_OK)]
+    if missing:
+        sys.stderr.write("psrun: %s not found in --bin_dir %s (build them: cmake --build build "
+                         "--target ps_server ps_worker ps_ctl)\n" % (", ".join(missing), opts.bin_dir))
+        return False
+    return True
+
+
+def main(argv):
+    try:
+        opts, cfg = parse_args(argv)
+    except config_mod.ConfigError as e:
+        sys.stderr.write("psrun: %s\n" % e)
+        return 2
+
+    if opts.backend == "k8s":
+        from . import k8s
+        return k8s.main_from_psrun(opts, cfg)
+
+    prepare_run_dir(opts, cfg)
+    log = (lambda *a: None) if opts.quiet else (lambda msg: print(msg, flush=True))
+
+    if opts.backend == "slurm":
+        from . import slurm
+        return slurm.main_from_psrun(opts, log)
+
+    if not check_binaries(opts, ["ps_server", "ps_worker", "ps_ctl"]):
+        return 2
+
+    from .fleet import Fleet
+    if opts.backend == "local":
+        def spawn(name, argv_, log_path, index):
+            return procs_mod.LocalProc(name, argv_, log_path)
+        bind_host = "127.0.0.1"
+    else:  # ssh
+        if not opts.hostfile:
+            sys.stderr.write("psrun: --backend ssh needs --hostfile\n")
+            return 2
+        with open(opts.hostfile) as f:
+            hosts = procs_mod.parse_hostfile(f.read(), opts.hostfile)
+        shutil.copyfile(opts.hostfile, os.path.join(opts.run_dir, "flags", "hostfile"))
+        ssh_cmd = ["ssh"] + shlex.split(opts.ssh_opts)
+        placement = procs_mod.place(hosts, opts.servers + opts.workers)
+        remote_bin = opts.remote_bin_dir
+
+        def spawn(name, argv_, log_path, index):
+            host = placement[index]
+            if remote_bin:
+                argv_ = [os.path.join(remote_bin, os.path.basename(argv_[0]))] + argv_[1:]
+            return procs_mod.SshProc(name, argv_, log_path, host, ssh_cmd, opts.run_dir)
+
+        # Shards bind the address they are reached at when it is an IP literal.
+        first = placement[0]
+        bind_host = first if all(c.isdigit() or c == "." for c in first) else "*"
+        if len({h for h, _ in hosts}) > 1:
+            bind_host = "*"
+
+    progress_cb = None
+    want = opts.progress == "on" or (opts.progress == "auto" and sys.stdout.isatty())
+    if want and not opts.quiet:
+        progress_cb = lambda paths: summary_mod.Progress(paths)
+    log("psrun: run folder %s" % opts.run_dir)
+    fleet = Fleet(opts, opts.run_dir, spawn, bind_host=bind_host, log=log)
+    code, summary = fleet.run(progress_cb)
+    text = summary_mod.format_summary(summary)
+    (sys.stdout if code == 0 else sys.stderr).write(text + "\n")
+    return code

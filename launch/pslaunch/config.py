@@ -1,0 +1,84 @@
+"""Experiment flag files: one file for the whole fleet.
+
+Format (documented in launch/README.md): a gflags flag file split into sections.
+
+    # comment
+    [psrun]               # launcher options, same names as psrun's command line
+    --servers=2
+    --workers=4
+    [server]              # passed to every ps_server (--flagfile)
+    --consistency=ssp
+    --staleness=2
+    [worker]              # passed to every ps_worker (--flagfile)
+    --batch=64
+    server: --lr=0.05     # a one-line prefix works too, in any section
+
+Lines outside a section without a prefix are an error: ps_server and ps_worker
+reject each other's flags, so every flag must say whom it is for.
+"""
+import os
+import re
+import shlex
+
+ROLES = ("psrun", "server", "worker")
+
+
+class ConfigError(Exception):
+    pass
+
+
+def parse_config_text(text, source="<config>"):
+    """Returns {"psrun": [...], "server": [...], "worker": [...]} flag lists."""
+    out = {r: [] for r in ROLES}
+    section = None
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = re.fullmatch(r"\[(\w+)\]", line)
+        if m:
+            if m.group(1) not in ROLES:
+                raise ConfigError("%s:%d: unknown section [%s] (use %s)" %
+                                  (source, lineno, m.group(1),
+                                   ", ".join("[%s]" % r for r in ROLES)))
+            section = m.group(1)
+            continue
+        role = section
+        m = re.match(r"(\w+):\s*(.*)$", line)
+        if m and not line.startswith("-"):
+            if m.group(1) not in ROLES:
+                raise ConfigError("%s:%d: unknown prefix '%s:'" % (source, lineno, m.group(1)))
+            role, line = m.group(1), m.group(2).strip()
+        if role is None:
+            raise ConfigError("%s:%d: '%s' is outside any [server]/[worker]/[psrun] section"
+                              % (source, lineno, line))
+        if not line.startswith("--"):
+            raise ConfigError("%s:%d: expected --flag=value, got '%s'" % (source, lineno, line))
+        out[role].append(line)
+    return out
+
+
+def parse_config_file(path):
+    with open(path) as f:
+        return parse_config_text(f.read(), path)
+
+
+def psrun_defaults(flags, parser):
+    """Parses [psrun] lines with psrun's own argparse parser (no positional args)."""
+    args = []
+    for f in flags:
+        args.extend(shlex.split(f))
+    ns, rest = parser.parse_known_args(args)
+    if rest:
+        raise ConfigError("[psrun]: unknown options %s" % " ".join(rest))
+    return ns
+
+
+def write_flagfile(path, lines, header):
+    """Writes a gflags flag file (one flag per line)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("# %s\n" % header)
+        for line in lines:
+            f.write(line + "\n")
+    os.replace(tmp, path)

@@ -1,0 +1,385 @@
+"""Fleet: S ps_server shards and W ps_worker ranks, from start to teardown.
+
+Lifecycle (Fleet.run):
+  1. start every shard with an ephemeral port (--endpoint=tcp://HOST:*) and a
+     --ready_file; wait for each ready file, then for each shard to answer
+     `ps_ctl stats` (deadline: --start_timeout; a shard that exits or times out
+     is named with the tail of its log);
+  2. start the workers with --servers (shard 0 first), --rank, --num_workers,
+     --metrics_csv;
+  3. watch: a worker that fails, or a shard that stops without restarts left,
+     fails the run; a crashed shard with restarts left is started again from
+     its RocksDB store at the endpoint it had bound, and the workers retry;
+  4. when every worker has exited 0: `ps_ctl stats` (stats.json), `ps_ctl
+     shutdown`, summary.json;
+  5. always: teardown -- SIGTERM to every process still running, SIGKILL after
+     --grace seconds, then reap. Only processes this Fleet started are signalled.
+SIGINT/SIGTERM to psrun jump to step 5 (exit status 128 + signal).
+"""
+import json
+import os
+import shlex
+import signal
+import subprocess
+import time
+
+from . import procs as procs_mod
+from . import summary as summary_mod
+
+
+class LaunchError(Exception):
+    """A process failed: `member` is whom to blame, `reason` says why."""
+
+    def __init__(self, member, reason):
+        super().__init__("%s: %s" % (member.name if member else "psrun", reason))
+        self.member = member
+        self.reason = reason
+
+
+class Interrupted(Exception):
+    def __init__(self, signum):
+        super().__init__("interrupted by signal %d" % signum)
+        self.signum = signum
+
+
+class Member:
+    """One logical process (role, rank); `proc` is its current incarnation."""
+
+    def __init__(self, role, rank):
+        self.role = role
+        self.rank = rank
+        self.name = "%s-%d" % (role, rank)
+        self.proc = None
+        self.endpoint = None
+        self.restarts = 0
+        self.done = False
+        self.history = []  # exit descriptions of earlier incarnations
+
+
+class Fleet:
+    def __init__(self, opts, run_dir, spawn, bind_host="127.0.0.1", log=print):
+        """`spawn(name, argv, log_path, index)` returns a started-later Proc;
+        `index` is the global process index (servers first) for placement."""
+        self.o = opts
+        self.run_dir = run_dir
+        self.spawn = spawn
+        self.bind_host = bind_host
+        self.log = log
+        self.shards = [Member("server", i) for i in range(opts.servers)]
+        self.workers = [Member("worker", i) for i in range(opts.workers)]
+        self.failures = []
+        self.stop_signal = None
+        self.start_time = time.time()
+        self.worker_start = None
+        self.ctl = os.path.join(opts.bin_dir, "ps_ctl")
+        for d in ("ready", "db", "flags"):
+            os.makedirs(os.path.join(run_dir, d), exist_ok=True)
+
+    # ---- helpers -----------------------------------------------------------
+    def path(self, *parts):
+        return os.path.join(self.run_dir, *parts)
+
+    def log_path(self, m):
+        return self.path("%s.log" % m.name)
+
+    def check_signal(self):
+        if self.stop_signal is not None:
+            raise Interrupted(self.stop_signal)
+
+    def sleep(self, seconds):
+        end = time.time() + seconds
+        while time.time() < end:
+            self.check_signal()
+            time.sleep(min(0.05, max(0.0, end - time.time())))
+        self.check_signal()
+
+    def all_members(self):
+        return self.workers + self.shards
+
+    def write_pids(self):
+        recs = []
+        for m in self.shards + self.workers:
+            if m.proc:
+                r = m.proc.record()
+                r.update({"role": m.role, "rank": m.rank, "restarts": m.restarts,
+                          "endpoint": m.endpoint})
+                recs.append(r)
+        summary_mod.write_json(self.path("pids.json"), {"psrun_pid": os.getpid(), "procs": recs})
+
+    def endpoints(self):
+        return ",".join(m.endpoint for m in self.shards)
+
+    def ps_ctl(self, command, endpoints=None, timeout_ms=2000):
+        argv = [self.ctl, "--servers=" + (endpoints or self.endpoints()),
+                "--timeout_ms=%d" % timeout_ms, command]
+        try:
+            r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
+                               timeout=timeout_ms / 1000.0 * 2 + 10, check=False)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return 1, "", str(e)
+        return r.returncode, r.stdout.decode("utf-8", "replace"), r.stderr.decode("utf-8",
+                                                                                   "replace")
+
+    def fail_member(self, m, what):
+        return LaunchError(m, what)
+
+    # ---- shards --------------------------------------------------------------
+    def shard_argv(self, m, endpoint):
+        o = self.o
+        argv = [os.path.join(o.bin_dir, "ps_server"),
+                "--flagfile=" + self.path("flags", "server.flags"),
+                "--shard_id=%d" % m.rank, "--num_shards=%d" % o.servers,
+                "--num_workers=%d" % o.workers, "--endpoint=" + endpoint,
+                "--ready_file=" + self.path("ready", "%s.endpoint" % m.name),
+                "--db_path=" + self.path("db", m.name)]
+        return argv + shlex.split(o.server_flags or "")
+
+    def start_shard(self, m, endpoint=None):
+        ready = self.path("ready", "%s.endpoint" % m.name)
+        try:
+            os.unlink(ready)
+        except FileNotFoundError:
+            pass
+        restart = endpoint is not None
+        endpoint = endpoint or "tcp://%s:*" % self.bind_host
+        argv = self.shard_argv(m, endpoint)
+        header = ["restart %d of %d, endpoint %s" % (m.restarts, self.o.max_restarts, endpoint)
+                  ] if restart else []
+        header.append("flagfile %s:" % self.path("flags", "server.flags"))
+        header += ["  " + l for l in _read_lines(self.path("flags", "server.flags"))]
+        m.proc = self.spawn(m.name, argv, self.log_path(m), m.rank).start(header)
+        self.write_pids()
+
+    def wait_ready_file(self, m, deadline):
+        ready = self.path("ready", "%s.endpoint" % m.name)
+        while True:
+            rc = m.proc.poll()
+            if rc is not None:
+                raise LaunchError(m, "exited before it was ready (%s)" % procs_mod.describe_status(rc))
+            text = m.proc.read_file(ready)
+            if text and text.strip():
+                ep = text.strip()
+                host = m.proc.host
+                for wildcard in ("0.0.0.0", "*", "[::]"):
+                    ep = ep.replace("tcp://%s:" % wildcard, "tcp://%s:" % host)
+                return ep
+            if time.time() > deadline:
+                raise LaunchError(m, "did not become ready within %gs (no ready file %s)" %
+                                  (self.o.start_timeout, ready))
+            self.sleep(0.1 if type(m.proc) is procs_mod.LocalProc else 0.5)
+
+    def wait_stats(self, m, deadline):
+        last = ""
+        while True:
+            rc = m.proc.poll()
+            if rc is not None:
+                raise LaunchError(m, "exited before it was ready (%s)" % procs_mod.describe_status(rc))
+            code, out, err = self.ps_ctl("stats", m.endpoint, timeout_ms=1000)
+            if code == 0:
+                return
+            last = (err or out).strip().splitlines()[-1:] or [""]
+            if time.time() > deadline:
+                raise LaunchError(m, "did not answer ps_ctl stats at %s within %gs (%s)" %
+                                  (m.endpoint, self.o.start_timeout, last[0]))
+            self.sleep(0.2)
+
+    def start_shards(self):
+        for m in self.shards:
+            self.start_shard(m)
+        deadline = time.time() + self.o.start_timeout
+        for m in self.shards:
+            m.endpoint = self.wait_ready_file(m, deadline)
+        for m in self.shards:
+            self.wait_stats(m, deadline)
+        self.write_pids()
+        self.log("psrun: %d shard(s) ready: %s" % (len(self.shards), self.endpoints()))
+
+    def restart_shard(self, m, rc):
+        why = procs_mod.describe_status(rc)
+        m.history.append(why)
+        m.restarts += 1
+        self.log("psrun: %s %s; restarting from its store at %s (restart %d of %d)" %
+                 (m.name, why, m.endpoint, m.restarts, self.o.max_restarts))
+        self.start_shard(m, endpoint=m.endpoint)
+        deadline = time.time() + self.o.start_timeout
+        ep = self.wait_ready_file(m, deadline)
+        if ep != m.endpoint:
+            raise LaunchError(m, "restarted at %s instead of %s" % (ep, m.endpoint))
+        self.wait_stats(m, deadline)
+        self.write_pids()
+        self.log("psrun: %s is back at %s" % (m.name, m.endpoint))
+
+    # ---- workers -------------------------------------------------------------
+    def worker_argv(self, m):
+        o = self.o
+        return [os.path.join(o.bin_dir, "ps_worker"),
+                "--flagfile=" + self.path("flags", "worker.flags"),
+                "--servers=" + self.endpoints(), "--rank=%d" % m.rank,
+                "--num_workers=%d" % o.workers,
+                "--metrics_csv=" + self.path("metrics-%d.csv" % m.rank)] + list(o.worker_extra)
+
+    def start_workers(self):
+        self.worker_start = time.time()
+        header = ["flagfile %s:" % self.path("flags", "worker.flags")]
+        header += ["  " + l for l in _read_lines(self.path("flags", "worker.flags"))]
+        for m in self.workers:
+            m.proc = self.spawn(m.name, self.worker_argv(m), self.log_path(m),
+                                self.o.servers + m.rank).start(header)
+        self.write_pids()
+        self.log("psrun: %d worker(s) started" % len(self.workers))
+
+    # ---- watching ------------------------------------------------------------
+    def watch(self, progress=None):
+        while True:
+            self.check_signal()
+            for m in self.shards:
+                rc = m.proc.poll()
+                if rc is None:
+                    continue
+                crashed = rc != 0
+                if crashed and m.restarts < self.o.max_restarts:
+                    self.restart_shard(m, rc)
+                else:
+                    raise LaunchError(m, "stopped while workers were running (%s)%s" % (
+                        procs_mod.describe_status(rc),
+                        "" if not crashed else ", no restarts left (--max_restarts=%d)"
+                        % self.o.max_restarts))
+            for m in self.workers:
+                if m.done:
+                    continue
+                rc = m.proc.poll()
+                if rc == 0:
+                    m.done = True
+                    self.log("psrun: %s finished" % m.name) if not progress else None
+                elif rc is not None:
+                    raise LaunchError(m, "failed (%s)" % procs_mod.describe_status(rc))
+            if all(m.done for m in self.workers):
+                return
+            if progress:
+                progress.update()
+            self.sleep(0.2)
+
+    # ---- end -----------------------------------------------------------------
+    def shutdown_shards(self):
+        code, out, _ = self.ps_ctl("stats")
+        if code == 0:
+            try:
+                summary_mod.write_json(self.path("stats.json"), json.loads(out))
+            except ValueError:
+                pass
+        self.ps_ctl("shutdown")
+        deadline = time.time() + self.o.grace
+        while time.time() < deadline and any(m.proc.poll() is None for m in self.shards):
+            time.sleep(0.05)
+
+    def teardown(self):
+        """SIGTERM everything still running, SIGKILL after the grace period, reap."""
+        running = [m for m in self.all_members() if m.proc and (
+            m.proc.poll() is None or m.proc.group_alive())]
+        if running:
+            self.log("psrun: stopping %s" % ", ".join(m.name for m in running))
+        for m in running:
+            m.proc.signal(signal.SIGTERM)
+        deadline = time.time() + self.o.grace
+        while time.time() < deadline and any(
+                m.proc.poll() is None or m.proc.group_alive() for m in running):
+            time.sleep(0.05)
+        for m in running:
+            if m.proc.poll() is None or m.proc.group_alive():
+                self.log("psrun: %s still running after %gs grace: SIGKILL" % (m.name, self.o.grace))
+                m.proc.signal(signal.SIGKILL)
+        for m in running:
+            try:
+                m.proc.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.log("psrun: %s (pid %d) did not die" % (m.name, m.proc.pid))
+        for m in running:
+            if isinstance(m.proc, procs_mod.SshProc) and m.proc.remote_alive():
+                m.proc.signal(signal.SIGKILL)
+
+    def failure_record(self, m, reason):
+        if m is None:
+            return {"name": "psrun", "reason": reason}
+        return {"name": m.name, "reason": reason, "log": self.log_path(m),
+                "log_tail": procs_mod.tail(self.log_path(m), self.o.log_tail_lines),
+                "exit": m.proc.poll() if m.proc else None}
+
+    def run(self, progress_cb=None):
+        """Runs the whole lifecycle; returns the exit status and writes summary.json."""
+        exit_code = 0
+        old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+        def on_signal(signum, frame):
+            if self.stop_signal is None:
+                self.stop_signal = signum
+
+        for s in old:
+            signal.signal(s, on_signal)
+        progress = None
+        try:
+            self.start_shards()
+            self.start_workers()
+            if progress_cb:
+                progress = progress_cb([self.log_path(m) for m in self.workers])
+            self.watch(progress)
+            if progress:
+                progress.update(force=True)
+                progress.finish()
+            self.shutdown_shards()
+        except LaunchError as e:
+            if progress:
+                progress.finish()
+            self.failures.append(self.failure_record(e.member, e.reason))
+            exit_code = 1
+        except Interrupted as e:
+            if progress:
+                progress.finish()
+            self.log("psrun: %s: tearing the fleet down" % signal.Signals(e.signum).name)
+            self.failures.append({"name": "psrun", "reason": "interrupted by %s" %
+                                  signal.Signals(e.signum).name})
+            exit_code = 128 + e.signum
+        finally:
+            # A second Ctrl-C during teardown must not leave orphans: ignore it.
+            for s in old:
+                signal.signal(s, lambda *a: None)
+            self.teardown()
+            for s, h in old.items():
+                signal.signal(s, h)
+        if exit_code == 1:
+            # Others that died in the same instant are worth naming too.
+            for m in self.all_members():
+                if m.proc and m.proc.poll() not in (None, 0, -signal.SIGTERM, -signal.SIGKILL) \
+                        and not any(f["name"] == m.name for f in self.failures):
+                    self.failures.append(self.failure_record(
+                        m, "also failed (%s)" % procs_mod.describe_status(m.proc.poll())))
+        return exit_code, self.build_summary(exit_code)
+
+    def build_summary(self, exit_code):
+        workers = {}
+        for m in self.workers:
+            s = summary_mod.parse_summary_line(summary_mod._read(self.log_path(m)))
+            if s:
+                workers[m.rank] = s
+        wall = time.time() - (self.worker_start or self.start_time)
+        summary = {
+            "ok": exit_code == 0,
+            "exit_code": exit_code,
+            "run_dir": self.run_dir,
+            "servers": self.o.servers,
+            "workers": self.o.workers,
+            "endpoints": [m.endpoint for m in self.shards],
+            "restarts": {m.name: m.restarts for m in self.shards if m.restarts},
+            "failures": self.failures,
+            "per_worker": {str(k): v for k, v in sorted(workers.items())},
+            "totals": summary_mod.aggregate(workers, wall) if workers else None,
+        }
+        summary_mod.write_json(self.path("summary.json"), summary)
+        return summary
+
+
+def _read_lines(path):
+    try:
+        with open(path) as f:
+            return [l.rstrip("\n") for l in f]
+    except OSError:
+        return []
