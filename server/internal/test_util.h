@@ -1,0 +1,129 @@
+// Helpers for the server's unit tests: building requests and driving a
+// Shard in-process. Test-only.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "common/buffer.h"
+#include "common/wire.h"
+#include "server/shard.h"
+
+namespace asyncps::server::testing {
+
+// A 74-float model: "w" 64 floats cut into 16-float chunks, "b" 10 floats.
+inline std::vector<TensorSpec> SmallModel() {
+  TensorSpec w{"w", {8, 8}, InitKind::kUniform, 0.5f, 7};
+  TensorSpec b{"b", {10}, InitKind::kConstant, 0.25f, 1};
+  return {w, b};
+}
+
+inline LayoutOptions SmallLayout(int num_shards) {
+  LayoutOptions o;
+  o.chunk_elems = 16;
+  o.min_chunk_elems = 16;
+  o.num_shards = num_shards;
+  return o;
+}
+
+inline ByteView Floats(const std::vector<float>& v) {
+  BufferPtr b = Buffer::Allocate(v.size() * sizeof(float));
+  if (!v.empty()) std::memcpy(b->data(), v.data(), v.size() * sizeof(float));
+  return ByteView{b->data(), b->size(), b};
+}
+
+class ShardHarness {
+ public:
+  explicit ShardHarness(ShardOptions o, Store* store = nullptr)
+      : options(o), t0(std::chrono::steady_clock::now()), now(t0) {
+    auto s = Shard::Create(o, store, t0);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (s.ok()) shard = std::move(s).value();
+  }
+
+  // Sends a request; returns every reply produced.
+  std::vector<OutgoingReply> Send(RequestHeader req,
+                                  std::vector<ByteView> data = {},
+                                  const std::string& peer = "p") {
+    req.id = req.id ? req.id : ++next_id;
+    std::vector<OutgoingReply> out;
+    shard->Handle(peer, req, data, now, &out);
+    return out;
+  }
+  // Sends and expects exactly one reply (the request's own).
+  ReplyHeader Call(RequestHeader req, std::vector<ByteView> data = {}) {
+    auto out = Send(std::move(req), std::move(data));
+    EXPECT_EQ(out.size(), 1u);
+    return out.empty() ? ReplyHeader{} : out[0].header;
+  }
+
+  static RequestHeader Register(int rank, std::vector<TensorSpec> t,
+                                LayoutOptions l) {
+    RequestHeader r;
+    r.kind = RequestKind::kRegister;
+    r.rank = rank;
+    r.tensors = std::move(t);
+    r.layout = l;
+    return r;
+  }
+  static RequestHeader Pull(int rank, int64_t clock,
+                            std::vector<uint32_t> chunks = {}) {
+    RequestHeader r;
+    r.kind = RequestKind::kPull;
+    r.rank = rank;
+    r.clock = clock;
+    r.pull_chunks = std::move(chunks);
+    return r;
+  }
+  static RequestHeader Clock(int rank, int64_t clock) {
+    RequestHeader r;
+    r.kind = RequestKind::kClock;
+    r.rank = rank;
+    r.clock = clock;
+    return r;
+  }
+  // A raw fp32 push of `grads[i]` to chunk `chunks[i]`, frame i+1.
+  static RequestHeader Push(int rank, int64_t clock,
+                            const std::vector<uint32_t>& chunks,
+                            const std::vector<ByteView>& frames) {
+    RequestHeader r;
+    r.kind = RequestKind::kPush;
+    r.rank = rank;
+    r.clock = clock;
+    r.incarnation = 42;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      ChunkRef c;
+      c.chunk = chunks[i];
+      c.frame = static_cast<uint32_t>(i + 1);
+      c.num_elems = frames[i].size / sizeof(float);
+      c.byte_size = frames[i].size;
+      r.chunks.push_back(c);
+    }
+    return r;
+  }
+
+  // Every weight of the shard, chunk by chunk (bitwise comparisons).
+  std::vector<std::vector<float>> AllWeights() const {
+    std::vector<std::vector<float>> all;
+    for (uint32_t id : shard->layout()->shard_chunks(options.shard_id)) {
+      all.push_back(*shard->weights(id));
+      all.push_back(*shard->optimizer_state(id));
+    }
+    return all;
+  }
+  uint32_t FirstChunk() const {
+    return shard->layout()->shard_chunks(options.shard_id)[0];
+  }
+  uint64_t ChunkElems(uint32_t id) const {
+    return shard->layout()->chunks()[id].num_elems;
+  }
+
+  ShardOptions options;
+  std::unique_ptr<Shard> shard;
+  std::chrono::steady_clock::time_point t0, now;
+  uint64_t next_id = 0;
+};
+
+}  // namespace asyncps::server::testing

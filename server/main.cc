@@ -1,0 +1,211 @@
+// ps_server: one parameter-server shard.
+//
+//   ps_server --shard_id=0 --num_shards=2 --num_workers=3 --consistency=ssp
+//             --staleness=2 --optimizer=adam --lr=0.001 --db_path=/tmp/ps0
+//             --ready_file=/tmp/ps0.endpoint
+//
+// Flags are validated here (exit 2 with a message on a bad value); the
+// library takes ServerOptions. SIGTERM/SIGINT shut down cleanly with a final
+// checkpoint.
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "server/server.h"
+
+DEFINE_string(endpoint, "tcp://127.0.0.1:*",
+              "ZeroMQ endpoint to bind; tcp://127.0.0.1:* picks a free port");
+DEFINE_string(ready_file, "",
+              "once serving, write the bound endpoint to this file "
+              "(atomically: tmp + rename)");
+DEFINE_int32(shard_id, 0, "this shard's index in [0, num_shards)");
+DEFINE_int32(num_shards, 1, "number of shards in the deployment");
+DEFINE_int32(num_workers, 1, "number of workers (ranks 0..num_workers-1)");
+DEFINE_string(consistency, "asp", "bsp | ssp | asp");
+DEFINE_int64(staleness, 0, "SSP staleness bound s (clocks)");
+DEFINE_bool(staleness_lr, false,
+            "scale the learning rate by 1/(1+staleness) per push");
+DEFINE_string(optimizer, "sgd", "sgd | momentum | nesterov | adam | adagrad");
+DEFINE_double(lr, 0.01, "learning rate");
+DEFINE_double(momentum, 0.9, "momentum coefficient (momentum, nesterov)");
+DEFINE_double(weight_decay, 0.0, "L2 weight decay");
+DEFINE_double(beta1, 0.9, "Adam beta1");
+DEFINE_double(beta2, 0.999, "Adam beta2");
+DEFINE_double(eps, 1e-8, "Adam/AdaGrad epsilon");
+DEFINE_string(db_path, "",
+              "RocksDB directory of this shard; empty: no persistence");
+DEFINE_double(checkpoint_every_s, 60.0,
+              "seconds between automatic checkpoints; 0: off");
+DEFINE_bool(durable, false,
+            "write every applied push through the WAL before acknowledging it");
+DEFINE_bool(durable_sync, false,
+            "with --durable: fsync each write (survives power loss)");
+DEFINE_double(
+    worker_timeout_s, 30.0,
+    "a worker silent this long is dropped from the clock minimum; 0: never");
+DEFINE_int64(max_message_bytes, int64_t{1} << 30,
+             "largest request accepted, bytes");
+DEFINE_int64(max_parked_pulls, 4096, "most pulls waiting at once");
+DEFINE_bool(transport_only, false,
+            "benchmark mode: validate and acknowledge pushes, never apply");
+DEFINE_int32(io_threads, 1, "ZeroMQ I/O threads");
+
+namespace {
+
+using asyncps::Status;
+using asyncps::StatusOr;
+namespace srv = asyncps::server;
+
+[[noreturn]] void BadFlag(const std::string& message) {
+  std::fprintf(stderr, "ps_server: %s\n", message.c_str());
+  std::exit(2);
+}
+
+srv::ServerOptions OptionsFromFlags() {
+  srv::ServerOptions o;
+  o.endpoint = FLAGS_endpoint;
+  o.db_path = FLAGS_db_path;
+  if (FLAGS_checkpoint_every_s < 0)
+    BadFlag("--checkpoint_every_s must be >= 0");
+  o.checkpoint_every = std::chrono::milliseconds(
+      static_cast<int64_t>(FLAGS_checkpoint_every_s * 1000));
+  o.max_message_bytes = FLAGS_max_message_bytes;
+  if (FLAGS_io_threads < 1 || FLAGS_io_threads > 64)
+    BadFlag("--io_threads must be in [1, 64]");
+  o.context = asyncps::Context::Create(FLAGS_io_threads);
+  srv::ShardOptions& s = o.shard;
+  s.shard_id = FLAGS_shard_id;
+  s.num_shards = FLAGS_num_shards;
+  s.num_workers = FLAGS_num_workers;
+  StatusOr<srv::Consistency> c = srv::ParseConsistency(FLAGS_consistency);
+  if (!c.ok()) BadFlag("--consistency: " + c.status().message());
+  s.consistency = *c;
+  s.staleness = FLAGS_staleness;
+  if (s.consistency != srv::Consistency::kSsp && FLAGS_staleness != 0) {
+    BadFlag("--staleness only applies to --consistency=ssp");
+  }
+  s.staleness_lr = FLAGS_staleness_lr;
+  std::string opt = FLAGS_optimizer;
+  if (opt == "nesterov") {
+    opt = "momentum";
+    s.optimizer.nesterov = true;
+  }
+  StatusOr<srv::OptimizerKind> k = srv::ParseOptimizerKind(opt);
+  if (!k.ok()) BadFlag("--optimizer: " + k.status().message());
+  s.optimizer.kind = *k;
+  s.optimizer.lr = static_cast<float>(FLAGS_lr);
+  s.optimizer.momentum = static_cast<float>(FLAGS_momentum);
+  s.optimizer.weight_decay = static_cast<float>(FLAGS_weight_decay);
+  s.optimizer.beta1 = static_cast<float>(FLAGS_beta1);
+  s.optimizer.beta2 = static_cast<float>(FLAGS_beta2);
+  s.optimizer.eps = static_cast<float>(FLAGS_eps);
+  if (FLAGS_worker_timeout_s < 0) BadFlag("--worker_timeout_s must be >= 0");
+  s.worker_timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(FLAGS_worker_timeout_s * 1000));
+  if (FLAGS_max_parked_pulls < 1) BadFlag("--max_parked_pulls must be >= 1");
+  s.max_parked_pulls = static_cast<size_t>(FLAGS_max_parked_pulls);
+  s.transport_only = FLAGS_transport_only;
+  s.durable = FLAGS_durable;
+  if (FLAGS_durable && FLAGS_db_path.empty())
+    BadFlag("--durable needs --db_path");
+  if (FLAGS_durable_sync && !FLAGS_durable)
+    BadFlag("--durable_sync needs --durable");
+  s.durable_sync = FLAGS_durable_sync ? asyncps::server::SyncMode::kSync
+                                      : asyncps::server::SyncMode::kNoSync;
+  if (FLAGS_max_message_bytes < 1024)
+    BadFlag("--max_message_bytes must be >= 1024");
+  Status v = s.Validate();
+  if (!v.ok()) BadFlag(v.message());
+  return o;
+}
+
+Status WriteReadyFile(const std::string& path, const std::string& endpoint) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << endpoint << "\n";
+    f.flush();
+    if (!f) return Status::Unavailable("cannot write " + tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return Status::Unavailable("cannot rename " + tmp + " to " + path);
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage(
+      "ps_server: one shard of the asyncps parameter server");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+  if (argc > 1) BadFlag(std::string("unexpected argument '") + argv[1] + "'");
+
+  // Signals are taken by a dedicated thread (sigtimedwait): no global flag.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  srv::ServerOptions options = OptionsFromFlags();
+  const srv::ShardOptions& s = options.shard;
+  LOG(INFO) << "ps_server shard " << s.shard_id << "/" << s.num_shards
+            << ": workers " << s.num_workers << ", consistency "
+            << srv::ConsistencyName(s.consistency) << " staleness "
+            << s.staleness << (s.staleness_lr ? " (staleness lr)" : "")
+            << ", optimizer " << s.optimizer.ToString() << ", db_path '"
+            << options.db_path << "', checkpoint every "
+            << options.checkpoint_every.count() << " ms, durable " << s.durable
+            << (FLAGS_durable_sync ? " (fsync)" : "") << ", worker timeout "
+            << s.worker_timeout.count() << " ms, max message "
+            << options.max_message_bytes << " B, max parked pulls "
+            << s.max_parked_pulls
+            << (s.transport_only ? ", TRANSPORT ONLY (pushes not applied)"
+                                 : "");
+
+  StatusOr<std::unique_ptr<srv::Server>> server = srv::Server::Create(options);
+  if (!server.ok()) {
+    LOG(ERROR) << "cannot start: " << server.status().ToString();
+    return 1;
+  }
+  LOG(INFO) << "serving on " << (*server)->endpoint();
+  if (!FLAGS_ready_file.empty()) {
+    Status st = WriteReadyFile(FLAGS_ready_file, (*server)->endpoint());
+    if (!st.ok()) {
+      LOG(ERROR) << st.ToString();
+      return 1;
+    }
+  }
+
+  std::atomic<bool> stop{false};
+  std::atomic<bool> done{false};
+  std::thread signal_thread([&] {
+    timespec wait{0, 200 * 1000 * 1000};
+    while (!done.load()) {
+      int sig = sigtimedwait(&sigs, nullptr, &wait);
+      if (sig == SIGTERM || sig == SIGINT) {
+        LOG(INFO) << "signal " << sig << ": shutting down";
+        stop.store(true);
+        return;
+      }
+    }
+  });
+  Status st = (*server)->Run(stop);
+  done.store(true);
+  signal_thread.join();
+  if (!st.ok()) {
+    LOG(ERROR) << "final checkpoint failed: " << st.ToString();
+    return 1;
+  }
+  LOG(INFO) << "ps_server shard " << s.shard_id << " exited cleanly";
+  return 0;
+}

@@ -1,0 +1,84 @@
+// Server: the event loop of one ps_server shard.
+//
+// Owns a ServerSocket (ZeroMQ ROUTER), the shard's Store (RocksDB when
+// db_path is set) and the Shard. Run() receives with a short timeout so
+// timers run between messages (liveness, parked pulls, periodic
+// checkpoints), decodes each header (a malformed one gets an error reply,
+// with id 0 when even the id is unreadable; the server never crashes on
+// input), dispatches to the Shard and sends its replies, tensor frames
+// without copying.
+//
+// Ownership: the Server owns the socket, the store and the shard.
+// Thread safety: Run() is called from one thread; `stop` may be set from
+// any thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/transport.h"
+#include "common/wire.h"
+#include "server/shard.h"
+#include "server/store.h"
+
+namespace asyncps::server {
+
+struct ServerOptions {
+  // ZeroMQ endpoint to bind; "tcp://127.0.0.1:*" picks a free port.
+  // Default: "tcp://127.0.0.1:*" (loopback only).
+  std::string endpoint = "tcp://127.0.0.1:*";
+  // The shard's configuration (id, counts, consistency, optimizer...).
+  ShardOptions shard;
+  // RocksDB directory of this shard; empty: no persistence. Default: "".
+  std::string db_path;
+  // Period of automatic checkpoints; 0 disables them (checkpoints still
+  // happen on request and on shutdown). Default: 60 s.
+  std::chrono::milliseconds checkpoint_every{60000};
+  // Largest request accepted (all frames), bytes; larger ones get a
+  // ResourceExhausted reply. Default: 1 GiB.
+  int64_t max_message_bytes = int64_t{1} << 30;
+  // Longest wait for a message before timers run. Default: 20 ms.
+  std::chrono::milliseconds tick{20};
+  // ZeroMQ context to use; nullptr creates one. Default: nullptr.
+  std::shared_ptr<Context> context;
+};
+
+class Server {
+ public:
+  // Opens the store (recovering the shard) and binds the socket.
+  static StatusOr<std::unique_ptr<Server>> Create(const ServerOptions& options);
+  ~Server();
+
+  // The bound endpoint (real port for "tcp://host:*").
+  const std::string& endpoint() const;
+
+  // Serves until a shutdown request has been answered or `stop` is true.
+  // On exit parked pulls get Cancelled replies and, unless a shutdown
+  // request already did it, a final checkpoint is written; its status is
+  // returned.
+  Status Run(const std::atomic<bool>& stop);
+
+  Shard& shard() { return *shard_; }
+
+ private:
+  Server() = default;
+  void HandleMessage(const std::string& peer, Message& msg,
+                     std::chrono::steady_clock::time_point now);
+  void SendAll();
+
+  ServerOptions options_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Shard> shard_;
+  std::unique_ptr<ServerSocket> socket_;
+  // Reused per message.
+  RequestHeader req_;
+  std::vector<ByteView> data_;
+  std::vector<OutgoingReply> out_;
+  std::vector<Frame> frames_;
+};
+
+}  // namespace asyncps::server

@@ -1,0 +1,147 @@
+// The event loop over a real (in-process) ZeroMQ transport: malformed
+// input gets error replies and the server keeps serving.
+#include "server/server.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "server/internal/test_util.h"
+
+namespace asyncps::server {
+namespace {
+
+using testing::SmallLayout;
+using testing::SmallModel;
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ctx_ = Context::Create(1);
+    ServerOptions o;
+    o.endpoint = "inproc://server_test";
+    o.context = ctx_;
+    o.max_message_bytes = 4096;
+    o.shard.num_workers = 2;
+    o.shard.num_shards = 1;
+    auto s = Server::Create(o);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    server_ = std::move(s).value();
+    thread_ = std::thread([this] { run_status_ = server_->Run(stop_); });
+    TransportOptions to;
+    to.context = ctx_;
+    auto c = ClientSocket::Connect("inproc://server_test", to);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    client_ = std::move(c).value();
+  }
+  void TearDown() override {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+
+  ReplyHeader Roundtrip(std::vector<Frame> frames) {
+    EXPECT_TRUE(client_->Send(frames).ok());
+    Message msg;
+    auto got = client_->Receive(&msg, std::chrono::milliseconds(5000));
+    EXPECT_TRUE(got.ok() && *got);
+    ReplyHeader r;
+    if (!msg.frames.empty()) {
+      EXPECT_TRUE(DecodeReply(msg.frames[0].data, msg.frames[0].size,
+                              DecodeLimits(), &r)
+                      .ok());
+    }
+    return r;
+  }
+  ReplyHeader Call(const RequestHeader& req) {
+    std::vector<Frame> f;
+    f.push_back(Frame::Owned(EncodeRequest(req)));
+    return Roundtrip(std::move(f));
+  }
+
+  std::shared_ptr<Context> ctx_;
+  std::unique_ptr<Server> server_;
+  std::unique_ptr<ClientSocket> client_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  Status run_status_;
+};
+
+TEST_F(ServerTest, BadInputGetsErrorRepliesAndServerKeepsServing) {
+  RequestHeader reg =
+      testing::ShardHarness::Register(0, SmallModel(), SmallLayout(1));
+  reg.id = 5;
+  ReplyHeader r = Call(reg);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_EQ(r.id, 5u);
+
+  // Garbage bytes: error reply with id 0.
+  std::vector<Frame> g;
+  g.push_back(Frame::Copy("\x01\x02garbage!garbage!", 17));
+  r = Roundtrip(std::move(g));
+  EXPECT_FALSE(r.status.ok());
+  EXPECT_EQ(r.id, 0u);
+
+  // Truncated Cap'n Proto.
+  RequestHeader pull = testing::ShardHarness::Pull(0, 0);
+  pull.id = 9;
+  std::vector<uint8_t> bytes = EncodeRequest(pull);
+  bytes.resize(bytes.size() / 2);
+  std::vector<Frame> t;
+  t.push_back(Frame::Owned(std::move(bytes)));
+  r = Roundtrip(std::move(t));
+  EXPECT_FALSE(r.status.ok());
+
+  // Wrong protocol version: the id is echoed.
+  RequestHeader v = pull;
+  v.version = 3;
+  v.id = 11;
+  r = Call(v);
+  EXPECT_EQ(r.status.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r.id, 11u);
+
+  // Oversize message (limit 4096 bytes).
+  std::vector<Frame> big;
+  RequestHeader push = testing::ShardHarness::Push(
+      0, 0, {0}, {testing::Floats(std::vector<float>(1000))});
+  push.id = 12;
+  big.push_back(Frame::Owned(EncodeRequest(push)));
+  big.push_back(Frame::Owned(std::vector<uint8_t>(4000)));
+  big.push_back(Frame::Owned(std::vector<uint8_t>(4000)));
+  r = Roundtrip(std::move(big));
+  EXPECT_EQ(r.status.code(), StatusCode::kResourceExhausted);
+
+  // Still serving; rejections are counted.
+  RequestHeader stats;
+  stats.kind = RequestKind::kStats;
+  stats.id = 13;
+  r = Call(stats);
+  ASSERT_TRUE(r.status.ok());
+  EXPECT_EQ(r.id, 13u);
+  EXPECT_NE(r.text.find("\"malformed\":2"), std::string::npos) << r.text;
+  EXPECT_NE(r.text.find("\"protocol_version\":1"), std::string::npos) << r.text;
+  EXPECT_NE(r.text.find("\"oversize\":1"), std::string::npos) << r.text;
+
+  // A valid pull returns the chunk as a data frame.
+  pull.id = 14;
+  std::vector<Frame> pf;
+  pf.push_back(Frame::Owned(EncodeRequest(pull)));
+  ASSERT_TRUE(client_->Send(pf).ok());
+  Message msg;
+  ASSERT_TRUE(*client_->Receive(&msg, std::chrono::milliseconds(5000)));
+  ASSERT_TRUE(
+      DecodeReply(msg.frames[0].data, msg.frames[0].size, DecodeLimits(), &r)
+          .ok());
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_EQ(msg.frames.size(), 1 + r.chunks.size());
+
+  RequestHeader bye;
+  bye.kind = RequestKind::kShutdown;
+  bye.id = 15;
+  r = Call(bye);
+  EXPECT_TRUE(r.status.ok());
+  thread_.join();
+  EXPECT_TRUE(run_status_.ok());
+}
+
+}  // namespace
+}  // namespace asyncps::server

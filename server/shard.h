@@ -1,0 +1,238 @@
+// Shard: the state machine of one parameter-server shard, independent of
+// sockets so it can be driven in-process by tests.
+//
+// A Shard holds, once a layout is registered, the chunks this shard owns
+// (weights, optimizer state, version, BSP accumulator), the shard version
+// (updates applied), the workers' clocks and liveness, the version each
+// worker last read (staleness), a per-rank push dedup entry
+// (incarnation, last applied push id) that makes resent pushes idempotent,
+// parked pulls, counters and the staleness histogram.
+//
+// Input: a decoded RequestHeader plus its data frames (frames[i] is data
+// frame i+1 of the message). Output: zero or more OutgoingReply: the reply
+// to this request (unless it is a pull that had to wait: it is parked and
+// answered by a later Handle() or Tick()), plus parked pulls released.
+//
+// Every request is validated completely before any state changes: a push
+// whose last chunk is bad leaves every chunk untouched. Pull replies carry
+// ref-counted snapshots of the weights (one copy per chunk version, shared
+// by every pull of that version), never pointers into memory that the next
+// push mutates.
+//
+// Consistency (ShardOptions::consistency):
+//   kBsp: pushes for the current round r (clock == r) are summed per chunk;
+//         once every live worker's clock is > r the average (sum / number of
+//         contributors) is applied once and the round becomes r+1. A pull at
+//         clock c waits until the minimum live clock is >= c.
+//   kSsp: pushes are applied on arrival; a pull at clock c waits until the
+//         minimum live clock is >= c - staleness.
+//   kAsp: pushes applied on arrival; pulls never wait.
+//
+// Persistence: with a Store, the shard recovers from it in Create(); a
+// Checkpoint() writes all state in one atomic batch; in durable mode every
+// applied push (BSP: every accumulated push and round apply) is written
+// before its reply is produced.
+//
+// Ownership: the Shard does not own the Store, which must outlive it.
+// Thread safety: none; a Shard is driven by one thread (the event loop).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/buffer.h"
+#include "common/layout.h"
+#include "common/status.h"
+#include "common/wire.h"
+#include "server/optimizer.h"
+#include "server/stats.h"
+#include "server/store.h"
+#include "server/worker_clocks.h"
+
+namespace asyncps::server {
+
+enum class Consistency : uint8_t { kBsp = 0, kSsp = 1, kAsp = 2 };
+const char* ConsistencyName(Consistency c);
+StatusOr<Consistency> ParseConsistency(std::string_view name);
+
+struct ShardOptions {
+  // This shard's index, in [0, num_shards). Default: 0.
+  int shard_id = 0;
+  // Shards in the deployment; a registration must name the same number.
+  // Default: 1.
+  int num_shards = 1;
+  // Workers (ranks 0..num_workers-1), >= 1. Default: 1.
+  int num_workers = 1;
+  // Default: kAsp.
+  Consistency consistency = Consistency::kAsp;
+  // SSP bound s, in clocks, >= 0. Default: 0.
+  int64_t staleness = 0;
+  // Scale the learning rate by 1 / (1 + staleness of the push). Default: off.
+  bool staleness_lr = false;
+  // Update rule. Default: SGD, lr 0.01.
+  OptimizerOptions optimizer;
+  // A worker silent this long is dropped from the clock minimum; 0 disables
+  // eviction. Default: 30 s.
+  std::chrono::milliseconds worker_timeout{30000};
+  // Most pulls parked at once; more are answered ResourceExhausted.
+  // Default: 4096.
+  size_t max_parked_pulls = 4096;
+  // Benchmark mode: pushes are validated and acknowledged, never applied.
+  // Default: false.
+  bool transport_only = false;
+  // Write each applied push to the Store before acknowledging it.
+  // Default: false.
+  bool durable = false;
+  // Sync mode of durable writes (checkpoints always sync). Default: kNoSync
+  // (WAL only: survives kill -9, not power loss).
+  SyncMode durable_sync = SyncMode::kNoSync;
+
+  Status Validate() const;
+};
+
+// A reply addressed to the peer that sent the request.
+struct OutgoingReply {
+  std::string peer;
+  ReplyHeader header;
+  std::vector<ByteView> frames;  // data frames 1..n, in order
+};
+
+class Shard {
+ public:
+  using TimePoint = std::chrono::steady_clock::time_point;
+
+  // Builds a shard and, if `store` is non-null, recovers the state it holds
+  // (layout, weights, optimizer state, versions, clocks, dedup table,
+  // counters). FailedPrecondition if the store belongs to another shard id
+  // or shard count; Corruption if a record is damaged. `now` starts the
+  // liveness clocks.
+  static StatusOr<std::unique_ptr<Shard>> Create(const ShardOptions& options,
+                                                 Store* store, TimePoint now);
+  ~Shard();
+  Shard(const Shard&) = delete;
+  Shard& operator=(const Shard&) = delete;
+
+  // Handles one decoded request from `peer` (an opaque routing id echoed in
+  // the replies). Appends the replies that are ready to `out`.
+  void Handle(const std::string& peer, const RequestHeader& req,
+              const std::vector<ByteView>& data, TimePoint now,
+              std::vector<OutgoingReply>* out);
+
+  // Timers: evicts silent workers and answers parked pulls that became
+  // answerable. Call at least every few hundred milliseconds.
+  void Tick(TimePoint now, std::vector<OutgoingReply>* out);
+
+  // Answers every parked pull with `status` (e.g. Cancelled on exit).
+  void FailParked(const Status& status, std::vector<OutgoingReply>* out);
+
+  // Counts a request rejected before it reached Handle() (e.g. a header
+  // that could not be decoded).
+  void CountRejected(RejectReason reason);
+
+  // Writes all state to the store in one atomic batch (no-op without one).
+  Status Checkpoint();
+
+  // The stats document (JSON object) also returned by a kStats request.
+  std::string StatsJson() const;
+
+  // True once a kShutdown request has been answered.
+  bool shutdown_requested() const { return shutdown_requested_; }
+
+  // --- Introspection (tests, stats) ---
+  const ShardOptions& options() const { return options_; }
+  bool registered() const { return layout_.has_value(); }
+  const Layout* layout() const { return layout_ ? &*layout_ : nullptr; }
+  uint64_t shard_version() const { return shard_version_; }
+  int64_t min_clock() const { return clocks_.MinLiveClock(); }
+  int64_t bsp_round() const { return bsp_round_; }
+  size_t num_parked() const { return parked_.size(); }
+  const ShardCounters& counters() const { return counters_; }
+  const StalenessHistogram& staleness() const { return staleness_; }
+  const WorkerClocks& clocks() const { return clocks_; }
+  // Weights / optimizer state / version of an owned chunk (nullptr / 0 if
+  // not owned).
+  const std::vector<float>* weights(uint32_t chunk) const;
+  const std::vector<float>* optimizer_state(uint32_t chunk) const;
+  uint64_t chunk_version(uint32_t chunk) const;
+
+ private:
+  struct Chunk;
+  struct PendingGrad;
+  struct ParkedPull;
+  struct Dedup {
+    bool valid = false;
+    uint64_t incarnation = 0;
+    uint64_t last_id = 0;
+  };
+
+  Shard(const ShardOptions& options, Store* store,
+        std::unique_ptr<Optimizer> optimizer, TimePoint now);
+
+  // shard.cc: dispatch, registration, pulls, clocks.
+  Status HandleRegister(const RequestHeader& req, ReplyHeader* reply);
+  // Fills the reply to a pull, or returns an error. Never parks.
+  Status AnswerPull(const RequestHeader& req, OutgoingReply* reply);
+  bool PullReady(int64_t clock) const;
+  void OnClocksChanged(std::vector<OutgoingReply>* out);
+  void ReleaseParked(std::vector<OutgoingReply>* out);
+  void FillCommon(const RequestHeader& req, ReplyHeader* reply) const;
+  Status AllocateChunks();
+  Status ValidatePullRequest(const RequestHeader& req);
+  // Records why the request being handled fails; returns `s`.
+  Status Reject(RejectReason reason, Status s);
+
+  // shard_push.cc: validation and apply.
+  Status HandlePush(const RequestHeader& req, const std::vector<ByteView>& data,
+                    ReplyHeader* reply);
+  Status ValidatePush(const RequestHeader& req,
+                      const std::vector<ByteView>& data);
+  void ApplyPending(int rank, float lr_scale);
+  // Applies the averaged round and advances bsp_round_ by one.
+  Status ApplyBspRound();
+
+  // shard_persist.cc: checkpoint, recovery, durable writes.
+  Status Recover();
+  Status WriteDurable(bool sync);  // touched_ chunks + state
+  void AddLayoutEntry(std::vector<StoreEntry>* entries) const;
+  void AddStateEntry(std::vector<StoreEntry>* entries) const;
+  void AddChunkEntry(const Chunk& c, std::vector<StoreEntry>* entries) const;
+  Status RestoreLayout(std::string_view value);
+  Status RestoreState(std::string_view value);
+  Status RestoreChunk(uint32_t id, std::string_view value);
+
+  ShardOptions options_;
+  Store* store_;  // not owned; may be null
+  std::unique_ptr<Optimizer> optimizer_;
+  std::optional<Layout> layout_;
+  std::vector<std::unique_ptr<Chunk>> chunks_;  // this shard's chunks, id order
+  std::vector<int32_t>
+      local_index_;  // chunk id -> index in chunks_, -1 if not ours
+  uint64_t shard_version_ = 0;
+  int64_t bsp_round_ = 0;
+  WorkerClocks clocks_;
+  std::vector<uint64_t>
+      last_read_;             // per rank: shard version of its last pull reply
+  std::vector<Dedup> dedup_;  // per rank
+  std::vector<std::unique_ptr<ParkedPull>> parked_;
+  ShardCounters counters_;
+  StalenessHistogram staleness_;
+  bool shutdown_requested_ = false;
+  RejectReason reject_reason_ =
+      RejectReason::kOther;  // of the request being handled
+
+  // Reused across pushes so the apply path allocates nothing once warm.
+  std::vector<PendingGrad> pending_;
+  std::vector<uint64_t> frame_stamp_;
+  uint64_t stamp_ = 0;
+  std::vector<Chunk*> touched_;
+  std::vector<uint32_t> sparse_idx_;
+  std::vector<float> sparse_val_;
+  std::vector<StoreEntry> entries_;
+};
+
+}  // namespace asyncps::server

@@ -1,0 +1,325 @@
+// Shard: checkpoints, durable writes and recovery.
+//
+// Store keys and value formats (little-endian, fixed width):
+//   "0layout"          u32 'LAY1', u32 num_shards, u64 chunk_elems,
+//                      u64 min_chunk_elems, u32 num_tensors, then per tensor:
+//                      u32 name_len, name, u32 ndims, i64 dims[ndims],
+//                      u8 init, f32 init_param, u64 seed
+//   "1state"           u32 'STA1', i32 shard_id, i32 num_shards,
+//                      u32 num_workers, u64 shard_version, i64 bsp_round,
+//                      per worker: i64 clock, u64 last_read, u8 dedup_valid,
+//                      u64 incarnation, u64 last_push_id;
+//                      u64 pushes, duplicate_pushes, pulls, bytes_in,
+//                      bytes_out; u32 num_reasons, u64 rejected[num_reasons];
+//                      u32 num_buckets, u64 buckets[num_buckets], u64 max
+//   "2chunk/" + u32 BE id
+//                      u32 'CHK1', u64 n, u32 state_per_elem, u64 version,
+//                      u64 step, u32 contributors, u8 has_acc,
+//                      f32 w[n], f32 state[n * state_per_elem], f32 acc[n]?
+// Keys sort in that order, so recovery sees the layout before the chunks.
+#include <glog/logging.h>
+
+#include <cstring>
+
+#include "server/internal/shard_types.h"
+#include "server/shard.h"
+
+namespace asyncps::server {
+namespace {
+
+using internal::Put;
+using internal::Reader;
+
+constexpr uint32_t kLayoutMagic = 0x3159414c;  // "LAY1"
+constexpr uint32_t kStateMagic = 0x31415453;   // "STA1"
+constexpr uint32_t kChunkMagic = 0x314b4843;   // "CHK1"
+constexpr std::string_view kLayoutKey = "0layout";
+constexpr std::string_view kStateKey = "1state";
+constexpr std::string_view kChunkPrefix = "2chunk/";
+
+std::string ChunkKey(uint32_t id) {
+  std::string k(kChunkPrefix);
+  for (int shift = 24; shift >= 0; shift -= 8)
+    k.push_back(static_cast<char>((id >> shift) & 0xff));
+  return k;
+}
+
+Status Damaged(std::string_view what) {
+  return Status::Corruption("store record " + std::string(what) +
+                            " is damaged");
+}
+
+}  // namespace
+
+Status Shard::Checkpoint() {
+  if (store_ == nullptr) return Status::OK();
+  entries_.clear();
+  if (layout_) AddLayoutEntry(&entries_);
+  ++counters_.checkpoints;
+  AddStateEntry(&entries_);
+  for (const auto& c : chunks_) AddChunkEntry(*c, &entries_);
+  Status s = store_->Write(entries_, SyncMode::kSync);
+  entries_.clear();
+  if (!s.ok()) {
+    --counters_.checkpoints;
+    return s.WithContext("checkpoint");
+  }
+  VLOG(1) << "checkpoint: version " << shard_version_ << ", " << chunks_.size()
+          << " chunks";
+  return Status::OK();
+}
+
+Status Shard::WriteDurable(bool sync) {
+  entries_.clear();
+  AddStateEntry(&entries_);
+  for (const Chunk* c : touched_) AddChunkEntry(*c, &entries_);
+  Status s =
+      store_->Write(entries_, sync ? SyncMode::kSync : SyncMode::kNoSync);
+  entries_.clear();
+  return s;
+}
+
+void Shard::AddLayoutEntry(std::vector<StoreEntry>* entries) const {
+  StoreEntry e;
+  e.key = std::string(kLayoutKey);
+  std::string& h = e.head;
+  const Layout& l = *layout_;
+  Put<uint32_t>(&h, kLayoutMagic);
+  Put<uint32_t>(&h, static_cast<uint32_t>(l.num_shards()));
+  Put<uint64_t>(&h, l.options().chunk_elems);
+  Put<uint64_t>(&h, l.options().min_chunk_elems);
+  Put<uint32_t>(&h, static_cast<uint32_t>(l.tensors().size()));
+  for (const TensorSpec& t : l.tensors()) {
+    Put<uint32_t>(&h, static_cast<uint32_t>(t.name.size()));
+    h += t.name;
+    Put<uint32_t>(&h, static_cast<uint32_t>(t.shape.size()));
+    for (int64_t d : t.shape) Put<int64_t>(&h, d);
+    Put<uint8_t>(&h, static_cast<uint8_t>(t.init));
+    Put<float>(&h, t.init_param);
+    Put<uint64_t>(&h, t.seed);
+  }
+  entries->push_back(std::move(e));
+}
+
+void Shard::AddStateEntry(std::vector<StoreEntry>* entries) const {
+  StoreEntry e;
+  e.key = std::string(kStateKey);
+  std::string& h = e.head;
+  Put<uint32_t>(&h, kStateMagic);
+  Put<int32_t>(&h, options_.shard_id);
+  Put<int32_t>(&h, options_.num_shards);
+  Put<uint32_t>(&h, static_cast<uint32_t>(options_.num_workers));
+  Put<uint64_t>(&h, shard_version_);
+  Put<int64_t>(&h, bsp_round_);
+  for (int r = 0; r < options_.num_workers; ++r) {
+    Put<int64_t>(&h, clocks_.clock(r));
+    Put<uint64_t>(&h, last_read_[r]);
+    Put<uint8_t>(&h, dedup_[r].valid ? 1 : 0);
+    Put<uint64_t>(&h, dedup_[r].incarnation);
+    Put<uint64_t>(&h, dedup_[r].last_id);
+  }
+  Put<uint64_t>(&h, counters_.pushes);
+  Put<uint64_t>(&h, counters_.duplicate_pushes);
+  Put<uint64_t>(&h, counters_.pulls);
+  Put<uint64_t>(&h, counters_.bytes_in);
+  Put<uint64_t>(&h, counters_.bytes_out);
+  Put<uint32_t>(&h, static_cast<uint32_t>(kNumRejectReasons));
+  for (uint64_t v : counters_.rejected) Put<uint64_t>(&h, v);
+  Put<uint32_t>(&h, static_cast<uint32_t>(StalenessHistogram::kNumBuckets));
+  for (uint64_t v : staleness_.buckets()) Put<uint64_t>(&h, v);
+  Put<uint64_t>(&h, staleness_.max());
+  entries->push_back(std::move(e));
+}
+
+void Shard::AddChunkEntry(const Chunk& c,
+                          std::vector<StoreEntry>* entries) const {
+  StoreEntry e;
+  e.key = ChunkKey(c.id);
+  std::string& h = e.head;
+  Put<uint32_t>(&h, kChunkMagic);
+  Put<uint64_t>(&h, c.n);
+  Put<uint32_t>(&h, static_cast<uint32_t>(optimizer_->state_per_elem()));
+  Put<uint64_t>(&h, c.version);
+  Put<uint64_t>(&h, c.step);
+  Put<uint32_t>(&h, c.contributors);
+  const bool has_acc = !c.acc.empty();
+  Put<uint8_t>(&h, has_acc ? 1 : 0);
+  e.parts.push_back({c.w.data(), c.w.size() * sizeof(float)});
+  if (!c.state.empty())
+    e.parts.push_back({c.state.data(), c.state.size() * sizeof(float)});
+  if (has_acc) e.parts.push_back({c.acc.data(), c.acc.size() * sizeof(float)});
+  entries->push_back(std::move(e));
+}
+
+Status Shard::Recover() {
+  bool found = false;
+  Status s =
+      store_->Scan([&](std::string_view key, std::string_view value) -> Status {
+        found = true;
+        if (key == kLayoutKey) return RestoreLayout(value);
+        if (key == kStateKey) return RestoreState(value);
+        if (key.size() == kChunkPrefix.size() + 4 &&
+            key.substr(0, kChunkPrefix.size()) == kChunkPrefix) {
+          uint32_t id = 0;
+          for (size_t i = kChunkPrefix.size(); i < key.size(); ++i) {
+            id = (id << 8) | static_cast<uint8_t>(key[i]);
+          }
+          return RestoreChunk(id, value);
+        }
+        LOG(WARNING) << "ignoring unknown store key of " << key.size()
+                     << " bytes";
+        return Status::OK();
+      });
+  if (!s.ok())
+    return s.WithContext("recovering shard " +
+                         std::to_string(options_.shard_id));
+  if (found) {
+    LOG(INFO) << "shard " << options_.shard_id << " recovered: "
+              << (layout_ ? std::to_string(chunks_.size()) + " chunks"
+                          : std::string("no layout"))
+              << ", version " << shard_version_ << ", min clock "
+              << clocks_.MinLiveClock();
+  }
+  return Status::OK();
+}
+
+Status Shard::RestoreLayout(std::string_view value) {
+  Reader r(value);
+  uint32_t magic = 0, num_shards = 0, nt = 0;
+  LayoutOptions lo;
+  uint64_t ce = 0, mce = 0;
+  if (!r.Get(&magic) || magic != kLayoutMagic || !r.Get(&num_shards) ||
+      !r.Get(&ce) || !r.Get(&mce) || !r.Get(&nt) || nt > (1u << 24)) {
+    return Damaged("layout");
+  }
+  if (static_cast<int>(num_shards) != options_.num_shards) {
+    return Status::FailedPrecondition("store holds a layout for " +
+                                      std::to_string(num_shards) +
+                                      " shards, this server is one of " +
+                                      std::to_string(options_.num_shards));
+  }
+  lo.num_shards = static_cast<int>(num_shards);
+  lo.chunk_elems = ce;
+  lo.min_chunk_elems = mce;
+  std::vector<TensorSpec> tensors(nt);
+  for (TensorSpec& t : tensors) {
+    uint32_t len = 0, nd = 0;
+    uint8_t init = 0;
+    if (!r.Get(&len) || len > r.remaining()) return Damaged("layout");
+    t.name.resize(len);
+    if (!r.GetBytes(t.name.data(), len) || !r.Get(&nd) || nd > 8)
+      return Damaged("layout");
+    t.shape.resize(nd);
+    for (int64_t& d : t.shape) {
+      if (!r.Get(&d)) return Damaged("layout");
+    }
+    if (!r.Get(&init) || !r.Get(&t.init_param) || !r.Get(&t.seed))
+      return Damaged("layout");
+    t.init = static_cast<InitKind>(init);
+  }
+  StatusOr<Layout> l = Layout::Create(std::move(tensors), lo);
+  if (!l.ok())
+    return Status::Corruption("stored layout is invalid: " +
+                              l.status().message());
+  layout_ = std::move(l).value();
+  return AllocateChunks();
+}
+
+Status Shard::RestoreState(std::string_view value) {
+  Reader r(value);
+  uint32_t magic = 0, nw = 0;
+  int32_t shard_id = 0, num_shards = 0;
+  if (!r.Get(&magic) || magic != kStateMagic || !r.Get(&shard_id) ||
+      !r.Get(&num_shards) || !r.Get(&nw) || !r.Get(&shard_version_) ||
+      !r.Get(&bsp_round_)) {
+    return Damaged("state");
+  }
+  if (shard_id != options_.shard_id || num_shards != options_.num_shards) {
+    return Status::FailedPrecondition(
+        "store belongs to shard " + std::to_string(shard_id) + " of " +
+        std::to_string(num_shards) + ", this server is shard " +
+        std::to_string(options_.shard_id) + " of " +
+        std::to_string(options_.num_shards));
+  }
+  if (static_cast<int>(nw) != options_.num_workers) {
+    LOG(WARNING) << "store was written for " << nw << " workers, now "
+                 << options_.num_workers;
+  }
+  std::vector<int64_t> clocks(options_.num_workers, 0);
+  for (uint32_t w = 0; w < nw; ++w) {
+    int64_t clock = 0;
+    uint64_t last_read = 0;
+    Dedup d;
+    uint8_t valid = 0;
+    if (!r.Get(&clock) || !r.Get(&last_read) || !r.Get(&valid) ||
+        !r.Get(&d.incarnation) || !r.Get(&d.last_id)) {
+      return Damaged("state");
+    }
+    d.valid = valid != 0;
+    if (static_cast<int>(w) < options_.num_workers) {
+      clocks[w] = clock;
+      last_read_[w] = last_read;
+      dedup_[w] = d;
+    }
+  }
+  clocks_.Restore(clocks, std::chrono::steady_clock::now());
+  uint32_t nr = 0, nb = 0;
+  if (!r.Get(&counters_.pushes) || !r.Get(&counters_.duplicate_pushes) ||
+      !r.Get(&counters_.pulls) || !r.Get(&counters_.bytes_in) ||
+      !r.Get(&counters_.bytes_out) || !r.Get(&nr)) {
+    return Damaged("state");
+  }
+  for (uint32_t i = 0; i < nr; ++i) {
+    uint64_t v = 0;
+    if (!r.Get(&v)) return Damaged("state");
+    if (i < kNumRejectReasons) counters_.rejected[i] = v;
+  }
+  std::array<uint64_t, StalenessHistogram::kNumBuckets> buckets{};
+  uint64_t max = 0;
+  if (!r.Get(&nb)) return Damaged("state");
+  for (uint32_t i = 0; i < nb; ++i) {
+    uint64_t v = 0;
+    if (!r.Get(&v)) return Damaged("state");
+    if (i < buckets.size()) buckets[i] = v;
+  }
+  if (!r.Get(&max)) return Damaged("state");
+  staleness_.Restore(buckets, max);
+  return Status::OK();
+}
+
+Status Shard::RestoreChunk(uint32_t id, std::string_view value) {
+  if (!layout_) return Status::Corruption("store holds chunks but no layout");
+  if (id >= local_index_.size() || local_index_[id] < 0) {
+    return Status::Corruption("store holds chunk " + std::to_string(id) +
+                              " that this shard does not own");
+  }
+  Chunk& c = *chunks_[local_index_[id]];
+  Reader r(value);
+  uint32_t magic = 0, spe = 0, contributors = 0;
+  uint64_t n = 0;
+  uint8_t has_acc = 0;
+  if (!r.Get(&magic) || magic != kChunkMagic || !r.Get(&n) || n != c.n ||
+      !r.Get(&spe) || !r.Get(&c.version) || !r.Get(&c.step) ||
+      !r.Get(&contributors) || !r.Get(&has_acc)) {
+    return Damaged("chunk " + std::to_string(id));
+  }
+  const size_t want = n * sizeof(float) * (1 + spe + (has_acc ? 1 : 0));
+  if (r.remaining() != want) return Damaged("chunk " + std::to_string(id));
+  (void)r.GetBytes(c.w.data(), n * sizeof(float));
+  if (spe == optimizer_->state_per_elem()) {
+    (void)r.GetBytes(c.state.data(), c.state.size() * sizeof(float));
+  } else {
+    LOG(WARNING) << "chunk " << id << ": stored optimizer state has " << spe
+                 << " floats per element, this optimizer needs "
+                 << optimizer_->state_per_elem() << ": state reset";
+    std::vector<float> skip(n * spe);
+    (void)r.GetBytes(skip.data(), skip.size() * sizeof(float));
+  }
+  if (has_acc && !c.acc.empty()) {
+    (void)r.GetBytes(c.acc.data(), n * sizeof(float));
+    c.contributors = contributors;
+  }
+  return Status::OK();
+}
+
+}  // namespace asyncps::server

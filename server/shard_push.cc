@@ -1,0 +1,304 @@
+// Shard: push validation (phase 1) and apply (phase 2), BSP rounds.
+//
+// A push is validated completely before anything is applied: every frame
+// index, chunk id, owner, element count, byte size and codec payload is
+// checked, compressed payloads are decoded into the chunk's scratch buffer
+// and every gradient is checked for NaN/Inf. Only then is any chunk
+// updated, so a bad push never leaves half an update behind.
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "server/internal/shard_types.h"
+#include "server/shard.h"
+#if ASYNCPS_SERVER_HAVE_COMPRESSION
+#include "compression/codec.h"
+#endif
+
+namespace asyncps::server {
+namespace {
+
+// True if no element is NaN or +-Inf (exponent bits all ones). Branch-free
+// integer reduction, so it vectorises.
+bool AllFinite(const float* __restrict__ x, size_t n) {
+  uint32_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t b;
+    std::memcpy(&b, x + i, sizeof(b));
+    bad |= static_cast<uint32_t>((b & 0x7f800000u) == 0x7f800000u);
+  }
+  return bad == 0;
+}
+
+void AddInto(float* __restrict__ dst, const float* __restrict__ src, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+void DivideBy(float* __restrict__ x, float k, size_t n) {
+  for (size_t i = 0; i < n; ++i) x[i] = x[i] / k;
+}
+
+std::string ChunkName(uint32_t id) { return "chunk " + std::to_string(id); }
+
+}  // namespace
+
+Status Shard::HandlePush(const RequestHeader& req,
+                         const std::vector<ByteView>& data,
+                         ReplyHeader* reply) {
+  const int rank = req.rank;
+  reply->staleness = -1;
+  if (!layout_) {
+    return Reject(
+        RejectReason::kNotRegistered,
+        Status::FailedPrecondition("no layout registered: register first"));
+  }
+  Dedup& d = dedup_[rank];
+  if (d.valid && d.incarnation == req.incarnation && req.id <= d.last_id) {
+    // A resent push that was applied already: acknowledge, do not apply.
+    ++counters_.duplicate_pushes;
+    return Status::OK();
+  }
+  if (options_.consistency == Consistency::kBsp && req.clock != bsp_round_) {
+    return Reject(RejectReason::kWrongClock,
+                  Status::FailedPrecondition(
+                      "BSP push for clock " + std::to_string(req.clock) +
+                      ", the current round is " + std::to_string(bsp_round_)));
+  }
+  RETURN_IF_ERROR(ValidatePush(req, data));
+
+  uint64_t bytes = 0;
+  for (const ByteView& f : data) bytes += f.size;
+  ++counters_.pushes;
+  counters_.bytes_in += bytes;
+  if (options_.transport_only) return Status::OK();
+
+  const uint64_t read = last_read_[rank];
+  const uint64_t staleness = shard_version_ >= read ? shard_version_ - read : 0;
+  staleness_.Add(staleness);
+  reply->staleness = static_cast<int64_t>(staleness);
+
+  touched_.clear();
+  if (options_.consistency == Consistency::kBsp) {
+    for (const PendingGrad& p : pending_) {
+      Chunk& c = *p.chunk;
+      AddInto(c.acc.data(), p.dense, c.n);
+      ++c.contributors;
+      touched_.push_back(&c);
+    }
+  } else {
+    const float lr_scale = options_.staleness_lr
+                               ? 1.0f / (1.0f + static_cast<float>(staleness))
+                               : 1.0f;
+    ApplyPending(rank, lr_scale);
+    ++shard_version_;
+  }
+  d.valid = true;
+  d.incarnation = req.incarnation;
+  d.last_id = req.id;
+  clocks_.Advance(rank, req.clock);
+
+  if (options_.durable && store_ != nullptr) {
+    Status s = WriteDurable(options_.durable_sync == SyncMode::kSync);
+    if (!s.ok()) {
+      LOG(ERROR) << "durable write of push " << req.id << " from rank " << rank
+                 << " failed: " << s.ToString();
+      return Reject(
+          RejectReason::kStore,
+          Status::Unavailable("push applied in memory but not persisted: " +
+                              s.ToString()));
+    }
+  }
+  return Status::OK();
+}
+
+Status Shard::ValidatePush(const RequestHeader& req,
+                           const std::vector<ByteView>& data) {
+  pending_.clear();
+  ++stamp_;
+  if (data.size() != req.chunks.size()) {
+    return Reject(RejectReason::kSizeMismatch,
+                  Status::InvalidArgument(
+                      "push carries " + std::to_string(data.size()) +
+                      " data frames for " + std::to_string(req.chunks.size()) +
+                      " chunk refs"));
+  }
+  if (frame_stamp_.size() < data.size()) frame_stamp_.resize(data.size(), 0);
+  const size_t num_chunks = layout_->chunks().size();
+  for (const ChunkRef& ref : req.chunks) {
+    if (ref.frame < 1 || ref.frame > data.size()) {
+      return Reject(
+          RejectReason::kSizeMismatch,
+          Status::InvalidArgument("frame index " + std::to_string(ref.frame) +
+                                  " out of range [1, " +
+                                  std::to_string(data.size()) + "]"));
+    }
+    if (frame_stamp_[ref.frame - 1] == stamp_) {
+      return Reject(
+          RejectReason::kSizeMismatch,
+          Status::InvalidArgument("frame " + std::to_string(ref.frame) +
+                                  " referenced twice"));
+    }
+    frame_stamp_[ref.frame - 1] = stamp_;
+    if (ref.chunk >= num_chunks) {
+      return Reject(
+          RejectReason::kUnknownChunk,
+          Status::NotFound("unknown " + ChunkName(ref.chunk) + " (layout has " +
+                           std::to_string(num_chunks) + ")"));
+    }
+    if (local_index_[ref.chunk] < 0) {
+      return Reject(RejectReason::kWrongShard,
+                    Status::InvalidArgument(
+                        ChunkName(ref.chunk) + " belongs to shard " +
+                        std::to_string(layout_->chunks()[ref.chunk].shard) +
+                        ", not " + std::to_string(options_.shard_id)));
+    }
+    Chunk& c = *chunks_[local_index_[ref.chunk]];
+    if (c.stamp == stamp_) {
+      return Reject(RejectReason::kOther,
+                    Status::InvalidArgument(ChunkName(ref.chunk) +
+                                            " pushed twice in one push"));
+    }
+    c.stamp = stamp_;
+    if (ref.num_elems != c.n) {
+      return Reject(RejectReason::kSizeMismatch,
+                    Status::InvalidArgument(ChunkName(ref.chunk) + " has " +
+                                            std::to_string(c.n) +
+                                            " elements, the push says " +
+                                            std::to_string(ref.num_elems)));
+    }
+    const ByteView& f = data[ref.frame - 1];
+    if (ref.byte_size != f.size) {
+      return Reject(RejectReason::kSizeMismatch,
+                    Status::InvalidArgument(
+                        ChunkName(ref.chunk) + ": header says " +
+                        std::to_string(ref.byte_size) + " bytes, frame has " +
+                        std::to_string(f.size)));
+    }
+    PendingGrad p;
+    p.chunk = &c;
+    p.bytes = f.size;
+    if (ref.codec == 0) {
+      if (f.size != c.n * sizeof(float)) {
+        return Reject(RejectReason::kSizeMismatch,
+                      Status::InvalidArgument(
+                          ChunkName(ref.chunk) + ": raw fp32 payload of " +
+                          std::to_string(f.size) + " bytes, expected " +
+                          std::to_string(c.n * sizeof(float))));
+      }
+      if (reinterpret_cast<uintptr_t>(f.data) % alignof(float) == 0) {
+        p.dense = reinterpret_cast<const float*>(f.data);
+      } else {
+        // Small frames may sit unaligned inside the zmq message: realign.
+        if (c.scratch.size() != c.n) c.scratch.resize(c.n);
+        std::memcpy(c.scratch.data(), f.data, f.size);
+        p.dense = c.scratch.data();
+      }
+    } else {
+#if ASYNCPS_SERVER_HAVE_COMPRESSION
+      namespace cz = compression;
+      if (ref.codec >= cz::kNumCodecs) {
+        return Reject(RejectReason::kBadCodec,
+                      Status::InvalidArgument(ChunkName(ref.chunk) +
+                                              ": unknown codec id " +
+                                              std::to_string(ref.codec)));
+      }
+      const cz::Codec& codec =
+          cz::CodecForId(static_cast<cz::CodecId>(ref.codec));
+      if (codec.IsSparse() && optimizer_->exact_sparse() &&
+          options_.consistency != Consistency::kBsp) {
+        StatusOr<cz::SparseView> view = cz::ParseSparse(f.data, f.size, c.n);
+        if (!view.ok()) {
+          return Reject(RejectReason::kBadCodec,
+                        view.status().WithContext(ChunkName(ref.chunk)));
+        }
+        uint32_t bad = 0;
+        view->ForEach([&bad](uint32_t, float v) { bad |= !std::isfinite(v); });
+        if (bad) {
+          return Reject(
+              RejectReason::kNonFinite,
+              Status::InvalidArgument(ChunkName(ref.chunk) +
+                                      ": gradient contains NaN or Inf"));
+        }
+        p.sparse = f.data;
+      } else {
+        if (c.scratch.size() != c.n) c.scratch.resize(c.n);
+        Status s = codec.Decode(f.data, f.size, c.n, c.scratch.data());
+        if (!s.ok())
+          return Reject(RejectReason::kBadCodec,
+                        s.WithContext(ChunkName(ref.chunk)));
+        p.dense = c.scratch.data();
+      }
+#else
+      return Reject(RejectReason::kBadCodec,
+                    Status::Unimplemented(ChunkName(ref.chunk) + ": codec " +
+                                          std::to_string(ref.codec) +
+                                          " needs the compression library"));
+#endif
+    }
+    if (p.dense != nullptr && !AllFinite(p.dense, c.n)) {
+      return Reject(RejectReason::kNonFinite,
+                    Status::InvalidArgument(ChunkName(ref.chunk) +
+                                            ": gradient contains NaN or Inf"));
+    }
+    pending_.push_back(p);
+  }
+  return Status::OK();
+}
+
+void Shard::ApplyPending(int rank, float lr_scale) {
+  for (const PendingGrad& p : pending_) {
+    Chunk& c = *p.chunk;
+    ++c.step;
+    if (p.sparse != nullptr) {
+#if ASYNCPS_SERVER_HAVE_COMPRESSION
+      StatusOr<compression::SparseView> view =
+          compression::ParseSparse(p.sparse, p.bytes, c.n);
+      CHECK(view.ok()) << "payload validated in phase 1";
+      sparse_idx_.clear();
+      sparse_val_.clear();
+      view->ForEach([this](uint32_t i, float v) {
+        sparse_idx_.push_back(i);
+        sparse_val_.push_back(v);
+      });
+      optimizer_->ApplySparse(c.w.data(), sparse_idx_.data(),
+                              sparse_val_.data(), sparse_idx_.size(), lr_scale);
+#endif
+    } else {
+      optimizer_->Apply(c.w.data(), c.state.data(), p.dense, c.n, lr_scale,
+                        c.step);
+    }
+    ++c.version;
+    touched_.push_back(&c);
+  }
+}
+
+Status Shard::ApplyBspRound() {
+  ++bsp_round_;
+  touched_.clear();
+  for (auto& cp : chunks_) {
+    Chunk& c = *cp;
+    if (c.contributors == 0) continue;
+    // Average of this round's gradients, then one optimizer step.
+    DivideBy(c.acc.data(), static_cast<float>(c.contributors), c.n);
+    ++c.step;
+    if (!options_.transport_only) {
+      optimizer_->Apply(c.w.data(), c.state.data(), c.acc.data(), c.n, 1.0f,
+                        c.step);
+    }
+    std::fill(c.acc.begin(), c.acc.end(), 0.0f);
+    c.contributors = 0;
+    ++c.version;
+    touched_.push_back(&c);
+  }
+  if (touched_.empty()) return Status::OK();
+  ++shard_version_;
+  if (options_.durable && store_ != nullptr) {
+    // Written before any pull of the next round is answered.
+    return WriteDurable(options_.durable_sync == SyncMode::kSync);
+  }
+  return Status::OK();
+}
+
+}  // namespace asyncps::server

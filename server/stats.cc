@@ -1,0 +1,100 @@
+#include "server/stats.h"
+
+#include <algorithm>
+
+namespace asyncps::server {
+
+const char* RejectReasonName(RejectReason r) {
+  switch (r) {
+    case RejectReason::kMalformed:
+      return "malformed";
+    case RejectReason::kVersion:
+      return "protocol_version";
+    case RejectReason::kOversize:
+      return "oversize";
+    case RejectReason::kRank:
+      return "rank";
+    case RejectReason::kNotRegistered:
+      return "not_registered";
+    case RejectReason::kUnknownChunk:
+      return "unknown_chunk";
+    case RejectReason::kWrongShard:
+      return "wrong_shard";
+    case RejectReason::kSizeMismatch:
+      return "size_mismatch";
+    case RejectReason::kBadCodec:
+      return "bad_codec";
+    case RejectReason::kNonFinite:
+      return "non_finite";
+    case RejectReason::kRegistrationMismatch:
+      return "registration_mismatch";
+    case RejectReason::kWrongClock:
+      return "wrong_clock";
+    case RejectReason::kTooManyParked:
+      return "too_many_parked";
+    case RejectReason::kStore:
+      return "store";
+    case RejectReason::kOther:
+      return "other";
+    case RejectReason::kCount:
+      break;
+  }
+  return "invalid";
+}
+
+size_t StalenessHistogram::BucketOf(uint64_t v) {
+  if (v < kExact) return static_cast<size_t>(v);
+  // v >= 64: floor(log2 v) >= 6.
+  int lg = 63 - __builtin_clzll(v);
+  return kExact + static_cast<size_t>(lg - 6);
+}
+
+uint64_t StalenessHistogram::BucketLow(size_t b) {
+  if (b < kExact) return b;
+  return uint64_t{1} << (b - kExact + 6);
+}
+
+void StalenessHistogram::Add(uint64_t v) {
+  ++buckets_[BucketOf(v)];
+  ++count_;
+  max_ = std::max(max_, v);
+}
+
+uint64_t StalenessHistogram::Quantile(double q) const {
+  if (count_ == 0) return 0;
+  uint64_t rank = static_cast<uint64_t>(q * static_cast<double>(count_));
+  if (rank >= count_) rank = count_ - 1;
+  uint64_t seen = 0;
+  for (size_t b = 0; b < kNumBuckets; ++b) {
+    seen += buckets_[b];
+    if (seen > rank) return BucketLow(b);
+  }
+  return max_;
+}
+
+void StalenessHistogram::Restore(
+    const std::array<uint64_t, kNumBuckets>& buckets, uint64_t max) {
+  buckets_ = buckets;
+  count_ = 0;
+  for (uint64_t c : buckets_) count_ += c;
+  max_ = max;
+}
+
+std::string StalenessHistogram::ToJson() const {
+  std::string s = "{\"count\":" + std::to_string(count_) +
+                  ",\"p50\":" + std::to_string(Quantile(0.5)) +
+                  ",\"p99\":" + std::to_string(Quantile(0.99)) +
+                  ",\"max\":" + std::to_string(max_) + ",\"buckets\":[";
+  bool first = true;
+  for (size_t b = 0; b < kNumBuckets; ++b) {
+    if (buckets_[b] == 0) continue;
+    if (!first) s += ',';
+    first = false;
+    s += '[' + std::to_string(BucketLow(b)) + ',' +
+         std::to_string(buckets_[b]) + ']';
+  }
+  s += "]}";
+  return s;
+}
+
+}  // namespace asyncps::server
