@@ -1,0 +1,177 @@
+#include "worker/data_partition.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+
+namespace asyncps::worker {
+namespace {
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// How long Next() waits for the producer before reporting a stuck loader.
+constexpr auto kBatchDeadline = std::chrono::seconds(120);
+
+}  // namespace
+
+Status ValidatePartition(int64_t n, const PartitionOptions& o) {
+  if (o.num_workers < 1) {
+    return Status::InvalidArgument("num_workers must be >= 1, got " +
+                                   std::to_string(o.num_workers));
+  }
+  if (o.rank < 0 || o.rank >= o.num_workers) {
+    return Status::InvalidArgument("rank must be in [0, " +
+                                   std::to_string(o.num_workers) + "), got " +
+                                   std::to_string(o.rank));
+  }
+  if (PartitionSize(n, o.num_workers) < 1) {
+    return Status::InvalidArgument("dataset of " + std::to_string(n) +
+                                   " examples is too small for " +
+                                   std::to_string(o.num_workers) + " workers");
+  }
+  return Status::OK();
+}
+
+int64_t PartitionSize(int64_t n, int num_workers) {
+  return num_workers < 1 ? 0 : n / num_workers;
+}
+
+std::vector<int64_t> PartitionIndices(int64_t n, const PartitionOptions& o) {
+  std::vector<int64_t> out;
+  if (o.num_workers < 1 || o.rank < 0 || o.rank >= o.num_workers) return out;
+  if (o.kind == PartitionKind::kContiguous) {
+    const int64_t begin = n * o.rank / o.num_workers;
+    const int64_t end = n * (o.rank + 1) / o.num_workers;
+    out.reserve(end - begin);
+    for (int64_t i = begin; i < end; ++i) out.push_back(i);
+  } else {
+    out.reserve(n / o.num_workers + 1);
+    for (int64_t i = o.rank; i < n; i += o.num_workers) out.push_back(i);
+  }
+  return out;
+}
+
+void ShuffleForEpoch(uint64_t seed, int rank, int64_t epoch,
+                     std::vector<int64_t>* indices) {
+  uint64_t state =
+      SplitMix64(SplitMix64(SplitMix64(seed) ^ static_cast<uint64_t>(rank)) ^
+                 static_cast<uint64_t>(epoch));
+  auto& v = *indices;
+  for (size_t i = v.size(); i > 1; --i) {
+    state = SplitMix64(state);
+    // Multiply-shift maps 64 random bits onto [0, i) without modulo bias worth
+    // noting.
+    const size_t j =
+        static_cast<size_t>((static_cast<unsigned __int128>(state) * i) >> 64);
+    std::swap(v[i - 1], v[j]);
+  }
+}
+
+BatchIterator::BatchIterator(const Dataset* data, const BatchOptions& options)
+    : data_(data), options_(options) {}
+
+StatusOr<std::unique_ptr<BatchIterator>> BatchIterator::Create(
+    const Dataset* data, const BatchOptions& options) {
+  if (data == nullptr || data->num_examples < 1) {
+    return Status::InvalidArgument("BatchIterator needs a non-empty dataset");
+  }
+  if (options.batch_size < 1) {
+    return Status::InvalidArgument("batch size must be >= 1, got " +
+                                   std::to_string(options.batch_size));
+  }
+  RETURN_IF_ERROR(ValidatePartition(data->num_examples, options.partition));
+  std::unique_ptr<BatchIterator> it(new BatchIterator(data, options));
+  it->partition_ = PartitionIndices(data->num_examples, options.partition);
+  it->per_epoch_ =
+      PartitionSize(data->num_examples, options.partition.num_workers);
+  it->batches_per_epoch_ =
+      (it->per_epoch_ + options.batch_size - 1) / options.batch_size;
+  const size_t dim = static_cast<size_t>(data->dim());
+  for (Batch& b : it->slots_) {
+    b.x.resize(static_cast<size_t>(options.batch_size) * dim);
+    b.y.resize(options.batch_size);
+  }
+  if (options.prefetch) {
+    it->producer_ = std::thread([p = it.get()] { p->ProducerLoop(); });
+  }
+  return it;
+}
+
+BatchIterator::~BatchIterator() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (producer_.joinable()) producer_.join();
+}
+
+void BatchIterator::Fill(int64_t seq, Batch* out) {
+  const int64_t epoch = seq / batches_per_epoch_;
+  const int64_t index = seq % batches_per_epoch_;
+  if (epoch != order_epoch_) {
+    order_ = partition_;
+    ShuffleForEpoch(options_.partition.seed, options_.partition.rank, epoch,
+                    &order_);
+    order_epoch_ = epoch;
+  }
+  const int64_t begin = index * options_.batch_size;
+  const int64_t end =
+      std::min<int64_t>(begin + options_.batch_size, per_epoch_);
+  const size_t dim = static_cast<size_t>(data_->dim());
+  out->epoch = epoch;
+  out->index = index;
+  out->size = static_cast<int>(end - begin);
+  for (int64_t k = begin; k < end; ++k) {
+    const int64_t ex = order_[k];
+    std::memcpy(out->x.data() + (k - begin) * dim, data_->image(ex),
+                dim * sizeof(float));
+    out->y[k - begin] = data_->labels[ex];
+  }
+}
+
+void BatchIterator::ProducerLoop() {
+  int64_t seq = 0;
+  for (;;) {
+    const int slot = static_cast<int>(seq & 1);
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !ready_[slot]; });
+      if (stop_) return;
+    }
+    Fill(seq, &slots_[slot]);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ready_[slot] = true;
+    }
+    cv_.notify_all();
+    ++seq;
+  }
+}
+
+StatusOr<const Batch*> BatchIterator::Next() {
+  const int slot = static_cast<int>(consumed_ & 1);
+  if (!options_.prefetch) {
+    Fill(consumed_++, &slots_[slot]);
+    return &slots_[slot];
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  if (consumed_ > 0) {
+    // Hand the previous batch's slot back to the producer.
+    ready_[slot ^ 1] = false;
+    cv_.notify_all();
+  }
+  if (!cv_.wait_for(lock, kBatchDeadline, [&] { return ready_[slot]; })) {
+    return Status::TimedOut("batch loader produced no batch within 120 s");
+  }
+  ++consumed_;
+  return &slots_[slot];
+}
+
+}  // namespace asyncps::worker

@@ -1,0 +1,56 @@
+// ParameterStore: the trainer's view of the model's weights.
+//
+// The trainer runs   Pull(c) -> compute -> Push(c, grads) -> Clock(c + 1)
+// for c = 0, 1, 2, ... . Implementations: LocalParameterStore (in-process
+// weights and optimizer, used by ps_train_local and tests) and the
+// parameter-server client store (worker/ps_store.h), whose Pull blocks as the
+// consistency mode (BSP / SSP / ASP) requires.
+//
+// Tensors are passed as one host buffer per tensor, in the order of the
+// TensorSpec list the store was built from (for the MLP: worker/model.h).
+//
+// Thread safety: implementations must allow traffic() from any thread; the
+// other methods are called from the trainer's thread.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+
+namespace asyncps::worker {
+
+// Cumulative counters since the store was created.
+struct TrafficStats {
+  uint64_t bytes_pushed_raw = 0;   // dense fp32 gradient bytes given to Push
+  uint64_t bytes_pushed_wire = 0;  // bytes sent after compression
+  uint64_t bytes_pulled = 0;       // weight bytes received
+  int64_t pull_wait_ns = 0;        // time spent blocked in Pull
+  int64_t encode_ns = 0;           // time spent compressing gradients
+  // Staleness of the latest applied push; -1 when unknown.
+  int64_t last_staleness = -1;
+};
+
+class ParameterStore {
+ public:
+  virtual ~ParameterStore() = default;
+
+  // Fills `tensors` (one host buffer per tensor, each num_elements floats)
+  // with weights at least as fresh as the consistency mode requires for a
+  // worker at clock `clock`. May block (with a deadline of its own).
+  [[nodiscard]] virtual Status Pull(int64_t clock,
+                                    const std::vector<float*>& tensors) = 0;
+
+  // Sends the gradients (of the mean loss over this worker's minibatch)
+  // computed from the weights pulled at `clock`. The buffers may be reused
+  // as soon as this returns.
+  [[nodiscard]] virtual Status Push(int64_t clock,
+                                    const std::vector<const float*>& grads) = 0;
+
+  // Announces that this worker has finished iteration new_clock - 1.
+  [[nodiscard]] virtual Status Clock(int64_t new_clock) = 0;
+
+  virtual TrafficStats traffic() const = 0;
+};
+
+}  // namespace asyncps::worker

@@ -1,0 +1,282 @@
+#include "worker/trainer.h"
+
+#include <glog/logging.h>
+
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+#include "worker/model.h"
+
+namespace asyncps::worker {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace
+
+const char kMetricsCsvHeader[] =
+    "wall_s,rank,step,epoch,samples,train_loss,test_acc,bytes_pushed_raw,bytes_"
+    "pushed_wire,"
+    "bytes_pulled,pull_wait_ms,compute_ms,staleness";
+
+Trainer::Trainer(const TrainerOptions& options, Backend* backend,
+                 ParameterStore* store, const Dataset* train,
+                 const Dataset* test)
+    : options_(options),
+      backend_(backend),
+      store_(store),
+      train_(train),
+      test_(test) {}
+
+Trainer::~Trainer() = default;
+
+int64_t Trainer::batches_per_epoch() const {
+  return batches_->batches_per_epoch();
+}
+
+StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o,
+                                                   Backend* backend,
+                                                   ParameterStore* store,
+                                                   const Dataset* train,
+                                                   const Dataset* test) {
+  if (backend == nullptr || store == nullptr || train == nullptr) {
+    return Status::InvalidArgument(
+        "Trainer needs a backend, a parameter store and training data");
+  }
+  RETURN_IF_ERROR(ValidateLayers(o.layers));
+  if (o.layers.front() != train->dim()) {
+    return Status::InvalidArgument(
+        "first layer size " + std::to_string(o.layers.front()) +
+        " does not match the data's " + std::to_string(train->dim()) +
+        " inputs per example");
+  }
+  if (o.layers.back() != Dataset::kNumClasses) {
+    return Status::InvalidArgument(
+        "last layer size " + std::to_string(o.layers.back()) +
+        " does not match the " + std::to_string(Dataset::kNumClasses) +
+        " classes");
+  }
+  if (backend->layers() != o.layers) {
+    return Status::InvalidArgument(
+        "backend model " + LayersToString(backend->layers()) +
+        " differs from trainer model " + LayersToString(o.layers));
+  }
+  if (o.batch < 1)
+    return Status::InvalidArgument("batch must be >= 1, got " +
+                                   std::to_string(o.batch));
+  if (o.epochs < 0) return Status::InvalidArgument("epochs must be >= 0");
+  if (o.max_steps < 0) return Status::InvalidArgument("max_steps must be >= 0");
+  if (o.epochs == 0 && o.max_steps == 0) {
+    return Status::InvalidArgument(
+        "nothing to do: epochs and max_steps are both 0");
+  }
+  if (o.eval_every < 0 || o.log_every < 0) {
+    return Status::InvalidArgument("eval_every and log_every must be >= 0");
+  }
+  if (!(o.slowdown >= 1.0) || !std::isfinite(o.slowdown)) {
+    return Status::InvalidArgument("slowdown must be >= 1, got " +
+                                   std::to_string(o.slowdown));
+  }
+  if (o.eval) {
+    if (test == nullptr)
+      return Status::InvalidArgument("eval is on but no test set was given");
+    if (test->dim() != train->dim()) {
+      return Status::InvalidArgument(
+          "test images have " + std::to_string(test->dim()) +
+          " pixels, train images " + std::to_string(train->dim()));
+    }
+  }
+  std::unique_ptr<Trainer> t(new Trainer(o, backend, store, train, test));
+  BatchOptions bo;
+  bo.partition.rank = o.rank;
+  bo.partition.num_workers = o.num_workers;
+  bo.partition.kind = o.partition;
+  bo.partition.seed = o.seed;
+  bo.batch_size = o.batch;
+  ASSIGN_OR_RETURN(t->batches_, BatchIterator::Create(train, bo));
+  t->total_steps_ = PlannedSteps(o, train->num_examples);
+  for (size_t i = 0; i < backend->num_tensors(); ++i) {
+    t->weights_.emplace_back(backend->tensor_elems(i));
+    t->grads_.emplace_back(backend->tensor_elems(i));
+  }
+  if (!o.metrics_csv.empty()) {
+    t->csv_.reset(std::fopen(o.metrics_csv.c_str(), "w"));
+    if (!t->csv_) {
+      return Status::InvalidArgument("cannot open metrics CSV '" +
+                                     o.metrics_csv + "' for writing");
+    }
+    std::fprintf(t->csv_.get(), "%s\n", kMetricsCsvHeader);
+  }
+  return t;
+}
+
+int64_t Trainer::PlannedSteps(const TrainerOptions& o, int64_t n) {
+  if (o.batch < 1 || o.num_workers < 1) return 0;
+  const int64_t per_epoch =
+      (PartitionSize(n, o.num_workers) + o.batch - 1) / o.batch;
+  int64_t steps = o.epochs > 0 ? per_epoch * o.epochs : o.max_steps;
+  if (o.max_steps > 0) steps = std::min(steps, o.max_steps);
+  return steps;
+}
+
+StatusOr<EvalResult> Trainer::Evaluate() {
+  return backend_->Evaluate(test_->images.data(), test_->labels.data(),
+                            test_->num_examples);
+}
+
+StatusOr<TrainResult> Trainer::Run() {
+  TrainResult result;
+  std::vector<float*> weight_ptrs;
+  std::vector<const float*> weight_cptrs, grad_cptrs;
+  std::vector<float*> grad_ptrs;
+  for (auto& w : weights_)
+    weight_ptrs.push_back(w.data()), weight_cptrs.push_back(w.data());
+  for (auto& g : grads_)
+    grad_ptrs.push_back(g.data()), grad_cptrs.push_back(g.data());
+
+  const auto start = Clock::now();
+  double eval_s = 0;
+  double interval_loss = 0, interval_compute_s = 0;
+  int64_t interval_steps = 0;
+  int64_t samples = 0;
+  double last_acc = -1, last_eval_loss = -1;
+  auto last_log = start;
+  int64_t last_log_samples = 0;
+  double last_log_eval_s = 0;
+
+  auto evaluate = [&]() -> Status {
+    const auto t0 = Clock::now();
+    ASSIGN_OR_RETURN(EvalResult e, Evaluate());
+    eval_s += Seconds(t0, Clock::now());
+    last_acc = e.accuracy;
+    last_eval_loss = e.loss;
+    return Status::OK();
+  };
+
+  for (int64_t step = 0; step < total_steps_; ++step) {
+    ASSIGN_OR_RETURN(const Batch* batch, batches_->Next());
+    RETURN_IF_ERROR(store_->Pull(step, weight_ptrs)
+                        .WithContext("pull at clock " + std::to_string(step)));
+    RETURN_IF_ERROR(backend_->SetParameters(weight_cptrs));
+    bool evaluated = false;
+    if (options_.eval && options_.eval_every > 0 && step > 0 &&
+        step % options_.eval_every == 0) {
+      RETURN_IF_ERROR(evaluate());
+      evaluated = true;
+    }
+    const auto c0 = Clock::now();
+    ASSIGN_OR_RETURN(float loss,
+                     backend_->ForwardBackward(batch->x.data(), batch->y.data(),
+                                               batch->size, grad_ptrs));
+    const double compute_s = Seconds(c0, Clock::now());
+    if (!std::isfinite(loss)) {
+      return Status::Internal(
+          "training diverged: loss is " + std::to_string(loss) + " at step " +
+          std::to_string(step) + " (lower the learning rate)");
+    }
+    if (options_.slowdown > 1.0) {
+      std::this_thread::sleep_for(
+          std::chrono::duration<double>((options_.slowdown - 1.0) * compute_s));
+    }
+    RETURN_IF_ERROR(store_->Push(step, grad_cptrs)
+                        .WithContext("push at clock " + std::to_string(step)));
+    RETURN_IF_ERROR(store_->Clock(step + 1));
+    samples += batch->size;
+    interval_loss += loss;
+    interval_compute_s += compute_s;
+    ++interval_steps;
+
+    const bool last = step + 1 == total_steps_;
+    if (last && options_.eval) {
+      // Final evaluation with the weights after the last update.
+      RETURN_IF_ERROR(
+          store_->Pull(step + 1, weight_ptrs).WithContext("final pull"));
+      RETURN_IF_ERROR(backend_->SetParameters(weight_cptrs));
+      RETURN_IF_ERROR(evaluate());
+      evaluated = true;
+    }
+    const bool log = last || (options_.log_every > 0 &&
+                              (step + 1) % options_.log_every == 0);
+    if (log || evaluated) {
+      const auto now = Clock::now();
+      const TrafficStats tr = store_->traffic();
+      const double mean_loss =
+          interval_loss / std::max<int64_t>(interval_steps, 1);
+      result.final_train_loss = mean_loss;
+      if (csv_) {
+        std::fprintf(csv_.get(), "%.3f,%d,%lld,%lld,%lld,%.6f,",
+                     Seconds(start, now), options_.rank,
+                     static_cast<long long>(step + 1),
+                     static_cast<long long>(batch->epoch),
+                     static_cast<long long>(samples), mean_loss);
+        if (evaluated) std::fprintf(csv_.get(), "%.4f", last_acc);
+        std::fprintf(
+            csv_.get(), ",%llu,%llu,%llu,%.3f,%.4f,%lld\n",
+            static_cast<unsigned long long>(tr.bytes_pushed_raw),
+            static_cast<unsigned long long>(tr.bytes_pushed_wire),
+            static_cast<unsigned long long>(tr.bytes_pulled),
+            tr.pull_wait_ns / 1e6,
+            1e3 * interval_compute_s / std::max<int64_t>(interval_steps, 1),
+            static_cast<long long>(tr.last_staleness));
+        if (last) std::fflush(csv_.get());
+      }
+      if (log) {
+        // Training throughput: evaluation time is left out.
+        const double dt = Seconds(last_log, now) - (eval_s - last_log_eval_s);
+        std::fprintf(
+            stderr,
+            "[rank %d] epoch %lld step %lld/%lld  %.0f samples/s  loss %.4f  "
+            "test_acc %s\n",
+            options_.rank, static_cast<long long>(batch->epoch),
+            static_cast<long long>(step + 1),
+            static_cast<long long>(total_steps_),
+            dt > 0 ? (samples - last_log_samples) / dt : 0.0, mean_loss,
+            last_acc < 0 ? "-" : std::to_string(last_acc).substr(0, 6).c_str());
+        last_log = now;
+        last_log_samples = samples;
+        last_log_eval_s = eval_s;
+      }
+      interval_loss = 0;
+      interval_compute_s = 0;
+      interval_steps = 0;
+    }
+  }
+  const auto end = Clock::now();
+  result.steps = total_steps_;
+  result.samples = samples;
+  result.wall_s = Seconds(start, end);
+  result.eval_s = eval_s;
+  const double train_s = result.wall_s - eval_s;
+  result.samples_per_s = train_s > 0 ? samples / train_s : 0;
+  result.final_test_acc = last_acc;
+  result.final_test_loss = last_eval_loss;
+  result.traffic = store_->traffic();
+  char line[512];
+  std::snprintf(
+      line, sizeof(line),
+      "SUMMARY rank=%d final_test_acc=%.4f samples_per_s=%.1f "
+      "bytes_pushed_raw=%llu "
+      "bytes_pushed_wire=%llu bytes_pulled=%llu steps=%lld wall_s=%.3f",
+      options_.rank, result.final_test_acc, result.samples_per_s,
+      static_cast<unsigned long long>(result.traffic.bytes_pushed_raw),
+      static_cast<unsigned long long>(result.traffic.bytes_pushed_wire),
+      static_cast<unsigned long long>(result.traffic.bytes_pulled),
+      static_cast<long long>(result.steps), result.wall_s);
+  result.summary = line;
+  if (options_.print_summary) {
+    std::fprintf(stdout, "%s\n", line);
+    std::fflush(stdout);
+  }
+  if (csv_ && std::ferror(csv_.get())) {
+    return Status::Internal("writing the metrics CSV '" + options_.metrics_csv +
+                            "' failed");
+  }
+  return result;
+}
+
+}  // namespace asyncps::worker

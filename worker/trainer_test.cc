@@ -1,0 +1,157 @@
+#include "worker/trainer.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "worker/local_parameter_store.h"
+#include "worker/model.h"
+
+namespace asyncps::worker {
+namespace {
+
+const char kFashionDir[] = "/usr/share/datasets/fashion-mnist";
+
+class TrainerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!std::filesystem::exists(std::string(kFashionDir) +
+                                 "/train-images-idx3-ubyte.gz"))
+      return;
+    auto tr = LoadMnist(kFashionDir, Split::kTrain);
+    auto te = LoadMnist(kFashionDir, Split::kTest);
+    ASSERT_TRUE(tr.ok() && te.ok());
+    train_ = new Dataset(std::move(tr).value());
+    test_ = new Dataset(std::move(te).value());
+  }
+  static void TearDownTestSuite() {
+    delete train_;
+    delete test_;
+    train_ = test_ = nullptr;
+  }
+  void SetUp() override {
+    if (train_ == nullptr) GTEST_SKIP() << "Fashion-MNIST not installed";
+  }
+
+  static Dataset* train_;
+  static Dataset* test_;
+};
+Dataset* TrainerTest::train_ = nullptr;
+Dataset* TrainerTest::test_ = nullptr;
+
+std::unique_ptr<Backend> Cpu(const std::vector<int>& layers) {
+  BackendOptions o;
+  o.layers = layers;
+  o.device = DeviceKind::kCpu;
+  return std::move(Backend::Create(o)).value();
+}
+
+TEST_F(TrainerTest, OneEpochReachesRealAccuracy) {
+  TrainerOptions to;
+  to.batch = 64;
+  to.epochs = 1;
+  to.eval_every = 400;
+  to.log_every = 300;
+  to.metrics_csv = ::testing::TempDir() + "/trainer_test_metrics.csv";
+  auto backend = Cpu(to.layers);
+  SgdOptions sgd;  // lr 0.05, momentum 0.9
+  auto store = LocalParameterStore::Create(MlpTensorSpecs(to.layers, 1), sgd);
+  ASSERT_TRUE(store.ok());
+  auto trainer =
+      Trainer::Create(to, backend.get(), store->get(), train_, test_);
+  ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+  EXPECT_EQ((*trainer)->total_steps(), 938);
+  auto r = (*trainer)->Run();
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->steps, 938);
+  EXPECT_EQ(r->samples, 60000);
+  EXPECT_GE(r->final_test_acc, 0.80);
+  EXPECT_LT(r->final_train_loss, 0.6);
+  EXPECT_GT(r->samples_per_s, 0);
+  EXPECT_EQ(r->traffic.bytes_pushed_raw,
+            938ull * 4 * (784 * 256 + 256 + 256 * 128 + 128 + 1290));
+  EXPECT_NE(r->summary.find("SUMMARY rank=0 final_test_acc="),
+            std::string::npos);
+
+  std::ifstream csv(to.metrics_csv);
+  std::string line;
+  std::getline(csv, line);
+  EXPECT_EQ(line, kMetricsCsvHeader);
+  int rows = 0, with_acc = 0;
+  while (std::getline(csv, line)) {
+    ++rows;
+    // test_acc is the 7th column.
+    size_t pos = 0;
+    for (int c = 0; c < 6; ++c) pos = line.find(',', pos) + 1;
+    if (line[pos] != ',') ++with_acc;
+  }
+  // Rows at steps 300, 401 (evaluated on the weights pulled for step index
+  // 400), 600, 801 (evaluated), 900 and 938 (final evaluation).
+  EXPECT_EQ(rows, 6);
+  EXPECT_EQ(with_acc, 3);
+}
+
+TEST_F(TrainerTest, MaxStepsAndNoEval) {
+  TrainerOptions to;
+  to.layers = {784, 32, 10};
+  to.max_steps = 20;
+  to.epochs = 0;
+  to.eval = false;
+  to.rank = 1;
+  to.num_workers = 3;
+  to.print_summary = false;
+  auto backend = Cpu(to.layers);
+  auto store =
+      LocalParameterStore::Create(MlpTensorSpecs(to.layers, 1), SgdOptions{});
+  auto trainer =
+      Trainer::Create(to, backend.get(), store->get(), train_, nullptr);
+  ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+  auto r = (*trainer)->Run();
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->steps, 20);
+  EXPECT_EQ(r->final_test_acc, -1);
+}
+
+TEST_F(TrainerTest, RejectsBadOptions) {
+  auto backend = Cpu({784, 16, 10});
+  auto store = LocalParameterStore::Create(MlpTensorSpecs({784, 16, 10}, 1),
+                                           SgdOptions{});
+  auto check = [&](TrainerOptions to, const std::string& needle) {
+    auto t = Trainer::Create(to, backend.get(), store->get(), train_, test_);
+    ASSERT_FALSE(t.ok()) << needle;
+    EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(t.status().message().find(needle), std::string::npos)
+        << t.status().ToString();
+  };
+  TrainerOptions good;
+  good.layers = {784, 16, 10};
+  TrainerOptions o = good;
+  o.layers = {780, 16, 10};
+  check(o, "first layer size");
+  o = good;
+  o.layers = {784, 16, 5};
+  check(o, "last layer size");
+  o = good;
+  o.layers = {784, 32, 10};
+  check(o, "backend model");
+  o = good;
+  o.batch = 0;
+  check(o, "batch");
+  o = good;
+  o.epochs = 0;
+  check(o, "nothing to do");
+  o = good;
+  o.rank = 2;
+  o.num_workers = 2;
+  check(o, "rank");
+  o = good;
+  o.slowdown = 0.5;
+  check(o, "slowdown");
+  auto t = Trainer::Create(good, backend.get(), store->get(), train_, nullptr);
+  EXPECT_FALSE(t.ok());
+}
+
+}  // namespace
+}  // namespace asyncps::worker
