@@ -8,6 +8,20 @@ namespace {
 
 #define ASYNCPS_RESTRICT __restrict__
 
+// The SGD step is the hottest loop of the server: an AVX2 clone is picked
+// at load time where the CPU has it (baseline x86-64 builds use SSE2 only).
+#if defined(__x86_64__) && defined(__GNUC__)
+#define ASYNCPS_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define ASYNCPS_CLONES
+#endif
+
+ASYNCPS_CLONES void SgdStep(float* ASYNCPS_RESTRICT w,
+                            const float* ASYNCPS_RESTRICT g, size_t n,
+                            float a) {
+  for (size_t i = 0; i < n; ++i) w[i] -= a * g[i];
+}
+
 class Sgd final : public Optimizer {
  public:
   explicit Sgd(const OptimizerOptions& o) : Optimizer(o) {}
@@ -20,7 +34,7 @@ class Sgd final : public Optimizer {
     const float a = options_.lr * lr_scale;
     const float wd = options_.weight_decay;
     if (wd == 0.0f) {
-      for (size_t i = 0; i < n; ++i) w[i] -= a * g[i];
+      SgdStep(w, g, n, a);
     } else {
       for (size_t i = 0; i < n; ++i) w[i] -= a * (g[i] + wd * w[i]);
     }
@@ -105,6 +119,7 @@ class AdaGrad final : public Optimizer {
 };
 
 #undef ASYNCPS_RESTRICT
+#undef ASYNCPS_CLONES
 
 }  // namespace
 

@@ -22,6 +22,9 @@ namespace {
 
 // True if no element is NaN or +-Inf (exponent bits all ones). Branch-free
 // integer reduction, so it vectorises.
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target_clones("avx2", "default")))
+#endif
 bool AllFinite(const float* __restrict__ x, size_t n) {
   uint32_t bad = 0;
   for (size_t i = 0; i < n; ++i) {
