@@ -1,0 +1,114 @@
+// Compressed pushes and pulls through the compression library.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "compression/codec.h"
+#include "server/internal/test_util.h"
+#include "server/shard.h"
+
+namespace asyncps::server {
+namespace {
+
+using testing::ShardHarness;
+using testing::SmallLayout;
+using testing::SmallModel;
+
+ByteView Encode(const std::string& spec, const std::vector<float>& x,
+                uint8_t* codec_id) {
+  auto s = compression::CodecSpec::Parse(spec);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  auto codec = compression::CreateCodec(*s);
+  EXPECT_TRUE(codec.ok());
+  std::vector<uint8_t> payload;
+  EXPECT_TRUE((*codec)->Encode(x.data(), x.size(), 1, &payload).ok());
+  *codec_id = static_cast<uint8_t>((*codec)->id());
+  BufferPtr b = Buffer::FromVector(std::move(payload));
+  return ByteView{b->data(), b->size(), b};
+}
+
+RequestHeader CompressedPush(uint32_t chunk, size_t n, const ByteView& f,
+                             uint8_t codec) {
+  RequestHeader r = ShardHarness::Push(0, 0, {chunk}, {f});
+  r.chunks[0].num_elems = n;
+  r.chunks[0].codec = codec;
+  return r;
+}
+
+ShardOptions Opts() {
+  ShardOptions o;
+  o.num_shards = 2;
+  o.num_workers = 1;
+  o.optimizer.lr = 0.5f;
+  return o;
+}
+
+TEST(ShardCodecTest, Fp16PushDecodesExactValues) {
+  ShardHarness h(Opts());
+  ASSERT_TRUE(h.Call(ShardHarness::Register(0, SmallModel(), SmallLayout(2)))
+                  .status.ok());
+  std::vector<float> g(10, 0.5f);  // exact in fp16
+  uint8_t id = 0;
+  ByteView f = Encode("fp16", g, &id);
+  ReplyHeader r = h.Call(CompressedPush(4, 10, f, id), {f});
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  for (float v : *h.shard->weights(4)) EXPECT_EQ(v, 0.25f - 0.5f * 0.5f);
+}
+
+TEST(ShardCodecTest, TopKScattersExactly) {
+  ShardHarness h(Opts());
+  ASSERT_TRUE(h.Call(ShardHarness::Register(0, SmallModel(), SmallLayout(2)))
+                  .status.ok());
+  std::vector<float> g(16, 0.0f);
+  g[3] = 2.0f;
+  g[9] = -4.0f;
+  const std::vector<float> w0 = *h.shard->weights(0);
+  uint8_t id = 0;
+  ByteView f = Encode("topk:ratio=0.125,min_elems=0", g, &id);
+  ReplyHeader r = h.Call(CompressedPush(0, 16, f, id), {f});
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  const std::vector<float>& w = *h.shard->weights(0);
+  for (size_t i = 0; i < 16; ++i) EXPECT_EQ(w[i], w0[i] - 0.5f * g[i]) << i;
+}
+
+TEST(ShardCodecTest, CorruptPayloadRejectedStateUntouched) {
+  ShardHarness h(Opts());
+  ASSERT_TRUE(h.Call(ShardHarness::Register(0, SmallModel(), SmallLayout(2)))
+                  .status.ok());
+  auto before = h.AllWeights();
+  std::vector<float> g(10, 0.5f);
+  uint8_t id = 0;
+  ByteView f = Encode("int8:bucket=8", g, &id);
+  // Truncate the payload: header and frame sizes agree, the codec refuses.
+  ByteView cut{f.data, f.size - 3, f.owner};
+  ReplyHeader r = h.Call(CompressedPush(4, 10, cut, id), {cut});
+  EXPECT_FALSE(r.status.ok());
+  EXPECT_EQ(h.shard->counters()
+                .rejected[static_cast<size_t>(RejectReason::kBadCodec)],
+            1u);
+  EXPECT_EQ(h.AllWeights(), before);
+}
+
+TEST(ShardCodecTest, CompressedPull) {
+  ShardHarness h(Opts());
+  ASSERT_TRUE(h.Call(ShardHarness::Register(0, SmallModel(), SmallLayout(2)))
+                  .status.ok());
+  RequestHeader p = ShardHarness::Pull(0, 0, {4});
+  p.pull_codec = "bf16";
+  auto out = h.Send(p);
+  ASSERT_EQ(out.size(), 1u);
+  ASSERT_TRUE(out[0].header.status.ok()) << out[0].header.status.ToString();
+  const ChunkRef& ref = out[0].header.chunks[0];
+  EXPECT_EQ(ref.codec, static_cast<uint8_t>(compression::CodecId::kBf16));
+  std::vector<float> w(10);
+  ASSERT_TRUE(
+      compression::CodecForId(compression::CodecId::kBf16)
+          .Decode(out[0].frames[0].data, out[0].frames[0].size, 10, w.data())
+          .ok());
+  EXPECT_EQ(w, std::vector<float>(10, 0.25f));
+  p.pull_codec = "nonsense";
+  EXPECT_FALSE(h.Call(p).status.ok());
+}
+
+}  // namespace
+}  // namespace asyncps::server
