@@ -68,8 +68,15 @@ def parse_args(argv):
         own, extra = argv[:i], argv[i + 1:]
     else:
         own, extra = argv, []
+    # "--server_flags --lr=0.1": argparse would read the value as an option.
+    joined = []
+    for a in own:
+        if joined and joined[-1] == "--server_flags":
+            joined[-1] = "--server_flags=" + a
+        else:
+            joined.append(a)
     parser = make_parser()
-    opts = parser.parse_args(own)
+    opts = parser.parse_args(joined)
     cfg = {r: [] for r in config_mod.ROLES}
     if opts.config:
         cfg = config_mod.parse_config_file(opts.config)
