@@ -1,0 +1,200 @@
+"""Kubernetes manifests for S shards and W workers.
+
+Objects (names for the default --k8s_name=asyncps):
+  ConfigMap   asyncps-flags      server.flags / worker.flags from the config
+  Service     asyncps-shards     headless (clusterIP: None), port "ps"
+  StatefulSet shard              S replicas, Parallel; pod shard-<i> is shard i
+                                 (ordinal from its hostname); one PersistentVolumeClaim
+                                 "rocksdb" per pod mounted at /data (the RocksDB store)
+  Job         asyncps-workers    completionMode: Indexed, W completions; the rank is
+                                 JOB_COMPLETION_INDEX; an init container waits until
+                                 every shard answers `ps_ctl stats`
+Shard i is reached at tcp://shard-<i>.asyncps-shards[.<ns>.svc.cluster.local]:<port>.
+YAML is written by hand (no PyYAML): strings are double-quoted JSON strings,
+which YAML reads verbatim; --format json writes a kubectl-readable List.
+"""
+import json
+import os
+import re
+import shlex
+import sys
+
+from . import config as config_mod
+
+BIN = "/opt/asyncps/bin"
+FLAGS_DIR = "/etc/asyncps"
+
+
+def shard_endpoints(opts):
+    suffix = ".%s.svc.cluster.local" % opts.namespace if opts.namespace else ""
+    return ["tcp://%s-%d.%s-shards%s:%d" % (opts.statefulset, i, opts.k8s_name, suffix, opts.port)
+            for i in range(opts.servers)]
+
+
+def _meta(opts, name, role=None):
+    m = {"name": name, "labels": {"app.kubernetes.io/name": opts.k8s_name}}
+    if role:
+        m["labels"]["app.kubernetes.io/component"] = role
+    if opts.namespace:
+        m["namespace"] = opts.namespace
+    return m
+
+
+def _sh(argv):
+    return " ".join(a if re.fullmatch(r"[\w@%+=:,./$-]+", a) and "$(" not in a else
+                    shlex.quote(a) for a in argv)
+
+
+def render(opts, cfg):
+    """The manifests as a list of dicts, in apply order."""
+    name = opts.k8s_name
+    svc = "%s-shards" % name
+    labels_shard = {"app.kubernetes.io/name": name, "app.kubernetes.io/component": "shard"}
+    labels_worker = {"app.kubernetes.io/name": name, "app.kubernetes.io/component": "worker"}
+    eps = ",".join(shard_endpoints(opts))
+    flags_vol = {"name": "flags", "configMap": {"name": "%s-flags" % name}}
+    flags_mount = {"name": "flags", "mountPath": FLAGS_DIR, "readOnly": True}
+
+    configmap = {
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": _meta(opts, "%s-flags" % name),
+        "data": {"server.flags": "\n".join(cfg["server"]) + "\n",
+                 "worker.flags": "\n".join(cfg["worker"]) + "\n"}}
+    service = {
+        "apiVersion": "v1", "kind": "Service", "metadata": _meta(opts, svc, "shard"),
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                 "selector": labels_shard,
+                 "ports": [{"name": "ps", "port": opts.port, "targetPort": opts.port,
+                            "protocol": "TCP"}]}}
+    server_cmd = ["exec", BIN + "/ps_server", "--flagfile=%s/server.flags" % FLAGS_DIR,
+                  "--shard_id=${HOSTNAME##*-}", "--num_shards=%d" % opts.servers,
+                  "--num_workers=%d" % opts.workers, "--endpoint=tcp://0.0.0.0:%d" % opts.port,
+                  "--db_path=/data/rocksdb"] + shlex.split(opts.server_flags or "")
+    probe = {"exec": {"command": [BIN + "/ps_ctl", "--servers=tcp://127.0.0.1:%d" % opts.port,
+                                  "--timeout_ms=2000", "stats"]},
+             "periodSeconds": 5, "timeoutSeconds": 5}
+    statefulset = {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": _meta(opts, opts.statefulset, "shard"),
+        "spec": {
+            "serviceName": svc, "replicas": opts.servers, "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": labels_shard},
+            "template": {
+                "metadata": {"labels": labels_shard},
+                "spec": {
+                    "terminationGracePeriodSeconds": int(max(opts.grace, 1)) + 25,
+                    "containers": [{
+                        "name": "ps-server", "image": opts.image,
+                        "command": ["/bin/sh", "-c", _sh(server_cmd).replace(
+                            "'--shard_id=${HOSTNAME##*-}'", '"--shard_id=${HOSTNAME##*-}"')],
+                        "ports": [{"name": "ps", "containerPort": opts.port}],
+                        "readinessProbe": probe,
+                        "volumeMounts": [{"name": "rocksdb", "mountPath": "/data"}, flags_mount],
+                    }],
+                    "volumes": [flags_vol],
+                }},
+            "volumeClaimTemplates": [{
+                "metadata": {"name": "rocksdb"},
+                "spec": {"accessModes": ["ReadWriteOnce"],
+                         "resources": {"requests": {"storage": opts.storage}}}}],
+        }}
+    worker_cmd = ["exec", BIN + "/ps_worker", "--flagfile=%s/worker.flags" % FLAGS_DIR,
+                  "--servers=" + eps, "--rank=$JOB_COMPLETION_INDEX",
+                  "--num_workers=%d" % opts.workers,
+                  "--metrics_csv=/tmp/metrics-$JOB_COMPLETION_INDEX.csv"] + list(opts.worker_extra)
+    wait_cmd = ("until %s/ps_ctl --servers=%s --timeout_ms=2000 stats >/dev/null; do "
+                "echo waiting for shards; sleep 2; done" % (BIN, eps))
+    job = {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(opts, "%s-workers" % name, "worker"),
+        "spec": {
+            "completionMode": "Indexed", "completions": opts.workers, "parallelism": opts.workers,
+            # A failed worker pod is replaced (it re-registers idempotently and
+            # carries on); the shards restart in place under the StatefulSet.
+            "backoffLimit": opts.workers * (opts.max_restarts + 1),
+            "template": {
+                "metadata": {"labels": labels_worker},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "initContainers": [{"name": "wait-for-shards", "image": opts.image,
+                                        "command": ["/bin/sh", "-c", wait_cmd]}],
+                    "containers": [{
+                        "name": "ps-worker", "image": opts.image,
+                        "command": ["/bin/sh", "-c", _sh(worker_cmd)],
+                        "volumeMounts": [flags_mount],
+                    }],
+                    "volumes": [flags_vol],
+                }}}}
+    return [configmap, service, statefulset, job]
+
+
+# ---- YAML (the subset the manifests use) ----------------------------------
+_PLAIN_KEY = re.compile(r"^[A-Za-z_][\w./-]*$")
+
+
+def _scalar(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, (int, float)):
+        return json.dumps(v)
+    return json.dumps(str(v))
+
+
+def _key(k):
+    return k if _PLAIN_KEY.match(k) else json.dumps(k)
+
+
+def to_yaml(obj, indent=0):
+    pad = " " * indent
+    lines = []
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if isinstance(v, (dict, list)) and v:
+                lines.append("%s%s:" % (pad, _key(k)))
+                lines.append(to_yaml(v, indent + 2))
+            else:
+                lines.append("%s%s: %s" % (pad, _key(k), _scalar(v) if not isinstance(
+                    v, (dict, list)) else ("{}" if isinstance(v, dict) else "[]")))
+    elif isinstance(obj, list):
+        for v in obj:
+            if isinstance(v, (dict, list)) and v:
+                sub = to_yaml(v, indent + 2)
+                lines.append("%s- %s" % (pad, sub[indent + 2:]))
+            else:
+                lines.append("%s- %s" % (pad, _scalar(v)))
+    else:
+        lines.append(pad + _scalar(obj))
+    return "\n".join(lines)
+
+
+def write(manifests, out_dir, fmt):
+    """One file per object, numbered in apply order; returns the paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = []
+    for i, m in enumerate(manifests):
+        base = "%02d-%s-%s" % (i, m["kind"].lower(), m["metadata"]["name"])
+        path = os.path.join(out_dir, base + (".yaml" if fmt == "yaml" else ".json"))
+        with open(path, "w") as f:
+            if fmt == "yaml":
+                f.write("# Rendered by launch/psrun --backend k8s; apply with kubectl apply -f DIR\n")
+                f.write(to_yaml(m) + "\n")
+            else:
+                json.dump(m, f, indent=2)
+                f.write("\n")
+        paths.append(path)
+    return paths
+
+
+def main_from_psrun(opts, cfg):
+    for attr, default in (("k8s_name", "asyncps"), ("statefulset", "shard")):
+        if getattr(opts, attr, None) is None:
+            setattr(opts, attr, default)
+    if not opts.render:
+        sys.stderr.write("psrun: --backend k8s needs --render DIR (psrun writes manifests, "
+                         "kubectl applies them)\n")
+        return 2
+    paths = write(render(opts, cfg), opts.render, opts.format)
+    for p in paths:
+        print(p)
+    print("apply with: kubectl apply -f %s" % opts.render)
+    return 0

@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""psrun's pure parts: flag-file sections, hostfiles, placement, SUMMARY parsing."""
+import os
+
+import launch_test_util as u
+
+from pslaunch import cli, config, procs, summary
+
+
+class ConfigTest(u.LaunchTestCase):
+    needs_binaries = False
+
+    def test_sections_and_prefixes(self):
+        c = config.parse_config_text(
+            "# c\n[psrun]\n--servers=2\n[server]\n--lr=0.1\n  # x\nworker: --batch=8\n"
+            "[worker]\n--epochs=3\nserver: --staleness=2\n")
+        self.assertEqual(c["psrun"], ["--servers=2"])
+        self.assertEqual(c["server"], ["--lr=0.1", "--staleness=2"])
+        self.assertEqual(c["worker"], ["--batch=8", "--epochs=3"])
+
+    def test_errors_name_the_line(self):
+        for text, needle in (("--lr=1\n", ":1: '--lr=1' is outside"),
+                             ("[srv]\n", "unknown section [srv]"),
+                             ("[server]\nlr=1\n", ":2: expected --flag=value"),
+                             ("[server]\nfoo: --x=1\n", "unknown prefix 'foo:'")):
+            with self.assertRaises(config.ConfigError) as e:
+                config.parse_config_text(text, "f.flags")
+            self.assertIn(needle, str(e.exception))
+
+    def test_shipped_configs_parse(self):
+        d = os.path.join(u.REPO, "launch", "configs")
+        names = sorted(os.listdir(d))
+        for n in ("fashion_bsp.flags", "fashion_ssp.flags", "fashion_asp.flags",
+                  "fashion_topk.flags"):
+            self.assertIn(n, names)
+        for n in names:
+            c = config.parse_config_file(os.path.join(d, n))
+            self.assertTrue(c["server"] and c["worker"], n)
+        ssp = config.parse_config_file(os.path.join(d, "fashion_ssp.flags"))
+        self.assertIn("--consistency=ssp", ssp["server"])
+        self.assertIn("--staleness=2", ssp["server"])
+
+    def test_cli_precedence(self):
+        path = os.path.join(self.tmp.name, "c.flags")
+        with open(path, "w") as f:
+            f.write("[psrun]\n--servers=3\n--workers=5\n--max_restarts=2\n")
+        opts, cfg = cli.parse_args(["--config", path, "--workers", "2", "--server_flags",
+                                    "--lr=0.5 --durable", "--", "--max_steps=9"])
+        self.assertEqual((opts.servers, opts.workers, opts.max_restarts), (3, 2, 2))
+        self.assertEqual(opts.server_flags, "--lr=0.5 --durable")
+        self.assertEqual(opts.worker_extra, ["--max_steps=9"])
+        self.assertEqual(opts.grace, 5.0)
+
+    def test_hostfile_and_round_robin_placement(self):
+        hosts = procs.parse_hostfile("# hosts\nnode1 slots=2\nnode2 slots=1 # gpu\n\nnode3\n")
+        self.assertEqual(hosts, [("node1", 2), ("node2", 1), ("node3", 1)])
+        self.assertEqual(procs.place(hosts, 6), ["node1", "node1", "node2", "node3",
+                                                 "node1", "node1"])
+        self.assertEqual(procs.place(hosts, 2, start=3), ["node3", "node1"])
+        with self.assertRaises(ValueError):
+            procs.parse_hostfile("node1 slots=x\n")
+        with self.assertRaises(ValueError):
+            procs.parse_hostfile("# nothing\n")
+
+    def test_summary(self):
+        text = ("noise\nSUMMARY rank=0 final_test_acc=0.8100 samples_per_s=100.5 "
+                "bytes_pushed_raw=1000 bytes_pushed_wire=10 bytes_pulled=2000 steps=5 wall_s=1.5\n")
+        s0 = summary.parse_summary_line(text)
+        self.assertEqual(s0["bytes_pushed_raw"], 1000)
+        self.assertAlmostEqual(s0["final_test_acc"], 0.81)
+        s1 = dict(s0, rank=1, final_test_acc=-1.0)
+        t = summary.aggregate({0: s0, 1: s1}, 3.0)
+        self.assertAlmostEqual(t["final_test_acc"], 0.81)
+        self.assertEqual(t["samples_per_s"], 201.0)
+        self.assertEqual(t["compression_ratio"], 100.0)
+        self.assertEqual(t["bytes_pulled"], 4000)
+        self.assertIsNone(summary.parse_summary_line("no summary"))
+
+    def test_describe_status(self):
+        self.assertEqual(procs.describe_status(-9), "killed by signal 9 (SIGKILL)")
+        self.assertEqual(procs.describe_status(3), "exit code 3")
+
+
+if __name__ == "__main__":
+    u.main()
