@@ -49,6 +49,11 @@ struct Dataset {
 
 enum class Split { kTrain, kTest };
 
+// Fashion-MNIST's train-set pixel statistics (after scaling to [0, 1]), for
+// MnistOptions.
+inline constexpr float kFashionMnistMean = 0.2860f;
+inline constexpr float kFashionMnistStddev = 0.3530f;
+
 struct MnistOptions {
   // Pixels are mapped to (p / 255 - mean) / stddev. Default: mean 0,
   // stddev 1 (plain [0, 1] scaling). Fashion-MNIST's train-set statistics

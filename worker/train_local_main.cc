@@ -80,7 +80,10 @@ Status Main() {
             << FLAGS_metrics_csv << "'";
 
   MnistOptions mo;
-  if (FLAGS_normalize) mo.mean = 0.2860f, mo.stddev = 0.3530f;
+  if (FLAGS_normalize) {
+    mo.mean = kFashionMnistMean;
+    mo.stddev = kFashionMnistStddev;
+  }
   ASSIGN_OR_RETURN(Dataset train, LoadMnist(FLAGS_data_dir, Split::kTrain, mo));
   ASSIGN_OR_RETURN(Dataset test, LoadMnist(FLAGS_data_dir, Split::kTest, mo));
   LOG(INFO) << "loaded " << train.num_examples << " train and "
