@@ -121,6 +121,14 @@ Status Main() {
   ASSIGN_OR_RETURN(Dataset train, LoadMnist(FLAGS_data_dir, Split::kTrain, mo));
   ASSIGN_OR_RETURN(Dataset test, LoadMnist(FLAGS_data_dir, Split::kTest, mo));
 
+  // Check the model against the data before registering it on the shards.
+  const int64_t pixels = static_cast<int64_t>(train.rows) * train.cols;
+  if (layers.front() != pixels || layers.back() != 10) {
+    return Status::InvalidArgument("--layers=" + LayersToString(layers) + " does not fit the data: the input must be " +
+                                   std::to_string(pixels) + " (" + std::to_string(train.rows) + "x" +
+                                   std::to_string(train.cols) + " pixels) and the output 10 classes");
+  }
+
   BackendOptions bo;
   bo.layers = layers;
   bo.device = device;

@@ -1,6 +1,7 @@
 // End-to-end training: ps_server shards + ps_worker processes on loopback.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <regex>
 #include <thread>
 
