@@ -43,6 +43,7 @@ def make_parser():
     p.add_argument("--server_flags", help="extra ps_server flags, one shell-quoted string")
     p.add_argument("--progress", choices=["auto", "on", "off"], help="progress display (default auto: on a tty)")
     p.add_argument("--log_tail_lines", type=int, help="log lines shown per failure (default 20)")
+    p.add_argument("--srun_opts", help="slurm: extra srun options, e.g. '--overcommit'")
     p.add_argument("--dry_run", action="store_true", default=None,
                    help="slurm: print the srun commands and exit")
     p.add_argument("--render", help="k8s: write manifests into this folder")
@@ -68,11 +69,11 @@ def parse_args(argv):
         own, extra = argv[:i], argv[i + 1:]
     else:
         own, extra = argv, []
-    # "--server_flags --lr=0.1": argparse would read the value as an option.
+    # "--server_flags --lr=0.1": argparse would take the value for an option.
     joined = []
     for a in own:
-        if joined and joined[-1] == "--server_flags":
-            joined[-1] = "--server_flags=" + a
+        if joined and joined[-1] in ("--server_flags", "--srun_opts", "--ssh_opts"):
+            joined[-1] = joined[-1] + "=" + a
         else:
             joined.append(a)
     parser = make_parser()

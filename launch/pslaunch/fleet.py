@@ -106,6 +106,10 @@ class Fleet:
                 recs.append(r)
         summary_mod.write_json(self.path("pids.json"), {"psrun_pid": os.getpid(), "procs": recs})
 
+    def advertise_host(self, m):
+        """Where workers reach shard `m` when it bound a wildcard address."""
+        return m.proc.host
+
     def endpoints(self):
         return ",".join(m.endpoint for m in self.shards)
 
@@ -159,7 +163,7 @@ class Fleet:
             text = m.proc.read_file(ready)
             if text and text.strip():
                 ep = text.strip()
-                host = m.proc.host
+                host = self.advertise_host(m)
                 for wildcard in ("0.0.0.0", "*", "[::]"):
                     ep = ep.replace("tcp://%s:" % wildcard, "tcp://%s:" % host)
                 return ep

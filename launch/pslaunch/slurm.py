@@ -1,0 +1,108 @@
+"""Slurm backend: the shards as one srun step (S tasks), the workers as another (W
+tasks); each task's rank is SLURM_PROCID (launch/slurm/task.sh maps it to
+--shard_id / --rank). Shards publish their endpoints in RUN_DIR/ready on the shared
+disk; psrun waits for them and for `ps_ctl stats`, then starts the worker step with
+--servers. Per-task logs: srun --output=RUN_DIR/<role>-%t.log. Teardown signals the
+srun steps (srun forwards SIGTERM to its tasks; SIGKILL makes slurmd end the step).
+No --max_restarts here: a failed shard task fails the run.
+"""
+import os
+import shlex
+import sys
+
+from . import fleet as fleet_mod
+from . import procs as procs_mod
+from . import summary as summary_mod
+
+TASK = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "slurm",
+                    "task.sh")
+
+
+def srun_argv(opts, role, tasks, task_args):
+    argv = ["srun", "--ntasks=%d" % tasks, "--kill-on-bad-exit=1", "--job-name=asyncps-" + role,
+            "--output=" + os.path.join(opts.run_dir, role + "-%t.log")]
+    argv += shlex.split(opts.srun_opts or "")
+    return argv + [TASK, role, opts.run_dir, opts.bin_dir, str(opts.servers),
+                   str(opts.workers)] + task_args
+
+
+def server_step(opts):
+    return srun_argv(opts, "server", opts.servers, shlex.split(opts.server_flags or ""))
+
+
+def worker_step(opts, servers):
+    return srun_argv(opts, "worker", opts.workers, [servers] + list(opts.worker_extra))
+
+
+class SlurmFleet(fleet_mod.Fleet):
+    """Fleet whose members share two srun steps instead of owning a process each."""
+
+    def advertise_host(self, m):
+        try:
+            with open(self.path("ready", "%s.host" % m.name)) as f:
+                return f.read().strip() or m.proc.host
+        except OSError:
+            return m.proc.host
+
+    def start_shards(self):
+        self.server_step = procs_mod.LocalProc(
+            "server-step", server_step(self.o), self.path("srun-server.log")).start()
+        for m in self.shards:
+            m.proc = self.server_step
+        self.write_pids()
+        deadline = __import__("time").time() + self.o.start_timeout
+        for m in self.shards:
+            m.endpoint = self.wait_ready_file(m, deadline)
+        for m in self.shards:
+            self.wait_stats(m, deadline)
+        self.log("psrun: %d shard(s) ready: %s" % (len(self.shards), self.endpoints()))
+
+    def start_workers(self):
+        self.worker_start = __import__("time").time()
+        self.worker_step = procs_mod.LocalProc(
+            "worker-step", worker_step(self.o, self.endpoints()),
+            self.path("srun-worker.log")).start()
+        for m in self.workers:
+            m.proc = self.worker_step
+        self.write_pids()
+        self.log("psrun: worker step started (%d tasks)" % len(self.workers))
+
+    def failure_record(self, m, reason):
+        rec = super().failure_record(m, reason)
+        if m is not None and m.proc is not None:
+            rec["srun_log_tail"] = procs_mod.tail(m.proc.log_path, 10)
+        return rec
+
+    def teardown(self):
+        # One signal per srun step, not one per member.
+        seen = {}
+        for m in self.all_members():
+            if m.proc is not None:
+                seen.setdefault(id(m.proc), m)
+        members = self.workers, self.shards
+        self.workers = [m for m in self.workers if seen.get(id(m.proc)) is m]
+        self.shards = [m for m in self.shards if seen.get(id(m.proc)) is m]
+        try:
+            super().teardown()
+        finally:
+            self.workers, self.shards = members
+
+
+def main_from_psrun(opts, log):
+    if opts.max_restarts:
+        sys.stderr.write("psrun: --max_restarts is not supported with --backend slurm\n")
+        return 2
+    if opts.dry_run:
+        print(" ".join(shlex.quote(a) for a in server_step(opts)))
+        print(" ".join(shlex.quote(a) for a in worker_step(
+            opts, "<endpoints from %s/ready/server-*.endpoint>" % opts.run_dir)))
+        return 0
+    from .cli import check_binaries
+    if not check_binaries(opts, ["ps_server", "ps_worker", "ps_ctl"]):
+        return 2
+    log("psrun: run folder %s (slurm)" % opts.run_dir)
+    f = SlurmFleet(opts, opts.run_dir, spawn=None, log=log)
+    code, summary = f.run()
+    text = summary_mod.format_summary(summary)
+    (sys.stdout if code == 0 else sys.stderr).write(text + "\n")
+    return code
