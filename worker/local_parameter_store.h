@@ -6,7 +6,9 @@
 // Weights start from InitializeTensorRange(spec, ...), exactly the values a
 // parameter server initialises the same specs with.
 //
-// Thread safety: all methods may be called concurrently (one mutex).
+// Thread safety: all methods may be called concurrently (one mutex), so
+// several in-process trainers may share one store (asynchronous SGD: each
+// push is applied when it arrives, pulls never wait).
 #pragma once
 
 #include <memory>

@@ -77,7 +77,7 @@ TEST(LocalParameterStoreTest, PullGivesServerInitAndPushApplies) {
   EXPECT_EQ(tr.bytes_pushed_raw, bytes);
   EXPECT_EQ(tr.last_staleness, 0);
   EXPECT_EQ((*store)->version(), 1);
-  EXPECT_FALSE((*store)->Clock(0).ok());
+  EXPECT_FALSE((*store)->Clock(-1).ok());
   EXPECT_EQ((*store)->Pull(1, {ptrs[0]}).code(), StatusCode::kInvalidArgument);
 }
 

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "worker/local_parameter_store.h"
 #include "worker/model.h"
@@ -151,6 +152,89 @@ TEST_F(TrainerTest, RejectsBadOptions) {
   check(o, "slowdown");
   auto t = Trainer::Create(good, backend.get(), store->get(), train_, nullptr);
   EXPECT_FALSE(t.ok());
+}
+
+// A store that fails Pull at a given clock: errors surface from Run() with
+// their code and the clock as context.
+class FailingStore : public ParameterStore {
+ public:
+  FailingStore(ParameterStore* inner, int64_t fail_at)
+      : inner_(inner), fail_at_(fail_at) {}
+  Status Pull(int64_t clock, const std::vector<float*>& t) override {
+    if (clock == fail_at_) return Status::Unavailable("shard 0 is down");
+    return inner_->Pull(clock, t);
+  }
+  Status Push(int64_t clock, const std::vector<const float*>& g) override {
+    return inner_->Push(clock, g);
+  }
+  Status Clock(int64_t c) override { return inner_->Clock(c); }
+  TrafficStats traffic() const override { return inner_->traffic(); }
+
+ private:
+  ParameterStore* inner_;
+  int64_t fail_at_;
+};
+
+TEST_F(TrainerTest, StoreErrorsPropagate) {
+  TrainerOptions to;
+  to.layers = {784, 16, 10};
+  to.max_steps = 10;
+  to.epochs = 0;
+  to.eval = false;
+  to.print_summary = false;
+  auto backend = Cpu(to.layers);
+  auto local =
+      LocalParameterStore::Create(MlpTensorSpecs(to.layers, 1), SgdOptions{});
+  FailingStore store(local->get(), 5);
+  auto trainer = Trainer::Create(to, backend.get(), &store, train_, nullptr);
+  ASSERT_TRUE(trainer.ok());
+  auto r = (*trainer)->Run();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(r.status().message().find("clock 5"), std::string::npos)
+      << r.status().ToString();
+  EXPECT_EQ((*local)->version(), 5);
+}
+
+// Two workers in two threads share one in-process store (asynchronous
+// SGD without a server): each trains on its own half, rank 0 evaluates.
+TEST_F(TrainerTest, TwoAsyncWorkersShareAStore) {
+  const std::vector<int> layers = {784, 64, 10};
+  SgdOptions sgd;
+  sgd.lr = 0.02f;
+  auto store = LocalParameterStore::Create(MlpTensorSpecs(layers, 3), sgd);
+  ASSERT_TRUE(store.ok());
+  StatusOr<TrainResult> results[2] = {Status::Internal("not run"),
+                                      Status::Internal("not run")};
+  std::thread threads[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    threads[rank] = std::thread([&, rank] {
+      TrainerOptions to;
+      to.layers = layers;
+      to.rank = rank;
+      to.num_workers = 2;
+      to.epochs = 1;
+      to.eval = rank == 0;
+      to.log_every = 0;
+      to.print_summary = false;
+      auto backend = Cpu(layers);
+      auto t = Trainer::Create(to, backend.get(), store->get(), train_,
+                               rank == 0 ? test_ : nullptr);
+      if (!t.ok()) {
+        results[rank] = t.status();
+        return;
+      }
+      results[rank] = (*t)->Run();
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_TRUE(results[0].ok()) << results[0].status().ToString();
+  ASSERT_TRUE(results[1].ok()) << results[1].status().ToString();
+  EXPECT_EQ(results[0]->steps, 469);  // ceil(30000 / 64)
+  EXPECT_EQ(results[1]->steps, 469);
+  EXPECT_EQ((*store)->version(), 2 * 469);
+  // Rank 0's final pull may precede rank 1's last pushes; the bar is loose.
+  EXPECT_GE(results[0]->final_test_acc, 0.78);
 }
 
 }  // namespace
