@@ -123,7 +123,7 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
                    "protocol version " + std::to_string(req.version) +
                    ", this server speaks " + std::to_string(kProtocolVersion)));
   } else if (rank < -1 || rank >= options_.num_workers ||
-             (rank == -1 && worker_kind)) {
+             (rank == -1 && worker_kind && req.kind != RequestKind::kPull)) {
     st = Reject(RejectReason::kRank,
                 Status::InvalidArgument("rank " + std::to_string(rank) +
                                         " out of range [0, " +
@@ -146,9 +146,13 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
       case RequestKind::kPull:
         st = ValidatePullRequest(req);
         if (!st.ok()) break;
-        clocks_.Advance(rank, req.clock);
-        if (PullReady(req.clock)) {
+        // Rank -1 (an observer, such as a dedicated evaluator) reads the
+        // current weights without taking part in the clocks.
+        if (rank >= 0) clocks_.Advance(rank, req.clock);
+        if (rank < 0 || PullReady(req.clock)) {
           st = AnswerPull(req, &r);
+        } else if (IsParked(peer, req.id)) {
+          parked = true;  // a resend of a pull that is already waiting
         } else if (parked_.size() >= options_.max_parked_pulls) {
           st = Reject(
               RejectReason::kTooManyParked,
@@ -206,6 +210,13 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
     out->push_back(std::move(r));
   }
   ReleaseParked(out);
+}
+
+bool Shard::IsParked(const std::string& peer, uint64_t id) const {
+  for (const auto& p : parked_) {
+    if (p->req.id == id && p->peer == peer) return true;
+  }
+  return false;
 }
 
 void Shard::Tick(TimePoint now, std::vector<OutgoingReply>* out) {

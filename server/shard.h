@@ -180,6 +180,8 @@ class Shard {
   bool PullReady(int64_t clock) const;
   void OnClocksChanged(std::vector<OutgoingReply>* out);
   void ReleaseParked(std::vector<OutgoingReply>* out);
+  // True when a pull with this id from this peer is already parked.
+  bool IsParked(const std::string& peer, uint64_t id) const;
   void FillCommon(const RequestHeader& req, ReplyHeader* reply) const;
   Status AllocateChunks();
   Status ValidatePullRequest(const RequestHeader& req);

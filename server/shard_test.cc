@@ -112,7 +112,8 @@ TEST_F(BadInputTest, RankOutOfRange) {
                  StatusCode::kInvalidArgument, RejectReason::kRank);
   ExpectRejected(ShardHarness::Pull(-7, 0), {}, StatusCode::kInvalidArgument,
                  RejectReason::kRank);
-  // -1 is fine for tools.
+  // -1 is fine for tools, and for observers' pulls (a dedicated evaluator).
+  EXPECT_TRUE(h.Call(ShardHarness::Pull(-1, 0)).status.ok());
   RequestHeader stats;
   stats.kind = RequestKind::kStats;
   stats.rank = -1;
@@ -379,6 +380,28 @@ TEST(ShardTest, StalenessAwareLearningRate) {
   ASSERT_TRUE(h.Call(ShardHarness::Push(0, 0, {4}, {g}), {g})
                   .status.ok());  // staleness 1
   EXPECT_FLOAT_EQ((*h.shard->weights(4))[0], 0.25f - 1.0f - 0.5f);
+}
+
+}  // namespace
+}  // namespace asyncps::server
+
+namespace asyncps::server {
+namespace {
+
+TEST(ShardTest, ResentParkedPullIsAnsweredOnce) {
+  ShardHarness h(Opts(Consistency::kSsp, 2));
+  ASSERT_TRUE(h.Call(ShardHarness::Register(0, SmallModel(), SmallLayout(2)))
+                  .status.ok());
+  auto pull = ShardHarness::Pull(0, 1);
+  pull.id = 500;
+  EXPECT_TRUE(h.Send(pull, {}, "w0").empty());
+  EXPECT_TRUE(h.Send(pull, {}, "w0").empty());  // the client's resend
+  EXPECT_EQ(h.shard->num_parked(), 1u);
+  auto out = h.Send(ShardHarness::Clock(1, 1), {}, "w1");
+  int pull_replies = 0;
+  for (const auto& r : out) pull_replies += r.header.kind == RequestKind::kPull;
+  EXPECT_EQ(pull_replies, 1);
+  EXPECT_EQ(h.shard->num_parked(), 0u);
 }
 
 }  // namespace
