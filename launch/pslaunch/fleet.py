@@ -68,6 +68,7 @@ class Fleet:
         self.shards = [Member("server", i) for i in range(opts.servers)]
         self.workers = [Member("worker", i) for i in range(opts.workers)]
         self.failures = []
+        self.pids_pending = False
         self.stop_signal = None
         self.start_time = time.time()
         self.worker_start = None
@@ -105,6 +106,9 @@ class Fleet:
                           "endpoint": m.endpoint})
                 recs.append(r)
         summary_mod.write_json(self.path("pids.json"), {"psrun_pid": os.getpid(), "procs": recs})
+        # Over SSH the remote PIDs appear in the logs a moment after the start.
+        self.pids_pending = any(isinstance(m.proc, procs_mod.SshProc) and m.proc.remote_pid is None
+                                and m.proc.poll() is None for m in self.all_members() if m.proc)
 
     def advertise_host(self, m):
         """Where workers reach shard `m` when it bound a wildcard address."""
@@ -236,6 +240,8 @@ class Fleet:
     def watch(self, progress=None):
         while True:
             self.check_signal()
+            if self.pids_pending:
+                self.write_pids()
             for m in self.shards:
                 rc = m.proc.poll()
                 if rc is None:

@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""SSH backend on loopback: a private sshd on 127.0.0.1 (Debian's openssh-server,
+generated keys, started and stopped by PID), psrun placing shards and workers over
+a hostfile, logs streamed back, teardown over SSH. Exit 77 without openssh-server."""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import launch_test_util as u
+
+SSHD = "/usr/sbin/sshd"
+
+
+def free_port(preferred=2222):
+    for port in (preferred, 0):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return s.getsockname()[1]
+            except OSError:
+                continue
+
+
+class SshTest(u.LaunchTestCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        if not os.access(SSHD, os.X_OK) or not shutil.which("ssh"):
+            raise unittest_skip("openssh-server / ssh not installed")
+        cls.dir = __import__("tempfile").mkdtemp(prefix="psrun-sshd-")
+        d = cls.dir
+        for k in ("host_key", "user_key"):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
+                            os.path.join(d, k)], check=True)
+        shutil.copyfile(os.path.join(d, "user_key.pub"), os.path.join(d, "authorized_keys"))
+        cls.port = free_port()
+        with open(os.path.join(d, "sshd_config"), "w") as f:
+            f.write("Port %d\nListenAddress 127.0.0.1\nHostKey %s/host_key\nPidFile %s/sshd.pid\n"
+                    "AuthorizedKeysFile %s/authorized_keys\nStrictModes no\n"
+                    "PermitRootLogin prohibit-password\nPasswordAuthentication no\nUsePAM no\n"
+                    "AcceptEnv *\nMaxStartups 50\nMaxSessions 50\nLogLevel ERROR\n"
+                    % (cls.port, d, d, d))
+        os.makedirs("/run/sshd", exist_ok=True)
+        with open(os.path.join(d, "sshd.log"), "wb") as log:
+            cls.sshd = subprocess.Popen([SSHD, "-D", "-e", "-f", os.path.join(d, "sshd_config")],
+                                        stdout=subprocess.DEVNULL, stderr=log,
+                                        start_new_session=True)
+        cls.ssh_opts = ("-p %d -i %s/user_key -o BatchMode=yes -o StrictHostKeyChecking=no "
+                        "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR" % (cls.port, d))
+        deadline = time.time() + 15
+        while True:
+            r = subprocess.run(["ssh"] + cls.ssh_opts.split() + ["127.0.0.1", "true"],
+                               stdin=subprocess.DEVNULL, capture_output=True)
+            if r.returncode == 0:
+                break
+            if time.time() > deadline or cls.sshd.poll() is not None:
+                cls.tearDownClass()
+                raise AssertionError("sshd did not come up: %s" % r.stderr)
+            time.sleep(0.2)
+
+    @classmethod
+    def tearDownClass(cls):
+        if getattr(cls, "sshd", None):
+            cls.sshd.terminate()
+            try:
+                cls.sshd.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                cls.sshd.kill()
+                cls.sshd.wait()
+        if getattr(cls, "dir", None):
+            shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def argv(self, worker_flags):
+        hostfile = os.path.join(self.tmp.name, "hosts")
+        with open(hostfile, "w") as f:
+            f.write("127.0.0.1 slots=2\nlocalhost slots=2\n")
+        return u.psrun_argv(self.run_dir, servers=2, workers=2, worker_flags=worker_flags,
+                            extra=["--backend", "ssh", "--hostfile", hostfile,
+                                   "--ssh_opts", self.ssh_opts])
+
+    def remote_pids(self, doc):
+        return [p["remote_pid"] for p in doc["procs"] if p.get("remote_pid")]
+
+    def test_fleet_over_ssh(self):
+        out = os.path.join(self.tmp.name, "psrun.out")
+        with open(out, "wb") as f:
+            rc = subprocess.run(self.argv(["--max_steps=30"]), stdout=f,
+                                stderr=subprocess.STDOUT, timeout=120).returncode
+        text = self.output()
+        self.assertEqual(rc, 0, text)
+        with open(os.path.join(self.run_dir, "summary.json")) as f:
+            s = json.load(f)
+        self.assertEqual(s["totals"]["steps"], 60)
+        doc = u.read_pids(self.run_dir)
+        hosts = {p["name"]: p["host"] for p in doc["procs"]}
+        # Round-robin over slots: 127.0.0.1 x2 for the shards, localhost x2 for the workers.
+        self.assertEqual(hosts, {"server-0": "127.0.0.1", "server-1": "127.0.0.1",
+                                 "worker-0": "localhost", "worker-1": "localhost"})
+        for name in hosts:
+            with open(os.path.join(self.run_dir, name + ".log")) as f:
+                log = f.read()
+            self.assertIn("# psrun: remote pid ", log)  # streamed back through ssh
+        with open(os.path.join(self.run_dir, "worker-0.log")) as f:
+            self.assertIn("SUMMARY rank=0", f.read())
+        self.assertEqual(len(self.remote_pids(doc)), 4)
+        for pid in self.remote_pids(doc):
+            self.assertFalse(u.pid_alive(pid), pid)
+        u.assert_no_orphans(self, doc)
+
+    def test_teardown_over_ssh_kills_remote_processes(self):
+        out = os.path.join(self.tmp.name, "psrun.out")
+        psrun = u.start_psrun(self.argv(["--max_steps=100000", "--slowdown=2"]), out)
+        try:
+            self.assertTrue(u.wait_log(os.path.join(self.run_dir, "worker-0.log"), "step 10/",
+                                       timeout=60), self.output())
+            doc = u.read_pids(self.run_dir, want=4)
+            os.kill(psrun.pid, signal.SIGTERM)
+            rc = psrun.wait(timeout=60)
+        finally:
+            if psrun.poll() is None:
+                psrun.kill()
+        self.assertEqual(rc, 128 + signal.SIGTERM, self.output())
+        # The remote processes (here: on this machine) are gone, not just the ssh clients.
+        doc = u.read_pids(self.run_dir)
+        pids = self.remote_pids(doc)
+        self.assertEqual(len(pids), 4, doc)
+        deadline = time.time() + 10
+        while time.time() < deadline and any(u.pid_alive(p) for p in pids):
+            time.sleep(0.2)
+        self.assertEqual([p for p in pids if u.pid_alive(p)], [])
+        u.assert_no_orphans(self, doc)
+
+
+def unittest_skip(msg):
+    import unittest
+    return unittest.SkipTest(msg)
+
+
+if __name__ == "__main__":
+    u.main()
