@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""Opt-in (ctest label slurm): psrun --backend slurm against a real slurmctld +
+slurmd on localhost (Debian's slurmctld, slurmd, slurm-client, munge; see
+/work/shared/TESTBEDS.md). Daemons are started here and stopped by PID.
+Exit 77 when those packages are not installed."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import launch_test_util as u
+
+CONF = """ClusterName=psrun
+SlurmctldHost=localhost
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+JobAcctGatherType=jobacct_gather/none
+ReturnToService=2
+SlurmctldPort={ctld_port}
+SlurmdPort={d_port}
+StateSaveLocation={d}/state
+SlurmdSpoolDir={d}/spool
+SlurmctldPidFile={d}/slurmctld.pid
+SlurmdPidFile={d}/slurmd.pid
+SlurmctldLogFile={d}/slurmctld.log
+SlurmdLogFile={d}/slurmd.log
+NodeName=localhost NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
+PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+"""
+
+
+class SlurmRealTest(u.LaunchTestCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        need = ["/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged"]
+        if not all(os.access(p, os.X_OK) for p in need) or not shutil.which("srun"):
+            import unittest
+            raise unittest.SkipTest("slurmctld/slurmd/munge not installed")
+        cls.started = []
+        cls.d = tempfile.mkdtemp(prefix="psrun-slurm-")
+        d = cls.d
+        for sub in ("state", "spool"):
+            os.makedirs(os.path.join(d, sub))
+        cls.conf = os.path.join(d, "slurm.conf")
+        with open(cls.conf, "w") as f:
+            f.write(CONF.format(d=d, cpus=os.cpu_count() or 2, ctld_port=u_port(), d_port=u_port()))
+        cls.env = dict(os.environ, SLURM_CONF=cls.conf)
+        # munged: reuse a running one, else start ours (and stop it by its PID).
+        if subprocess.run(["munge", "-n"], capture_output=True).returncode != 0:
+            os.makedirs("/run/munge", exist_ok=True)
+            shutil.chown("/run/munge", "munge", "munge")
+            subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"], check=True)
+            with open("/run/munge/munged.pid") as f:
+                cls.munged_pid = int(f.read())
+        else:
+            cls.munged_pid = None
+        for argv in (["/usr/sbin/slurmctld", "-D", "-f", cls.conf],
+                     ["/usr/sbin/slurmd", "-D", "-f", cls.conf, "-N", "localhost"]):
+            log = open(os.path.join(d, os.path.basename(argv[0]) + ".out"), "wb")
+            cls.started.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                                env=cls.env, start_new_session=True))
+            log.close()
+        deadline = time.time() + 30
+        while True:
+            r = subprocess.run(["sinfo", "-h", "-o", "%T"], env=cls.env, capture_output=True,
+                               text=True)
+            if r.returncode == 0 and r.stdout.split() and set(r.stdout.split()) == {"idle"}:
+                break
+            if time.time() > deadline:
+                cls.tearDownClass()
+                raise AssertionError("slurm not idle: %s %s" % (r.stdout, r.stderr))
+            time.sleep(0.3)
+
+    @classmethod
+    def tearDownClass(cls):
+        for p in getattr(cls, "started", []):
+            p.terminate()
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if getattr(cls, "munged_pid", None):
+            try:
+                os.kill(cls.munged_pid, 15)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(getattr(cls, "d", ""), ignore_errors=True)
+
+    def test_fleet_on_slurm(self):
+        argv = [sys.executable, u.PSRUN, "--backend", "slurm", "--servers", "2", "--workers", "2",
+                "--run_dir", self.run_dir, "--bin_dir", u.bin_dir(), "--srun_opts",
+                "--overcommit", "--server_flags", u.TINY_SERVER, "--start_timeout", "40",
+                "--"] + u.TINY_WORKER + ["--max_steps=30"]
+        env = dict(self.env, PSRUN_BIND_HOST="127.0.0.1", PSRUN_ADVERTISE_HOST="127.0.0.1")
+        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=150)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with open(os.path.join(self.run_dir, "summary.json")) as f:
+            s = json.load(f)
+        self.assertEqual(s["totals"]["steps"], 60)
+        with open(os.path.join(self.run_dir, "worker-1.log")) as f:
+            log = f.read()
+        self.assertIn("slurm job", log)
+        self.assertIn("--rank=1", log)
+
+
+def u_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+if __name__ == "__main__":
+    u.main()
