@@ -53,8 +53,13 @@ DEFINE_int32(
     timeout_s, 120,
     "Longest wait for any reply (a shard restart must finish within it)");
 DEFINE_int32(heartbeat_ms, 1000, "Heartbeat interval (0: off)");
-DEFINE_bool(normalize, false,
-            "Standardise pixels with Fashion-MNIST's mean/stddev");
+DEFINE_bool(normalize, true,
+            "Standardise pixels with Fashion-MNIST's mean/stddev (as "
+            "ps_train_local does)");
+DEFINE_bool(prefetch_ahead, false,
+            "Pull the next step's weights while computing this one: the "
+            "network overlaps compute, and the weights lack this worker's "
+            "own latest update (for ASP, or SSP with s >= 1)");
 
 namespace {
 
@@ -113,20 +118,25 @@ Status Main() {
             << " codec=" << FLAGS_codec << " pull_codec='" << FLAGS_pull_codec
             << "' eval=" << FLAGS_eval << " eval_every=" << FLAGS_eval_every
             << " slowdown=" << FLAGS_slowdown
-            << " chunk_elems=" << FLAGS_chunk_elems << " metrics_csv='"
+            << " chunk_elems=" << FLAGS_chunk_elems
+            << " normalize=" << FLAGS_normalize
+            << " prefetch_ahead=" << FLAGS_prefetch_ahead << " metrics_csv='"
             << FLAGS_metrics_csv << "'";
 
   MnistOptions mo;
-  if (FLAGS_normalize) mo.mean = 0.2860f, mo.stddev = 0.3530f;
+  if (FLAGS_normalize)
+    mo.mean = kFashionMnistMean, mo.stddev = kFashionMnistStddev;
   ASSIGN_OR_RETURN(Dataset train, LoadMnist(FLAGS_data_dir, Split::kTrain, mo));
   ASSIGN_OR_RETURN(Dataset test, LoadMnist(FLAGS_data_dir, Split::kTest, mo));
 
   // Check the model against the data before registering it on the shards.
   const int64_t pixels = static_cast<int64_t>(train.rows) * train.cols;
   if (layers.front() != pixels || layers.back() != 10) {
-    return Status::InvalidArgument("--layers=" + LayersToString(layers) + " does not fit the data: the input must be " +
-                                   std::to_string(pixels) + " (" + std::to_string(train.rows) + "x" +
-                                   std::to_string(train.cols) + " pixels) and the output 10 classes");
+    return Status::InvalidArgument(
+        "--layers=" + LayersToString(layers) +
+        " does not fit the data: the input must be " + std::to_string(pixels) +
+        " (" + std::to_string(train.rows) + "x" + std::to_string(train.cols) +
+        " pixels) and the output 10 classes");
   }
 
   BackendOptions bo;
@@ -160,6 +170,7 @@ Status Main() {
   so.push_codec = FLAGS_codec;
   so.pull_codec = FLAGS_pull_codec;
   so.seed = FLAGS_seed;
+  so.prefetch_ahead = FLAGS_prefetch_ahead;
   so.timeout = std::chrono::seconds(FLAGS_timeout_s);
   so.layout.chunk_elems = static_cast<size_t>(FLAGS_chunk_elems);
   so.steps_per_epoch = std::max<int64_t>(

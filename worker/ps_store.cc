@@ -52,7 +52,7 @@ PsParameterStore::~PsParameterStore() { (void)Flush(); }
 
 Status PsParameterStore::Flush() {
   Status first;
-  for (Client::Ticket t : acks_) {
+  for (auto& [t, sent_at] : acks_) {
     Status s = client_->Wait(t, options_.timeout);
     if (first.ok()) first = s;
   }
@@ -84,17 +84,33 @@ Status PsParameterStore::Pull(int64_t clock,
   // The step's push and clock were sent before the pull on every connection,
   // so their acknowledgements have arrived by now.
   int64_t staleness = -1;
-  for (Client::Ticket t : acks_) {
+  // With prefetch_ahead the pull left before the latest push: that push's
+  // acknowledgement is collected one step later, off the critical path.
+  const int64_t ack_horizon = options_.prefetch_ahead ? clock - 1 : clock + 1;
+  size_t kept = 0;
+  for (auto& [t, sent_at] : acks_) {
+    if (sent_at >= ack_horizon) {
+      acks_[kept++] = {t, sent_at};
+      continue;
+    }
     TicketResult ar;
     Status as = client_->Wait(t, options_.timeout, &ar);
     if (s.ok() && !as.ok()) s = as;
     staleness = std::max(staleness, ar.max_staleness);
   }
-  acks_.clear();
+  acks_.resize(kept);
   RETURN_IF_ERROR(s);
   for (size_t i = 0; i < tensors.size(); ++i) {
     std::memcpy(tensors[i], pulled_[i].data(),
                 pulled_[i].size() * sizeof(float));
+  }
+  if (options_.prefetch_ahead) {
+    // pulled_ is free again: fetch the next step's weights during compute.
+    ASSIGN_OR_RETURN(
+        Client::Ticket next,
+        client_->StartPull(clock + 1, pulled_ptrs_, options_.pull_codec));
+    prefetch_ = next;
+    prefetch_clock_ = clock + 1;
   }
   std::lock_guard<std::mutex> l(mu_);
   traffic_.bytes_pulled += r.bytes_received;
@@ -140,7 +156,7 @@ Status PsParameterStore::Push(int64_t clock,
   }
   ASSIGN_OR_RETURN(Client::Ticket t,
                    client_->StartPush(clock, std::move(payloads)));
-  acks_.push_back(t);
+  acks_.push_back({t, clock});
   std::lock_guard<std::mutex> l(mu_);
   traffic_.bytes_pushed_raw += raw;
   traffic_.bytes_pushed_wire += wire;
@@ -151,7 +167,8 @@ Status PsParameterStore::Push(int64_t clock,
 
 Status PsParameterStore::Clock(int64_t new_clock) {
   ASSIGN_OR_RETURN(Client::Ticket t, client_->StartClock(new_clock));
-  acks_.push_back(t);
+  acks_.push_back({t, new_clock - 1});
+  if (options_.prefetch_ahead) return Status::OK();  // already on its way
   // Prefetch the next step's weights right behind the clock.
   if (prefetch_) (void)client_->Wait(*prefetch_, options_.timeout);
   ASSIGN_OR_RETURN(Client::Ticket p, client_->StartPull(new_clock, pulled_ptrs_,

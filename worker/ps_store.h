@@ -42,6 +42,12 @@ struct PsStoreOptions {
   std::chrono::milliseconds timeout{120000};
   // Chunking of the model. Default: LayoutOptions defaults.
   LayoutOptions layout;
+  // Start the pull of step c+1 as soon as step c's weights are handed out,
+  // so the transfer overlaps this step's compute. The weights of step c+1
+  // then lack this worker's own update of step c (one more step of
+  // staleness): right for ASP, allowed by SSP with s >= 1. Default: false
+  // (the pull follows the push and the clock on each connection).
+  bool prefetch_ahead = false;
   // Register the model (idempotent) on creation. Default: true.
   bool register_model = true;
 };
@@ -73,7 +79,8 @@ class PsParameterStore : public ParameterStore {
   std::vector<float*> pulled_ptrs_;
   std::optional<Client::Ticket> prefetch_;
   int64_t prefetch_clock_ = -1;
-  std::vector<Client::Ticket> acks_;  // pushes and clocks not yet confirmed
+  // Pushes and clocks not yet confirmed, with the clock they were sent at.
+  std::vector<std::pair<Client::Ticket, int64_t>> acks_;
   std::vector<uint8_t> scratch_;
   mutable std::mutex mu_;
   TrafficStats traffic_;  // GUARDED_BY(mu_)
