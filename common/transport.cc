@@ -1,21 +1,173 @@
 // ZeroMQ adapter: the one place that catches cppzmq's exceptions.
 #include "common/transport.h"
 
+#include <atomic>
 #include <cstring>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
 #include <zmq.hpp>
 
 namespace asyncps {
 
 namespace {
 
+// Security events of one server socket, written by the ZAP thread and the
+// socket's own monitor, drained by TakeSecurityEvents().
+class SecurityLog {
+ public:
+  void Add(std::string line) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (lines_.size() >= kMaxLines) {
+      ++dropped_;
+      return;
+    }
+    lines_.push_back(std::move(line));
+  }
+  std::vector<std::string> Take() {
+    std::lock_guard<std::mutex> l(mu_);
+    std::vector<std::string> out(lines_.begin(), lines_.end());
+    lines_.clear();
+    if (dropped_ > 0) {
+      out.push_back(std::to_string(dropped_) + " more security events dropped");
+      dropped_ = 0;
+    }
+    return out;
+  }
+
+ private:
+  static constexpr size_t kMaxLines = 1000;
+  std::mutex mu_;
+  std::deque<std::string> lines_;  // guarded by mu_
+  uint64_t dropped_ = 0;           // guarded by mu_
+};
+
+// What the ZAP handler enforces for one server socket (its ZAP domain).
+struct ZapPolicy {
+  std::set<std::string> allowed;  // Z85 client public keys
+  std::shared_ptr<SecurityLog> log;
+};
+
 class ContextImpl : public Context {
  public:
   explicit ContextImpl(int io_threads) : ctx_(io_threads) {}
+  ~ContextImpl() override {
+    stop_.store(true);
+    if (zap_thread_.joinable()) zap_thread_.join();
+  }
   zmq::context_t& ctx() { return ctx_; }
 
+  // Installs `policy` for `domain`, starting the ZAP handler thread on first
+  // use (it binds inproc://zeromq.zap.01, which makes libzmq consult it for
+  // every CURVE handshake of this context).
+  Status AddZapDomain(const std::string& domain,
+                      std::shared_ptr<const ZapPolicy> policy) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!zap_thread_.joinable()) {
+      // Bind here, not in the thread, so a failure is reported to the caller
+      // and no handshake can happen before the handler exists.
+      try {
+        zap_socket_ =
+            std::make_unique<zmq::socket_t>(ctx_, zmq::socket_type::rep);
+        zap_socket_->set(zmq::sockopt::linger, 0);
+        zap_socket_->bind("inproc://zeromq.zap.01");
+      } catch (const zmq::error_t& e) {
+        zap_socket_.reset();
+        return Status::Internal(std::string("ZAP handler: ") + e.what());
+      }
+      zap_thread_ = std::thread([this] { ZapLoop(); });
+    }
+    policies_[domain] = std::move(policy);
+    return Status::OK();
+  }
+  void RemoveZapDomain(const std::string& domain) {
+    std::lock_guard<std::mutex> l(mu_);
+    policies_.erase(domain);
+  }
+  uint64_t NextId() { return next_id_.fetch_add(1); }
+
  private:
+  // Answers ZAP requests (RFC 27): version, request id, domain, address,
+  // identity, mechanism, credentials -> version, request id, status code,
+  // status text, user id, metadata.
+  void ZapLoop() {
+    zmq::socket_t& s = *zap_socket_;
+    while (!stop_.load()) {
+      try {
+        zmq::pollitem_t item{s.handle(), 0, ZMQ_POLLIN, 0};
+        if (zmq::poll(&item, 1, std::chrono::milliseconds(100)) == 0) continue;
+        std::vector<zmq::message_t> req;
+        do {
+          zmq::message_t m;
+          if (!s.recv(m, zmq::recv_flags::none)) break;
+          req.push_back(std::move(m));
+        } while (req.back().more());
+        auto str = [&](size_t i) {
+          return i < req.size() ? req[i].to_string() : std::string();
+        };
+        std::string code = "400", text = "malformed ZAP request";
+        std::string key;
+        if (req.size() >= 7 && str(5) == "CURVE" && req[6].size() == 32) {
+          char z85[41] = {0};
+          zmq_z85_encode(z85, static_cast<const uint8_t*>(req[6].data()), 32);
+          key = z85;
+          std::shared_ptr<const ZapPolicy> policy;
+          {
+            std::lock_guard<std::mutex> l(mu_);
+            auto it = policies_.find(str(2));
+            if (it != policies_.end()) policy = it->second;
+          }
+          if (!policy) {
+            // A CURVE socket of this context without an allowed list (libzmq
+            // asks the handler about every CURVE handshake once one exists).
+            code = "200";
+            text = "OK";
+          } else if (policy->allowed.count(key)) {
+            code = "200";
+            text = "OK";
+          } else {
+            text = "client key not allowed";
+            policy->log->Add("CURVE client " + key + " from " + str(3) +
+                             " refused: key not in the allowed list");
+          }
+        }
+        std::string ver = str(0), id = str(1);
+        s.send(zmq::buffer(ver), zmq::send_flags::sndmore);
+        s.send(zmq::buffer(id), zmq::send_flags::sndmore);
+        s.send(zmq::buffer(code), zmq::send_flags::sndmore);
+        s.send(zmq::buffer(text), zmq::send_flags::sndmore);
+        s.send(zmq::buffer(code == "200" ? key : std::string()),
+               zmq::send_flags::sndmore);
+        s.send(zmq::message_t(), zmq::send_flags::none);
+      } catch (const zmq::error_t&) {
+        if (stop_.load()) break;
+      }
+    }
+    zap_socket_.reset();  // closed by the thread that used it
+  }
+
   zmq::context_t ctx_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> next_id_{0};
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<const ZapPolicy>>
+      policies_;                               // guarded by mu_
+  std::unique_ptr<zmq::socket_t> zap_socket_;  // used by zap_thread_
+  std::thread zap_thread_;
 };
+
+// Checks that `key` is 40 characters of valid Z85 (a 32-byte key).
+Status CheckZ85Key(const std::string& key, const std::string& what) {
+  uint8_t bin[32];
+  if (key.size() != 40 || zmq_z85_decode(bin, key.c_str()) == nullptr) {
+    return Status::InvalidArgument(what +
+                                   " is not a 40-character Z85 CURVE key");
+  }
+  return Status::OK();
+}
 
 Status FromZmq(const zmq::error_t& e, const std::string& what) {
   int n = e.num();
@@ -139,13 +291,54 @@ class ServerSocketImpl : public ServerSocket {
         options_(o),
         socket_(ctx_->ctx(), zmq::socket_type::router) {}
 
+  ~ServerSocketImpl() override {
+    if (!zap_domain_.empty()) ctx_->RemoveZapDomain(zap_domain_);
+  }
+
   Status Init(const std::string& endpoint) {
+    const bool curve = !options_.curve_secret_key.empty();
+    if (!curve && !options_.curve_allowed_client_keys.empty()) {
+      return Status::InvalidArgument(
+          "curve_allowed_client_keys needs curve_secret_key");
+    }
+    if (curve) {
+      RETURN_IF_ERROR(
+          CheckZ85Key(options_.curve_secret_key, "curve_secret_key"));
+      for (const std::string& k : options_.curve_allowed_client_keys) {
+        RETURN_IF_ERROR(CheckZ85Key(k, "allowed client key '" + k + "'"));
+      }
+    }
     try {
       ApplyCommonOptions(socket_, options_);
       socket_.set(zmq::sockopt::router_mandatory, 1);
-      if (!options_.curve_secret_key.empty()) {
+      if (curve) {
+        const uint64_t id = ctx_->NextId();
+        if (!options_.curve_allowed_client_keys.empty()) {
+          auto policy = std::make_shared<ZapPolicy>();
+          policy->allowed.insert(options_.curve_allowed_client_keys.begin(),
+                                 options_.curve_allowed_client_keys.end());
+          policy->log = log_;
+          zap_domain_ = "asyncps-" + std::to_string(id);
+          RETURN_IF_ERROR(ctx_->AddZapDomain(zap_domain_, policy));
+          socket_.set(zmq::sockopt::zap_domain, zap_domain_);
+        }
         socket_.set(zmq::sockopt::curve_server, 1);
         socket_.set(zmq::sockopt::curve_secretkey, options_.curve_secret_key);
+        // Failed handshakes (wrong server key, no encryption) never reach
+        // the ZAP handler: a socket monitor reports them.
+        const std::string mon =
+            "inproc://asyncps-monitor-" + std::to_string(id) + "-" +
+            std::to_string(reinterpret_cast<uintptr_t>(this));
+        if (zmq_socket_monitor(socket_.handle(), mon.c_str(),
+                               ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                                   ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) != 0) {
+          return Status::Internal("socket monitor: " +
+                                  std::string(zmq_strerror(zmq_errno())));
+        }
+        monitor_ = std::make_unique<zmq::socket_t>(ctx_->ctx(),
+                                                   zmq::socket_type::pair);
+        monitor_->set(zmq::sockopt::linger, 0);
+        monitor_->connect(mon);
       }
       socket_.bind(NormaliseEndpoint(endpoint));
       endpoint_ = socket_.get(zmq::sockopt::last_endpoint);
@@ -155,13 +348,21 @@ class ServerSocketImpl : public ServerSocket {
     return Status::OK();
   }
 
+  std::vector<std::string> TakeSecurityEvents() override {
+    return log_->Take();
+  }
+
   const std::string& endpoint() const override { return endpoint_; }
 
   StatusOr<bool> Receive(std::string* peer, Message* msg,
                          std::chrono::milliseconds timeout) override {
     try {
-      zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
-      if (zmq::poll(&item, 1, timeout) == 0) return false;
+      zmq::pollitem_t items[2] = {
+          {socket_.handle(), 0, ZMQ_POLLIN, 0},
+          {monitor_ ? monitor_->handle() : nullptr, 0, ZMQ_POLLIN, 0}};
+      if (zmq::poll(items, monitor_ ? 2 : 1, timeout) == 0) return false;
+      if (monitor_ && (items[1].revents & ZMQ_POLLIN)) DrainMonitor();
+      if (!(items[0].revents & ZMQ_POLLIN)) return false;
       zmq::message_t id;
       auto r = socket_.recv(id, zmq::recv_flags::dontwait);
       if (!r) return false;
@@ -187,9 +388,33 @@ class ServerSocketImpl : public ServerSocket {
   }
 
  private:
+  // Monitor events: frame 1 = u16 event + u32 value, frame 2 = endpoint.
+  void DrainMonitor() {
+    for (;;) {
+      zmq::message_t ev, addr;
+      if (!monitor_->recv(ev, zmq::recv_flags::dontwait)) return;
+      if (ev.more()) (void)monitor_->recv(addr, zmq::recv_flags::none);
+      if (ev.size() < 6) continue;
+      uint16_t event;
+      uint32_t value;
+      std::memcpy(&event, ev.data(), 2);
+      std::memcpy(&value, static_cast<const char*>(ev.data()) + 2, 4);
+      char buf[64];
+      std::snprintf(buf, sizeof(buf), "0x%x", value);
+      log_->Add(std::string("CURVE handshake failed on ") + addr.to_string() +
+                (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL
+                     ? std::string(" (protocol error ") + buf +
+                           ": wrong server key or no encryption)"
+                     : std::string(" (errno ") + std::to_string(value) + ")"));
+    }
+  }
+
   std::shared_ptr<ContextImpl> ctx_;
   TransportOptions options_;
   zmq::socket_t socket_;
+  std::unique_ptr<zmq::socket_t> monitor_;  // CURVE only
+  std::shared_ptr<SecurityLog> log_ = std::make_shared<SecurityLog>();
+  std::string zap_domain_;
   std::string endpoint_;
 };
 
@@ -207,9 +432,22 @@ class ClientSocketImpl : public ClientSocket {
       socket_.set(zmq::sockopt::reconnect_ivl, 50);
       socket_.set(zmq::sockopt::reconnect_ivl_max, 500);
       if (!options_.curve_server_key.empty()) {
+        std::string pub = options_.curve_public_key;
+        std::string sec = options_.curve_secret_key;
+        if (sec.empty()) {
+          // No key pair of its own: a throwaway one still encrypts (the
+          // server refuses it if it checks client keys).
+          RETURN_IF_ERROR(GenerateCurveKeyPair(&pub, &sec));
+        } else if (pub.empty()) {
+          ASSIGN_OR_RETURN(pub, DeriveCurvePublicKey(sec));
+        }
+        RETURN_IF_ERROR(
+            CheckZ85Key(options_.curve_server_key, "curve_server_key"));
+        RETURN_IF_ERROR(CheckZ85Key(pub, "curve_public_key"));
+        RETURN_IF_ERROR(CheckZ85Key(sec, "curve_secret_key"));
         socket_.set(zmq::sockopt::curve_serverkey, options_.curve_server_key);
-        socket_.set(zmq::sockopt::curve_publickey, options_.curve_public_key);
-        socket_.set(zmq::sockopt::curve_secretkey, options_.curve_secret_key);
+        socket_.set(zmq::sockopt::curve_publickey, pub);
+        socket_.set(zmq::sockopt::curve_secretkey, sec);
       }
       socket_.connect(endpoint);
     } catch (const zmq::error_t& e) {
@@ -328,6 +566,52 @@ Status GenerateCurveKeyPair(std::string* public_key, std::string* secret_key) {
   public_key->assign(pub, 40);
   secret_key->assign(sec, 40);
   return Status::OK();
+}
+
+StatusOr<std::string> DeriveCurvePublicKey(const std::string& secret_key) {
+  RETURN_IF_ERROR(CheckZ85Key(secret_key, "CURVE secret key"));
+  char pub[41];
+  if (zmq_curve_public(pub, secret_key.c_str()) != 0) {
+    return Status::InvalidArgument("cannot derive a public key: " +
+                                   std::string(zmq_strerror(zmq_errno())));
+  }
+  return std::string(pub, 40);
+}
+
+namespace {
+
+// Lines of a key file without comments, blanks and surrounding spaces.
+StatusOr<std::vector<std::string>> KeyFileLines(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return Status::NotFound("cannot read key file " + path);
+  std::vector<std::string> out;
+  for (std::string line; std::getline(f, line);) {
+    const size_t b = line.find_first_not_of(" \t\r");
+    if (b == std::string::npos || line[b] == '#') continue;
+    const size_t e = line.find_first_of(" \t\r", b);
+    out.push_back(line.substr(b, e == std::string::npos ? e : e - b));
+  }
+  return out;
+}
+
+}  // namespace
+
+StatusOr<std::string> LoadCurveKey(const std::string& file_or_key) {
+  if (file_or_key.size() == 40 && CheckZ85Key(file_or_key, "").ok() &&
+      !std::ifstream(file_or_key)) {
+    return file_or_key;
+  }
+  ASSIGN_OR_RETURN(std::vector<std::string> lines, KeyFileLines(file_or_key));
+  if (lines.empty()) return Status::InvalidArgument("no key in " + file_or_key);
+  RETURN_IF_ERROR(CheckZ85Key(lines[0], "the key in " + file_or_key));
+  return lines[0];
+}
+
+StatusOr<std::vector<std::string>> LoadCurveKeyList(const std::string& path) {
+  ASSIGN_OR_RETURN(std::vector<std::string> lines, KeyFileLines(path));
+  for (const std::string& k : lines)
+    RETURN_IF_ERROR(CheckZ85Key(k, "key '" + k + "' in " + path));
+  return lines;
 }
 
 }  // namespace asyncps

@@ -52,10 +52,19 @@ struct TransportOptions {
   // Kernel socket buffer size, bytes; 0 keeps the OS default. Default: 0.
   int socket_buffer_bytes = 0;
   // CurveZMQ keys (Z85, 40 chars). Server: its secret key. Client: its
-  // secret key plus the server's public key. Empty: no encryption.
+  // secret key plus the server's public key (its own public key is derived
+  // from the secret key when left empty). Empty: no encryption.
   std::string curve_secret_key;
   std::string curve_public_key;
   std::string curve_server_key;
+  // Server with CURVE only: the client public keys (Z85) allowed to connect,
+  // checked by a ZAP handler thread of the socket's Context. A client whose
+  // key is not listed is refused during the handshake (it never reaches
+  // Receive(); it sees no reply and times out) and the refusal is reported by
+  // ServerSocket::TakeSecurityEvents(). Empty: any client that knows the
+  // server's public key may connect (encryption without client
+  // authentication). Default: empty.
+  std::vector<std::string> curve_allowed_client_keys;
 };
 
 // One outgoing frame: bytes plus whatever keeps them alive until sent.
@@ -104,6 +113,14 @@ class ServerSocket {
   // Sends frames to `peer`. Never blocks for long: a peer that is gone or
   // whose queue is full loses the message (Unavailable is returned).
   virtual Status Send(const std::string& peer, std::vector<Frame>& frames) = 0;
+
+  // Security events since the last call (with CURVE: clients refused by the
+  // allowed-key list, failed handshakes such as a wrong server key or a
+  // client without encryption), one line each, oldest first. At most 1000
+  // are kept between calls; older ones are counted in a summary line.
+  // Receive() may return false before its timeout when only such events
+  // arrived.
+  virtual std::vector<std::string> TakeSecurityEvents() = 0;
 };
 
 // DEALER socket of a client, connected to one server. Reconnects on its own
@@ -135,5 +152,18 @@ class ClientSocket {
 
 // Generates a CurveZMQ key pair (Z85 text, 40 characters each).
 Status GenerateCurveKeyPair(std::string* public_key, std::string* secret_key);
+
+// The public key (Z85) of a CurveZMQ secret key (Z85). InvalidArgument if
+// `secret_key` is not 40 characters of valid Z85.
+StatusOr<std::string> DeriveCurvePublicKey(const std::string& secret_key);
+
+// Reads one Z85 key: `file_or_key` is either the 40-character key itself or
+// the path of a file whose first line that is not empty or a '#' comment is
+// the key. InvalidArgument if it is neither; NotFound if the file is missing.
+StatusOr<std::string> LoadCurveKey(const std::string& file_or_key);
+
+// Reads a list of Z85 public keys from a file, one per line ('#' comments
+// and blank lines ignored; a line may hold "KEY name" and only KEY counts).
+StatusOr<std::vector<std::string>> LoadCurveKeyList(const std::string& path);
 
 }  // namespace asyncps

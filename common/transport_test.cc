@@ -125,5 +125,95 @@ TEST(TransportTest, CurveKeyPair) {
   EXPECT_EQ(sec.size(), 40u);
 }
 
+// Receives on `server` until a message arrives or `ms` pass, collecting
+// security events on the way.
+bool ReceiveFor(ServerSocket& server, int ms, std::vector<std::string>* events,
+                Message* msg) {
+  const auto end = std::chrono::steady_clock::now() + milliseconds(ms);
+  std::string peer;
+  while (std::chrono::steady_clock::now() < end) {
+    auto got = server.Receive(&peer, msg, milliseconds(50));
+    for (auto& e : server.TakeSecurityEvents()) events->push_back(e);
+    if (got.ok() && *got) return true;
+  }
+  return false;
+}
+
+bool Contains(const std::vector<std::string>& v, const std::string& what) {
+  for (const auto& s : v)
+    if (s.find(what) != std::string::npos) return true;
+  return false;
+}
+
+TEST(TransportTest, CurveAllowsListedClientsAndRefusesOthers) {
+  std::string spub, ssec, cpub, csec, opub, osec;
+  Status s = GenerateCurveKeyPair(&spub, &ssec);
+  if (s.code() == StatusCode::kUnimplemented) GTEST_SKIP() << s.ToString();
+  ASSERT_TRUE(GenerateCurveKeyPair(&cpub, &csec).ok());
+  ASSERT_TRUE(GenerateCurveKeyPair(&opub, &osec).ok());
+  auto derived = DeriveCurvePublicKey(csec);
+  ASSERT_TRUE(derived.ok());
+  EXPECT_EQ(*derived, cpub);
+
+  auto ctx = Context::Create(1);
+  TransportOptions so;
+  so.context = ctx;
+  so.curve_secret_key = ssec;
+  so.curve_allowed_client_keys = {cpub};
+  auto server = ServerSocket::Bind("tcp://127.0.0.1:0", so);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+
+  auto send_from = [&](TransportOptions co) {
+    co.context = ctx;
+    auto c = ClientSocket::Connect((*server)->endpoint(), co);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    std::vector<Frame> f{Frame::Copy("hello", 5)};
+    EXPECT_TRUE((*c)->Send(f).ok());
+    return std::move(c).value();
+  };
+  std::vector<std::string> events;
+  Message msg;
+  {
+    // The allowed key (public key derived from the secret one).
+    TransportOptions co;
+    co.curve_server_key = spub;
+    co.curve_secret_key = csec;
+    auto c = send_from(co);
+    ASSERT_TRUE(ReceiveFor(**server, 5000, &events, &msg));
+    EXPECT_EQ(msg.frames[0].size, 5u);
+  }
+  {
+    // A key pair the server does not know.
+    TransportOptions co;
+    co.curve_server_key = spub;
+    co.curve_public_key = opub;
+    co.curve_secret_key = osec;
+    auto c = send_from(co);
+    EXPECT_FALSE(ReceiveFor(**server, 700, &events, &msg));
+    EXPECT_TRUE(Contains(events, opub + " from 127.0.0.1 refused"))
+        << events.size();
+  }
+  {
+    // The right client key but the wrong server key.
+    TransportOptions co;
+    co.curve_server_key = opub;
+    co.curve_secret_key = csec;
+    auto c = send_from(co);
+    EXPECT_FALSE(ReceiveFor(**server, 700, &events, &msg));
+  }
+  {
+    // No encryption at all.
+    auto c = send_from(TransportOptions());
+    EXPECT_FALSE(ReceiveFor(**server, 700, &events, &msg));
+    EXPECT_TRUE(Contains(events, "handshake failed")) << events.size();
+  }
+  EXPECT_TRUE(LoadCurveKey(spub).ok());
+  EXPECT_FALSE(LoadCurveKey("not-a-key").ok());
+  TransportOptions bad = so;
+  bad.curve_allowed_client_keys = {"short"};
+  EXPECT_EQ(ServerSocket::Bind("tcp://127.0.0.1:0", bad).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace asyncps

@@ -2,14 +2,23 @@
 //
 //   ps_ctl --servers=tcp://127.0.0.1:5000,tcp://127.0.0.1:5001 stats
 //   ps_ctl --servers=... checkpoint | shutdown [--timeout_ms=5000]
+//   ps_ctl keygen [--out=PREFIX]     # CurveZMQ key pair
+//
+// keygen writes PREFIX.key (the secret key, mode 0600) and PREFIX.pub (the
+// public key), Z85 text on one line each after a comment; without --out it
+// prints both. A server takes --curve_secret_key=server.key; its clients
+// --curve_server_key=server.pub plus their own --curve_secret_key; the
+// server's --curve_allowed_clients file lists the clients' .pub lines.
 //
 // Prints one JSON document: {"command":..,"ok":..,"shards":[{"endpoint":..,
 // "ok":..,"code":..,"message":..,"version":..,"min_clock":..,"stats":{..}}]}.
 // Exit status 0 if every shard answered OK, 1 otherwise, 2 on bad usage.
 #include <gflags/gflags.h>
 #include <glog/logging.h>
+#include <sys/stat.h>
 
 #include <cstdio>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -19,6 +28,16 @@
 
 DEFINE_string(servers, "", "comma-separated shard endpoints, in shard order");
 DEFINE_int32(timeout_ms, 5000, "deadline for each shard's reply, milliseconds");
+DEFINE_string(out, "", "keygen: write PREFIX.key and PREFIX.pub");
+DEFINE_string(curve_server_key, "",
+              "the servers' CurveZMQ public key (file or Z85); empty: no "
+              "encryption");
+DEFINE_string(curve_secret_key, "",
+              "this client's CurveZMQ secret key (file or Z85); empty with "
+              "--curve_server_key: a throwaway key pair");
+DEFINE_string(curve_public_key, "",
+              "this client's public key (file or Z85); empty: derived from "
+              "--curve_secret_key");
 
 namespace {
 
@@ -46,6 +65,17 @@ Status Call(const std::shared_ptr<Context>& ctx, const std::string& endpoint,
             RequestKind kind, ReplyHeader* reply) {
   TransportOptions to;
   to.context = ctx;
+  if (!FLAGS_curve_server_key.empty()) {
+    ASSIGN_OR_RETURN(to.curve_server_key, LoadCurveKey(FLAGS_curve_server_key));
+    if (!FLAGS_curve_secret_key.empty()) {
+      ASSIGN_OR_RETURN(to.curve_secret_key,
+                       LoadCurveKey(FLAGS_curve_secret_key));
+    }
+    if (!FLAGS_curve_public_key.empty()) {
+      ASSIGN_OR_RETURN(to.curve_public_key,
+                       LoadCurveKey(FLAGS_curve_public_key));
+    }
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<ClientSocket> sock,
                    ClientSocket::Connect(endpoint, to));
   RequestHeader req;
@@ -68,21 +98,66 @@ Status Call(const std::shared_ptr<Context>& ctx, const std::string& endpoint,
                      reply);
 }
 
+// Writes `text` to `path` with permissions `mode` (created fresh).
+bool WriteKeyFile(const std::string& path, const std::string& text,
+                  mode_t mode) {
+  std::remove(path.c_str());
+  {
+    std::ofstream f(path, std::ios::trunc);
+    f << text;
+    if (!f.flush()) return false;
+  }
+  return chmod(path.c_str(), mode) == 0;
+}
+
+int KeyGen() {
+  std::string pub, sec;
+  Status s = GenerateCurveKeyPair(&pub, &sec);
+  if (!s.ok()) {
+    std::fprintf(stderr, "ps_ctl keygen: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  if (FLAGS_out.empty()) {
+    std::printf("public=%s\nsecret=%s\n", pub.c_str(), sec.c_str());
+    return 0;
+  }
+  const std::string key = FLAGS_out + ".key", pubf = FLAGS_out + ".pub";
+  if (!WriteKeyFile(
+          key,
+          "# asyncps CurveZMQ secret key (Z85); keep private\n" + sec + "\n",
+          0600) ||
+      !WriteKeyFile(pubf, "# asyncps CurveZMQ public key (Z85)\n" + pub + "\n",
+                    0644)) {
+    std::fprintf(stderr, "ps_ctl keygen: cannot write %s / %s\n", key.c_str(),
+                 pubf.c_str());
+    return 1;
+  }
+  std::printf(
+      "{\"command\":\"keygen\",\"ok\":true,\"secret_key_file\":%s,"
+      "\"public_key_file\":%s,\"public_key\":%s}\n",
+      JsonString(key).c_str(), JsonString(pubf).c_str(),
+      JsonString(pub).c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   gflags::SetUsageMessage(
-      "ps_ctl --servers=EP[,EP...] stats|checkpoint|shutdown");
+      "ps_ctl --servers=EP[,EP...] stats|checkpoint|shutdown | ps_ctl keygen "
+      "[--out=PREFIX]");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
   if (argc != 2) {
     std::fprintf(
         stderr,
-        "usage: ps_ctl --servers=EP[,EP...] stats|checkpoint|shutdown\n");
+        "usage: ps_ctl --servers=EP[,EP...] stats|checkpoint|shutdown\n"
+        "       ps_ctl keygen [--out=PREFIX]\n");
     return 2;
   }
   const std::string cmd = argv[1];
+  if (cmd == "keygen") return KeyGen();
   RequestKind kind;
   if (cmd == "stats") {
     kind = RequestKind::kStats;

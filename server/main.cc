@@ -52,6 +52,18 @@ DEFINE_double(
 DEFINE_int64(max_message_bytes, int64_t{1} << 30,
              "largest request accepted, bytes");
 DEFINE_int64(max_parked_pulls, 4096, "most pulls waiting at once");
+DEFINE_int64(max_inflight_per_client, 1024,
+             "most requests one client may have waiting in the shard "
+             "(parked pulls); more get ResourceExhausted");
+DEFINE_string(curve_secret_key, "",
+              "CurveZMQ secret key of this server: a key file (from ps_ctl "
+              "keygen) or the Z85 text; empty: no encryption");
+DEFINE_string(curve_allowed_clients, "",
+              "file of client public keys (Z85, one per line) allowed to "
+              "connect; needs --curve_secret_key; empty: any client that "
+              "knows the server's public key");
+DEFINE_bool(insecure, false,
+            "allow binding a non-loopback address without CURVE");
 DEFINE_bool(transport_only, false,
             "benchmark mode: validate and acknowledge pushes, never apply");
 DEFINE_int32(io_threads, 1, "ZeroMQ I/O threads");
@@ -65,6 +77,19 @@ namespace srv = asyncps::server;
 [[noreturn]] void BadFlag(const std::string& message) {
   std::fprintf(stderr, "ps_server: %s\n", message.c_str());
   std::exit(2);
+}
+
+// True for endpoints only this machine can reach: tcp on a loopback
+// address, inproc and ipc.
+bool IsLocalEndpoint(const std::string& ep) {
+  if (ep.rfind("inproc://", 0) == 0 || ep.rfind("ipc://", 0) == 0) return true;
+  if (ep.rfind("tcp://", 0) != 0) return false;
+  std::string host = ep.substr(6);
+  const size_t colon = host.rfind(':');
+  if (colon != std::string::npos) host = host.substr(0, colon);
+  if (host == "localhost" || host == "[::1]" || host == "::1") return true;
+  return host.rfind("127.", 0) == 0 &&
+         host.find_first_not_of("0123456789.") == std::string::npos;
 }
 
 srv::ServerOptions OptionsFromFlags() {
@@ -110,6 +135,33 @@ srv::ServerOptions OptionsFromFlags() {
       static_cast<int64_t>(FLAGS_worker_timeout_s * 1000));
   if (FLAGS_max_parked_pulls < 1) BadFlag("--max_parked_pulls must be >= 1");
   s.max_parked_pulls = static_cast<size_t>(FLAGS_max_parked_pulls);
+  if (FLAGS_max_inflight_per_client < 1)
+    BadFlag("--max_inflight_per_client must be >= 1");
+  s.max_inflight_per_client =
+      static_cast<size_t>(FLAGS_max_inflight_per_client);
+  if (!FLAGS_curve_secret_key.empty()) {
+    StatusOr<std::string> k = asyncps::LoadCurveKey(FLAGS_curve_secret_key);
+    if (!k.ok()) BadFlag("--curve_secret_key: " + k.status().message());
+    o.curve_secret_key = *k;
+  }
+  if (!FLAGS_curve_allowed_clients.empty()) {
+    if (o.curve_secret_key.empty())
+      BadFlag("--curve_allowed_clients needs --curve_secret_key");
+    StatusOr<std::vector<std::string>> keys =
+        asyncps::LoadCurveKeyList(FLAGS_curve_allowed_clients);
+    if (!keys.ok())
+      BadFlag("--curve_allowed_clients: " + keys.status().message());
+    if (keys->empty())
+      BadFlag("--curve_allowed_clients: no key in " +
+              FLAGS_curve_allowed_clients);
+    o.curve_allowed_client_keys = *keys;
+  }
+  if (o.curve_secret_key.empty() && !FLAGS_insecure &&
+      !IsLocalEndpoint(FLAGS_endpoint)) {
+    BadFlag("--endpoint=" + FLAGS_endpoint +
+            " is not a loopback address: give --curve_secret_key (keys from "
+            "ps_ctl keygen) or --insecure to serve it unencrypted");
+  }
   s.transport_only = FLAGS_transport_only;
   s.durable = FLAGS_durable;
   if (FLAGS_durable && FLAGS_db_path.empty())
@@ -168,7 +220,17 @@ int main(int argc, char** argv) {
             << (FLAGS_durable_sync ? " (fsync)" : "") << ", worker timeout "
             << s.worker_timeout.count() << " ms, max message "
             << options.max_message_bytes << " B, max parked pulls "
-            << s.max_parked_pulls
+            << s.max_parked_pulls << ", max in flight per client "
+            << s.max_inflight_per_client << ", CURVE "
+            << (options.curve_secret_key.empty()
+                    ? std::string("off")
+                    : "on (" +
+                          (options.curve_allowed_client_keys.empty()
+                               ? std::string("any client key")
+                               : std::to_string(
+                                     options.curve_allowed_client_keys.size()) +
+                                     " allowed client keys") +
+                          ")")
             << (s.transport_only ? ", TRANSPORT ONLY (pushes not applied)"
                                  : "");
 
@@ -178,6 +240,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   LOG(INFO) << "serving on " << (*server)->endpoint();
+  if (!options.curve_secret_key.empty()) {
+    StatusOr<std::string> pub =
+        asyncps::DeriveCurvePublicKey(options.curve_secret_key);
+    if (pub.ok()) LOG(INFO) << "CURVE server public key " << *pub;
+  }
   if (!FLAGS_ready_file.empty()) {
     Status st = WriteReadyFile(FLAGS_ready_file, (*server)->endpoint());
     if (!st.ok()) {

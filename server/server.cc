@@ -23,6 +23,8 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
   to.context = options.context;
   to.max_message_bytes = options.max_message_bytes;
   to.max_frame_bytes = options.max_message_bytes;
+  to.curve_secret_key = options.curve_secret_key;
+  to.curve_allowed_client_keys = options.curve_allowed_client_keys;
   ASSIGN_OR_RETURN(s->socket_, ServerSocket::Bind(options.endpoint, to));
   return s;
 }
@@ -43,6 +45,9 @@ Status Server::Run(const std::atomic<bool>& stop) {
       LOG_EVERY_N(ERROR, 100) << "receive: " << got.status().ToString();
     } else if (*got) {
       HandleMessage(peer, msg, now);
+    }
+    for (const std::string& e : socket_->TakeSecurityEvents()) {
+      LOG(WARNING) << "security: " << e;
     }
     shard_->Tick(now, &out_);
     SendAll();

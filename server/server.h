@@ -45,6 +45,13 @@ struct ServerOptions {
   std::chrono::milliseconds tick{20};
   // ZeroMQ context to use; nullptr creates one. Default: nullptr.
   std::shared_ptr<Context> context;
+  // CurveZMQ secret key of this server (Z85); empty: no encryption.
+  // Default: "".
+  std::string curve_secret_key;
+  // Client public keys (Z85) allowed to connect when CURVE is on; empty:
+  // any client knowing the server's public key. Refused handshakes are
+  // logged. Default: empty.
+  std::vector<std::string> curve_allowed_client_keys;
 };
 
 class Server {

@@ -82,6 +82,11 @@ struct ShardOptions {
   // Most pulls parked at once; more are answered ResourceExhausted.
   // Default: 4096.
   size_t max_parked_pulls = 4096;
+  // Most requests one peer (routing id) may have waiting in the shard at
+  // once (parked pulls); more are answered ResourceExhausted, so one client
+  // cannot take the whole parked-pull budget. Requests not yet read stay in
+  // ZeroMQ's per-peer queue, bounded by its high-water mark. Default: 1024.
+  size_t max_inflight_per_client = 1024;
   // Benchmark mode: pushes are validated and acknowledged, never applied.
   // Default: false.
   bool transport_only = false;
@@ -182,6 +187,8 @@ class Shard {
   void ReleaseParked(std::vector<OutgoingReply>* out);
   // True when a pull with this id from this peer is already parked.
   bool IsParked(const std::string& peer, uint64_t id) const;
+  // Pulls parked for this peer.
+  size_t NumParked(const std::string& peer) const;
   void FillCommon(const RequestHeader& req, ReplyHeader* reply) const;
   Status AllocateChunks();
   Status ValidatePullRequest(const RequestHeader& req);

@@ -319,6 +319,32 @@ TEST(ShardTest, AspNeverParksAndParkLimit) {
   EXPECT_EQ(out[0].header.status.code(), StatusCode::kCancelled);
 }
 
+TEST(ShardTest, PerClientInflightLimit) {
+  ShardOptions o = Opts(Consistency::kSsp);
+  o.max_inflight_per_client = 2;
+  ShardHarness s(o);
+  ASSERT_TRUE(s.Call(ShardHarness::Register(0, SmallModel(), SmallLayout(2)))
+                  .status.ok());
+  auto pull = [](uint64_t id) {
+    RequestHeader p = ShardHarness::Pull(0, 5);
+    p.id = id;
+    return p;
+  };
+  EXPECT_TRUE(s.Send(pull(100), {}, "a").empty());
+  EXPECT_TRUE(s.Send(pull(101), {}, "a").empty());
+  auto out = s.Send(pull(102), {}, "a");
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].header.status.code(), StatusCode::kResourceExhausted);
+  // Another peer still gets its own budget; the rejection is counted.
+  EXPECT_TRUE(s.Send(pull(103), {}, "b").empty());
+  EXPECT_EQ(s.shard->num_parked(), 3u);
+  EXPECT_EQ(s.shard->counters()
+                .rejected[static_cast<size_t>(RejectReason::kTooManyInflight)],
+            1u);
+  EXPECT_NE(s.shard->StatsJson().find("\"too_many_inflight\":1"),
+            std::string::npos);
+}
+
 TEST(ShardTest, BspAveragesOnceAllWorkersClocked) {
   ShardHarness h(Opts(Consistency::kBsp, 2));
   ASSERT_TRUE(h.Call(ShardHarness::Register(0, SmallModel(), SmallLayout(2)))

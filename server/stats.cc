@@ -36,6 +36,8 @@ const char* RejectReasonName(RejectReason r) {
       return "store";
     case RejectReason::kOther:
       return "other";
+    case RejectReason::kTooManyInflight:
+      return "too_many_inflight";
     case RejectReason::kCount:
       break;
   }

@@ -30,6 +30,8 @@ enum class RejectReason : uint8_t {
   kTooManyParked,         // parked-pull limit reached
   kStore,                 // persistence failed
   kOther,
+  kTooManyInflight,  // per-client in-flight limit reached (appended: the
+                     // persisted counters are indexed by this enum)
   kCount,
 };
 inline constexpr size_t kNumRejectReasons =
