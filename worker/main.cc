@@ -53,6 +53,13 @@ DEFINE_int32(
     timeout_s, 120,
     "Longest wait for any reply (a shard restart must finish within it)");
 DEFINE_int32(heartbeat_ms, 1000, "Heartbeat interval (0: off)");
+DEFINE_string(curve_server_key, "",
+              "CurveZMQ public key of the shards (file from ps_ctl keygen or "
+              "Z85); empty: no encryption");
+DEFINE_string(curve_secret_key, "",
+              "this worker's CurveZMQ secret key (file or Z85)");
+DEFINE_string(curve_public_key, "",
+              "this worker's public key (file or Z85); empty: derived");
 DEFINE_bool(normalize, true,
             "Standardise pixels with Fashion-MNIST's mean/stddev (as "
             "ps_train_local does)");
@@ -150,6 +157,18 @@ Status Main() {
   co.rank = FLAGS_rank;
   co.deadline = std::chrono::seconds(FLAGS_timeout_s);
   co.heartbeat_interval = std::chrono::milliseconds(FLAGS_heartbeat_ms);
+  if (!FLAGS_curve_server_key.empty()) {
+    ASSIGN_OR_RETURN(co.transport.curve_server_key,
+                     LoadCurveKey(FLAGS_curve_server_key));
+    if (!FLAGS_curve_secret_key.empty()) {
+      ASSIGN_OR_RETURN(co.transport.curve_secret_key,
+                       LoadCurveKey(FLAGS_curve_secret_key));
+    }
+    if (!FLAGS_curve_public_key.empty()) {
+      ASSIGN_OR_RETURN(co.transport.curve_public_key,
+                       LoadCurveKey(FLAGS_curve_public_key));
+    }
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Create(co));
 
   TrainerOptions to;
