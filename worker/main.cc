@@ -209,6 +209,10 @@ Status Main() {
   LOG(INFO) << "done: test accuracy " << r.final_test_acc << ", "
             << r.samples_per_s << " samples/s, " << client->resends()
             << " resends";
+  // Parsed by experiments/ (encode ms per step); the SUMMARY line is left
+  // as it is for launch/psrun.
+  LOG(INFO) << "codec: encode_ms_total=" << r.traffic.encode_ns / 1e6
+            << " steps=" << r.steps;
   return Status::OK();
 }
 
