@@ -43,6 +43,7 @@ StatusOr<std::unique_ptr<PsParameterStore>> PsParameterStore::Create(
     ASSIGN_OR_RETURN(s->compressor_,
                      compression::Compressor::Create(co, sizes));
   }
+  s->push_buffers_.resize(client->layout().chunks().size());
   for (const TensorSpec& t : specs) s->pulled_.emplace_back(t.num_elements());
   for (auto& v : s->pulled_) s->pulled_ptrs_.push_back(v.data());
   return s;
@@ -138,7 +139,8 @@ Status PsParameterStore::Push(int64_t clock,
     ChunkPayload p;
     p.chunk = c.id;
     if (raw_push_ || c.num_elems < min_elems_) {
-      BufferPtr b = Buffer::Allocate(bytes);
+      BufferPtr& b = push_buffers_[c.id];
+      if (!b || b.use_count() > 1) b = Buffer::Allocate(bytes);
       std::memcpy(b->data(), g, bytes);
       p.codec = 0;
       p.data = Frame::Ref(b);

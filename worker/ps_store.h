@@ -82,6 +82,9 @@ class PsParameterStore : public ParameterStore {
   // Pushes and clocks not yet confirmed, with the clock they were sent at.
   std::vector<std::pair<Client::Ticket, int64_t>> acks_;
   std::vector<uint8_t> scratch_;
+  // Per chunk: the buffer of its last raw push, reused once the transport
+  // has released it (no allocation or page faults per push).
+  std::vector<BufferPtr> push_buffers_;
   mutable std::mutex mu_;
   TrafficStats traffic_;  // GUARDED_BY(mu_)
 };
