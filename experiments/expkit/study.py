@@ -1,0 +1,118 @@
+"""Pieces shared by the study scripts: CLI options, curve extraction, CSV IO."""
+import argparse
+import csv
+import math
+import os
+import time
+
+from expkit import fleet, metrics
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+RESULTS = os.path.join(REPO, "experiments", "results")
+
+
+def common_args(description, default_out):
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--quick", action="store_true",
+                    help="short budget (fewer epochs): about a minute or two")
+    ap.add_argument("--out", default=default_out,
+                    help="output folder for CSVs and plots (default %(default)s)")
+    ap.add_argument("--bin_dir", default=os.environ.get(
+        "ASYNCPS_BIN_DIR", fleet.DEFAULT_BIN_DIR),
+        help="ps_server/ps_worker/ps_ctl (default $ASYNCPS_BIN_DIR or "
+             "%(default)s)")
+    ap.add_argument("--epochs", type=int, default=None,
+                    help="epochs per worker (overrides the preset)")
+    ap.add_argument("--max_steps", type=int, default=0,
+                    help="cap every worker's steps (0: none), for CI")
+    ap.add_argument("--eval_every", type=int, default=None,
+                    help="rank 0 evaluates every N steps (overrides preset)")
+    ap.add_argument("--only", default="",
+                    help="comma-separated run names to run (default all)")
+    ap.add_argument("--target", type=float, default=0.85,
+                    help="test accuracy for time-to-accuracy (default 0.85)")
+    return ap
+
+
+def worker_curve_points(out_dir, workers):
+    """Per worker: [(wall_s, step)] from its metrics CSV, starting at (0, 0)."""
+    out = []
+    for r in range(workers):
+        pts = [(0.0, 0)]
+        for row in metrics.read_csv(os.path.join(out_dir,
+                                                 "metrics-%d.csv" % r)):
+            pts.append((float(row["wall_s"]), int(row["step"])))
+        out.append(pts)
+    return out
+
+
+def _interp(pts, t):
+    if t <= pts[0][0]:
+        return pts[0][1]
+    for (t0, s0), (t1, s1) in zip(pts, pts[1:]):
+        if t <= t1:
+            return s0 + (s1 - s0) * ((t - t0) / (t1 - t0) if t1 > t0 else 1)
+    return pts[-1][1]
+
+
+def curve_rows(run, job, summary):
+    """Rank 0's evaluations as rows: wall_s, step, updates_est, acc,
+    bytes_wire_total_est (fleet wire bytes, scaled from rank 0's)."""
+    workers = len(job["summaries"])
+    per_worker = worker_curve_points(job["out_dir"], workers)
+    pushes = max(1, summary["pushes"])
+    per_push = summary["updates"] / pushes
+    wire_total = summary["bytes_pushed_wire"] or 0
+    rank0_wire = job["summaries"][0].get("bytes_pushed_wire", 0) or 1
+    rows = []
+    for wall, step, acc, wire0 in metrics.curve(job["out_dir"], 0):
+        steps_all = sum(_interp(p, wall) for p in per_worker)
+        rows.append({
+            "run": run, "wall_s": round(wall, 3), "step": step,
+            "updates_est": round(per_push * steps_all, 1), "test_acc": acc,
+            "bytes_wire_est": round(wire0 * wire_total / rank0_wire),
+        })
+    return rows
+
+
+def write_csv(path, rows, columns):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: _cell(r.get(k)) for k in columns})
+
+
+def _cell(v):
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer() \
+            and abs(v) >= 1:
+        return str(int(v))
+    if isinstance(v, float):
+        return metrics.fmt(v, 4)
+    return "" if v is None else v
+
+
+def check_finite(rows, allow_empty=()):
+    """Raises ValueError naming the first non-finite or missing value."""
+    for r in rows:
+        for k, v in r.items():
+            if v in ("", None):
+                if k in allow_empty:
+                    continue
+                raise ValueError("%s: %s is empty" % (r.get("run"), k))
+            try:
+                x = float(v)
+            except (TypeError, ValueError):
+                continue
+            if not math.isfinite(x):
+                raise ValueError("%s: %s = %s" % (r.get("run"), k, v))
+
+
+class Timer:
+    def __init__(self):
+        self.t0 = time.time()
+
+    def __call__(self):
+        return time.time() - self.t0
