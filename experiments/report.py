@@ -349,6 +349,34 @@ def claims(sync, comp):
     return out
 
 
+CAVEATS = [
+    "## Caveats (read before citing these numbers)", "",
+    "- **One seed per configuration** on 2 CPU cores shared by 4 workers, "
+    "the shard and (while these runs were made) other people's compilers: "
+    "time differences under ~10-20% and accuracy differences under ~1-2 "
+    "points are within run-to-run noise.",
+    "- **Oversubscribed CPUs.** 5 busy processes on 2 cores: a worker "
+    "blocked in Pull is often waiting for CPU time or for the shard to serve "
+    "the others, not for the consistency protocol. This is why the idle "
+    "fraction stays near 40-60% even for ASP, unlike Li et al.'s cluster "
+    "(one machine per worker). `--slowdown=3` sleeps 2x the compute time "
+    "(~1-2 ms of a ~10 ms step), and a sleeping straggler frees CPU for the "
+    "others, so the straggler is mild here.",
+    "- **Constant learning rate, plain SGD.** Single evaluations swing by "
+    "a few points; the last step of every epoch is a short batch (15000 "
+    "examples per worker is not a multiple of the batch) and the final "
+    "evaluation, right after one, is visibly lower in several runs. Tables "
+    "therefore also give the best and the mean of the last 3 evaluations; "
+    "accuracy comparisons use the latter.",
+    "- **BSP vs SSP/ASP.** Same optimizer and epochs; BSP's lr is 4x "
+    "(linear scaling), but BSP still makes 4x fewer, larger-batch updates. "
+    "Its slower time to accuracy without a straggler comes from that and "
+    "from the barrier under CPU contention.",
+    "- **Shaped link.** Pulls are int8 for every codec there, so the push "
+    "codec is what differs; with fp32 pulls the pull traffic alone would "
+    "bound any push codec's speed-up to under 2x.", ""]
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--results", default=os.path.join(HERE, "results"))
@@ -378,7 +406,7 @@ def main(argv):
           "staleness from the shard's histogram (`ps_ctl stats`); train "
           "wall = slowest worker's training loop.", ""]
     md += claims(sync_rows, comp_rows)
-    md += sync_md + comp_md
+    md += sync_md + comp_md + CAVEATS
     with open(os.path.join(d, "REPORT.md"), "w") as fo:
         fo.write("\n".join(md) + "\n")
     print("wrote " + os.path.join(d, "REPORT.md"))

@@ -31,7 +31,7 @@ CODECS = [
     ("int8", "int8"),
     ("qsgd4", "qsgd:levels=4"),
     ("sign", "sign"),
-    ("sign_ef", "sign,ef=1"),
+    ("sign_ef", "sign:ef=1"),
     ("topk1", "topk:ratio=0.01"),
     ("topk1_ef", "topk:ratio=0.01,ef=1"),
     # DGC: momentum correction on the worker multiplies the step by
@@ -160,13 +160,19 @@ def main(argv):
                         prefix=link.prefix(),
                         extra=["--pull_codec=" + SLOW_PULL_CODEC],
                         max_steps=preset["slow_max_steps"])
+    if args.merge:
+        summary_rows = study.merge_rows(
+            os.path.join(args.out, "summary.csv"), summary_rows)
+        curve_rows = study.merge_rows(
+            os.path.join(args.out, "curves.csv"), curve_rows)
     study.write_csv(os.path.join(args.out, "summary.csv"), summary_rows,
                     SUMMARY_COLUMNS)
     study.write_csv(os.path.join(args.out, "curves.csv"), curve_rows,
                     CURVE_COLUMNS)
     study.write_csv(os.path.join(args.out, "targets.csv"),
                     targets(summary_rows), TARGET_COLUMNS)
-    with open(os.path.join(args.out, "budget.txt"), "w") as f:
+    with open(os.path.join(args.out, "budget.txt"),
+              "a" if args.merge else "w") as f:
         f.write("preset=%s epochs=%d slow_epochs=%d rate=%s max_steps=%d "
                 "wall_s=%.1f\n" % ("quick" if args.quick else "full",
                                    preset["epochs"], preset["slow_epochs"],

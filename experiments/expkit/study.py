@@ -30,6 +30,9 @@ def common_args(description, default_out):
                     help="rank 0 evaluates every N steps (overrides preset)")
     ap.add_argument("--only", default="",
                     help="comma-separated run names to run (default all)")
+    ap.add_argument("--merge", action="store_true",
+                    help="with --only: replace just these runs' rows in the "
+                         "existing OUT CSVs (rerun a few configurations)")
     ap.add_argument("--target", type=float, default=0.85,
                     help="test accuracy for time-to-accuracy (default 0.85)")
     return ap
@@ -116,3 +119,27 @@ class Timer:
 
     def __call__(self):
         return time.time() - self.t0
+
+
+def _num(v):
+    if v == "":
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return v
+    return x
+
+
+def merge_rows(path, new_rows):
+    """Rows of the CSV at path whose run is not in new_rows (values parsed
+    back to numbers), followed by new_rows, in the file's run order."""
+    fresh = {r["run"] for r in new_rows}
+    old = [{k: _num(v) if k != "run" else v for k, v in r.items()}
+           for r in metrics.read_csv(path)]
+    order = []
+    for r in old + new_rows:
+        if r["run"] not in order:
+            order.append(r["run"])
+    rows = [r for r in old if r["run"] not in fresh] + list(new_rows)
+    return sorted(rows, key=lambda r: order.index(r["run"]))

@@ -118,11 +118,17 @@ def main(argv):
                   args.target, metrics.fmt(s["time_to_target_s"]),
                   s["idle_frac"] or -1, s["staleness_p50"],
                   s["staleness_p99"]), flush=True)
+    if args.merge:
+        summary_rows = study.merge_rows(
+            os.path.join(args.out, "summary.csv"), summary_rows)
+        curve_rows = study.merge_rows(
+            os.path.join(args.out, "curves.csv"), curve_rows)
     study.write_csv(os.path.join(args.out, "summary.csv"), summary_rows,
                     SUMMARY_COLUMNS)
     study.write_csv(os.path.join(args.out, "curves.csv"), curve_rows,
                     CURVE_COLUMNS)
-    with open(os.path.join(args.out, "budget.txt"), "w") as f:
+    with open(os.path.join(args.out, "budget.txt"),
+              "a" if args.merge else "w") as f:
         f.write("preset=%s epochs=%d max_steps=%d wall_s=%.1f\n" % (
             "quick" if args.quick else "full", preset["epochs"],
             args.max_steps, timer()))
