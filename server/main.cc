@@ -31,6 +31,11 @@ DEFINE_string(consistency, "asp", "bsp | ssp | asp");
 DEFINE_int64(staleness, 0, "SSP staleness bound s (clocks)");
 DEFINE_bool(staleness_lr, false,
             "scale the learning rate by 1/(1+staleness) per push");
+DEFINE_uint64(lr_decay_updates, 0,
+              "cosine learning-rate decay over this many applied updates "
+              "of the shard (0: constant rate); for W workers running N "
+              "steps each under ASP/SSP that is W*N, under BSP N");
+DEFINE_double(lr_final, 0.0, "final fraction of --lr for the decay, [0, 1]");
 DEFINE_string(optimizer, "sgd", "sgd | momentum | nesterov | adam | adagrad");
 DEFINE_double(lr, 0.01, "learning rate");
 DEFINE_double(momentum, 0.9, "momentum coefficient (momentum, nesterov)");
@@ -116,6 +121,11 @@ srv::ServerOptions OptionsFromFlags() {
     BadFlag("--staleness only applies to --consistency=ssp");
   }
   s.staleness_lr = FLAGS_staleness_lr;
+  if (FLAGS_lr_final < 0 || FLAGS_lr_final > 1) {
+    BadFlag("--lr_final must be in [0, 1]");
+  }
+  s.lr_decay_updates = FLAGS_lr_decay_updates;
+  s.lr_final = static_cast<float>(FLAGS_lr_final);
   std::string opt = FLAGS_optimizer;
   if (opt == "nesterov") {
     opt = "momentum";

@@ -74,6 +74,12 @@ struct ShardOptions {
   int64_t staleness = 0;
   // Scale the learning rate by 1 / (1 + staleness of the push). Default: off.
   bool staleness_lr = false;
+  // Cosine learning-rate decay: the rate falls from lr to lr * lr_final over
+  // this many shard updates (applied pushes, or BSP rounds), then stays.
+  // 0 keeps the rate constant. Default: 0.
+  uint64_t lr_decay_updates = 0;
+  // Final fraction of lr for the decay, in [0, 1]. Default: 0.
+  float lr_final = 0.0f;
   // Update rule. Default: SGD, lr 0.01.
   OptimizerOptions optimizer;
   // A worker silent this long is dropped from the clock minimum; 0 disables
@@ -201,6 +207,8 @@ class Shard {
   Status ValidatePush(const RequestHeader& req,
                       const std::vector<ByteView>& data);
   void ApplyPending(int rank, float lr_scale);
+  // The schedule's multiplier of lr at the current shard version.
+  float ScheduleScale() const;
   // Applies the averaged round and advances bsp_round_ by one.
   Status ApplyBspRound();
 

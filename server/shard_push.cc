@@ -91,9 +91,10 @@ Status Shard::HandlePush(const RequestHeader& req,
       touched_.push_back(&c);
     }
   } else {
-    const float lr_scale = options_.staleness_lr
+    const float lr_scale =
+        ScheduleScale() * (options_.staleness_lr
                                ? 1.0f / (1.0f + static_cast<float>(staleness))
-                               : 1.0f;
+                               : 1.0f);
     ApplyPending(rank, lr_scale);
     ++shard_version_;
   }
@@ -277,6 +278,16 @@ void Shard::ApplyPending(int rank, float lr_scale) {
   }
 }
 
+float Shard::ScheduleScale() const {
+  if (options_.lr_decay_updates == 0) return 1.0f;
+  const double t =
+      std::min<double>(1.0, static_cast<double>(shard_version_) /
+                                static_cast<double>(options_.lr_decay_updates));
+  const double cosine = 0.5 * (1.0 + std::cos(3.14159265358979323846 * t));
+  return static_cast<float>(options_.lr_final +
+                            (1.0 - options_.lr_final) * cosine);
+}
+
 Status Shard::ApplyBspRound() {
   ++bsp_round_;
   touched_.clear();
@@ -287,8 +298,8 @@ Status Shard::ApplyBspRound() {
     DivideBy(c.acc.data(), static_cast<float>(c.contributors), c.n);
     ++c.step;
     if (!options_.transport_only) {
-      optimizer_->Apply(c.w.data(), c.state.data(), c.acc.data(), c.n, 1.0f,
-                        c.step);
+      optimizer_->Apply(c.w.data(), c.state.data(), c.acc.data(), c.n,
+                        ScheduleScale(), c.step);
     }
     std::fill(c.acc.begin(), c.acc.end(), 0.0f);
     c.contributors = 0;

@@ -432,3 +432,26 @@ TEST(ShardTest, ResentParkedPullIsAnsweredOnce) {
 
 }  // namespace
 }  // namespace asyncps::server
+
+namespace asyncps::server {
+namespace {
+
+TEST(ShardTest, CosineLearningRateScheduleOverShardUpdates) {
+  ShardOptions o = Opts(Consistency::kAsp);
+  o.lr_decay_updates = 2;  // full lr, then half (cos(pi/2)), then zero
+  ShardHarness h(o);
+  ASSERT_TRUE(h.Call(ShardHarness::Register(0, SmallModel(), SmallLayout(2)))
+                  .status.ok());
+  auto g = Floats(Fill(10, 1.0f));
+  const float w0 = (*h.shard->weights(4))[0];
+  const float steps[] = {0.5f, 0.25f, 0.0f, 0.0f};  // lr 0.5 x schedule
+  float expected = w0;
+  for (float step : steps) {
+    ASSERT_TRUE(h.Call(ShardHarness::Push(0, 0, {4}, {g}), {g}).status.ok());
+    expected -= step;
+    EXPECT_FLOAT_EQ((*h.shard->weights(4))[0], expected);
+  }
+}
+
+}  // namespace
+}  // namespace asyncps::server
