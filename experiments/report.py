@@ -251,7 +251,7 @@ def claims(sync, comp):
         v = "reproduced" if all(vs) else (
             "partly reproduced" if any(vs) else "not reproduced")
         out += ["**2. Worker idle time falls as the staleness bound grows "
-                "(Li et al., OSDI'14: 50% at bound 0, 1.7% at 16): %s "
+                "(Li et al., OSDI'14: 50%% at bound 0, 1.7%% at 16): %s "
                 "(trend); the magnitudes differ.**" % v, "",
                 "Idle fraction (pull wait / wall, mean of 4 workers): " +
                 "; ".join(lines) + ". Criterion: non-increasing in s (2-point "
@@ -275,7 +275,7 @@ def claims(sync, comp):
         n, t, t0 = acc("none"), acc("topk1_ef"), acc("topk1")
         ok = n is not None and t is not None and n - t <= 0.01
         red = f(cb["topk1_ef"]["wire_ratio"]) if "topk1_ef" in cb else None
-        out += ["**3. Top-k at 1% with error feedback keeps dense accuracy "
+        out += ["**3. Top-k at 1%% with error feedback keeps dense accuracy "
                 "(Stich et al. 2018; Lin et al. DGC 2018): %s.**" % (
                     "reproduced" if ok else "not reproduced"), "",
                 "Accuracy (mean of the last 3 evaluations): uncompressed "

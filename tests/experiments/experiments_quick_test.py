@@ -51,7 +51,7 @@ def check_csv(path, min_rows):
                 x = float(v)
             except ValueError:
                 continue
-            if not math.isfinite(x):
+            if not math.isfinite(x) and k != "staleness_bound":  # ASP: inf
                 fail("%s: run %s: %s = %s" % (path, r.get("run"), k, v))
     return rows
 
@@ -108,7 +108,7 @@ def main():
                      "acc_vs_updates_straggler", "idle_vs_staleness"):
             check_png(os.path.join(sync, name + ".png"))
         rows = check_csv(os.path.join(comp, "summary.csv"), 3)
-        check_csv(os.path.join(comp, "targets.csv"), 2)
+        check_csv(os.path.join(comp, "targets.csv"), 1)
         by = {r["run"]: r for r in rows}
         if float(by["topk1_ef"]["wire_ratio"]) < 20:
             fail("top-k 1%% wire ratio %s" % by["topk1_ef"]["wire_ratio"])
