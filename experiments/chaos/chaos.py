@@ -77,9 +77,10 @@ class Fleet:
                "--layers=784,256,128,10", "--batch=64", "--threads=1",
                "--seed=%d" % self.a.seed, "--log_every=%d" % self.a.log_every,
                "--timeout_s=%d" % self.a.timeout_s]
-        cmd += ["--max_steps=%d" % max_steps] if max_steps else (
-            ["--max_steps=%d" % self.a.max_steps] if self.a.max_steps else
-            ["--epochs=%d" % self.a.epochs])
+        steps = max_steps or self.a.max_steps
+        # --max_steps caps --epochs (default 1): give enough epochs for it.
+        cmd += ["--max_steps=%d" % steps, "--epochs=1000"] if steps else [
+            "--epochs=%d" % self.a.epochs]
         if r == 0:
             cmd.append("--eval=true")
         p = subprocess.Popen(cmd, stdout=open(path, "wb"), stderr=subprocess.STDOUT)
@@ -134,6 +135,7 @@ def run(a, run_dir, tag, chaos):
         f.start_worker(r)
     t0 = time.time()
     kills = {"shard": 0, "worker": 0}
+    remaining = {r: steps_total(a) for r in range(a.workers)}
     resume = []
     next_kill = t0 + a.first_kill_s
     deadlock = False
@@ -171,11 +173,10 @@ def run(a, run_dir, tag, chaos):
                 r = rng.choice([r for r in alive if r != 0])
                 f.workers[r].send_signal(signal.SIGKILL)
                 f.workers[r].wait()
-                info = parse_worker_log(f.incarnations[-1][1] if f.incarnations[-1][0] == r
-                                        else [i for i in f.incarnations if i[0] == r][-1][1])
-                total = steps_total(a)
-                # Restarted for the steps it had left (at least a few).
-                f.start_worker(r, max_steps=max(10, total - info["last"]))
+                info = parse_worker_log([i for i in f.incarnations if i[0] == r][-1][1])
+                # Restarted for the steps the rank had left (at least a few).
+                remaining[r] = max(10, remaining[r] - info["last"])
+                f.start_worker(r, max_steps=remaining[r])
             kills[kind] += 1
             next_kill = time.time() + rng.uniform(0.5, 1.5) * a.kill_interval_s
         time.sleep(0.05)
@@ -245,7 +246,7 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the run folder")
     a = ap.parse_args()
     if a.short:
-        a.workers, a.max_steps, a.kills, a.kill_interval_s = 2, 400, 4, 2.0
+        a.workers, a.max_steps, a.kills, a.kill_interval_s = 3, 400, 5, 1.5
         a.first_kill_s, a.baseline, a.timeout_s = 1.5, False, 50
     run_dir = tempfile.mkdtemp(prefix="asyncps-chaos-")
     out = {"config": {k: v for k, v in vars(a).items()}, "run_dir": run_dir}
