@@ -178,6 +178,15 @@ def main(argv):
         bind_host = first if all(c.isdigit() or c == "." for c in first) else "*"
         if len({h for h, _ in hosts}) > 1:
             bind_host = "*"
+        # ps_server refuses a non-loopback address without CurveZMQ keys:
+        # say so, and serve unencrypted only as an explicit choice.
+        with open(os.path.join(opts.run_dir, "flags", "server.flags")) as f:
+            server_text = (opts.server_flags or "") + "\n" + f.read()
+        if not bind_host.startswith("127.") and "--curve_secret_key" not in server_text:
+            log("psrun: warning: shards bind %s without CurveZMQ keys: traffic between hosts is "
+                "unencrypted (--insecure); give --server_flags=--curve_secret_key=FILE "
+                "(ps_ctl keygen) to encrypt it" % bind_host)
+            opts.server_flags = ((opts.server_flags or "") + " --insecure").strip()
 
     progress_cb = None
     want = opts.progress == "on" or (opts.progress == "auto" and sys.stdout.isatty())

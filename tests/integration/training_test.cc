@@ -33,7 +33,7 @@ TEST(TrainingIntegrationTest, OneShardTwoWorkersReachAccuracyBarInOneEpoch) {
   TempDir dir;
   auto server = StartServer(dir, "shard0",
                             {"--shard_id=0", "--num_shards=1", "--num_workers=2", "--consistency=ssp",
-                             "--staleness=2", "--optimizer=momentum", "--momentum=0.9", "--lr=0.05"});
+                             "--staleness=2", "--optimizer=sgd", "--lr=0.1"});
   ASSERT_TRUE(server.ok()) << server.status().ToString();
   std::vector<std::unique_ptr<Process>> workers;
   for (int r = 0; r < 2; ++r) {
