@@ -177,7 +177,13 @@ struct ServerProcess {
   }
 };
 
-StatusOr<std::unique_ptr<ServerProcess>> StartServer(const std::string& bin, bool transport_only) {
+// CurveZMQ keys of a --curve=on run (empty: plaintext).
+struct CurveKeys {
+  std::string server_public, server_secret, client_public, client_secret;
+};
+
+StatusOr<std::unique_ptr<ServerProcess>> StartServer(const std::string& bin, bool transport_only,
+                                                     const CurveKeys* curve = nullptr) {
   auto p = std::make_unique<ServerProcess>();
   char tmpl[] = "/tmp/ps_bench_transport.XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return Status::Internal("mkdtemp failed");
@@ -195,6 +201,12 @@ StatusOr<std::unique_ptr<ServerProcess>> StartServer(const std::string& bin, boo
                                    "--checkpoint_every_s=0",
                                    "--db_path=" + (p->dir / "db").string(),
                                    std::string("--transport_only=") + (transport_only ? "true" : "false")};
+  if (curve != nullptr) {
+    std::ofstream allowed(p->dir / "allowed");
+    allowed << curve->client_public << "\n";
+    args.push_back("--curve_secret_key=" + curve->server_secret);
+    args.push_back("--curve_allowed_clients=" + (p->dir / "allowed").string());
+  }
   pid_t pid = fork();
   if (pid == 0) {
     std::string log = (p->dir / "server.log").string();
@@ -219,11 +231,17 @@ StatusOr<std::unique_ptr<ServerProcess>> StartServer(const std::string& bin, boo
   return Status::TimedOut("ps_server did not write its ready file within 10 s");
 }
 
-StatusOr<Rate> OursMeasure(const std::string& bin, bool transport_only, bool push, size_t bytes, int inflight) {
-  ASSIGN_OR_RETURN(auto server, StartServer(bin, transport_only));
+StatusOr<Rate> OursMeasure(const std::string& bin, bool transport_only, bool push, size_t bytes, int inflight,
+                           const CurveKeys* curve = nullptr) {
+  ASSIGN_OR_RETURN(auto server, StartServer(bin, transport_only, curve));
   ClientOptions co;
   co.servers = {server->endpoint};
   co.rank = 0;
+  if (curve != nullptr) {
+    co.transport.curve_server_key = curve->server_public;
+    co.transport.curve_public_key = curve->client_public;
+    co.transport.curve_secret_key = curve->client_secret;
+  }
   ASSIGN_OR_RETURN(auto client, Client::Create(co));
   TensorSpec t;
   t.name = "t";
@@ -276,6 +294,20 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ps_bench_transport: no ps_server at %s (use --server)\n", bin.c_str());
     return 2;
   }
+  if (!FLAGS_curve.empty() && FLAGS_curve != "on" && FLAGS_curve != "off") {
+    std::fprintf(stderr, "ps_bench_transport: --curve must be on or off\n");
+    return 2;
+  }
+  CurveKeys keys;
+  const bool curve = FLAGS_curve == "on";
+  if (curve) {
+    Status s = GenerateCurveKeyPair(&keys.server_public, &keys.server_secret);
+    if (s.ok()) s = GenerateCurveKeyPair(&keys.client_public, &keys.client_secret);
+    if (!s.ok()) {
+      std::fprintf(stderr, "ps_bench_transport: %s\n", s.ToString().c_str());
+      return 1;
+    }
+  }
   for (int64_t bytes : ParseList(FLAGS_sizes)) {
     for (int64_t inflight : ParseList(FLAGS_inflight)) {
       for (bool push : {true, false}) {
@@ -294,6 +326,30 @@ int main(int argc, char** argv) {
               "\"baseline_mb_per_s\":%.1f,\"baseline_ops_per_s\":%.1f,\"ratio_metric\":\"%s\",\"ratio\":%.3f}\n",
               push ? "push" : "pull", mode.c_str(), static_cast<long long>(bytes), static_cast<long long>(inflight),
               ours->mb_per_s, ours->ops_per_s, raw.mb_per_s, raw.ops_per_s, small ? "ops_per_s" : "mb_per_s", ratio);
+          std::fflush(stdout);
+        }
+        if (curve) {
+          // Encrypted + authenticated, server in transport-only mode: the
+          // cost of CURVE next to the same-run plaintext transport-only run.
+          auto plain = OursMeasure(bin, true, push, bytes, inflight);
+          auto enc = OursMeasure(bin, true, push, bytes, inflight, &keys);
+          if (!plain.ok() || !enc.ok()) {
+            std::printf("{\"bench\":\"transport\",\"error\":\"%s\"}\n",
+                        (plain.ok() ? enc.status() : plain.status()).ToString().c_str());
+            return 1;
+          }
+          bool small = bytes < (1 << 20);
+          double ratio = small ? enc->ops_per_s / raw.ops_per_s : enc->mb_per_s / raw.mb_per_s;
+          double vs_plain = small ? enc->ops_per_s / plain->ops_per_s : enc->mb_per_s / plain->mb_per_s;
+          std::printf(
+              "{\"bench\":\"transport\",\"op\":\"%s\",\"mode\":\"curve\",\"bytes\":%lld,\"inflight\":%lld,"
+              "\"mb_per_s\":%.1f,\"ops_per_s\":%.1f,\"baseline\":\"raw_zmq_dealer_router\","
+              "\"baseline_mb_per_s\":%.1f,\"baseline_ops_per_s\":%.1f,\"ratio_metric\":\"%s\",\"ratio\":%.3f,"
+              "\"plain_transport_only_mb_per_s\":%.1f,\"plain_transport_only_ops_per_s\":%.1f,"
+              "\"ratio_vs_plain\":%.3f}\n",
+              push ? "push" : "pull", static_cast<long long>(bytes), static_cast<long long>(inflight), enc->mb_per_s,
+              enc->ops_per_s, raw.mb_per_s, raw.ops_per_s, small ? "ops_per_s" : "mb_per_s", ratio, plain->mb_per_s,
+              plain->ops_per_s, vs_plain);
           std::fflush(stdout);
         }
       }
