@@ -5,6 +5,8 @@
 #include <numeric>
 #include <unordered_set>
 
+#include "common/hash.h"
+
 namespace asyncps {
 
 int64_t TensorSpec::num_elements() const {
@@ -127,13 +129,6 @@ StatusOr<uint32_t> Layout::FindTensor(const std::string& name) const {
 }
 
 namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 uint64_t HashName(const std::string& s) {
   uint64_t h = 1469598103934665603ULL;  // FNV-1a

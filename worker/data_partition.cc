@@ -5,15 +5,10 @@
 #include <cstring>
 #include <string>
 
+#include "common/hash.h"
+
 namespace asyncps::worker {
 namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 // How long Next() waits for the producer before reporting a stuck loader.
 constexpr auto kBatchDeadline = std::chrono::seconds(120);
