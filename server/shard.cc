@@ -519,6 +519,8 @@ std::string Shard::StatsJson() const {
   field("duplicate_pushes", num(counters_.duplicate_pushes));
   field("pulls", num(counters_.pulls));
   field("bytes_in", num(counters_.bytes_in));
+  field("bytes_in_raw", num(counters_.bytes_in_raw));
+  field("validate_decode_ms", num(counters_.validate_decode_ns / 1000000));
   field("bytes_out", num(counters_.bytes_out));
   field("checkpoints", num(counters_.checkpoints));
   std::string rej = "{";

@@ -53,6 +53,12 @@ TEST(ShardCodecTest, Fp16PushDecodesExactValues) {
   ReplyHeader r = h.Call(CompressedPush(4, 10, f, id), {f});
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
   for (float v : *h.shard->weights(4)) EXPECT_EQ(v, 0.25f - 0.5f * 0.5f);
+  // Accounting: 10 elements are 40 raw bytes; on the wire a 24-byte payload
+  // header plus 2 bytes per element.
+  EXPECT_EQ(h.shard->counters().bytes_in_raw, 40u);
+  EXPECT_EQ(h.shard->counters().bytes_in, f.size);
+  EXPECT_NE(h.shard->StatsJson().find("\"bytes_in_raw\":40"),
+            std::string::npos);
 }
 
 TEST(ShardCodecTest, TopKScattersExactly) {

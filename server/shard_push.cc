@@ -8,6 +8,7 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 
@@ -69,12 +70,20 @@ Status Shard::HandlePush(const RequestHeader& req,
                       "BSP push for clock " + std::to_string(req.clock) +
                       ", the current round is " + std::to_string(bsp_round_)));
   }
+  const auto decode_start = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(ValidatePush(req, data));
+  counters_.validate_decode_ns += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::chrono::steady_clock::now() - decode_start)
+          .count());
 
   uint64_t bytes = 0;
   for (const ByteView& f : data) bytes += f.size;
   ++counters_.pushes;
   counters_.bytes_in += bytes;
+  for (const PendingGrad& p : pending_) {
+    counters_.bytes_in_raw += p.chunk->n * sizeof(float);
+  }
   if (options_.transport_only) return Status::OK();
 
   const uint64_t read = last_read_[rank];

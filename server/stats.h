@@ -72,8 +72,11 @@ struct ShardCounters {
   uint64_t duplicate_pushes = 0;  // resent pushes acknowledged without applying
   uint64_t pulls = 0;             // pull replies sent
   uint64_t bytes_in = 0;          // payload bytes of accepted pushes
-  uint64_t bytes_out = 0;         // payload bytes of pull replies
-  uint64_t checkpoints = 0;       // checkpoints written since start
+  uint64_t bytes_in_raw = 0;      // the same pushes as dense fp32 (4 B/elem);
+                                  // bytes_in_raw / bytes_in = wire ratio
+  uint64_t validate_decode_ns = 0;  // time validating and decoding pushes
+  uint64_t bytes_out = 0;           // payload bytes of pull replies
+  uint64_t checkpoints = 0;         // checkpoints written since start
   std::array<uint64_t, kNumRejectReasons> rejected{};
 };
 
