@@ -7,6 +7,7 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
+#include <cstdio>
 #include <sstream>
 
 #include "compression/codec.h"
@@ -209,6 +210,14 @@ Status Main() {
   LOG(INFO) << "done: test accuracy " << r.final_test_acc << ", "
             << r.samples_per_s << " samples/s, " << client->resends()
             << " resends";
+  for (const PsParameterStore::TensorBytes& t : store->tensor_bytes()) {
+    std::printf(
+        "TENSOR_BYTES rank=%d tensor=%s raw=%llu wire=%llu ratio=%.2f\n",
+        FLAGS_rank, t.name.c_str(), static_cast<unsigned long long>(t.raw),
+        static_cast<unsigned long long>(t.wire),
+        t.wire ? static_cast<double>(t.raw) / static_cast<double>(t.wire)
+               : 0.0);
+  }
   // Parsed by experiments/ (encode ms per step); the SUMMARY line is left
   // as it is for launch/psrun.
   LOG(INFO) << "codec: encode_ms_total=" << r.traffic.encode_ns / 1e6

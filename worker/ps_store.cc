@@ -44,6 +44,7 @@ StatusOr<std::unique_ptr<PsParameterStore>> PsParameterStore::Create(
                      compression::Compressor::Create(co, sizes));
   }
   s->push_buffers_.resize(client->layout().chunks().size());
+  for (const TensorSpec& t : specs) s->tensor_bytes_.push_back({t.name, 0, 0});
   for (const TensorSpec& t : specs) s->pulled_.emplace_back(t.num_elements());
   for (auto& v : s->pulled_) s->pulled_ptrs_.push_back(v.data());
   return s;
@@ -130,6 +131,7 @@ Status PsParameterStore::Push(int64_t clock,
   std::vector<ChunkPayload> payloads;
   payloads.reserve(layout.chunks().size());
   uint64_t raw = 0, wire = 0;
+  step_wire_.assign(specs_.size(), 0);
   const double epoch = static_cast<double>(clock) /
                        std::max<int64_t>(1, options_.steps_per_epoch);
   for (const ChunkSpec& c : layout.chunks()) {
@@ -154,6 +156,7 @@ Status PsParameterStore::Push(int64_t clock,
       scratch_ = std::vector<uint8_t>();
     }
     wire += p.data.size;
+    step_wire_[c.tensor] += p.data.size;
     payloads.push_back(std::move(p));
   }
   ASSIGN_OR_RETURN(Client::Ticket t,
@@ -162,6 +165,11 @@ Status PsParameterStore::Push(int64_t clock,
   std::lock_guard<std::mutex> l(mu_);
   traffic_.bytes_pushed_raw += raw;
   traffic_.bytes_pushed_wire += wire;
+  for (size_t t = 0; t < specs_.size(); ++t) {
+    tensor_bytes_[t].raw +=
+        static_cast<uint64_t>(specs_[t].num_elements()) * sizeof(float);
+    tensor_bytes_[t].wire += step_wire_[t];
+  }
   if (compressor_)
     traffic_.encode_ns = static_cast<int64_t>(compressor_->stats().encode_ns);
   return Status::OK();
@@ -178,6 +186,12 @@ Status PsParameterStore::Clock(int64_t new_clock) {
   prefetch_ = p;
   prefetch_clock_ = new_clock;
   return Status::OK();
+}
+
+std::vector<PsParameterStore::TensorBytes> PsParameterStore::tensor_bytes()
+    const {
+  std::lock_guard<std::mutex> l(mu_);
+  return tensor_bytes_;
 }
 
 TrafficStats PsParameterStore::traffic() const {

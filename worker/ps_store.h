@@ -65,6 +65,15 @@ class PsParameterStore : public ParameterStore {
   Status Clock(int64_t new_clock) override;
   TrafficStats traffic() const override;
 
+  // Pushed bytes per tensor, dense fp32 vs on the wire (payload headers and
+  // sparse indices included), in layout order.
+  struct TensorBytes {
+    std::string name;
+    uint64_t raw = 0;
+    uint64_t wire = 0;
+  };
+  std::vector<TensorBytes> tensor_bytes() const;
+
   // Waits for every request still in flight.
   Status Flush();
 
@@ -85,8 +94,10 @@ class PsParameterStore : public ParameterStore {
   // Per chunk: the buffer of its last raw push, reused once the transport
   // has released it (no allocation or page faults per push).
   std::vector<BufferPtr> push_buffers_;
+  std::vector<uint64_t> step_wire_;  // wire bytes per tensor of one push
   mutable std::mutex mu_;
-  TrafficStats traffic_;  // GUARDED_BY(mu_)
+  TrafficStats traffic_;                   // GUARDED_BY(mu_)
+  std::vector<TensorBytes> tensor_bytes_;  // GUARDED_BY(mu_)
 };
 
 }  // namespace asyncps::worker
