@@ -3,7 +3,8 @@
 # runs. Installs missing Debian packages first (needs root or sudo).
 #
 #   ./run_tests.sh            # Release build in build/, all ctest tests,
-#                             # then the codec tests under ASan + UBSan
+#                             # then unit + server integration tests under
+#                             # ASan + UBSan and server/client tests under TSan
 #   SKIP_SANITIZERS=1 ./run_tests.sh
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -17,13 +18,33 @@ cmake --build "$BUILD" -j"$JOBS"
 ctest --test-dir "$BUILD" --output-on-failure -j"$JOBS" --timeout 600
 
 if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
-  # Decoders of untrusted bytes (wire headers, codec payloads) under
-  # AddressSanitizer + UndefinedBehaviorSanitizer.
+  # AddressSanitizer + UndefinedBehaviorSanitizer: the unit tests of common,
+  # compression, server and the worker client, plus the server's
+  # multi-process tests and the short network fuzz test (against an ASan
+  # ps_server). ThreadSanitizer: server_test and client_test.
+  SECONDS=0
   SAN="$BUILD-asan"
   cmake -S . -B "$SAN" -DCMAKE_BUILD_TYPE=Debug -DASYNCPS_ENABLE_CUDA=OFF \
     -DASYNCPS_SANITIZE=address,undefined
-  cmake --build "$SAN" -j"$JOBS" --target compression_test common_test
+  cmake --build "$SAN" -j"$JOBS" --target compression_test common_test \
+    server_test client_test server_integration_test net_fuzz_test ps_server ps_ctl
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
   export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-  ctest --test-dir "$SAN" --output-on-failure -j"$JOBS" -R '^(Codec|Spec|TopK|Compressor|Corruption|Wire|Layout|Status)'
+  # The network fuzz test against a Debug ASan ps_server: fewer messages.
+  ASYNCPS_NET_FUZZ_MESSAGES=2000 ctest --test-dir "$SAN" --output-on-failure -j"$JOBS" --timeout 300 \
+    -R '^(Codec|Spec|TopK|Compressor|Corruption|Wire|Layout|Status|Transport|Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client|NetFuzz)'
+  echo "run_tests: ASan+UBSan stage took ${SECONDS} s"
+
+fi
+if [ "${RUN_TSAN:-0}" = 1 ]; then
+  # Opt-in until its CI time is measured.
+  SECONDS=0
+  TSAN="$BUILD-tsan"
+  cmake -S . -B "$TSAN" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DASYNCPS_ENABLE_CUDA=OFF \
+    -DASYNCPS_SANITIZE=thread
+  cmake --build "$TSAN" -j"$JOBS" --target server_test client_test
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+    ctest --test-dir "$TSAN" --output-on-failure -j"$JOBS" --timeout 300 \
+    -R '^(Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client)'
+  echo "run_tests: TSan stage took ${SECONDS} s"
 fi
