@@ -112,9 +112,10 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
   OutgoingReply r;
   r.peer = peer;
   reject_reason_ = RejectReason::kOther;
-  const bool worker_kind =
-      req.kind == RequestKind::kRegister || req.kind == RequestKind::kPush ||
-      req.kind == RequestKind::kPull || req.kind == RequestKind::kClock;
+  // Observers (rank -1: tools, a dedicated evaluator) may register, pull and
+  // ask for stats, but never push or move a clock.
+  const bool worker_only =
+      req.kind == RequestKind::kPush || req.kind == RequestKind::kClock;
   const int rank = req.rank;
   bool parked = false;
   Status st;
@@ -125,7 +126,7 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
                    "protocol version " + std::to_string(req.version) +
                    ", this server speaks " + std::to_string(kProtocolVersion)));
   } else if (rank < -1 || rank >= options_.num_workers ||
-             (rank == -1 && worker_kind && req.kind != RequestKind::kPull)) {
+             (rank == -1 && worker_only)) {
     st = Reject(RejectReason::kRank,
                 Status::InvalidArgument("rank " + std::to_string(rank) +
                                         " out of range [0, " +

@@ -13,6 +13,7 @@
 #include "compression/codec.h"
 #include "worker/backend.h"
 #include "worker/client.h"
+#include "worker/evaluator.h"
 #include "worker/idx_reader.h"
 #include "worker/model.h"
 #include "worker/ps_store.h"
@@ -38,6 +39,11 @@ DEFINE_uint64(seed, 1,
               "and shuffling");
 DEFINE_int64(eval_every, 0,
              "Evaluate on the test set every N steps (0: at the end only)");
+DEFINE_string(role, "train",
+              "train: a training worker; eval: a dedicated evaluator that "
+              "pulls as an observer every --eval_interval_ms and evaluates "
+              "until the workers (--num_workers, --epochs/--max_steps) finish");
+DEFINE_int32(eval_interval_ms, 2000, "--role=eval: time between evaluations");
 DEFINE_string(eval, "auto",
               "Evaluate in this process: auto (rank 0) | true | false");
 DEFINE_int64(log_every, 200, "Progress line and CSV row every N steps");
@@ -110,6 +116,13 @@ Status Main() {
     return Status::InvalidArgument("--chunk_elems must be >= 1");
   if (FLAGS_timeout_s < 1)
     return Status::InvalidArgument("--timeout_s must be >= 1");
+  if (FLAGS_role != "train" && FLAGS_role != "eval") {
+    return Status::InvalidArgument("--role must be train or eval");
+  }
+  const bool eval_role = FLAGS_role == "eval";
+  if (eval_role && FLAGS_eval_interval_ms < 1) {
+    return Status::InvalidArgument("--eval_interval_ms must be >= 1");
+  }
   if (FLAGS_eval != "auto" && FLAGS_eval != "true" && FLAGS_eval != "false") {
     return Status::InvalidArgument("--eval must be auto, true or false");
   }
@@ -155,7 +168,7 @@ Status Main() {
 
   ClientOptions co;
   co.servers = servers;
-  co.rank = FLAGS_rank;
+  co.rank = eval_role ? -1 : FLAGS_rank;
   co.deadline = std::chrono::seconds(FLAGS_timeout_s);
   co.heartbeat_interval = std::chrono::milliseconds(FLAGS_heartbeat_ms);
   if (!FLAGS_curve_server_key.empty()) {
@@ -185,6 +198,20 @@ Status Main() {
   to.log_every = FLAGS_log_every;
   to.slowdown = FLAGS_slowdown;
   to.metrics_csv = FLAGS_metrics_csv;
+
+  if (eval_role) {
+    LayoutOptions lo;
+    lo.chunk_elems = static_cast<size_t>(FLAGS_chunk_elems);
+    RETURN_IF_ERROR(client->Register(MlpTensorSpecs(layers, FLAGS_seed), lo)
+                        .WithContext("register model"));
+    EvaluatorOptions eo;
+    eo.interval = std::chrono::milliseconds(FLAGS_eval_interval_ms);
+    eo.final_clock = Trainer::PlannedSteps(to, train.num_examples);
+    eo.metrics_csv = FLAGS_metrics_csv;
+    LOG(INFO) << "evaluating every " << FLAGS_eval_interval_ms
+              << " ms until the workers reach clock " << eo.final_clock;
+    return RunEvaluator(client.get(), backend.get(), test, eo).status();
+  }
 
   PsStoreOptions so;
   so.push_codec = FLAGS_codec;

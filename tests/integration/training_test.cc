@@ -21,25 +21,33 @@ double SummaryValue(const std::string& log, const std::string& key) {
   return std::nan("");
 }
 
-std::vector<std::string> WorkerArgs(const std::string& servers, int rank, int workers,
+std::vector<std::string> WorkerArgs(const std::string& servers, int rank,
+                                    int workers,
                                     const std::vector<std::string>& extra) {
-  std::vector<std::string> a = {BinPath("ps_worker"), "--servers=" + servers, "--rank=" + std::to_string(rank),
-                                "--num_workers=" + std::to_string(workers), "--log_every=100", "--timeout_s=60"};
+  std::vector<std::string> a = {BinPath("ps_worker"),
+                                "--servers=" + servers,
+                                "--rank=" + std::to_string(rank),
+                                "--num_workers=" + std::to_string(workers),
+                                "--log_every=100",
+                                "--timeout_s=60"};
   a.insert(a.end(), extra.begin(), extra.end());
   return a;
 }
 
 TEST(TrainingIntegrationTest, OneShardTwoWorkersReachAccuracyBarInOneEpoch) {
   TempDir dir;
-  auto server = StartServer(dir, "shard0",
-                            {"--shard_id=0", "--num_shards=1", "--num_workers=2", "--consistency=ssp",
-                             "--staleness=2", "--optimizer=sgd", "--lr=0.1"});
+  auto server = StartServer(
+      dir, "shard0",
+      {"--shard_id=0", "--num_shards=1", "--num_workers=2", "--consistency=ssp",
+       "--staleness=2", "--optimizer=sgd", "--lr=0.1"});
   ASSERT_TRUE(server.ok()) << server.status().ToString();
   std::vector<std::unique_ptr<Process>> workers;
   for (int r = 0; r < 2; ++r) {
-    auto w = Process::Start(WorkerArgs(server->endpoint, r, 2, {"--epochs=1", "--batch=64",
-                                                                "--metrics_csv=" + dir.Sub("m" + std::to_string(r))}),
-                            dir.Sub("worker" + std::to_string(r) + ".log"));
+    auto w = Process::Start(
+        WorkerArgs(server->endpoint, r, 2,
+                   {"--epochs=1", "--batch=64",
+                    "--metrics_csv=" + dir.Sub("m" + std::to_string(r))}),
+        dir.Sub("worker" + std::to_string(r) + ".log"));
     ASSERT_TRUE(w.ok());
     workers.push_back(std::move(*w));
   }
@@ -55,18 +63,23 @@ TEST(TrainingIntegrationTest, OneShardTwoWorkersReachAccuracyBarInOneEpoch) {
   // Each worker trained on its own half: one epoch is 30000 / 64 steps.
   EXPECT_EQ(SummaryValue(workers[1]->Log(), "steps"), 469);
   std::string csv = ReadFile(dir.Sub("m0"));
-  EXPECT_NE(csv.find("wall_s,rank,step"), std::string::npos) << csv.substr(0, 200);
+  EXPECT_NE(csv.find("wall_s,rank,step"), std::string::npos)
+      << csv.substr(0, 200);
 }
 
 TEST(TrainingIntegrationTest, WorkerResumesWhenItsShardIsRestarted) {
   TempDir dir;
-  std::vector<std::string> flags = {"--shard_id=0",        "--num_shards=1", "--num_workers=1", "--consistency=asp",
-                                    "--optimizer=momentum", "--lr=0.05",      "--checkpoint_every_s=1"};
+  std::vector<std::string> flags = {
+      "--shard_id=0",          "--num_shards=1",       "--num_workers=1",
+      "--consistency=asp",     "--optimizer=momentum", "--lr=0.05",
+      "--checkpoint_every_s=1"};
   auto server = StartServer(dir, "shard0", flags);
   ASSERT_TRUE(server.ok()) << server.status().ToString();
   const std::string endpoint = server->endpoint;
-  auto w = Process::Start(WorkerArgs(endpoint, 0, 1, {"--max_steps=2500", "--epochs=0", "--slowdown=2"}),
-                          dir.Sub("worker.log"));
+  auto w = Process::Start(
+      WorkerArgs(endpoint, 0, 1,
+                 {"--max_steps=2500", "--epochs=0", "--slowdown=2"}),
+      dir.Sub("worker.log"));
   ASSERT_TRUE(w.ok());
   std::this_thread::sleep_for(milliseconds(2500));
   ASSERT_TRUE((*w)->Running()) << (*w)->Log();
@@ -85,27 +98,80 @@ TEST(TrainingIntegrationTest, WorkerResumesWhenItsShardIsRestarted) {
 
 TEST(TrainingIntegrationTest, BadWorkerFlagsAreClearErrors) {
   TempDir dir;
-  auto bad_batch = Process::Start(WorkerArgs("tcp://127.0.0.1:1", 0, 1, {"--batch=0"}), dir.Sub("a.log"));
+  auto bad_batch = Process::Start(
+      WorkerArgs("tcp://127.0.0.1:1", 0, 1, {"--batch=0"}), dir.Sub("a.log"));
   ASSERT_TRUE(bad_batch.ok());
   EXPECT_NE(*(*bad_batch)->Wait(seconds(30)), 0);
-  EXPECT_NE((*bad_batch)->Log().find("--batch"), std::string::npos) << (*bad_batch)->Log();
+  EXPECT_NE((*bad_batch)->Log().find("--batch"), std::string::npos)
+      << (*bad_batch)->Log();
 
-  auto bad_rank = Process::Start(WorkerArgs("tcp://127.0.0.1:1", 3, 2, {}), dir.Sub("b.log"));
+  auto bad_rank = Process::Start(WorkerArgs("tcp://127.0.0.1:1", 3, 2, {}),
+                                 dir.Sub("b.log"));
   ASSERT_TRUE(bad_rank.ok());
   EXPECT_NE(*(*bad_rank)->Wait(seconds(30)), 0);
-  EXPECT_NE((*bad_rank)->Log().find("--rank"), std::string::npos) << (*bad_rank)->Log();
+  EXPECT_NE((*bad_rank)->Log().find("--rank"), std::string::npos)
+      << (*bad_rank)->Log();
 
-  auto no_data = Process::Start(WorkerArgs("tcp://127.0.0.1:1", 0, 1, {"--data_dir=" + dir.Sub("nothing")}),
-                                dir.Sub("c.log"));
+  auto no_data =
+      Process::Start(WorkerArgs("tcp://127.0.0.1:1", 0, 1,
+                                {"--data_dir=" + dir.Sub("nothing")}),
+                     dir.Sub("c.log"));
   ASSERT_TRUE(no_data.ok());
   EXPECT_NE(*(*no_data)->Wait(seconds(30)), 0);
-  EXPECT_NE((*no_data)->Log().find("nothing/train-images"), std::string::npos) << (*no_data)->Log();
+  EXPECT_NE((*no_data)->Log().find("nothing/train-images"), std::string::npos)
+      << (*no_data)->Log();
 
   auto bad_layers =
-      Process::Start(WorkerArgs("tcp://127.0.0.1:1", 0, 1, {"--layers=100,10"}), dir.Sub("d.log"));
+      Process::Start(WorkerArgs("tcp://127.0.0.1:1", 0, 1, {"--layers=100,10"}),
+                     dir.Sub("d.log"));
   ASSERT_TRUE(bad_layers.ok());
   EXPECT_NE(*(*bad_layers)->Wait(seconds(30)), 0);
-  EXPECT_NE((*bad_layers)->Log().find("784"), std::string::npos) << (*bad_layers)->Log();
+  EXPECT_NE((*bad_layers)->Log().find("784"), std::string::npos)
+      << (*bad_layers)->Log();
+}
+
+}  // namespace
+}  // namespace asyncps::testing
+
+namespace asyncps::testing {
+namespace {
+
+TEST(TrainingIntegrationTest, DedicatedEvaluatorWatchesTrainingToTheEnd) {
+  TempDir dir;
+  auto server = StartServer(
+      dir, "shard0",
+      {"--shard_id=0", "--num_shards=1", "--num_workers=2", "--consistency=ssp",
+       "--staleness=1", "--optimizer=sgd", "--lr=0.1"});
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  auto eval = Process::Start(
+      WorkerArgs(server->endpoint, 0, 2,
+                 {"--role=eval", "--epochs=1", "--eval_interval_ms=300",
+                  "--metrics_csv=" + dir.Sub("eval.csv")}),
+      dir.Sub("eval.log"));
+  ASSERT_TRUE(eval.ok());
+  std::vector<std::unique_ptr<Process>> workers;
+  for (int r = 0; r < 2; ++r) {
+    auto w = Process::Start(
+        WorkerArgs(server->endpoint, r, 2, {"--epochs=1", "--eval=false"}),
+        dir.Sub("worker" + std::to_string(r) + ".log"));
+    ASSERT_TRUE(w.ok());
+    workers.push_back(std::move(*w));
+  }
+  for (auto& w : workers) {
+    auto code = w->Wait(seconds(240));
+    ASSERT_TRUE(code.ok()) << w->Log();
+    EXPECT_EQ(*code, 0) << w->Log();
+    EXPECT_EQ(SummaryValue(w->Log(), "final_test_acc"), -1)
+        << "workers did not evaluate";
+  }
+  auto code = (*eval)->Wait(seconds(60));
+  ASSERT_TRUE(code.ok()) << (*eval)->Log();
+  EXPECT_EQ(*code, 0) << (*eval)->Log();
+  std::string log = (*eval)->Log();
+  EXPECT_GE(SummaryValue(log, "final_test_acc"), 0.75) << log;
+  EXPECT_EQ(SummaryValue(log, "min_clock"), 469) << log;
+  EXPECT_GE(SummaryValue(log, "evaluations"), 2) << log;
+  EXPECT_NE(ReadFile(dir.Sub("eval.csv")).find(",-1,"), std::string::npos);
 }
 
 }  // namespace
