@@ -69,6 +69,11 @@ def render(opts, cfg):
                   "--shard_id=${HOSTNAME##*-}", "--num_shards=%d" % opts.servers,
                   "--num_workers=%d" % opts.workers, "--endpoint=tcp://0.0.0.0:%d" % opts.port,
                   "--db_path=/data/rocksdb"] + shlex.split(opts.server_flags or "")
+    if "--curve_secret_key" not in (opts.server_flags or ""):
+        # Pods talk over the cluster network: ps_server needs CurveZMQ keys
+        # (mount them from a Secret, pass --server_flags=--curve_secret_key=...)
+        # or this explicit opt-out.
+        server_cmd.append("--insecure")
     probe = {"exec": {"command": [BIN + "/ps_ctl", "--servers=tcp://127.0.0.1:%d" % opts.port,
                                   "--timeout_ms=2000", "stats"]},
              "periodSeconds": 5, "timeoutSeconds": 5}

@@ -16,8 +16,19 @@ case $role in
   server)
     mkdir -p "$run/ready" "$run/db"
     printf '%s\n' "${PSRUN_ADVERTISE_HOST:-$(hostname)}" > "$run/ready/$name.host"
+    bind=${PSRUN_BIND_HOST:-*}
+    # ps_server refuses a non-loopback bind without CurveZMQ keys: without
+    # keys in the flags, serve unencrypted as an explicit, logged choice.
+    case "$bind" in
+      127.*) ;;
+      *) if ! grep -q -- '--curve_secret_key' "$run/flags/server.flags" 2>/dev/null &&
+            ! printf '%s\n' "$@" | grep -q -- '--curve_secret_key'; then
+           echo "# psrun: warning: $name binds $bind unencrypted (--insecure); give --curve_secret_key to encrypt" >&2
+           set -- "$@" --insecure
+         fi ;;
+    esac
     set -- "$bin/ps_server" --flagfile="$run/flags/server.flags" --shard_id="$rank" \
-      --num_shards="$shards" --num_workers="$workers" --endpoint="tcp://${PSRUN_BIND_HOST:-*}:*" \
+      --num_shards="$shards" --num_workers="$workers" --endpoint="tcp://$bind:*" \
       --ready_file="$run/ready/$name.endpoint" --db_path="$run/db/$name" "$@" ;;
   worker)
     servers=$1
