@@ -449,11 +449,49 @@ class ClientSocketImpl : public ClientSocket {
         socket_.set(zmq::sockopt::curve_publickey, pub);
         socket_.set(zmq::sockopt::curve_secretkey, sec);
       }
+      // Connection events tell the client when a restarted server is back.
+      static std::atomic<uint64_t> next_monitor{0};
+      const std::string mon = "inproc://asyncps-client-monitor-" +
+                              std::to_string(next_monitor++) + "-" +
+                              std::to_string(reinterpret_cast<uintptr_t>(this));
+      if (zmq_socket_monitor(socket_.handle(), mon.c_str(),
+                             ZMQ_EVENT_CONNECTED) != 0) {
+        return Status::Internal("socket monitor: " +
+                                std::string(zmq_strerror(zmq_errno())));
+      }
+      monitor_ =
+          std::make_unique<zmq::socket_t>(ctx_->ctx(), zmq::socket_type::pair);
+      monitor_->set(zmq::sockopt::linger, 0);
+      monitor_->connect(mon);
       socket_.connect(endpoint);
     } catch (const zmq::error_t& e) {
       return FromZmq(e, "connect " + endpoint);
     }
     return Status::OK();
+  }
+
+  ~ClientSocketImpl() override {
+    // Stop the monitor before its socket goes.
+    zmq_socket_monitor(socket_.handle(), nullptr, 0);
+  }
+
+  int TakeConnects() override {
+    int n = 0;
+    try {
+      while (true) {
+        zmq::message_t ev, addr;
+        if (!monitor_->recv(ev, zmq::recv_flags::dontwait)) break;
+        if (ev.more()) (void)monitor_->recv(addr, zmq::recv_flags::none);
+        if (ev.size() >= 2) {
+          uint16_t event;
+          std::memcpy(&event, ev.data(), sizeof(event));
+          if (event == ZMQ_EVENT_CONNECTED) ++n;
+        }
+      }
+    } catch (const zmq::error_t&) {
+      // A closing context: no more events.
+    }
+    return n;
   }
 
   const std::string& endpoint() const override { return endpoint_; }
@@ -484,12 +522,14 @@ class ClientSocketImpl : public ClientSocket {
 
  protected:
   void* raw_handle() override { return socket_.handle(); }
+  void* monitor_handle() override { return monitor_->handle(); }
 
  private:
   friend class ClientSocket;
   std::shared_ptr<ContextImpl> ctx_;
   TransportOptions options_;
   zmq::socket_t socket_;
+  std::unique_ptr<zmq::socket_t> monitor_;  // PAIR receiving connect events
   std::string endpoint_;
 };
 
@@ -542,9 +582,11 @@ StatusOr<std::unique_ptr<ClientSocket>> ClientSocket::Connect(
 
 StatusOr<int> ClientSocket::PollAny(const std::vector<ClientSocket*>& sockets,
                                     std::chrono::milliseconds timeout) {
-  std::vector<zmq::pollitem_t> items(sockets.size());
+  std::vector<zmq::pollitem_t> items(2 * sockets.size());
   for (size_t i = 0; i < sockets.size(); ++i) {
-    items[i] = zmq::pollitem_t{sockets[i]->raw_handle(), 0, ZMQ_POLLIN, 0};
+    items[2 * i] = zmq::pollitem_t{sockets[i]->raw_handle(), 0, ZMQ_POLLIN, 0};
+    items[2 * i + 1] =
+        zmq::pollitem_t{sockets[i]->monitor_handle(), 0, ZMQ_POLLIN, 0};
   }
   try {
     if (zmq::poll(items.data(), items.size(), timeout) == 0) return -1;
@@ -552,7 +594,7 @@ StatusOr<int> ClientSocket::PollAny(const std::vector<ClientSocket*>& sockets,
     return FromZmq(e, "poll");
   }
   for (size_t i = 0; i < items.size(); ++i) {
-    if (items[i].revents & ZMQ_POLLIN) return static_cast<int>(i);
+    if (items[i].revents & ZMQ_POLLIN) return static_cast<int>(i / 2);
   }
   return -1;
 }

@@ -141,13 +141,19 @@ class ClientSocket {
   virtual StatusOr<bool> Receive(Message* msg,
                                  std::chrono::milliseconds timeout) = 0;
 
-  // Waits up to `timeout` until any of `sockets` has a message; returns the
-  // index of one that is readable, or -1 on timeout.
+  // Connections made to the server since the last call (the first one, and
+  // one more after every reconnect, e.g. when a shard restarted): requests
+  // that were in flight on a lost connection are worth resending now.
+  virtual int TakeConnects() = 0;
+
+  // Waits up to `timeout` until any of `sockets` has a message or a new
+  // connection; returns the index of one such socket, or -1 on timeout.
   static StatusOr<int> PollAny(const std::vector<ClientSocket*>& sockets,
                                std::chrono::milliseconds timeout);
 
  protected:
-  virtual void* raw_handle() = 0;  // for PollAny
+  virtual void* raw_handle() = 0;      // for PollAny
+  virtual void* monitor_handle() = 0;  // for PollAny
 };
 
 // Generates a CurveZMQ key pair (Z85 text, 40 characters each).

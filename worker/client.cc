@@ -69,7 +69,8 @@ class Heartbeater {
       for (auto& s : sockets_) {
         std::vector<Frame> f{Frame::Copy(bytes.data(), bytes.size())};
         (void)s->Send(f);  // best effort: a full queue means the shard is away
-        while (true) {     // discard replies
+        (void)s->TakeConnects();  // not needed here: keep the queue empty
+        while (true) {            // discard replies
           auto got = s->Receive(&drain, milliseconds(0));
           if (!got.ok() || !*got) break;
         }
@@ -107,6 +108,7 @@ class ClientImpl : public Client {
       ASSIGN_OR_RETURN(auto s, ClientSocket::Connect(e, options_.transport));
       sockets_.push_back(std::move(s));
       raw_sockets_.push_back(sockets_.back().get());
+      connects_.push_back(0);
     }
     if (options_.heartbeat_interval.count() > 0) {
       heartbeater_ = std::make_unique<Heartbeater>(options_, incarnation_);
@@ -356,6 +358,8 @@ class ClientImpl : public Client {
         int ready, ClientSocket::PollAny(raw_sockets_, wait + milliseconds(1)));
     if (ready < 0) return Status::OK();
     for (size_t s = 0; s < sockets_.size(); ++s) {
+      const int connects = sockets_[s]->TakeConnects();
+      if (connects > 0 && connects_[s]++ > 0) ResendAll(static_cast<int>(s));
       while (true) {
         ASSIGN_OR_RETURN(bool got,
                          sockets_[s]->Receive(&msg_, milliseconds(0)));
@@ -364,6 +368,21 @@ class ClientImpl : public Client {
       }
     }
     return Status::OK();
+  }
+
+  // The shard is reachable again after a lost connection (it restarted):
+  // whatever was in flight on the old connection is resent now rather than
+  // when its attempt times out. Resent pushes are applied once (the shard
+  // de-duplicates them); a duplicate reply is dropped as a late one.
+  void ResendAll(int shard) {
+    const auto now = SteadyClock::now();
+    for (auto& [id, p] : pending_) {
+      if (p.shard != shard) continue;
+      if (Send(p).ok()) ++resends_;
+      p.backoff = options_.attempt_timeout;
+      p.next_send = now + p.backoff;
+    }
+    VLOG(1) << "shard " << shard << " reconnected: resent its requests";
   }
 
   void HandleReply(int shard) {
@@ -457,6 +476,7 @@ class ClientImpl : public Client {
   uint64_t next_id_ = 1;
   Ticket next_ticket_ = 1;
   uint64_t resends_ = 0;
+  std::vector<int> connects_;  // per shard: connections seen (1 = first)
   std::vector<std::string>* stats_sink_ = nullptr;
   Message msg_;        // reused receive buffer
   ReplyHeader reply_;  // reused decoded header

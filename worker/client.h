@@ -38,8 +38,8 @@ struct ClientOptions {
   // A request without a reply after this long is resent. Default: 2000 ms.
   std::chrono::milliseconds attempt_timeout{2000};
   // Longest pause between resends (doubling from attempt_timeout).
-  // Default: 8000 ms.
-  std::chrono::milliseconds max_backoff{8000};
+  // Default: 4000 ms.
+  std::chrono::milliseconds max_backoff{4000};
   // Deadline of a request from its start, unless Wait() is given a shorter
   // one. Default: 120 s.
   std::chrono::milliseconds deadline{120000};

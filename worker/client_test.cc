@@ -251,3 +251,40 @@ TEST(ClientTest, RetryableErrorIsRetried) {
 
 }  // namespace
 }  // namespace asyncps::worker
+
+namespace asyncps::worker {
+namespace {
+
+TEST(ClientTest, ResendsAtOnceWhenARestartedShardIsBack) {
+  auto silent = std::make_unique<FakeShard>(
+      [](const RequestHeader&, const Message&, ReplyHeader*,
+         std::vector<Frame>*) { return false; });
+  const std::string endpoint = silent->endpoint();
+  ClientOptions o;
+  o.servers = {endpoint};
+  o.attempt_timeout = std::chrono::seconds(30);  // only a reconnect can help
+  auto client = Client::Create(o);
+  ASSERT_TRUE(client.ok());
+  auto t = (*client)->StartClock(1);
+  ASSERT_TRUE(t.ok());
+  for (int i = 0; i < 200 && silent->requests() == 0; ++i)
+    std::this_thread::sleep_for(milliseconds(10));
+  ASSERT_EQ(silent->requests(), 1);
+  // The first request was swallowed: wait for it, then "restart" the shard.
+  EXPECT_EQ((*client)->Wait(*t, milliseconds(200)).code(),
+            StatusCode::kTimedOut);
+  auto t2 = (*client)->StartClock(2);
+  ASSERT_TRUE(t2.ok());
+  std::this_thread::sleep_for(milliseconds(100));
+  silent.reset();
+  FakeShard back([](const RequestHeader&, const Message&, ReplyHeader*,
+                    std::vector<Frame>*) { return true; },
+                 endpoint);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE((*client)->Wait(*t2, milliseconds(10000)).ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  EXPECT_GE((*client)->resends(), 1u);
+}
+
+}  // namespace
+}  // namespace asyncps::worker
