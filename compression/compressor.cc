@@ -8,13 +8,19 @@
 
 namespace asyncps::compression {
 
-namespace {
-constexpr double kWarmupStartRatio = 0.25;
+using internal::IsSparseId;
 
-bool IsSparseId(CodecId id) {
-  return id == CodecId::kTopK || id == CodecId::kRandomK;
+namespace internal {
+double WarmupRatio(const CodecSpec& s, double epoch) {
+  constexpr double kWarmupStartRatio = 0.25;
+  if (s.warmup_epochs <= 0.0 || epoch >= s.warmup_epochs ||
+      s.ratio >= kWarmupStartRatio) {
+    return s.ratio;
+  }
+  const double f = std::max(0.0, epoch) / s.warmup_epochs;
+  return kWarmupStartRatio * std::pow(s.ratio / kWarmupStartRatio, f);
 }
-}  // namespace
+}  // namespace internal
 
 StatusOr<std::unique_ptr<Compressor>> Compressor::Create(
     const CompressorOptions& options, const std::vector<size_t>& chunk_sizes) {
@@ -43,13 +49,7 @@ Compressor::Compressor(const CompressorOptions& options,
 }
 
 double Compressor::RatioAt(double epoch) const {
-  const CodecSpec& s = options_.spec;
-  if (s.warmup_epochs <= 0.0 || epoch >= s.warmup_epochs ||
-      s.ratio >= kWarmupStartRatio) {
-    return s.ratio;
-  }
-  const double f = std::max(0.0, epoch) / s.warmup_epochs;
-  return kWarmupStartRatio * std::pow(s.ratio / kWarmupStartRatio, f);
+  return internal::WarmupRatio(options_.spec, epoch);
 }
 
 Status Compressor::Encode(const float* x, size_t n, double epoch, uint64_t seed,
@@ -76,8 +76,7 @@ StatusOr<CodecId> Compressor::Compress(size_t chunk, const float* g,
   const auto start = std::chrono::steady_clock::now();
   const size_t n = sizes_[chunk];
   const CodecSpec& s = options_.spec;
-  const uint64_t seed =
-      internal::Mix64(options_.seed ^ internal::Mix64((chunk << 40) ^ step));
+  const uint64_t seed = internal::ChunkSeed(options_.seed, chunk, step);
   CodecId used = s.id;
   if (n < s.min_elems) {
     used = CodecId::kNone;

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "compression/cuda_codec.h"
+#include "compression/device_compressor.h"
 #include "compression/test_util.h"
 
 namespace asyncps::compression {
@@ -184,6 +186,20 @@ TEST(CompressorTest, Errors) {
   EXPECT_EQ(comp->Compress(1, g, 0, 0, &out).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_FALSE(comp->Compress(0, nullptr, 0, 0, &out).ok());
+}
+
+// Without a device (or without CUDA in the build) the device path is
+// refused up front, so callers fall back to Compressor.
+TEST(DeviceCompressorTest, UnavailableWithoutDevice) {
+  if (DeviceCodec::DeviceAvailable()) GTEST_SKIP() << "a device is visible";
+  CompressorOptions o;
+  o.spec = *CodecSpec::Parse("topk:ratio=0.01,ef=1");
+  auto d = DeviceCompressor::Create(o, {5000, 3000});
+  EXPECT_EQ(d.status().code(), StatusCode::kUnavailable)
+      << d.status().ToString();
+  o.spec.momentum = 2.0f;  // invalid specs are still InvalidArgument
+  EXPECT_EQ(DeviceCompressor::Create(o, {5000}).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 }  // namespace

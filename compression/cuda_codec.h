@@ -41,6 +41,13 @@ class DeviceCodec {
   Status EncodeDevice(const float* d_x, size_t n, uint64_t seed,
                       std::vector<uint8_t>* host_out);
 
+  // topk/randomk with an explicit k instead of the spec's ratio (the
+  // Compressor's sparsity warm-up changes k every step); same payload as
+  // internal::EncodeTopK (exact) / EncodeRandomK. InvalidArgument for dense
+  // codecs or k > n.
+  Status EncodeSparseDevice(const float* d_x, size_t n, size_t k, uint64_t seed,
+                            std::vector<uint8_t>* host_out);
+
   // Validates the host payload (CPU), then d_dst[i] = decoded[i] on the
   // device. Synchronous. On error d_dst is untouched.
   Status DecodeDevice(const uint8_t* payload, size_t bytes, size_t n,
@@ -55,6 +62,9 @@ class DeviceCodec {
  private:
   struct Impl;
   DeviceCodec(const CodecSpec& spec, std::unique_ptr<Impl> impl);
+  // k_override: k for topk/randomk; SIZE_MAX = from spec_.ratio.
+  Status EncodeImpl(const float* d_x, size_t n, size_t k_override,
+                    uint64_t seed, std::vector<uint8_t>* host_out);
   Status DecodeImpl(const uint8_t* payload, size_t bytes, size_t n, float alpha,
                     bool add, float* d_dst);
 

@@ -28,6 +28,14 @@ Status DeviceCodec::EncodeDevice(const float*, size_t, uint64_t,
                                  std::vector<uint8_t>*) {
   return NoCuda();
 }
+Status DeviceCodec::EncodeSparseDevice(const float*, size_t, size_t, uint64_t,
+                                       std::vector<uint8_t>*) {
+  return NoCuda();
+}
+Status DeviceCodec::EncodeImpl(const float*, size_t, size_t, uint64_t,
+                               std::vector<uint8_t>*) {
+  return NoCuda();
+}
 Status DeviceCodec::DecodeDevice(const uint8_t*, size_t, size_t, float*) {
   return NoCuda();
 }

@@ -4,42 +4,25 @@
 // (magnitude bits, index) pairs with CUB's stable radix sort: ties keep the
 // lower index first, as on the CPU.
 //
-// CUDA errors are turned into Status only in CudaStatus().
+// CUDA errors are turned into Status only in CudaStatus() (cuda_util.h).
 #include <cuda_runtime.h>
 
 #include <cstring>
 #include <cub/device/device_radix_sort.cuh>
 #include <limits>
 
+#include "compression/cuda/cuda_util.h"
 #include "compression/cuda_codec.h"
 #include "compression/internal/codecs.h"
 
 namespace asyncps::compression {
 namespace {
 
+using internal::Blocks;
+using internal::CudaStatus;
+using internal::DeviceBuffer;
 using internal::Header;
-
-// The single conversion point from cudaError_t to Status.
-Status CudaStatus(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return Status::OK();
-  std::string m = std::string(what) + ": " + cudaGetErrorName(e) + ": " +
-                  cudaGetErrorString(e);
-  cudaGetLastError();  // clear sticky-free errors
-  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) {
-    return Status::Unavailable(m);
-  }
-  if (e == cudaErrorMemoryAllocation) return Status::ResourceExhausted(m);
-  return Status::Internal(m);
-}
-
-#define CUDA_RETURN_IF_ERROR(expr) RETURN_IF_ERROR(CudaStatus((expr), #expr))
-
-constexpr int kThreads = 256;
-
-unsigned Blocks(uint64_t n) {
-  const uint64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 65536 * 16 ? (b == 0 ? 1 : b) : 65536 * 16);
-}
+using internal::kThreads;
 
 __device__ __forceinline__ uint32_t MagBitsD(float f) {
   return __float_as_uint(f) & 0x7fffffffu;
@@ -308,31 +291,6 @@ __global__ void SparseDecodeKernel(const uint8_t* body, bool topk, uint64_t n,
   }
 }
 
-// Grow-only device allocation.
-class DeviceBuffer {
- public:
-  ~DeviceBuffer() {
-    if (p_) cudaFree(p_);
-  }
-  Status Reserve(size_t bytes) {
-    if (bytes <= cap_) return Status::OK();
-    if (p_) cudaFree(p_);
-    p_ = nullptr;
-    cap_ = 0;
-    CUDA_RETURN_IF_ERROR(cudaMalloc(&p_, bytes));
-    cap_ = bytes;
-    return Status::OK();
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p_);
-  }
-
- private:
-  void* p_ = nullptr;
-  size_t cap_ = 0;
-};
-
 }  // namespace
 
 struct DeviceCodec::Impl {
@@ -373,6 +331,21 @@ bool DeviceCodec::DeviceAvailable() {
 
 Status DeviceCodec::EncodeDevice(const float* d_x, size_t n, uint64_t seed,
                                  std::vector<uint8_t>* host_out) {
+  return EncodeImpl(d_x, n, std::numeric_limits<size_t>::max(), seed, host_out);
+}
+
+Status DeviceCodec::EncodeSparseDevice(const float* d_x, size_t n, size_t k,
+                                       uint64_t seed,
+                                       std::vector<uint8_t>* host_out) {
+  if (!internal::IsSparseId(spec_.id)) {
+    return Status::InvalidArgument("explicit k needs topk or randomk");
+  }
+  if (k > n) return Status::InvalidArgument("k exceeds the element count");
+  return EncodeImpl(d_x, n, k, seed, host_out);
+}
+
+Status DeviceCodec::EncodeImpl(const float* d_x, size_t n, size_t k_override,
+                               uint64_t seed, std::vector<uint8_t>* host_out) {
   if (host_out == nullptr) return Status::InvalidArgument("null output");
   if (d_x == nullptr && n > 0) return Status::InvalidArgument("null input");
   if (n > std::numeric_limits<uint32_t>::max()) {
@@ -413,12 +386,16 @@ Status DeviceCodec::EncodeDevice(const float* d_x, size_t n, uint64_t seed,
       body = 4 * nb + internal::PackedBytes(n, 1);
       break;
     case CodecId::kTopK:
-      k = internal::KForRatio(spec_.ratio, n);
+      k = k_override != std::numeric_limits<size_t>::max()
+              ? k_override
+              : internal::KForRatio(spec_.ratio, n);
       p1 = static_cast<uint32_t>(k);
       body = 8 * k;
       break;
     case CodecId::kRandomK:
-      k = internal::KForRatio(spec_.ratio, n);
+      k = k_override != std::numeric_limits<size_t>::max()
+              ? k_override
+              : internal::KForRatio(spec_.ratio, n);
       p1 = static_cast<uint32_t>(k);
       body = 4 * k;
       break;

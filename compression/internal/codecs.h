@@ -26,6 +26,21 @@ std::unique_ptr<Codec> NewRandomKCodec(double ratio);
 // k for a sparse codec: round(ratio * n) clamped to [1, n] (0 when n == 0).
 size_t KForRatio(double ratio, size_t n);
 
+// The seed of `chunk` at `step` under the base seed: Compressor and
+// DeviceCompressor derive the same one, so their payloads match.
+inline uint64_t ChunkSeed(uint64_t base, size_t chunk, uint64_t step) {
+  return Mix64(base ^ Mix64((static_cast<uint64_t>(chunk) << 40) ^ step));
+}
+
+// DGC sparsity warm-up: the ratio sent at `epoch` (spec.ratio once
+// spec.warmup_epochs have passed, and without warm-up).
+double WarmupRatio(const CodecSpec& spec, double epoch);
+
+// True for the sparse codecs (topk, randomk).
+inline bool IsSparseId(CodecId id) {
+  return id == CodecId::kTopK || id == CodecId::kRandomK;
+}
+
 // Top-k / random-k with an explicit k (the Compressor's warm-up changes k
 // every step). REQUIRES: k <= n.
 Status EncodeTopK(const float* x, size_t n, size_t k, bool sampled,
