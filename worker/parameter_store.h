@@ -8,6 +8,8 @@
 //
 // Tensors are passed as one host buffer per tensor, in the order of the
 // TensorSpec list the store was built from (for the MLP: worker/model.h).
+// A store may also accept gradients in device memory (PushDevice), so a GPU
+// worker compresses them on the device.
 //
 // Thread safety: implementations must allow traffic() from any thread; the
 // other methods are called from the trainer's thread.
@@ -46,6 +48,22 @@ class ParameterStore {
   // as soon as this returns.
   [[nodiscard]] virtual Status Push(int64_t clock,
                                     const std::vector<const float*>& grads) = 0;
+
+  // True when PushDevice may be called: the store compresses gradients that
+  // stay in device memory (Backend::device_grad) and copies only payloads to
+  // the host. Default: false (host gradients only).
+  virtual bool AcceptsDeviceGradients() const { return false; }
+
+  // As Push, but device_grads are device pointers (one per tensor, same
+  // order and sizes), complete when called and read only during the call.
+  // Use either Push or PushDevice for a whole run: they may keep separate
+  // compression state. Default: Unimplemented.
+  [[nodiscard]] virtual Status PushDevice(
+      int64_t clock, const std::vector<const float*>& device_grads) {
+    (void)clock;
+    (void)device_grads;
+    return Status::Unimplemented("this store takes host gradients only");
+  }
 
   // Announces that this worker has finished iteration new_clock - 1.
   [[nodiscard]] virtual Status Clock(int64_t new_clock) = 0;

@@ -139,6 +139,13 @@ StatusOr<TrainResult> Trainer::Run() {
   for (auto& g : grads_)
     grad_ptrs.push_back(g.data()), grad_cptrs.push_back(g.data());
 
+  // Device path: the gradients stay on the GPU and the store compresses
+  // them there; otherwise they are copied to grads_ and pushed from there.
+  const bool device_push =
+      backend_->device_grad(0) != nullptr && store_->AcceptsDeviceGradients();
+  std::vector<const float*> device_grads(backend_->num_tensors(), nullptr);
+  const std::vector<float*> no_host_grads;
+
   const auto start = Clock::now();
   double eval_s = 0;
   double interval_loss = 0, interval_compute_s = 0;
@@ -170,9 +177,10 @@ StatusOr<TrainResult> Trainer::Run() {
       evaluated = true;
     }
     const auto c0 = Clock::now();
-    ASSIGN_OR_RETURN(float loss,
-                     backend_->ForwardBackward(batch->x.data(), batch->y.data(),
-                                               batch->size, grad_ptrs));
+    ASSIGN_OR_RETURN(
+        float loss,
+        backend_->ForwardBackward(batch->x.data(), batch->y.data(), batch->size,
+                                  device_push ? no_host_grads : grad_ptrs));
     const double compute_s = Seconds(c0, Clock::now());
     if (!std::isfinite(loss)) {
       return Status::Internal(
@@ -183,8 +191,17 @@ StatusOr<TrainResult> Trainer::Run() {
       std::this_thread::sleep_for(
           std::chrono::duration<double>((options_.slowdown - 1.0) * compute_s));
     }
-    RETURN_IF_ERROR(store_->Push(step, grad_cptrs)
-                        .WithContext("push at clock " + std::to_string(step)));
+    if (device_push) {
+      for (size_t i = 0; i < device_grads.size(); ++i)
+        device_grads[i] = backend_->device_grad(i);
+      RETURN_IF_ERROR(
+          store_->PushDevice(step, device_grads)
+              .WithContext("device push at clock " + std::to_string(step)));
+    } else {
+      RETURN_IF_ERROR(
+          store_->Push(step, grad_cptrs)
+              .WithContext("push at clock " + std::to_string(step)));
+    }
     RETURN_IF_ERROR(store_->Clock(step + 1));
     samples += batch->size;
     interval_loss += loss;

@@ -3,6 +3,9 @@
 // Each step c = 0, 1, ... runs
 //   Pull(c) -> Backend::SetParameters -> [evaluate] -> ForwardBackward(batch)
 //   -> Push(c, grads) -> Clock(c + 1)
+// (with a device backend whose store AcceptsDeviceGradients(), the
+// gradients stay on the device: ForwardBackward gets no host buffers and
+// PushDevice(c, Backend::device_grad(...)) replaces Push)
 // while a background thread prepares the next minibatch of this worker's
 // partition (worker/data_partition.h). When `eval` is on, the test set is
 // evaluated with the freshly pulled weights every `eval_every` steps and

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -194,6 +195,143 @@ TEST_F(TrainerTest, StoreErrorsPropagate) {
   EXPECT_NE(r.status().message().find("clock 5"), std::string::npos)
       << r.status().ToString();
   EXPECT_EQ((*local)->version(), 5);
+}
+
+// A backend whose gradients stay "on the device": host memory here, handed
+// out through device_grad() as a CUDA backend hands out device pointers.
+class FakeDeviceBackend : public Backend {
+ public:
+  explicit FakeDeviceBackend(std::unique_ptr<Backend> inner)
+      : Backend(inner->layers()), inner_(std::move(inner)) {
+    for (size_t i = 0; i < num_tensors(); ++i)
+      dev_.emplace_back(tensor_elems(i));
+  }
+  std::string name() const override { return "fake-device"; }
+  Status SetParameters(const std::vector<const float*>& t) override {
+    return inner_->SetParameters(t);
+  }
+  StatusOr<float> ForwardBackward(const float* x, const uint8_t* y, int batch,
+                                  const std::vector<float*>& host) override {
+    if (host.empty()) ++steps_without_host_grads;
+    std::vector<float*> d;
+    for (auto& v : dev_) d.push_back(v.data());
+    ASSIGN_OR_RETURN(float loss, inner_->ForwardBackward(x, y, batch, d));
+    for (size_t i = 0; i < host.size(); ++i)
+      std::memcpy(host[i], dev_[i].data(), dev_[i].size() * sizeof(float));
+    return loss;
+  }
+  StatusOr<EvalResult> Evaluate(const float* x, const uint8_t* y,
+                                int64_t n) override {
+    return inner_->Evaluate(x, y, n);
+  }
+  const float* device_grad(size_t t) const override {
+    return t < dev_.size() ? dev_[t].data() : nullptr;
+  }
+  int steps_without_host_grads = 0;
+
+ private:
+  std::unique_ptr<Backend> inner_;
+  std::vector<std::vector<float>> dev_;
+};
+
+// Records every pushed gradient (copied), then forwards it as a host push.
+// accepts: whether it takes device gradients.
+class RecordingStore : public ParameterStore {
+ public:
+  RecordingStore(ParameterStore* inner, bool accepts, std::vector<int> layers)
+      : inner_(inner), accepts_(accepts), layers_(std::move(layers)) {}
+  Status Pull(int64_t clock, const std::vector<float*>& t) override {
+    return inner_->Pull(clock, t);
+  }
+  Status Push(int64_t clock, const std::vector<const float*>& g) override {
+    ++host_pushes;
+    Record(g);
+    return inner_->Push(clock, g);
+  }
+  bool AcceptsDeviceGradients() const override { return accepts_; }
+  Status PushDevice(int64_t clock,
+                    const std::vector<const float*>& g) override {
+    ++device_pushes;
+    Record(g);
+    return inner_->Push(clock, g);
+  }
+  Status Clock(int64_t c) override { return inner_->Clock(c); }
+  TrafficStats traffic() const override { return inner_->traffic(); }
+
+  int host_pushes = 0, device_pushes = 0;
+  std::vector<std::vector<float>> pushed;  // all tensors of a step, joined
+
+ private:
+  void Record(const std::vector<const float*>& g) {
+    std::vector<float> all;
+    const auto specs = MlpTensorSpecs(layers_, 1);
+    for (size_t i = 0; i < g.size(); ++i)
+      all.insert(all.end(), g[i], g[i] + specs[i].num_elements());
+    pushed.push_back(std::move(all));
+  }
+  ParameterStore* inner_;
+  bool accepts_;
+  std::vector<int> layers_;
+};
+
+// The device path (device gradients + a store that accepts them) pushes the
+// same gradients as the host path; without either, the host path is used.
+TEST_F(TrainerTest, DeviceGradientsReachPushDeviceUnchanged) {
+  TrainerOptions to;
+  to.layers = {784, 16, 10};
+  to.max_steps = 4;
+  to.epochs = 0;
+  to.eval = false;
+  to.print_summary = false;
+  struct Run {
+    int host_pushes, device_pushes, no_host_grad_steps;
+    std::vector<std::vector<float>> pushed;
+  };
+  auto run = [&](bool device_backend, bool accepts) {
+    std::unique_ptr<Backend> cpu = Cpu(to.layers);
+    FakeDeviceBackend* fake = nullptr;
+    std::unique_ptr<Backend> backend;
+    if (device_backend) {
+      auto f = std::make_unique<FakeDeviceBackend>(std::move(cpu));
+      fake = f.get();
+      backend = std::move(f);
+    } else {
+      backend = std::move(cpu);
+    }
+    auto local =
+        LocalParameterStore::Create(MlpTensorSpecs(to.layers, 1), SgdOptions{});
+    EXPECT_TRUE(local.ok());
+    RecordingStore store(local->get(), accepts, to.layers);
+    auto trainer = Trainer::Create(to, backend.get(), &store, train_, nullptr);
+    EXPECT_TRUE(trainer.ok()) << trainer.status().ToString();
+    auto r = (*trainer)->Run();
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return Run{store.host_pushes, store.device_pushes,
+               fake ? fake->steps_without_host_grads : 0,
+               std::move(store.pushed)};
+  };
+  const Run device = run(true, true);
+  EXPECT_EQ(device.device_pushes, 4);
+  EXPECT_EQ(device.host_pushes, 0);
+  EXPECT_EQ(device.no_host_grad_steps, 4);
+  for (auto [dev_backend, accepts] :
+       {std::pair{true, false}, std::pair{false, true},
+        std::pair{false, false}}) {
+    const Run host = run(dev_backend, accepts);
+    EXPECT_EQ(host.device_pushes, 0);
+    EXPECT_EQ(host.host_pushes, 4);
+    EXPECT_EQ(host.no_host_grad_steps, 0);
+    EXPECT_EQ(host.pushed, device.pushed);
+  }
+}
+
+// The default ParameterStore takes host gradients only.
+TEST(ParameterStoreTest, DeviceGradientsAreOptIn) {
+  auto local = LocalParameterStore::Create(MlpTensorSpecs({784, 16, 10}, 1),
+                                           SgdOptions{});
+  ASSERT_TRUE(local.ok());
+  EXPECT_FALSE((*local)->AcceptsDeviceGradients());
+  EXPECT_EQ((*local)->PushDevice(0, {}).code(), StatusCode::kUnimplemented);
 }
 
 // Two workers in two threads share one in-process store (asynchronous
