@@ -9,6 +9,8 @@
 #include <thread>
 
 #include "common/wire.h"
+#include "compression/cuda_codec.h"
+#include "worker/ps_store.h"
 
 namespace asyncps::worker {
 namespace {
@@ -284,6 +286,50 @@ TEST(ClientTest, ResendsAtOnceWhenARestartedShardIsBack) {
   EXPECT_TRUE((*client)->Wait(*t2, milliseconds(10000)).ok());
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
   EXPECT_GE((*client)->resends(), 1u);
+}
+
+// device_compression without a GPU (or without CUDA): the store takes host
+// gradients only, and Push compresses and counts as before.
+TEST(PsStoreTest, DeviceCompressionFallsBackToHostPushes) {
+  if (compression::DeviceCodec::DeviceAvailable())
+    GTEST_SKIP() << "a GPU is visible";
+  std::atomic<uint64_t> wire{0};
+  std::atomic<int> compressed{0};
+  FakeShard s0([&](const RequestHeader& req, const Message&, ReplyHeader*,
+                   std::vector<Frame>*) {
+    if (req.kind == RequestKind::kPush) {
+      for (const ChunkRef& c : req.chunks) {
+        wire += c.byte_size;
+        compressed += c.codec != 0;
+      }
+    }
+    return true;
+  });
+  ClientOptions o;
+  o.servers = {s0.endpoint()};
+  auto client = Client::Create(o);
+  ASSERT_TRUE(client.ok());
+  PsStoreOptions so;
+  so.push_codec = "int8:ef=1";
+  so.device_compression = true;
+  so.timeout = milliseconds(5000);
+  auto store = PsParameterStore::Create(client->get(), Model(), so);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  EXPECT_FALSE((*store)->AcceptsDeviceGradients());
+  std::vector<float> w(5000, 0.5f), b(50, 0.25f);
+  EXPECT_EQ((*store)->PushDevice(0, {w.data(), b.data()}).code(),
+            StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*store)->Push(0, {w.data(), b.data()}).ok());
+  ASSERT_TRUE((*store)->Flush().ok());
+  const TrafficStats t = (*store)->traffic();
+  EXPECT_EQ(t.bytes_pushed_raw, 5050u * 4);
+  EXPECT_EQ(t.bytes_pushed_wire, wire.load());
+  int big = 0;  // chunks at or above int8's min_elems (1024) are int8
+  for (const ChunkSpec& c : (*client)->layout().chunks())
+    big += c.num_elems >= 1024;
+  EXPECT_EQ(compressed, big);
+  EXPECT_GE(big, 1);
+  EXPECT_LT(t.bytes_pushed_wire, 5000u * 2);
 }
 
 }  // namespace

@@ -67,6 +67,10 @@ DEFINE_string(curve_secret_key, "",
               "this worker's CurveZMQ secret key (file or Z85)");
 DEFINE_string(curve_public_key, "",
               "this worker's public key (file or Z85); empty: derived");
+DEFINE_string(device_compression, "auto",
+              "Compress gradients on the GPU and copy only payloads to the "
+              "host: auto (when the backend is CUDA and --codec is not none) "
+              "| on (fail if impossible) | off");
 DEFINE_bool(normalize, true,
             "Standardise pixels with Fashion-MNIST's mean/stddev (as "
             "ps_train_local does)");
@@ -126,9 +130,14 @@ Status Main() {
   if (FLAGS_eval != "auto" && FLAGS_eval != "true" && FLAGS_eval != "false") {
     return Status::InvalidArgument("--eval must be auto, true or false");
   }
-  RETURN_IF_ERROR(compression::CodecSpec::Parse(FLAGS_codec)
-                      .status()
-                      .WithContext("--codec"));
+  const StatusOr<compression::CodecSpec> push_spec =
+      compression::CodecSpec::Parse(FLAGS_codec);
+  RETURN_IF_ERROR(push_spec.status().WithContext("--codec"));
+  if (FLAGS_device_compression != "auto" && FLAGS_device_compression != "on" &&
+      FLAGS_device_compression != "off") {
+    return Status::InvalidArgument(
+        "--device_compression must be auto, on or off");
+  }
   ASSIGN_OR_RETURN(DeviceKind device, ParseDeviceKind(FLAGS_device));
 
   LOG(INFO) << "ps_worker: servers=" << FLAGS_servers << " rank=" << FLAGS_rank
@@ -141,8 +150,9 @@ Status Main() {
             << " slowdown=" << FLAGS_slowdown
             << " chunk_elems=" << FLAGS_chunk_elems
             << " normalize=" << FLAGS_normalize
-            << " prefetch_ahead=" << FLAGS_prefetch_ahead << " metrics_csv='"
-            << FLAGS_metrics_csv << "'";
+            << " prefetch_ahead=" << FLAGS_prefetch_ahead
+            << " device_compression=" << FLAGS_device_compression
+            << " metrics_csv='" << FLAGS_metrics_csv << "'";
 
   MnistOptions mo;
   if (FLAGS_normalize)
@@ -222,9 +232,23 @@ Status Main() {
   so.layout.chunk_elems = static_cast<size_t>(FLAGS_chunk_elems);
   so.steps_per_epoch = std::max<int64_t>(
       1, train.num_examples / FLAGS_num_workers / FLAGS_batch);
+  const bool cuda_backend = backend->device_grad(0) != nullptr;
+  const bool codec_set = push_spec->id != compression::CodecId::kNone;
+  so.device_compression =
+      FLAGS_device_compression == "on" ||
+      (FLAGS_device_compression == "auto" && cuda_backend && codec_set);
   ASSIGN_OR_RETURN(std::unique_ptr<PsParameterStore> store,
                    PsParameterStore::Create(
                        client.get(), MlpTensorSpecs(layers, FLAGS_seed), so));
+  const bool device_push = cuda_backend && store->AcceptsDeviceGradients();
+  if (FLAGS_device_compression == "on" && !device_push) {
+    return Status::InvalidArgument(
+        "--device_compression=on needs a CUDA backend, a --codec other than "
+        "none and a visible GPU");
+  }
+  LOG(INFO) << "gradient compression on the "
+            << (device_push ? "device" : "host")
+            << " (--device_compression=" << FLAGS_device_compression << ")";
 
   ASSIGN_OR_RETURN(
       std::unique_ptr<Trainer> trainer,

@@ -6,6 +6,7 @@
 
 #include "compression/codec.h"
 #include "compression/compressor.h"
+#include "compression/device_compressor.h"
 
 namespace asyncps::worker {
 
@@ -42,6 +43,16 @@ StatusOr<std::unique_ptr<PsParameterStore>> PsParameterStore::Create(
               static_cast<uint64_t>(client->options().rank + 1);
     ASSIGN_OR_RETURN(s->compressor_,
                      compression::Compressor::Create(co, sizes));
+    if (options.device_compression) {
+      auto dc = compression::DeviceCompressor::Create(co, sizes);
+      if (dc.ok()) {
+        s->device_compressor_ = std::move(dc).value();
+      } else {
+        LOG(WARNING) << "device compression unavailable, compressing on the "
+                        "host: "
+                     << dc.status().ToString();
+      }
+    }
   }
   s->push_buffers_.resize(client->layout().chunks().size());
   for (const TensorSpec& t : specs) s->tensor_bytes_.push_back({t.name, 0, 0});
@@ -125,6 +136,21 @@ Status PsParameterStore::Pull(int64_t clock,
 
 Status PsParameterStore::Push(int64_t clock,
                               const std::vector<const float*>& grads) {
+  return PushChunks(clock, grads, /*on_device=*/false);
+}
+
+Status PsParameterStore::PushDevice(
+    int64_t clock, const std::vector<const float*>& device_grads) {
+  if (!device_compressor_) {
+    return Status::FailedPrecondition(
+        "device gradients need device_compression, a codec and a GPU");
+  }
+  return PushChunks(clock, device_grads, /*on_device=*/true);
+}
+
+Status PsParameterStore::PushChunks(int64_t clock,
+                                    const std::vector<const float*>& grads,
+                                    bool on_device) {
   if (grads.size() != specs_.size())
     return Status::InvalidArgument("push: wrong number of tensors");
   const Layout& layout = client_->layout();
@@ -143,14 +169,21 @@ Status PsParameterStore::Push(int64_t clock,
     if (raw_push_ || c.num_elems < min_elems_) {
       BufferPtr& b = push_buffers_[c.id];
       if (!b || b.use_count() > 1) b = Buffer::Allocate(bytes);
-      std::memcpy(b->data(), g, bytes);
+      if (on_device) {
+        RETURN_IF_ERROR(device_compressor_->CopyToHost(
+            g, c.num_elems, reinterpret_cast<float*>(b->data())));
+      } else {
+        std::memcpy(b->data(), g, bytes);
+      }
       p.codec = 0;
       p.data = Frame::Ref(b);
     } else {
+      const uint64_t step = static_cast<uint64_t>(clock);
       ASSIGN_OR_RETURN(
           compression::CodecId id,
-          compressor_->Compress(c.id, g, epoch, static_cast<uint64_t>(clock),
-                                &scratch_));
+          on_device
+              ? device_compressor_->Compress(c.id, g, epoch, step, &scratch_)
+              : compressor_->Compress(c.id, g, epoch, step, &scratch_));
       p.codec = static_cast<uint8_t>(id);
       p.data = Frame::Owned(std::move(scratch_));
       scratch_ = std::vector<uint8_t>();
@@ -170,8 +203,9 @@ Status PsParameterStore::Push(int64_t clock,
         static_cast<uint64_t>(specs_[t].num_elements()) * sizeof(float);
     tensor_bytes_[t].wire += step_wire_[t];
   }
-  if (compressor_)
-    traffic_.encode_ns = static_cast<int64_t>(compressor_->stats().encode_ns);
+  uint64_t encode_ns = compressor_ ? compressor_->stats().encode_ns : 0;
+  if (device_compressor_) encode_ns += device_compressor_->stats().encode_ns;
+  traffic_.encode_ns = static_cast<int64_t>(encode_ns);
   return Status::OK();
 }
 

@@ -8,6 +8,10 @@
 // the shard's consistency mode requires) and for the step's push and clock
 // acknowledgements, reporting any error they carried.
 //
+// With options.device_compression, PushDevice takes gradients in GPU memory
+// and compresses each chunk on the device (compression::DeviceCompressor),
+// copying only the payloads to the host; accounting is the same as Push's.
+//
 // Thread safety: traffic() may be called from any thread; everything else
 // from the trainer's thread.
 #pragma once
@@ -25,7 +29,8 @@
 
 namespace asyncps::compression {
 class Compressor;
-}
+class DeviceCompressor;
+}  // namespace asyncps::compression
 
 namespace asyncps::worker {
 
@@ -48,6 +53,11 @@ struct PsStoreOptions {
   // staleness): right for ASP, allowed by SSP with s >= 1. Default: false
   // (the pull follows the push and the clock on each connection).
   bool prefetch_ahead = false;
+  // Accept gradients in device memory (PushDevice) and compress them on the
+  // GPU. Takes effect only with a push codec other than "none" and a visible
+  // CUDA device (else AcceptsDeviceGradients() is false and a warning is
+  // logged). Default: false.
+  bool device_compression = false;
   // Register the model (idempotent) on creation. Default: true.
   bool register_model = true;
 };
@@ -62,6 +72,14 @@ class PsParameterStore : public ParameterStore {
 
   Status Pull(int64_t clock, const std::vector<float*>& tensors) override;
   Status Push(int64_t clock, const std::vector<const float*>& grads) override;
+  // True when options.device_compression took effect.
+  bool AcceptsDeviceGradients() const override {
+    return device_compressor_ != nullptr;
+  }
+  // As Push, with device pointers; FailedPrecondition unless
+  // AcceptsDeviceGradients().
+  Status PushDevice(int64_t clock,
+                    const std::vector<const float*>& device_grads) override;
   Status Clock(int64_t new_clock) override;
   TrafficStats traffic() const override;
 
@@ -78,10 +96,16 @@ class PsParameterStore : public ParameterStore {
   Status Flush();
 
  private:
+  // Push and PushDevice: grads are device pointers when on_device.
+  Status PushChunks(int64_t clock, const std::vector<const float*>& grads,
+                    bool on_device);
+
   PsStoreOptions options_;
   Client* client_;
   std::vector<TensorSpec> specs_;
   std::unique_ptr<compression::Compressor> compressor_;
+  // Set when device compression is on; its own EF/momentum state.
+  std::unique_ptr<compression::DeviceCompressor> device_compressor_;
   bool raw_push_ = true;
   size_t min_elems_ = 0;
   std::vector<std::vector<float>> pulled_;  // prefetch target, one per tensor
