@@ -71,8 +71,10 @@ StatusOr<Layout> Layout::Create(std::vector<TensorSpec> tensors,
   const int S = options.num_shards;
   // Cut chunks small enough that each shard gets >= 8 pieces of the model:
   // LPT then bounds the largest shard by mean + one piece <= 1.125 x mean.
+  // One shard needs no balancing: chunks are only capped by chunk_elems.
   uint64_t target =
-      std::max<uint64_t>(1, total / (8 * static_cast<uint64_t>(S)));
+      S == 1 ? options.chunk_elems
+             : std::max<uint64_t>(1, total / (8 * static_cast<uint64_t>(S)));
   uint64_t piece = std::min<uint64_t>(
       options.chunk_elems,
       std::max<uint64_t>(target, std::min<uint64_t>(options.min_chunk_elems,

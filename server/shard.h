@@ -93,7 +93,8 @@ struct ShardOptions {
   // cannot take the whole parked-pull budget. Requests not yet read stay in
   // ZeroMQ's per-peer queue, bounded by its high-water mark. Default: 1024.
   size_t max_inflight_per_client = 1024;
-  // Benchmark mode: pushes are validated and acknowledged, never applied.
+  // Benchmark mode: pushes are validated (sizes, codecs; not scanned for
+  // NaN) and acknowledged, never applied.
   // Default: false.
   bool transport_only = false;
   // Write each applied push to the Store before acknowledging it.

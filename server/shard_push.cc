@@ -250,7 +250,10 @@ Status Shard::ValidatePush(const RequestHeader& req,
                                           " needs the compression library"));
 #endif
     }
-    if (p.dense != nullptr && !AllFinite(p.dense, c.n)) {
+    // transport_only applies nothing, so there are no weights to protect:
+    // skipping the scan leaves the transport alone in the measurement.
+    if (p.dense != nullptr && !options_.transport_only &&
+        !AllFinite(p.dense, c.n)) {
       return Reject(RejectReason::kNonFinite,
                     Status::InvalidArgument(ChunkName(ref.chunk) +
                                             ": gradient contains NaN or Inf"));
