@@ -149,10 +149,9 @@ class NoneCodec final : public CodecBase {
  protected:
   void DecodeUnchecked(const uint8_t* p, size_t n, float alpha, bool add,
                        float* dst) const override {
-    const auto* v =
-        reinterpret_cast<const UnalignedF32*>(p + kPayloadHeaderBytes);
+    const uint8_t* v = p + kPayloadHeaderBytes;
     if (add) {
-      for (size_t i = 0; i < n; ++i) dst[i] += alpha * v[i];
+      for (size_t i = 0; i < n; ++i) dst[i] += alpha * LoadAt<float>(v, i);
     } else if (n > 0) {
       std::memcpy(dst, v, 4 * n);
     }
@@ -208,9 +207,10 @@ class HalfCodec final : public CodecBase {
   }
   template <bool kAdd>
   static void Run(const uint8_t* p, size_t n, float alpha, float* dst) {
-    const auto* h =
-        reinterpret_cast<const UnalignedU16*>(p + kPayloadHeaderBytes);
-    for (size_t i = 0; i < n; ++i) Put<kAdd>(dst + i, FromHalf(h[i]), alpha);
+    const uint8_t* h = p + kPayloadHeaderBytes;
+    for (size_t i = 0; i < n; ++i) {
+      Put<kAdd>(dst + i, FromHalf(LoadAt<uint16_t>(h, i)), alpha);
+    }
   }
 };
 

@@ -236,15 +236,17 @@ class TopKCodec final : public CodecBase {
   void DecodeUnchecked(const uint8_t* p, size_t n, float alpha, bool add,
                        float* dst) const override {
     const Header h = ReadHeader(p);
-    const auto* idx =
-        reinterpret_cast<const UnalignedU32*>(p + kPayloadHeaderBytes);
-    const auto* val = reinterpret_cast<const UnalignedF32*>(
-        p + kPayloadHeaderBytes + 4ull * h.p1);
+    const uint8_t* idx = p + kPayloadHeaderBytes;
+    const uint8_t* val = p + kPayloadHeaderBytes + 4ull * h.p1;
     if (add) {
-      for (size_t i = 0; i < h.p1; ++i) dst[idx[i]] += alpha * val[i];
+      for (size_t i = 0; i < h.p1; ++i) {
+        dst[LoadAt<uint32_t>(idx, i)] += alpha * LoadAt<float>(val, i);
+      }
     } else {
       std::fill(dst, dst + n, 0.0f);
-      for (size_t i = 0; i < h.p1; ++i) dst[idx[i]] = val[i];
+      for (size_t i = 0; i < h.p1; ++i) {
+        dst[LoadAt<uint32_t>(idx, i)] = LoadAt<float>(val, i);
+      }
     }
   }
 
@@ -278,15 +280,14 @@ class RandomKCodec final : public CodecBase {
     const Header h = ReadHeader(p);
     const uint32_t key = SeedKey(h.seed);
     const uint64_t k = h.p1;
-    const auto* val =
-        reinterpret_cast<const UnalignedF32*>(p + kPayloadHeaderBytes);
+    const uint8_t* val = p + kPayloadHeaderBytes;
     if (!add) std::fill(dst, dst + n, 0.0f);
     for (uint64_t j = 0; j < k; ++j) {
       const uint32_t i = RandomKIndex(key, j, n, k);
       if (add) {
-        dst[i] += alpha * val[j];
+        dst[i] += alpha * LoadAt<float>(val, j);
       } else {
-        dst[i] = val[j];
+        dst[i] = LoadAt<float>(val, j);
       }
     }
   }

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -72,6 +73,16 @@ inline int QsgdBits(uint32_t levels) { return levels <= 7 ? 4 : 8; }
 typedef float UnalignedF32 __attribute__((may_alias, aligned(1)));
 typedef uint16_t UnalignedU16 __attribute__((may_alias, aligned(1)));
 typedef uint32_t UnalignedU32 __attribute__((may_alias, aligned(1)));
+
+// Element i of an array of T that may sit at any address (received payload
+// bytes): memcpy is the defined way to read it, and compiles to one load.
+// Encoders write into their own vector, whose body is aligned.
+template <typename T>
+inline T LoadAt(const uint8_t* base, size_t i) {
+  T v;
+  std::memcpy(&v, base + i * sizeof(T), sizeof(T));
+  return v;
+}
 
 // Checks the arguments of Encode, resizes `out` to header + body_bytes,
 // writes the header and returns the body.
