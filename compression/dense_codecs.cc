@@ -25,7 +25,7 @@ inline void Put(float* d, float v, float alpha) {
 
 // Hot loops get an AVX2 clone picked at load time (ifunc); results are
 // bit-identical (integer ops and IEEE single ops, no contraction).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(ASYNCPS_NO_IFUNC)
 #define ASYNCPS_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define ASYNCPS_VECTOR_CLONES

@@ -10,7 +10,7 @@ namespace {
 
 // The SGD step is the hottest loop of the server: an AVX2 clone is picked
 // at load time where the CPU has it (baseline x86-64 builds use SSE2 only).
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(ASYNCPS_NO_IFUNC)
 #define ASYNCPS_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define ASYNCPS_CLONES

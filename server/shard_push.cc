@@ -23,7 +23,7 @@ namespace {
 
 // True if no element is NaN or +-Inf (exponent bits all ones). Branch-free
 // integer reduction, so it vectorises.
-#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(ASYNCPS_NO_IFUNC)
 __attribute__((target_clones("avx2", "default")))
 #endif
 bool AllFinite(const float* __restrict__ x, size_t n) {

@@ -29,11 +29,14 @@
 
 DEFINE_string(sizes, "4096,1048576,16777216,67108864", "Tensor sizes in bytes");
 DEFINE_string(inflight, "1,8", "Requests in flight");
-DEFINE_double(seconds, 1.5, "Measuring time per point");
+DEFINE_double(seconds, 0.7, "Measuring time per point and repeat");
 DEFINE_string(server, "", "ps_server binary (default: next to this binary)");
 DEFINE_bool(quick, false, "Short run: 0.3 s per point");
 DEFINE_string(modes, "transport_only,sgd", "Server modes to measure");
 DEFINE_string(curve, "", "Also measure with CurveZMQ encryption when 'on'");
+DEFINE_int32(repeats, 3,
+             "Measure every point this many times, raw and ours alternating, "
+             "and keep the best of each (these machines are noisy)");
 
 namespace {
 
@@ -311,13 +314,26 @@ int main(int argc, char** argv) {
   for (int64_t bytes : ParseList(FLAGS_sizes)) {
     for (int64_t inflight : ParseList(FLAGS_inflight)) {
       for (bool push : {true, false}) {
-        Rate raw = RawMeasure(push, bytes, inflight);
-        for (const std::string& mode : ParseNames(FLAGS_modes)) {
-          auto ours = OursMeasure(bin, mode == "transport_only", push, bytes, inflight);
-          if (!ours.ok()) {
-            std::printf("{\"bench\":\"transport\",\"error\":\"%s\"}\n", ours.status().ToString().c_str());
-            return 1;
+        // Raw and ours alternate, so a burst of load hits both alike; the
+        // best of the repeats is each one's figure.
+        const std::vector<std::string> modes = ParseNames(FLAGS_modes);
+        Rate raw;
+        std::vector<Rate> best(modes.size());
+        for (int rep = 0; rep < std::max(1, FLAGS_repeats); ++rep) {
+          Rate r = RawMeasure(push, bytes, inflight);
+          if (r.mb_per_s > raw.mb_per_s) raw = r;
+          for (size_t m = 0; m < modes.size(); ++m) {
+            auto o = OursMeasure(bin, modes[m] == "transport_only", push, bytes, inflight);
+            if (!o.ok()) {
+              std::printf("{\"bench\":\"transport\",\"error\":\"%s\"}\n", o.status().ToString().c_str());
+              return 1;
+            }
+            if (o->mb_per_s > best[m].mb_per_s) best[m] = *o;
           }
+        }
+        for (size_t m = 0; m < modes.size(); ++m) {
+          const std::string& mode = modes[m];
+          const Rate* ours = &best[m];
           bool small = bytes < (1 << 20);
           double ratio = small ? ours->ops_per_s / raw.ops_per_s : ours->mb_per_s / raw.mb_per_s;
           std::printf(
