@@ -91,9 +91,19 @@ def run_ps(bin_dir, tmp, workers, epochs, prefetch):
         stop(server)
 
 
-def run_torch(mode):
+def torch_python():
+    """A Python that can import torch (Debian's python3-torch lives in
+    /usr/bin/python3, which may not be the python3 on PATH), or None."""
+    for py in (sys.executable, "/usr/bin/python3"):
+        if os.path.exists(py) and subprocess.run([py, "-c", "import torch"],
+                                                 capture_output=True).returncode == 0:
+            return py
+    return None
+
+
+def run_torch(py, mode):
     script = os.path.join(HERE, "torch_baseline.py")
-    out = subprocess.run([sys.executable, script, "--mode", mode], capture_output=True, text=True,
+    out = subprocess.run([py, script, "--mode", mode], capture_output=True, text=True,
                          timeout=900)
     if out.returncode != 0:
         return None
@@ -126,10 +136,10 @@ def main():
         two = best(lambda: run_ps(a.bin_dir, tmp, 2, a.epochs, True))
         rec = {"bench": "worker", "config": "1 shard + 2 workers (asp, prefetch_ahead)", "batch": 64,
                "threads": 1, "samples_per_s": round(two, 1)}
-        torch_ok = not a.no_torch and subprocess.run(
-            [sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
+        py = None if a.no_torch else torch_python()
+        torch_ok = py is not None
         if torch_ok:
-            ddp = run_torch("ddp")
+            ddp = run_torch(py, "ddp")
             if ddp:
                 rec.update({"baseline": "pytorch_ddp_gloo_2proc", "baseline_samples_per_s": round(ddp, 1),
                             "ratio": round(two / ddp, 3)})
@@ -137,7 +147,7 @@ def main():
             rec["baseline"] = "pytorch ddp not installed (issue's reference: ~24k samples/s)"
         emit(rec)
         if torch_ok:
-            t1 = run_torch("single")
+            t1 = run_torch(py, "single")
             if t1:
                 emit({"bench": "worker", "config": "ps_train_local vs pytorch cpu", "batch": 64, "threads": 1,
                       "samples_per_s": round(local, 1), "baseline": "pytorch_cpu_1thread",
