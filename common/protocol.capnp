@@ -50,6 +50,8 @@ struct Pull {
   clock @0 :Int64;           # the pulling worker's clock
   chunks @1 :List(UInt32);   # empty: every chunk of the shard
   codec @2 :Text;            # pull compression spec, "" = raw fp32
+  baseSeq @3 :UInt64;        # sparse (delta) codecs: the pullSeq of the last
+                             # reply this client applied; 0 = none
 }
 
 struct Clock {
@@ -85,4 +87,9 @@ struct Reply {
   created @8 :Bool;          # register: true when this call created the tensors
   chunks @9 :List(ChunkRef); # pull: one per data frame
   text @10 :Text;            # stats: JSON
+  pullSeq @11 :UInt64;       # pull with a sparse codec: this reply's number.
+                             # Its chunks carry the change since reply
+                             # baseSeq (codec top-k / random-k, to be added
+                             # to the client's copy) or, when the shard could
+                             # not match baseSeq, whole weights (codec 0).
 }

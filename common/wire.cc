@@ -159,6 +159,7 @@ std::vector<uint8_t> EncodeRequest(const RequestHeader& h) {
       for (size_t i = 0; i < h.pull_chunks.size(); ++i)
         ids.set(i, h.pull_chunks[i]);
       p.setCodec(h.pull_codec);
+      p.setBaseSeq(h.pull_base_seq);
       break;
     }
     case RequestKind::kClock:
@@ -194,6 +195,7 @@ std::vector<uint8_t> EncodeReply(const ReplyHeader& h) {
   r.setCreated(h.created);
   if (!h.chunks.empty()) FillChunkRefs(r.initChunks(h.chunks.size()), h.chunks);
   if (!h.text.empty()) r.setText(h.text);
+  r.setPullSeq(h.pull_seq);
   return Serialize(builder);
 }
 
@@ -215,6 +217,7 @@ Status DecodeRequest(const uint8_t* data, size_t size,
         out->pull_chunks.clear();
         out->tensors.clear();
         out->pull_codec.clear();
+        out->pull_base_seq = 0;
         out->clock = 0;
         auto body = r.getBody();
         switch (body.which()) {
@@ -267,6 +270,7 @@ Status DecodeRequest(const uint8_t* data, size_t size,
             for (uint32_t i = 0; i < ids.size(); ++i)
               out->pull_chunks[i] = ids[i];
             out->pull_codec = p.getCodec().cStr();
+            out->pull_base_seq = p.getBaseSeq();
             return Status::OK();
           }
           case cw::Request::Body::CLOCK:
@@ -319,6 +323,7 @@ Status DecodeReply(const uint8_t* data, size_t size, const DecodeLimits& limits,
         out->staleness = r.getStaleness();
         out->created = r.getCreated();
         out->text = r.getText().cStr();
+        out->pull_seq = r.getPullSeq();
         return ReadChunkRefs(r.getChunks(), limits, &out->chunks);
       });
 }

@@ -63,6 +63,9 @@ struct RequestHeader {
   // kPull: chunk ids wanted (empty = all of the shard's), pull codec spec.
   std::vector<uint32_t> pull_chunks;
   std::string pull_codec;
+  // kPull with a sparse codec: sequence number of the last delta reply the
+  // client applied (0 = none, send whole weights).
+  uint64_t pull_base_seq = 0;
 };
 
 struct ReplyHeader {
@@ -76,6 +79,7 @@ struct ReplyHeader {
   bool created = false;
   std::vector<ChunkRef> chunks;  // kPull replies
   std::string text;              // kStats replies (JSON)
+  uint64_t pull_seq = 0;         // kPull replies with a sparse codec
 };
 
 // Limits applied while decoding a header.

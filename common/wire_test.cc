@@ -53,11 +53,13 @@ TEST(WireTest, RegisterAndPullRoundTrip) {
   p.clock = 4;
   p.pull_chunks = {1, 2, 3};
   p.pull_codec = "fp16";
+  p.pull_base_seq = 41;
   bytes = EncodeRequest(p);
   ASSERT_TRUE(DecodeRequest(bytes.data(), bytes.size(), {}, &d).ok());
   EXPECT_EQ(d.kind, RequestKind::kPull);
   EXPECT_EQ(d.pull_chunks, (std::vector<uint32_t>{1, 2, 3}));
   EXPECT_EQ(d.pull_codec, "fp16");
+  EXPECT_EQ(d.pull_base_seq, 41u);
   EXPECT_TRUE(d.tensors.empty());
 }
 
@@ -67,12 +69,14 @@ TEST(WireTest, ReplyCarriesStatus) {
   r.kind = RequestKind::kPull;
   r.status = Status::NotFound("chunk 12");
   r.min_clock = 5;
+  r.pull_seq = 9;
   r.chunks = {{1, 1, 0, 10, 40, 3}};
   auto bytes = EncodeReply(r);
   ReplyHeader d;
   ASSERT_TRUE(DecodeReply(bytes.data(), bytes.size(), {}, &d).ok());
   EXPECT_EQ(d.status, Status::NotFound("chunk 12"));
   EXPECT_EQ(d.min_clock, 5);
+  EXPECT_EQ(d.pull_seq, 9u);
   EXPECT_EQ(d.chunks[0].version, 3u);
 }
 

@@ -5,6 +5,7 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "server/internal/shard_types.h"
@@ -61,6 +62,12 @@ Shard::Shard(const ShardOptions& options, Store* store,
       optimizer_(std::move(optimizer)),
       clocks_(options.num_workers, options.worker_timeout, now),
       last_read_(options.num_workers, 0),
+      replicas_(options.num_workers),
+      next_pull_seq_(
+          1 +
+          (static_cast<uint64_t>(
+               std::chrono::system_clock::now().time_since_epoch().count()) &
+           ((uint64_t{1} << 62) - 1))),
       dedup_(options.num_workers) {}
 
 Shard::~Shard() = default;
@@ -434,6 +441,28 @@ Status Shard::AnswerPull(const RequestHeader& req, OutgoingReply* reply) {
   reply->header.chunks.reserve(ids.size());
   reply->frames.clear();
   reply->frames.reserve(ids.size());
+  // A sparse codec sends the change since this worker's last pull (reply
+  // number pull_base_seq), or whole weights when that is not what this
+  // shard last sent it (first pull, lost reply, new incarnation, restart).
+  PullReplica* replica = nullptr;
+  bool resync = false;
+#if ASYNCPS_SERVER_HAVE_COMPRESSION
+  if (codec && codec->IsSparse()) {
+    if (req.rank < 0) {
+      return Reject(RejectReason::kBadCodec,
+                    Status::InvalidArgument(
+                        "sparse pull codecs send changes since a worker's "
+                        "last pull: they need a worker rank"));
+    }
+    replica = &replicas_[req.rank];
+    resync = replica->seq == 0 || replica->incarnation != req.incarnation ||
+             replica->seq != req.pull_base_seq;
+    replica->incarnation = req.incarnation;
+    replica->seq = next_pull_seq_++;
+    replica->chunks.resize(chunks_.size());
+    reply->header.pull_seq = replica->seq;
+  }
+#endif
   uint64_t bytes = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
     Chunk& c = *chunks_[local_index_[ids[i]]];
@@ -444,7 +473,31 @@ Status Shard::AnswerPull(const RequestHeader& req, OutgoingReply* reply) {
     ref.version = c.version;
     ByteView view;
 #if ASYNCPS_SERVER_HAVE_COMPRESSION
-    if (codec) {
+    if (replica != nullptr) {
+      std::vector<float>& held = replica->chunks[local_index_[ids[i]]];
+      if (resync || held.size() != c.n) {
+        held.assign(c.w.begin(), c.w.end());  // whole weights go below
+      } else {
+        delta_scratch_.resize(c.n);
+        for (size_t j = 0; j < c.n; ++j) delta_scratch_[j] = c.w[j] - held[j];
+        std::vector<uint8_t> payload;
+        Status s =
+            codec->Encode(delta_scratch_.data(), c.n, c.version, &payload);
+        // The worker adds exactly the decoded payload: so does its replica,
+        // and what was not sent stays in the next delta (error feedback).
+        if (s.ok()) {
+          s = codec->DecodeAdd(payload.data(), payload.size(), c.n, 1.0f,
+                               held.data());
+        }
+        if (!s.ok()) {
+          replica->seq = 0;  // resync next time
+          return Reject(RejectReason::kBadCodec, s.WithContext("pull codec"));
+        }
+        BufferPtr b = Buffer::FromVector(std::move(payload));
+        ref.codec = static_cast<uint8_t>(codec->id());
+        view = ByteView{b->data(), b->size(), b};
+      }
+    } else if (codec) {
       std::vector<uint8_t> payload;
       Status s = codec->Encode(c.w.data(), c.n, c.version, &payload);
       if (!s.ok())

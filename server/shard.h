@@ -236,6 +236,17 @@ class Shard {
   std::vector<uint64_t>
       last_read_;             // per rank: shard version of its last pull reply
   std::vector<Dedup> dedup_;  // per rank
+  // Sparse pull codecs (top-k, random-k) send each worker the change since
+  // its last pull: per rank, what that worker holds of every local chunk.
+  // Not persisted: after a restart the next pull resyncs with whole weights.
+  struct PullReplica {
+    uint64_t incarnation = 0;
+    uint64_t seq = 0;  // pull_seq of the last reply sent; 0: none
+    std::vector<std::vector<float>> chunks;  // by local chunk index
+  };
+  std::vector<PullReplica> replicas_;  // per rank
+  uint64_t next_pull_seq_;             // starts random: unique across restarts
+  std::vector<float> delta_scratch_;
   std::vector<std::unique_ptr<ParkedPull>> parked_;
   ShardCounters counters_;
   StalenessHistogram staleness_;

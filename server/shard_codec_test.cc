@@ -118,3 +118,66 @@ TEST(ShardCodecTest, CompressedPull) {
 
 }  // namespace
 }  // namespace asyncps::server
+
+namespace asyncps::server {
+namespace {
+
+TEST(ShardCodecTest, SparsePullSendsTheChangeSinceTheWorkersLastPull) {
+  ShardHarness h(Opts());
+  ASSERT_TRUE(h.Call(ShardHarness::Register(0, SmallModel(), SmallLayout(2)))
+                  .status.ok());
+  std::vector<float> copy(10, -1.0f);  // the worker's copy of chunk 4
+  auto pull = [&](uint64_t base, uint8_t* codec) {
+    RequestHeader p = ShardHarness::Pull(0, 0, {4});
+    p.pull_codec = "topk:ratio=0.3";
+    p.pull_base_seq = base;
+    auto out = h.Send(p);
+    EXPECT_EQ(out.size(), 1u);
+    EXPECT_TRUE(out[0].header.status.ok()) << out[0].header.status.ToString();
+    const ChunkRef& ref = out[0].header.chunks[0];
+    const ByteView& f = out[0].frames[0];
+    *codec = ref.codec;
+    if (ref.codec == 0) {
+      std::memcpy(copy.data(), f.data, f.size);
+    } else {
+      EXPECT_TRUE(
+          compression::CodecForId(static_cast<compression::CodecId>(ref.codec))
+              .DecodeAdd(f.data, f.size, 10, 1.0f, copy.data())
+              .ok());
+    }
+    return out[0].header.pull_seq;
+  };
+  uint8_t codec = 99;
+  uint64_t seq = pull(0, &codec);  // first pull: whole weights
+  EXPECT_EQ(codec, 0);
+  EXPECT_NE(seq, 0u);
+  EXPECT_EQ(copy, *h.shard->weights(4));
+
+  std::vector<float> g(10);
+  for (int i = 0; i < 10; ++i) g[i] = 0.1f * i;
+  auto gf = testing::Floats(g);
+  ASSERT_TRUE(h.Call(ShardHarness::Push(0, 0, {4}, {gf}), {gf}).status.ok());
+  const std::vector<float> w = *h.shard->weights(4);
+  seq = pull(seq, &codec);  // the 3 largest changes: elements 7, 8, 9
+  EXPECT_EQ(codec, static_cast<uint8_t>(compression::CodecId::kTopK));
+  EXPECT_EQ(copy[9], w[9]);
+  EXPECT_EQ(copy[7], w[7]);
+  EXPECT_NE(copy[6], w[6]);
+  // Without new pushes the rest of the change follows, exactly.
+  for (int i = 0; i < 3; ++i) seq = pull(seq, &codec);
+  EXPECT_EQ(copy, w);
+
+  // A reply the worker never applied (stale base): whole weights again.
+  std::fill(copy.begin(), copy.end(), -7.0f);
+  pull(seq - 1, &codec);
+  EXPECT_EQ(codec, 0);
+  EXPECT_EQ(copy, w);
+
+  // Observers hold no replica: sparse pull codecs need a worker rank.
+  RequestHeader obs = ShardHarness::Pull(-1, 0, {4});
+  obs.pull_codec = "topk:ratio=0.3";
+  EXPECT_EQ(h.Call(obs).status.code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace asyncps::server

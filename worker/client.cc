@@ -109,6 +109,7 @@ class ClientImpl : public Client {
       sockets_.push_back(std::move(s));
       raw_sockets_.push_back(sockets_.back().get());
       connects_.push_back(0);
+      pull_seq_.push_back(0);
     }
     if (options_.heartbeat_interval.count() > 0) {
       heartbeater_ = std::make_unique<Heartbeater>(options_, incarnation_);
@@ -177,8 +178,15 @@ class ClientImpl : public Client {
     RequestHeader h = NewHeader(RequestKind::kPull);
     h.clock = clock;
     h.pull_codec = codec;
-    ASSIGN_OR_RETURN(Ticket t, StartOnShards(h, AllShards()));
+    // Sparse pull codecs answer with the change since the reply numbered
+    // pull_base_seq, to be added to `tensors` (which must hold that pull's
+    // result); each shard keeps its own numbering.
+    Ticket t = NewTicket();
     tickets_[t].pull_dst = tensors;
+    for (int s = 0; s < num_shards(); ++s) {
+      h.pull_base_seq = pull_seq_[s];
+      RETURN_IF_ERROR(Enqueue(t, s, h, std::vector<Frame>(1)));
+    }
     return t;
   }
 
@@ -442,6 +450,19 @@ class ClientImpl : public Client {
         return Status::Corruption("raw chunk " + std::to_string(c.chunk) +
                                   " has the wrong size");
       }
+      if (c.codec != 0) {
+        // Check every payload before writing anything: a half-applied
+        // delta would leave this copy out of step with the shard's.
+        if (c.codec >= compression::kNumCodecs) {
+          return Status::Corruption("unknown pull codec " +
+                                    std::to_string(c.codec));
+        }
+        const ByteView& f = msg_.frames[c.frame];
+        Status v =
+            compression::CodecForId(static_cast<compression::CodecId>(c.codec))
+                .Validate(f.data, f.size, c.num_elems);
+        if (!v.ok()) return Status::Corruption(v.message());
+      }
     }
     for (const ChunkRef& c : reply_.chunks) {
       const ChunkSpec& spec = layout_->chunks()[c.chunk];
@@ -450,14 +471,17 @@ class ClientImpl : public Client {
       if (c.codec == 0) {
         std::memcpy(dst, f.data, f.size);
       } else {
-        auto id = static_cast<compression::CodecId>(c.codec);
-        if (c.codec >= compression::kNumCodecs)
-          return Status::Corruption("unknown pull codec");
-        RETURN_IF_ERROR(compression::CodecForId(id).Decode(f.data, f.size,
-                                                           c.num_elems, dst));
+        const compression::Codec& codec =
+            compression::CodecForId(static_cast<compression::CodecId>(c.codec));
+        // Sparse payloads are changes since the last pull: add them.
+        RETURN_IF_ERROR(
+            codec.IsSparse()
+                ? codec.DecodeAdd(f.data, f.size, c.num_elems, 1.0f, dst)
+                : codec.Decode(f.data, f.size, c.num_elems, dst));
       }
       t.result.bytes_received += f.size;
     }
+    if (reply_.pull_seq != 0) pull_seq_[shard] = reply_.pull_seq;
     return Status::OK();
   }
 
@@ -476,7 +500,8 @@ class ClientImpl : public Client {
   uint64_t next_id_ = 1;
   Ticket next_ticket_ = 1;
   uint64_t resends_ = 0;
-  std::vector<int> connects_;  // per shard: connections seen (1 = first)
+  std::vector<int> connects_;       // per shard: connections seen (1 = first)
+  std::vector<uint64_t> pull_seq_;  // per shard: last sparse pull applied
   std::vector<std::string>* stats_sink_ = nullptr;
   Message msg_;        // reused receive buffer
   ReplyHeader reply_;  // reused decoded header

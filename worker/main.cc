@@ -54,7 +54,10 @@ DEFINE_string(metrics_csv, "", "Write per-step metrics to this CSV file");
 DEFINE_string(codec, "none",
               "Push compression, e.g. none, fp16, int8, qsgd:levels=4, "
               "topk:ratio=0.01,ef=1");
-DEFINE_string(pull_codec, "", "Pull compression: '' (fp32), fp16, bf16, int8");
+DEFINE_string(pull_codec, "",
+              "Pull compression: '' (fp32), fp16, bf16, int8, or "
+              "topk:ratio=R (the top-k of the change since this worker's "
+              "last pull)");
 DEFINE_int64(chunk_elems, 1 << 20, "Largest chunk of a tensor, in floats");
 DEFINE_int32(
     timeout_s, 120,

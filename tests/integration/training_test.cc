@@ -176,3 +176,42 @@ TEST(TrainingIntegrationTest, DedicatedEvaluatorWatchesTrainingToTheEnd) {
 
 }  // namespace
 }  // namespace asyncps::testing
+
+namespace asyncps::testing {
+namespace {
+
+TEST(TrainingIntegrationTest,
+     TopKPullsOfTheChangeKeepAccuracyAndCutPulledBytes) {
+  TempDir dir;
+  auto server = StartServer(
+      dir, "shard0",
+      {"--shard_id=0", "--num_shards=1", "--num_workers=2", "--consistency=ssp",
+       "--staleness=2", "--optimizer=sgd", "--lr=0.1"});
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  std::vector<std::unique_ptr<Process>> workers;
+  for (int r = 0; r < 2; ++r) {
+    auto w = Process::Start(
+        WorkerArgs(
+            server->endpoint, r, 2,
+            {"--epochs=1", "--pull_codec=topk:ratio=0.02", "--codec=int8"}),
+        dir.Sub("worker" + std::to_string(r) + ".log"));
+    ASSERT_TRUE(w.ok());
+    workers.push_back(std::move(*w));
+  }
+  for (auto& w : workers) {
+    auto code = w->Wait(seconds(240));
+    ASSERT_TRUE(code.ok()) << w->Log();
+    EXPECT_EQ(*code, 0) << w->Log();
+  }
+  std::string log = workers[0]->Log();
+  EXPECT_GE(SummaryValue(log, "final_test_acc"), 0.75) << log;
+  // Dense fp32 pulls of 469 steps would be 469 x 940584 bytes; top-k 2% of
+  // the change (index + value per element) is a small fraction of that.
+  EXPECT_LT(SummaryValue(log, "bytes_pulled"), 0.15 * 469 * 940584.0) << log;
+  EXPECT_LT(SummaryValue(log, "bytes_pushed_wire"),
+            0.3 * SummaryValue(log, "bytes_pushed_raw"))
+      << log;
+}
+
+}  // namespace
+}  // namespace asyncps::testing
