@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <regex>
 #include <thread>
 
@@ -34,6 +35,30 @@ std::vector<std::string> WorkerArgs(const std::string& servers, int rank,
   return a;
 }
 
+// Starts `n` workers of `n` against `servers` (logs worker<r>.log in `dir`);
+// `extra(r)` gives each rank's own flags.
+std::vector<std::unique_ptr<Process>> StartWorkers(
+    const TempDir& dir, const std::string& servers, int n,
+    const std::function<std::vector<std::string>(int)>& extra) {
+  std::vector<std::unique_ptr<Process>> workers;
+  for (int r = 0; r < n; ++r) {
+    auto w = Process::Start(WorkerArgs(servers, r, n, extra(r)),
+                            dir.Sub("worker" + std::to_string(r) + ".log"));
+    EXPECT_TRUE(w.ok()) << w.status().ToString();
+    if (w.ok()) workers.push_back(std::move(*w));
+  }
+  return workers;
+}
+
+// Waits for every worker; each must exit 0.
+void ExpectAllFinish(const std::vector<std::unique_ptr<Process>>& workers) {
+  for (size_t r = 0; r < workers.size(); ++r) {
+    auto code = workers[r]->Wait(seconds(240));
+    ASSERT_TRUE(code.ok()) << "worker " << r << " hung:\n" << workers[r]->Log();
+    EXPECT_EQ(*code, 0) << workers[r]->Log();
+  }
+}
+
 TEST(TrainingIntegrationTest, OneShardTwoWorkersReachAccuracyBarInOneEpoch) {
   TempDir dir;
   auto server = StartServer(
@@ -41,21 +66,13 @@ TEST(TrainingIntegrationTest, OneShardTwoWorkersReachAccuracyBarInOneEpoch) {
       {"--shard_id=0", "--num_shards=1", "--num_workers=2", "--consistency=ssp",
        "--staleness=2", "--optimizer=sgd", "--lr=0.1"});
   ASSERT_TRUE(server.ok()) << server.status().ToString();
-  std::vector<std::unique_ptr<Process>> workers;
-  for (int r = 0; r < 2; ++r) {
-    auto w = Process::Start(
-        WorkerArgs(server->endpoint, r, 2,
-                   {"--epochs=1", "--batch=64",
-                    "--metrics_csv=" + dir.Sub("m" + std::to_string(r))}),
-        dir.Sub("worker" + std::to_string(r) + ".log"));
-    ASSERT_TRUE(w.ok());
-    workers.push_back(std::move(*w));
-  }
-  for (int r = 0; r < 2; ++r) {
-    auto code = workers[r]->Wait(seconds(240));
-    ASSERT_TRUE(code.ok()) << "worker " << r << " hung:\n" << workers[r]->Log();
-    EXPECT_EQ(*code, 0) << workers[r]->Log();
-  }
+  auto workers = StartWorkers(dir, server->endpoint, 2, [&](int r) {
+    return std::vector<std::string>{
+        "--epochs=1", "--batch=64",
+        "--metrics_csv=" + dir.Sub("m" + std::to_string(r))};
+  });
+  ASSERT_EQ(workers.size(), 2u);
+  ExpectAllFinish(workers);
   std::string log0 = workers[0]->Log();
   double acc = SummaryValue(log0, "final_test_acc");
   EXPECT_GE(acc, 0.75) << log0;
@@ -149,18 +166,12 @@ TEST(TrainingIntegrationTest, DedicatedEvaluatorWatchesTrainingToTheEnd) {
                   "--metrics_csv=" + dir.Sub("eval.csv")}),
       dir.Sub("eval.log"));
   ASSERT_TRUE(eval.ok());
-  std::vector<std::unique_ptr<Process>> workers;
-  for (int r = 0; r < 2; ++r) {
-    auto w = Process::Start(
-        WorkerArgs(server->endpoint, r, 2, {"--epochs=1", "--eval=false"}),
-        dir.Sub("worker" + std::to_string(r) + ".log"));
-    ASSERT_TRUE(w.ok());
-    workers.push_back(std::move(*w));
-  }
+  auto workers = StartWorkers(dir, server->endpoint, 2, [](int) {
+    return std::vector<std::string>{"--epochs=1", "--eval=false"};
+  });
+  ASSERT_EQ(workers.size(), 2u);
+  ExpectAllFinish(workers);
   for (auto& w : workers) {
-    auto code = w->Wait(seconds(240));
-    ASSERT_TRUE(code.ok()) << w->Log();
-    EXPECT_EQ(*code, 0) << w->Log();
     EXPECT_EQ(SummaryValue(w->Log(), "final_test_acc"), -1)
         << "workers did not evaluate";
   }
@@ -188,21 +199,12 @@ TEST(TrainingIntegrationTest,
       {"--shard_id=0", "--num_shards=1", "--num_workers=2", "--consistency=ssp",
        "--staleness=2", "--optimizer=sgd", "--lr=0.1"});
   ASSERT_TRUE(server.ok()) << server.status().ToString();
-  std::vector<std::unique_ptr<Process>> workers;
-  for (int r = 0; r < 2; ++r) {
-    auto w = Process::Start(
-        WorkerArgs(
-            server->endpoint, r, 2,
-            {"--epochs=1", "--pull_codec=topk:ratio=0.02", "--codec=int8"}),
-        dir.Sub("worker" + std::to_string(r) + ".log"));
-    ASSERT_TRUE(w.ok());
-    workers.push_back(std::move(*w));
-  }
-  for (auto& w : workers) {
-    auto code = w->Wait(seconds(240));
-    ASSERT_TRUE(code.ok()) << w->Log();
-    EXPECT_EQ(*code, 0) << w->Log();
-  }
+  auto workers = StartWorkers(dir, server->endpoint, 2, [](int) {
+    return std::vector<std::string>{
+        "--epochs=1", "--pull_codec=topk:ratio=0.02", "--codec=int8"};
+  });
+  ASSERT_EQ(workers.size(), 2u);
+  ExpectAllFinish(workers);
   std::string log = workers[0]->Log();
   EXPECT_GE(SummaryValue(log, "final_test_acc"), 0.75) << log;
   // Dense fp32 pulls of 469 steps would be 469 x 940584 bytes; top-k 2% of
