@@ -3,6 +3,9 @@
 // g++ -O2/-O3 vectorises them with baseline SSE2 (no libm calls, integer max
 // reductions, fixed 8-lane sums, small stack tiles for bit packing).
 #include <algorithm>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -25,7 +28,8 @@ inline void Put(float* d, float v, float alpha) {
 
 // Hot loops get an AVX2 clone picked at load time (ifunc); results are
 // bit-identical (integer ops and IEEE single ops, no contraction).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(ASYNCPS_NO_IFUNC)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(ASYNCPS_NO_IFUNC)
 #define ASYNCPS_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define ASYNCPS_VECTOR_CLONES
@@ -78,6 +82,72 @@ ASYNCPS_VECTOR_CLONES void Fp16Encode(const float* x, size_t n,
                                       UnalignedU16* o) {
   for (size_t i = 0; i < n; ++i) o[i] = FloatToHalf(x[i]);
 }
+
+// fp16 through the F16C instructions (x86-64 CPUs since 2012), picked at
+// run time. Both directions round like FloatToHalf / HalfToFloat (IEEE,
+// nearest even); blocks holding a NaN take the scalar path, so every byte
+// equals the portable code's (and the GPU's).
+#if defined(__x86_64__) && defined(__GNUC__)
+#define ASYNCPS_F16C 1
+bool HaveF16c() {
+  static const bool have =
+      __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  return have;
+}
+
+__attribute__((target("avx,f16c"))) void Fp16EncodeF16c(const float* x,
+                                                        size_t n, uint8_t* o) {
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    if (_mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0) {
+      for (size_t j = i; j < i + 8; ++j) {
+        const uint16_t h = FloatToHalf(x[j]);
+        std::memcpy(o + 2 * j, &h, 2);
+      }
+      continue;
+    }
+    _mm_storeu_si128(
+        reinterpret_cast<__m128i*>(o + 2 * i),
+        _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  for (; i < n; ++i) {
+    const uint16_t h = FloatToHalf(x[i]);
+    std::memcpy(o + 2 * i, &h, 2);
+  }
+}
+
+template <bool kAdd>
+__attribute__((target("avx,f16c"))) void Fp16DecodeF16c(const uint8_t* h,
+                                                        size_t n, float alpha,
+                                                        float* dst) {
+  const __m256 a = _mm256_set1_ps(alpha);
+  const __m128i exp_mask = _mm_set1_epi16(0x7c00);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i hv =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(h + 2 * i));
+    // Any exponent all ones (Inf or NaN): the scalar path for this block.
+    const __m128i e = _mm_and_si128(hv, exp_mask);
+    if (_mm_movemask_epi8(_mm_cmpeq_epi16(e, exp_mask)) != 0) {
+      for (size_t j = i; j < i + 8; ++j) {
+        Put<kAdd>(dst + j, HalfToFloat(LoadAt<uint16_t>(h, j)), alpha);
+      }
+      continue;
+    }
+    const __m256 v = _mm256_cvtph_ps(hv);
+    if constexpr (kAdd) {
+      // Multiply, then add: no fused multiply-add, as in Put().
+      _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_loadu_ps(dst + i),
+                                              _mm256_mul_ps(a, v)));
+    } else {
+      _mm256_storeu_ps(dst + i, v);
+    }
+  }
+  for (; i < n; ++i)
+    Put<kAdd>(dst + i, HalfToFloat(LoadAt<uint16_t>(h, i)), alpha);
+}
+#endif
 
 // QSGD levels of tl elements starting at global index base.
 ASYNCPS_VECTOR_CLONES void QsgdTile(const float* xs, size_t tl, uint32_t base,
@@ -172,6 +242,12 @@ class HalfCodec final : public CodecBase {
     ASSIGN_OR_RETURN(uint8_t * body,
                      BeginPayload(id(), x, n, 0, 0, seed, 2ull * n, out));
     auto* o = reinterpret_cast<UnalignedU16*>(body);
+#ifdef ASYNCPS_F16C
+    if (kId == CodecId::kFp16 && HaveF16c()) {
+      Fp16EncodeF16c(x, n, body);
+      return Status::OK();
+    }
+#endif
     if (kId == CodecId::kFp16) {
       Fp16Encode(x, n, o);
     } else {
@@ -208,6 +284,12 @@ class HalfCodec final : public CodecBase {
   template <bool kAdd>
   static void Run(const uint8_t* p, size_t n, float alpha, float* dst) {
     const uint8_t* h = p + kPayloadHeaderBytes;
+#ifdef ASYNCPS_F16C
+    if (kId == CodecId::kFp16 && HaveF16c()) {
+      Fp16DecodeF16c<kAdd>(h, n, alpha, dst);
+      return;
+    }
+#endif
     for (size_t i = 0; i < n; ++i) {
       Put<kAdd>(dst + i, FromHalf(LoadAt<uint16_t>(h, i)), alpha);
     }
