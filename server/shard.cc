@@ -242,6 +242,11 @@ bool Shard::IsParked(const std::string& peer, uint64_t id) const {
 }
 
 void Shard::Tick(TimePoint now, std::vector<OutgoingReply>* out) {
+  // A worker whose pull this shard is holding is waiting on us, not dead:
+  // its silence does not count until the pull is answered.
+  for (const auto& p : parked_) {
+    if (p->req.rank >= 0) clocks_.Touch(p->req.rank, now);
+  }
   if (clocks_.Expire(now) > 0) OnClocksChanged(out);
   ReleaseParked(out);
 }

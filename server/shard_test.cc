@@ -455,3 +455,30 @@ TEST(ShardTest, CosineLearningRateScheduleOverShardUpdates) {
 
 }  // namespace
 }  // namespace asyncps::server
+
+namespace asyncps::server {
+namespace {
+
+TEST(ShardTest, AWorkerWaitingOnAParkedPullIsNotEvicted) {
+  ShardOptions o = Opts(Consistency::kSsp, 2);
+  o.worker_timeout = std::chrono::milliseconds(1000);
+  ShardHarness h(o);
+  ASSERT_TRUE(h.Call(ShardHarness::Register(0, SmallModel(), SmallLayout(2)))
+                  .status.ok());
+  ASSERT_TRUE(h.Call(ShardHarness::Clock(1, 0)).status.ok());
+  EXPECT_TRUE(h.Send(ShardHarness::Pull(0, 1), {}, "w0").empty());  // parked
+  std::vector<OutgoingReply> ticked;
+  for (int i = 0; i < 4; ++i) {  // 2 s: worker 1 keeps talking, 0 waits
+    h.now += std::chrono::milliseconds(500);
+    ASSERT_TRUE(h.Call(ShardHarness::Clock(1, 0)).status.ok());
+    h.shard->Tick(h.now, &ticked);
+  }
+  EXPECT_TRUE(ticked.empty());
+  EXPECT_TRUE(h.shard->clocks().live(0));
+  auto out = h.Send(ShardHarness::Clock(1, 1), {}, "w1");
+  ASSERT_EQ(out.size(), 2u);  // the clock's reply and the released pull
+  EXPECT_EQ(out[1].peer, "w0");
+}
+
+}  // namespace
+}  // namespace asyncps::server

@@ -270,7 +270,7 @@ TEST(ServerIntegrationTest, DeadWorkerEvictionUnblocksOthers) {
   auto servers =
       StartShards(dir, 1,
                   {"--num_workers=3", "--consistency=bsp", "--optimizer=sgd",
-                   "--lr=0.1", "--worker_timeout_s=1"});
+                   "--lr=0.1", "--worker_timeout_s=2"});
   ASSERT_EQ(servers.size(), 1u);
   // The live workers connect first, so a slow thread start on a loaded
   // machine cannot make them look dead too.
@@ -309,7 +309,7 @@ TEST(ServerIntegrationTest, DeadWorkerEvictionUnblocksOthers) {
   }
   for (auto& t : workers) t.join();
   EXPECT_EQ(errors.load(), 0);
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(8));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(12));
   int rc = 0;
   std::string stats = RunCtl(dir, servers, "stats", &rc);
   EXPECT_NE(stats.find("\"worker_live\":[true,true,false]"), std::string::npos)
