@@ -168,7 +168,9 @@ TEST(TransportTest, CurveAllowsListedClientsAndRefusesOthers) {
     auto c = ClientSocket::Connect((*server)->endpoint(), co);
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     std::vector<Frame> f{Frame::Copy("hello", 5)};
-    EXPECT_TRUE((*c)->Send(f).ok());
+    // Whether the send is queued depends on how far the (possibly refused)
+    // handshake got; what is checked is what arrives at the server.
+    (void)(*c)->Send(f);
     return std::move(c).value();
   };
   std::vector<std::string> events;
