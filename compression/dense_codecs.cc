@@ -83,6 +83,14 @@ ASYNCPS_VECTOR_CLONES void Fp16Encode(const float* x, size_t n,
   for (size_t i = 0; i < n; ++i) o[i] = FloatToHalf(x[i]);
 }
 
+// The body of an encoded payload is 8-byte aligned (a vector's storage plus
+// the 24-byte header), so plain uint16_t stores are fine, and __restrict
+// lets the loop vectorise.
+ASYNCPS_VECTOR_CLONES void Bf16Encode(const float* __restrict x, size_t n,
+                                      uint16_t* __restrict o) {
+  for (size_t i = 0; i < n; ++i) o[i] = FloatToBf16(x[i]);
+}
+
 // fp16 through the F16C instructions (x86-64 CPUs since 2012), picked at
 // run time. Both directions round like FloatToHalf / HalfToFloat (IEEE,
 // nearest even); blocks holding a NaN take the scalar path, so every byte
@@ -251,7 +259,7 @@ class HalfCodec final : public CodecBase {
     if (kId == CodecId::kFp16) {
       Fp16Encode(x, n, o);
     } else {
-      for (size_t i = 0; i < n; ++i) o[i] = ToHalf(x[i]);
+      Bf16Encode(x, n, reinterpret_cast<uint16_t*>(body));
     }
     return Status::OK();
   }
