@@ -202,6 +202,25 @@ const Tables& GetTables() {
 
 // ---- none ------------------------------------------------------------------
 
+// DecodeUnchecked for codecs whose decode loop is `template <bool kAdd>
+// static void Run(p, n, alpha, dst)`: add or overwrite is fixed at compile
+// time, and each codec writes its loop once.
+template <typename Derived, typename Base>
+class RunDecoder : public Base {
+ public:
+  using Base::Base;
+
+ protected:
+  void DecodeUnchecked(const uint8_t* p, size_t n, float alpha, bool add,
+                       float* dst) const override {
+    if (add) {
+      Derived::template Run<true>(p, n, alpha, dst);
+    } else {
+      Derived::template Run<false>(p, n, alpha, dst);
+    }
+  }
+};
+
 class NoneCodec final : public CodecBase {
  public:
   CodecId id() const override { return CodecId::kNone; }
@@ -239,7 +258,7 @@ class NoneCodec final : public CodecBase {
 // ---- fp16 / bf16 -----------------------------------------------------------
 
 template <CodecId kId>
-class HalfCodec final : public CodecBase {
+class HalfCodec final : public RunDecoder<HalfCodec<kId>, CodecBase> {
  public:
   CodecId id() const override { return kId; }
   size_t MaxEncodedBytes(size_t n) const override {
@@ -272,17 +291,8 @@ class HalfCodec final : public CodecBase {
     return Status::OK();
   }
 
- protected:
-  void DecodeUnchecked(const uint8_t* p, size_t n, float alpha, bool add,
-                       float* dst) const override {
-    if (add) {
-      Run<true>(p, n, alpha, dst);
-    } else {
-      Run<false>(p, n, alpha, dst);
-    }
-  }
-
  private:
+  friend class RunDecoder<HalfCodec<kId>, CodecBase>;
   static uint16_t ToHalf(float f) {
     return kId == CodecId::kFp16 ? FloatToHalf(f) : FloatToBf16(f);
   }
@@ -340,9 +350,23 @@ class BucketCodec : public CodecBase {
   uint32_t bucket_;
 };
 
-class Int8Codec final : public BucketCodec {
+// Bucket codecs with a fixed number of bits per element.
+template <int kBits>
+class FixedBits : public BucketCodec {
  public:
   using BucketCodec::BucketCodec;
+
+ protected:
+  Status BitsFor(const Header& h, int* bits) const override {
+    *bits = kBits;
+    return Status::OK();
+  }
+  int MaxBits() const override { return kBits; }
+};
+
+class Int8Codec final : public RunDecoder<Int8Codec, FixedBits<8>> {
+ public:
+  using RunDecoder::RunDecoder;
   CodecId id() const override { return CodecId::kInt8; }
   Status Encode(const float* x, size_t n, uint64_t seed,
                 std::vector<uint8_t>* out) const override {
@@ -364,22 +388,8 @@ class Int8Codec final : public BucketCodec {
     return Status::OK();
   }
 
- protected:
-  Status BitsFor(const Header& h, int* bits) const override {
-    *bits = 8;
-    return Status::OK();
-  }
-  int MaxBits() const override { return 8; }
-  void DecodeUnchecked(const uint8_t* p, size_t n, float alpha, bool add,
-                       float* dst) const override {
-    if (add) {
-      Run<true>(p, n, alpha, dst);
-    } else {
-      Run<false>(p, n, alpha, dst);
-    }
-  }
-
  private:
+  friend class RunDecoder<Int8Codec, FixedBits<8>>;
   template <bool kAdd>
   static void Run(const uint8_t* p, size_t n, float alpha, float* dst) {
     const Header h = ReadHeader(p);
@@ -397,10 +407,10 @@ class Int8Codec final : public BucketCodec {
   }
 };
 
-class QsgdCodec final : public BucketCodec {
+class QsgdCodec final : public RunDecoder<QsgdCodec, BucketCodec> {
  public:
   QsgdCodec(int levels, int bucket)
-      : BucketCodec(bucket), levels_(static_cast<uint32_t>(levels)) {}
+      : RunDecoder(bucket), levels_(static_cast<uint32_t>(levels)) {}
   CodecId id() const override { return CodecId::kQsgd; }
   Status Encode(const float* x, size_t n, uint64_t seed,
                 std::vector<uint8_t>* out) const override {
@@ -451,16 +461,9 @@ class QsgdCodec final : public BucketCodec {
     return Status::OK();
   }
   int MaxBits() const override { return QsgdBits(levels_); }
-  void DecodeUnchecked(const uint8_t* p, size_t n, float alpha, bool add,
-                       float* dst) const override {
-    if (add) {
-      Run<true>(p, n, alpha, dst);
-    } else {
-      Run<false>(p, n, alpha, dst);
-    }
-  }
 
  private:
+  friend class RunDecoder<QsgdCodec, BucketCodec>;
   template <bool kAdd>
   static void Run(const uint8_t* p, size_t n, float alpha, float* dst) {
     const Header h = ReadHeader(p);
@@ -500,9 +503,9 @@ class QsgdCodec final : public BucketCodec {
   uint32_t levels_;
 };
 
-class TernGradCodec final : public BucketCodec {
+class TernGradCodec final : public RunDecoder<TernGradCodec, FixedBits<2>> {
  public:
-  using BucketCodec::BucketCodec;
+  using RunDecoder::RunDecoder;
   CodecId id() const override { return CodecId::kTernGrad; }
   Status Encode(const float* x, size_t n, uint64_t seed,
                 std::vector<uint8_t>* out) const override {
@@ -543,22 +546,8 @@ class TernGradCodec final : public BucketCodec {
     return Status::OK();
   }
 
- protected:
-  Status BitsFor(const Header& h, int* bits) const override {
-    *bits = 2;
-    return Status::OK();
-  }
-  int MaxBits() const override { return 2; }
-  void DecodeUnchecked(const uint8_t* p, size_t n, float alpha, bool add,
-                       float* dst) const override {
-    if (add) {
-      Run<true>(p, n, alpha, dst);
-    } else {
-      Run<false>(p, n, alpha, dst);
-    }
-  }
-
  private:
+  friend class RunDecoder<TernGradCodec, FixedBits<2>>;
   template <bool kAdd>
   static void Run(const uint8_t* p, size_t n, float alpha, float* dst) {
     const Header h = ReadHeader(p);
@@ -585,9 +574,9 @@ class TernGradCodec final : public BucketCodec {
   }
 };
 
-class SignCodec final : public BucketCodec {
+class SignCodec final : public RunDecoder<SignCodec, FixedBits<1>> {
  public:
-  using BucketCodec::BucketCodec;
+  using RunDecoder::RunDecoder;
   CodecId id() const override { return CodecId::kSign; }
   Status Encode(const float* x, size_t n, uint64_t seed,
                 std::vector<uint8_t>* out) const override {
@@ -620,22 +609,8 @@ class SignCodec final : public BucketCodec {
     return Status::OK();
   }
 
- protected:
-  Status BitsFor(const Header& h, int* bits) const override {
-    *bits = 1;
-    return Status::OK();
-  }
-  int MaxBits() const override { return 1; }
-  void DecodeUnchecked(const uint8_t* p, size_t n, float alpha, bool add,
-                       float* dst) const override {
-    if (add) {
-      Run<true>(p, n, alpha, dst);
-    } else {
-      Run<false>(p, n, alpha, dst);
-    }
-  }
-
  private:
+  friend class RunDecoder<SignCodec, FixedBits<1>>;
   template <bool kAdd>
   static void Run(const uint8_t* p, size_t n, float alpha, float* dst) {
     const Header h = ReadHeader(p);
