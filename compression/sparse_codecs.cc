@@ -211,7 +211,19 @@ Status Select(const float* x, size_t n, size_t k, bool sampled, uint64_t seed,
   return Status::OK();
 }
 
-class TopKCodec final : public CodecBase {
+// Top-k and random-k payloads share one layout and one validation.
+class SparseCodec : public CodecBase {
+ public:
+  Status Validate(const uint8_t* p, size_t bytes, size_t n) const override {
+    Header h;
+    RETURN_IF_ERROR(CheckHeader(p, bytes, n, id(), &h));
+    SparseLayout l;
+    return CheckSparse(p, bytes, n, &l);
+  }
+  bool IsSparse() const override { return true; }
+};
+
+class TopKCodec final : public SparseCodec {
  public:
   TopKCodec(double ratio, bool sampled) : ratio_(ratio), sampled_(sampled) {}
   CodecId id() const override { return CodecId::kTopK; }
@@ -224,13 +236,6 @@ class TopKCodec final : public CodecBase {
                 std::vector<uint8_t>* out) const override {
     return EncodeTopK(x, n, KForRatio(ratio_, n), sampled_, seed, out);
   }
-  Status Validate(const uint8_t* p, size_t bytes, size_t n) const override {
-    Header h;
-    RETURN_IF_ERROR(CheckHeader(p, bytes, n, id(), &h));
-    SparseLayout l;
-    return CheckSparse(p, bytes, n, &l);
-  }
-  bool IsSparse() const override { return true; }
 
  protected:
   void DecodeUnchecked(const uint8_t* p, size_t n, float alpha, bool add,
@@ -255,7 +260,7 @@ class TopKCodec final : public CodecBase {
   bool sampled_;
 };
 
-class RandomKCodec final : public CodecBase {
+class RandomKCodec final : public SparseCodec {
  public:
   explicit RandomKCodec(double ratio) : ratio_(ratio) {}
   CodecId id() const override { return CodecId::kRandomK; }
@@ -266,13 +271,6 @@ class RandomKCodec final : public CodecBase {
                 std::vector<uint8_t>* out) const override {
     return EncodeRandomK(x, n, KForRatio(ratio_, n), seed, out);
   }
-  Status Validate(const uint8_t* p, size_t bytes, size_t n) const override {
-    Header h;
-    RETURN_IF_ERROR(CheckHeader(p, bytes, n, id(), &h));
-    SparseLayout l;
-    return CheckSparse(p, bytes, n, &l);
-  }
-  bool IsSparse() const override { return true; }
 
  protected:
   void DecodeUnchecked(const uint8_t* p, size_t n, float alpha, bool add,

@@ -147,26 +147,30 @@ __global__ void SumTwoKernel(const float* __restrict__ a,
   }
 }
 
-// Device allocation owned by RAII.
-template <typename T>
-class DeviceArray {
+// A CUDA allocation owned by RAII: device memory (cudaMalloc) or pinned host
+// memory (cudaMallocHost), the same code for both.
+template <typename T, cudaError_t (*kAlloc)(void**, size_t),
+          cudaError_t (*kFree)(void*)>
+class CudaArray {
  public:
-  DeviceArray() = default;
-  ~DeviceArray() {
-    if (p_) cudaFree(p_);
+  CudaArray() = default;
+  ~CudaArray() {
+    if (p_) kFree(p_);
   }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
-  DeviceArray(DeviceArray&& o) noexcept : p_(o.p_), n_(o.n_) {
+  CudaArray(const CudaArray&) = delete;
+  CudaArray& operator=(const CudaArray&) = delete;
+  CudaArray(CudaArray&& o) noexcept : p_(o.p_), n_(o.n_) {
     o.p_ = nullptr;
     o.n_ = 0;
   }
   Status Resize(size_t n) {
     if (n <= n_) return Status::OK();
-    if (p_) cudaFree(p_);
+    if (p_) kFree(p_);
     p_ = nullptr;
     n_ = 0;
-    CUDA_RETURN_IF_ERROR(cudaMalloc(&p_, n * sizeof(T)));
+    void* raw = nullptr;
+    CUDA_RETURN_IF_ERROR(kAlloc(&raw, n * sizeof(T)));
+    p_ = static_cast<T*>(raw);
     n_ = n;
     return Status::OK();
   }
@@ -177,34 +181,17 @@ class DeviceArray {
   size_t n_ = 0;
 };
 
-template <typename T>
-class PinnedArray {
- public:
-  PinnedArray() = default;
-  ~PinnedArray() {
-    if (p_) cudaFreeHost(p_);
-  }
-  PinnedArray(const PinnedArray&) = delete;
-  PinnedArray& operator=(const PinnedArray&) = delete;
-  PinnedArray(PinnedArray&& o) noexcept : p_(o.p_), n_(o.n_) {
-    o.p_ = nullptr;
-    o.n_ = 0;
-  }
-  Status Resize(size_t n) {
-    if (n <= n_) return Status::OK();
-    if (p_) cudaFreeHost(p_);
-    p_ = nullptr;
-    n_ = 0;
-    CUDA_RETURN_IF_ERROR(cudaMallocHost(&p_, n * sizeof(T)));
-    n_ = n;
-    return Status::OK();
-  }
-  T* get() const { return p_; }
+inline cudaError_t DeviceAlloc(void** p, size_t bytes) {
+  return cudaMalloc(p, bytes);
+}
+inline cudaError_t PinnedAlloc(void** p, size_t bytes) {
+  return cudaMallocHost(p, bytes);
+}
 
- private:
-  T* p_ = nullptr;
-  size_t n_ = 0;
-};
+template <typename T>
+using DeviceArray = CudaArray<T, DeviceAlloc, cudaFree>;
+template <typename T>
+using PinnedArray = CudaArray<T, PinnedAlloc, cudaFreeHost>;
 
 class CudaBackend final : public Backend {
  public:
