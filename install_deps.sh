@@ -12,6 +12,7 @@ PKGS=(
   libgflags-dev libgoogle-glog-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev zlib1g-dev
+  libcpp-httplib-dev nlohmann-json3-dev prometheus
   dataset-fashion-mnist
   gnuplot-nox python3 procps iproute2
 )

@@ -14,9 +14,9 @@
 
 #include <atomic>
 #include <cstdio>
-#include <fstream>
 #include <thread>
 
+#include "common/file_util.h"
 #include "server/server.h"
 
 DEFINE_string(endpoint, "tcp://127.0.0.1:*",
@@ -187,20 +187,6 @@ srv::ServerOptions OptionsFromFlags() {
   return o;
 }
 
-Status WriteReadyFile(const std::string& path, const std::string& endpoint) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << endpoint << "\n";
-    f.flush();
-    if (!f) return Status::Unavailable("cannot write " + tmp);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return Status::Unavailable("cannot rename " + tmp + " to " + path);
-  }
-  return Status::OK();
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -256,7 +242,8 @@ int main(int argc, char** argv) {
     if (pub.ok()) LOG(INFO) << "CURVE server public key " << *pub;
   }
   if (!FLAGS_ready_file.empty()) {
-    Status st = WriteReadyFile(FLAGS_ready_file, (*server)->endpoint());
+    Status st = asyncps::WriteFileAtomically(FLAGS_ready_file,
+                                              (*server)->endpoint() + "\n");
     if (!st.ok()) {
       LOG(ERROR) << st.ToString();
       return 1;
