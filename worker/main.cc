@@ -9,7 +9,9 @@
 
 #include <cstdio>
 #include <sstream>
+#include <thread>
 
+#include "common/metrics_http.h"
 #include "compression/codec.h"
 #include "worker/backend.h"
 #include "worker/client.h"
@@ -82,6 +84,17 @@ DEFINE_bool(prefetch_ahead, false,
             "network overlaps compute, and the weights lack this worker's "
             "own latest update (for ASP, or SSP with s >= 1)");
 
+DEFINE_int32(metrics_port, 0,
+             "Serve Prometheus metrics on this port at /metrics: 0 off, -1 "
+             "any free port (written to --metrics_port_file)");
+DEFINE_string(metrics_bind, "127.0.0.1",
+              "Address the metrics endpoint binds (loopback by default)");
+DEFINE_string(metrics_port_file, "",
+              "Write the bound metrics port to this file once serving");
+DEFINE_double(metrics_linger_s, 0,
+              "Keep serving metrics this long after training, so a scraper "
+              "sees the final values");
+
 namespace {
 
 using namespace asyncps;
@@ -142,6 +155,12 @@ Status Main() {
         "--device_compression must be auto, on or off");
   }
   ASSIGN_OR_RETURN(DeviceKind device, ParseDeviceKind(FLAGS_device));
+  if (FLAGS_metrics_port < -1 || FLAGS_metrics_port > 65535) {
+    return Status::InvalidArgument("--metrics_port must be in [-1, 65535]");
+  }
+  if (FLAGS_metrics_linger_s < 0) {
+    return Status::InvalidArgument("--metrics_linger_s must be >= 0");
+  }
 
   LOG(INFO) << "ps_worker: servers=" << FLAGS_servers << " rank=" << FLAGS_rank
             << "/" << FLAGS_num_workers << " layers=" << LayersToString(layers)
@@ -198,6 +217,23 @@ Status Main() {
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Create(co));
 
+  // Metrics: the registry outlives the HTTP server that reads it.
+  metrics::Registry registry;
+  std::unique_ptr<metrics::MetricsServer> metrics_server;
+  std::shared_ptr<WorkerMetrics> worker_metrics;
+  if (FLAGS_metrics_port != 0) {
+    metrics::AddProcessMetrics(&registry);
+    Client* raw_client = client.get();
+    worker_metrics = std::make_shared<WorkerMetrics>(
+        &registry, [raw_client] { return raw_client->resends(); });
+    metrics::MetricsServerOptions mo;
+    mo.bind = FLAGS_metrics_bind;
+    mo.port = std::max(0, FLAGS_metrics_port);
+    mo.port_file = FLAGS_metrics_port_file;
+    ASSIGN_OR_RETURN(metrics_server,
+                     metrics::MetricsServer::Start(mo, &registry));
+  }
+
   TrainerOptions to;
   to.layers = layers;
   to.batch = FLAGS_batch;
@@ -211,6 +247,7 @@ Status Main() {
   to.log_every = FLAGS_log_every;
   to.slowdown = FLAGS_slowdown;
   to.metrics_csv = FLAGS_metrics_csv;
+  to.metrics = worker_metrics;
 
   if (eval_role) {
     LayoutOptions lo;
@@ -276,6 +313,11 @@ Status Main() {
   // as it is for launch/psrun.
   LOG(INFO) << "codec: encode_ms_total=" << r.traffic.encode_ns / 1e6
             << " steps=" << r.steps;
+  if (metrics_server && FLAGS_metrics_linger_s > 0) {
+    std::fflush(stdout);
+    std::this_thread::sleep_for(
+        std::chrono::duration<double>(FLAGS_metrics_linger_s));
+  }
   return Status::OK();
 }
 
