@@ -118,9 +118,8 @@ void Counter::Inc(double v) {
 
 void Counter::Publish(double v) {
   uint64_t old = bits_.load(std::memory_order_relaxed);
-  while (v > FromBits(old) &&
-         !bits_.compare_exchange_weak(old, ToBits(v),
-                                      std::memory_order_relaxed)) {
+  while (v > FromBits(old) && !bits_.compare_exchange_weak(
+                                  old, ToBits(v), std::memory_order_relaxed)) {
   }
 }
 
@@ -255,8 +254,8 @@ Family<T>& Registry::Add(const std::string& name, const std::string& help,
   e->name = name;
   e->label_names = label_names;
   e->bounds = bounds;
-  auto* family = new Family<T>(name, help, type, std::move(label_names),
-                               std::move(make));
+  auto* family =
+      new Family<T>(name, help, type, std::move(label_names), std::move(make));
   Family<T>& ref = *family;
   if constexpr (std::is_same_v<T, Counter>) e->counters.reset(family);
   if constexpr (std::is_same_v<T, Gauge>) e->gauges.reset(family);
@@ -268,17 +267,15 @@ Family<T>& Registry::Add(const std::string& name, const std::string& help,
 Family<Counter>& Registry::AddCounter(const std::string& name,
                                       const std::string& help,
                                       std::vector<std::string> label_names) {
-  return Add<Counter>(
-      name, help, MetricType::kCounter, std::move(label_names),
-      [] { return std::make_unique<Counter>(); }, {});
+  return Add<Counter>(name, help, MetricType::kCounter, std::move(label_names),
+                      [] { return std::make_unique<Counter>(); }, {});
 }
 
 Family<Gauge>& Registry::AddGauge(const std::string& name,
                                   const std::string& help,
                                   std::vector<std::string> label_names) {
-  return Add<Gauge>(
-      name, help, MetricType::kGauge, std::move(label_names),
-      [] { return std::make_unique<Gauge>(); }, {});
+  return Add<Gauge>(name, help, MetricType::kGauge, std::move(label_names),
+                    [] { return std::make_unique<Gauge>(); }, {});
 }
 
 Family<Histogram>& Registry::AddHistogram(

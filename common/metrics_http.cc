@@ -1,14 +1,13 @@
 #include "common/metrics_http.h"
 
-#include "common/file_util.h"
-
 #include <glog/logging.h>
 #include <httplib.h>
-
 #include <sys/socket.h>
 
 #include <atomic>
 #include <thread>
+
+#include "common/file_util.h"
 
 namespace asyncps::metrics {
 namespace {
@@ -89,15 +88,13 @@ StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     http.Delete(path, not_allowed);
     http.Patch(path, not_allowed);
   }
-  http.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-        res.status = 500;
-      });
+  http.set_exception_handler([](const httplib::Request&, httplib::Response& res,
+                                std::exception_ptr) { res.status = 500; });
   if (options.port == 0) {
     impl->port = http.bind_to_any_port(options.bind);
   } else {
-    impl->port = http.bind_to_port(options.bind, options.port) ? options.port
-                                                                : -1;
+    impl->port =
+        http.bind_to_port(options.bind, options.port) ? options.port : -1;
   }
   if (impl->port <= 0) {
     return Status::Unavailable("cannot bind metrics endpoint " + options.bind +

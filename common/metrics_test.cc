@@ -24,20 +24,21 @@ bool Contains(const std::string& text, const std::string& line) {
 
 TEST(Metrics, RendersCountersGaugesAndHistograms) {
   Registry r;
-  auto& req = r.AddCounter("asyncps_requests_total", "Requests by kind.",
-                           {"kind"});
+  auto& req =
+      r.AddCounter("asyncps_requests_total", "Requests by kind.", {"kind"});
   req.WithLabels({"push"}).Inc(3);
   req.WithLabels({"pull"}).Inc();
   r.AddGauge("asyncps_parked_pulls", "Pulls waiting.").Get().Set(2.5);
-  auto& h = r.AddHistogram("asyncps_latency_seconds", "Latency.",
-                           {0.001, 0.01, 0.1});
+  auto& h =
+      r.AddHistogram("asyncps_latency_seconds", "Latency.", {0.001, 0.01, 0.1});
   h.Get().Observe(0.0005);
   h.Get().Observe(0.005);
   h.Get().Observe(0.005);
   h.Get().Observe(7);
   const std::string text = r.Render();
-  EXPECT_TRUE(Contains(text, "# HELP asyncps_requests_total Requests by kind.\n"
-                             "# TYPE asyncps_requests_total counter\n"))
+  EXPECT_TRUE(Contains(text,
+                       "# HELP asyncps_requests_total Requests by kind.\n"
+                       "# TYPE asyncps_requests_total counter\n"))
       << text;
   EXPECT_TRUE(Contains(text, "asyncps_requests_total{kind=\"pull\"} 1\n"));
   EXPECT_TRUE(Contains(text, "asyncps_requests_total{kind=\"push\"} 3\n"));
@@ -45,10 +46,13 @@ TEST(Metrics, RendersCountersGaugesAndHistograms) {
   EXPECT_TRUE(Contains(text, "asyncps_parked_pulls 2.5\n"));
   EXPECT_TRUE(Contains(text, "# TYPE asyncps_latency_seconds histogram\n"));
   // Buckets are cumulative and end with +Inf == count.
-  EXPECT_TRUE(Contains(text, "asyncps_latency_seconds_bucket{le=\"0.001\"} 1\n"));
-  EXPECT_TRUE(Contains(text, "asyncps_latency_seconds_bucket{le=\"0.01\"} 3\n"));
+  EXPECT_TRUE(
+      Contains(text, "asyncps_latency_seconds_bucket{le=\"0.001\"} 1\n"));
+  EXPECT_TRUE(
+      Contains(text, "asyncps_latency_seconds_bucket{le=\"0.01\"} 3\n"));
   EXPECT_TRUE(Contains(text, "asyncps_latency_seconds_bucket{le=\"0.1\"} 3\n"));
-  EXPECT_TRUE(Contains(text, "asyncps_latency_seconds_bucket{le=\"+Inf\"} 4\n"));
+  EXPECT_TRUE(
+      Contains(text, "asyncps_latency_seconds_bucket{le=\"+Inf\"} 4\n"));
   EXPECT_TRUE(Contains(text, "asyncps_latency_seconds_sum 7.0105\n")) << text;
   EXPECT_TRUE(Contains(text, "asyncps_latency_seconds_count 4\n"));
   // Families in registration order.
@@ -268,9 +272,8 @@ TEST_F(MetricsHttp, ServesTheRegistry) {
   int port = 0;
   f >> port;
   EXPECT_EQ(port, server_->port());
-  EXPECT_EQ(server_->endpoint(), "http://127.0.0.1:" +
-                                     std::to_string(server_->port()) +
-                                     "/metrics");
+  EXPECT_EQ(server_->endpoint(),
+            "http://127.0.0.1:" + std::to_string(server_->port()) + "/metrics");
 }
 
 TEST_F(MetricsHttp, UnknownPathsAndMethods) {
@@ -303,7 +306,8 @@ TEST_F(MetricsHttp, SurvivesGarbage) {
   for (const std::string& r : replies) {
     // Each gets a 4xx or a closed connection, never a crash.
     if (!r.empty()) {
-      EXPECT_TRUE(r.rfind("HTTP/1.1 4", 0) == 0 || r.rfind("HTTP/1.1 2", 0) == 0)
+      EXPECT_TRUE(r.rfind("HTTP/1.1 4", 0) == 0 ||
+                  r.rfind("HTTP/1.1 2", 0) == 0)
           << r.substr(0, 80);
     }
   }

@@ -3,6 +3,8 @@
 //   ps_ctl --servers=tcp://127.0.0.1:5000,tcp://127.0.0.1:5001 stats
 //   ps_ctl --servers=... checkpoint | shutdown [--timeout_ms=5000]
 //   ps_ctl keygen [--out=PREFIX]     # CurveZMQ key pair
+//   ps_ctl --servers=... top [--interval_ms=1000] [--iterations=N]
+//                                    # live view until Ctrl-C (ctl_top.h)
 //
 // keygen writes PREFIX.key (the secret key, mode 0600) and PREFIX.pub (the
 // public key), Z85 text on one line each after a comment; without --out it
@@ -15,16 +17,20 @@
 // Exit status 0 if every shard answered OK, 1 otherwise, 2 on bad usage.
 #include <gflags/gflags.h>
 #include <glog/logging.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "common/transport.h"
 #include "common/wire.h"
+#include "server/ctl_top.h"
 
 DEFINE_string(servers, "", "comma-separated shard endpoints, in shard order");
 DEFINE_int32(timeout_ms, 5000, "deadline for each shard's reply, milliseconds");
@@ -35,6 +41,11 @@ DEFINE_string(curve_server_key, "",
 DEFINE_string(curve_secret_key, "",
               "this client's CurveZMQ secret key (file or Z85); empty with "
               "--curve_server_key: a throwaway key pair");
+DEFINE_int32(interval_ms, 1000, "top: milliseconds between frames");
+DEFINE_int32(iterations, 0, "top: frames to draw, 0: until Ctrl-C");
+DEFINE_string(clear, "auto",
+              "top: clear the screen between frames: auto (when stdout is a "
+              "terminal) | true | false");
 DEFINE_string(curve_public_key, "",
               "this client's public key (file or Z85); empty: derived from "
               "--curve_secret_key");
@@ -42,23 +53,6 @@ DEFINE_string(curve_public_key, "",
 namespace {
 
 using namespace asyncps;  // NOLINT: tool main
-
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
 
 // Sends one admin request to `endpoint`, waits for the reply.
 Status Call(const std::shared_ptr<Context>& ctx, const std::string& endpoint,
@@ -132,11 +126,57 @@ int KeyGen() {
                  pubf.c_str());
     return 1;
   }
-  std::printf(
-      "{\"command\":\"keygen\",\"ok\":true,\"secret_key_file\":%s,"
-      "\"public_key_file\":%s,\"public_key\":%s}\n",
-      JsonString(key).c_str(), JsonString(pubf).c_str(),
-      JsonString(pub).c_str());
+  const nlohmann::ordered_json doc = {{"command", "keygen"},
+                                      {"ok", true},
+                                      {"secret_key_file", key},
+                                      {"public_key_file", pubf},
+                                      {"public_key", pub}};
+  std::printf("%s\n", doc.dump().c_str());
+  return 0;
+}
+
+// ps_ctl top: frames until Ctrl-C (SIGINT/SIGTERM are blocked and polled,
+// so the loop ends within its 50 ms polling step and the terminal is left
+// clean).
+int Top(const std::shared_ptr<Context>& ctx,
+        const std::vector<std::string>& endpoints) {
+  if (FLAGS_interval_ms < 1 || FLAGS_iterations < 0) {
+    std::fprintf(stderr,
+                 "ps_ctl top: --interval_ms must be >= 1, --iterations >= 0\n");
+    return 2;
+  }
+  if (FLAGS_clear != "auto" && FLAGS_clear != "true" &&
+      FLAGS_clear != "false") {
+    std::fprintf(stderr, "ps_ctl top: --clear must be auto, true or false\n");
+    return 2;
+  }
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  server::TopOptions o;
+  o.interval = std::chrono::milliseconds(FLAGS_interval_ms);
+  o.iterations = FLAGS_iterations;
+  o.clear_screen = FLAGS_clear == "true" ||
+                   (FLAGS_clear == "auto" && isatty(fileno(stdout)));
+  auto fetch = [&](size_t i) -> StatusOr<std::string> {
+    ReplyHeader reply;
+    RETURN_IF_ERROR(Call(ctx, endpoints[i], RequestKind::kStats, &reply));
+    RETURN_IF_ERROR(reply.status);
+    return reply.text;
+  };
+  auto stop = [&sigs] {
+    sigset_t pending;
+    sigpending(&pending);
+    return sigismember(&pending, SIGINT) == 1 ||
+           sigismember(&pending, SIGTERM) == 1;
+  };
+  Status s = server::RunTop(endpoints, fetch, stop, o);
+  if (!s.ok()) {
+    std::fprintf(stderr, "ps_ctl top: %s\n", s.ToString().c_str());
+    return 1;
+  }
   return 0;
 }
 
@@ -158,17 +198,18 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   if (cmd == "keygen") return KeyGen();
-  RequestKind kind;
-  if (cmd == "stats") {
+  RequestKind kind = RequestKind::kStats;
+  if (cmd == "stats" || cmd == "top") {
     kind = RequestKind::kStats;
   } else if (cmd == "checkpoint") {
     kind = RequestKind::kCheckpoint;
   } else if (cmd == "shutdown") {
     kind = RequestKind::kShutdown;
   } else {
-    std::fprintf(stderr,
-                 "ps_ctl: unknown command '%s' (stats, checkpoint, shutdown)\n",
-                 cmd.c_str());
+    std::fprintf(
+        stderr,
+        "ps_ctl: unknown command '%s' (stats, checkpoint, shutdown, top)\n",
+        cmd.c_str());
     return 2;
   }
   std::vector<std::string> endpoints;
@@ -185,26 +226,36 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::shared_ptr<Context> ctx = Context::Create(1);
+  if (cmd == "top") return Top(ctx, endpoints);
   bool all_ok = true;
-  std::string out = "{\"command\":" + JsonString(cmd) + ",\"shards\":[";
-  for (size_t i = 0; i < endpoints.size(); ++i) {
+  nlohmann::ordered_json shards = nlohmann::ordered_json::array();
+  for (const std::string& endpoint : endpoints) {
     ReplyHeader reply;
-    Status st = Call(ctx, endpoints[i], kind, &reply);
+    Status st = Call(ctx, endpoint, kind, &reply);
     if (st.ok()) st = reply.status;
     all_ok = all_ok && st.ok();
-    if (i) out += ',';
-    out += "{\"endpoint\":" + JsonString(endpoints[i]) +
-           ",\"ok\":" + (st.ok() ? "true" : "false");
-    out += ",\"code\":" + JsonString(StatusCodeName(st.code()));
-    out += ",\"message\":" + JsonString(st.message());
-    out += ",\"version\":" + std::to_string(reply.shard_version);
-    out += ",\"min_clock\":" + std::to_string(reply.min_clock);
+    nlohmann::ordered_json shard = {{"endpoint", endpoint},
+                                    {"ok", st.ok()},
+                                    {"code", StatusCodeName(st.code())},
+                                    {"message", st.message()},
+                                    {"version", reply.shard_version},
+                                    {"min_clock", reply.min_clock}};
     if (kind == RequestKind::kStats && st.ok() && !reply.text.empty()) {
-      out += ",\"stats\":" + reply.text;
+      nlohmann::ordered_json stats =
+          nlohmann::ordered_json::parse(reply.text, nullptr,
+                                        /*allow_exceptions=*/false);
+      if (stats.is_discarded()) {
+        shard["ok"] = all_ok = false;
+        shard["code"] = StatusCodeName(StatusCode::kCorruption);
+        shard["message"] = "the shard's stats are not valid JSON";
+      } else {
+        shard["stats"] = std::move(stats);
+      }
     }
-    out += '}';
+    shards.push_back(std::move(shard));
   }
-  out += "],\"ok\":" + std::string(all_ok ? "true" : "false") + "}";
-  std::printf("%s\n", out.c_str());
+  const nlohmann::ordered_json out = {
+      {"command", cmd}, {"shards", std::move(shards)}, {"ok", all_ok}};
+  std::printf("%s\n", out.dump().c_str());
   return all_ok ? 0 : 1;
 }

@@ -53,14 +53,12 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* r,
       encode_total_(r->AddCounter("asyncps_worker_encode_seconds_total",
                                   "Time compressing gradients.")
                         .Get()),
-      pushed_raw_(
-          r->AddCounter("asyncps_worker_pushed_bytes_total", kPushedHelp,
-                        {"kind"})
-              .WithLabels({"raw"})),
-      pushed_wire_(
-          r->AddCounter("asyncps_worker_pushed_bytes_total", kPushedHelp,
-                        {"kind"})
-              .WithLabels({"wire"})),
+      pushed_raw_(r->AddCounter("asyncps_worker_pushed_bytes_total",
+                                kPushedHelp, {"kind"})
+                      .WithLabels({"raw"})),
+      pushed_wire_(r->AddCounter("asyncps_worker_pushed_bytes_total",
+                                 kPushedHelp, {"kind"})
+                       .WithLabels({"wire"})),
       pulled_(r->AddCounter("asyncps_worker_pulled_bytes_total",
                             "Weight bytes received.")
                   .Get()),
