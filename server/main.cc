@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "common/file_util.h"
+#include "common/metrics_http.h"
 #include "server/server.h"
 
 DEFINE_string(endpoint, "tcp://127.0.0.1:*",
@@ -72,6 +73,13 @@ DEFINE_bool(insecure, false,
 DEFINE_bool(transport_only, false,
             "benchmark mode: validate and acknowledge pushes, never apply");
 DEFINE_int32(io_threads, 1, "ZeroMQ I/O threads");
+DEFINE_int32(metrics_port, 0,
+             "Serve Prometheus metrics on this port at /metrics: 0 off, -1 "
+             "any free port (written to --metrics_port_file)");
+DEFINE_string(metrics_bind, "127.0.0.1",
+              "Address the metrics endpoint binds (loopback by default)");
+DEFINE_string(metrics_port_file, "",
+              "Write the bound metrics port to this file once serving");
 
 namespace {
 
@@ -182,6 +190,8 @@ srv::ServerOptions OptionsFromFlags() {
                                       : asyncps::server::SyncMode::kNoSync;
   if (FLAGS_max_message_bytes < 1024)
     BadFlag("--max_message_bytes must be >= 1024");
+  if (FLAGS_metrics_port < -1 || FLAGS_metrics_port > 65535)
+    BadFlag("--metrics_port must be in [-1, 65535]");
   Status v = s.Validate();
   if (!v.ok()) BadFlag(v.message());
   return o;
@@ -230,12 +240,32 @@ int main(int argc, char** argv) {
             << (s.transport_only ? ", TRANSPORT ONLY (pushes not applied)"
                                  : "");
 
+  // The registry outlives the server that feeds it and the HTTP server
+  // that reads it (declared first, destroyed last).
+  asyncps::metrics::Registry registry;
+  std::unique_ptr<asyncps::metrics::MetricsServer> metrics_server;
+  if (FLAGS_metrics_port != 0) {
+    asyncps::metrics::AddProcessMetrics(&registry);
+    options.metrics = &registry;
+  }
   StatusOr<std::unique_ptr<srv::Server>> server = srv::Server::Create(options);
   if (!server.ok()) {
     LOG(ERROR) << "cannot start: " << server.status().ToString();
     return 1;
   }
   LOG(INFO) << "serving on " << (*server)->endpoint();
+  if (FLAGS_metrics_port != 0) {
+    asyncps::metrics::MetricsServerOptions mo;
+    mo.bind = FLAGS_metrics_bind;
+    mo.port = std::max(0, FLAGS_metrics_port);
+    mo.port_file = FLAGS_metrics_port_file;
+    auto m = asyncps::metrics::MetricsServer::Start(mo, &registry);
+    if (!m.ok()) {
+      LOG(ERROR) << "metrics: " << m.status().ToString();
+      return 1;
+    }
+    metrics_server = std::move(m).value();
+  }
   if (!options.curve_secret_key.empty()) {
     StatusOr<std::string> pub =
         asyncps::DeriveCurvePublicKey(options.curve_secret_key);
@@ -243,7 +273,7 @@ int main(int argc, char** argv) {
   }
   if (!FLAGS_ready_file.empty()) {
     Status st = asyncps::WriteFileAtomically(FLAGS_ready_file,
-                                              (*server)->endpoint() + "\n");
+                                             (*server)->endpoint() + "\n");
     if (!st.ok()) {
       LOG(ERROR) << st.ToString();
       return 1;

@@ -3,6 +3,15 @@
 #include <glog/logging.h>
 
 namespace asyncps::server {
+namespace {
+
+uint64_t MessageBytes(const Message& msg) {
+  uint64_t bytes = 0;
+  for (const ByteView& f : msg.frames) bytes += f.size;
+  return bytes;
+}
+
+}  // namespace
 
 Server::~Server() = default;
 
@@ -26,6 +35,10 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
   to.curve_secret_key = options.curve_secret_key;
   to.curve_allowed_client_keys = options.curve_allowed_client_keys;
   ASSIGN_OR_RETURN(s->socket_, ServerSocket::Bind(options.endpoint, to));
+  if (options.metrics != nullptr) {
+    s->metrics_ = std::make_unique<ServerMetrics>(options.metrics,
+                                                  options.shard.num_workers);
+  }
   return s;
 }
 
@@ -51,6 +64,7 @@ Status Server::Run(const std::atomic<bool>& stop) {
     }
     shard_->Tick(now, &out_);
     SendAll();
+    if (metrics_) metrics_->Publish(*shard_, now);
     if (options_.checkpoint_every.count() > 0 && store_ &&
         now - last_checkpoint >= options_.checkpoint_every) {
       Status s = shard_->Checkpoint();
@@ -93,11 +107,21 @@ void Server::HandleMessage(const std::string& peer, Message& msg,
     r.header.shard_version = shard_->shard_version();
     r.header.min_clock = shard_->min_clock();
     out_.push_back(std::move(r));
+    if (metrics_) {
+      metrics_->OnRequest(req_.kind, peer, req_.id, MessageBytes(msg), now, 0);
+    }
     return;
   }
   data_.assign(msg.frames.begin() + 1, msg.frames.end());
   shard_->Handle(peer, req_, data_, now, &out_);
   data_.clear();
+  if (metrics_) {
+    const double handle_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - now)
+            .count();
+    metrics_->OnRequest(req_.kind, peer, req_.id, MessageBytes(msg), now,
+                        handle_s);
+  }
 }
 
 void Server::SendAll() {
@@ -106,6 +130,12 @@ void Server::SendAll() {
     frames_.push_back(Frame::Owned(EncodeReply(r.header)));
     for (ByteView& v : r.frames)
       frames_.push_back(Frame::Ref(v.data, v.size, std::move(v.owner)));
+    if (metrics_) {
+      uint64_t bytes = 0;
+      for (const Frame& f : frames_) bytes += f.size;
+      metrics_->OnReply(r.peer, r.header, bytes,
+                        std::chrono::steady_clock::now());
+    }
     Status s = socket_->Send(r.peer, frames_);
     if (!s.ok()) {
       LOG_EVERY_N(WARNING, 100)

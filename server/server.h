@@ -22,6 +22,7 @@
 #include "common/status.h"
 #include "common/transport.h"
 #include "common/wire.h"
+#include "server/server_metrics.h"
 #include "server/shard.h"
 #include "server/store.h"
 
@@ -52,6 +53,10 @@ struct ServerOptions {
   // any client knowing the server's public key. Refused handshakes are
   // logged. Default: empty.
   std::vector<std::string> curve_allowed_client_keys;
+  // Registry the server's metrics are registered in and fed to (see
+  // server/server_metrics.h); not owned, must outlive the server. nullptr:
+  // no metrics. Default: nullptr.
+  metrics::Registry* metrics = nullptr;
 };
 
 class Server {
@@ -81,6 +86,7 @@ class Server {
   std::unique_ptr<Store> store_;
   std::unique_ptr<Shard> shard_;
   std::unique_ptr<ServerSocket> socket_;
+  std::unique_ptr<ServerMetrics> metrics_;  // null without a registry
   // Reused per message.
   RequestHeader req_;
   std::vector<ByteView> data_;
