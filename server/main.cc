@@ -17,7 +17,7 @@
 #include <thread>
 
 #include "common/file_util.h"
-#include "common/metrics_http.h"
+#include "common/metrics_flags.h"
 #include "server/server.h"
 
 DEFINE_string(endpoint, "tcp://127.0.0.1:*",
@@ -73,13 +73,6 @@ DEFINE_bool(insecure, false,
 DEFINE_bool(transport_only, false,
             "benchmark mode: validate and acknowledge pushes, never apply");
 DEFINE_int32(io_threads, 1, "ZeroMQ I/O threads");
-DEFINE_int32(metrics_port, 0,
-             "Serve Prometheus metrics on this port at /metrics: 0 off, -1 "
-             "any free port (written to --metrics_port_file)");
-DEFINE_string(metrics_bind, "127.0.0.1",
-              "Address the metrics endpoint binds (loopback by default)");
-DEFINE_string(metrics_port_file, "",
-              "Write the bound metrics port to this file once serving");
 
 namespace {
 
@@ -190,8 +183,8 @@ srv::ServerOptions OptionsFromFlags() {
                                       : asyncps::server::SyncMode::kNoSync;
   if (FLAGS_max_message_bytes < 1024)
     BadFlag("--max_message_bytes must be >= 1024");
-  if (FLAGS_metrics_port < -1 || FLAGS_metrics_port > 65535)
-    BadFlag("--metrics_port must be in [-1, 65535]");
+  Status mv = asyncps::metrics::ValidateMetricsFlags();
+  if (!mv.ok()) BadFlag(mv.message());
   Status v = s.Validate();
   if (!v.ok()) BadFlag(v.message());
   return o;
@@ -244,7 +237,7 @@ int main(int argc, char** argv) {
   // that reads it (declared first, destroyed last).
   asyncps::metrics::Registry registry;
   std::unique_ptr<asyncps::metrics::MetricsServer> metrics_server;
-  if (FLAGS_metrics_port != 0) {
+  if (asyncps::metrics::MetricsRequested()) {
     asyncps::metrics::AddProcessMetrics(&registry);
     options.metrics = &registry;
   }
@@ -254,12 +247,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   LOG(INFO) << "serving on " << (*server)->endpoint();
-  if (FLAGS_metrics_port != 0) {
-    asyncps::metrics::MetricsServerOptions mo;
-    mo.bind = FLAGS_metrics_bind;
-    mo.port = std::max(0, FLAGS_metrics_port);
-    mo.port_file = FLAGS_metrics_port_file;
-    auto m = asyncps::metrics::MetricsServer::Start(mo, &registry);
+  if (asyncps::metrics::MetricsRequested()) {
+    auto m = asyncps::metrics::StartMetricsFromFlags(&registry);
     if (!m.ok()) {
       LOG(ERROR) << "metrics: " << m.status().ToString();
       return 1;

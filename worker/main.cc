@@ -11,7 +11,7 @@
 #include <sstream>
 #include <thread>
 
-#include "common/metrics_http.h"
+#include "common/metrics_flags.h"
 #include "compression/codec.h"
 #include "worker/backend.h"
 #include "worker/client.h"
@@ -84,13 +84,6 @@ DEFINE_bool(prefetch_ahead, false,
             "network overlaps compute, and the weights lack this worker's "
             "own latest update (for ASP, or SSP with s >= 1)");
 
-DEFINE_int32(metrics_port, 0,
-             "Serve Prometheus metrics on this port at /metrics: 0 off, -1 "
-             "any free port (written to --metrics_port_file)");
-DEFINE_string(metrics_bind, "127.0.0.1",
-              "Address the metrics endpoint binds (loopback by default)");
-DEFINE_string(metrics_port_file, "",
-              "Write the bound metrics port to this file once serving");
 DEFINE_double(metrics_linger_s, 0,
               "Keep serving metrics this long after training, so a scraper "
               "sees the final values");
@@ -155,9 +148,7 @@ Status Main() {
         "--device_compression must be auto, on or off");
   }
   ASSIGN_OR_RETURN(DeviceKind device, ParseDeviceKind(FLAGS_device));
-  if (FLAGS_metrics_port < -1 || FLAGS_metrics_port > 65535) {
-    return Status::InvalidArgument("--metrics_port must be in [-1, 65535]");
-  }
+  RETURN_IF_ERROR(metrics::ValidateMetricsFlags());
   if (FLAGS_metrics_linger_s < 0) {
     return Status::InvalidArgument("--metrics_linger_s must be >= 0");
   }
@@ -221,17 +212,12 @@ Status Main() {
   metrics::Registry registry;
   std::unique_ptr<metrics::MetricsServer> metrics_server;
   std::shared_ptr<WorkerMetrics> worker_metrics;
-  if (FLAGS_metrics_port != 0) {
+  if (metrics::MetricsRequested()) {
     metrics::AddProcessMetrics(&registry);
     Client* raw_client = client.get();
     worker_metrics = std::make_shared<WorkerMetrics>(
         &registry, [raw_client] { return raw_client->resends(); });
-    metrics::MetricsServerOptions mo;
-    mo.bind = FLAGS_metrics_bind;
-    mo.port = std::max(0, FLAGS_metrics_port);
-    mo.port_file = FLAGS_metrics_port_file;
-    ASSIGN_OR_RETURN(metrics_server,
-                     metrics::MetricsServer::Start(mo, &registry));
+    ASSIGN_OR_RETURN(metrics_server, metrics::StartMetricsFromFlags(&registry));
   }
 
   TrainerOptions to;
