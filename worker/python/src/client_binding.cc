@@ -202,10 +202,13 @@ class PyStore {
     }));
   }
 
+  // Counters stay readable after Close().
   void Close() {
     if (!store_) return;
     Status s = client_->Run([&] {
       Status f = store_->Flush();
+      closed_traffic_ = store_->traffic();
+      closed_tensor_bytes_ = store_->tensor_bytes();
       store_.reset();
       return f;
     });
@@ -213,7 +216,7 @@ class PyStore {
   }
 
   py::dict Traffic() {
-    worker::TrafficStats t = Live().traffic();
+    worker::TrafficStats t = store_ ? store_->traffic() : closed_traffic_;
     py::dict d;
     d["bytes_pushed_raw"] = t.bytes_pushed_raw;
     d["bytes_pushed_wire"] = t.bytes_pushed_wire;
@@ -227,7 +230,8 @@ class PyStore {
 
   py::list TensorBytes() {
     py::list out;
-    for (const auto& t : Live().tensor_bytes()) {
+    for (const auto& t :
+         store_ ? store_->tensor_bytes() : closed_tensor_bytes_) {
       py::dict d;
       d["name"] = t.name;
       d["raw"] = t.raw;
@@ -247,15 +251,12 @@ class PyStore {
     if (!store_) return Status::FailedPrecondition("the store is closed");
     return f(*store_);
   }
-  // With the GIL.
-  PsParameterStore& Live() {
-    if (!store_) Raise(Status::FailedPrecondition("the store is closed"));
-    return *store_;
-  }
 
   std::shared_ptr<PyClient> client_;
   std::vector<TensorSpec> specs_;
   std::unique_ptr<PsParameterStore> store_;
+  worker::TrafficStats closed_traffic_;  // at Close()
+  std::vector<PsParameterStore::TensorBytes> closed_tensor_bytes_;
 };
 
 std::shared_ptr<PyClient> MakeClient(std::vector<std::string> servers, int rank,

@@ -13,6 +13,12 @@
 //     Runs K steps of Pull(c) -> Push(c, grads[c]) -> Clock(c + 1) through a
 //     PsParameterStore and writes every pulled model (K + 1 x total float32,
 //     the last one pulled at clock K). SPECS: name:dim1xdim2:init:param:seed,...
+//   ps_py_crosscheck --mode=loop --servers=E --tensors=SPECS --steps=K
+//       [--prefetch_ahead]
+//     The step loop of ps_worker without compute (Pull -> Push of zero
+//     gradients -> Clock), K steps after 10 warm-up steps; prints
+//     `us_per_step=X` (experiments/bench/bench_pytorch.py compares the
+//     Python layer with it).
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
@@ -24,7 +30,7 @@
 #include "worker/client.h"
 #include "worker/ps_store.h"
 
-DEFINE_string(mode, "", "encode | train");
+DEFINE_string(mode, "", "encode | train | loop");
 DEFINE_string(codec, "none", "push codec spec");
 DEFINE_string(pull_codec, "", "pull codec spec");
 DEFINE_uint64(seed, 1, "codec seed (encode: the Compressor's; train: the store's)");
@@ -155,6 +161,42 @@ Status Train() {
   return out ? Status::OK() : Status::Internal("write failed");
 }
 
+Status Loop() {
+  ASSIGN_OR_RETURN(std::vector<TensorSpec> specs, ParseTensors(FLAGS_tensors));
+  worker::ClientOptions co;
+  co.servers = Split(FLAGS_servers, ',');
+  co.rank = FLAGS_rank;
+  ASSIGN_OR_RETURN(auto client, worker::Client::Create(co));
+  worker::PsStoreOptions so;
+  so.push_codec = FLAGS_codec;
+  so.prefetch_ahead = FLAGS_prefetch_ahead;
+  ASSIGN_OR_RETURN(auto store,
+                   worker::PsParameterStore::Create(client.get(), specs, so));
+  std::vector<std::vector<float>> w, g;
+  std::vector<float*> wp;
+  std::vector<const float*> gp;
+  for (const auto& t : specs) {
+    w.emplace_back(t.num_elements());
+    g.emplace_back(t.num_elements(), 0.0f);
+  }
+  for (auto& v : w) wp.push_back(v.data());
+  for (auto& v : g) gp.push_back(v.data());
+  const int warmup = 10;
+  auto start = std::chrono::steady_clock::now();
+  for (int c = 0; c < warmup + FLAGS_steps; ++c) {
+    if (c == warmup) start = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(store->Pull(c, wp));
+    RETURN_IF_ERROR(store->Push(c, gp));
+    RETURN_IF_ERROR(store->Clock(c + 1));
+  }
+  const double us = std::chrono::duration<double, std::micro>(
+                        std::chrono::steady_clock::now() - start)
+                        .count();
+  RETURN_IF_ERROR(store->Flush());
+  std::printf("us_per_step=%.2f\n", us / FLAGS_steps);
+  return Status::OK();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -163,6 +205,7 @@ int main(int argc, char** argv) {
   google::InitGoogleLogging(argv[0]);
   Status s = FLAGS_mode == "encode"  ? Encode()
              : FLAGS_mode == "train" ? Train()
+             : FLAGS_mode == "loop"  ? Loop()
                                      : Status::InvalidArgument("--mode");
   if (!s.ok()) {
     std::fprintf(stderr, "ps_py_crosscheck: %s\n", s.ToString().c_str());

@@ -159,3 +159,21 @@ def test_pytorch_mlp_matches_ps_worker(tmp_path):
     assert abs(py["final_test_acc"] - cpp["final_test_acc"]) <= 0.01, (py, cpp)
     assert py["final_test_acc"] > 0.8
     assert py["bytes_pushed_raw"] == cpp["bytes_pushed_raw"]
+
+
+def test_readme_example_runs_under_psrun(tmp_path):
+    """The README's "Train your own PyTorch model" script, as written."""
+    need_data()
+    readme = open(os.path.join(REPO, "README.md")).read()
+    section = readme.split("## Train your own PyTorch model", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    script = tmp_path / "train.py"
+    script.write_text(code + "print('SUMMARY rank=%d final_test_acc=-1 samples_per_s=0 "
+                      "bytes_pushed_raw=%d bytes_pushed_wire=%d bytes_pulled=0 steps=%d "
+                      "wall_s=0' % (ps.rank, ps.traffic()['bytes_pushed_raw'], "
+                      "ps.traffic()['bytes_pushed_wire'], ps.clock))\n")
+    run = str(tmp_path / "run")
+    r = psrun(run, 2, "%s %s" % (sys.executable, script))
+    totals = run_summary(r, run)
+    assert totals["steps"] == 2 * 469
+    assert 0 < totals["bytes_pushed_wire"] < totals["bytes_pushed_raw"] / 10  # top-k 1%
