@@ -277,3 +277,54 @@ def test_traffic_counters(shards):
     per = {d["name"]: d for d in store.tensor_bytes()}
     assert per["b"]["raw"] == per["b"]["wire"] == 3 * 4 * 70  # below min_elems: raw
     store.close()
+
+
+def test_shard_restart_is_transparent(shards, tmp_path):
+    """kill -9 of a durable shard mid-run, restarted at the same endpoint
+    from its RocksDB store: the Python worker's requests are resent and
+    training goes on; no acknowledged push is lost."""
+    db = str(tmp_path / "db")
+    flags = ["--optimizer=sgd", "--lr=1", "--db_path=" + db, "--durable"]
+    first = shards(1, flags)[0]
+    ep = first.endpoint
+    store = asyncps.Store(asyncps.Client([ep], rank=0, timeout_s=60, attempt_timeout_s=0.2),
+                          specs(), timeout_s=60)
+    w = buffers()
+    one = [np.ones(s.shape, np.float32) for s in specs()]
+    for c in range(3):
+        store.pull(c, w)
+        store.push(c, one)
+        store.clock(c + 1)
+    store.flush()
+    first.proc.kill()
+    first.proc.wait()
+    from conftest import Shard
+    second = Shard(tmp_path, flags, "restarted", endpoint=ep)
+    try:
+        for c in range(3, 6):
+            store.pull(c, w)
+            store.push(c, one)
+            store.clock(c + 1)
+        store.pull(6, w)
+        # Six pushes of ones at lr 1: initial values minus 6, exactly once each.
+        for spec, x in zip(specs(), w):
+            np.testing.assert_allclose(x, spec.initial_values() - 6, rtol=0, atol=1e-5)
+        assert store.traffic()["resends"] >= 1
+        store.close()
+    finally:
+        second.stop()
+
+
+def test_curve_encrypted_shard(shards, tmp_path):
+    prefix = str(tmp_path / "server")
+    subprocess.run([binary("ps_ctl"), "keygen", "--out=" + prefix], check=True,
+                   capture_output=True, timeout=30)
+    eps = endpoints(shards(1, ["--curve_secret_key=" + prefix + ".key"]))
+    store = asyncps.Store(asyncps.Client(eps, rank=0, curve_server_key=prefix + ".pub"),
+                          specs())
+    store.pull(0, buffers())
+    store.close()
+    with pytest.raises(asyncps.TimedOut, match=eps[0].replace(".", r"\.")):
+        asyncps.Client(eps, rank=0, timeout_s=1.0, attempt_timeout_s=0.2).register(specs())
+    with pytest.raises(asyncps.InvalidArgument):
+        asyncps.Client(eps, rank=0, curve_secret_key=prefix + ".key")
