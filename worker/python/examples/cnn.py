@@ -8,7 +8,7 @@ BatchNorm's running statistics are buffers: each worker keeps its own (see
 asyncps.torch); the evaluating rank uses its running averages.
 
   launch/psrun --servers 2 --workers 4 --server_flags '--consistency=ssp --staleness=2
-      --optimizer=sgd --lr=0.2 --lr_decay_updates=11280' --worker_cmd 'python3 worker/python/examples/cnn.py --epochs 12'
+      --optimizer=adam --lr=0.001 --lr_decay_updates=14100' --worker_cmd 'python3 worker/python/examples/cnn.py --epochs 15'
   python3 cnn.py --local --epochs 2          # no parameter server
 """
 import sys
