@@ -78,14 +78,16 @@ class PyClient {
   // KeyboardInterrupt first, else returns f's status.
   template <typename F>
   Status Run(F&& f) {
-    Status s;
-    {
-      py::gil_scoped_release nogil;
-      std::lock_guard<std::mutex> l(mu_);
-      s = f();
-    }
+    Status s = RunWithoutGil(std::forward<F>(f));
     interrupter_->RethrowIfInterrupted();
     return s;
+  }
+
+  // As Run, for destructors: never throws (an interrupt is deferred).
+  template <typename F>
+  void RunQuietly(F&& f) {
+    (void)RunWithoutGil(std::forward<F>(f));
+    interrupter_->DeferIfInterrupted();
   }
 
   void Register(const std::vector<TensorSpec>& specs, size_t chunk_elems,
@@ -105,6 +107,13 @@ class PyClient {
   const std::vector<TensorSpec>& specs() const { return specs_; }
 
  private:
+  template <typename F>
+  Status RunWithoutGil(F&& f) {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> l(mu_);
+    return f();
+  }
+
   std::shared_ptr<Interrupter> interrupter_;
   std::unique_ptr<Client> client_;
   std::mutex mu_;
@@ -138,10 +147,12 @@ class PyStore {
 
   ~PyStore() {
     if (!store_) return;
-    // Flushes outstanding acknowledgements; without the GIL so that a
-    // heartbeat or another Python thread is not blocked meanwhile.
-    py::gil_scoped_release nogil;
-    store_.reset();
+    // Flushes outstanding acknowledgements (PsParameterStore's destructor),
+    // under the client's lock and without the GIL.
+    client_->RunQuietly([&] {
+      store_.reset();
+      return Status::OK();
+    });
   }
 
   void Pull(int64_t clock, const py::sequence& arrays) {

@@ -25,6 +25,12 @@ Status Interrupter::Check() {
   return Status::OK();
 }
 
+void Interrupter::DeferIfInterrupted() {
+  if (!interrupted_.exchange(false)) return;
+  PyErr_Clear();
+  PyErr_SetInterrupt();
+}
+
 void Interrupter::RethrowIfInterrupted() {
   if (!interrupted_.exchange(false)) return;
   if (PyErr_Occurred()) throw py::error_already_set();

@@ -41,6 +41,10 @@ class Interrupter {
   // With the GIL, after the call: throws the pending Python exception if
   // Check() saw a signal handler raise one.
   void RethrowIfInterrupted();
+  // For destructors, which must not throw: clears the pending exception of
+  // an interrupt and re-arms SIGINT (PyErr_SetInterrupt), so the
+  // KeyboardInterrupt is raised at the caller's next bytecode instead.
+  void DeferIfInterrupted();
 
  private:
   std::atomic<bool> interrupted_{false};
