@@ -176,6 +176,7 @@ class ParameterServer:
         self.model = model
         self.names, self.params, self.specs = tensor_specs(model, seed, init)
         self._shapes = [tuple(p.shape) for p in self.params]
+        self._structure = _structure(model)
         self._on_cuda = any(p.device.type == "cuda" for p in self.params)
         self.client = _asyncps.Client(
             env.servers, rank=env.rank, timeout_s=timeout_s, heartbeat_s=heartbeat_s,
@@ -203,7 +204,7 @@ class ParameterServer:
     def pull(self):
         """Writes the shards' weights for this worker's clock into the model
         (blocking as the consistency mode requires)."""
-        self._check_model()
+        self._check_model(structure=False)  # push() checked it (step: push then pull)
         with torch.no_grad():
             self.store.pull(self.clock, self._pull_bufs)
             if self._host is not None:
@@ -252,7 +253,12 @@ class ParameterServer:
         self.close()
 
     # ---- helpers -----------------------------------------------------------
-    def _check_model(self):
+    def _check_model(self, structure=True):
+        if structure and _structure(self.model, self._structure) is not self._structure:
+            self._structure_changed()
+        self._check_tensors()
+
+    def _structure_changed(self):
         current = [p for p in self.model.parameters() if p.requires_grad]
         if len(current) != len(self.params) or any(
                 a is not b for a, b in zip(current, self.params)):
@@ -263,6 +269,9 @@ class ParameterServer:
             raise FailedPrecondition(
                 "the model's parameters changed after registration (%s): build a new "
                 "ParameterServer for a new model" % ", ".join(what[:5]))
+        self._structure = _structure(self.model)  # same parameters, rebuilt containers
+
+    def _check_tensors(self):
         for i, p in enumerate(self.params):
             if tuple(p.shape) != self._shapes[i] or p.dtype != torch.float32:
                 raise FailedPrecondition(
@@ -300,6 +309,28 @@ class ParameterServer:
             arr = _host_view(g)
         self._grads[i] = (g, arr, g.data_ptr())
         return arr
+
+
+def _structure(model, known=None):
+    """The model's module tree and parameter slots as records (kind, module,
+    key, object): ('n', module, None, sizes of its containers), ('m', module,
+    name, submodule), ('p', module, name, parameter). With `known` (an earlier result),
+    returns `known` itself when nothing changed, checking in one pass of
+    dict lookups (far cheaper than named_parameters() every step)."""
+    if known is not None:
+        for kind, owner, key, obj in known:
+            if kind == "n":
+                if (len(owner._modules), len(owner._parameters)) != obj:
+                    return None
+            elif (owner._modules if kind == "m" else owner._parameters).get(key) is not obj:
+                return None
+        return known
+    out = []
+    for mod in model.modules():
+        out.append(("n", mod, None, (len(mod._modules), len(mod._parameters))))
+        out += [("m", mod, key, child) for key, child in mod._modules.items()]
+        out += [("p", mod, key, p) for key, p in mod._parameters.items()]
+    return out
 
 
 def _parse_codec(spec):

@@ -176,3 +176,18 @@ def test_servers_and_rank_come_from_the_environment(shards, monkeypatch):
     monkeypatch.delenv("ASYNCPS_SERVERS")
     with pytest.raises(asyncps.InvalidArgument, match="ASYNCPS_SERVERS"):
         apt.ParameterServer(torch.nn.Linear(2, 2))
+
+
+def test_structure_check_sees_added_modules_and_parameters(shards):
+    eps = endpoints(shards(1))
+    m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+    ps = apt.ParameterServer(m, servers=eps)
+    ps.push()
+    m[1].extra = torch.nn.Linear(2, 2)  # a leaf module grows a submodule
+    with pytest.raises(asyncps.FailedPrecondition, match="1.extra.weight"):
+        ps.push()
+    del m[1].extra
+    ps.push()
+    m[0].scale = torch.nn.Parameter(torch.ones(1))
+    with pytest.raises(asyncps.FailedPrecondition, match="0.scale"):
+        ps.push()
