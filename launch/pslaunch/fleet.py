@@ -6,7 +6,8 @@ Lifecycle (Fleet.run):
      `ps_ctl stats` (deadline: --start_timeout; a shard that exits or times out
      is named with the tail of its log);
   2. start the workers with --servers (shard 0 first), --rank, --num_workers,
-     --metrics_csv;
+     --metrics_csv; with --worker_cmd, the command with the environment
+     contract of workercmd.py instead;
   3. watch: a worker that fails, or a shard that stops without restarts left,
      fails the run; a crashed shard with restarts left is started again from
      its RocksDB store at the endpoint it had bound, and the workers retry;
