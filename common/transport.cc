@@ -1,6 +1,8 @@
 // ZeroMQ adapter: the one place that catches cppzmq's exceptions.
 #include "common/transport.h"
 
+#include <cerrno>
+
 #include <atomic>
 #include <cstring>
 #include <deque>
@@ -608,6 +610,10 @@ StatusOr<int> ClientSocket::PollAny(const std::vector<ClientSocket*>& sockets,
   try {
     if (zmq::poll(items.data(), items.size(), timeout) == 0) return -1;
   } catch (const zmq::error_t& e) {
+    // A signal (Ctrl-C in a Python caller, SIGCHLD, ...) interrupted the
+    // wait: nothing is ready; the caller's loop checks its deadline and
+    // polls again.
+    if (e.num() == EINTR) return -1;
     return FromZmq(e, "poll");
   }
   for (size_t i = 0; i < items.size(); ++i) {

@@ -202,6 +202,9 @@ class ClientImpl : public Client {
     if (it == tickets_.end())
       return Status::NotFound("unknown ticket " + std::to_string(ticket));
     auto deadline = std::min(it->second.deadline, SteadyClock::now() + timeout);
+    const bool interruptible =
+        options_.interrupt && options_.interrupt_poll.count() > 0;
+    auto next_check = SteadyClock::now() + options_.interrupt_poll;
     while (true) {
       it = tickets_.find(ticket);
       if (it->second.remaining == 0) {
@@ -221,7 +224,16 @@ class ClientImpl : public Client {
         return Status::TimedOut("no reply from " + shards +
                                 " before the deadline");
       }
-      RETURN_IF_ERROR(Pump(deadline));
+      if (interruptible && now >= next_check) {
+        Status stop = options_.interrupt();
+        if (!stop.ok()) {
+          Abandon(ticket);
+          return stop;
+        }
+        next_check = now + options_.interrupt_poll;
+      }
+      RETURN_IF_ERROR(
+          Pump(interruptible ? std::min(deadline, next_check) : deadline));
     }
   }
 

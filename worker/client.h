@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,6 +50,16 @@ struct ClientOptions {
   // Interval of the background heartbeat thread; 0 disables it.
   // Default: 0 (workers enable it).
   std::chrono::milliseconds heartbeat_interval{0};
+  // Called by Wait() -- and so by every blocking call of the Client and of
+  // PsParameterStore -- on the waiting thread, each time a wait has lasted
+  // another `interrupt_poll` without completing. A non-OK status ends the
+  // wait with that status and abandons the ticket, as a passed deadline
+  // does. Lets a binding keep blocking calls interruptible (Python: check
+  // for Ctrl-C). Never called once a ticket has completed. Default: none.
+  std::function<Status()> interrupt;
+  // Time between two calls of `interrupt` during one wait, > 0.
+  // Default: 50 ms.
+  std::chrono::milliseconds interrupt_poll{50};
 };
 
 // One chunk of a push: the chunk id (from the layout), the codec its payload

@@ -195,6 +195,45 @@ TEST(ClientTest, DeadShardTimesOutWithItsName) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
 }
 
+TEST(ClientTest, InterruptEndsAWaitWithinThePollInterval) {
+  // A shard that never answers: only the interrupt hook can end the wait.
+  FakeShard s([](const RequestHeader&, const Message&, ReplyHeader*,
+                 std::vector<Frame>*) { return false; });
+  std::atomic<int> calls{0};
+  ClientOptions o;
+  o.servers = {s.endpoint()};
+  o.interrupt_poll = milliseconds(20);
+  o.interrupt = [&calls]() {
+    return ++calls >= 3 ? Status::Cancelled("stop") : Status::OK();
+  };
+  auto client = Client::Create(o);
+  ASSERT_TRUE(client.ok());
+  auto start = std::chrono::steady_clock::now();
+  Status st = (*client)->Heartbeat(milliseconds(10000));
+  EXPECT_EQ(st.code(), StatusCode::kCancelled) << st.ToString();
+  EXPECT_EQ(calls.load(), 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(2000));
+  // The abandoned ticket is gone: nothing is left to wait for.
+  EXPECT_TRUE((*client)->WaitAll(milliseconds(100)).ok());
+}
+
+TEST(ClientTest, InterruptIsNotCalledForQuickReplies) {
+  FakeShard s([](const RequestHeader&, const Message&, ReplyHeader*,
+                 std::vector<Frame>*) { return true; });
+  std::atomic<int> calls{0};
+  ClientOptions o;
+  o.servers = {s.endpoint()};
+  o.interrupt_poll = milliseconds(5000);
+  o.interrupt = [&calls]() {
+    ++calls;
+    return Status::Cancelled("stop");
+  };
+  auto client = Client::Create(o);
+  ASSERT_TRUE(client.ok());
+  EXPECT_TRUE((*client)->Heartbeat(milliseconds(4000)).ok());
+  EXPECT_EQ(calls.load(), 0);
+}
+
 TEST(ClientTest, ShardErrorIsReported) {
   FakeShard s([](const RequestHeader&, const Message&, ReplyHeader* rep,
                  std::vector<Frame>*) {

@@ -53,6 +53,9 @@ def make_parser():
     p.add_argument("--namespace", help="k8s: namespace (default: none)")
     p.add_argument("--port", type=int, help="k8s: shard port (default 5555)")
     p.add_argument("--quiet", action="store_true", default=None, help="only the final summary")
+    p.add_argument("--worker_cmd", help="run this command as each worker instead of ps_worker, "
+                   "e.g. 'python3 train.py'; it gets the [worker] flags and those after --, and "
+                   "the ASYNCPS_* environment (launch/README.md)")
     return p
 
 
@@ -94,6 +97,8 @@ def parse_args(argv):
     opts.worker_extra = extra
     if opts.servers < 1 or opts.workers < 1:
         parser.error("--servers and --workers must be >= 1")
+    if opts.worker_cmd is not None and not opts.worker_cmd.strip():
+        parser.error("--worker_cmd is empty")
     if opts.grace < 0 or opts.start_timeout <= 0:
         parser.error("--grace must be >= 0 and --start_timeout > 0")
     return opts, cfg
@@ -119,6 +124,10 @@ def prepare_run_dir(opts, cfg):
             "--backend=" + opts.backend, "--bin_dir=" + opts.bin_dir,
             "--start_timeout=%g" % opts.start_timeout, "--max_restarts=%d" % opts.max_restarts,
             "--grace=%g" % opts.grace, "--server_flags=" + shlex.quote(opts.server_flags)]))
+
+
+def needed_binaries(opts):
+    return ["ps_server", "ps_ctl"] + ([] if opts.worker_cmd else ["ps_worker"])
 
 
 def check_binaries(opts, names):
@@ -148,7 +157,7 @@ def main(argv):
         from . import slurm
         return slurm.main_from_psrun(opts, log)
 
-    if not check_binaries(opts, ["ps_server", "ps_worker", "ps_ctl"]):
+    if not check_binaries(opts, needed_binaries(opts)):
         return 2
 
     from .fleet import Fleet
@@ -169,7 +178,7 @@ def main(argv):
 
         def spawn(name, argv_, log_path, index):
             host = placement[index]
-            if remote_bin:
+            if remote_bin and os.path.dirname(argv_[0]) == opts.bin_dir:
                 argv_ = [os.path.join(remote_bin, os.path.basename(argv_[0]))] + argv_[1:]
             return procs_mod.SshProc(name, argv_, log_path, host, ssh_cmd, opts.run_dir)
 
