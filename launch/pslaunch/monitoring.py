@@ -43,16 +43,21 @@ def write_json_atomic(path, doc):
     os.replace(tmp, path)
 
 
+def duration(seconds):
+    """A Prometheus duration ("500ms"; it takes no fractions like "0.5s")."""
+    return "%dms" % max(1, round(seconds * 1000))
+
+
 def prometheus_config(targets_file, scrape_interval_s, run_name):
     """prometheus.yml for one run (YAML is a superset of JSON: written as JSON)."""
-    interval = "%gs" % scrape_interval_s
+    interval = duration(scrape_interval_s)
     return {
         "global": {"scrape_interval": interval, "evaluation_interval": interval,
                    "external_labels": {"asyncps_run": run_name}},
         "scrape_configs": [{
             "job_name": "asyncps",
             "honor_labels": True,  # the job label comes from the targets file
-            "scrape_timeout": "%gs" % min(scrape_interval_s, 5.0),
+            "scrape_timeout": duration(min(scrape_interval_s, 5.0)),
             "file_sd_configs": [{"files": [targets_file], "refresh_interval": "1s"}],
         }],
     }
@@ -113,6 +118,27 @@ class Prometheus:
             raise RuntimeError("query %r: %s" % (expr, doc))
         return doc["data"]
 
+    def targets_up(self):
+        """Instance names of the targets scraped successfully at least once."""
+        with urllib.request.urlopen(self.url + "/api/v1/targets", timeout=5) as r:
+            doc = json.loads(r.read().decode())
+        return {t["labels"].get("instance_name", t["scrapeUrl"])
+                for t in doc.get("data", {}).get("activeTargets", []) if t.get("health") == "up"}
+
+    def wait_targets(self, names, timeout_s=30.0):
+        """Waits until every target in `names` was scraped (Prometheus acts on a targets
+        file up to 5 s after it changes); returns the ones still missing."""
+        deadline = time.time() + timeout_s
+        missing = set(names)
+        while missing and time.time() < deadline:
+            try:
+                missing = set(names) - self.targets_up()
+            except (urllib.error.URLError, OSError, ValueError):
+                pass
+            if missing:
+                time.sleep(0.2)
+        return missing
+
     def stop(self, grace_s=10.0):
         if not self.popen or self.popen.poll() is not None:
             return
@@ -142,6 +168,12 @@ class Monitor:
     def port_file(self, name):
         return os.path.join(self.dir, "%s.port" % name)
 
+    def linger_s(self):
+        """How long a finished worker keeps serving metrics: Prometheus takes up to 5 s to
+        act on a changed targets file (its discovery manager's update period), then one
+        scrape interval, so a worker shorter than that is still scraped at least once."""
+        return 6.0 + 2 * self.scrape_interval_s
+
     def flags(self, name, role):
         """Flags of a ps_server / ps_worker process named `name`."""
         try:
@@ -151,7 +183,7 @@ class Monitor:
         f = ["--metrics_port=-1", "--metrics_port_file=" + self.port_file(name)]
         if role == "worker" and self.want_prometheus:
             # Keep the final values up long enough for one more scrape.
-            f.append("--metrics_linger_s=%g" % (2 * self.scrape_interval_s + 0.5))
+            f.append("--metrics_linger_s=%g" % self.linger_s())
         return f
 
     def env(self, name):
@@ -163,7 +195,7 @@ class Monitor:
         env = {"ASYNCPS_METRICS_PORT": "-1",
                "ASYNCPS_METRICS_PORT_FILE": self.port_file(name)}
         if self.want_prometheus:
-            env["ASYNCPS_METRICS_LINGER_S"] = "%g" % (2 * self.scrape_interval_s + 0.5)
+            env["ASYNCPS_METRICS_LINGER_S"] = "%g" % self.linger_s()
         return env
 
     def update_targets(self, members):
@@ -183,7 +215,9 @@ class Monitor:
             self._last_targets = groups
         return groups
 
-    def start_prometheus(self):
+    def start_prometheus(self, wait_for=()):
+        """Starts Prometheus and waits (up to 30 s) until the targets named in `wait_for`
+        (the shards) were scraped, so the run is recorded from its first step."""
         if not self.want_prometheus:
             return None
         binary = shutil.which("prometheus") or PROMETHEUS_BIN
@@ -199,6 +233,10 @@ class Monitor:
         self.prometheus = Prometheus(config, os.path.join(pdir, "data"),
                                      os.path.join(pdir, "prometheus.log"), binary=binary)
         self.prometheus.start()
+        missing = self.prometheus.wait_targets(wait_for)
+        if missing:
+            self.log("psrun: warning: prometheus has not scraped %s yet" %
+                     ", ".join(sorted(missing)))
         self.log("psrun: prometheus at %s (targets %s)" % (self.prometheus.url,
                                                            self.targets_file))
         return self.prometheus
