@@ -59,6 +59,11 @@ def make_parser():
     p.add_argument("--prometheus", action="store_true", default=None,
                    help="also run a local Prometheus scraping the fleet, data in "
                    "RUN_DIR/prometheus (implies --metrics)")
+    p.add_argument("--metrics_port_k8s", type=int,
+                   help="k8s with --metrics: the pods' metrics port (default 9400)")
+    p.add_argument("--service_monitor", action="store_true", default=None,
+                   help="k8s with --metrics: also a ServiceMonitor and a PodMonitor "
+                   "(Prometheus Operator)")
     p.add_argument("--scrape_interval", type=float,
                    help="Prometheus scrape interval, seconds (default 1)")
     p.add_argument("--worker_cmd", help="run this command as each worker instead of ps_worker, "
@@ -67,7 +72,7 @@ def make_parser():
     return p
 
 
-DEFAULTS = dict(metrics=False, prometheus=False, scrape_interval=1.0, servers=1, workers=1, backend="local", start_timeout=30.0, max_restarts=0,
+DEFAULTS = dict(metrics_port_k8s=9400, service_monitor=False, metrics=False, prometheus=False, scrape_interval=1.0, servers=1, workers=1, backend="local", start_timeout=30.0, max_restarts=0,
                 grace=5.0, server_flags="", progress="auto", log_tail_lines=20, dry_run=False,
                 format="yaml", image="asyncps:latest", storage="1Gi", port=5555, quiet=False,
                 ssh_opts="-o BatchMode=yes -o StrictHostKeyChecking=no "
