@@ -108,7 +108,13 @@ TEST_F(ServerTest, BadInputGetsErrorRepliesAndServerKeepsServing) {
   big.push_back(Frame::Owned(std::vector<uint8_t>(4000)));
   big.push_back(Frame::Owned(std::vector<uint8_t>(4000)));
   r = Roundtrip(std::move(big));
-  EXPECT_EQ(r.status.code(), StatusCode::kResourceExhausted);
+  // Answered with its own id and a final code: resending cannot help.
+  EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.id, 12u);
+  // Every reply states the limits, so a client can refuse such a request
+  // itself.
+  EXPECT_EQ(r.max_request_bytes, 4096u);
+  EXPECT_EQ(r.max_frame_bytes, 4096u);
 
   // Still serving; rejections are counted.
   RequestHeader stats;

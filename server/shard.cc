@@ -1,5 +1,6 @@
-// Shard: dispatch, registration, pulls, clocks and stats. Pushes are in
-// shard_push.cc, persistence in shard_persist.cc.
+// Shard: options, dispatch, clocks and timers. Registration is in
+// shard_register.cc, pulls in shard_pull.cc, pushes in shard_push.cc,
+// persistence in shard_persist.cc, the stats document in shard_stats.cc.
 #include "server/shard.h"
 
 #include <glog/logging.h>
@@ -8,10 +9,8 @@
 #include <chrono>
 #include <cstring>
 
+#include "server/internal/push_dedup.h"
 #include "server/internal/shard_types.h"
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
-#include "compression/codec.h"
-#endif
 
 namespace asyncps::server {
 
@@ -52,6 +51,18 @@ Status ShardOptions::Validate() const {
     return Status::InvalidArgument("max_parked_pulls must be >= 1");
   if (max_inflight_per_client < 1)
     return Status::InvalidArgument("max_inflight_per_client must be >= 1");
+  if (staleness > kMaxClock)
+    return Status::InvalidArgument("staleness must be <= 2^62");
+  if (max_park_time.count() < 1)
+    return Status::InvalidArgument("max_park_time must be >= 1 ms");
+  if (memory_budget_bytes < (uint64_t{1} << 20))
+    return Status::InvalidArgument("memory_budget_bytes must be >= 1 MiB");
+  if (max_unsent_bytes_per_client < 1)
+    return Status::InvalidArgument("max_unsent_bytes_per_client must be >= 1");
+  if (max_frame_bytes < 1024)
+    return Status::InvalidArgument("max_frame_bytes must be >= 1024");
+  if (max_clock_jump < 1 || max_clock_jump > kMaxClock)
+    return Status::InvalidArgument("max_clock_jump must be in [1, 2^62]");
   return optimizer.Validate();
 }
 
@@ -60,15 +71,23 @@ Shard::Shard(const ShardOptions& options, Store* store,
     : options_(options),
       store_(store),
       optimizer_(std::move(optimizer)),
+      budget_(MemoryBudget::Create(options.memory_budget_bytes)),
+      bsp_pushed_round_(options.num_workers, -1),
       clocks_(options.num_workers, options.worker_timeout, now),
       last_read_(options.num_workers, 0),
+      dedup_(std::make_unique<internal::PushDedup>(
+          internal::PushDedup::Options{options.num_workers})),
       replicas_(options.num_workers),
       next_pull_seq_(
           1 +
           (static_cast<uint64_t>(
                std::chrono::system_clock::now().time_since_epoch().count()) &
            ((uint64_t{1} << 62) - 1))),
-      dedup_(options.num_workers) {}
+      unsent_total_(std::make_shared<UnsentBytes>(0)) {
+  unsent_by_rank_.reserve(options.num_workers);
+  for (int r = 0; r < options.num_workers; ++r)
+    unsent_by_rank_.push_back(std::make_shared<UnsentBytes>(0));
+}
 
 Shard::~Shard() = default;
 
@@ -78,6 +97,16 @@ StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardOptions& options,
   ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> opt,
                    Optimizer::Create(options.optimizer));
   std::unique_ptr<Shard> shard(new Shard(options, store, std::move(opt), now));
+  // Per-worker tables sized by the options, not by peers: charged once.
+  const uint64_t fixed =
+      shard->dedup_->MaxBytes() +
+      static_cast<uint64_t>(options.num_workers) *
+          (sizeof(PullReplica) + 4 * sizeof(int64_t) + 64 /* counters */);
+  ASSIGN_OR_RETURN(
+      shard->fixed_charge_,
+      shard->budget_->Reserve(
+          fixed, "the per-worker tables of " +
+                     std::to_string(options.num_workers) + " workers"));
   if (store != nullptr) RETURN_IF_ERROR(shard->Recover());
   return shard;
 }
@@ -106,6 +135,10 @@ uint64_t Shard::chunk_version(uint32_t chunk) const {
   return chunks_[local_index_[chunk]]->version;
 }
 
+uint64_t Shard::unsent_reply_bytes() const {
+  return unsent_total_->load(std::memory_order_relaxed);
+}
+
 void Shard::FillCommon(const RequestHeader& req, ReplyHeader* reply) const {
   reply->id = req.id;
   reply->kind = req.kind;
@@ -119,10 +152,14 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
   OutgoingReply r;
   r.peer = peer;
   reject_reason_ = RejectReason::kOther;
-  // Observers (rank -1: tools, a dedicated evaluator) may register, pull and
-  // ask for stats, but never push or move a clock.
-  const bool worker_only =
-      req.kind == RequestKind::kPush || req.kind == RequestKind::kClock;
+  // Observers (rank -1: tools, a dedicated evaluator) may pull (read-only)
+  // and ask for stats; only workers register, push and move clocks.
+  const bool worker_only = req.kind == RequestKind::kPush ||
+                           req.kind == RequestKind::kClock ||
+                           req.kind == RequestKind::kRegister;
+  const bool clocked = req.kind == RequestKind::kPush ||
+                       req.kind == RequestKind::kClock ||
+                       req.kind == RequestKind::kPull;
   const int rank = req.rank;
   bool parked = false;
   Status st;
@@ -132,18 +169,29 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
                Status::FailedPrecondition(
                    "protocol version " + std::to_string(req.version) +
                    ", this server speaks " + std::to_string(kProtocolVersion)));
-  } else if (rank < -1 || rank >= options_.num_workers ||
-             (rank == -1 && worker_only)) {
+  } else if (rank < -1 || rank >= options_.num_workers) {
     st = Reject(RejectReason::kRank,
                 Status::InvalidArgument("rank " + std::to_string(rank) +
                                         " out of range [0, " +
                                         std::to_string(options_.num_workers) +
                                         ") for " + RequestKindName(req.kind)));
+  } else if (rank == -1 && worker_only) {
+    st = Reject(
+        RejectReason::kRank,
+        Status::InvalidArgument(
+            std::string("rank -1 (tools and observers) may not ") +
+            RequestKindName(req.kind) +
+            (req.kind == RequestKind::kRegister
+                 ? ": the workers register the model; an observer computes "
+                   "its layout and waits for them"
+                 : ": only workers (rank >= 0) do")));
   } else if (req.kind != RequestKind::kPush && !data.empty()) {
     st = Reject(
         RejectReason::kSizeMismatch,
         Status::InvalidArgument(std::string(RequestKindName(req.kind)) +
                                 " request carries unexpected data frames"));
+  } else if (rank >= 0 && clocked && !(st = CheckClock(rank, req.clock)).ok()) {
+    // st holds the error.
   } else {
     if (rank >= 0) clocks_.Touch(rank, now);
     switch (req.kind) {
@@ -154,42 +202,10 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
         st = HandlePush(req, data, &r.header);
         break;
       case RequestKind::kPull:
-        st = ValidatePullRequest(req);
-        if (!st.ok()) break;
-        // Rank -1 (an observer, such as a dedicated evaluator) reads the
-        // current weights without taking part in the clocks.
-        if (rank >= 0) clocks_.Advance(rank, req.clock);
-        if (rank < 0 || PullReady(req.clock)) {
-          st = AnswerPull(req, &r);
-        } else if (IsParked(peer, req.id)) {
-          parked = true;  // a resend of a pull that is already waiting
-        } else if (parked_.size() >= options_.max_parked_pulls) {
-          st = Reject(
-              RejectReason::kTooManyParked,
-              Status::ResourceExhausted("too many parked pulls (" +
-                                        std::to_string(parked_.size()) + ")"));
-        } else if (NumParked(peer) >= options_.max_inflight_per_client) {
-          st = Reject(
-              RejectReason::kTooManyInflight,
-              Status::ResourceExhausted(
-                  "too many requests in flight from this client (" +
-                  std::to_string(options_.max_inflight_per_client) + ")"));
-        } else {
-          auto p = std::make_unique<ParkedPull>();
-          p->peer = peer;
-          p->req = req;
-          parked_.push_back(std::move(p));
-          parked = true;
-        }
+        st = HandlePull(peer, req, now, &r, &parked);
         break;
       case RequestKind::kClock:
-        clocks_.Advance(rank, req.clock);
-        if (options_.durable && store_ != nullptr) {
-          // Clocks survive kill -9 too (BSP round membership, SSP bounds).
-          touched_.clear();
-          st = WriteDurable(options_.durable_sync == SyncMode::kSync);
-          if (!st.ok()) reject_reason_ = RejectReason::kStore;
-        }
+        st = HandleClock(req);
         break;
       case RequestKind::kHeartbeat:
         break;
@@ -228,31 +244,107 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
   ReleaseParked(out);
 }
 
+Status Shard::CheckClock(int rank, int64_t clock) {
+  if (clock < 0 || clock > kMaxClock) {
+    return Reject(RejectReason::kBadClock,
+                  Status::InvalidArgument("clock " + std::to_string(clock) +
+                                          " out of range [0, 2^62]"));
+  }
+  const int64_t have = clocks_.clock(rank);
+  if (clock > have && clock - have > options_.max_clock_jump) {
+    return Reject(RejectReason::kBadClock,
+                  Status::InvalidArgument(
+                      "rank " + std::to_string(rank) + " moves its clock from " +
+                      std::to_string(have) + " to " + std::to_string(clock) +
+                      ", more than max_clock_jump (" +
+                      std::to_string(options_.max_clock_jump) + ") at once"));
+  }
+  return Status::OK();
+}
+
+Status Shard::HandleClock(const RequestHeader& req) {
+  const bool durable = options_.durable && store_ != nullptr;
+  if (durable && degraded_) {
+    return Reject(RejectReason::kStore,
+                  Status::Unavailable("the store is failing: clocks wait "
+                                      "until a checkpoint succeeds; retry"));
+  }
+  clocks_.Advance(req.rank, req.clock);
+  if (!durable) return Status::OK();
+  // Clocks survive kill -9 too (BSP round membership, SSP bounds).
+  touched_.clear();
+  Status s = WriteDurable(options_.durable_sync == SyncMode::kSync);
+  if (s.ok()) return s;
+  EnterDegraded(s);
+  return Reject(RejectReason::kStore,
+                Status::Unavailable("clock not persisted: " + s.ToString()));
+}
+
+void Shard::EnterDegraded(const Status& cause) {
+  if (!degraded_) {
+    LOG(ERROR) << "durable write failed (" << cause.ToString()
+               << "): refusing pushes until a checkpoint succeeds";
+  }
+  degraded_ = true;
+  repair_backoff_ = std::chrono::milliseconds(100);
+  next_repair_ = TimePoint{};  // try at the next Tick
+}
+
+void Shard::TryRepair(TimePoint now) {
+  if (!degraded_ || now < next_repair_) return;
+  Status s = Checkpoint();
+  if (s.ok()) {
+    degraded_ = false;
+    LOG(INFO) << "checkpoint succeeded: the state is in the store again, "
+                 "accepting pushes";
+    return;
+  }
+  LOG_EVERY_N(ERROR, 10) << "repair checkpoint failed: " << s.ToString();
+  next_repair_ = now + repair_backoff_;
+  repair_backoff_ = std::min(repair_backoff_ * 2, std::chrono::milliseconds(5000));
+}
+
 void Shard::Tick(TimePoint now, std::vector<OutgoingReply>* out) {
   // A worker whose pull this shard is holding is waiting on us, not dead:
   // its silence does not count until the pull is answered.
   for (const auto& p : parked_) {
     if (p->req.rank >= 0) clocks_.Touch(p->req.rank, now);
   }
-  if (clocks_.Expire(now) > 0) OnClocksChanged(out);
+  if (clocks_.Expire(now) > 0) {
+    // An evicted worker's replica is a copy of the shard it may never ask
+    // for again: it resyncs with whole weights if it comes back.
+    for (int r = 0; r < clocks_.num_workers(); ++r) {
+      if (!clocks_.live(r)) FreeReplica(r);
+    }
+    OnClocksChanged(out);
+  }
+  TryRepair(now);
   ReleaseParked(out);
+  ExpireParked(now, out);
+  PruneUnsent();
 }
 
 void Shard::OnClocksChanged(std::vector<OutgoingReply>* out) {
   if (options_.consistency == Consistency::kBsp) {
     const int64_t min = clocks_.MinLiveClock();
-    while (min > bsp_round_) {
-      Status s = ApplyBspRound();
+    if (min > bsp_round_) {
+      // One apply for the round that has contributions, then straight to the
+      // minimum: rounds nobody pushed for are not walked one by one.
+      if (min > bsp_round_ + 1) {
+        LOG(INFO) << "BSP: every live worker is past round " << bsp_round_
+                  << ": the round moves to " << min;
+      }
+      Status s = ApplyBspRound(min);
       if (!s.ok()) {
         // The round is applied in memory; only its durable write failed.
-        LOG(ERROR) << "BSP round " << bsp_round_ - 1 << ": " << s.ToString();
+        LOG(ERROR) << "BSP round applied, not persisted: " << s.ToString();
         CountRejected(RejectReason::kStore);
+        EnterDegraded(s);
       }
     }
   }
   if (out != nullptr) ReleaseParked(out);
 }
-
 bool Shard::PullReady(int64_t clock) const {
   const int64_t min = clocks_.MinLiveClock();
   switch (options_.consistency) {

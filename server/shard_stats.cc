@@ -1,6 +1,7 @@
 // Shard: the stats document (ps_ctl stats), built with nlohmann-json.
 #include <nlohmann/json.hpp>
 
+#include "server/internal/push_dedup.h"
 #include "server/internal/shard_types.h"
 #include "server/internal/stats_json.h"
 #include "server/shard.h"
@@ -54,6 +55,14 @@ std::string Shard::StatsJson() const {
   j["rejected_total"] = rejected_total;
   j["rejected"] = std::move(rejected);
   j["staleness"] = internal::StalenessJson(staleness_);
+  j["skipped_pushes"] = counters_.skipped_pushes;
+  j["degraded"] = degraded_;
+  j["memory_budget"] = {{"capacity", budget_->capacity()},
+                        {"used", budget_->used()},
+                        {"peak", budget_->peak()},
+                        {"refusals", budget_->refusals()}};
+  j["unsent_reply_bytes"] = unsent_reply_bytes();
+  j["dedup_applied_ids"] = dedup_->applied_ids();
   return j.dump();
 }
 

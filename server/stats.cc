@@ -40,6 +40,18 @@ const char* RejectReasonName(RejectReason r) {
       return "other";
     case RejectReason::kTooManyInflight:
       return "too_many_inflight";
+    case RejectReason::kRepeatedChunk:
+      return "repeated_chunk";
+    case RejectReason::kBadClock:
+      return "bad_clock";
+    case RejectReason::kUnsentReplies:
+      return "unsent_replies";
+    case RejectReason::kMemoryBudget:
+      return "memory_budget";
+    case RejectReason::kParkExpired:
+      return "park_expired";
+    case RejectReason::kAdminDenied:
+      return "admin_denied";
     case RejectReason::kCount:
       break;
   }

@@ -46,6 +46,11 @@ struct ClientOptions {
   // Most requests in flight; Start*() returns ResourceExhausted past it.
   // Default: 256.
   size_t max_in_flight = 256;
+  // The shards' request limits assumed until a shard states its own (every
+  // reply does): a push over them is refused before it is sent.
+  // Default: ps_server's defaults, 1 GiB and 256 MiB.
+  int64_t max_request_bytes = int64_t{1} << 30;
+  int64_t max_request_frame_bytes = int64_t{256} << 20;
   // Interval of the background heartbeat thread; 0 disables it.
   // Default: 0 (workers enable it).
   std::chrono::milliseconds heartbeat_interval{0};
@@ -79,10 +84,16 @@ class Client {
 
   // Registers the model on every shard and keeps its layout (num_shards is
   // taken from the server list). Idempotent; AlreadyExists if a shard holds a
-  // different model.
+  // different model. Workers only (rank >= 0). Also raises the largest reply
+  // this client accepts to what a pull of the model can need.
   virtual Status Register(const std::vector<TensorSpec>& tensors,
                           LayoutOptions layout) = 0;
-  // REQUIRES: Register() succeeded.
+  // Computes and keeps the layout of a model without registering it: for
+  // observers (rank -1), which pull what the workers registered. Until they
+  // have, pulls fail with FailedPrecondition.
+  virtual Status UseLayout(const std::vector<TensorSpec>& tensors,
+                           LayoutOptions layout) = 0;
+  // REQUIRES: Register() or UseLayout() succeeded.
   virtual const Layout& layout() const = 0;
 
   // Starts a push of `chunks` (any subset of the model's chunks) made at

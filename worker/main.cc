@@ -215,8 +215,10 @@ Status Main() {
   if (eval_role) {
     LayoutOptions lo;
     lo.chunk_elems = static_cast<size_t>(FLAGS_chunk_elems);
-    RETURN_IF_ERROR(client->Register(MlpTensorSpecs(layers, FLAGS_seed), lo)
-                        .WithContext("register model"));
+    // An observer does not register: it pulls what the workers registered
+    // (and waits for them to do so).
+    RETURN_IF_ERROR(client->UseLayout(MlpTensorSpecs(layers, FLAGS_seed), lo)
+                        .WithContext("model layout"));
     EvaluatorOptions eo;
     eo.interval = std::chrono::milliseconds(FLAGS_eval_interval_ms);
     eo.final_clock = Trainer::PlannedSteps(to, train.num_examples);
