@@ -311,6 +311,8 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
     reply->header.pull_seq = replica->seq;
   }
 #endif
+  // A worker that pulls without a sparse codec no longer needs its replica.
+  if (replica == nullptr && req.rank >= 0) FreeReplica(req.rank);
   uint64_t bytes = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
     Chunk& c = *chunks_[local_index_[ids[i]]];

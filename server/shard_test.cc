@@ -15,17 +15,10 @@ using testing::ShardHarness;
 using testing::SmallLayout;
 using testing::SmallModel;
 
+using testing::Fill;
 ShardOptions Opts(Consistency c, int workers = 2) {
-  ShardOptions o;
-  o.shard_id = 0;
-  o.num_shards = 2;
-  o.num_workers = workers;
-  o.consistency = c;
-  o.optimizer.lr = 0.5f;
-  return o;
+  return testing::TestOptions(c, workers);
 }
-
-std::vector<float> Fill(size_t n, float v) { return std::vector<float>(n, v); }
 
 TEST(ShardTest, RegisterIsIdempotentAndMismatchNamesTensor) {
   ShardHarness h(Opts(Consistency::kAsp));
