@@ -113,6 +113,16 @@ bool PushDedup::Decode(Reader* r) {
   return true;
 }
 
+void PushDedup::ForEach(
+    const std::function<void(int, uint64_t, uint64_t,
+                             const std::vector<uint64_t>&)>& fn) const {
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    for (const Entry& e : ranks_[r]) {
+      fn(static_cast<int>(r), e.incarnation, e.floor, e.applied);
+    }
+  }
+}
+
 size_t PushDedup::MaxBytes() const {
   return ranks_.size() * options_.incarnations_per_rank *
          (sizeof(Entry) + options_.max_applied * sizeof(uint64_t));

@@ -63,6 +63,22 @@ std::string Shard::StatsJson() const {
                         {"refusals", budget_->refusals()}};
   j["unsent_reply_bytes"] = unsent_reply_bytes();
   j["dedup_applied_ids"] = dedup_->applied_ids();
+  // The de-duplication table, for exact accounting of acknowledged pushes
+  // (experiments/chaos/soak.py): per client its floor and applied ids above
+  // it. At most 256 clients and 16 ids each are listed.
+  Json table = Json::array();
+  dedup_->ForEach([&table](int rank, uint64_t incarnation, uint64_t floor,
+                           const std::vector<uint64_t>& applied) {
+    if (table.size() >= 256) return;
+    Json ids = Json::array();
+    for (size_t i = 0; i < applied.size() && i < 16; ++i) ids.push_back(applied[i]);
+    table.push_back({{"rank", rank},
+                     {"incarnation", incarnation},
+                     {"floor", floor},
+                     {"applied", std::move(ids)},
+                     {"applied_total", applied.size()}});
+  });
+  j["push_table"] = std::move(table);
   return j.dump();
 }
 

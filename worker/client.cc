@@ -282,6 +282,7 @@ class ClientImpl : public Client {
     return Simple(RequestKind::kHeartbeat, timeout);
   }
   uint64_t resends() const override { return resends_; }
+  uint64_t incarnation() const override { return incarnation_; }
 
  private:
   // One request to one shard, kept until its reply for resending.
@@ -367,6 +368,9 @@ class ClientImpl : public Client {
     }
     pending_.emplace(h.id, std::move(p));
     tickets_[t].remaining++;
+    if (h.kind == RequestKind::kPush && options_.on_push) {
+      options_.on_push(shard, h.id, false);
+    }
     return Status::OK();
   }
 
@@ -463,6 +467,9 @@ class ClientImpl : public Client {
     }
     TicketState& t = tickets_[p.ticket];
     Status s = reply_.status.ok() ? Absorb(shard, p, t) : reply_.status;
+    if (s.ok() && p.kind == RequestKind::kPush && options_.on_push) {
+      options_.on_push(shard, reply_.id, true);
+    }
     if (!s.ok() && t.status.ok())
       t.status = s.WithContext("shard " + std::to_string(shard));
     t.remaining--;

@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,6 +52,11 @@ struct ClientOptions {
   // Default: ps_server's defaults, 1 GiB and 256 MiB.
   int64_t max_request_bytes = int64_t{1} << 30;
   int64_t max_request_frame_bytes = int64_t{256} << 20;
+  // Called on the waiting thread when a push request to a shard is first
+  // sent (acked false) and when that shard acknowledges it (acked true),
+  // with the shard index and the request id: an audit trail for exact
+  // accounting of acknowledged pushes (ps_worker --push_log). Default: none.
+  std::function<void(int shard, uint64_t id, bool acked)> on_push;
   // Interval of the background heartbeat thread; 0 disables it.
   // Default: 0 (workers enable it).
   std::chrono::milliseconds heartbeat_interval{0};
@@ -128,6 +134,8 @@ class Client {
 
   // Requests resent so far (all shards).
   virtual uint64_t resends() const = 0;
+  // This client process's random incarnation (sent with every request).
+  virtual uint64_t incarnation() const = 0;
 
  protected:
   explicit Client(const ClientOptions& o) : options_(o) {}

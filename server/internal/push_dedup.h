@@ -28,6 +28,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,12 @@ class PushDedup {
   // Restores a version-1 state record's entry: everything up to and
   // including `last_id` is done.
   void RestoreHighWaterMark(int rank, uint64_t incarnation, uint64_t last_id);
+
+  // Calls fn(rank, incarnation, floor, applied ids) for every client, per
+  // rank least recently used first (stats).
+  void ForEach(const std::function<void(int, uint64_t, uint64_t,
+                                        const std::vector<uint64_t>&)>& fn)
+      const;
 
   // Upper bound of the table's memory, bytes (for the shard's budget).
   size_t MaxBytes() const;
