@@ -290,9 +290,12 @@ class Shard {
   size_t NumParkedOfRank(int rank) const;
   // Frees the pull replica of `rank` (eviction, new incarnation, codec).
   void FreeReplica(int rank);
-  // Makes every frame of `reply` count as unsent to `peer` (and `rank`)
-  // until ZeroMQ releases the last of them.
-  void PinUnsent(const std::string& peer, int rank, OutgoingReply* reply);
+  // Keeps every frame of `reply` until ZeroMQ releases the last of them;
+  // until then its bytes count as unsent (total), and `fresh` of them (the
+  // buffers made for this reply: new snapshots, codec payloads) as unsent
+  // to `peer` and `rank`.
+  void PinUnsent(const std::string& peer, int rank, uint64_t fresh,
+                 OutgoingReply* reply);
   UnsentBytes& UnsentOf(const std::string& peer);
   void PruneUnsent();
 

@@ -256,6 +256,12 @@ TEST(ShardHardeningTest, RepliesNotYetSentAreCappedPerClientAndRank) {
   EXPECT_EQ(h.shard->unsent_reply_bytes(), 0u);
   EXPECT_TRUE(h.Send(ShardHarness::Pull(0, 0), {}, "slow")[0]
                   .header.status.ok());
+  // Pulls of one version share its snapshot: queued, they pin nothing new
+  // and are not refused.
+  for (int i = 0; i < 5; ++i) {
+    queued.push_back(h.Send(ShardHarness::Pull(1, 0), {}, "same"));
+    EXPECT_TRUE(queued.back()[0].header.status.ok()) << i;
+  }
 }
 
 TEST(ShardHardeningTest, SnapshotsPinnedByUnsentRepliesComeFromTheBudget) {

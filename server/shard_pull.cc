@@ -195,20 +195,23 @@ void Shard::PruneUnsent() {
   }
 }
 
-void Shard::PinUnsent(const std::string& peer, int rank, OutgoingReply* reply) {
+void Shard::PinUnsent(const std::string& peer, int rank, uint64_t fresh,
+                      OutgoingReply* reply) {
   if (reply->frames.empty()) return;
   auto pin = std::make_shared<ReplyPin>();
   pin->owners.reserve(reply->frames.size());
+  uint64_t bytes = 0;
   for (ByteView& f : reply->frames) {
-    pin->bytes += f.size;
+    bytes += f.size;
     pin->owners.push_back(std::move(f.owner));
   }
   UnsentOf(peer);
-  pin->counters.push_back(unsent_[peer]);
-  if (rank >= 0) pin->counters.push_back(unsent_by_rank_[rank]);
-  pin->counters.push_back(unsent_total_);
-  for (auto& c : pin->counters)
-    c->fetch_add(pin->bytes, std::memory_order_relaxed);
+  pin->counts.push_back({unsent_total_, bytes});
+  if (fresh > 0) {
+    pin->counts.push_back({unsent_[peer], fresh});
+    if (rank >= 0) pin->counts.push_back({unsent_by_rank_[rank], fresh});
+  }
+  for (auto& [c, n] : pin->counts) c->fetch_add(n, std::memory_order_relaxed);
   for (ByteView& f : reply->frames) f.owner = pin;
 }
 
@@ -218,8 +221,11 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
                          OutgoingReply* reply) {
   RETURN_IF_ERROR(ValidatePullRequest(req));
   // A client that pulls and does not read would otherwise pin snapshot after
-  // snapshot in ZeroMQ's queue: one reply is always allowed, more only while
-  // the earlier ones are on their way.
+  // snapshot in ZeroMQ's queue. What counts against it is the buffers made
+  // for its replies (a new snapshot because the previous one is still
+  // queued, codec payloads): repeated pulls of one version share a snapshot
+  // and cost nothing. One reply is always allowed, more only while the
+  // earlier ones' buffers are below the limit.
   const uint64_t unsent_peer = UnsentOf(peer).load(std::memory_order_relaxed);
   const uint64_t unsent_rank =
       req.rank >= 0 ? unsent_by_rank_[req.rank]->load(std::memory_order_relaxed)
@@ -313,7 +319,7 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
 #endif
   // A worker that pulls without a sparse codec no longer needs its replica.
   if (replica == nullptr && req.rank >= 0) FreeReplica(req.rank);
-  uint64_t bytes = 0;
+  uint64_t bytes = 0, fresh = 0;
   for (size_t i = 0; i < ids.size(); ++i) {
     Chunk& c = *chunks_[local_index_[ids[i]]];
     ChunkRef ref;
@@ -334,6 +340,7 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
       auto held = std::make_shared<ChargedBuffer>();
       held->charge = std::move(charge).value();
       held->charge.ShrinkTo(payload->capacity());
+      fresh += held->charge.bytes();
       held->buffer = Buffer::FromVector(std::move(*payload));
       ref.codec = static_cast<uint8_t>(codec->id());
       view = ByteView{held->buffer->data(), held->buffer->size(), held};
@@ -380,6 +387,7 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
           }
           auto snap = std::make_shared<ChargedBuffer>();
           snap->charge = std::move(charge).value();
+          fresh += c.n * sizeof(float);
           snap->buffer = Buffer::Allocate(c.n * sizeof(float));
           c.snapshot = std::move(snap);
         }
@@ -399,7 +407,7 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
   ++counters_.pulls;
   counters_.bytes_out += bytes;
   if (req.rank >= 0) last_read_[req.rank] = shard_version_;
-  PinUnsent(peer, req.rank, reply);
+  PinUnsent(peer, req.rank, fresh, reply);
   return Status::OK();
 }
 

@@ -57,14 +57,15 @@ struct Shard::ParkedPull {
   MemoryBudget::Charge charge;  // this object and the request's lists
 };
 
-// Owns every frame of one reply and counts its bytes as unsent until ZeroMQ
-// releases the last frame (on its I/O thread).
+// Owns every frame of one reply and counts bytes of it as unsent until
+// ZeroMQ releases the last frame (on its I/O thread).
 struct ReplyPin {
   std::vector<std::shared_ptr<const void>> owners;
-  std::vector<std::shared_ptr<std::atomic<uint64_t>>> counters;
-  uint64_t bytes = 0;
+  // Counter and what this reply added to it.
+  std::vector<std::pair<std::shared_ptr<std::atomic<uint64_t>>, uint64_t>>
+      counts;
   ~ReplyPin() {
-    for (auto& c : counters) c->fetch_sub(bytes, std::memory_order_relaxed);
+    for (auto& [c, n] : counts) c->fetch_sub(n, std::memory_order_relaxed);
   }
 };
 
