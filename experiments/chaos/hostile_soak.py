@@ -90,6 +90,7 @@ def run(a, run_dir, tag, fuzz):
         [os.path.join(bin_, "ps_worker"), "--servers=" + endpoint, "--rank=0",
          "--num_workers=%d" % a.num_workers, "--epochs=%d" % a.epochs, "--eval=true",
          "--seed=%d" % a.seed, "--log_every=500", "--timeout_s=300",
+         "--slowdown=%g" % (a.worker_slowdown if fuzz else 1.0),
          "--curve_server_key=" + keys["server"][1]],
         stdout=open(wlog, "wb"), stderr=subprocess.STDOUT)
     fuzzer = None
@@ -174,6 +175,9 @@ def main():
     ap.add_argument("--messages", type=int, default=1000000)
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--num_workers", type=int, default=2)
+    ap.add_argument("--worker_slowdown", type=float, default=1.0,
+                    help="ps_worker --slowdown of the run beside the fuzzer (a sleep: "
+                         "stretches training over the fuzz without using CPU)")
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--budget_mb", type=int, default=512)
     ap.add_argument("--quarantine_mb", type=int, default=32)
