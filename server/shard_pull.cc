@@ -205,13 +205,21 @@ void Shard::PinUnsent(const std::string& peer, int rank, uint64_t fresh,
     bytes += f.size;
     pin->owners.push_back(std::move(f.owner));
   }
-  UnsentOf(peer);
-  pin->counts.push_back({unsent_total_, bytes});
+  pin->counters[0] = unsent_total_;
+  pin->added[0] = bytes;
   if (fresh > 0) {
-    pin->counts.push_back({unsent_[peer], fresh});
-    if (rank >= 0) pin->counts.push_back({unsent_by_rank_[rank], fresh});
+    UnsentOf(peer);
+    pin->counters[1] = unsent_[peer];
+    pin->added[1] = fresh;
+    if (rank >= 0) {
+      pin->counters[2] = unsent_by_rank_[rank];
+      pin->added[2] = fresh;
+    }
   }
-  for (auto& [c, n] : pin->counts) c->fetch_add(n, std::memory_order_relaxed);
+  for (size_t i = 0; i < pin->counters.size(); ++i) {
+    if (pin->counters[i])
+      pin->counters[i]->fetch_add(pin->added[i], std::memory_order_relaxed);
+  }
   for (ByteView& f : reply->frames) f.owner = pin;
 }
 
@@ -226,7 +234,9 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
   // queued, codec payloads): repeated pulls of one version share a snapshot
   // and cost nothing. One reply is always allowed, more only while the
   // earlier ones' buffers are below the limit.
-  const uint64_t unsent_peer = UnsentOf(peer).load(std::memory_order_relaxed);
+  const auto found = unsent_.find(peer);
+  const uint64_t unsent_peer =
+      found == unsent_.end() ? 0 : found->second->load(std::memory_order_relaxed);
   const uint64_t unsent_rank =
       req.rank >= 0 ? unsent_by_rank_[req.rank]->load(std::memory_order_relaxed)
                     : 0;

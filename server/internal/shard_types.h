@@ -2,6 +2,7 @@
 // the server API.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -61,11 +62,13 @@ struct Shard::ParkedPull {
 // ZeroMQ releases the last frame (on its I/O thread).
 struct ReplyPin {
   std::vector<std::shared_ptr<const void>> owners;
-  // Counter and what this reply added to it.
-  std::vector<std::pair<std::shared_ptr<std::atomic<uint64_t>>, uint64_t>>
-      counts;
+  // Counters (total, peer, rank) and what this reply added to each.
+  std::array<std::shared_ptr<std::atomic<uint64_t>>, 3> counters;
+  std::array<uint64_t, 3> added{};
   ~ReplyPin() {
-    for (auto& [c, n] : counts) c->fetch_sub(n, std::memory_order_relaxed);
+    for (size_t i = 0; i < counters.size(); ++i) {
+      if (counters[i]) counters[i]->fetch_sub(added[i], std::memory_order_relaxed);
+    }
   }
 };
 
