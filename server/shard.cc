@@ -152,47 +152,10 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
   OutgoingReply r;
   r.peer = peer;
   reject_reason_ = RejectReason::kOther;
-  // Observers (rank -1: tools, a dedicated evaluator) may pull (read-only)
-  // and ask for stats; only workers register, push and move clocks.
-  const bool worker_only = req.kind == RequestKind::kPush ||
-                           req.kind == RequestKind::kClock ||
-                           req.kind == RequestKind::kRegister;
-  const bool clocked = req.kind == RequestKind::kPush ||
-                       req.kind == RequestKind::kClock ||
-                       req.kind == RequestKind::kPull;
   const int rank = req.rank;
   bool parked = false;
-  Status st;
-  if (req.version != kProtocolVersion) {
-    st =
-        Reject(RejectReason::kVersion,
-               Status::FailedPrecondition(
-                   "protocol version " + std::to_string(req.version) +
-                   ", this server speaks " + std::to_string(kProtocolVersion)));
-  } else if (rank < -1 || rank >= options_.num_workers) {
-    st = Reject(RejectReason::kRank,
-                Status::InvalidArgument("rank " + std::to_string(rank) +
-                                        " out of range [0, " +
-                                        std::to_string(options_.num_workers) +
-                                        ") for " + RequestKindName(req.kind)));
-  } else if (rank == -1 && worker_only) {
-    st = Reject(
-        RejectReason::kRank,
-        Status::InvalidArgument(
-            std::string("rank -1 (tools and observers) may not ") +
-            RequestKindName(req.kind) +
-            (req.kind == RequestKind::kRegister
-                 ? ": the workers register the model; an observer computes "
-                   "its layout and waits for them"
-                 : ": only workers (rank >= 0) do")));
-  } else if (req.kind != RequestKind::kPush && !data.empty()) {
-    st = Reject(
-        RejectReason::kSizeMismatch,
-        Status::InvalidArgument(std::string(RequestKindName(req.kind)) +
-                                " request carries unexpected data frames"));
-  } else if (rank >= 0 && clocked && !(st = CheckClock(rank, req.clock)).ok()) {
-    // st holds the error.
-  } else {
+  Status st = Admit(req, !data.empty());
+  if (st.ok()) {
     if (rank >= 0) clocks_.Touch(rank, now);
     switch (req.kind) {
       case RequestKind::kRegister:
@@ -242,6 +205,51 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
     out->push_back(std::move(r));
   }
   ReleaseParked(out);
+}
+
+Status Shard::Admit(const RequestHeader& req, bool has_data) {
+  const int rank = req.rank;
+  if (req.version != kProtocolVersion) {
+    return Reject(RejectReason::kVersion,
+                  Status::FailedPrecondition(
+                      "protocol version " + std::to_string(req.version) +
+                      ", this server speaks " +
+                      std::to_string(kProtocolVersion)));
+  }
+  if (rank < -1 || rank >= options_.num_workers) {
+    return Reject(RejectReason::kRank,
+                  Status::InvalidArgument(
+                      "rank " + std::to_string(rank) + " out of range [0, " +
+                      std::to_string(options_.num_workers) + ") for " +
+                      RequestKindName(req.kind)));
+  }
+  // Observers (rank -1: tools, a dedicated evaluator) may pull (read-only)
+  // and ask for stats; only workers register, push and move clocks.
+  const bool worker_only = req.kind == RequestKind::kPush ||
+                           req.kind == RequestKind::kClock ||
+                           req.kind == RequestKind::kRegister;
+  if (rank == -1 && worker_only) {
+    return Reject(
+        RejectReason::kRank,
+        Status::InvalidArgument(
+            std::string("rank -1 (tools and observers) may not ") +
+            RequestKindName(req.kind) +
+            (req.kind == RequestKind::kRegister
+                 ? ": the workers register the model; an observer computes "
+                   "its layout and waits for them"
+                 : ": only workers (rank >= 0) do")));
+  }
+  if (req.kind != RequestKind::kPush && has_data) {
+    return Reject(
+        RejectReason::kSizeMismatch,
+        Status::InvalidArgument(std::string(RequestKindName(req.kind)) +
+                                " request carries unexpected data frames"));
+  }
+  const bool clocked = req.kind == RequestKind::kPush ||
+                       req.kind == RequestKind::kClock ||
+                       req.kind == RequestKind::kPull;
+  if (rank >= 0 && clocked) return CheckClock(rank, req.clock);
+  return Status::OK();
 }
 
 Status Shard::CheckClock(int rank, int64_t clock) {

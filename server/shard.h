@@ -254,6 +254,9 @@ class Shard {
         std::unique_ptr<Optimizer> optimizer, TimePoint now);
 
   // shard.cc: dispatch, clocks, timers.
+  // Checks what every request must satisfy before its kind is handled:
+  // protocol version, rank (and what rank -1 may do), data frames, clock.
+  Status Admit(const RequestHeader& req, bool has_data);
   bool PullReady(int64_t clock) const;
   // Checks a worker's clock in a push, pull or clock request.
   Status CheckClock(int rank, int64_t clock);
