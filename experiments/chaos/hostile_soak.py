@@ -96,8 +96,17 @@ def run(a, run_dir, tag, fuzz):
     fuzzer = None
     flog = os.path.join(run_dir, tag + ".fuzz.json")
     t0 = time.time()
+    ctl = [os.path.join(bin_, "ps_ctl"), "--servers=" + endpoint, "--timeout_ms=20000",
+           "--curve_server_key=" + keys["server"][1], "--curve_secret_key=" + keys["admin"][0]]
     if fuzz:
-        time.sleep(3)  # the worker registers the model first
+        # The worker registers the model first (a hostile registration of
+        # another model would make the worker's own fail, as it must).
+        end = time.time() + 120
+        while time.time() < end:
+            out = subprocess.run(ctl + ["stats"], capture_output=True, text=True)
+            if '"registered":true' in out.stdout:
+                break
+            time.sleep(0.2)
         fuzzer = subprocess.Popen(
             [os.path.join(bin_, "ps_hostile_fuzz"), "--server=" + endpoint,
              "--messages=%d" % a.messages, "--seed=%d" % a.seed,
@@ -118,8 +127,6 @@ def run(a, run_dir, tag, fuzz):
         time.sleep(1)
     fuzz_s = round(time.time() - t0, 1) if fuzzer else None
     alive = shard.poll() is None
-    ctl = [os.path.join(bin_, "ps_ctl"), "--servers=" + endpoint, "--timeout_ms=20000",
-           "--curve_server_key=" + keys["server"][1], "--curve_secret_key=" + keys["admin"][0]]
     stats = None
     if alive:
         out = subprocess.run(ctl + ["stats"], capture_output=True, text=True)

@@ -114,9 +114,22 @@ TEST(HostileFuzzTest, ShardAnswersEveryHostileRequestBesideARealWorker) {
        "--curve_server_key=" + dir.Sub("server.pub")},
       dir.Sub("worker.log"));
   ASSERT_TRUE(worker.ok());
-  // Hostile traffic once the model is registered, until the worker is done
-  // or the messages are sent.
-  std::this_thread::sleep_for(seconds(2));
+  // Hostile traffic once the worker has registered the model (a hostile
+  // registration first would be a different model, and the worker's own
+  // registration would fail, as it must).
+  bool registered = false;
+  for (int i = 0; i < 600 && !registered; ++i) {
+    auto ctl = Process::Start(
+        {BinPath("ps_ctl"), "--servers=" + server->endpoint,
+         "--curve_server_key=" + dir.Sub("server.pub"), "stats"},
+        dir.Sub("registered.json"));
+    ASSERT_TRUE(ctl.ok());
+    (void)(*ctl)->Wait(seconds(10));
+    registered = ReadFile(dir.Sub("registered.json"))
+                     .find("\"registered\":true") != std::string::npos;
+    if (!registered) std::this_thread::sleep_for(milliseconds(100));
+  }
+  ASSERT_TRUE(registered) << (*worker)->Log();
   auto report = Fuzz(server->endpoint, keys, *layout, tensors, 2, messages,
                      seed, [&] { return true; });
   auto code = (*worker)->Wait(seconds(180));

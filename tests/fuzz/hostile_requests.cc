@@ -206,8 +206,10 @@ void HostileGenerator::Push(HostileMessage* m) {
       r.byte_size = Count();
       return;
     case 7:
+      // Another codec's id (never raw fp32: a zero payload read as floats
+      // could be a legal update with garbage values).
       m->shape = "push/codec_id";
-      r.codec = static_cast<uint8_t>(Uniform(0, 255));
+      r.codec = static_cast<uint8_t>(Uniform(1, 255));
       return;
     case 8: {
       m->shape = "push/non_finite";
@@ -221,10 +223,23 @@ void HostileGenerator::Push(HostileMessage* m) {
       return;
     }
     case 9: {
+      // Random bytes that can never be a legal update (a finite gradient of
+      // garbage values would be one: no server can tell it from a real
+      // one): raw fp32 of the wrong size, or a codec payload one or more
+      // bytes too short or too long.
       m->shape = "push/payload_bytes";
       std::vector<uint8_t>& f = m->frames[&r - h.chunks.data()];
-      f.resize(Uniform(0, 2 * f.size() + 16));
-      for (auto& b : f) b = static_cast<uint8_t>(rng_());
+      const size_t exact = f.size();
+      if (r.codec == 0) {
+        size_t n = static_cast<size_t>(Uniform(0, 2 * exact + 16));
+        if (n == exact) ++n;
+        f.resize(n);
+        for (auto& b : f) b = static_cast<uint8_t>(rng_());
+      } else {
+        f.resize(OneIn(2) ? exact + static_cast<size_t>(Uniform(1, 64))
+                          : static_cast<size_t>(Uniform(0, exact - 1)));
+        for (size_t i = exact; i < f.size(); ++i) f[i] = static_cast<uint8_t>(rng_());
+      }
       r.byte_size = f.size();
       return;
     }
