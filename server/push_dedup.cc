@@ -39,8 +39,9 @@ void PushDedup::RaiseFloor(int rank, uint64_t incarnation,
   if (found != nullptr && found->floor >= done_below) return;
   Entry& e = Touch(rank, incarnation);
   e.floor = done_below;
-  e.applied.erase(e.applied.begin(), std::lower_bound(e.applied.begin(),
-                                                      e.applied.end(), e.floor));
+  e.applied.erase(
+      e.applied.begin(),
+      std::lower_bound(e.applied.begin(), e.applied.end(), e.floor));
 }
 
 PushDedup::Verdict PushDedup::Check(int rank, uint64_t incarnation,

@@ -254,8 +254,8 @@ TEST(ShardHardeningTest, RepliesNotYetSentAreCappedPerClientAndRank) {
   queued.clear();
   other.clear();
   EXPECT_EQ(h.shard->unsent_reply_bytes(), 0u);
-  EXPECT_TRUE(h.Send(ShardHarness::Pull(0, 0), {}, "slow")[0]
-                  .header.status.ok());
+  EXPECT_TRUE(
+      h.Send(ShardHarness::Pull(0, 0), {}, "slow")[0].header.status.ok());
   // Pulls of one version share its snapshot: queued, they pin nothing new
   // and are not refused.
   for (int i = 0; i < 5; ++i) {
@@ -406,7 +406,8 @@ TEST(ShardHardeningTest, ParkedPullsAreCappedPerRankAndExpire) {
 
 TEST(ShardHardeningTest, ObserversMayPullButNotRegisterPushOrClock) {
   ShardHarness h(Opts(Consistency::kSsp));
-  ReplyHeader r = h.Call(ShardHarness::Register(-1, SmallModel(), SmallLayout(2)));
+  ReplyHeader r =
+      h.Call(ShardHarness::Register(-1, SmallModel(), SmallLayout(2)));
   EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument);
   EXPECT_FALSE(h.shard->registered());
   Register(h);

@@ -52,23 +52,24 @@ Status Shard::HandlePull(const std::string& peer, const RequestHeader& req,
     return Status::OK();
   }
   if (parked_.size() >= options_.max_parked_pulls) {
-    return Reject(RejectReason::kTooManyParked,
-                  Status::ResourceExhausted("too many parked pulls (" +
-                                            std::to_string(parked_.size()) +
-                                            ")"));
+    return Reject(
+        RejectReason::kTooManyParked,
+        Status::ResourceExhausted("too many parked pulls (" +
+                                  std::to_string(parked_.size()) + ")"));
   }
   const size_t limit = options_.max_inflight_per_client;
   if (NumParked(peer) >= limit || NumParkedOfRank(req.rank) >= limit) {
-    return Reject(RejectReason::kTooManyInflight,
-                  Status::ResourceExhausted(
-                      "too many requests in flight from this client or rank " +
-                      std::to_string(req.rank) + " (" + std::to_string(limit) +
-                      ")"));
+    return Reject(
+        RejectReason::kTooManyInflight,
+        Status::ResourceExhausted(
+            "too many requests in flight from this client or rank " +
+            std::to_string(req.rank) + " (" + std::to_string(limit) + ")"));
   }
   const uint64_t bytes = sizeof(ParkedPull) + peer.size() +
                          req.pull_chunks.size() * sizeof(uint32_t) +
                          req.pull_codec.size();
-  StatusOr<MemoryBudget::Charge> charge = budget_->Reserve(bytes, "a parked pull");
+  StatusOr<MemoryBudget::Charge> charge =
+      budget_->Reserve(bytes, "a parked pull");
   if (!charge.ok()) return Reject(RejectReason::kMemoryBudget, charge.status());
   auto p = std::make_unique<ParkedPull>();
   p->peer = peer;
@@ -120,9 +121,8 @@ void Shard::ExpireParked(TimePoint now, std::vector<OutgoingReply>* out) {
     FillCommon(p.req, &r.header);
     r.header.status = Status::Unavailable(
         "pull for clock " + std::to_string(p.req.clock) + " waited " +
-        std::to_string(options_.max_park_time.count()) +
-        " ms (min clock " + std::to_string(clocks_.MinLiveClock()) +
-        "): retry");
+        std::to_string(options_.max_park_time.count()) + " ms (min clock " +
+        std::to_string(clocks_.MinLiveClock()) + "): retry");
     CountRejected(RejectReason::kParkExpired);
     out->push_back(std::move(r));
   }
@@ -236,7 +236,8 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
   // earlier ones' buffers are below the limit.
   const auto found = unsent_.find(peer);
   const uint64_t unsent_peer =
-      found == unsent_.end() ? 0 : found->second->load(std::memory_order_relaxed);
+      found == unsent_.end() ? 0
+                             : found->second->load(std::memory_order_relaxed);
   const uint64_t unsent_rank =
       req.rank >= 0 ? unsent_by_rank_[req.rank]->load(std::memory_order_relaxed)
                     : 0;
@@ -280,12 +281,12 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
                                    ? options_.max_reply_bytes
                                    : 2 * shard_bytes_ + (uint64_t{1} << 20);
   if (most > reply_limit) {
-    return Reject(RejectReason::kOversize,
-                  Status::InvalidArgument(
-                      "pull of " + std::to_string(ids.size()) +
-                      " chunks could need " + std::to_string(most) +
-                      " bytes, above the reply limit of " +
-                      std::to_string(reply_limit)));
+    return Reject(
+        RejectReason::kOversize,
+        Status::InvalidArgument("pull of " + std::to_string(ids.size()) +
+                                " chunks could need " + std::to_string(most) +
+                                " bytes, above the reply limit of " +
+                                std::to_string(reply_limit)));
   }
   reply->header.chunks.clear();
   reply->header.chunks.reserve(ids.size());
@@ -311,8 +312,7 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
     }
     if (!slot) {
       StatusOr<MemoryBudget::Charge> charge = budget_->Reserve(
-          shard_bytes_,
-          "the pull replica of rank " + std::to_string(req.rank));
+          shard_bytes_, "the pull replica of rank " + std::to_string(req.rank));
       if (!charge.ok())
         return Reject(RejectReason::kMemoryBudget, charge.status());
       slot = std::make_unique<PullReplica>();
@@ -340,8 +340,8 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
     ByteView view;
 #if ASYNCPS_SERVER_HAVE_COMPRESSION
     auto encode = [&](const float* x, std::vector<uint8_t>* payload) -> Status {
-      StatusOr<MemoryBudget::Charge> charge = budget_->Reserve(
-          codec->MaxEncodedBytes(c.n), "a pull codec payload");
+      StatusOr<MemoryBudget::Charge> charge =
+          budget_->Reserve(codec->MaxEncodedBytes(c.n), "a pull codec payload");
       if (!charge.ok())
         return Reject(RejectReason::kMemoryBudget, charge.status());
       Status s = codec->Encode(x, c.n, c.version, payload);

@@ -121,8 +121,10 @@ Status Shard::AllocateChunks() {
   const uint64_t bytes = elems * per_elem + mine.size() * sizeof(Chunk);
   const std::string what =
       "this shard's part of the model (" + std::to_string(mine.size()) +
-      " chunks, " + std::to_string(elems) + " elements: weights, optimizer "
-      "state" + (options_.consistency == Consistency::kBsp ? ", BSP sums" : "") +
+      " chunks, " + std::to_string(elems) +
+      " elements: weights, optimizer "
+      "state" +
+      (options_.consistency == Consistency::kBsp ? ", BSP sums" : "") +
       ", decode scratch)";
   if (!budget_->Fits(bytes + elems * sizeof(float))) {
     StatusOr<MemoryBudget::Charge> refused =

@@ -71,7 +71,8 @@ std::string Shard::StatsJson() const {
                            const std::vector<uint64_t>& applied) {
     if (table.size() >= 256) return;
     Json ids = Json::array();
-    for (size_t i = 0; i < applied.size() && i < 16; ++i) ids.push_back(applied[i]);
+    for (size_t i = 0; i < applied.size() && i < 16; ++i)
+      ids.push_back(applied[i]);
     table.push_back({{"rank", rank},
                      {"incarnation", incarnation},
                      {"floor", floor},

@@ -69,9 +69,9 @@ class PushDedup {
 
   // Calls fn(rank, incarnation, floor, applied ids) for every client, per
   // rank least recently used first (stats).
-  void ForEach(const std::function<void(int, uint64_t, uint64_t,
-                                        const std::vector<uint64_t>&)>& fn)
-      const;
+  void ForEach(
+      const std::function<void(int, uint64_t, uint64_t,
+                               const std::vector<uint64_t>&)>& fn) const;
 
   // Upper bound of the table's memory, bytes (for the shard's budget).
   size_t MaxBytes() const;

@@ -3,7 +3,7 @@
 // report: sent, answered, unanswered within the deadline, reply codes,
 // message shapes. Exit 0 when every request was answered in time.
 //
-//   ps_hostile_fuzz --server=tcp://127.0.0.1:5555 --messages=1000000 \
+//   ps_hostile_fuzz --server=tcp://127.0.0.1:5555 --messages=1000000
 //       --layers=784,256,128,10 --num_workers=2 --curve_server_key=server.pub
 //
 // The model flags must describe what the workers register (the generator
@@ -85,9 +85,9 @@ int main(int argc, char** argv) {
     return true;
   });
   if (!s.ok()) return fail(s.ToString());
-  const double secs = std::chrono::duration<double>(
-                          std::chrono::steady_clock::now() - start)
-                          .count();
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   const fuzz::DriverReport& r = (*driver)->report();
   std::string json = r.ToJson();
   json.insert(json.size() - 1, ",\"seconds\":" + std::to_string(secs));

@@ -69,8 +69,7 @@ fuzz::DriverReport Fuzz(const std::string& endpoint, const Keys& keys,
   o.deadline = milliseconds(10000);
   auto driver = fuzz::HostileDriver::Create(o);
   EXPECT_TRUE(driver.ok());
-  fuzz::HostileGenerator gen(layout, tensors, 0, workers, /*admin=*/true,
-                             seed);
+  fuzz::HostileGenerator gen(layout, tensors, 0, workers, /*admin=*/true, seed);
   Status s = (*driver)->Run(gen, messages, keep_going);
   EXPECT_TRUE(s.ok()) << s.ToString();
   return (*driver)->report();
@@ -119,14 +118,15 @@ TEST(HostileFuzzTest, ShardAnswersEveryHostileRequestBesideARealWorker) {
   // registration would fail, as it must).
   bool registered = false;
   for (int i = 0; i < 600 && !registered; ++i) {
-    auto ctl = Process::Start(
-        {BinPath("ps_ctl"), "--servers=" + server->endpoint,
-         "--curve_server_key=" + dir.Sub("server.pub"), "stats"},
-        dir.Sub("registered.json"));
+    auto ctl =
+        Process::Start({BinPath("ps_ctl"), "--servers=" + server->endpoint,
+                        "--curve_server_key=" + dir.Sub("server.pub"), "stats"},
+                       dir.Sub("registered.json"));
     ASSERT_TRUE(ctl.ok());
     (void)(*ctl)->Wait(seconds(10));
-    registered = ReadFile(dir.Sub("registered.json"))
-                     .find("\"registered\":true") != std::string::npos;
+    registered =
+        ReadFile(dir.Sub("registered.json")).find("\"registered\":true") !=
+        std::string::npos;
     if (!registered) std::this_thread::sleep_for(milliseconds(100));
   }
   ASSERT_TRUE(registered) << (*worker)->Log();
@@ -148,20 +148,21 @@ TEST(HostileFuzzTest, ShardAnswersEveryHostileRequestBesideARealWorker) {
   EXPECT_GT(report.codes["InvalidArgument"], 0);
   // The shard's own count of rejections by reason.
   std::ofstream(dir.Sub("admin.key")) << keys.admin_sec << "\n";
-  auto ctl = Process::Start(
-      {BinPath("ps_ctl"), "--servers=" + server->endpoint,
-       "--curve_server_key=" + dir.Sub("server.pub"),
-       "--curve_secret_key=" + dir.Sub("admin.key"), "stats"},
-      dir.Sub("stats.json"));
+  auto ctl =
+      Process::Start({BinPath("ps_ctl"), "--servers=" + server->endpoint,
+                      "--curve_server_key=" + dir.Sub("server.pub"),
+                      "--curve_secret_key=" + dir.Sub("admin.key"), "stats"},
+                     dir.Sub("stats.json"));
   ASSERT_TRUE(ctl.ok());
   ASSERT_EQ(*(*ctl)->Wait(seconds(10)), 0);
   const std::string stats = ReadFile(dir.Sub("stats.json"));
   EXPECT_NE(stats.find("\"admin_denied\":"), std::string::npos) << stats;
   EXPECT_NE(stats.find("\"repeated_chunk\":"), std::string::npos) << stats;
   EXPECT_NE(stats.find("\"bad_clock\":"), std::string::npos) << stats;
-  std::printf("{\"hostile_fuzz\":%s,\"worker_acc\":%s,\"shard_peak_rss_kib\":%llu}\n",
-              report.ToJson().c_str(), acc.c_str(),
-              static_cast<unsigned long long>(hwm_kib));
+  std::printf(
+      "{\"hostile_fuzz\":%s,\"worker_acc\":%s,\"shard_peak_rss_kib\":%llu}\n",
+      report.ToJson().c_str(), acc.c_str(),
+      static_cast<unsigned long long>(hwm_kib));
   std::printf("shard stats: %s\n", stats.c_str());
 }
 
@@ -184,8 +185,8 @@ TEST(HostileFuzzTest, BspAndSspShardsAnswerEveryHostileRequest) {
     if (mode == "ssp") flags.push_back("--staleness=2");
     auto server = StartServer(dir, "shard-" + mode, flags);
     ASSERT_TRUE(server.ok()) << server.status().ToString();
-    auto report = Fuzz(server->endpoint, keys, *layout, tensors, 2, messages,
-                       7, [] { return true; });
+    auto report = Fuzz(server->endpoint, keys, *layout, tensors, 2, messages, 7,
+                       [] { return true; });
     ASSERT_TRUE(server->process->Running()) << server->process->Log();
     EXPECT_EQ(report.unanswered, 0) << mode << ": " << report.ToJson();
     EXPECT_EQ(report.answered, report.sent) << mode;

@@ -1,10 +1,9 @@
 #include "tests/fuzz/hostile_requests.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <nlohmann/json.hpp>
 
 #include "compression/codec.h"
 
@@ -238,7 +237,8 @@ void HostileGenerator::Push(HostileMessage* m) {
       } else {
         f.resize(OneIn(2) ? exact + static_cast<size_t>(Uniform(1, 64))
                           : static_cast<size_t>(Uniform(0, exact - 1)));
-        for (size_t i = exact; i < f.size(); ++i) f[i] = static_cast<uint8_t>(rng_());
+        for (size_t i = exact; i < f.size(); ++i)
+          f[i] = static_cast<uint8_t>(rng_());
       }
       r.byte_size = f.size();
       return;
@@ -324,11 +324,8 @@ void HostileGenerator::Register(HostileMessage* m) {
       return;
     case 1:
       m->shape = "register/huge_tensor";
-      h.tensors = {TensorSpec{"huge",
-                              {int64_t{1} << Uniform(30, 40)},
-                              InitKind::kZeros,
-                              0,
-                              1}};
+      h.tensors = {TensorSpec{
+          "huge", {int64_t{1} << Uniform(30, 40)}, InitKind::kZeros, 0, 1}};
       h.layout.chunk_elems = OneIn(2) ? 1 : Count() | 1;
       h.layout.min_chunk_elems = 1;
       return;
@@ -339,7 +336,9 @@ void HostileGenerator::Register(HostileMessage* m) {
       for (int64_t i = 0; i < n; ++i) {
         h.tensors.push_back(TensorSpec{"t" + std::to_string(i),
                                        {Uniform(1, int64_t{1} << 20)},
-                                       InitKind::kZeros, 0, 1});
+                                       InitKind::kZeros,
+                                       0,
+                                       1});
       }
       return;
     }
@@ -365,7 +364,8 @@ void HostileGenerator::Register(HostileMessage* m) {
     case 6:
       m->shape = "register/names";
       h.tensors[0].name = OneIn(2) ? "" : std::string(Uniform(256, 4000), 'n');
-      if (h.tensors.size() > 1 && OneIn(2)) h.tensors[1].name = h.tensors[0].name;
+      if (h.tensors.size() > 1 && OneIn(2))
+        h.tensors[1].name = h.tensors[0].name;
       return;
     case 7:
       m->shape = "register/mismatch";
@@ -386,10 +386,10 @@ void HostileGenerator::Next(HostileMessage* m) {
   m->frames.clear();
   RequestHeader& h = m->header;
   h.id = Id();
-  h.rank = OneIn(4) ? Rank()
-                    : static_cast<int32_t>(Uniform(0, num_workers_ - 1));
-  h.incarnation = OneIn(8) ? rng_()
-                           : incarnations_[Uniform(0, incarnations_.size() - 1)];
+  h.rank =
+      OneIn(4) ? Rank() : static_cast<int32_t>(Uniform(0, num_workers_ - 1));
+  h.incarnation =
+      OneIn(8) ? rng_() : incarnations_[Uniform(0, incarnations_.size() - 1)];
   const int64_t pick = Uniform(0, 99);
   if (pick < 35) {
     Push(m);

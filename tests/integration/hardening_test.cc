@@ -3,7 +3,6 @@
 // is killed with pushes in flight, the SSP bound as documented (with and
 // without prefetching), and requests too large for a shard refused at once.
 #include <gtest/gtest.h>
-
 #include <signal.h>
 
 #include <atomic>
@@ -39,9 +38,8 @@ uint64_t StatsValue(const std::string& json, const std::string& key) {
 TEST(DurabilityTest, NoAcknowledgedPushLostWhenTheShardIsKilledMidFlight) {
   TempDir dir;
   const std::vector<std::string> flags = {
-      "--shard_id=0",    "--num_shards=1", "--num_workers=1",
-      "--durable",       "--lr=0.001",     "--checkpoint_every_s=0",
-      "--consistency=asp"};
+      "--shard_id=0", "--num_shards=1",         "--num_workers=1",  "--durable",
+      "--lr=0.001",   "--checkpoint_every_s=0", "--consistency=asp"};
   auto first = StartServer(dir, "shard", flags);
   ASSERT_TRUE(first.ok()) << first.status().ToString();
   const std::string endpoint = first->endpoint;
@@ -108,9 +106,8 @@ void CheckSspBound(bool prefetch) {
   TempDir dir;
   auto shard = StartServer(
       dir, "shard",
-      {"--shard_id=0", "--num_shards=1", "--num_workers=3",
-       "--consistency=ssp", "--staleness=1", "--optimizer=sgd", "--lr=1",
-       "--worker_timeout_s=60"});
+      {"--shard_id=0", "--num_shards=1", "--num_workers=3", "--consistency=ssp",
+       "--staleness=1", "--optimizer=sgd", "--lr=1", "--worker_timeout_s=60"});
   ASSERT_TRUE(shard.ok()) << shard.status().ToString();
   const std::vector<TensorSpec> model = {
       TensorSpec{"m", {kWorkers * kSteps}, InitKind::kZeros, 0, 1}};
@@ -126,8 +123,8 @@ void CheckSspBound(bool prefetch) {
       auto client = Client::Create(o);
       worker::PsStoreOptions so;
       so.prefetch_ahead = prefetch;
-      auto store = client.ok() ? worker::PsParameterStore::Create(
-                                     client->get(), model, so)
+      auto store = client.ok() ? worker::PsParameterStore::Create(client->get(),
+                                                                  model, so)
                                : client.status();
       if (!store.ok()) {
         ++errors;
@@ -184,8 +181,8 @@ TEST(SspBoundTest, HoldsWithPrefetchAhead) { CheckSspBound(true); }
 TEST(OversizeTest, ClientRefusesAPushOverTheShardsLimitAtOnce) {
   TempDir dir;
   auto shard = StartServer(dir, "shard",
-                           {"--shard_id=0", "--num_shards=1",
-                            "--num_workers=1", "--max_message_bytes=65536"});
+                           {"--shard_id=0", "--num_shards=1", "--num_workers=1",
+                            "--max_message_bytes=65536"});
   ASSERT_TRUE(shard.ok()) << shard.status().ToString();
   ClientOptions o;
   o.servers = {shard->endpoint};

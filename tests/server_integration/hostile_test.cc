@@ -190,18 +190,21 @@ TEST(AdminAddressTest, CheckpointAndShutdownOnlyFromLoopback) {
     return rc.ok() ? *rc : -2;
   };
   for (bool allow : {false, true}) {
-    const std::string ep = allow ? "tcp://10.213.0.1:5702" : "tcp://10.213.0.1:5701";
+    const std::string ep =
+        allow ? "tcp://10.213.0.1:5702" : "tcp://10.213.0.1:5701";
     std::vector<std::string> server = {
         BinPath("ps_server"), "--endpoint=" + ep, "--insecure",
-        "--checkpoint_every_s=0", "--db_path=" + dir.Sub(allow ? "db2" : "db1")};
+        "--checkpoint_every_s=0",
+        "--db_path=" + dir.Sub(allow ? "db2" : "db1")};
     if (allow) server.push_back("--allow_remote_admin");
     std::vector<std::string> a = {"/usr/sbin/ip", "netns", "exec", ns};
     a.insert(a.end(), server.begin(), server.end());
     auto p = Process::Start(a, dir.Sub(allow ? "s2.log" : "s1.log"));
     ASSERT_TRUE(p.ok());
     auto ctl = [&](const std::string& cmd) {
-      return run({BinPath("ps_ctl"), "--servers=" + ep, "--timeout_ms=3000", cmd},
-                 "ctl.log", 10000);
+      return run(
+          {BinPath("ps_ctl"), "--servers=" + ep, "--timeout_ms=3000", cmd},
+          "ctl.log", 10000);
     };
     int rc = -1;
     for (int i = 0; i < 100 && (rc = ctl("stats")) != 0; ++i)
