@@ -361,6 +361,11 @@ class ClientImpl : public Client {
     p.frames = std::move(frames);
     p.backoff = options_.attempt_timeout;
     p.next_send = SteadyClock::now() + p.backoff;
+    // Recorded before it can leave: a process killed in between has logged
+    // a push that may not have been sent, never sent one it did not log.
+    if (h.kind == RequestKind::kPush && options_.on_push) {
+      options_.on_push(shard, h.id, false);
+    }
     Status s = Send(p);
     if (!s.ok() && !s.IsRetryable()) {
       Abandon(t);
@@ -368,9 +373,6 @@ class ClientImpl : public Client {
     }
     pending_.emplace(h.id, std::move(p));
     tickets_[t].remaining++;
-    if (h.kind == RequestKind::kPush && options_.on_push) {
-      options_.on_push(shard, h.id, false);
-    }
     return Status::OK();
   }
 

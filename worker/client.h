@@ -52,8 +52,8 @@ struct ClientOptions {
   // Default: ps_server's defaults, 1 GiB and 256 MiB.
   int64_t max_request_bytes = int64_t{1} << 30;
   int64_t max_request_frame_bytes = int64_t{256} << 20;
-  // Called on the waiting thread when a push request to a shard is first
-  // sent (acked false) and when that shard acknowledges it (acked true),
+  // Called on the waiting thread just before a push request to a shard is
+  // first sent (acked false) and when that shard acknowledges it (acked true),
   // with the shard index and the request id: an audit trail for exact
   // accounting of acknowledged pushes (ps_worker --push_log). Default: none.
   std::function<void(int shard, uint64_t id, bool acked)> on_push;

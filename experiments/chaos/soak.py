@@ -15,9 +15,10 @@ counters:
   stored updates the shard's store holds after the run (a fresh ps_server
          opened on it: its version; every applied push is one update);
   extra  pushes applied but never acknowledged: those a worker sent and was
-         killed before hearing back. Each is looked up in the shard's
-         de-duplication table, read right after the kill (ps_ctl stats
-         "push_table": the applied ids of that worker process);
+         killed before hearing back (a push is logged before it leaves). Each
+         is looked up in the shard's de-duplication table, read after the
+         kill once the shard has read what the dead process sent (ps_ctl
+         stats "push_table": the applied ids of that worker process);
   lost = acked - (stored - extra), which is 0 when every acknowledged push is
   in the store. Pushes of a killed worker whose fate the table cannot tell
   (below its floor) are reported as "undetermined" (expected: 0).
@@ -108,7 +109,13 @@ def settle_killed(f, log_path, killed):
     applied, from the shards' de-duplication tables."""
     time.sleep(1.0)  # what the dead process had sent reaches the shards
     inc, rank, sent, acked = read_push_log(log_path)
-    tables = push_tables(f)
+    # A shard reads its connections in turn, one message from each: a stats
+    # request can overtake what the dead worker's connection still holds.
+    # Ask several times; the last answer comes after all of it.
+    tables = None
+    for _ in range(6):
+        tables = push_tables(f) or tables
+        time.sleep(0.3)
     for s in range(f.a.shards):
         pending = sent.get(s, set()) - acked.get(s, set())
         entry = tables[s].get((rank, inc)) if tables else None
