@@ -73,6 +73,10 @@ struct Request {
     checkpoint @10 :Void;
     shutdown @11 :Void;
   }
+  doneBelow @12 :UInt64;     # pushes: every earlier push (lower id) of this
+                             # client to this shard has been answered or given
+                             # up and will not be sent again; 0 = unknown.
+                             # Lets the shard apply each push exactly once.
 }
 
 struct Reply {
@@ -92,4 +96,7 @@ struct Reply {
                              # baseSeq (codec top-k / random-k, to be added
                              # to the client's copy) or, when the shard could
                              # not match baseSeq, whole weights (codec 0).
+  maxRequestBytes @12 :UInt64;  # the largest request this server accepts
+  maxFrameBytes @13 :UInt64;    # and its largest frame (0 = not said); a
+                                # client refuses bigger requests itself
 }

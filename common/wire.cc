@@ -126,6 +126,7 @@ std::vector<uint8_t> EncodeRequest(const RequestHeader& h) {
   r.setId(h.id);
   r.setRank(h.rank);
   r.setIncarnation(h.incarnation);
+  r.setDoneBelow(h.done_below);
   auto body = r.initBody();
   switch (h.kind) {
     case RequestKind::kRegister: {
@@ -196,6 +197,8 @@ std::vector<uint8_t> EncodeReply(const ReplyHeader& h) {
   if (!h.chunks.empty()) FillChunkRefs(r.initChunks(h.chunks.size()), h.chunks);
   if (!h.text.empty()) r.setText(h.text);
   r.setPullSeq(h.pull_seq);
+  r.setMaxRequestBytes(h.max_request_bytes);
+  r.setMaxFrameBytes(h.max_frame_bytes);
   return Serialize(builder);
 }
 
@@ -219,6 +222,7 @@ Status DecodeRequest(const uint8_t* data, size_t size,
         out->pull_codec.clear();
         out->pull_base_seq = 0;
         out->clock = 0;
+        out->done_below = r.getDoneBelow();
         auto body = r.getBody();
         switch (body.which()) {
           case cw::Request::Body::REGISTER: {
@@ -324,6 +328,8 @@ Status DecodeReply(const uint8_t* data, size_t size, const DecodeLimits& limits,
         out->created = r.getCreated();
         out->text = r.getText().cStr();
         out->pull_seq = r.getPullSeq();
+        out->max_request_bytes = r.getMaxRequestBytes();
+        out->max_frame_bytes = r.getMaxFrameBytes();
         return ReadChunkRefs(r.getChunks(), limits, &out->chunks);
       });
 }

@@ -66,6 +66,9 @@ struct RequestHeader {
   // kPull with a sparse codec: sequence number of the last delta reply the
   // client applied (0 = none, send whole weights).
   uint64_t pull_base_seq = 0;
+  // kPush: every push of this client to this shard with a lower id has been
+  // answered or abandoned and will not be resent (0 = unknown).
+  uint64_t done_below = 0;
 };
 
 struct ReplyHeader {
@@ -80,6 +83,8 @@ struct ReplyHeader {
   std::vector<ChunkRef> chunks;  // kPull replies
   std::string text;              // kStats replies (JSON)
   uint64_t pull_seq = 0;         // kPull replies with a sparse codec
+  uint64_t max_request_bytes = 0;  // the server's limits (0 = not said)
+  uint64_t max_frame_bytes = 0;
 };
 
 // Limits applied while decoding a header.

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <map>
 #include <thread>
 #include <unordered_map>
 
@@ -110,6 +111,8 @@ class ClientImpl : public Client {
       raw_sockets_.push_back(sockets_.back().get());
       connects_.push_back(0);
       pull_seq_.push_back(0);
+      limit_bytes_.push_back(options_.max_request_bytes);
+      limit_frame_.push_back(options_.max_request_frame_bytes);
     }
     if (options_.heartbeat_interval.count() > 0) {
       heartbeater_ = std::make_unique<Heartbeater>(options_, incarnation_);
@@ -128,7 +131,15 @@ class ClientImpl : public Client {
     ASSIGN_OR_RETURN(Ticket t, StartOnShards(h, AllShards()));
     TicketResult r;
     RETURN_IF_ERROR(Wait(t, options_.deadline, &r));
-    layout_ = std::make_unique<Layout>(std::move(l));
+    SetLayout(std::move(l));
+    return Status::OK();
+  }
+
+  Status UseLayout(const std::vector<TensorSpec>& tensors,
+                   LayoutOptions layout) override {
+    layout.num_shards = num_shards();
+    ASSIGN_OR_RETURN(Layout l, Layout::Create(tensors, layout));
+    SetLayout(std::move(l));
     return Status::OK();
   }
 
@@ -144,6 +155,23 @@ class ClientImpl : public Client {
                                        std::to_string(chunks[i].chunk));
       }
       by_shard[layout_->chunks()[chunks[i].chunk].shard].push_back(i);
+    }
+    // A push a shard can never accept is refused here, not sent and resent.
+    for (int s = 0; s < num_shards(); ++s) {
+      uint64_t total = 256 + 64 * by_shard[s].size(), largest = 0;
+      for (size_t i : by_shard[s]) {
+        total += chunks[i].data.size;
+        largest = std::max<uint64_t>(largest, chunks[i].data.size);
+      }
+      if (total > static_cast<uint64_t>(limit_bytes_[s]) ||
+          largest > static_cast<uint64_t>(limit_frame_[s])) {
+        return Status::InvalidArgument(
+            "push of " + std::to_string(total) + " bytes (largest frame " +
+            std::to_string(largest) + ") to shard " + std::to_string(s) +
+            " exceeds its limits of " + std::to_string(limit_bytes_[s]) +
+            " bytes per request and " + std::to_string(limit_frame_[s]) +
+            " per frame (ps_server --max_message_bytes, --max_frame_bytes)");
+      }
     }
     Ticket t = NewTicket();
     for (int s = 0; s < num_shards(); ++s) {
@@ -266,6 +294,7 @@ class ClientImpl : public Client {
     return Simple(RequestKind::kHeartbeat, timeout);
   }
   uint64_t resends() const override { return resends_; }
+  uint64_t incarnation() const override { return incarnation_; }
 
  private:
   // One request to one shard, kept until its reply for resending.
@@ -325,6 +354,17 @@ class ClientImpl : public Client {
                                        " requests in flight");
     }
     h.id = next_id_++;
+    if (h.kind == RequestKind::kPush) {
+      // Every push to this shard below the oldest one still pending is
+      // finished: the shard may forget those ids (pending_ is in id order).
+      h.done_below = h.id;
+      for (const auto& [id, p] : pending_) {
+        if (p.kind == RequestKind::kPush && p.shard == shard) {
+          h.done_below = id;
+          break;
+        }
+      }
+    }
     frames[0] = Frame::Owned(EncodeRequest(h));
     Pending p;
     p.ticket = t;
@@ -333,6 +373,11 @@ class ClientImpl : public Client {
     p.frames = std::move(frames);
     p.backoff = options_.attempt_timeout;
     p.next_send = SteadyClock::now() + p.backoff;
+    // Recorded before it can leave: a process killed in between has logged
+    // a push that may not have been sent, never sent one it did not log.
+    if (h.kind == RequestKind::kPush && options_.on_push) {
+      options_.on_push(shard, h.id, false);
+    }
     Status s = Send(p);
     if (!s.ok() && !s.IsRetryable()) {
       Abandon(t);
@@ -391,9 +436,11 @@ class ClientImpl : public Client {
   }
 
   // The shard is reachable again after a lost connection (it restarted):
-  // whatever was in flight on the old connection is resent now rather than
-  // when its attempt times out. Resent pushes are applied once (the shard
-  // de-duplicates them); a duplicate reply is dropped as a late one.
+  // whatever was in flight on the old connection is resent now, oldest
+  // first, rather than when its attempt times out. Messages the socket still
+  // held go out before these resends, so pushes may arrive out of order:
+  // the shard applies each exactly once whatever the order; a duplicate
+  // reply is dropped as a late one.
   void ResendAll(int shard) {
     const auto now = SteadyClock::now();
     for (auto& [id, p] : pending_) {
@@ -414,6 +461,14 @@ class ClientImpl : public Client {
                    << st.ToString();
       return;
     }
+    if (reply_.max_request_bytes > 0) {
+      limit_bytes_[shard] = static_cast<int64_t>(
+          std::min<uint64_t>(reply_.max_request_bytes, INT64_MAX));
+    }
+    if (reply_.max_frame_bytes > 0) {
+      limit_frame_[shard] = static_cast<int64_t>(
+          std::min<uint64_t>(reply_.max_frame_bytes, INT64_MAX));
+    }
     auto pit = pending_.find(reply_.id);
     if (pit == pending_.end() || pit->second.shard != shard)
       return;  // late duplicate
@@ -426,6 +481,9 @@ class ClientImpl : public Client {
     }
     TicketState& t = tickets_[p.ticket];
     Status s = reply_.status.ok() ? Absorb(shard, p, t) : reply_.status;
+    if (s.ok() && p.kind == RequestKind::kPush && options_.on_push) {
+      options_.on_push(shard, reply_.id, true);
+    }
     if (!s.ok() && t.status.ok())
       t.status = s.WithContext("shard " + std::to_string(shard));
     t.remaining--;
@@ -497,6 +555,22 @@ class ClientImpl : public Client {
     return Status::OK();
   }
 
+  // Keeps `l` and lets every socket receive the largest reply a pull of it
+  // can bring: each chunk once, through the widest pull codec (top-k with
+  // ratio 1: an index and a value per element), plus headers.
+  void SetLayout(Layout l) {
+    layout_ = std::make_unique<Layout>(std::move(l));
+    for (int s = 0; s < num_shards(); ++s) {
+      uint64_t need = uint64_t{1} << 20;
+      for (uint32_t id : layout_->shard_chunks(s)) {
+        need += 2 * layout_->chunks()[id].num_elems * sizeof(float) + 128;
+      }
+      sockets_[s]->SetMaxMessageBytes(std::max<int64_t>(
+          options_.transport.max_message_bytes,
+          static_cast<int64_t>(std::min<uint64_t>(need, INT64_MAX))));
+    }
+  }
+
   Status Simple(RequestKind kind, milliseconds timeout) {
     ASSIGN_OR_RETURN(Ticket t, StartOnShards(NewHeader(kind), AllShards()));
     return Wait(t, timeout, nullptr);
@@ -507,13 +581,15 @@ class ClientImpl : public Client {
   std::vector<ClientSocket*> raw_sockets_;
   std::unique_ptr<Heartbeater> heartbeater_;
   std::unique_ptr<Layout> layout_;
-  std::unordered_map<uint64_t, Pending> pending_;
+  std::map<uint64_t, Pending> pending_;  // by request id: resends go in order
   std::unordered_map<Ticket, TicketState> tickets_;
   uint64_t next_id_ = 1;
   Ticket next_ticket_ = 1;
   uint64_t resends_ = 0;
   std::vector<int> connects_;       // per shard: connections seen (1 = first)
   std::vector<uint64_t> pull_seq_;  // per shard: last sparse pull applied
+  std::vector<int64_t> limit_bytes_;  // per shard: its request limit
+  std::vector<int64_t> limit_frame_;  // per shard: its frame limit
   std::vector<std::string>* stats_sink_ = nullptr;
   Message msg_;        // reused receive buffer
   ReplyHeader reply_;  // reused decoded header

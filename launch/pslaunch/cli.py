@@ -126,6 +126,13 @@ def prepare_run_dir(opts, cfg):
         opts.run_dir = os.path.join("runs", time.strftime("%Y%m%d-%H%M%S", time.gmtime()) +
                                     "-%d" % os.getpid())
     opts.run_dir = os.path.abspath(opts.run_dir)
+    if "," in opts.run_dir:
+        # Every process reads --flagfile=<run_dir>/flags/...: gflags splits
+        # that value at commas, so no process could read its flags.
+        raise config_mod.ConfigError(
+            "--run_dir %s contains a comma: gflags reads --flagfile as a "
+            "comma-separated list, so no process could read its flags; choose "
+            "a path without commas" % opts.run_dir)
     os.makedirs(os.path.join(opts.run_dir, "flags"), exist_ok=True)
     if opts.config:
         shutil.copyfile(opts.config, os.path.join(opts.run_dir, "flags", "config.flags"))
@@ -167,7 +174,11 @@ def main(argv):
         from . import k8s
         return k8s.main_from_psrun(opts, cfg)
 
-    prepare_run_dir(opts, cfg)
+    try:
+        prepare_run_dir(opts, cfg)
+    except config_mod.ConfigError as e:
+        sys.stderr.write("psrun: %s\n" % e)
+        return 2
     log = (lambda *a: None) if opts.quiet else (lambda msg: print(msg, flush=True))
 
     if opts.backend == "slurm":
@@ -212,7 +223,10 @@ def main(argv):
             log("psrun: warning: shards bind %s without CurveZMQ keys: traffic between hosts is "
                 "unencrypted (--insecure); give --server_flags=--curve_secret_key=FILE "
                 "(ps_ctl keygen) to encrypt it" % bind_host)
-            opts.server_flags = ((opts.server_flags or "") + " --insecure").strip()
+            # psrun's own ps_ctl (checkpoint, shutdown) then talks from another
+            # host: allow it (ps_server takes admin requests from loopback only).
+            opts.server_flags = ((opts.server_flags or "") +
+                                 " --insecure --allow_remote_admin").strip()
 
     progress_cb = None
     want = opts.progress == "on" or (opts.progress == "auto" and sys.stdout.isatty())

@@ -27,7 +27,7 @@ case $role in
       *) if ! grep -q -- '--curve_secret_key' "$run/flags/server.flags" 2>/dev/null &&
             ! printf '%s\n' "$@" | grep -q -- '--curve_secret_key'; then
            echo "# psrun: warning: $name binds $bind unencrypted (--insecure); give --curve_secret_key to encrypt" >&2
-           set -- "$@" --insecure
+           set -- "$@" --insecure --allow_remote_admin
          fi ;;
     esac
     set -- "$bin/ps_server" --flagfile="$run/flags/server.flags" --shard_id="$rank" \
