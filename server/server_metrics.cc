@@ -11,6 +11,9 @@ constexpr char kPushBytesHelp[] =
     "Payload bytes of accepted pushes: raw = as dense fp32, wire = as "
     "received.";
 
+constexpr char kBudgetHelp[] =
+    "The shard's memory budget: capacity, bytes in use, most in use at once.";
+
 constexpr RequestKind kKinds[] = {
     RequestKind::kRegister,   RequestKind::kPush,      RequestKind::kPull,
     RequestKind::kClock,      RequestKind::kHeartbeat, RequestKind::kStats,
@@ -67,6 +70,41 @@ ServerMetrics::ServerMetrics(metrics::Registry* r, int num_workers,
       checkpoints_(r->AddCounter("asyncps_shard_checkpoints_total",
                                  "Checkpoints written since start.")
                        .Get()),
+      checkpoint_seconds_(
+          r->AddCounter("asyncps_shard_checkpoint_seconds_total",
+                        "Time writing checkpoints to the store.")
+              .Get()),
+      durable_writes_(r->AddCounter("asyncps_shard_durable_writes_total",
+                                    "Writes of --durable mode (applied pushes, "
+                                    "BSP rounds, clocks).")
+                          .Get()),
+      durable_write_seconds_(
+          r->AddCounter("asyncps_shard_durable_write_seconds_total",
+                        "Time in --durable writes.")
+              .Get()),
+      store_bytes_(r->AddCounter("asyncps_shard_store_written_bytes_total",
+                                 "Keys and values handed to RocksDB.")
+                       .Get()),
+      budget_capacity_(r->AddGauge("asyncps_shard_memory_budget_bytes",
+                                   kBudgetHelp, {"kind"})
+                           .WithLabels({"capacity"})),
+      budget_used_(r->AddGauge("asyncps_shard_memory_budget_bytes", kBudgetHelp,
+                               {"kind"})
+                       .WithLabels({"used"})),
+      budget_peak_(r->AddGauge("asyncps_shard_memory_budget_bytes", kBudgetHelp,
+                               {"kind"})
+                       .WithLabels({"peak"})),
+      budget_refusals_(
+          r->AddCounter("asyncps_shard_memory_budget_refusals_total",
+                        "Reservations the memory budget refused.")
+              .Get()),
+      unsent_(r->AddGauge("asyncps_shard_unsent_reply_bytes",
+                          "Bytes of replies ZeroMQ has not released yet.")
+                  .Get()),
+      degraded_(r->AddGauge("asyncps_shard_degraded",
+                            "1 while pushes are refused after a failed "
+                            "durable write, until a checkpoint succeeds.")
+                    .Get()),
       version_(
           r->AddGauge("asyncps_shard_version", "Updates applied by the shard.")
               .Get()),
@@ -169,6 +207,18 @@ void ServerMetrics::Publish(const Shard& shard, TimePoint now) {
   push_wire_.Publish(static_cast<double>(c.bytes_in));
   validate_decode_.Publish(static_cast<double>(c.validate_decode_ns) * 1e-9);
   checkpoints_.Publish(static_cast<double>(c.checkpoints));
+  checkpoint_seconds_.Publish(static_cast<double>(c.checkpoint_ns) * 1e-9);
+  durable_writes_.Publish(static_cast<double>(c.durable_writes));
+  durable_write_seconds_.Publish(static_cast<double>(c.durable_write_ns) *
+                                 1e-9);
+  store_bytes_.Publish(static_cast<double>(c.store_bytes_written));
+  const MemoryBudget& budget = shard.budget();
+  budget_capacity_.Set(static_cast<double>(budget.capacity()));
+  budget_used_.Set(static_cast<double>(budget.used()));
+  budget_peak_.Set(static_cast<double>(budget.peak()));
+  budget_refusals_.Publish(static_cast<double>(budget.refusals()));
+  unsent_.Set(static_cast<double>(shard.unsent_reply_bytes()));
+  degraded_.Set(shard.degraded() ? 1 : 0);
   for (size_t i = 0; i < rejected_.size(); ++i) {
     rejected_[i]->Publish(static_cast<double>(c.rejected[i]));
   }

@@ -18,7 +18,13 @@
 //   push_bytes_total{kind=raw|wire}   accepted pushes, dense fp32 vs wire
 //   validate_decode_seconds_total
 //   rejected_total{reason}
-//   checkpoints_total
+//   checkpoints_total, checkpoint_seconds_total   checkpoints and time in them
+//   durable_writes_total, durable_write_seconds_total   --durable writes
+//   store_written_bytes_total    keys and values handed to RocksDB
+//   memory_budget_bytes{kind=capacity|used|peak}, memory_budget_refusals_total
+//   unsent_reply_bytes           pull replies not yet released by ZeroMQ
+//   degraded                     1 while pushes are refused after a failed
+//                                durable write
 //   version, parked_pulls, live_workers, min_clock, bsp_round    gauges
 //   worker_clock{rank}, worker_live{rank}   gauges (first max_rank_series
 //                                           ranks; ranks are few)
@@ -88,6 +94,16 @@ class ServerMetrics {
   metrics::Counter& push_wire_;
   metrics::Counter& validate_decode_;
   metrics::Counter& checkpoints_;
+  metrics::Counter& checkpoint_seconds_;
+  metrics::Counter& durable_writes_;
+  metrics::Counter& durable_write_seconds_;
+  metrics::Counter& store_bytes_;
+  metrics::Gauge& budget_capacity_;
+  metrics::Gauge& budget_used_;
+  metrics::Gauge& budget_peak_;
+  metrics::Counter& budget_refusals_;
+  metrics::Gauge& unsent_;
+  metrics::Gauge& degraded_;
   std::vector<metrics::Counter*> rejected_;  // by RejectReason
   metrics::Gauge& version_;
   metrics::Gauge& parked_;

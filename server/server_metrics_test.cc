@@ -90,8 +90,44 @@ TEST(ServerMetrics, FollowsTheShard) {
   EXPECT_EQ(Sample(text, "asyncps_shard_chunk_bytes"), 74 * 4);
   EXPECT_EQ(Sample(text, "asyncps_shard_push_bytes_total{kind=\"raw\"}"),
             2 * g.size() * 4);
+  EXPECT_EQ(Sample(text, "asyncps_shard_memory_budget_bytes{kind=\"used\"}"),
+            h.shard->budget().used());
+  EXPECT_GT(h.shard->budget().used(), 0u);  // the registered chunks
+  EXPECT_EQ(
+      Sample(text, "asyncps_shard_memory_budget_bytes{kind=\"capacity\"}"),
+      h.shard->budget().capacity());
+  EXPECT_EQ(Sample(text, "asyncps_shard_degraded"), 0);
   EXPECT_EQ(Sample(text, "asyncps_shard_request_bytes_total{kind=\"push\"}"),
             3 * (100 + g.size() * 4));
+}
+
+TEST(ServerMetrics, CountsCheckpointsAndDurableWrites) {
+  metrics::Registry registry;
+  MemStore store;
+  ShardOptions so;
+  so.durable = true;
+  ShardHarness h(so, &store);
+  ServerMetricsOptions mo;
+  mo.publish_every = milliseconds(0);
+  ServerMetrics m(&registry, 1, mo);
+  ASSERT_TRUE(h.Call(ShardHarness::Register(0, SmallModel(), SmallLayout(1)))
+                  .status.ok());
+  const uint32_t chunk = h.FirstChunk();
+  ByteView f = testing::Floats(std::vector<float>(h.ChunkElems(chunk), 0.25f));
+  ASSERT_TRUE(h.Call(ShardHarness::Push(0, 0, {chunk}, {f}), {f}).status.ok());
+  ASSERT_TRUE(h.shard->Checkpoint().ok());
+  m.Publish(*h.shard, h.now);
+  const std::string text = registry.Render();
+  const ShardCounters& c = h.shard->counters();
+  EXPECT_EQ(c.durable_writes, 1u);  // the push
+  EXPECT_EQ(Sample(text, "asyncps_shard_durable_writes_total"), 1);
+  // Registration checkpoints once, then the explicit one.
+  EXPECT_EQ(Sample(text, "asyncps_shard_checkpoints_total"), 2);
+  EXPECT_EQ(Sample(text, "asyncps_shard_checkpoint_seconds_total"),
+            c.checkpoint_ns * 1e-9);
+  // Two checkpoints hold every chunk: at least twice the weights.
+  EXPECT_GT(Sample(text, "asyncps_shard_store_written_bytes_total"),
+            2 * 74 * 4);
 }
 
 TEST(ServerMetrics, PublishIsRateLimited) {
