@@ -11,7 +11,8 @@ PKGS=(
   librocksdb-dev
   libgflags-dev libgoogle-glog-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libopenblas-dev zlib1g-dev nlohmann-json3-dev
+  libopenblas-dev zlib1g-dev
+  libcpp-httplib-dev nlohmann-json3-dev prometheus
   dataset-fashion-mnist
   gnuplot-nox python3 procps iproute2
   # The Python package (worker/python): built for Debian's python3, which

@@ -3,6 +3,8 @@
 //   ps_ctl --servers=tcp://127.0.0.1:5000,tcp://127.0.0.1:5001 stats
 //   ps_ctl --servers=... checkpoint | shutdown [--timeout_ms=5000]
 //   ps_ctl keygen [--out=PREFIX]     # CurveZMQ key pair
+//   ps_ctl --servers=... top [--interval_ms=1000] [--iterations=N]
+//                                    # live view until Ctrl-C (ctl_top.h)
 //
 // keygen writes PREFIX.key (the secret key, mode 0600) and PREFIX.pub (the
 // public key), Z85 text on one line each after a comment; without --out it
@@ -15,17 +17,20 @@
 // Exit status 0 if every shard answered OK, 1 otherwise, 2 on bad usage.
 #include <gflags/gflags.h>
 #include <glog/logging.h>
-#include <nlohmann/json.hpp>
+#include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "common/transport.h"
 #include "common/wire.h"
+#include "server/ctl_top.h"
 
 DEFINE_string(servers, "", "comma-separated shard endpoints, in shard order");
 DEFINE_int32(timeout_ms, 5000, "deadline for each shard's reply, milliseconds");
@@ -36,6 +41,11 @@ DEFINE_string(curve_server_key, "",
 DEFINE_string(curve_secret_key, "",
               "this client's CurveZMQ secret key (file or Z85); empty with "
               "--curve_server_key: a throwaway key pair");
+DEFINE_int32(interval_ms, 1000, "top: milliseconds between frames");
+DEFINE_int32(iterations, 0, "top: frames to draw, 0: until Ctrl-C");
+DEFINE_string(clear, "auto",
+              "top: clear the screen between frames: auto (when stdout is a "
+              "terminal) | true | false");
 DEFINE_string(curve_public_key, "",
               "this client's public key (file or Z85); empty: derived from "
               "--curve_secret_key");
@@ -127,6 +137,51 @@ int KeyGen() {
   return 0;
 }
 
+// ps_ctl top: frames until Ctrl-C (SIGINT/SIGTERM are blocked and polled,
+// so the loop ends within its 50 ms polling step and the terminal is left
+// clean).
+int Top(const std::shared_ptr<Context>& ctx,
+        const std::vector<std::string>& endpoints) {
+  if (FLAGS_interval_ms < 1 || FLAGS_iterations < 0) {
+    std::fprintf(stderr,
+                 "ps_ctl top: --interval_ms must be >= 1, --iterations >= 0\n");
+    return 2;
+  }
+  if (FLAGS_clear != "auto" && FLAGS_clear != "true" &&
+      FLAGS_clear != "false") {
+    std::fprintf(stderr, "ps_ctl top: --clear must be auto, true or false\n");
+    return 2;
+  }
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  server::TopOptions o;
+  o.interval = std::chrono::milliseconds(FLAGS_interval_ms);
+  o.iterations = FLAGS_iterations;
+  o.clear_screen = FLAGS_clear == "true" ||
+                   (FLAGS_clear == "auto" && isatty(fileno(stdout)));
+  auto fetch = [&](size_t i) -> StatusOr<std::string> {
+    ReplyHeader reply;
+    RETURN_IF_ERROR(Call(ctx, endpoints[i], RequestKind::kStats, &reply));
+    RETURN_IF_ERROR(reply.status);
+    return reply.text;
+  };
+  auto stop = [&sigs] {
+    sigset_t pending;
+    sigpending(&pending);
+    return sigismember(&pending, SIGINT) == 1 ||
+           sigismember(&pending, SIGTERM) == 1;
+  };
+  Status s = server::RunTop(endpoints, fetch, stop, o);
+  if (!s.ok()) {
+    std::fprintf(stderr, "ps_ctl top: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -145,17 +200,18 @@ int main(int argc, char** argv) {
   }
   const std::string cmd = argv[1];
   if (cmd == "keygen") return KeyGen();
-  RequestKind kind;
-  if (cmd == "stats") {
+  RequestKind kind = RequestKind::kStats;
+  if (cmd == "stats" || cmd == "top") {
     kind = RequestKind::kStats;
   } else if (cmd == "checkpoint") {
     kind = RequestKind::kCheckpoint;
   } else if (cmd == "shutdown") {
     kind = RequestKind::kShutdown;
   } else {
-    std::fprintf(stderr,
-                 "ps_ctl: unknown command '%s' (stats, checkpoint, shutdown)\n",
-                 cmd.c_str());
+    std::fprintf(
+        stderr,
+        "ps_ctl: unknown command '%s' (stats, checkpoint, shutdown, top)\n",
+        cmd.c_str());
     return 2;
   }
   std::vector<std::string> endpoints;
@@ -172,6 +228,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::shared_ptr<Context> ctx = Context::Create(1);
+  if (cmd == "top") return Top(ctx, endpoints);
   bool all_ok = true;
   Json shards = Json::array();
   for (const std::string& endpoint : endpoints) {

@@ -16,9 +16,10 @@
 
 #include <atomic>
 #include <cstdio>
-#include <fstream>
 #include <thread>
 
+#include "common/file_util.h"
+#include "common/metrics_flags.h"
 #include "server/server.h"
 #include "server/shutdown_watchdog.h"
 
@@ -247,23 +248,11 @@ srv::ServerOptions OptionsFromFlags() {
                                       : asyncps::server::SyncMode::kNoSync;
   if (FLAGS_max_message_bytes < 1024)
     BadFlag("--max_message_bytes must be >= 1024");
+  Status mv = asyncps::metrics::ValidateMetricsFlags();
+  if (!mv.ok()) BadFlag(mv.message());
   Status v = s.Validate();
   if (!v.ok()) BadFlag(v.message());
   return o;
-}
-
-Status WriteReadyFile(const std::string& path, const std::string& endpoint) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << endpoint << "\n";
-    f.flush();
-    if (!f) return Status::Unavailable("cannot write " + tmp);
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return Status::Unavailable("cannot rename " + tmp + " to " + path);
-  }
-  return Status::OK();
 }
 
 }  // namespace
@@ -319,19 +308,36 @@ int main(int argc, char** argv) {
             << (s.transport_only ? ", TRANSPORT ONLY (pushes not applied)"
                                  : "");
 
+  // The registry outlives the server that feeds it and the HTTP server
+  // that reads it (declared first, destroyed last).
+  asyncps::metrics::Registry registry;
+  std::unique_ptr<asyncps::metrics::MetricsServer> metrics_server;
+  if (asyncps::metrics::MetricsRequested()) {
+    asyncps::metrics::AddProcessMetrics(&registry);
+    options.metrics = &registry;
+  }
   StatusOr<std::unique_ptr<srv::Server>> server = srv::Server::Create(options);
   if (!server.ok()) {
     LOG(ERROR) << "cannot start: " << server.status().ToString();
     return 1;
   }
   LOG(INFO) << "serving on " << (*server)->endpoint();
+  if (asyncps::metrics::MetricsRequested()) {
+    auto m = asyncps::metrics::StartMetricsFromFlags(&registry);
+    if (!m.ok()) {
+      LOG(ERROR) << "metrics: " << m.status().ToString();
+      return 1;
+    }
+    metrics_server = std::move(m).value();
+  }
   if (!options.curve_secret_key.empty()) {
     StatusOr<std::string> pub =
         asyncps::DeriveCurvePublicKey(options.curve_secret_key);
     if (pub.ok()) LOG(INFO) << "CURVE server public key " << *pub;
   }
   if (!FLAGS_ready_file.empty()) {
-    Status st = WriteReadyFile(FLAGS_ready_file, (*server)->endpoint());
+    Status st = asyncps::WriteFileAtomically(FLAGS_ready_file,
+                                             (*server)->endpoint() + "\n");
     if (!st.ok()) {
       LOG(ERROR) << st.ToString();
       return 1;

@@ -5,6 +5,15 @@
 #include <algorithm>
 
 namespace asyncps::server {
+namespace {
+
+uint64_t MessageBytes(const Message& msg) {
+  uint64_t bytes = 0;
+  for (const ByteView& f : msg.frames) bytes += f.size;
+  return bytes;
+}
+
+}  // namespace
 
 Server::~Server() = default;
 
@@ -43,6 +52,10 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
   }
   to.curve_identify_clients = !options.curve_secret_key.empty();
   ASSIGN_OR_RETURN(s->socket_, ServerSocket::Bind(options.endpoint, to));
+  if (options.metrics != nullptr) {
+    s->metrics_ = std::make_unique<ServerMetrics>(options.metrics,
+                                                  options.shard.num_workers);
+  }
   return s;
 }
 
@@ -68,6 +81,7 @@ Status Server::Run(const std::atomic<bool>& stop) {
     }
     shard_->Tick(now, &out_);
     SendAll();
+    if (metrics_) metrics_->Publish(*shard_, now);
     if (options_.checkpoint_every.count() > 0 && store_ &&
         now - last_checkpoint >= options_.checkpoint_every) {
       Status s = shard_->Checkpoint();
@@ -128,6 +142,20 @@ void Server::Reply(const std::string& peer, const Status& error,
 
 void Server::HandleMessage(const std::string& peer, Message& msg,
                            std::chrono::steady_clock::time_point now) {
+  Dispatch(peer, msg, now);
+  if (metrics_) {
+    // Rejected requests count under the kind their header claimed
+    // (heartbeat when it did not decode).
+    const double handle_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - now)
+            .count();
+    metrics_->OnRequest(req_.kind, peer, req_.id, MessageBytes(msg), now,
+                        handle_s);
+  }
+}
+
+void Server::Dispatch(const std::string& peer, Message& msg,
+                      std::chrono::steady_clock::time_point now) {
   req_.id = 0;
   req_.kind = RequestKind::kHeartbeat;
   if (msg.frames.empty()) {
@@ -185,6 +213,12 @@ void Server::SendAll() {
     frames_.push_back(Frame::Owned(EncodeReply(r.header)));
     for (ByteView& v : r.frames)
       frames_.push_back(Frame::Ref(v.data, v.size, std::move(v.owner)));
+    if (metrics_) {
+      uint64_t bytes = 0;
+      for (const Frame& f : frames_) bytes += f.size;
+      metrics_->OnReply(r.peer, r.header, bytes,
+                        std::chrono::steady_clock::now());
+    }
     Status s = socket_->Send(r.peer, frames_);
     if (!s.ok()) {
       LOG_EVERY_N(WARNING, 100)

@@ -25,6 +25,7 @@
 #include "common/status.h"
 #include "common/transport.h"
 #include "common/wire.h"
+#include "server/server_metrics.h"
 #include "server/shard.h"
 #include "server/store.h"
 
@@ -60,6 +61,10 @@ struct ServerOptions {
   // any client knowing the server's public key. Refused handshakes are
   // logged. Default: empty.
   std::vector<std::string> curve_allowed_client_keys;
+  // Registry the server's metrics are registered in and fed to (see
+  // server/server_metrics.h); not owned, must outlive the server. nullptr:
+  // no metrics. Default: nullptr.
+  metrics::Registry* metrics = nullptr;
   // Client public keys (Z85) that may send admin requests (checkpoint,
   // shutdown) when CURVE is on; they may connect even when not in
   // curve_allowed_client_keys. With CURVE on and this empty, admin requests
@@ -89,8 +94,12 @@ class Server {
 
  private:
   Server() = default;
+  // Dispatch() plus the request's metrics.
   void HandleMessage(const std::string& peer, Message& msg,
                      std::chrono::steady_clock::time_point now);
+  // Decodes and checks `msg`, hands it to the shard or answers an error.
+  void Dispatch(const std::string& peer, Message& msg,
+                std::chrono::steady_clock::time_point now);
   // OK when `msg` may carry an admin request (see curve_admin_keys,
   // allow_remote_admin).
   Status CheckAdmin(const Message& msg) const;
@@ -101,6 +110,7 @@ class Server {
   std::unique_ptr<Store> store_;
   std::unique_ptr<Shard> shard_;
   std::unique_ptr<ServerSocket> socket_;
+  std::unique_ptr<ServerMetrics> metrics_;  // null without a registry
   // Reused per message.
   RequestHeader req_;
   std::vector<ByteView> data_;

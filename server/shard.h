@@ -318,6 +318,9 @@ class Shard {
   // shard_persist.cc: checkpoint, recovery, durable writes.
   Status Recover();
   Status WriteDurable(bool sync);  // touched_ chunks + state
+  // Writes entries_ (then clears them), adding the time taken to `*ns` and,
+  // when it succeeds, the bytes to counters_.store_bytes_written.
+  Status TimedWrite(SyncMode mode, uint64_t* ns);
   void AddLayoutEntry(std::vector<StoreEntry>* entries) const;
   void AddStateEntry(std::vector<StoreEntry>* entries) const;
   void AddChunkEntry(const Chunk& c, std::vector<StoreEntry>* entries) const;

@@ -24,6 +24,7 @@
 // Keys sort in that order, so recovery sees the layout before the chunks.
 #include <glog/logging.h>
 
+#include <chrono>
 #include <cstring>
 
 #include "server/internal/push_dedup.h"
@@ -36,10 +37,10 @@ namespace {
 using internal::Put;
 using internal::Reader;
 
-constexpr uint32_t kLayoutMagic = 0x3159414c;  // "LAY1"
+constexpr uint32_t kLayoutMagic = 0x3159414c;   // "LAY1"
 constexpr uint32_t kStateMagicV1 = 0x31415453;  // "STA1"
 constexpr uint32_t kStateMagic = 0x32415453;    // "STA2"
-constexpr uint32_t kChunkMagic = 0x314b4843;   // "CHK1"
+constexpr uint32_t kChunkMagic = 0x314b4843;    // "CHK1"
 constexpr std::string_view kLayoutKey = "0layout";
 constexpr std::string_view kStateKey = "1state";
 constexpr std::string_view kChunkPrefix = "2chunk/";
@@ -65,8 +66,7 @@ Status Shard::Checkpoint() {
   ++counters_.checkpoints;
   AddStateEntry(&entries_);
   for (const auto& c : chunks_) AddChunkEntry(*c, &entries_);
-  Status s = store_->Write(entries_, SyncMode::kSync);
-  entries_.clear();
+  Status s = TimedWrite(SyncMode::kSync, &counters_.checkpoint_ns);
   if (!s.ok()) {
     --counters_.checkpoints;
     return s.WithContext("checkpoint");
@@ -80,9 +80,25 @@ Status Shard::WriteDurable(bool sync) {
   entries_.clear();
   AddStateEntry(&entries_);
   for (const Chunk* c : touched_) AddChunkEntry(*c, &entries_);
-  Status s =
-      store_->Write(entries_, sync ? SyncMode::kSync : SyncMode::kNoSync);
+  ++counters_.durable_writes;
+  return TimedWrite(sync ? SyncMode::kSync : SyncMode::kNoSync,
+                    &counters_.durable_write_ns);
+}
+
+Status Shard::TimedWrite(SyncMode mode, uint64_t* ns) {
+  uint64_t bytes = 0;
+  for (const StoreEntry& e : entries_) {
+    bytes += e.key.size() + e.head.size();
+    for (const StorePart& p : e.parts) bytes += p.size;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  Status s = store_->Write(entries_, mode);
+  *ns += static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::chrono::steady_clock::now() - start)
+          .count());
   entries_.clear();
+  if (s.ok()) counters_.store_bytes_written += bytes;
   return s;
 }
 

@@ -52,6 +52,10 @@ std::string Shard::StatsJson() const {
   j["validate_decode_ms"] = counters_.validate_decode_ns / 1000000;
   j["bytes_out"] = counters_.bytes_out;
   j["checkpoints"] = counters_.checkpoints;
+  j["checkpoint_ms"] = counters_.checkpoint_ns / 1000000;
+  j["durable_writes"] = counters_.durable_writes;
+  j["durable_write_ms"] = counters_.durable_write_ns / 1000000;
+  j["store_bytes_written"] = counters_.store_bytes_written;
   j["rejected_total"] = rejected_total;
   j["rejected"] = std::move(rejected);
   j["staleness"] = internal::StalenessJson(staleness_);

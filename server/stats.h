@@ -85,6 +85,10 @@ struct ShardCounters {
   uint64_t validate_decode_ns = 0;  // time validating and decoding pushes
   uint64_t bytes_out = 0;           // payload bytes of pull replies
   uint64_t checkpoints = 0;         // checkpoints written since start
+  uint64_t checkpoint_ns = 0;       // time writing them (store writes)
+  uint64_t durable_writes = 0;      // --durable writes (pushes, rounds, clocks)
+  uint64_t durable_write_ns = 0;    // time in them
+  uint64_t store_bytes_written = 0;  // keys + values handed to the store
   std::array<uint64_t, kNumRejectReasons> rejected{};
 };
 

@@ -12,7 +12,9 @@
 
 #include <cstdio>
 #include <sstream>
+#include <thread>
 
+#include "common/metrics_flags.h"
 #include "compression/codec.h"
 #include "worker/backend.h"
 #include "worker/client.h"
@@ -91,6 +93,10 @@ DEFINE_bool(prefetch_ahead, false,
             "network overlaps compute, and the weights lack this worker's "
             "own latest update (for ASP, or SSP with s >= 1)");
 
+DEFINE_double(metrics_linger_s, 0,
+              "Keep serving metrics this long after training, so a scraper "
+              "sees the final values");
+
 namespace {
 
 using namespace asyncps;
@@ -151,6 +157,10 @@ Status Main() {
         "--device_compression must be auto, on or off");
   }
   ASSIGN_OR_RETURN(DeviceKind device, ParseDeviceKind(FLAGS_device));
+  RETURN_IF_ERROR(metrics::ValidateMetricsFlags());
+  if (FLAGS_metrics_linger_s < 0) {
+    return Status::InvalidArgument("--metrics_linger_s must be >= 0");
+  }
 
   LOG(INFO) << "ps_worker: servers=" << FLAGS_servers << " rank=" << FLAGS_rank
             << "/" << FLAGS_num_workers << " layers=" << LayersToString(layers)
@@ -226,6 +236,18 @@ Status Main() {
     (void)!write(push_log, head.data(), head.size());
   }
 
+  // Metrics: the registry outlives the HTTP server that reads it.
+  metrics::Registry registry;
+  std::unique_ptr<metrics::MetricsServer> metrics_server;
+  std::shared_ptr<WorkerMetrics> worker_metrics;
+  if (metrics::MetricsRequested()) {
+    metrics::AddProcessMetrics(&registry);
+    Client* raw_client = client.get();
+    worker_metrics = std::make_shared<WorkerMetrics>(
+        &registry, [raw_client] { return raw_client->resends(); });
+    ASSIGN_OR_RETURN(metrics_server, metrics::StartMetricsFromFlags(&registry));
+  }
+
   TrainerOptions to;
   to.layers = layers;
   to.batch = FLAGS_batch;
@@ -239,6 +261,7 @@ Status Main() {
   to.log_every = FLAGS_log_every;
   to.slowdown = FLAGS_slowdown;
   to.metrics_csv = FLAGS_metrics_csv;
+  to.metrics = worker_metrics;
 
   if (eval_role) {
     LayoutOptions lo;
@@ -306,6 +329,11 @@ Status Main() {
   // as it is for launch/psrun.
   LOG(INFO) << "codec: encode_ms_total=" << r.traffic.encode_ns / 1e6
             << " steps=" << r.steps;
+  if (metrics_server && FLAGS_metrics_linger_s > 0) {
+    std::fflush(stdout);
+    std::this_thread::sleep_for(
+        std::chrono::duration<double>(FLAGS_metrics_linger_s));
+  }
   return Status::OK();
 }
 

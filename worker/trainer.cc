@@ -162,6 +162,7 @@ StatusOr<TrainResult> Trainer::Run() {
     eval_s += Seconds(t0, Clock::now());
     last_acc = e.accuracy;
     last_eval_loss = e.loss;
+    if (options_.metrics) options_.metrics->OnEval(e.accuracy, e.loss);
     return Status::OK();
   };
 
@@ -207,6 +208,10 @@ StatusOr<TrainResult> Trainer::Run() {
     interval_loss += loss;
     interval_compute_s += compute_s;
     ++interval_steps;
+    if (options_.metrics) {
+      options_.metrics->OnStep(loss, batch->size, compute_s,
+                               store_->traffic());
+    }
 
     const bool last = step + 1 == total_steps_;
     if (last && options_.eval) {

@@ -33,6 +33,7 @@
 #include "worker/data_partition.h"
 #include "worker/idx_reader.h"
 #include "worker/parameter_store.h"
+#include "worker/worker_metrics.h"
 
 namespace asyncps::worker {
 
@@ -69,6 +70,9 @@ struct TrainerOptions {
   std::string metrics_csv;
   // Print the SUMMARY line to stdout. Default: true.
   bool print_summary = true;
+  // Prometheus metrics fed after every step and evaluation; null: none.
+  // Default: null.
+  std::shared_ptr<WorkerMetrics> metrics;
 };
 
 // Metrics CSV columns, in order:

@@ -53,13 +53,26 @@ def make_parser():
     p.add_argument("--namespace", help="k8s: namespace (default: none)")
     p.add_argument("--port", type=int, help="k8s: shard port (default 5555)")
     p.add_argument("--quiet", action="store_true", default=None, help="only the final summary")
+    p.add_argument("--metrics", action="store_true", default=None,
+                   help="every process serves Prometheus metrics on a free port; targets in "
+                   "RUN_DIR/metrics/targets.json (file_sd)")
+    p.add_argument("--prometheus", action="store_true", default=None,
+                   help="also run a local Prometheus scraping the fleet, data in "
+                   "RUN_DIR/prometheus (implies --metrics)")
+    p.add_argument("--metrics_port_k8s", type=int,
+                   help="k8s with --metrics: the pods' metrics port (default 9400)")
+    p.add_argument("--service_monitor", action="store_true", default=None,
+                   help="k8s with --metrics: also a ServiceMonitor and a PodMonitor "
+                   "(Prometheus Operator)")
+    p.add_argument("--scrape_interval", type=float,
+                   help="Prometheus scrape interval, seconds (default 1)")
     p.add_argument("--worker_cmd", help="run this command as each worker instead of ps_worker, "
                    "e.g. 'python3 train.py'; it gets the [worker] flags and those after --, and "
                    "the ASYNCPS_* environment (launch/README.md)")
     return p
 
 
-DEFAULTS = dict(servers=1, workers=1, backend="local", start_timeout=30.0, max_restarts=0,
+DEFAULTS = dict(metrics_port_k8s=9400, service_monitor=False, metrics=False, prometheus=False, scrape_interval=1.0, servers=1, workers=1, backend="local", start_timeout=30.0, max_restarts=0,
                 grace=5.0, server_flags="", progress="auto", log_tail_lines=20, dry_run=False,
                 format="yaml", image="asyncps:latest", storage="1Gi", port=5555, quiet=False,
                 ssh_opts="-o BatchMode=yes -o StrictHostKeyChecking=no "
@@ -99,6 +112,10 @@ def parse_args(argv):
         parser.error("--servers and --workers must be >= 1")
     if opts.worker_cmd is not None and not opts.worker_cmd.strip():
         parser.error("--worker_cmd is empty")
+    if opts.prometheus:
+        opts.metrics = True
+    if not opts.scrape_interval > 0:
+        parser.error("--scrape_interval must be > 0")
     if opts.grace < 0 or opts.start_timeout <= 0:
         parser.error("--grace must be >= 0 and --start_timeout > 0")
     return opts, cfg

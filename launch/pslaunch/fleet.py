@@ -4,7 +4,8 @@ Lifecycle (Fleet.run):
   1. start every shard with an ephemeral port (--endpoint=tcp://HOST:*) and a
      --ready_file; wait for each ready file, then for each shard to answer
      `ps_ctl stats` (deadline: --start_timeout; a shard that exits or times out
-     is named with the tail of its log);
+     is named with the tail of its log); with --metrics each process also gets a
+     metrics port and with --prometheus a local Prometheus starts (monitoring.py);
   2. start the workers with --servers (shard 0 first), --rank, --num_workers,
      --metrics_csv; with --worker_cmd, the command with the environment
      contract of workercmd.py instead;
@@ -24,6 +25,7 @@ import signal
 import subprocess
 import time
 
+from . import monitoring as monitoring_mod
 from . import procs as procs_mod
 from . import summary as summary_mod
 from . import workercmd
@@ -75,6 +77,12 @@ class Fleet:
         self.start_time = time.time()
         self.worker_start = None
         self.ctl = os.path.join(opts.bin_dir, "ps_ctl")
+        self.monitor = None
+        if getattr(opts, "metrics", False):
+            self.monitor = monitoring_mod.Monitor(
+                run_dir, prometheus=getattr(opts, "prometheus", False),
+                scrape_interval_s=getattr(opts, "scrape_interval", 1.0), log=log)
+        self.last_targets_update = 0.0
         for d in ("ready", "db", "flags"):
             os.makedirs(os.path.join(run_dir, d), exist_ok=True)
 
@@ -142,6 +150,8 @@ class Fleet:
                 "--num_workers=%d" % o.workers, "--endpoint=" + endpoint,
                 "--ready_file=" + self.path("ready", "%s.endpoint" % m.name),
                 "--db_path=" + self.path("db", m.name)]
+        if self.monitor:
+            argv += self.monitor.flags(m.name, "server")
         return argv + shlex.split(o.server_flags or "")
 
     def start_shard(self, m, endpoint=None):
@@ -228,7 +238,9 @@ class Fleet:
                 "--flagfile=" + self.path("flags", "worker.flags"),
                 "--servers=" + self.endpoints(), "--rank=%d" % m.rank,
                 "--num_workers=%d" % o.workers,
-                "--metrics_csv=" + self.path("metrics-%d.csv" % m.rank)] + list(o.worker_extra)
+                "--metrics_csv=" + self.path("metrics-%d.csv" % m.rank)] + (
+                    self.monitor.flags(m.name, "worker") if self.monitor else []) + list(
+                        o.worker_extra)
 
     def worker_cmd_argv(self, m):
         """--worker_cmd: `env <contract> CMD [worker flags] [extra]`."""
@@ -240,6 +252,8 @@ class Fleet:
         env = workercmd.contract(self.endpoints(), m.rank, o.workers, o.servers, self.run_dir,
                                  bin_dir, curve,
                                  None if remote else os.environ.get("PYTHONPATH"))
+        if self.monitor:
+            env.update(self.monitor.env(m.name))
         return workercmd.env_argv(env, workercmd.argv(o.worker_cmd, flags, o.worker_extra))
 
     def start_workers(self):
@@ -252,10 +266,21 @@ class Fleet:
         self.write_pids()
         self.log("psrun: %d worker(s) started" % len(self.workers))
 
+    # ---- monitoring ----------------------------------------------------------
+    def update_targets(self, force=False):
+        """Scrape targets from the metrics port files (at most every second)."""
+        if not self.monitor or (not force and time.time() - self.last_targets_update < 1.0):
+            return
+        self.last_targets_update = time.time()
+        members = [(m.name, m.role, m.rank, m.proc.host, m.proc.read_file)
+                   for m in self.shards + self.workers if m.proc]
+        self.monitor.update_targets(members)
+
     # ---- watching ------------------------------------------------------------
     def watch(self, progress=None):
         while True:
             self.check_signal()
+            self.update_targets()
             if self.pids_pending:
                 self.write_pids()
             for m in self.shards:
@@ -344,6 +369,12 @@ class Fleet:
         progress = None
         try:
             self.start_shards()
+            if self.monitor:
+                self.update_targets(force=True)
+                try:
+                    self.monitor.start_prometheus(wait_for=[m.name for m in self.shards])
+                except RuntimeError as e:
+                    raise LaunchError(None, str(e))
             self.start_workers()
             if progress_cb:
                 progress = progress_cb([self.log_path(m) for m in self.workers])
@@ -351,6 +382,9 @@ class Fleet:
             if progress:
                 progress.update(force=True)
                 progress.finish()
+            if self.monitor:
+                self.update_targets(force=True)  # workers that finished quickly
+                self.monitor.wait_final_scrape()
             self.shutdown_shards()
         except LaunchError as e:
             if progress:
@@ -369,6 +403,8 @@ class Fleet:
             for s in old:
                 signal.signal(s, lambda *a: None)
             self.teardown()
+            if self.monitor:
+                self.monitor.stop()
             for s, h in old.items():
                 signal.signal(s, h)
         if exit_code == 1:
@@ -399,6 +435,8 @@ class Fleet:
             "per_worker": {str(k): v for k, v in sorted(workers.items())},
             "totals": summary_mod.aggregate(workers, wall) if workers else None,
         }
+        if self.monitor:
+            summary["monitoring"] = self.monitor.summary()
         summary_mod.write_json(self.path("summary.json"), summary)
         return summary
 

@@ -9,6 +9,10 @@ Objects (names for the default --k8s_name=asyncps):
   Job         asyncps-workers    completionMode: Indexed, W completions; the rank is
                                  JOB_COMPLETION_INDEX; an init container waits until
                                  every shard answers `ps_ctl stats`
+With --metrics every pod serves Prometheus metrics on --metrics_port_k8s (default 9400,
+all interfaces) and carries the prometheus.io/scrape|port|path annotations; the shard
+Service gets a "metrics" port; --service_monitor adds a ServiceMonitor (shards) and a
+PodMonitor (workers) for the Prometheus Operator.
 Shard i is reached at tcp://shard-<i>.asyncps-shards[.<ns>.svc.cluster.local]:<port>.
 YAML is written by hand (no PyYAML): strings are double-quoted JSON strings,
 which YAML reads verbatim; --format json writes a kubectl-readable List.
@@ -67,10 +71,16 @@ def render(opts, cfg):
                  "selector": labels_shard,
                  "ports": [{"name": "ps", "port": opts.port, "targetPort": opts.port,
                             "protocol": "TCP"}]}}
+    metrics = bool(getattr(opts, "metrics", False))
+    mport = getattr(opts, "metrics_port_k8s", None) or 9400
+    metrics_flags = ["--metrics_port=%d" % mport, "--metrics_bind=0.0.0.0"] if metrics else []
+    pod_annotations = {"prometheus.io/scrape": "true", "prometheus.io/port": str(mport),
+                       "prometheus.io/path": "/metrics"} if metrics else None
+    metrics_port = [{"name": "metrics", "containerPort": mport}] if metrics else []
     server_cmd = ["exec", BIN + "/ps_server", "--flagfile=%s/server.flags" % FLAGS_DIR,
                   "--shard_id=${HOSTNAME##*-}", "--num_shards=%d" % opts.servers,
                   "--num_workers=%d" % opts.workers, "--endpoint=tcp://0.0.0.0:%d" % opts.port,
-                  "--db_path=/data/rocksdb"] + shlex.split(opts.server_flags or "")
+                  "--db_path=/data/rocksdb"] + metrics_flags + shlex.split(opts.server_flags or "")
     if "--curve_secret_key" not in (opts.server_flags or ""):
         # Pods talk over the cluster network: ps_server needs CurveZMQ keys
         # (mount them from a Secret, pass --server_flags=--curve_secret_key=...)
@@ -93,7 +103,7 @@ def render(opts, cfg):
                         "name": "ps-server", "image": opts.image,
                         "command": ["/bin/sh", "-c", _sh(server_cmd).replace(
                             "'--shard_id=${HOSTNAME##*-}'", '"--shard_id=${HOSTNAME##*-}"')],
-                        "ports": [{"name": "ps", "containerPort": opts.port}],
+                        "ports": [{"name": "ps", "containerPort": opts.port}] + metrics_port,
                         "readinessProbe": probe,
                         "volumeMounts": [{"name": "rocksdb", "mountPath": "/data"}, flags_mount],
                     }],
@@ -107,7 +117,8 @@ def render(opts, cfg):
     worker_cmd = ["exec", BIN + "/ps_worker", "--flagfile=%s/worker.flags" % FLAGS_DIR,
                   "--servers=" + eps, "--rank=$JOB_COMPLETION_INDEX",
                   "--num_workers=%d" % opts.workers,
-                  "--metrics_csv=/tmp/metrics-$JOB_COMPLETION_INDEX.csv"] + list(opts.worker_extra)
+                  "--metrics_csv=/tmp/metrics-$JOB_COMPLETION_INDEX.csv"] + metrics_flags + list(
+                      opts.worker_extra)
     worker_env = []
     if getattr(opts, "worker_cmd", None):
         # Any command as the worker, with the environment contract
@@ -116,6 +127,8 @@ def render(opts, cfg):
         env = workercmd.contract(eps, "$JOB_COMPLETION_INDEX", opts.workers, opts.servers,
                                  "/tmp", BIN, curve)
         env["PYTHONPATH"] = PYTHON_DIR
+        if metrics:
+            env.update({"ASYNCPS_METRICS_PORT": str(mport), "ASYNCPS_METRICS_BIND": "0.0.0.0"})
         static = {k: v for k, v in env.items() if "$" not in v}
         worker_env = [{"name": k, "value": v} for k, v in sorted(static.items())]
         worker_cmd = ["export", "ASYNCPS_RANK=$JOB_COMPLETION_INDEX",
@@ -137,7 +150,7 @@ def render(opts, cfg):
                     "initContainers": [{"name": "wait-for-shards", "image": opts.image,
                                         "command": ["/bin/sh", "-c", wait_cmd]}],
                     "containers": [{
-                        "name": "ps-worker", "image": opts.image,
+                        "name": "ps-worker", "image": opts.image, "ports": metrics_port,
                         "command": ["/bin/sh", "-c", _sh(worker_cmd).replace(
                             "'ASYNCPS_METRICS_CSV=/tmp/metrics-$JOB_COMPLETION_INDEX.csv;'",
                             "ASYNCPS_METRICS_CSV=/tmp/metrics-$JOB_COMPLETION_INDEX.csv;")],
@@ -147,7 +160,30 @@ def render(opts, cfg):
                 }}}}
     if worker_env:
         job["spec"]["template"]["spec"]["containers"][0]["env"] = worker_env
-    return [configmap, service, statefulset, job]
+    if not metrics_port:
+        del job["spec"]["template"]["spec"]["containers"][0]["ports"]
+    out = [configmap, service, statefulset, job]
+    if metrics:
+        service["spec"]["ports"].append({"name": "metrics", "port": mport, "targetPort": mport,
+                                         "protocol": "TCP"})
+        statefulset["spec"]["template"]["metadata"]["annotations"] = dict(pod_annotations)
+        job["spec"]["template"]["metadata"]["annotations"] = dict(pod_annotations)
+        if getattr(opts, "service_monitor", False):
+            out.append({
+                "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+                "metadata": _meta(opts, "%s-shards" % name, "shard"),
+                "spec": {"selector": {"matchLabels": labels_shard},
+                         "endpoints": [{"port": "metrics", "path": "/metrics",
+                                        "interval": "5s"}]}})
+            out.append({
+                "apiVersion": "monitoring.coreos.com/v1", "kind": "PodMonitor",
+                "metadata": _meta(opts, "%s-workers" % name, "worker"),
+                "spec": {"selector": {"matchLabels": labels_worker},
+                         "podMetricsEndpoints": [{"port": "metrics", "path": "/metrics",
+                                                  "interval": "5s"}]}})
+    elif getattr(opts, "service_monitor", False):
+        raise ValueError("--service_monitor needs --metrics")
+    return out
 
 
 # ---- YAML (the subset the manifests use) ----------------------------------
@@ -194,6 +230,11 @@ def to_yaml(obj, indent=0):
 def write(manifests, out_dir, fmt):
     """One file per object, numbered in apply order; returns the paths."""
     os.makedirs(out_dir, exist_ok=True)
+    # Manifests of an earlier render (e.g. with --service_monitor) must not be
+    # applied with these: remove the numbered files this function writes.
+    for old in os.listdir(out_dir):
+        if re.fullmatch(r"\d\d-[a-z]+-[\w.-]+\.(yaml|json)", old):
+            os.unlink(os.path.join(out_dir, old))
     paths = []
     for i, m in enumerate(manifests):
         base = "%02d-%s-%s" % (i, m["kind"].lower(), m["metadata"]["name"])

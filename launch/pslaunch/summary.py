@@ -80,6 +80,12 @@ def format_summary(summary):
         cr = t["compression_ratio"]
         lines.append("  compression ratio   : %s" % ("%.2fx" % cr if cr else "n/a"))
         lines.append("  wall time           : %.1f s" % t["wall_s"])
+    mon = summary.get("monitoring")
+    if mon:
+        lines.append("  metrics targets     : %s" % mon["targets_file"])
+        if mon.get("prometheus_data"):
+            lines.append("  prometheus data     : %s" % mon["prometheus_data"])
+            lines.append("  view it             : %s  (then open the URL it prints)" % mon["view"])
     if summary.get("restarts"):
         lines.append("  restarts            : %s" % ", ".join(
             "%s x%d" % (k, v) for k, v in sorted(summary["restarts"].items())))

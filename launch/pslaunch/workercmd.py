@@ -18,6 +18,10 @@ them in Python):
                           --curve_server_key/--curve_secret_key/--curve_public_key,
                           which are not passed on the command line
     PYTHONPATH            the built Python package (BIN_DIR/../python) first
+    ASYNCPS_METRICS_PORT, ASYNCPS_METRICS_PORT_FILE, ASYNCPS_METRICS_LINGER_S
+                          with psrun --metrics: serve Prometheus metrics on a free
+                          port (-1), write it to the file, keep serving that long
+                          after training (asyncps.metrics.TrainingLog does all three)
 
 The worker prints ps_worker's progress lines on stderr and its SUMMARY line on
 stdout (asyncps.metrics does both), so the progress display and summary.json

@@ -24,7 +24,7 @@ def load_yaml(path):
 class K8sRenderTest(u.LaunchTestCase):
     needs_binaries = False
 
-    def render(self, fmt, servers=3, workers=5, extra=()):
+    def render(self, fmt, servers=3, workers=5, extra=(), num_files=4):
         out = os.path.join(self.tmp.name, "k8s-" + fmt)
         cfg = os.path.join(self.tmp.name, "exp.flags")
         with open(cfg, "w") as f:
@@ -38,7 +38,7 @@ class K8sRenderTest(u.LaunchTestCase):
         r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
         self.assertEqual(r.returncode, 0, r.stderr)
         files = sorted(glob.glob(os.path.join(out, "*." + fmt)))
-        self.assertEqual(len(files), 4, files)
+        self.assertEqual(len(files), num_files, files)
         docs = []
         for path in files:
             if fmt == "json":
@@ -134,6 +134,35 @@ class K8sRenderTest(u.LaunchTestCase):
         doc = {"a": [1, {"b": "x: y", "c": []}, "-z"], "k.v/w": {"t": True, "n": None},
                "s": "line1\nline2 \"q\" $X ${HOSTNAME##*-}", "e": {}}
         self.assertEqual(yaml.safe_load(k8s.to_yaml(doc)), doc)
+
+
+    def test_metrics_annotations_and_monitors(self):
+        m = self.render("json", extra=["--metrics", "--service_monitor",
+                                       "--metrics_port_k8s", "9555"], num_files=6)
+        for kind in ("StatefulSet", "Job"):
+            tmpl = m[kind]["spec"]["template"]
+            self.assertEqual(tmpl["metadata"]["annotations"],
+                             {"prometheus.io/scrape": "true", "prometheus.io/port": "9555",
+                              "prometheus.io/path": "/metrics"}, kind)
+            c = tmpl["spec"]["containers"][0]
+            self.assertIn({"name": "metrics", "containerPort": 9555}, c["ports"], kind)
+            cmd = c["command"][-1]
+            self.assertIn("--metrics_port=9555", cmd, kind)
+            self.assertIn("--metrics_bind=0.0.0.0", cmd, kind)
+        self.assertIn({"name": "metrics", "port": 9555, "targetPort": 9555, "protocol": "TCP"},
+                      m["Service"]["spec"]["ports"])
+        sm, pm = m["ServiceMonitor"], m["PodMonitor"]
+        self.assertEqual(sm["spec"]["selector"]["matchLabels"],
+                         m["StatefulSet"]["spec"]["selector"]["matchLabels"])
+        self.assertEqual(sm["spec"]["endpoints"][0]["port"], "metrics")
+        self.assertEqual(pm["spec"]["selector"]["matchLabels"],
+                         m["Job"]["spec"]["template"]["metadata"]["labels"])
+        self.assertEqual(pm["spec"]["podMetricsEndpoints"][0]["port"], "metrics")
+        # Without --metrics nothing of it.
+        plain = self.render("json")
+        self.assertNotIn("annotations", plain["Job"]["spec"]["template"]["metadata"])
+        self.assertNotIn("--metrics_port", plain["Job"]["spec"]["template"]["spec"][
+            "containers"][0]["command"][-1])
 
 
 if __name__ == "__main__":

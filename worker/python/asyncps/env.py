@@ -14,6 +14,10 @@ MASTER_ADDR/RANK/WORLD_SIZE:
     ASYNCPS_CURVE_SECRET_KEY    this worker's secret key and
     ASYNCPS_CURVE_PUBLIC_KEY    public key, when the fleet is encrypted
     ASYNCPS_BIN_DIR           the asyncps binaries (ps_server, ps_ctl, ...)
+    ASYNCPS_METRICS_PORT      psrun --metrics: -1 (any free port) or a port for
+    ASYNCPS_METRICS_PORT_FILE   the Prometheus endpoint of asyncps.metrics, the file
+    ASYNCPS_METRICS_LINGER_S    its port is written to, and how long it stays up
+                                after training
 
 psrun also puts the built package (build/python) on PYTHONPATH. Without
 ASYNCPS_RANK, the rank is taken from SLURM_PROCID (srun), then

@@ -10,7 +10,13 @@ Python workers exactly like C++ ones:
   - the SUMMARY line on stdout at the end:
       SUMMARY rank=R final_test_acc=A samples_per_s=X bytes_pushed_raw=N
         bytes_pushed_wire=N bytes_pulled=N steps=N wall_s=S
+  - with ASYNCPS_METRICS_PORT set (psrun --metrics does it) or metrics_port
+    given, a Prometheus endpoint with ps_worker's families
+    (asyncps_worker_*, see worker/worker_metrics.h), fed after every step;
+    its port is written to ASYNCPS_METRICS_PORT_FILE when set, and it stays
+    up ASYNCPS_METRICS_LINGER_S seconds after finish() for a last scrape.
 """
+import os
 import sys
 import time
 
@@ -26,7 +32,18 @@ class TrainingLog:
     evaluation, finish() once at the end. `traffic` is Store.traffic() (or
     ParameterServer.traffic()); None for a run without parameter server."""
 
-    def __init__(self, rank, total_steps, csv_path=None, log_every=200, stream=sys.stderr):
+    def __init__(self, rank, total_steps, csv_path=None, log_every=200, stream=sys.stderr,
+                 metrics_port=None, environ=None):
+        environ = os.environ if environ is None else environ
+        self.exporter = None
+        self.linger_s = float(environ.get("ASYNCPS_METRICS_LINGER_S", "0") or 0)
+        if metrics_port is None and environ.get("ASYNCPS_METRICS_PORT"):
+            metrics_port = int(environ["ASYNCPS_METRICS_PORT"])
+        if metrics_port:  # -1: any free port, as ps_worker's flag
+            from ._asyncps import MetricsExporter
+            self.exporter = MetricsExporter(
+                port=max(0, metrics_port), bind=environ.get("ASYNCPS_METRICS_BIND", "127.0.0.1"),
+                port_file=environ.get("ASYNCPS_METRICS_PORT_FILE", ""))
         self.rank = rank
         self.total_steps = total_steps
         self.log_every = log_every
@@ -52,6 +69,8 @@ class TrainingLog:
         self.last_acc = accuracy
         self._pending_acc = accuracy
         self.eval_s += seconds
+        if self.exporter:
+            self.exporter.on_eval(accuracy)
 
     def step(self, step, epoch, batch_size, loss, compute_s, traffic=None):
         """After step `step` (0-based) of `epoch`: loss of the minibatch,
@@ -60,6 +79,8 @@ class TrainingLog:
         self._loss += loss
         self._compute_s += compute_s
         self._n += 1
+        if self.exporter:
+            self.exporter.on_step(loss, batch_size, compute_s, traffic)
         last = step + 1 == self.total_steps
         log = last or (self.log_every > 0 and (step + 1) % self.log_every == 0)
         if not (log or self._pending_acc is not None):
@@ -110,4 +131,6 @@ class TrainingLog:
         if self.csv:
             self.csv.close()
             self.csv = None
+        if self.exporter and self.linger_s > 0:
+            time.sleep(self.linger_s)  # the final values, for one more scrape
         return s

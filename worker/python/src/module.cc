@@ -14,4 +14,5 @@ PYBIND11_MODULE(_asyncps, m) {
   asyncps::python::BindClient(m);
   asyncps::python::BindCodecs(m);
   asyncps::python::BindData(m);
+  asyncps::python::BindMetrics(m);
 }

@@ -27,7 +27,7 @@ def kmetrics_header():
 
 
 def psrun(run_dir, workers, worker_cmd, extra=(), servers=1, server_flags="--consistency=ssp "
-          "--staleness=2 --optimizer=sgd --lr=0.1", config=None, timeout=240):
+          "--staleness=2 --optimizer=sgd --lr=0.1", config=None, timeout=240, extra_psrun=()):
     binary("ps_server")
     argv = [sys.executable, PSRUN, "--servers", str(servers), "--workers", str(workers),
             "--run_dir", run_dir, "--bin_dir", bin_dir(), "--progress", "off", "--grace", "3",
@@ -36,6 +36,7 @@ def psrun(run_dir, workers, worker_cmd, extra=(), servers=1, server_flags="--con
         argv += ["--worker_cmd", worker_cmd]
     if config:
         argv += ["--config", config]
+    argv += list(extra_psrun)
     r = subprocess.run(argv + ["--"] + list(extra), capture_output=True, text=True,
                        timeout=timeout, env=python_env())
     return r
