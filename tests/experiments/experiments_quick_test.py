@@ -68,8 +68,19 @@ def check_png(path):
 
 def run(cmd, timeout):
     t0 = time.time()
-    r = subprocess.run([sys.executable] + cmd, capture_output=True,
-                       text=True, timeout=timeout)
+    p = subprocess.Popen([sys.executable] + cmd, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        # Killed, it could not delete its shaped-link namespace: do it here.
+        subprocess.run(["ip", "netns", "del", "asyncps_slow_%d" % p.pid],
+                       stderr=subprocess.DEVNULL, check=False)
+        print(out[-3000:], err[-3000:])
+        fail("%s timed out after %ds" % (" ".join(cmd), timeout))
+    r = subprocess.CompletedProcess(p.args, p.returncode, out, err)
     print("%s: rc %d in %.1fs" % (os.path.basename(os.path.dirname(cmd[0])) or
                                   cmd[0], r.returncode, time.time() - t0))
     if r.returncode != 0:
@@ -92,11 +103,11 @@ def main():
         comp = os.path.join(tmp, "compression_study")
         run([os.path.join(EXP, "sync_vs_async", "run.py"), "--quick",
              "--bin_dir", BIN, "--out", sync, "--max_steps", MAX_STEPS,
-             "--eval_every", "10", "--only", "bsp,ssp4,asp_straggler"], 80)
+             "--eval_every", "10", "--only", "bsp,ssp4,asp_straggler"], 150)
         run([os.path.join(EXP, "compression_study", "run.py"), "--quick",
              "--bin_dir", BIN, "--out", comp, "--max_steps", MAX_STEPS,
              "--eval_every", "10", "--only",
-             "none,topk1_ef,sign,none_slow"], 80)
+             "none,topk1_ef,sign,none_slow"], 150)
         run([os.path.join(EXP, "report.py"), "--results", tmp], 30)
 
         rows = check_csv(os.path.join(sync, "summary.csv"), 3)
