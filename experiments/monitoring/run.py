@@ -135,7 +135,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bin_dir", default=os.path.join(ROOT, "build", "bin"))
     ap.add_argument("--out", default=os.path.join(ROOT, "experiments", "results", "monitoring"))
-    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--quick", action="store_true")
     o = ap.parse_args()
     if not os.access(monitoring.PROMETHEUS_BIN, os.X_OK):
