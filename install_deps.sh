@@ -11,7 +11,7 @@ PKGS=(
   librocksdb-dev
   libgflags-dev libgoogle-glog-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  libopenblas-dev zlib1g-dev
+  libopenblas-dev zlib1g-dev nlohmann-json3-dev
   dataset-fashion-mnist
   gnuplot-nox python3 procps iproute2
 )

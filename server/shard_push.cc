@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "server/internal/all_finite.h"
 #include "server/internal/shard_types.h"
 #include "server/shard.h"
 #if ASYNCPS_SERVER_HAVE_COMPRESSION
@@ -20,21 +21,6 @@
 
 namespace asyncps::server {
 namespace {
-
-// True if no element is NaN or +-Inf (exponent bits all ones). Branch-free
-// integer reduction, so it vectorises.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(ASYNCPS_NO_IFUNC)
-__attribute__((target_clones("avx2", "default")))
-#endif
-bool AllFinite(const float* __restrict__ x, size_t n) {
-  uint32_t bad = 0;
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t b;
-    std::memcpy(&b, x + i, sizeof(b));
-    bad |= static_cast<uint32_t>((b & 0x7f800000u) == 0x7f800000u);
-  }
-  return bad == 0;
-}
 
 void AddInto(float* __restrict__ dst, const float* __restrict__ src, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] += src[i];
@@ -253,7 +239,7 @@ Status Shard::ValidatePush(const RequestHeader& req,
     // transport_only applies nothing, so there are no weights to protect:
     // skipping the scan leaves the transport alone in the measurement.
     if (p.dense != nullptr && !options_.transport_only &&
-        !AllFinite(p.dense, c.n)) {
+        !internal::AllFinite(p.dense, c.n)) {
       return Reject(RejectReason::kNonFinite,
                     Status::InvalidArgument(ChunkName(ref.chunk) +
                                             ": gradient contains NaN or Inf"));

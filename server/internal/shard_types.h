@@ -9,6 +9,7 @@
 
 #include "common/buffer.h"
 #include "common/wire.h"
+#include "server/internal/binary_io.h"
 #include "server/shard.h"
 
 namespace asyncps::server {
@@ -42,36 +43,4 @@ struct Shard::ParkedPull {
   RequestHeader req;
 };
 
-namespace internal {
-
-// Little-endian fixed-width encoding helpers (x86 and ARM hosts are LE;
-// the formats are documented in shard_persist.cc).
-template <typename T>
-inline void Put(std::string* s, T v) {
-  s->append(reinterpret_cast<const char*>(&v), sizeof(T));
-}
-
-class Reader {
- public:
-  explicit Reader(std::string_view s) : s_(s) {}
-  template <typename T>
-  bool Get(T* v) {
-    if (s_.size() < sizeof(T)) return false;
-    std::memcpy(v, s_.data(), sizeof(T));
-    s_.remove_prefix(sizeof(T));
-    return true;
-  }
-  bool GetBytes(void* dst, size_t n) {
-    if (s_.size() < n) return false;
-    std::memcpy(dst, s_.data(), n);
-    s_.remove_prefix(n);
-    return true;
-  }
-  size_t remaining() const { return s_.size(); }
-
- private:
-  std::string_view s_;
-};
-
-}  // namespace internal
 }  // namespace asyncps::server
