@@ -52,6 +52,9 @@ Status ShardOptions::Validate() const {
     return Status::InvalidArgument("max_parked_pulls must be >= 1");
   if (max_inflight_per_client < 1)
     return Status::InvalidArgument("max_inflight_per_client must be >= 1");
+  if (sparse.max_keys_per_request < 1 || sparse.max_reply_bytes < 1)
+    return Status::InvalidArgument(
+        "sparse max_keys_per_request and max_reply_bytes must be >= 1");
   return optimizer.Validate();
 }
 
@@ -139,7 +142,9 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
                                         " out of range [0, " +
                                         std::to_string(options_.num_workers) +
                                         ") for " + RequestKindName(req.kind)));
-  } else if (req.kind != RequestKind::kPush && !data.empty()) {
+  } else if (req.kind != RequestKind::kPush &&
+             !(req.kind == RequestKind::kPull && !req.rows.empty()) &&
+             !data.empty()) {
     st = Reject(
         RejectReason::kSizeMismatch,
         Status::InvalidArgument(std::string(RequestKindName(req.kind)) +
@@ -155,12 +160,13 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
         break;
       case RequestKind::kPull:
         st = ValidatePullRequest(req);
+        if (st.ok()) st = ValidateSparsePull(req, data);
         if (!st.ok()) break;
         // Rank -1 (an observer, such as a dedicated evaluator) reads the
         // current weights without taking part in the clocks.
         if (rank >= 0) clocks_.Advance(rank, req.clock);
         if (rank < 0 || PullReady(req.clock)) {
-          st = AnswerPull(req, &r);
+          st = AnswerPull(req, data, &r);
         } else if (IsParked(peer, req.id)) {
           parked = true;  // a resend of a pull that is already waiting
         } else if (parked_.size() >= options_.max_parked_pulls) {
@@ -178,6 +184,7 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
           auto p = std::make_unique<ParkedPull>();
           p->peer = peer;
           p->req = req;
+          p->data = data;
           parked_.push_back(std::move(p));
           parked = true;
         }
@@ -252,6 +259,7 @@ void Shard::Tick(TimePoint now, std::vector<OutgoingReply>* out) {
 }
 
 void Shard::OnClocksChanged(std::vector<OutgoingReply>* out) {
+  if (sparse_) sparse_->AdvanceClock(clocks_.MinLiveClock());
   if (options_.consistency == Consistency::kBsp) {
     const int64_t min = clocks_.MinLiveClock();
     while (min > bsp_round_) {
@@ -291,7 +299,7 @@ void Shard::ReleaseParked(std::vector<OutgoingReply>* out) {
     OutgoingReply r;
     r.peer = std::move(p.peer);
     reject_reason_ = RejectReason::kOther;
-    Status st = AnswerPull(p.req, &r);
+    Status st = AnswerPull(p.req, p.data, &r);
     if (!st.ok()) {
       CountRejected(reject_reason_);
       r.header.chunks.clear();
@@ -344,6 +352,7 @@ Status Shard::HandleRegister(const RequestHeader& req, ReplyHeader* reply) {
           Status::AlreadyExists("chunk_elems/min_chunk_elems differ from the "
                                 "registered layout"));
     }
+    RETURN_IF_ERROR(RegisterTables(req.tables, /*created=*/false));
     reply->created = false;
     return Status::OK();
   }
@@ -351,12 +360,17 @@ Status Shard::HandleRegister(const RequestHeader& req, ReplyHeader* reply) {
   if (!layout.ok()) return Reject(RejectReason::kOther, layout.status());
   layout_ = std::move(layout).value();
   Status st = AllocateChunks();
+  if (st.ok()) st = RegisterTables(req.tables, /*created=*/true);
   if (st.ok() && store_ != nullptr) st = Checkpoint();
   if (!st.ok()) {
     layout_.reset();
     chunks_.clear();
     local_index_.clear();
-    return Reject(RejectReason::kStore, st.WithContext("registration"));
+    sparse_.reset();
+    return Reject(st.code() == StatusCode::kInvalidArgument
+                      ? RejectReason::kRegistrationMismatch
+                      : RejectReason::kStore,
+                  st.WithContext("registration"));
   }
   LOG(INFO) << "registered " << layout_->tensors().size() << " tensors, "
             << layout_->chunks().size() << " chunks; this shard holds "
@@ -424,11 +438,15 @@ Status Shard::ValidatePullRequest(const RequestHeader& req) {
   return Status::OK();
 }
 
-Status Shard::AnswerPull(const RequestHeader& req, OutgoingReply* reply) {
+Status Shard::AnswerPull(const RequestHeader& req,
+                         const std::vector<ByteView>& data,
+                         OutgoingReply* reply) {
   RETURN_IF_ERROR(ValidatePullRequest(req));
+  static const std::vector<uint32_t> kNoChunks;
   const std::vector<uint32_t>& ids =
-      req.pull_chunks.empty() ? layout_->shard_chunks(options_.shard_id)
-                              : req.pull_chunks;
+      !req.pull_dense            ? kNoChunks
+      : req.pull_chunks.empty() ? layout_->shard_chunks(options_.shard_id)
+                                : req.pull_chunks;
 #if ASYNCPS_SERVER_HAVE_COMPRESSION
   std::unique_ptr<compression::Codec> codec;
   if (!req.pull_codec.empty() && req.pull_codec != "none") {
@@ -532,6 +550,9 @@ Status Shard::AnswerPull(const RequestHeader& req, OutgoingReply* reply) {
     reply->header.chunks.push_back(ref);
     reply->frames.push_back(std::move(view));
   }
+  RETURN_IF_ERROR(AnswerSparsePull(req, data, reply));
+  for (size_t i = ids.size(); i < reply->frames.size(); ++i)
+    bytes += reply->frames[i].size;
   ++counters_.pulls;
   counters_.bytes_out += bytes;
   if (req.rank >= 0) last_read_[req.rank] = shard_version_;
@@ -594,6 +615,7 @@ std::string Shard::StatsJson() const {
   field("rejected_total", num(total));
   field("rejected", rej + "}");
   field("staleness", staleness_.ToJson());
+  if (sparse_) field("sparse", sparse_->StatsJson());
   return s + "}";
 }
 

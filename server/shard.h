@@ -8,6 +8,12 @@
 // (incarnation, last applied push id) that makes resent pushes idempotent,
 // parked pulls, counters and the staleness histogram.
 //
+// Sparse tables (server/sparse/sparse_tables.h), registered with the layout,
+// travel in the same pushes, pulls and clocks as the chunks (their requests
+// are handled in shard_sparse.cc): a push's rows are validated with its
+// chunks before anything is applied, applied (BSP: summed) with them, and
+// written with them in durable mode and in checkpoints.
+//
 // Input: a decoded RequestHeader plus its data frames (frames[i] is data
 // frame i+1 of the message). Output: zero or more OutgoingReply: the reply
 // to this request (unless it is a pull that had to wait: it is parked and
@@ -50,6 +56,7 @@
 #include "common/status.h"
 #include "common/wire.h"
 #include "server/optimizer.h"
+#include "server/sparse/sparse_tables.h"
 #include "server/stats.h"
 #include "server/store.h"
 #include "server/worker_clocks.h"
@@ -103,6 +110,9 @@ struct ShardOptions {
   // Sync mode of durable writes (checkpoints always sync). Default: kNoSync
   // (WAL only: survives kill -9, not power loss).
   SyncMode durable_sync = SyncMode::kNoSync;
+  // Sparse tables: cache budget and request limits (shard_id and num_shards
+  // are this struct's). Default: SparseOptions defaults.
+  sparse::SparseOptions sparse;
 
   Status Validate() const;
 };
@@ -169,6 +179,8 @@ class Shard {
   // Weights / optimizer state / version of an owned chunk (nullptr / 0 if
   // not owned).
   const std::vector<float>* weights(uint32_t chunk) const;
+  // The shard's sparse tables, or nullptr when none are registered.
+  sparse::SparseTables* sparse_tables() { return sparse_.get(); }
   const std::vector<float>* optimizer_state(uint32_t chunk) const;
   uint64_t chunk_version(uint32_t chunk) const;
 
@@ -188,7 +200,8 @@ class Shard {
   // shard.cc: dispatch, registration, pulls, clocks.
   Status HandleRegister(const RequestHeader& req, ReplyHeader* reply);
   // Fills the reply to a pull, or returns an error. Never parks.
-  Status AnswerPull(const RequestHeader& req, OutgoingReply* reply);
+  Status AnswerPull(const RequestHeader& req, const std::vector<ByteView>& data,
+                    OutgoingReply* reply);
   bool PullReady(int64_t clock) const;
   void OnClocksChanged(std::vector<OutgoingReply>* out);
   void ReleaseParked(std::vector<OutgoingReply>* out);
@@ -212,6 +225,20 @@ class Shard {
   float ScheduleScale() const;
   // Applies the averaged round and advances bsp_round_ by one.
   Status ApplyBspRound();
+
+  // shard_sparse.cc: the rows of sparse tables in registration, pushes,
+  // pulls, BSP rounds and persistence.
+  Status RegisterTables(const std::vector<TableSpec>& tables, bool created);
+  Status ValidateSparsePush(const RequestHeader& req,
+                            const std::vector<ByteView>& data);
+  Status ApplySparsePush(int64_t clock, float lr_scale);
+  Status ValidateSparsePull(const RequestHeader& req,
+                            const std::vector<ByteView>& data);
+  Status AnswerSparsePull(const RequestHeader& req,
+                          const std::vector<ByteView>& data,
+                          OutgoingReply* reply);
+  // Writes entries_ plus the sparse tables' part of a cut.
+  Status WriteCut(bool checkpoint, SyncMode sync);
 
   // shard_persist.cc: checkpoint, recovery, durable writes.
   Status Recover();
@@ -262,6 +289,20 @@ class Shard {
   std::vector<uint32_t> sparse_idx_;
   std::vector<float> sparse_val_;
   std::vector<StoreEntry> entries_;
+
+  // Sparse tables (nullptr until a model with tables is registered).
+  std::unique_ptr<sparse::SparseTables> sparse_;
+  // A push's rows, validated and decoded, waiting for phase 2.
+  struct PendingRows {
+    uint32_t table = 0;
+    size_t n = 0;
+    size_t keys_at = 0;  // offset in sparse_keys_
+    size_t rows_at = 0;  // offset in sparse_rows_
+  };
+  std::vector<PendingRows> pending_rows_;
+  std::vector<uint64_t> sparse_keys_;
+  std::vector<float> sparse_rows_;
+  std::vector<uint64_t> table_stamp_;  // per table: seen in request #stamp_
 };
 
 }  // namespace asyncps::server

@@ -16,7 +16,10 @@
 //                      u32 'CHK1', u64 n, u32 state_per_elem, u64 version,
 //                      u64 step, u32 contributors, u8 has_acc,
 //                      f32 w[n], f32 state[n * state_per_elem], f32 acc[n]?
-// Keys sort in that order, so recovery sees the layout before the chunks.
+//   "0tables", "1sparse"  sparse tables (server/sparse/sparse_tables.cc)
+// Keys sort in that order, so recovery sees the layout before the chunks
+// and the tables before their state. The tables' rows are in key spaces of
+// their own, never scanned at recovery.
 #include <glog/logging.h>
 
 #include <cstring>
@@ -58,7 +61,7 @@ Status Shard::Checkpoint() {
   ++counters_.checkpoints;
   AddStateEntry(&entries_);
   for (const auto& c : chunks_) AddChunkEntry(*c, &entries_);
-  Status s = store_->Write(entries_, SyncMode::kSync);
+  Status s = WriteCut(/*checkpoint=*/true, SyncMode::kSync);
   entries_.clear();
   if (!s.ok()) {
     --counters_.checkpoints;
@@ -74,7 +77,7 @@ Status Shard::WriteDurable(bool sync) {
   AddStateEntry(&entries_);
   for (const Chunk* c : touched_) AddChunkEntry(*c, &entries_);
   Status s =
-      store_->Write(entries_, sync ? SyncMode::kSync : SyncMode::kNoSync);
+      WriteCut(/*checkpoint=*/false, sync ? SyncMode::kSync : SyncMode::kNoSync);
   entries_.clear();
   return s;
 }
@@ -158,6 +161,15 @@ Status Shard::Recover() {
         found = true;
         if (key == kLayoutKey) return RestoreLayout(value);
         if (key == kStateKey) return RestoreState(value);
+        if (key == sparse::SparseTables::kTablesKey) {
+          ASSIGN_OR_RETURN(std::vector<TableSpec> tables,
+                           sparse::SparseTables::ParseSpecs(value));
+          return RegisterTables(tables, /*created=*/true);
+        }
+        if (key == sparse::SparseTables::kStateKey) {
+          if (!sparse_) return Status::Corruption("sparse state without tables");
+          return sparse_->RestoreState(value);
+        }
         if (key.size() == kChunkPrefix.size() + 4 &&
             key.substr(0, kChunkPrefix.size()) == kChunkPrefix) {
           uint32_t id = 0;

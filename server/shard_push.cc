@@ -70,6 +70,10 @@ Status Shard::HandlePush(const RequestHeader& req,
   for (const PendingGrad& p : pending_) {
     counters_.bytes_in_raw += p.chunk->n * sizeof(float);
   }
+  for (const PendingRows& p : pending_rows_) {
+    counters_.bytes_in_raw +=
+        p.n * (sizeof(uint64_t) + sparse_->specs()[p.table].dim * sizeof(float));
+  }
   if (options_.transport_only) return Status::OK();
 
   const uint64_t read = last_read_[rank];
@@ -85,18 +89,29 @@ Status Shard::HandlePush(const RequestHeader& req,
       ++c.contributors;
       touched_.push_back(&c);
     }
-  } else {
-    const float lr_scale =
-        ScheduleScale() * (options_.staleness_lr
-                               ? 1.0f / (1.0f + static_cast<float>(staleness))
-                               : 1.0f);
+  }
+  const float lr_scale =
+      ScheduleScale() * (options_.staleness_lr
+                             ? 1.0f / (1.0f + static_cast<float>(staleness))
+                             : 1.0f);
+  if (options_.consistency != Consistency::kBsp) {
     ApplyPending(rank, lr_scale);
     ++shard_version_;
   }
+  // Rows: applied (BSP: summed) after the chunks; only storage can fail.
+  Status rows = ApplySparsePush(req.clock, lr_scale);
   d.valid = true;
   d.incarnation = req.incarnation;
   d.last_id = req.id;
   clocks_.Advance(rank, req.clock);
+  if (!rows.ok()) {
+    LOG(ERROR) << "push " << req.id << " from rank " << rank
+               << ": sparse rows: " << rows.ToString();
+    return Reject(RejectReason::kStore,
+                  Status::Unavailable("push applied in memory but a row "
+                                      "write-back failed: " +
+                                      rows.ToString()));
+  }
 
   if (options_.durable && store_ != nullptr) {
     Status s = WriteDurable(options_.durable_sync == SyncMode::kSync);
@@ -116,12 +131,13 @@ Status Shard::ValidatePush(const RequestHeader& req,
                            const std::vector<ByteView>& data) {
   pending_.clear();
   ++stamp_;
-  if (data.size() != req.chunks.size()) {
+  if (data.size() != req.chunks.size() + 2 * req.rows.size()) {
     return Reject(RejectReason::kSizeMismatch,
                   Status::InvalidArgument(
                       "push carries " + std::to_string(data.size()) +
                       " data frames for " + std::to_string(req.chunks.size()) +
-                      " chunk refs"));
+                      " chunk refs and " + std::to_string(req.rows.size()) +
+                      " row refs (2 frames each)"));
   }
   if (frame_stamp_.size() < data.size()) frame_stamp_.resize(data.size(), 0);
   const size_t num_chunks = layout_->chunks().size();
@@ -246,7 +262,7 @@ Status Shard::ValidatePush(const RequestHeader& req,
     }
     pending_.push_back(p);
   }
-  return Status::OK();
+  return ValidateSparsePush(req, data);
 }
 
 void Shard::ApplyPending(int rank, float lr_scale) {
@@ -304,8 +320,13 @@ Status Shard::ApplyBspRound() {
     ++c.version;
     touched_.push_back(&c);
   }
-  if (touched_.empty()) return Status::OK();
+  const bool rows = sparse_ && sparse_->HasRoundSums();
+  if (touched_.empty() && !rows) return Status::OK();
   ++shard_version_;
+  if (rows) {
+    RETURN_IF_ERROR(sparse_->ApplyRound(bsp_round_ - 1, ScheduleScale(),
+                                        options_.durable && store_ != nullptr));
+  }
   if (options_.durable && store_ != nullptr) {
     // Written before any pull of the next round is answered.
     return WriteDurable(options_.durable_sync == SyncMode::kSync);

@@ -41,6 +41,7 @@ struct Shard::PendingGrad {
 struct Shard::ParkedPull {
   std::string peer;
   RequestHeader req;
+  std::vector<ByteView> data;  // keys of sparse rows (kept alive here)
 };
 
 }  // namespace asyncps::server

@@ -26,7 +26,7 @@
 #include <memory>
 #include <vector>
 
-#include "server/sparse/flat_index.h"
+#include "common/flat_index.h"
 
 namespace asyncps::server::sparse {
 

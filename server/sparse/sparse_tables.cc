@@ -84,11 +84,18 @@ SparseTables::SparseTables(const SparseOptions& options,
 
 SparseTables::~SparseTables() = default;
 
-void SparseTables::BeginRequest() { request_keys_ = 0; }
+void SparseTables::BeginRequest() {
+  request_keys_ = 0;
+  request_reply_bytes_ = 0;
+}
 
 Status SparseTables::Check(uint32_t table, const uint64_t* keys, size_t n,
-                           const float* rows) {
+                           const float* rows, CheckFailure* why) {
+  CheckFailure ignored;
+  if (why == nullptr) why = &ignored;
+  *why = CheckFailure::kNone;
   if (table >= tables_.size()) {
+    *why = CheckFailure::kUnknownTable;
     return Status::NotFound("unknown table " + std::to_string(table) + " (" +
                             std::to_string(tables_.size()) +
                             " tables registered)");
@@ -96,6 +103,7 @@ Status SparseTables::Check(uint32_t table, const uint64_t* keys, size_t n,
   const TableSpec& spec = specs_[table];
   // request_keys_ <= the limit, so this cannot overflow.
   if (n > options_.max_keys_per_request - request_keys_) {
+    *why = CheckFailure::kTooLarge;
     return Status::InvalidArgument(
         "request names more than " +
         std::to_string(options_.max_keys_per_request) +
@@ -104,12 +112,24 @@ Status SparseTables::Check(uint32_t table, const uint64_t* keys, size_t n,
         "): split it");
   }
   request_keys_ += n;
+  if (rows == nullptr) {
+    const uint64_t bytes = uint64_t{n} * spec.dim * sizeof(float);
+    if (bytes > options_.max_reply_bytes - request_reply_bytes_) {
+      *why = CheckFailure::kTooLarge;
+      return Status::ResourceExhausted(
+          "pull of " + std::to_string(n) + " rows of table '" + spec.name +
+          "' would make a reply of more than " +
+          std::to_string(options_.max_reply_bytes) + " bytes: split it");
+    }
+    request_reply_bytes_ += bytes;
+  }
   const uint64_t h = tables_[table]->name_hash();
   seen_.Clear();
   seen_.Reserve(n);
   for (size_t i = 0; i < n; ++i) {
     const uint64_t key = keys[i];
     if (!seen_.Insert(key)) {
+      *why = CheckFailure::kDuplicateKey;
       return Status::InvalidArgument("table '" + spec.name + "': key " +
                                      std::to_string(key) +
                                      " appears twice in one request");
@@ -117,6 +137,7 @@ Status SparseTables::Check(uint32_t table, const uint64_t* keys, size_t n,
     if (options_.num_shards > 1) {
       const int owner = ShardOfKeyHashed(h, key, options_.num_shards);
       if (owner != options_.shard_id) {
+        *why = CheckFailure::kWrongShard;
         return Status::InvalidArgument(
             "table '" + spec.name + "': key " + std::to_string(key) +
             " belongs to shard " + std::to_string(owner) + ", not " +
@@ -127,6 +148,7 @@ Status SparseTables::Check(uint32_t table, const uint64_t* keys, size_t n,
   if (rows != nullptr && !internal::AllFinite(rows, n * spec.dim)) {
     for (size_t i = 0; i < n; ++i) {
       if (!internal::AllFinite(rows + i * spec.dim, spec.dim)) {
+        *why = CheckFailure::kNonFinite;
         return Status::InvalidArgument(
             "table '" + spec.name + "': the row of key " +
             std::to_string(keys[i]) + " contains NaN or Inf");

@@ -43,7 +43,7 @@
 
 #include "common/sparse_table.h"
 #include "common/status.h"
-#include "server/sparse/flat_index.h"
+#include "common/flat_index.h"
 #include "server/sparse/sparse_table.h"
 #include "server/store.h"
 
@@ -59,9 +59,22 @@ struct SparseOptions {
   // Most keys one request may name on this shard, over all its tables
   // (a larger request is InvalidArgument, nothing applied). Default: 256 Ki.
   size_t max_keys_per_request = size_t{1} << 18;
+  // Most bytes of fp32 rows one pull may ask for on this shard, over all its
+  // tables (the reply's size before any codec). Default: 256 MiB.
+  uint64_t max_reply_bytes = uint64_t{256} << 20;
   // Size of the write batches a checkpoint flushes dirty rows in, bytes.
   // Default: 16 MiB.
   size_t checkpoint_batch_bytes = size_t{16} << 20;
+};
+
+// Why SparseTables::Check refused a request.
+enum class CheckFailure : uint8_t {
+  kNone = 0,
+  kUnknownTable,
+  kTooLarge,  // more keys, or a bigger reply, than the limits allow
+  kDuplicateKey,
+  kWrongShard,
+  kNonFinite,
 };
 
 class SparseTables {
@@ -82,10 +95,12 @@ class SparseTables {
   // Starts a request: resets duplicate detection and the key count.
   void BeginRequest();
   // Checks one table's part of the request started last (see the header
-  // comment); `rows` may be null (pulls). InvalidArgument / NotFound naming
-  // the table and the first bad key or row.
+  // comment); `rows` is null for pulls, whose reply size is also checked.
+  // InvalidArgument / NotFound / ResourceExhausted naming the table and the
+  // first bad key or row.
   [[nodiscard]] Status Check(uint32_t table, const uint64_t* keys, size_t n,
-                             const float* rows);
+                             const float* rows,
+                             CheckFailure* why = nullptr);
   // Current values of keys (checked) into out (n x dim).
   [[nodiscard]] Status Read(uint32_t table, const uint64_t* keys, size_t n,
                             float* out);
@@ -154,6 +169,7 @@ class SparseTables {
   // The request in progress.
   KeySet seen_;  // duplicate detection, per table: key ^ table salt
   size_t request_keys_ = 0;
+  uint64_t request_reply_bytes_ = 0;
   // Durable pushes: pinned entries, per table.
   std::vector<std::vector<uint32_t>> touched_;
   std::vector<std::vector<uint32_t>> touched_counters_;

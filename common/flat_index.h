@@ -1,5 +1,6 @@
 // FlatIndex: an open-addressing hash map from uint64 keys to uint32 slot
-// numbers, the index of the sparse-row cache.
+// numbers (the index of the shard's sparse-row cache, the client's key
+// de-duplication), and KeySet, a set of keys for duplicate detection.
 //
 // Linear probing over a power-of-two array of (key, slot) pairs kept at most
 // half full; erase shifts the following entries back (no tombstones), so
@@ -10,14 +11,14 @@
 // Memory: memory_bytes() = 16 bytes x capacity; the array doubles when an
 // insert would pass half full and never shrinks below what was reached.
 //
-// Thread safety: none (owned by one shard's event loop).
+// Thread safety: none.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
-namespace asyncps::server::sparse {
+namespace asyncps {
 
 class FlatIndex {
  public:
@@ -186,4 +187,4 @@ class KeySet {
   size_t size_ = 0;
 };
 
-}  // namespace asyncps::server::sparse
+}  // namespace asyncps
