@@ -1,5 +1,6 @@
 #include "server/sparse/sparse_table.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/hash.h"
@@ -250,28 +251,55 @@ void SparseTable::Release(bool counter, uint32_t slot, bool clean) {
   if (clean) m.flags &= ~EntryMeta::kDirty;
 }
 
-bool SparseTable::EvictOne(StoreBatch* batch) {
+void SparseTable::SortByKey(bool counter, std::vector<uint32_t>* slots) const {
+  slots->erase(std::remove(slots->begin(), slots->end(), RowCache::kNone),
+               slots->end());
+  if (slots->empty()) return;
+  const RowCache& cache = counter ? *admission_ : rows_;
+  std::sort(slots->begin(), slots->end(), [&](uint32_t a, uint32_t b) {
+    return cache.meta(a).key < cache.meta(b).key;
+  });
+}
+
+void SparseTable::AddRecords(bool counter, std::vector<uint32_t>* slots,
+                             StoreBatch* batch) {
+  SortByKey(counter, slots);
+  for (uint32_t s : *slots) AddRecord(counter, s, batch);
+}
+
+size_t SparseTable::Evict(size_t max, StoreBatch* batch) {
   // Admission counters go first when they take more memory than rows.
   RowCache* order[2] = {&rows_, admission_.get()};
   if (admission_ && admission_->bytes() > rows_.bytes())
     std::swap(order[0], order[1]);
+  const bool can_write = store_ != nullptr && batch != nullptr;
+  size_t evicted = 0;
   for (RowCache* cache : order) {
-    if (cache == nullptr) continue;
-    const uint32_t v = cache->NextVictim();
-    if (v == RowCache::kNone) continue;
-    if (cache->meta(v).flags & EntryMeta::kDirty) {
-      if (store_ != nullptr && batch != nullptr) {
-        AddRecord(cache == admission_.get(), v, batch);
-        ++counters_stats_.write_backs;
-      } else {
-        continue;  // nowhere to write it: keep it
+    if (cache == nullptr || evicted >= max) continue;
+    const bool counter = cache == admission_.get();
+    std::vector<uint32_t>& victims = victims_[counter ? 1 : 0];
+    victims.clear();
+    dirty_.clear();
+    // Victims are pinned while collected, so the hand passes them by.
+    while (evicted + victims.size() < max) {
+      const uint32_t v = cache->NextVictim();
+      if (v == RowCache::kNone) break;
+      EntryMeta& m = cache->meta(v);
+      if ((m.flags & EntryMeta::kDirty) && !can_write) {
+        m.flags |= EntryMeta::kRef;  // nowhere to write it: keep it
+        break;
       }
+      m.flags |= EntryMeta::kPinned;
+      victims.push_back(v);
+      if (m.flags & EntryMeta::kDirty) dirty_.push_back(v);
     }
-    cache->Remove(v);
-    ++counters_stats_.evictions;
-    return true;
+    counters_stats_.write_backs += dirty_.size();
+    if (!dirty_.empty()) AddRecords(counter, &dirty_, batch);
+    for (uint32_t v : victims) cache->Remove(v);
+    evicted += victims.size();
   }
-  return false;
+  counters_stats_.evictions += evicted;
+  return evicted;
 }
 
 void SparseTable::MarkAllClean() {

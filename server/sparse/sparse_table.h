@@ -95,12 +95,20 @@ class SparseTable {
 
   // Puts the record of an entry into `batch`.
   void AddRecord(bool counter, uint32_t slot, StoreBatch* batch);
+  // Puts the records of several entries into `batch` in key order (RocksDB
+  // inserts sorted keys into its memtable much faster). Reorders `slots`;
+  // skips RowCache::kNone.
+  void AddRecords(bool counter, std::vector<uint32_t>* slots,
+                  StoreBatch* batch);
+  // Sorts entries by key and drops RowCache::kNone.
+  void SortByKey(bool counter, std::vector<uint32_t>* slots) const;
   // Clears the pinned flag (and the dirty flag when `clean`) of an entry.
   void Release(bool counter, uint32_t slot, bool clean);
 
-  // Evicts one entry (a dirty one is put into `batch` first). Returns false
-  // when nothing is evictable.
-  bool EvictOne(StoreBatch* batch);
+  // Evicts up to `max` entries in CLOCK order (dirty ones are put into
+  // `batch` first, in key order). Returns how many; 0 when nothing is
+  // evictable (all pinned, or dirty with no store to write them to).
+  size_t Evict(size_t max, StoreBatch* batch);
 
   // Calls fn(counter, slot) for every dirty entry.
   template <typename F>
@@ -164,6 +172,8 @@ class SparseTable {
   std::vector<EncodedKey> miss_keys_;
   std::vector<std::string_view> miss_views_;
   std::vector<uint32_t> miss_index_;
+  std::vector<uint32_t> victims_[2];  // rows, counters
+  std::vector<uint32_t> dirty_;
 };
 
 }  // namespace asyncps::server::sparse

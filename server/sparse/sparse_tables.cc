@@ -227,10 +227,10 @@ Status SparseTables::ApplyRound(int64_t round, float lr_scale, bool durable) {
 
 void SparseTables::AddDurable(StoreBatch* batch) {
   for (size_t t = 0; t < tables_.size(); ++t) {
-    for (uint32_t s : touched_[t]) tables_[t]->AddRecord(false, s, batch);
-    for (uint32_t s : touched_counters_[t]) {
-      if (s != RowCache::kNone) tables_[t]->AddRecord(true, s, batch);
-    }
+    sorted_ = touched_[t];
+    tables_[t]->AddRecords(false, &sorted_, batch);
+    sorted_ = touched_counters_[t];
+    tables_[t]->AddRecords(true, &sorted_, batch);
   }
 }
 
@@ -257,18 +257,25 @@ void SparseTables::CommitDurable(bool ok) {
 }
 
 Status SparseTables::FlushForCheckpoint(StoreBatch* batch) {
-  Status st;
   for (auto& t : tables_) {
-    t->ForEachDirty([&](bool counter, uint32_t slot) {
-      if (!st.ok()) return;
-      t->AddRecord(counter, slot, batch);
-      if (batch->bytes() >= options_.checkpoint_batch_bytes) {
-        st = store_->Write({}, batch, SyncMode::kNoSync, WriteKind::kPartial);
-        batch->Clear();
+    for (bool counter : {false, true}) {
+      sorted_.clear();
+      t->ForEachDirty([&](bool c, uint32_t slot) {
+        if (c == counter) sorted_.push_back(slot);
+      });
+      t->SortByKey(counter, &sorted_);
+      // Full batches go out as partial writes; the rest is the caller's.
+      for (uint32_t slot : sorted_) {
+        t->AddRecord(counter, slot, batch);
+        if (batch->bytes() >= options_.checkpoint_batch_bytes) {
+          Status st =
+              store_->Write({}, batch, SyncMode::kNoSync, WriteKind::kPartial);
+          batch->Clear();
+          RETURN_IF_ERROR(st.WithContext("checkpoint of table '" +
+                                         t->spec().name + "'"));
+        }
       }
-    });
-    RETURN_IF_ERROR(st.WithContext("checkpoint of table '" + t->spec().name +
-                                   "'"));
+    }
   }
   return Status::OK();
 }
@@ -294,10 +301,7 @@ Status SparseTables::Enforce() {
       if (tables_[i]->cache_bytes() > tables_[biggest]->cache_bytes())
         biggest = i;
     }
-    SparseTable& t = *tables_[biggest];
-    int evicted = 0;
-    while (evicted < 64 && t.EvictOne(writeback_.get())) ++evicted;
-    if (evicted == 0) break;  // everything pinned
+    if (tables_[biggest]->Evict(256, writeback_.get()) == 0) break;
     used = cache_bytes();
   }
   if (writeback_->count() == 0) return Status::OK();

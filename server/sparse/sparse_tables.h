@@ -173,7 +173,7 @@ class SparseTables {
   // Durable pushes: pinned entries, per table.
   std::vector<std::vector<uint32_t>> touched_;
   std::vector<std::vector<uint32_t>> touched_counters_;
-  std::vector<float> scratch_;
+  std::vector<uint32_t> sorted_;
   uint64_t write_errors_ = 0;
 };
 
