@@ -27,11 +27,12 @@ if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   cmake -S . -B "$SAN" -DCMAKE_BUILD_TYPE=Debug -DASYNCPS_ENABLE_CUDA=OFF \
     -DASYNCPS_SANITIZE=address,undefined
   cmake --build "$SAN" -j"$JOBS" --target compression_test common_test \
-    server_test client_test server_integration_test net_fuzz_test ps_server ps_ctl
+    server_test sparse_test client_test rows_plan_test server_integration_test \
+    net_fuzz_test ps_server ps_ctl
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
   export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
   ctest --test-dir "$SAN" --output-on-failure -j"$JOBS" --timeout 300 \
-    -R '^(Codec|Spec|TopK|Compressor|Corruption|Wire|Layout|Status|Transport|Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client|NetFuzz)'
+    -R '^(Codec|Spec|TopK|Compressor|Corruption|Wire|Layout|Status|Transport|Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client|NetFuzz|Sparse|FlatIndex|RowCache|RowsPlan|Store)'
   echo "run_tests: ASan+UBSan stage took ${SECONDS} s"
 
 fi
