@@ -107,6 +107,7 @@ Status Shard::HandlePush(const RequestHeader& req,
   if (!rows.ok()) {
     LOG(ERROR) << "push " << req.id << " from rank " << rank
                << ": sparse rows: " << rows.ToString();
+    sparse_->CommitDurable(false);  // unpin: the rows stay dirty in memory
     return Reject(RejectReason::kStore,
                   Status::Unavailable("push applied in memory but a row "
                                       "write-back failed: " +
@@ -324,8 +325,12 @@ Status Shard::ApplyBspRound() {
   if (touched_.empty() && !rows) return Status::OK();
   ++shard_version_;
   if (rows) {
-    RETURN_IF_ERROR(sparse_->ApplyRound(bsp_round_ - 1, ScheduleScale(),
-                                        options_.durable && store_ != nullptr));
+    Status s = sparse_->ApplyRound(bsp_round_ - 1, ScheduleScale(),
+                                   options_.durable && store_ != nullptr);
+    if (!s.ok()) {
+      sparse_->CommitDurable(false);  // unpin: the rows stay dirty in memory
+      return s;
+    }
   }
   if (options_.durable && store_ != nullptr) {
     // Written before any pull of the next round is answered.

@@ -419,3 +419,37 @@ TEST(ShardSparseTest, DurableRowsSurviveARestartCheckpointedOnesToo) {
 
 }  // namespace
 }  // namespace asyncps::server
+
+namespace asyncps::server {
+namespace {
+
+// A store that fails while rows are written: the push gets an error, and
+// its rows are not left pinned (they are evicted once writes work again).
+TEST(ShardSparseTest, FailedWritesLeaveNoRowPinned) {
+  MemStore store;
+  ShardOptions o = Opts();
+  o.durable = true;
+  o.sparse.cache_bytes = 4096;
+  Sparse s(o, &store);
+  auto keys = [](uint64_t from, uint64_t n) {
+    std::vector<uint64_t> k;
+    for (uint64_t i = 0; i < n; ++i) k.push_back((from + i) * 7919);
+    return k;
+  };
+  std::vector<float> g(64 * 4, 0.5f);
+  store.FailWrites(true);
+  // The durable write fails: rows stay dirty, unpinned.
+  EXPECT_FALSE(s.PushRows(0, 0, keys(0, 64), g).status.ok());
+  // Evicting those dirty rows fails: this push's rows must not stay pinned.
+  EXPECT_FALSE(s.PushRows(0, 1, keys(1000, 64), g).status.ok());
+  store.FailWrites(false);
+  ASSERT_TRUE(s.shard->Checkpoint().ok());
+  for (int i = 0; i < 4; ++i)
+    ASSERT_TRUE(s.PushRows(0, 2 + i, keys(5000 + 64 * i, 64), g).status.ok());
+  // Only the last push's rows (pinned while it ran) may exceed the budget;
+  // rows left pinned by the failed push would still be here.
+  EXPECT_LE(s.shard->sparse_tables()->table(0).cache_rows(), 64u);
+}
+
+}  // namespace
+}  // namespace asyncps::server
