@@ -95,6 +95,8 @@ def main():
     ap.add_argument("--overhead_mib", type=int, default=320,
                     help="stated overhead over the cache budget: RocksDB "
                          "block cache 64 + write buffers 2 x 64 + baseline")
+    ap.add_argument("--reuse_data", action="store_true",
+                    help="keep train/test files of an earlier run in --work")
     ap.add_argument("--quick", action="store_true",
                     help="tiny run for CI: 60000 examples, 4 MiB cache")
     a = ap.parse_args()
@@ -114,12 +116,14 @@ def main():
         subprocess.run(["rm", "-rf", p], check=True)
 
     t0 = time.time()
-    subprocess.run([os.path.join(bins, "ps_criteo_gen"), "--train=" + train,
-                    "--test=" + test, "--train_examples=%d" % a.examples,
-                    "--test_examples=%d" % a.test_examples,
-                    "--vocab=%d" % a.vocab, "--zipf=%g" % a.zipf,
-                    "--stats_json=" + planted],
-                   check=True, stdout=subprocess.DEVNULL)
+    if not (a.reuse_data and os.path.exists(planted) and
+            os.path.exists(test)):
+        subprocess.run([os.path.join(bins, "ps_criteo_gen"), "--train=" + train,
+                        "--test=" + test, "--train_examples=%d" % a.examples,
+                        "--test_examples=%d" % a.test_examples,
+                        "--vocab=%d" % a.vocab, "--zipf=%g" % a.zipf,
+                        "--stats_json=" + planted],
+                       check=True, stdout=subprocess.DEVNULL)
     gen_s = time.time() - t0
 
     procs = []
