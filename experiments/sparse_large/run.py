@@ -91,6 +91,10 @@ def main():
     ap.add_argument("--cache_mib", type=int, default=512)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--max_steps", type=int, default=0,
+                    help="steps per worker (0: one pass over its lines)")
+    ap.add_argument("--checkpoint_s", type=int, default=600,
+                    help="ps_server --checkpoint_every_s")
     ap.add_argument("--min_ratio", type=float, default=10.0)
     ap.add_argument("--overhead_mib", type=int, default=320,
                     help="stated overhead over the cache budget: RocksDB "
@@ -148,7 +152,8 @@ def main():
          "--consistency=ssp", "--staleness=2", "--optimizer=adam",
          "--lr=0.003", "--db_path=" + db, "--ready_file=" + ready,
          "--embedding_cache_bytes=%d" % (a.cache_mib * MIB),
-         "--checkpoint_every_s=120", "--worker_timeout_s=120"],
+         "--checkpoint_every_s=%d" % a.checkpoint_s,
+         "--worker_timeout_s=600"],
         stdout=server_log, stderr=subprocess.STDOUT)
     procs.append(server)
     try:
@@ -167,7 +172,8 @@ def main():
                     "--rank=%d" % r, "--num_workers=%d" % a.workers,
                     "--train=" + train, "--batch=%d" % a.batch,
                     "--factor_dim=%d" % a.factor_dim, "--log_every=200",
-                    "--timeout_s=600", "--metrics_csv=" +
+                    "--max_steps=%d" % a.max_steps,
+                    "--timeout_s=1200", "--metrics_csv=" +
                     os.path.join(out, "metrics%d.csv" % r)]
             if r == 0:
                 args += ["--test=" + test, "--planted_json=" + planted]
