@@ -5,8 +5,8 @@
 // of fixed-size float records: a bloom filter per SST (whole keys; also in
 // the memtable), partitioned index and filter blocks kept in a bounded block
 // cache (so a table of 50 M rows does not pin its filters in memory), hash
-// index inside data blocks, a hashed memtable, and no compression (random
-// floats do not compress; compressing costs CPU on every read and write).
+// index inside data blocks, and no compression (random floats do not
+// compress; compressing costs CPU on every read and write).
 //
 // Preserved cuts (see store.h): the mark is the key "partial" of the column
 // family "asyncps.meta"; the preserved copy is a RocksDB checkpoint (hard
@@ -17,10 +17,8 @@
 #include <rocksdb/compaction_filter.h>
 #include <rocksdb/db.h>
 #include <rocksdb/filter_policy.h>
-#include <rocksdb/memtablerep.h>
 #include <rocksdb/options.h>
 #include <rocksdb/slice.h>
-#include <rocksdb/slice_transform.h>
 #include <rocksdb/table.h>
 #include <rocksdb/utilities/checkpoint.h>
 #include <rocksdb/write_batch.h>
@@ -330,15 +328,10 @@ class RocksDbStore final : public Store {
     cf.level_compaction_dynamic_level_bytes = true;
     cf.memtable_whole_key_filtering = true;
     cf.memtable_prefix_bloom_size_ratio = 0.02;
-    // Records are read and written by whole key, never scanned: a hashed
-    // memtable (buckets of the first 8 key bytes: the whole row key) inserts
-    // and finds in O(1) where the default skiplist costs ~20 key comparisons
-    // per write (flushes sort it, on RocksDB's background thread).
-    cf.prefix_extractor.reset(rocksdb::NewCappedPrefixTransform(8));
-    // One bucket (8 bytes) per ~512 bytes of write buffer: the array stays a
-    // small fraction of the memtable.
-    cf.memtable_factory.reset(rocksdb::NewHashLinkListRepFactory(
-        std::max<size_t>(1024, options_.write_buffer_bytes / 512)));
+    // The memtable stays RocksDB's skiplist: a hashed one (HashLinkList,
+    // whole-key buckets) inserts faster on the shard's thread but must be
+    // sorted when flushed, and on a busy machine writes then stop behind a
+    // starved flush thread; write-backs arrive sorted by key instead.
     rocksdb::BlockBasedTableOptions t;
     t.block_cache = block_cache_;
     t.filter_policy.reset(
@@ -364,9 +357,6 @@ class RocksDbStore final : public Store {
     o.max_open_files = 256;
     o.max_background_jobs = 2;
     o.bytes_per_sync = 1 << 20;
-    // The hashed memtables of the key spaces take one writer at a time (the
-    // shard's thread is the only writer anyway).
-    o.allow_concurrent_memtable_write = false;
     std::vector<std::string> names;
     rocksdb::Status ls =
         rocksdb::DB::ListColumnFamilies(o, options_.path, &names);
