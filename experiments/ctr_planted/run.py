@@ -23,8 +23,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # (vocab, train examples, epochs)
-FULL = [(10, 100000, 4), (1000, 1000000, 3), (100000, 2000000, 2),
-        (10000000, 2000000, 1)]
+FULL = [(10, 100000, 4), (1000, 400000, 3), (100000, 1000000, 2)]
 QUICK = [(10, 60000, 3)]
 
 

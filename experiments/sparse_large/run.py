@@ -254,8 +254,10 @@ def main():
                 " ".join(sys.argv[1:]))
         f.write("| figure | value |\n|---|---|\n")
         for k, v in [
-                ("examples x workers", "%d x %d (batch %d)" %
-                 (a.examples, a.workers, a.batch)),
+                ("examples trained", "%d (%d workers, batch %d, from a file "
+                 "of %d)" % (a.max_steps * a.batch * a.workers
+                             if a.max_steps else a.examples, a.workers,
+                             a.batch, a.examples)),
                 ("row", "%d floats + AdaGrad state" % (1 + a.factor_dim)),
                 ("rows stored", "{:,}".format(t["admitted"])),
                 ("table (rows x %d B cached)" % row_bytes,
