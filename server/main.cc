@@ -9,7 +9,6 @@
 // checkpoint.
 #include <gflags/gflags.h>
 #include <glog/logging.h>
-#include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
 
@@ -227,15 +226,6 @@ int main(int argc, char** argv) {
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
   if (argc > 1) BadFlag(std::string("unexpected argument '") + argv[1] + "'");
-
-  // Memory: blocks of 1 MiB and more (pull replies, write batches, received
-  // messages) are mapped and returned to the system when freed, instead of
-  // glibc's default of raising that threshold to the largest block freed so
-  // far and keeping such blocks in the heap; and RocksDB's threads share a
-  // few malloc arenas. So the shard's resident size follows what it holds
-  // (the embedding cache, RocksDB's caches) rather than its peak traffic.
-  mallopt(M_MMAP_THRESHOLD, 1 << 20);
-  mallopt(M_ARENA_MAX, 4);
 
   // Signals are taken by a dedicated thread (sigtimedwait): no global flag.
   sigset_t sigs;
