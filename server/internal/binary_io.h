@@ -29,6 +29,7 @@ class Reader {
   }
   bool GetBytes(void* dst, size_t n) {
     if (s_.size() < n) return false;
+    if (n == 0) return true;  // dst may be null (an empty vector's data())
     std::memcpy(dst, s_.data(), n);
     s_.remove_prefix(n);
     return true;
