@@ -90,6 +90,20 @@ class Heartbeater {
   bool stop_ = false;  // GUARDED_BY(mu_)
 };
 
+internal::RowsInput Input(const RowsPush& r) {
+  return {r.table, r.keys, r.n, r.grads, nullptr};
+}
+internal::RowsInput Input(const RowsPull& r) {
+  return {r.table, r.keys, r.n, nullptr, r.out};
+}
+template <typename Rows>
+std::vector<internal::RowsInput> Inputs(const std::vector<Rows>& rows) {
+  std::vector<internal::RowsInput> in;
+  in.reserve(rows.size());
+  for (const Rows& r : rows) in.push_back(Input(r));
+  return in;
+}
+
 class ClientImpl : public Client {
  public:
   explicit ClientImpl(const ClientOptions& o)
@@ -162,14 +176,8 @@ class ClientImpl : public Client {
     if (!layout_) return Status::FailedPrecondition("push before Register()");
     internal::RowsPlan plan;
     if (!rows.empty()) {
-      std::vector<internal::RowsInput> in(rows.size());
-      for (size_t i = 0; i < rows.size(); ++i) {
-        in[i].table = rows[i].table;
-        in[i].keys = rows[i].keys;
-        in[i].n = rows[i].n;
-        in[i].grads = rows[i].grads;
-      }
-      RETURN_IF_ERROR(plan.Build(tables_, num_shards(), in, /*push=*/true));
+      RETURN_IF_ERROR(
+          plan.Build(tables_, num_shards(), Inputs(rows), /*push=*/true));
     }
     std::vector<std::vector<size_t>> by_shard(num_shards());
     for (size_t i = 0; i < chunks.size(); ++i) {
@@ -228,15 +236,9 @@ class ClientImpl : public Client {
     if (!layout_) return Status::FailedPrecondition("pull before Register()");
     std::shared_ptr<internal::RowsPlan> plan;
     if (!rows.empty()) {
-      std::vector<internal::RowsInput> in(rows.size());
-      for (size_t i = 0; i < rows.size(); ++i) {
-        in[i].table = rows[i].table;
-        in[i].keys = rows[i].keys;
-        in[i].n = rows[i].n;
-        in[i].out = rows[i].out;
-      }
       plan = std::make_shared<internal::RowsPlan>();
-      RETURN_IF_ERROR(plan->Build(tables_, num_shards(), in, /*push=*/false));
+      RETURN_IF_ERROR(
+          plan->Build(tables_, num_shards(), Inputs(rows), /*push=*/false));
     }
     const bool dense = !tensors.empty() || rows.empty();
     if (dense && tensors.size() != layout_->tensors().size()) {
@@ -668,6 +670,18 @@ class ClientImpl : public Client {
 };
 
 }  // namespace
+
+std::vector<std::string> ParseEndpoints(const std::string& list) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    size_t comma = list.find(',', pos);
+    if (comma == std::string::npos) comma = list.size();
+    if (comma > pos) out.push_back(list.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  return out;
+}
 
 StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {
   auto c = std::make_unique<ClientImpl>(options);

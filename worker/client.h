@@ -93,6 +93,9 @@ struct TicketResult {
   bool created = false;         // register: some shard created the tensors
 };
 
+// Splits a comma-separated list of shard endpoints (empty items dropped).
+std::vector<std::string> ParseEndpoints(const std::string& list);
+
 class Client {
  public:
   using Ticket = uint64_t;

@@ -8,7 +8,6 @@
 #include <glog/logging.h>
 
 #include <cstdio>
-#include <sstream>
 
 #include "compression/codec.h"
 #include "worker/backend.h"
@@ -87,18 +86,8 @@ namespace {
 using namespace asyncps;
 using namespace asyncps::worker;
 
-std::vector<std::string> Split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
 Status Main() {
-  std::vector<std::string> servers = Split(FLAGS_servers);
+  std::vector<std::string> servers = ParseEndpoints(FLAGS_servers);
   if (servers.empty())
     return Status::InvalidArgument(
         "--servers is required (comma-separated endpoints)");

@@ -17,7 +17,6 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "worker/client.h"
 #include "worker/ctr/ctr_trainer.h"
@@ -56,19 +55,9 @@ using namespace asyncps;               // NOLINT: tool main
 using namespace asyncps::worker;       // NOLINT
 using namespace asyncps::worker::ctr;  // NOLINT
 
-std::vector<std::string> SplitList(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
 Status Main() {
   ClientOptions co;
-  co.servers = SplitList(FLAGS_servers);
+  co.servers = ParseEndpoints(FLAGS_servers);
   if (co.servers.empty()) return Status::InvalidArgument("--servers is required");
   if (FLAGS_train.empty()) return Status::InvalidArgument("--train is required");
   if (FLAGS_num_workers < 1 || FLAGS_rank < 0 ||
