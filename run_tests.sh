@@ -44,9 +44,9 @@ if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   TSAN="$BUILD-tsan"
   cmake -S . -B "$TSAN" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DASYNCPS_ENABLE_CUDA=OFF \
     -DASYNCPS_SANITIZE=thread
-  cmake --build "$TSAN" -j"$JOBS" --target server_test client_test
+  cmake --build "$TSAN" -j"$JOBS" --target server_test client_test sparse_test rows_plan_test
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp" \
     ctest --test-dir "$TSAN" --output-on-failure -j"$JOBS" --timeout 300 \
-    -R '^(Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client)'
+    -R '^(Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client|Sparse|RowCache|RowsPlan|Store)'
   echo "run_tests: TSan stage took ${SECONDS} s"
 fi
