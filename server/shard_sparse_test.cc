@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
 
 #include "compression/codec.h"
 #include "server/internal/test_util.h"
@@ -449,6 +450,85 @@ TEST(ShardSparseTest, FailedWritesLeaveNoRowPinned) {
   // Only the last push's rows (pinned while it ran) may exceed the budget;
   // rows left pinned by the failed push would still be here.
   EXPECT_LE(s.shard->sparse_tables()->table(0).cache_rows(), 64u);
+}
+
+}  // namespace
+}  // namespace asyncps::server
+
+namespace asyncps::server {
+namespace {
+
+// Hostile row refs: valid pushes and pulls of rows with one random mutation
+// (table, frame index, count, codec, frame size, a repeated key, NaN, huge
+// counts) never crash the shard, and a push changes rows only when it is
+// accepted whole.
+TEST(ShardSparseTest, MutatedRowRefsNeverCrashOrHalfApply) {
+  Sparse s(Opts());
+  std::mt19937_64 rng(99);
+  std::vector<uint64_t> probe = {0, 1, 2, 3, 4, 5, 6, 7};
+  int applied = 0, rejected = 0;
+  for (int it = 0; it < 3000; ++it) {
+    const bool push = rng() % 3 != 0;
+    std::vector<uint64_t> keys;
+    for (uint64_t k = 0; k < 8; ++k) {
+      if (rng() % 2) keys.push_back(k);
+    }
+    if (keys.empty()) keys.push_back(rng() % 8);
+    std::vector<float> rows(keys.size() * 4);
+    for (float& x : rows) x = 0.001f * static_cast<float>(rng() % 100);
+    RequestHeader r = push ? s.Push(0, it, {}, {}) : s.PullRows(0, it, keys);
+    std::vector<ByteView> data = {Keys(keys)};
+    RowsRef ref;
+    ref.keys_frame = 1;
+    ref.num_keys = keys.size();
+    if (push) {
+      data.push_back(Floats(rows));
+      ref.rows_frame = 2;
+    }
+    const bool mutate = rng() % 4 != 0;
+    if (mutate) {
+      switch (rng() % 9) {
+        case 0: ref.table = 1 + rng() % 5; break;
+        case 1: ref.keys_frame = static_cast<uint32_t>(rng() % 4); break;
+        case 2: ref.rows_frame = static_cast<uint32_t>(rng() % 4); break;
+        case 3: ref.num_keys = rng() % 2 ? rng() : ref.num_keys + 1; break;
+        case 4: ref.codec = static_cast<uint8_t>(1 + rng() % 12); break;
+        case 5: data.push_back(Floats({1.0f})); break;  // a frame too many
+        case 6:  // a repeated key
+          keys.push_back(keys[0]);
+          rows.resize(keys.size() * 4, 0.5f);
+          data[0] = Keys(keys);
+          if (push) data[1] = Floats(rows);
+          ref.num_keys = keys.size();
+          break;
+        case 7:  // NaN (pushes), or a truncated keys frame
+          if (push) {
+            rows[rng() % rows.size()] = NAN;
+            data[1] = Floats(rows);
+          } else {
+            data[0].size -= 1 + rng() % 8;
+          }
+          break;
+        case 8: ref.rows_frame = ref.keys_frame; break;
+      }
+    }
+    r.rows = {ref};
+    const std::vector<float> before = s.Read(0, it, probe);
+    auto out = s.Send(r, data);
+    ASSERT_EQ(out.size(), 1u);
+    const bool ok = out[0].header.status.ok();
+    // A codec byte of 0..2 may still make a valid payload-less request
+    // fail; a valid request with no mutation always succeeds.
+    if (!mutate) EXPECT_TRUE(ok) << out[0].header.status.ToString();
+    if (ok && push) ++applied;
+    if (!ok) {
+      ++rejected;
+      EXPECT_EQ(s.Read(0, it, probe), before) << "iteration " << it;
+      EXPECT_TRUE(out[0].frames.empty());
+    }
+  }
+  EXPECT_GT(applied, 300);
+  EXPECT_GT(rejected, 1000);
 }
 
 }  // namespace
