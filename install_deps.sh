@@ -14,6 +14,9 @@ PKGS=(
   libopenblas-dev zlib1g-dev nlohmann-json3-dev
   dataset-fashion-mnist
   gnuplot-nox python3 procps iproute2
+  # The Python package (worker/python): built for Debian's python3, which
+  # imports Debian's PyTorch (CPU) and numpy; tests run with pytest.
+  python3-dev pybind11-dev python3-numpy python3-torch python3-pytest
 )
 
 missing=()

@@ -20,19 +20,22 @@ ctest --test-dir "$BUILD" --output-on-failure -j"$JOBS" --timeout 600
 if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   # AddressSanitizer + UndefinedBehaviorSanitizer: the unit tests of common,
   # compression, server and the worker client, plus the server's
-  # multi-process tests and the short network fuzz test (against an ASan
-  # ps_server). ThreadSanitizer: server_test and client_test.
+  # multi-process tests (hostile requests included) and the short network
+  # fuzz tests (malformed bytes; well-formed hostile values beside a real
+  # worker) against an ASan ps_server. ThreadSanitizer: server_test and client_test.
   SECONDS=0
   SAN="$BUILD-asan"
   cmake -S . -B "$SAN" -DCMAKE_BUILD_TYPE=Debug -DASYNCPS_ENABLE_CUDA=OFF \
     -DASYNCPS_SANITIZE=address,undefined
   cmake --build "$SAN" -j"$JOBS" --target compression_test common_test \
     server_test sparse_test client_test rows_plan_test server_integration_test \
-    net_fuzz_test ps_server ps_ctl
+    net_fuzz_test hostile_fuzz_test ps_server ps_ctl ps_worker
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
   export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+  # The structure-aware fuzz (hostile values) against the ASan shard, short.
+  ASYNCPS_HOSTILE_FUZZ_MESSAGES=4000 \
   ctest --test-dir "$SAN" --output-on-failure -j"$JOBS" --timeout 300 \
-    -R '^(Codec|Spec|TopK|Compressor|Corruption|Wire|Layout|Status|Transport|Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client|NetFuzz|Sparse|FlatIndex|RowCache|RowsPlan|Store)'
+    -R '^(Codec|Spec|TopK|Compressor|Corruption|Wire|Layout|Status|Transport|Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client|NetFuzz|PushDedup|ShutdownWatchdog|Hostile|AdminAddress|Sparse|FlatIndex|RowCache|RowsPlan|Store)'
   echo "run_tests: ASan+UBSan stage took ${SECONDS} s"
 
 fi
@@ -47,6 +50,6 @@ if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   cmake --build "$TSAN" -j"$JOBS" --target server_test client_test sparse_test rows_plan_test
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp" \
     ctest --test-dir "$TSAN" --output-on-failure -j"$JOBS" --timeout 300 \
-    -R '^(Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client|Sparse|RowCache|RowsPlan|Store)'
+    -R '^(Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client|PushDedup|ShutdownWatchdog|Sparse|RowCache|RowsPlan|Store)'
   echo "run_tests: TSan stage took ${SECONDS} s"
 fi

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numeric>
+#include <queue>
 #include <unordered_set>
 
 #include "common/hash.h"
@@ -10,9 +12,14 @@
 namespace asyncps {
 
 int64_t TensorSpec::num_elements() const {
+  if (shape.empty()) return 0;
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return shape.empty() ? 0 : n;
+  for (int64_t d : shape) {
+    if (d <= 0) return 0;
+    if (n > INT64_MAX / d) return INT64_MAX;
+    n *= d;
+  }
+  return n;
 }
 
 bool TensorSpec::operator==(const TensorSpec& o) const {
@@ -22,8 +29,11 @@ bool TensorSpec::operator==(const TensorSpec& o) const {
          seed == o.seed;
 }
 
-StatusOr<Layout> Layout::Create(std::vector<TensorSpec> tensors,
-                                const LayoutOptions& options) {
+namespace {
+
+// Validates the specs and options; fills the total element count.
+Status ValidateSpecs(const std::vector<TensorSpec>& tensors,
+                     const LayoutOptions& options, uint64_t* total_elems) {
   if (options.num_shards < 1 || options.num_shards > 4096) {
     return Status::InvalidArgument("num_shards must be in [1, 4096], got " +
                                    std::to_string(options.num_shards));
@@ -61,24 +71,66 @@ StatusOr<Layout> Layout::Create(std::vector<TensorSpec> tensors,
       return Status::InvalidArgument("tensor '" + t.name +
                                      "' has a non-finite init parameter");
     }
-    total += n;
+    total += n;  // <= 2^20 tensors (wire limit) x 2^40: no overflow
   }
+  *total_elems = total;
+  return Status::OK();
+}
 
+// Elements per chunk before equal splitting: small enough that each shard
+// gets >= 8 pieces of the model, so LPT bounds the largest shard by mean +
+// one piece <= 1.125 x mean. One shard needs no balancing: chunks are only
+// capped by chunk_elems.
+uint64_t PieceElems(uint64_t total, const LayoutOptions& options) {
+  const int S = options.num_shards;
+  uint64_t target =
+      S == 1 ? options.chunk_elems
+             : std::max<uint64_t>(1, total / (8 * static_cast<uint64_t>(S)));
+  return std::min<uint64_t>(
+      options.chunk_elems,
+      std::max<uint64_t>(target, std::min<uint64_t>(options.min_chunk_elems,
+                                                    options.chunk_elems)));
+}
+
+}  // namespace
+
+StatusOr<LayoutSize> Layout::Measure(const std::vector<TensorSpec>& tensors,
+                                     const LayoutOptions& options) {
+  LayoutSize size;
+  RETURN_IF_ERROR(ValidateSpecs(tensors, options, &size.total_elems));
+  const uint64_t piece = PieceElems(size.total_elems, options);
+  size.num_tensors = tensors.size();
+  for (const TensorSpec& t : tensors) {
+    const uint64_t n = static_cast<uint64_t>(t.num_elements());
+    size.num_chunks += (n + piece - 1) / piece;
+    size.table_bytes += sizeof(TensorSpec) + t.name.capacity() +
+                        t.shape.size() * sizeof(int64_t) +
+                        sizeof(std::vector<uint32_t>);
+  }
+  // chunks_, tensor_chunks_ and shard_chunks_ entries, the LPT order.
+  size.table_bytes += size.num_chunks *
+                          (sizeof(ChunkSpec) + 3 * sizeof(uint32_t)) +
+                      static_cast<uint64_t>(options.num_shards) *
+                          (sizeof(std::vector<uint32_t>) + sizeof(uint64_t));
+  return size;
+}
+
+StatusOr<Layout> Layout::Create(std::vector<TensorSpec> tensors,
+                                const LayoutOptions& options) {
+  ASSIGN_OR_RETURN(LayoutSize size, Measure(tensors, options));
+  if (size.num_chunks > UINT32_MAX) {
+    return Status::InvalidArgument(
+        "too many chunks: " + std::to_string(size.num_chunks) +
+        " (at most 2^32; raise chunk_elems)");
+  }
+  const uint64_t total = size.total_elems;
   Layout l;
   l.options_ = options;
   l.tensors_ = std::move(tensors);
   l.total_elems_ = total;
   const int S = options.num_shards;
-  // Cut chunks small enough that each shard gets >= 8 pieces of the model:
-  // LPT then bounds the largest shard by mean + one piece <= 1.125 x mean.
-  // One shard needs no balancing: chunks are only capped by chunk_elems.
-  uint64_t target =
-      S == 1 ? options.chunk_elems
-             : std::max<uint64_t>(1, total / (8 * static_cast<uint64_t>(S)));
-  uint64_t piece = std::min<uint64_t>(
-      options.chunk_elems,
-      std::max<uint64_t>(target, std::min<uint64_t>(options.min_chunk_elems,
-                                                    options.chunk_elems)));
+  const uint64_t piece = PieceElems(total, options);
+  l.chunks_.reserve(size.num_chunks);
   l.tensor_chunks_.resize(l.tensors_.size());
   for (uint32_t t = 0; t < l.tensors_.size(); ++t) {
     uint64_t n = static_cast<uint64_t>(l.tensors_[t].num_elements());
@@ -87,8 +139,6 @@ StatusOr<Layout> Layout::Create(std::vector<TensorSpec> tensors,
     uint64_t base = n / pieces, extra = n % pieces, off = 0;
     for (uint64_t p = 0; p < pieces; ++p) {
       uint64_t len = base + (p < extra ? 1 : 0);
-      if (l.chunks_.size() >= UINT32_MAX)
-        return Status::InvalidArgument("too many chunks");
       ChunkSpec c{static_cast<uint32_t>(l.chunks_.size()), t, off, len, 0};
       l.tensor_chunks_[t].push_back(c.id);
       l.chunks_.push_back(c);
@@ -102,14 +152,15 @@ StatusOr<Layout> Layout::Create(std::vector<TensorSpec> tensors,
   std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
     return l.chunks_[a].num_elems > l.chunks_[b].num_elems;
   });
-  std::vector<uint64_t> load(S, 0);
+  // Min-heap of (load, shard): the least-loaded shard, lowest index on ties.
+  using Slot = std::pair<uint64_t, int>;
+  std::priority_queue<Slot, std::vector<Slot>, std::greater<Slot>> least;
+  for (int s = 0; s < S; ++s) least.push({0, s});
   for (uint32_t id : order) {
-    int best = 0;
-    for (int s = 1; s < S; ++s) {
-      if (load[s] < load[best]) best = s;
-    }
-    l.chunks_[id].shard = best;
-    load[best] += l.chunks_[id].num_elems;
+    Slot best = least.top();
+    least.pop();
+    l.chunks_[id].shard = best.second;
+    least.push({best.first + l.chunks_[id].num_elems, best.second});
   }
   l.shard_chunks_.resize(S);
   for (const ChunkSpec& c : l.chunks_) l.shard_chunks_[c.shard].push_back(c.id);

@@ -40,6 +40,7 @@ struct TensorSpec {
   float init_param = 0.0f;  // See InitKind.
   uint64_t seed = 0;        // Initialiser seed.
 
+  // Product of the dimensions (saturates at INT64_MAX; 0 without any).
   int64_t num_elements() const;
   bool operator==(const TensorSpec& o) const;
   bool operator!=(const TensorSpec& o) const { return !(*this == o); }
@@ -64,12 +65,27 @@ struct ChunkSpec {
   int shard;           // Owning shard.
 };
 
+// What a layout would hold, computed from the specs without building it.
+struct LayoutSize {
+  uint64_t num_tensors = 0;
+  uint64_t total_elems = 0;
+  uint64_t num_chunks = 0;
+  // Bytes of the Layout's own tables (tensor specs, chunk specs, indexes).
+  uint64_t table_bytes = 0;
+};
+
 class Layout {
  public:
   // Validates the specs (names unique and non-empty, shapes positive, no
-  // more than 2^32 chunks) and computes chunks and shard assignment.
+  // more than 2^32 chunks) and computes chunks and shard assignment. Nothing
+  // sized by the specs is allocated before they are validated.
   static StatusOr<Layout> Create(std::vector<TensorSpec> tensors,
                                  const LayoutOptions& options);
+  // Validates as Create() does and returns the layout's size without
+  // building it (memory proportional to the number of tensors only), so a
+  // server can check a registration against its budget first.
+  static StatusOr<LayoutSize> Measure(const std::vector<TensorSpec>& tensors,
+                                      const LayoutOptions& options);
 
   const std::vector<TensorSpec>& tensors() const { return tensors_; }
   const std::vector<ChunkSpec>& chunks() const { return chunks_; }

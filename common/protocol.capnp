@@ -110,6 +110,10 @@ struct Request {
     checkpoint @10 :Void;
     shutdown @11 :Void;
   }
+  doneBelow @12 :UInt64;     # pushes: every earlier push (lower id) of this
+                             # client to this shard has been answered or given
+                             # up and will not be sent again; 0 = unknown.
+                             # Lets the shard apply each push exactly once.
 }
 
 struct Reply {
@@ -129,5 +133,8 @@ struct Reply {
                              # baseSeq (codec top-k / random-k, to be added
                              # to the client's copy) or, when the shard could
                              # not match baseSeq, whole weights (codec 0).
-  rows @12 :List(RowsRef);   # pull: one per RowsRef of the request
+  maxRequestBytes @12 :UInt64;  # the largest request this server accepts
+  maxFrameBytes @13 :UInt64;    # and its largest frame (0 = not said); a
+                                # client refuses bigger requests itself
+  rows @14 :List(RowsRef);   # pull: one per RowsRef of the request
 }

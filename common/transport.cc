@@ -1,6 +1,8 @@
 // ZeroMQ adapter: the one place that catches cppzmq's exceptions.
 #include "common/transport.h"
 
+#include <cerrno>
+
 #include <atomic>
 #include <cstring>
 #include <deque>
@@ -48,6 +50,7 @@ class SecurityLog {
 // What the ZAP handler enforces for one server socket (its ZAP domain).
 struct ZapPolicy {
   std::set<std::string> allowed;  // Z85 client public keys
+  bool allow_any = false;         // accept every key (to learn it)
   std::shared_ptr<SecurityLog> log;
 };
 
@@ -125,7 +128,7 @@ class ContextImpl : public Context {
             // asks the handler about every CURVE handshake once one exists).
             code = "200";
             text = "OK";
-          } else if (policy->allowed.count(key)) {
+          } else if (policy->allow_any || policy->allowed.count(key)) {
             code = "200";
             text = "OK";
           } else {
@@ -241,6 +244,13 @@ Status ReceiveRest(zmq::socket_t& s, zmq::message_t&& first,
     v.owner = std::move(holder);
     msg->frames.push_back(std::move(v));
   };
+  // Connection metadata, from any frame of the message.
+  if (const char* a = zmq_msg_gets(first.handle(), "Peer-Address")) {
+    msg->peer_address = a;
+  }
+  if (const char* u = zmq_msg_gets(first.handle(), "User-Id")) {
+    msg->client_key = u;
+  }
   keep(std::move(first));
   while (more) {
     zmq::message_t part;
@@ -330,10 +340,12 @@ class ServerSocketImpl : public ServerSocket {
       socket_.set(zmq::sockopt::router_mandatory, 1);
       if (curve) {
         const uint64_t id = ctx_->NextId();
-        if (!options_.curve_allowed_client_keys.empty()) {
+        if (!options_.curve_allowed_client_keys.empty() ||
+            options_.curve_identify_clients) {
           auto policy = std::make_shared<ZapPolicy>();
           policy->allowed.insert(options_.curve_allowed_client_keys.begin(),
                                  options_.curve_allowed_client_keys.end());
+          policy->allow_any = options_.curve_allowed_client_keys.empty();
           policy->log = log_;
           zap_domain_ = "asyncps-" + std::to_string(id);
           RETURN_IF_ERROR(ctx_->AddZapDomain(zap_domain_, policy));
@@ -513,6 +525,10 @@ class ClientSocketImpl : public ClientSocket {
 
   const std::string& endpoint() const override { return endpoint_; }
 
+  void SetMaxMessageBytes(int64_t bytes) override {
+    options_.max_message_bytes = bytes;
+  }
+
   Status Send(std::vector<Frame>& frames) override {
     try {
       return SendFrames(socket_, nullptr, frames);
@@ -608,6 +624,10 @@ StatusOr<int> ClientSocket::PollAny(const std::vector<ClientSocket*>& sockets,
   try {
     if (zmq::poll(items.data(), items.size(), timeout) == 0) return -1;
   } catch (const zmq::error_t& e) {
+    // A signal (Ctrl-C in a Python caller, SIGCHLD, ...) interrupted the
+    // wait: nothing is ready; the caller's loop checks its deadline and
+    // polls again.
+    if (e.num() == EINTR) return -1;
     return FromZmq(e, "poll");
   }
   for (size_t i = 0; i < items.size(); ++i) {

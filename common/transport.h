@@ -38,14 +38,17 @@ class Context {
 struct TransportOptions {
   // Shared context; nullptr creates a private one for this socket.
   std::shared_ptr<Context> context;
-  // Largest single frame accepted, in bytes (ZMQ_MAXMSGSIZE: a peer sending
-  // more is disconnected by ZeroMQ). Default: 256 MiB.
+  // Largest single frame accepted, in bytes (ZMQ_MAXMSGSIZE): ZeroMQ checks
+  // each frame's size as it arrives and drops the connection of a peer
+  // sending more, before buffering it. Default: 256 MiB.
   int64_t max_frame_bytes = int64_t{256} << 20;
-  // Largest whole message (all frames) accepted, in bytes; a larger one is
-  // received and dropped, and Receive() reports ResourceExhausted for it.
-  // Default: 1 GiB.
+  // Largest whole message (all frames) accepted, in bytes. ZeroMQ delivers a
+  // multi-frame message only once all of it has arrived, so this (and
+  // max_frames) is checked on receipt: the frames of a larger message are
+  // dropped at once, and Message::error says why (the header frame is kept
+  // so the reply can carry the request's id). Default: 1 GiB.
   int64_t max_message_bytes = int64_t{1} << 30;
-  // Most frames in one message; more is ResourceExhausted. Default: 65536.
+  // Most frames in one message; more is an error as above. Default: 65536.
   size_t max_frames = 65536;
   // Send/receive high-water marks, in messages. Default: 10000.
   int hwm = 10000;
@@ -65,6 +68,10 @@ struct TransportOptions {
   // server's public key may connect (encryption without client
   // authentication). Default: empty.
   std::vector<std::string> curve_allowed_client_keys;
+  // Server with CURVE: report each message's client key
+  // (Message::client_key) even without an allowed list (a ZAP handler that
+  // accepts every key is installed). Default: false.
+  bool curve_identify_clients = false;
 };
 
 // One outgoing frame: bytes plus whatever keeps them alive until sent.
@@ -85,12 +92,20 @@ struct Message {
   std::vector<ByteView> frames;
   int64_t total_bytes = 0;
   // Set when the message broke a limit (too big, too many frames): its
-  // frames were dropped and the receiver should answer with this error.
+  // frames but the header were dropped and the receiver should answer with
+  // this error.
   Status error;
+  // Server side: the sender's IP address as ZeroMQ reports it
+  // ("Peer-Address"; empty for inproc and ipc), and with CURVE the client's
+  // public key (Z85) when the server identifies clients.
+  std::string peer_address;
+  std::string client_key;
   void Clear() {
     frames.clear();
     total_bytes = 0;
     error = Status::OK();
+    peer_address.clear();
+    client_key.clear();
   }
 };
 
@@ -140,6 +155,10 @@ class ClientSocket {
   // Waits up to `timeout` for one message; false on timeout.
   virtual StatusOr<bool> Receive(Message* msg,
                                  std::chrono::milliseconds timeout) = 0;
+
+  // Changes the largest message Receive() accepts (e.g. once the client
+  // knows how large a reply can legitimately be).
+  virtual void SetMaxMessageBytes(int64_t bytes) = 0;
 
   // Connections made to the server since the last call (the first one, and
   // one more after every reconnect, e.g. when a shard restarted): requests

@@ -1,7 +1,9 @@
 #include "common/transport.h"
 
 #include <gtest/gtest.h>
+#include <pthread.h>
 
+#include <csignal>
 #include <cstring>
 #include <thread>
 
@@ -105,6 +107,38 @@ TEST(TransportTest, InprocWithSharedContextAndPollAny) {
   auto none = ClientSocket::PollAny({c1->get()}, milliseconds(10));
   ASSERT_TRUE(none.ok());
   EXPECT_EQ(*none, -1);
+}
+
+TEST(TransportTest, PollAnyInterruptedBySignalIsNotAnError) {
+  // A handler without SA_RESTART: the signal interrupts zmq_poll (EINTR),
+  // as Ctrl-C does in a Python process blocked in a pull.
+  struct sigaction sa = {}, old = {};
+  sa.sa_handler = [](int) {};
+  sigemptyset(&sa.sa_mask);
+  ASSERT_EQ(sigaction(SIGUSR1, &sa, &old), 0);
+  auto server = ServerSocket::Bind("tcp://127.0.0.1:0", {});
+  ASSERT_TRUE(server.ok());
+  auto c = ClientSocket::Connect((*server)->endpoint(), {});
+  ASSERT_TRUE(c.ok());
+  // Drain the connection events of the socket monitor first.
+  for (int i = 0; i < 50; ++i) {
+    auto r = ClientSocket::PollAny({c->get()}, milliseconds(20));
+    ASSERT_TRUE(r.ok());
+    (void)(*c)->TakeConnects();
+    if (*r == -1) break;
+  }
+  const pthread_t self = pthread_self();
+  std::thread killer([self] {
+    std::this_thread::sleep_for(milliseconds(100));
+    pthread_kill(self, SIGUSR1);
+  });
+  auto start = std::chrono::steady_clock::now();
+  auto got = ClientSocket::PollAny({c->get()}, milliseconds(3000));
+  killer.join();
+  sigaction(SIGUSR1, &old, nullptr);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(*got, -1);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(2500));
 }
 
 TEST(TransportTest, BindConflictIsAnError) {

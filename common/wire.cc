@@ -215,6 +215,7 @@ std::vector<uint8_t> EncodeRequest(const RequestHeader& h) {
   r.setId(h.id);
   r.setRank(h.rank);
   r.setIncarnation(h.incarnation);
+  r.setDoneBelow(h.done_below);
   auto body = r.initBody();
   switch (h.kind) {
     case RequestKind::kRegister: {
@@ -291,6 +292,8 @@ std::vector<uint8_t> EncodeReply(const ReplyHeader& h) {
   if (!h.text.empty()) r.setText(h.text);
   r.setPullSeq(h.pull_seq);
   if (!h.rows.empty()) FillRowsRefs(r.initRows(h.rows.size()), h.rows);
+  r.setMaxRequestBytes(h.max_request_bytes);
+  r.setMaxFrameBytes(h.max_frame_bytes);
   return Serialize(builder);
 }
 
@@ -317,6 +320,7 @@ Status DecodeRequest(const uint8_t* data, size_t size,
         out->tables.clear();
         out->rows.clear();
         out->pull_dense = true;
+        out->done_below = r.getDoneBelow();
         auto body = r.getBody();
         switch (body.which()) {
           case cw::Request::Body::REGISTER: {
@@ -424,6 +428,8 @@ Status DecodeReply(const uint8_t* data, size_t size, const DecodeLimits& limits,
         out->created = r.getCreated();
         out->text = r.getText().cStr();
         out->pull_seq = r.getPullSeq();
+        out->max_request_bytes = r.getMaxRequestBytes();
+        out->max_frame_bytes = r.getMaxFrameBytes();
         RETURN_IF_ERROR(ReadChunkRefs(r.getChunks(), limits, &out->chunks));
         return ReadRowsRefs(r.getRows(), limits, &out->rows);
       });

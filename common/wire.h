@@ -81,6 +81,9 @@ struct RequestHeader {
   std::vector<RowsRef> rows;
   // kPull: false = no dense chunks (rows only).
   bool pull_dense = true;
+  // kPush: every push of this client to this shard with a lower id has been
+  // answered or abandoned and will not be resent (0 = unknown).
+  uint64_t done_below = 0;
 };
 
 struct ReplyHeader {
@@ -96,6 +99,8 @@ struct ReplyHeader {
   std::string text;              // kStats replies (JSON)
   uint64_t pull_seq = 0;         // kPull replies with a sparse codec
   std::vector<RowsRef> rows;     // kPull replies: rows of the pull's tables
+  uint64_t max_request_bytes = 0;  // the server's limits (0 = not said)
+  uint64_t max_frame_bytes = 0;
 };
 
 // Limits applied while decoding a header.

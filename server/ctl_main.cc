@@ -15,6 +15,7 @@
 // Exit status 0 if every shard answered OK, 1 otherwise, 2 on bad usage.
 #include <gflags/gflags.h>
 #include <glog/logging.h>
+#include <nlohmann/json.hpp>
 #include <sys/stat.h>
 
 #include <cstdio>
@@ -43,22 +44,7 @@ namespace {
 
 using namespace asyncps;  // NOLINT: tool main
 
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
+using Json = nlohmann::ordered_json;
 
 // Sends one admin request to `endpoint`, waits for the reply.
 Status Call(const std::shared_ptr<Context>& ctx, const std::string& endpoint,
@@ -132,11 +118,12 @@ int KeyGen() {
                  pubf.c_str());
     return 1;
   }
-  std::printf(
-      "{\"command\":\"keygen\",\"ok\":true,\"secret_key_file\":%s,"
-      "\"public_key_file\":%s,\"public_key\":%s}\n",
-      JsonString(key).c_str(), JsonString(pubf).c_str(),
-      JsonString(pub).c_str());
+  const Json out = {{"command", "keygen"},
+                    {"ok", true},
+                    {"secret_key_file", key},
+                    {"public_key_file", pubf},
+                    {"public_key", pub}};
+  std::printf("%s\n", out.dump().c_str());
   return 0;
 }
 
@@ -186,25 +173,27 @@ int main(int argc, char** argv) {
   }
   std::shared_ptr<Context> ctx = Context::Create(1);
   bool all_ok = true;
-  std::string out = "{\"command\":" + JsonString(cmd) + ",\"shards\":[";
-  for (size_t i = 0; i < endpoints.size(); ++i) {
+  Json shards = Json::array();
+  for (const std::string& endpoint : endpoints) {
     ReplyHeader reply;
-    Status st = Call(ctx, endpoints[i], kind, &reply);
+    Status st = Call(ctx, endpoint, kind, &reply);
     if (st.ok()) st = reply.status;
     all_ok = all_ok && st.ok();
-    if (i) out += ',';
-    out += "{\"endpoint\":" + JsonString(endpoints[i]) +
-           ",\"ok\":" + (st.ok() ? "true" : "false");
-    out += ",\"code\":" + JsonString(StatusCodeName(st.code()));
-    out += ",\"message\":" + JsonString(st.message());
-    out += ",\"version\":" + std::to_string(reply.shard_version);
-    out += ",\"min_clock\":" + std::to_string(reply.min_clock);
+    Json shard = {{"endpoint", endpoint},
+                  {"ok", st.ok()},
+                  {"code", StatusCodeName(st.code())},
+                  {"message", st.message()},
+                  {"version", reply.shard_version},
+                  {"min_clock", reply.min_clock}};
     if (kind == RequestKind::kStats && st.ok() && !reply.text.empty()) {
-      out += ",\"stats\":" + reply.text;
+      // The shard's own document, embedded as JSON (a damaged one as text).
+      Json stats = Json::parse(reply.text, nullptr, /*allow_exceptions=*/false);
+      shard["stats"] = stats.is_discarded() ? Json(reply.text) : stats;
     }
-    out += '}';
+    shards.push_back(std::move(shard));
   }
-  out += "],\"ok\":" + std::string(all_ok ? "true" : "false") + "}";
-  std::printf("%s\n", out.c_str());
+  const Json out = {{"command", cmd}, {"shards", std::move(shards)},
+                    {"ok", all_ok}};
+  std::printf("%s\n", out.dump().c_str());
   return all_ok ? 0 : 1;
 }

@@ -6,11 +6,13 @@
 //
 // Flags are validated here (exit 2 with a message on a bad value); the
 // library takes ServerOptions. SIGTERM/SIGINT shut down cleanly with a final
-// checkpoint.
+// checkpoint; a second signal, or the loop not stopping within
+// --shutdown_timeout_s, exits at once (ShutdownWatchdog).
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
@@ -18,6 +20,7 @@
 #include <thread>
 
 #include "server/server.h"
+#include "server/shutdown_watchdog.h"
 
 DEFINE_string(endpoint, "tcp://127.0.0.1:*",
               "ZeroMQ endpoint to bind; tcp://127.0.0.1:* picks a free port");
@@ -55,7 +58,39 @@ DEFINE_double(
     worker_timeout_s, 30.0,
     "a worker silent this long is dropped from the clock minimum; 0: never");
 DEFINE_int64(max_message_bytes, int64_t{1} << 30,
-             "largest request accepted, bytes");
+             "largest request accepted (all frames), bytes; a larger one is "
+             "answered InvalidArgument with its id");
+DEFINE_int64(max_frame_bytes, int64_t{256} << 20,
+             "largest frame accepted, bytes (capped at --max_message_bytes): "
+             "ZeroMQ "
+             "drops a peer sending a larger one before buffering it; "
+             "registrations whose chunks would not fit are refused");
+DEFINE_int64(memory_budget_mb, 0,
+             "memory this shard may hold for what peers ask of it (chunks, "
+             "optimizer state, pull snapshots and payloads not yet sent, pull "
+             "replicas, parked pulls), MiB; over it a request gets "
+             "ResourceExhausted with the numbers. 0: half of the machine's "
+             "memory (or of the cgroup limit), at least 256 MiB");
+DEFINE_int64(max_unsent_mb_per_client, 256,
+             "MiB of pull replies to one client (connection or rank) queued "
+             "and not yet sent before its next pull gets ResourceExhausted");
+DEFINE_int64(max_clock_jump, 1000000,
+             "largest forward move of a worker's clock in one request, clocks");
+DEFINE_double(max_park_s, 30.0,
+              "a pull parked this long is answered Unavailable (the client "
+              "resends it), seconds");
+DEFINE_string(curve_admin_clients, "",
+              "file of client public keys (Z85, one per line) that may send "
+              "checkpoint and shutdown when CURVE is on (ps_ctl "
+              "--curve_secret_key=admin.key); with CURVE and no such file "
+              "those requests are refused");
+DEFINE_bool(allow_remote_admin, false,
+            "without CURVE, accept checkpoint and shutdown from any address "
+            "(default: loopback only)");
+DEFINE_double(shutdown_timeout_s, 60.0,
+              "after SIGTERM/SIGINT, exit without a final checkpoint if the "
+              "event loop has not stopped within this many seconds (a second "
+              "signal exits at once)");
 DEFINE_int64(max_parked_pulls, 4096, "most pulls waiting at once");
 DEFINE_int64(max_inflight_per_client, 1024,
              "most requests one client may have waiting in the shard "
@@ -115,6 +150,9 @@ srv::ServerOptions OptionsFromFlags() {
   o.checkpoint_every = std::chrono::milliseconds(
       static_cast<int64_t>(FLAGS_checkpoint_every_s * 1000));
   o.max_message_bytes = FLAGS_max_message_bytes;
+  if (FLAGS_max_frame_bytes < 1024) BadFlag("--max_frame_bytes must be >= 1024");
+  o.max_frame_bytes = FLAGS_max_frame_bytes;
+  o.allow_remote_admin = FLAGS_allow_remote_admin;
   if (FLAGS_io_threads < 1 || FLAGS_io_threads > 64)
     BadFlag("--io_threads must be in [1, 64]");
   o.context = asyncps::Context::Create(FLAGS_io_threads);
@@ -158,6 +196,23 @@ srv::ServerOptions OptionsFromFlags() {
     BadFlag("--max_inflight_per_client must be >= 1");
   s.max_inflight_per_client =
       static_cast<size_t>(FLAGS_max_inflight_per_client);
+  if (FLAGS_memory_budget_mb < 0 || FLAGS_memory_budget_mb > (int64_t{1} << 40))
+    BadFlag("--memory_budget_mb must be in [0, 2^40]");
+  s.memory_budget_bytes =
+      FLAGS_memory_budget_mb == 0
+          ? srv::MemoryBudget::DefaultCapacity()
+          : static_cast<uint64_t>(FLAGS_memory_budget_mb) << 20;
+  if (FLAGS_max_unsent_mb_per_client < 1 ||
+      FLAGS_max_unsent_mb_per_client > (int64_t{1} << 30))
+    BadFlag("--max_unsent_mb_per_client must be in [1, 2^30]");
+  s.max_unsent_bytes_per_client =
+      static_cast<uint64_t>(FLAGS_max_unsent_mb_per_client) << 20;
+  s.max_clock_jump = FLAGS_max_clock_jump;
+  if (FLAGS_max_park_s < 0.001 || FLAGS_max_park_s > 1e6)
+    BadFlag("--max_park_s must be in [0.001, 1e6]");
+  s.max_park_time = std::chrono::milliseconds(
+      static_cast<int64_t>(FLAGS_max_park_s * 1000));
+  if (FLAGS_shutdown_timeout_s <= 0) BadFlag("--shutdown_timeout_s must be > 0");
   if (!FLAGS_curve_secret_key.empty()) {
     StatusOr<std::string> k = asyncps::LoadCurveKey(FLAGS_curve_secret_key);
     if (!k.ok()) BadFlag("--curve_secret_key: " + k.status().message());
@@ -174,6 +229,16 @@ srv::ServerOptions OptionsFromFlags() {
       BadFlag("--curve_allowed_clients: no key in " +
               FLAGS_curve_allowed_clients);
     o.curve_allowed_client_keys = *keys;
+  }
+  if (!FLAGS_curve_admin_clients.empty()) {
+    if (o.curve_secret_key.empty())
+      BadFlag("--curve_admin_clients needs --curve_secret_key");
+    StatusOr<std::vector<std::string>> keys =
+        asyncps::LoadCurveKeyList(FLAGS_curve_admin_clients);
+    if (!keys.ok()) BadFlag("--curve_admin_clients: " + keys.status().message());
+    if (keys->empty())
+      BadFlag("--curve_admin_clients: no key in " + FLAGS_curve_admin_clients);
+    o.curve_admin_keys = *keys;
   }
   if (o.curve_secret_key.empty() && !FLAGS_insecure &&
       !IsLocalEndpoint(FLAGS_endpoint)) {
@@ -245,7 +310,17 @@ int main(int argc, char** argv) {
             << options.checkpoint_every.count() << " ms, durable " << s.durable
             << (FLAGS_durable_sync ? " (fsync)" : "") << ", worker timeout "
             << s.worker_timeout.count() << " ms, max message "
-            << options.max_message_bytes << " B, max parked pulls "
+            << options.max_message_bytes << " B (frames "
+            << options.max_frame_bytes << " B), memory budget "
+            << s.memory_budget_bytes << " B, max unsent per client "
+            << s.max_unsent_bytes_per_client << " B, max clock jump "
+            << s.max_clock_jump << ", max park " << s.max_park_time.count()
+            << " ms, admin from "
+            << (options.curve_secret_key.empty()
+                    ? (options.allow_remote_admin ? "anywhere" : "loopback")
+                    : std::to_string(options.curve_admin_keys.size()) +
+                          " CURVE admin keys")
+            << ", max parked pulls "
             << s.max_parked_pulls << ", max in flight per client "
             << s.max_inflight_per_client << ", embedding cache "
             << s.sparse.cache_bytes << " B, max sparse keys "
@@ -283,6 +358,18 @@ int main(int argc, char** argv) {
 
   std::atomic<bool> stop{false};
   std::atomic<bool> done{false};
+  srv::ShutdownWatchdog::Options wo;
+  wo.grace = std::chrono::milliseconds(
+      static_cast<int64_t>(FLAGS_shutdown_timeout_s * 1000));
+  wo.force_exit = [](const std::string& why) {
+    LOG(ERROR) << why << ": exiting now, without a final checkpoint";
+    google::FlushLogFiles(google::GLOG_INFO);
+    std::fflush(nullptr);
+    _exit(3);
+  };
+  srv::ShutdownWatchdog watchdog(std::move(wo));
+  // Signals are seen here, not by the event loop: a stuck loop cannot keep
+  // the process from stopping.
   std::thread signal_thread([&] {
     timespec wait{0, 200 * 1000 * 1000};
     while (!done.load()) {
@@ -290,11 +377,12 @@ int main(int argc, char** argv) {
       if (sig == SIGTERM || sig == SIGINT) {
         LOG(INFO) << "signal " << sig << ": shutting down";
         stop.store(true);
-        return;
+        watchdog.StopRequested();
       }
     }
   });
   Status st = (*server)->Run(stop);
+  watchdog.Done();
   done.store(true);
   signal_thread.join();
   if (!st.ok()) {

@@ -2,6 +2,8 @@
 
 #include <glog/logging.h>
 
+#include <algorithm>
+
 namespace asyncps::server {
 
 Server::~Server() = default;
@@ -12,19 +14,34 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
   if (options.max_message_bytes < 1024) {
     return Status::InvalidArgument("max_message_bytes must be >= 1024");
   }
+  if (options.max_frame_bytes < 1024) {
+    return Status::InvalidArgument("max_frame_bytes must be >= 1024");
+  }
+  s->options_.max_frame_bytes =
+      std::min(options.max_frame_bytes, options.max_message_bytes);
+  s->options_.shard.max_frame_bytes =
+      static_cast<uint64_t>(s->options_.max_frame_bytes);
   if (!options.db_path.empty()) {
     RocksDbStoreOptions so;
     so.path = options.db_path;
     ASSIGN_OR_RETURN(s->store_, OpenRocksDbStore(so));
   }
-  ASSIGN_OR_RETURN(s->shard_, Shard::Create(options.shard, s->store_.get(),
-                                            std::chrono::steady_clock::now()));
+  ASSIGN_OR_RETURN(s->shard_,
+                   Shard::Create(s->options_.shard, s->store_.get(),
+                                 std::chrono::steady_clock::now()));
   TransportOptions to;
   to.context = options.context;
   to.max_message_bytes = options.max_message_bytes;
-  to.max_frame_bytes = options.max_message_bytes;
+  to.max_frame_bytes = s->options_.max_frame_bytes;
   to.curve_secret_key = options.curve_secret_key;
   to.curve_allowed_client_keys = options.curve_allowed_client_keys;
+  if (!to.curve_allowed_client_keys.empty()) {
+    // Admins connect too.
+    to.curve_allowed_client_keys.insert(to.curve_allowed_client_keys.end(),
+                                        options.curve_admin_keys.begin(),
+                                        options.curve_admin_keys.end());
+  }
+  to.curve_identify_clients = !options.curve_secret_key.empty();
   ASSIGN_OR_RETURN(s->socket_, ServerSocket::Bind(options.endpoint, to));
   return s;
 }
@@ -65,44 +82,106 @@ Status Server::Run(const std::atomic<bool>& stop) {
   return shard_->Checkpoint();
 }
 
+namespace {
+
+// Loopback as ZeroMQ reports it ("127.x.y.z", "::1", "::ffff:127.x.y.z"),
+// or no address at all (inproc, ipc: this machine).
+bool IsLoopback(const std::string& address) {
+  if (address.empty() || address == "::1") return true;
+  std::string a = address;
+  if (a.rfind("::ffff:", 0) == 0) a = a.substr(7);
+  return a.rfind("127.", 0) == 0;
+}
+
+}  // namespace
+
+Status Server::CheckAdmin(const Message& msg) const {
+  if (!options_.curve_secret_key.empty()) {
+    for (const std::string& k : options_.curve_admin_keys) {
+      if (k == msg.client_key) return Status::OK();
+    }
+    return Status::InvalidArgument(
+        "admin requests (checkpoint, shutdown) need an admin key: this "
+        "client's CURVE key is not in the server's --curve_admin_clients");
+  }
+  if (options_.allow_remote_admin || IsLoopback(msg.peer_address)) {
+    return Status::OK();
+  }
+  return Status::InvalidArgument(
+      "admin requests (checkpoint, shutdown) are accepted only from this "
+      "machine (peer " + msg.peer_address +
+      "); start the server with --allow_remote_admin or CURVE admin keys");
+}
+
+void Server::Reply(const std::string& peer, const Status& error,
+                   RejectReason reason) {
+  shard_->CountRejected(reason);
+  OutgoingReply r;
+  r.peer = peer;
+  r.header.id = req_.id;
+  r.header.kind = req_.kind;
+  r.header.status = error;
+  r.header.shard_version = shard_->shard_version();
+  r.header.min_clock = shard_->min_clock();
+  out_.push_back(std::move(r));
+}
+
 void Server::HandleMessage(const std::string& peer, Message& msg,
                            std::chrono::steady_clock::time_point now) {
-  Status error = msg.error;
-  RejectReason reason = RejectReason::kOversize;
   req_.id = 0;
   req_.kind = RequestKind::kHeartbeat;
-  if (error.ok()) {
-    if (msg.frames.empty()) {
-      error = Status::InvalidArgument("empty message");
-      reason = RejectReason::kMalformed;
-    } else {
-      error = DecodeRequest(msg.frames[0].data, msg.frames[0].size,
-                            DecodeLimits(), &req_);
-      reason = error.code() == StatusCode::kFailedPrecondition
-                   ? RejectReason::kVersion
-                   : RejectReason::kMalformed;
+  if (msg.frames.empty()) {
+    return Reply(peer, Status::InvalidArgument("empty message"),
+                 RejectReason::kMalformed);
+  }
+  Status decoded = DecodeRequest(msg.frames[0].data, msg.frames[0].size,
+                                 DecodeLimits(), &req_);
+  if (!msg.error.ok()) {
+    // Too large or too many frames: the frames are gone, the header (when it
+    // decodes) names the request, so its sender gets a final answer instead
+    // of resending something that can never be accepted.
+    return Reply(peer,
+                 Status::InvalidArgument(
+                     msg.error.message() +
+                     " (this server's --max_message_bytes / frame limits)"),
+                 RejectReason::kOversize);
+  }
+  if (!decoded.ok()) {
+    return Reply(peer, decoded,
+                 decoded.code() == StatusCode::kFailedPrecondition
+                     ? RejectReason::kVersion
+                     : RejectReason::kMalformed);
+  }
+  if (req_.kind == RequestKind::kCheckpoint ||
+      req_.kind == RequestKind::kShutdown) {
+    Status admin = CheckAdmin(msg);
+    if (!admin.ok()) {
+      LOG_EVERY_N(WARNING, 100) << RequestKindName(req_.kind) << " refused: "
+                                << admin.message();
+      return Reply(peer, admin, RejectReason::kAdminDenied);
     }
   }
-  if (!error.ok()) {
-    shard_->CountRejected(reason);
-    OutgoingReply r;
-    r.peer = peer;
-    r.header.id = req_.id;
-    r.header.kind = req_.kind;
-    r.header.status = error;
-    r.header.shard_version = shard_->shard_version();
-    r.header.min_clock = shard_->min_clock();
-    out_.push_back(std::move(r));
-    return;
-  }
   data_.assign(msg.frames.begin() + 1, msg.frames.end());
-  shard_->Handle(peer, req_, data_, now, &out_);
+  try {
+    shard_->Handle(peer, req_, data_, now, &out_);
+  } catch (const std::bad_alloc&) {
+    // Every allocation a request sizes is checked against the memory
+    // budget first; this is the last line if the machine has less memory
+    // than the budget assumes.
+    LOG(ERROR) << "out of memory handling " << RequestKindName(req_.kind)
+               << " " << req_.id << " (lower --memory_budget_mb)";
+    Reply(peer, Status::ResourceExhausted("out of memory on the server"),
+          RejectReason::kMemoryBudget);
+  }
   data_.clear();
 }
 
 void Server::SendAll() {
   for (OutgoingReply& r : out_) {
     frames_.clear();
+    r.header.max_request_bytes =
+        static_cast<uint64_t>(options_.max_message_bytes);
+    r.header.max_frame_bytes = static_cast<uint64_t>(options_.max_frame_bytes);
     frames_.push_back(Frame::Owned(EncodeReply(r.header)));
     for (ByteView& v : r.frames)
       frames_.push_back(Frame::Ref(v.data, v.size, std::move(v.owner)));

@@ -5,8 +5,11 @@
 // timers run between messages (liveness, parked pulls, periodic
 // checkpoints), decodes each header (a malformed one gets an error reply,
 // with id 0 when even the id is unreadable; the server never crashes on
-// input), dispatches to the Shard and sends its replies, tensor frames
-// without copying.
+// input), checks that admin requests (checkpoint, shutdown) come from an
+// admin, dispatches to the Shard and sends its replies, tensor frames
+// without copying. Every reply states the server's request limits
+// (max_request_bytes, max_frame_bytes) so clients refuse larger requests
+// themselves; a request over them is answered InvalidArgument with its id.
 //
 // Ownership: the Server owns the socket, the store and the shard.
 // Thread safety: Run() is called from one thread; `stop` may be set from
@@ -38,9 +41,14 @@ struct ServerOptions {
   // Period of automatic checkpoints; 0 disables them (checkpoints still
   // happen on request and on shutdown). Default: 60 s.
   std::chrono::milliseconds checkpoint_every{60000};
-  // Largest request accepted (all frames), bytes; larger ones get a
-  // ResourceExhausted reply. Default: 1 GiB.
+  // Largest request accepted (all frames), bytes; a larger one is dropped on
+  // receipt and answered InvalidArgument (with its id). Default: 1 GiB.
   int64_t max_message_bytes = int64_t{1} << 30;
+  // Largest frame accepted, bytes (capped at max_message_bytes): ZeroMQ drops
+  // the connection of a peer sending a larger one before buffering it
+  // (ZMQ_MAXMSGSIZE). Registrations whose chunks would not fit are refused.
+  // Default: 256 MiB.
+  int64_t max_frame_bytes = int64_t{256} << 20;
   // Longest wait for a message before timers run. Default: 20 ms.
   std::chrono::milliseconds tick{20};
   // ZeroMQ context to use; nullptr creates one. Default: nullptr.
@@ -52,6 +60,14 @@ struct ServerOptions {
   // any client knowing the server's public key. Refused handshakes are
   // logged. Default: empty.
   std::vector<std::string> curve_allowed_client_keys;
+  // Client public keys (Z85) that may send admin requests (checkpoint,
+  // shutdown) when CURVE is on; they may connect even when not in
+  // curve_allowed_client_keys. With CURVE on and this empty, admin requests
+  // are refused. Default: empty.
+  std::vector<std::string> curve_admin_keys;
+  // Without CURVE, admin requests are accepted only from loopback addresses
+  // (and inproc/ipc) unless this is set. Default: false.
+  bool allow_remote_admin = false;
 };
 
 class Server {
@@ -75,6 +91,10 @@ class Server {
   Server() = default;
   void HandleMessage(const std::string& peer, Message& msg,
                      std::chrono::steady_clock::time_point now);
+  // OK when `msg` may carry an admin request (see curve_admin_keys,
+  // allow_remote_admin).
+  Status CheckAdmin(const Message& msg) const;
+  void Reply(const std::string& peer, const Status& error, RejectReason reason);
   void SendAll();
 
   ServerOptions options_;

@@ -11,6 +11,21 @@
 namespace asyncps::server {
 namespace {
 
+// Sends `frames` on `c` and decodes the reply (5 s at most).
+ReplyHeader Roundtrip(ClientSocket& c, std::vector<Frame> frames) {
+  EXPECT_TRUE(c.Send(frames).ok());
+  Message msg;
+  auto got = c.Receive(&msg, std::chrono::milliseconds(5000));
+  EXPECT_TRUE(got.ok() && *got);
+  ReplyHeader r;
+  if (!msg.frames.empty()) {
+    EXPECT_TRUE(
+        DecodeReply(msg.frames[0].data, msg.frames[0].size, DecodeLimits(), &r)
+            .ok());
+  }
+  return r;
+}
+
 using testing::SmallLayout;
 using testing::SmallModel;
 
@@ -40,17 +55,7 @@ class ServerTest : public ::testing::Test {
   }
 
   ReplyHeader Roundtrip(std::vector<Frame> frames) {
-    EXPECT_TRUE(client_->Send(frames).ok());
-    Message msg;
-    auto got = client_->Receive(&msg, std::chrono::milliseconds(5000));
-    EXPECT_TRUE(got.ok() && *got);
-    ReplyHeader r;
-    if (!msg.frames.empty()) {
-      EXPECT_TRUE(DecodeReply(msg.frames[0].data, msg.frames[0].size,
-                              DecodeLimits(), &r)
-                      .ok());
-    }
-    return r;
+    return server::Roundtrip(*client_, std::move(frames));
   }
   ReplyHeader Call(const RequestHeader& req) {
     std::vector<Frame> f;
@@ -108,7 +113,13 @@ TEST_F(ServerTest, BadInputGetsErrorRepliesAndServerKeepsServing) {
   big.push_back(Frame::Owned(std::vector<uint8_t>(4000)));
   big.push_back(Frame::Owned(std::vector<uint8_t>(4000)));
   r = Roundtrip(std::move(big));
-  EXPECT_EQ(r.status.code(), StatusCode::kResourceExhausted);
+  // Answered with its own id and a final code: resending cannot help.
+  EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.id, 12u);
+  // Every reply states the limits, so a client can refuse such a request
+  // itself.
+  EXPECT_EQ(r.max_request_bytes, 4096u);
+  EXPECT_EQ(r.max_frame_bytes, 4096u);
 
   // Still serving; rejections are counted.
   RequestHeader stats;
@@ -141,6 +152,59 @@ TEST_F(ServerTest, BadInputGetsErrorRepliesAndServerKeepsServing) {
   EXPECT_TRUE(r.status.ok());
   thread_.join();
   EXPECT_TRUE(run_status_.ok());
+}
+
+// Issue 13, item 8: with CURVE, checkpoint and shutdown need an admin key
+// distinct from the workers' keys; stats stays open to every client.
+TEST(ServerAdminTest, CurveAdminRequestsNeedAnAdminKey) {
+  std::string server_pub, server_sec, worker_pub, worker_sec, admin_pub,
+      admin_sec;
+  ASSERT_TRUE(GenerateCurveKeyPair(&server_pub, &server_sec).ok());
+  ASSERT_TRUE(GenerateCurveKeyPair(&worker_pub, &worker_sec).ok());
+  ASSERT_TRUE(GenerateCurveKeyPair(&admin_pub, &admin_sec).ok());
+  auto ctx = Context::Create(1);
+  ServerOptions o;
+  o.endpoint = "tcp://127.0.0.1:*";
+  o.context = ctx;
+  o.shard.num_shards = 1;
+  o.curve_secret_key = server_sec;
+  o.curve_allowed_client_keys = {worker_pub};
+  o.curve_admin_keys = {admin_pub};
+  auto s = Server::Create(o);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  std::atomic<bool> stop{false};
+  Status run;
+  std::thread loop([&] { run = (*s)->Run(stop); });
+  auto call = [&](const std::string& pub, const std::string& sec,
+                  RequestKind kind) {
+    TransportOptions to;
+    to.context = ctx;
+    to.curve_server_key = server_pub;
+    to.curve_public_key = pub;
+    to.curve_secret_key = sec;
+    auto c = ClientSocket::Connect((*s)->endpoint(), to);
+    EXPECT_TRUE(c.ok());
+    RequestHeader req;
+    req.kind = kind;
+    req.id = 77;
+    std::vector<Frame> f{Frame::Owned(EncodeRequest(req))};
+    return Roundtrip(**c, std::move(f));
+  };
+  ReplyHeader r = call(worker_pub, worker_sec, RequestKind::kShutdown);
+  EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status.message().find("admin"), std::string::npos);
+  r = call(worker_pub, worker_sec, RequestKind::kCheckpoint);
+  EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument);
+  r = call(worker_pub, worker_sec, RequestKind::kStats);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_NE(r.text.find("\"admin_denied\":2"), std::string::npos) << r.text;
+  EXPECT_FALSE((*s)->shard().shutdown_requested());
+  r = call(admin_pub, admin_sec, RequestKind::kCheckpoint);
+  EXPECT_TRUE(r.status.ok()) << r.status.ToString();
+  r = call(admin_pub, admin_sec, RequestKind::kShutdown);
+  EXPECT_TRUE(r.status.ok()) << r.status.ToString();
+  loop.join();
+  EXPECT_TRUE(run.ok());
 }
 
 }  // namespace

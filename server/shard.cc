@@ -1,5 +1,6 @@
-// Shard: dispatch, registration, pulls, clocks and stats. Pushes are in
-// shard_push.cc, persistence in shard_persist.cc.
+// Shard: options, dispatch, clocks and timers. Registration is in
+// shard_register.cc, pulls in shard_pull.cc, pushes in shard_push.cc,
+// persistence in shard_persist.cc, the stats document in shard_stats.cc.
 #include "server/shard.h"
 
 #include <glog/logging.h>
@@ -8,10 +9,8 @@
 #include <chrono>
 #include <cstring>
 
+#include "server/internal/push_dedup.h"
 #include "server/internal/shard_types.h"
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
-#include "compression/codec.h"
-#endif
 
 namespace asyncps::server {
 
@@ -55,6 +54,18 @@ Status ShardOptions::Validate() const {
   if (sparse.max_keys_per_request < 1 || sparse.max_reply_bytes < 1)
     return Status::InvalidArgument(
         "sparse max_keys_per_request and max_reply_bytes must be >= 1");
+  if (staleness > kMaxClock)
+    return Status::InvalidArgument("staleness must be <= 2^62");
+  if (max_park_time.count() < 1)
+    return Status::InvalidArgument("max_park_time must be >= 1 ms");
+  if (memory_budget_bytes < (uint64_t{1} << 20))
+    return Status::InvalidArgument("memory_budget_bytes must be >= 1 MiB");
+  if (max_unsent_bytes_per_client < 1)
+    return Status::InvalidArgument("max_unsent_bytes_per_client must be >= 1");
+  if (max_frame_bytes < 1024)
+    return Status::InvalidArgument("max_frame_bytes must be >= 1024");
+  if (max_clock_jump < 1 || max_clock_jump > kMaxClock)
+    return Status::InvalidArgument("max_clock_jump must be in [1, 2^62]");
   return optimizer.Validate();
 }
 
@@ -63,15 +74,23 @@ Shard::Shard(const ShardOptions& options, Store* store,
     : options_(options),
       store_(store),
       optimizer_(std::move(optimizer)),
+      budget_(MemoryBudget::Create(options.memory_budget_bytes)),
+      bsp_pushed_round_(options.num_workers, -1),
       clocks_(options.num_workers, options.worker_timeout, now),
       last_read_(options.num_workers, 0),
+      dedup_(std::make_unique<internal::PushDedup>(
+          internal::PushDedup::Options{options.num_workers})),
       replicas_(options.num_workers),
       next_pull_seq_(
           1 +
           (static_cast<uint64_t>(
                std::chrono::system_clock::now().time_since_epoch().count()) &
            ((uint64_t{1} << 62) - 1))),
-      dedup_(options.num_workers) {}
+      unsent_total_(std::make_shared<UnsentBytes>(0)) {
+  unsent_by_rank_.reserve(options.num_workers);
+  for (int r = 0; r < options.num_workers; ++r)
+    unsent_by_rank_.push_back(std::make_shared<UnsentBytes>(0));
+}
 
 Shard::~Shard() = default;
 
@@ -81,6 +100,16 @@ StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardOptions& options,
   ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> opt,
                    Optimizer::Create(options.optimizer));
   std::unique_ptr<Shard> shard(new Shard(options, store, std::move(opt), now));
+  // Per-worker tables sized by the options, not by peers: charged once.
+  const uint64_t fixed =
+      shard->dedup_->MaxBytes() +
+      static_cast<uint64_t>(options.num_workers) *
+          (sizeof(PullReplica) + 4 * sizeof(int64_t) + 64 /* counters */);
+  ASSIGN_OR_RETURN(
+      shard->fixed_charge_,
+      shard->budget_->Reserve(
+          fixed, "the per-worker tables of " +
+                     std::to_string(options.num_workers) + " workers"));
   if (store != nullptr) RETURN_IF_ERROR(shard->Recover());
   return shard;
 }
@@ -109,6 +138,10 @@ uint64_t Shard::chunk_version(uint32_t chunk) const {
   return chunks_[local_index_[chunk]]->version;
 }
 
+uint64_t Shard::unsent_reply_bytes() const {
+  return unsent_total_->load(std::memory_order_relaxed);
+}
+
 void Shard::FillCommon(const RequestHeader& req, ReplyHeader* reply) const {
   reply->id = req.id;
   reply->kind = req.kind;
@@ -122,34 +155,10 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
   OutgoingReply r;
   r.peer = peer;
   reject_reason_ = RejectReason::kOther;
-  // Observers (rank -1: tools, a dedicated evaluator) may register, pull and
-  // ask for stats, but never push or move a clock.
-  const bool worker_only =
-      req.kind == RequestKind::kPush || req.kind == RequestKind::kClock;
   const int rank = req.rank;
   bool parked = false;
-  Status st;
-  if (req.version != kProtocolVersion) {
-    st =
-        Reject(RejectReason::kVersion,
-               Status::FailedPrecondition(
-                   "protocol version " + std::to_string(req.version) +
-                   ", this server speaks " + std::to_string(kProtocolVersion)));
-  } else if (rank < -1 || rank >= options_.num_workers ||
-             (rank == -1 && worker_only)) {
-    st = Reject(RejectReason::kRank,
-                Status::InvalidArgument("rank " + std::to_string(rank) +
-                                        " out of range [0, " +
-                                        std::to_string(options_.num_workers) +
-                                        ") for " + RequestKindName(req.kind)));
-  } else if (req.kind != RequestKind::kPush &&
-             !(req.kind == RequestKind::kPull && !req.rows.empty()) &&
-             !data.empty()) {
-    st = Reject(
-        RejectReason::kSizeMismatch,
-        Status::InvalidArgument(std::string(RequestKindName(req.kind)) +
-                                " request carries unexpected data frames"));
-  } else {
+  Status st = Admit(req, !data.empty());
+  if (st.ok()) {
     if (rank >= 0) clocks_.Touch(rank, now);
     switch (req.kind) {
       case RequestKind::kRegister:
@@ -159,44 +168,10 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
         st = HandlePush(req, data, &r.header);
         break;
       case RequestKind::kPull:
-        st = ValidatePullRequest(req);
-        if (st.ok()) st = ValidateSparsePull(req, data);
-        if (!st.ok()) break;
-        // Rank -1 (an observer, such as a dedicated evaluator) reads the
-        // current weights without taking part in the clocks.
-        if (rank >= 0) clocks_.Advance(rank, req.clock);
-        if (rank < 0 || PullReady(req.clock)) {
-          st = AnswerPull(req, data, &r);
-        } else if (IsParked(peer, req.id)) {
-          parked = true;  // a resend of a pull that is already waiting
-        } else if (parked_.size() >= options_.max_parked_pulls) {
-          st = Reject(
-              RejectReason::kTooManyParked,
-              Status::ResourceExhausted("too many parked pulls (" +
-                                        std::to_string(parked_.size()) + ")"));
-        } else if (NumParked(peer) >= options_.max_inflight_per_client) {
-          st = Reject(
-              RejectReason::kTooManyInflight,
-              Status::ResourceExhausted(
-                  "too many requests in flight from this client (" +
-                  std::to_string(options_.max_inflight_per_client) + ")"));
-        } else {
-          auto p = std::make_unique<ParkedPull>();
-          p->peer = peer;
-          p->req = req;
-          p->data = data;
-          parked_.push_back(std::move(p));
-          parked = true;
-        }
+        st = HandlePull(peer, req, data, now, &r, &parked);
         break;
       case RequestKind::kClock:
-        clocks_.Advance(rank, req.clock);
-        if (options_.durable && store_ != nullptr) {
-          // Clocks survive kill -9 too (BSP round membership, SSP bounds).
-          touched_.clear();
-          st = WriteDurable(options_.durable_sync == SyncMode::kSync);
-          if (!st.ok()) reject_reason_ = RejectReason::kStore;
-        }
+        st = HandleClock(req);
         break;
       case RequestKind::kHeartbeat:
         break;
@@ -235,17 +210,111 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
   ReleaseParked(out);
 }
 
-size_t Shard::NumParked(const std::string& peer) const {
-  size_t n = 0;
-  for (const auto& p : parked_) n += p->peer == peer;
-  return n;
+Status Shard::Admit(const RequestHeader& req, bool has_data) {
+  const int rank = req.rank;
+  if (req.version != kProtocolVersion) {
+    return Reject(RejectReason::kVersion,
+                  Status::FailedPrecondition(
+                      "protocol version " + std::to_string(req.version) +
+                      ", this server speaks " +
+                      std::to_string(kProtocolVersion)));
+  }
+  if (rank < -1 || rank >= options_.num_workers) {
+    return Reject(RejectReason::kRank,
+                  Status::InvalidArgument(
+                      "rank " + std::to_string(rank) + " out of range [0, " +
+                      std::to_string(options_.num_workers) + ") for " +
+                      RequestKindName(req.kind)));
+  }
+  // Observers (rank -1: tools, a dedicated evaluator) may pull (read-only)
+  // and ask for stats; only workers register, push and move clocks.
+  const bool worker_only = req.kind == RequestKind::kPush ||
+                           req.kind == RequestKind::kClock ||
+                           req.kind == RequestKind::kRegister;
+  if (rank == -1 && worker_only) {
+    return Reject(
+        RejectReason::kRank,
+        Status::InvalidArgument(
+            std::string("rank -1 (tools and observers) may not ") +
+            RequestKindName(req.kind) +
+            (req.kind == RequestKind::kRegister
+                 ? ": the workers register the model; an observer computes "
+                   "its layout and waits for them"
+                 : ": only workers (rank >= 0) do")));
+  }
+  // Pushes carry chunks and rows; pulls may carry the keys of rows.
+  if (req.kind != RequestKind::kPush &&
+      !(req.kind == RequestKind::kPull && !req.rows.empty()) && has_data) {
+    return Reject(
+        RejectReason::kSizeMismatch,
+        Status::InvalidArgument(std::string(RequestKindName(req.kind)) +
+                                " request carries unexpected data frames"));
+  }
+  const bool clocked = req.kind == RequestKind::kPush ||
+                       req.kind == RequestKind::kClock ||
+                       req.kind == RequestKind::kPull;
+  if (rank >= 0 && clocked) return CheckClock(rank, req.clock);
+  return Status::OK();
 }
 
-bool Shard::IsParked(const std::string& peer, uint64_t id) const {
-  for (const auto& p : parked_) {
-    if (p->req.id == id && p->peer == peer) return true;
+Status Shard::CheckClock(int rank, int64_t clock) {
+  if (clock < 0 || clock > kMaxClock) {
+    return Reject(RejectReason::kBadClock,
+                  Status::InvalidArgument("clock " + std::to_string(clock) +
+                                          " out of range [0, 2^62]"));
   }
-  return false;
+  const int64_t have = clocks_.clock(rank);
+  if (clock > have && clock - have > options_.max_clock_jump) {
+    return Reject(RejectReason::kBadClock,
+                  Status::InvalidArgument(
+                      "rank " + std::to_string(rank) + " moves its clock from " +
+                      std::to_string(have) + " to " + std::to_string(clock) +
+                      ", more than max_clock_jump (" +
+                      std::to_string(options_.max_clock_jump) + ") at once"));
+  }
+  return Status::OK();
+}
+
+Status Shard::HandleClock(const RequestHeader& req) {
+  const bool durable = options_.durable && store_ != nullptr;
+  if (durable && degraded_) {
+    return Reject(RejectReason::kStore,
+                  Status::Unavailable("the store is failing: clocks wait "
+                                      "until a checkpoint succeeds; retry"));
+  }
+  clocks_.Advance(req.rank, req.clock);
+  if (!durable) return Status::OK();
+  // Clocks survive kill -9 too (BSP round membership, SSP bounds).
+  touched_.clear();
+  Status s = WriteDurable(options_.durable_sync == SyncMode::kSync);
+  if (s.ok()) return s;
+  EnterDegraded(s);
+  return Reject(RejectReason::kStore,
+                Status::Unavailable("clock not persisted: " + s.ToString()));
+}
+
+void Shard::EnterDegraded(const Status& cause) {
+  if (!degraded_) {
+    LOG(ERROR) << "durable write failed (" << cause.ToString()
+               << "): refusing pushes until a checkpoint succeeds";
+  }
+  degraded_ = true;
+  repair_backoff_ = std::chrono::milliseconds(100);
+  next_repair_ = TimePoint{};  // try at the next Tick
+}
+
+void Shard::TryRepair(TimePoint now) {
+  if (!degraded_ || now < next_repair_) return;
+  Status s = Checkpoint();
+  if (s.ok()) {
+    degraded_ = false;
+    LOG(INFO) << "checkpoint succeeded: the state is in the store again, "
+                 "accepting pushes";
+    return;
+  }
+  LOG_EVERY_N(ERROR, 10) << "repair checkpoint failed: " << s.ToString();
+  next_repair_ = now + repair_backoff_;
+  repair_backoff_ = std::min(repair_backoff_ * 2, std::chrono::milliseconds(5000));
 }
 
 void Shard::Tick(TimePoint now, std::vector<OutgoingReply>* out) {
@@ -254,26 +323,42 @@ void Shard::Tick(TimePoint now, std::vector<OutgoingReply>* out) {
   for (const auto& p : parked_) {
     if (p->req.rank >= 0) clocks_.Touch(p->req.rank, now);
   }
-  if (clocks_.Expire(now) > 0) OnClocksChanged(out);
+  if (clocks_.Expire(now) > 0) {
+    // An evicted worker's replica is a copy of the shard it may never ask
+    // for again: it resyncs with whole weights if it comes back.
+    for (int r = 0; r < clocks_.num_workers(); ++r) {
+      if (!clocks_.live(r)) FreeReplica(r);
+    }
+    OnClocksChanged(out);
+  }
+  TryRepair(now);
   ReleaseParked(out);
+  ExpireParked(now, out);
+  PruneUnsent();
 }
 
 void Shard::OnClocksChanged(std::vector<OutgoingReply>* out) {
   if (sparse_) sparse_->AdvanceClock(clocks_.MinLiveClock());
   if (options_.consistency == Consistency::kBsp) {
     const int64_t min = clocks_.MinLiveClock();
-    while (min > bsp_round_) {
-      Status s = ApplyBspRound();
+    if (min > bsp_round_) {
+      // One apply for the round that has contributions, then straight to the
+      // minimum: rounds nobody pushed for are not walked one by one.
+      if (min > bsp_round_ + 1) {
+        LOG(INFO) << "BSP: every live worker is past round " << bsp_round_
+                  << ": the round moves to " << min;
+      }
+      Status s = ApplyBspRound(min);
       if (!s.ok()) {
         // The round is applied in memory; only its durable write failed.
-        LOG(ERROR) << "BSP round " << bsp_round_ - 1 << ": " << s.ToString();
+        LOG(ERROR) << "BSP round applied, not persisted: " << s.ToString();
         CountRejected(RejectReason::kStore);
+        EnterDegraded(s);
       }
     }
   }
   if (out != nullptr) ReleaseParked(out);
 }
-
 bool Shard::PullReady(int64_t clock) const {
   const int64_t min = clocks_.MinLiveClock();
   switch (options_.consistency) {
@@ -285,338 +370,6 @@ bool Shard::PullReady(int64_t clock) const {
       return true;
   }
   return true;
-}
-
-void Shard::ReleaseParked(std::vector<OutgoingReply>* out) {
-  if (parked_.empty()) return;
-  size_t keep = 0;
-  for (size_t i = 0; i < parked_.size(); ++i) {
-    ParkedPull& p = *parked_[i];
-    if (!PullReady(p.req.clock)) {
-      parked_[keep++] = std::move(parked_[i]);
-      continue;
-    }
-    OutgoingReply r;
-    r.peer = std::move(p.peer);
-    reject_reason_ = RejectReason::kOther;
-    Status st = AnswerPull(p.req, p.data, &r);
-    if (!st.ok()) {
-      CountRejected(reject_reason_);
-      r.header.chunks.clear();
-      r.frames.clear();
-      r.header.status = st;
-    }
-    FillCommon(p.req, &r.header);
-    out->push_back(std::move(r));
-  }
-  parked_.resize(keep);
-}
-
-void Shard::FailParked(const Status& status, std::vector<OutgoingReply>* out) {
-  for (auto& p : parked_) {
-    OutgoingReply r;
-    r.peer = std::move(p->peer);
-    FillCommon(p->req, &r.header);
-    r.header.status = status;
-    out->push_back(std::move(r));
-  }
-  parked_.clear();
-}
-
-Status Shard::HandleRegister(const RequestHeader& req, ReplyHeader* reply) {
-  if (req.layout.num_shards != options_.num_shards) {
-    return Reject(
-        RejectReason::kRegistrationMismatch,
-        Status::InvalidArgument("registration is for " +
-                                std::to_string(req.layout.num_shards) +
-                                " shards, this server is one of " +
-                                std::to_string(options_.num_shards)));
-  }
-  if (layout_) {
-    const auto& have = layout_->tensors();
-    for (size_t i = 0; i < std::max(have.size(), req.tensors.size()); ++i) {
-      if (i >= have.size() || i >= req.tensors.size() ||
-          have[i] != req.tensors[i]) {
-        const std::string& name =
-            i < req.tensors.size() ? req.tensors[i].name : have[i].name;
-        return Reject(RejectReason::kRegistrationMismatch,
-                      Status::AlreadyExists(
-                          "tensor '" + name + "' (index " + std::to_string(i) +
-                          ") does not match the registered layout"));
-      }
-    }
-    if (req.layout.chunk_elems != layout_->options().chunk_elems ||
-        req.layout.min_chunk_elems != layout_->options().min_chunk_elems) {
-      return Reject(
-          RejectReason::kRegistrationMismatch,
-          Status::AlreadyExists("chunk_elems/min_chunk_elems differ from the "
-                                "registered layout"));
-    }
-    RETURN_IF_ERROR(RegisterTables(req.tables, /*created=*/false));
-    reply->created = false;
-    return Status::OK();
-  }
-  StatusOr<Layout> layout = Layout::Create(req.tensors, req.layout);
-  if (!layout.ok()) return Reject(RejectReason::kOther, layout.status());
-  layout_ = std::move(layout).value();
-  Status st = AllocateChunks();
-  if (st.ok()) st = RegisterTables(req.tables, /*created=*/true);
-  if (st.ok() && store_ != nullptr) st = Checkpoint();
-  if (!st.ok()) {
-    layout_.reset();
-    chunks_.clear();
-    local_index_.clear();
-    sparse_.reset();
-    return Reject(st.code() == StatusCode::kInvalidArgument
-                      ? RejectReason::kRegistrationMismatch
-                      : RejectReason::kStore,
-                  st.WithContext("registration"));
-  }
-  LOG(INFO) << "registered " << layout_->tensors().size() << " tensors, "
-            << layout_->chunks().size() << " chunks; this shard holds "
-            << chunks_.size() << " chunks, "
-            << layout_->ShardBytes()[options_.shard_id] << " bytes";
-  reply->created = true;
-  return Status::OK();
-}
-
-Status Shard::AllocateChunks() {
-  const Layout& l = *layout_;
-  const size_t spe = optimizer_->state_per_elem();
-  const auto& mine = l.shard_chunks(options_.shard_id);
-  chunks_.clear();
-  chunks_.reserve(mine.size());
-  local_index_.assign(l.chunks().size(), -1);
-  for (uint32_t id : mine) {
-    const ChunkSpec& spec = l.chunks()[id];
-    auto c = std::make_unique<Chunk>();
-    c->id = id;
-    c->n = spec.num_elems;
-    c->w.resize(c->n);
-    InitializeTensorRange(l.tensors()[spec.tensor], spec.offset, spec.num_elems,
-                          c->w.data());
-    c->state.assign(c->n * spe, 0.0f);
-    if (options_.consistency == Consistency::kBsp) c->acc.assign(c->n, 0.0f);
-    local_index_[id] = static_cast<int32_t>(chunks_.size());
-    chunks_.push_back(std::move(c));
-  }
-  pending_.reserve(chunks_.size());
-  touched_.reserve(chunks_.size());
-  return Status::OK();
-}
-
-Status Shard::ValidatePullRequest(const RequestHeader& req) {
-  if (!layout_) {
-    return Reject(
-        RejectReason::kNotRegistered,
-        Status::FailedPrecondition("no layout registered: register first"));
-  }
-  for (uint32_t id : req.pull_chunks) {
-    if (id >= local_index_.size()) {
-      return Reject(RejectReason::kUnknownChunk,
-                    Status::NotFound("unknown chunk " + std::to_string(id)));
-    }
-    if (local_index_[id] < 0) {
-      return Reject(RejectReason::kWrongShard,
-                    Status::InvalidArgument(
-                        "chunk " + std::to_string(id) + " belongs to shard " +
-                        std::to_string(layout_->chunks()[id].shard) + ", not " +
-                        std::to_string(options_.shard_id)));
-    }
-  }
-  if (!req.pull_codec.empty() && req.pull_codec != "none") {
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
-    StatusOr<compression::CodecSpec> spec =
-        compression::CodecSpec::Parse(req.pull_codec);
-    if (!spec.ok()) return Reject(RejectReason::kBadCodec, spec.status());
-#else
-    return Reject(RejectReason::kBadCodec,
-                  Status::Unimplemented("pull codec '" + req.pull_codec +
-                                        "' needs the compression library"));
-#endif
-  }
-  return Status::OK();
-}
-
-Status Shard::AnswerPull(const RequestHeader& req,
-                         const std::vector<ByteView>& data,
-                         OutgoingReply* reply) {
-  RETURN_IF_ERROR(ValidatePullRequest(req));
-  static const std::vector<uint32_t> kNoChunks;
-  const std::vector<uint32_t>& ids =
-      !req.pull_dense            ? kNoChunks
-      : req.pull_chunks.empty() ? layout_->shard_chunks(options_.shard_id)
-                                : req.pull_chunks;
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
-  std::unique_ptr<compression::Codec> codec;
-  if (!req.pull_codec.empty() && req.pull_codec != "none") {
-    ASSIGN_OR_RETURN(compression::CodecSpec spec,
-                     compression::CodecSpec::Parse(req.pull_codec));
-    if (spec.id != compression::CodecId::kNone) {
-      StatusOr<std::unique_ptr<compression::Codec>> c =
-          compression::CreateCodec(spec);
-      if (!c.ok()) return Reject(RejectReason::kBadCodec, c.status());
-      codec = std::move(c).value();
-    }
-  }
-#endif
-  reply->header.chunks.clear();
-  reply->header.chunks.reserve(ids.size());
-  reply->frames.clear();
-  reply->frames.reserve(ids.size());
-  // A sparse codec sends the change since this worker's last pull (reply
-  // number pull_base_seq), or whole weights when that is not what this
-  // shard last sent it (first pull, lost reply, new incarnation, restart).
-  PullReplica* replica = nullptr;
-  bool resync = false;
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
-  if (codec && codec->IsSparse()) {
-    if (req.rank < 0) {
-      return Reject(RejectReason::kBadCodec,
-                    Status::InvalidArgument(
-                        "sparse pull codecs send changes since a worker's "
-                        "last pull: they need a worker rank"));
-    }
-    replica = &replicas_[req.rank];
-    resync = replica->seq == 0 || replica->incarnation != req.incarnation ||
-             replica->seq != req.pull_base_seq;
-    replica->incarnation = req.incarnation;
-    replica->seq = next_pull_seq_++;
-    replica->chunks.resize(chunks_.size());
-    reply->header.pull_seq = replica->seq;
-  }
-#endif
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    Chunk& c = *chunks_[local_index_[ids[i]]];
-    ChunkRef ref;
-    ref.chunk = c.id;
-    ref.frame = static_cast<uint32_t>(i + 1);
-    ref.num_elems = c.n;
-    ref.version = c.version;
-    ByteView view;
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
-    if (replica != nullptr) {
-      std::vector<float>& held = replica->chunks[local_index_[ids[i]]];
-      if (resync || held.size() != c.n) {
-        held.assign(c.w.begin(), c.w.end());  // whole weights go below
-      } else {
-        delta_scratch_.resize(c.n);
-        for (size_t j = 0; j < c.n; ++j) delta_scratch_[j] = c.w[j] - held[j];
-        std::vector<uint8_t> payload;
-        Status s =
-            codec->Encode(delta_scratch_.data(), c.n, c.version, &payload);
-        // The worker adds exactly the decoded payload: so does its replica,
-        // and what was not sent stays in the next delta (error feedback).
-        if (s.ok()) {
-          s = codec->DecodeAdd(payload.data(), payload.size(), c.n, 1.0f,
-                               held.data());
-        }
-        if (!s.ok()) {
-          replica->seq = 0;  // resync next time
-          return Reject(RejectReason::kBadCodec, s.WithContext("pull codec"));
-        }
-        BufferPtr b = Buffer::FromVector(std::move(payload));
-        ref.codec = static_cast<uint8_t>(codec->id());
-        view = ByteView{b->data(), b->size(), b};
-      }
-    } else if (codec) {
-      std::vector<uint8_t> payload;
-      Status s = codec->Encode(c.w.data(), c.n, c.version, &payload);
-      if (!s.ok())
-        return Reject(RejectReason::kBadCodec, s.WithContext("pull codec"));
-      BufferPtr b = Buffer::FromVector(std::move(payload));
-      ref.codec = static_cast<uint8_t>(codec->id());
-      view = ByteView{b->data(), b->size(), b};
-    }
-#endif
-    if (view.data == nullptr) {
-      // One snapshot per chunk version, shared by every pull of it; the
-      // next push writes the live weights, never a buffer in flight.
-      if (!c.snapshot || c.snapshot_version != c.version) {
-        // Reuse the old snapshot once ZeroMQ has released it: no allocation
-        // (and no page faults) per pull in the steady state.
-        if (!c.snapshot || c.snapshot.use_count() > 1) {
-          c.snapshot = Buffer::Allocate(c.n * sizeof(float));
-        }
-        std::memcpy(c.snapshot->data(), c.w.data(), c.n * sizeof(float));
-        c.snapshot_version = c.version;
-      }
-      ref.codec = 0;
-      view = ByteView{c.snapshot->data(), c.snapshot->size(), c.snapshot};
-    }
-    ref.byte_size = view.size;
-    bytes += view.size;
-    reply->header.chunks.push_back(ref);
-    reply->frames.push_back(std::move(view));
-  }
-  RETURN_IF_ERROR(AnswerSparsePull(req, data, reply));
-  for (size_t i = ids.size(); i < reply->frames.size(); ++i)
-    bytes += reply->frames[i].size;
-  ++counters_.pulls;
-  counters_.bytes_out += bytes;
-  if (req.rank >= 0) last_read_[req.rank] = shard_version_;
-  return Status::OK();
-}
-
-std::string Shard::StatsJson() const {
-  std::string s = "{";
-  auto field = [&s](const char* name, const std::string& value) {
-    if (s.size() > 1) s += ',';
-    s += '"';
-    s += name;
-    s += "\":";
-    s += value;
-  };
-  auto num = [](auto v) { return std::to_string(v); };
-  field("shard", num(options_.shard_id));
-  field("num_shards", num(options_.num_shards));
-  field("registered", registered() ? "true" : "false");
-  field("tensors", num(layout_ ? layout_->tensors().size() : 0));
-  field("chunks", num(chunks_.size()));
-  uint64_t bytes = 0;
-  for (const auto& c : chunks_) bytes += c->n * sizeof(float);
-  field("bytes", num(bytes));
-  field("version", num(shard_version_));
-  field("consistency",
-        std::string("\"") + ConsistencyName(options_.consistency) + "\"");
-  field("staleness_bound", num(options_.staleness));
-  field("optimizer",
-        std::string("\"") + OptimizerKindName(options_.optimizer.kind) + "\"");
-  field("num_workers", num(options_.num_workers));
-  std::string clocks = "[", live = "[";
-  for (int r = 0; r < clocks_.num_workers(); ++r) {
-    if (r) clocks += ',', live += ',';
-    clocks += num(clocks_.clock(r));
-    live += clocks_.live(r) ? "true" : "false";
-  }
-  field("worker_clocks", clocks + "]");
-  field("worker_live", live + "]");
-  field("min_clock", num(clocks_.MinLiveClock()));
-  field("bsp_round", num(bsp_round_));
-  field("parked_pulls", num(parked_.size()));
-  field("pushes", num(counters_.pushes));
-  field("duplicate_pushes", num(counters_.duplicate_pushes));
-  field("pulls", num(counters_.pulls));
-  field("bytes_in", num(counters_.bytes_in));
-  field("bytes_in_raw", num(counters_.bytes_in_raw));
-  field("validate_decode_ms", num(counters_.validate_decode_ns / 1000000));
-  field("bytes_out", num(counters_.bytes_out));
-  field("checkpoints", num(counters_.checkpoints));
-  std::string rej = "{";
-  uint64_t total = 0;
-  for (size_t i = 0; i < kNumRejectReasons; ++i) {
-    total += counters_.rejected[i];
-    if (counters_.rejected[i] == 0) continue;
-    if (rej.size() > 1) rej += ',';
-    rej += std::string("\"") + RejectReasonName(static_cast<RejectReason>(i)) +
-           "\":" + num(counters_.rejected[i]);
-  }
-  field("rejected_total", num(total));
-  field("rejected", rej + "}");
-  field("staleness", staleness_.ToJson());
-  if (sparse_) field("sparse", sparse_->StatsJson());
-  return s + "}";
 }
 
 }  // namespace asyncps::server

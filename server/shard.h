@@ -4,9 +4,21 @@
 // A Shard holds, once a layout is registered, the chunks this shard owns
 // (weights, optimizer state, version, BSP accumulator), the shard version
 // (updates applied), the workers' clocks and liveness, the version each
-// worker last read (staleness), a per-rank push dedup entry
-// (incarnation, last applied push id) that makes resent pushes idempotent,
-// parked pulls, counters and the staleness histogram.
+// worker last read (staleness), the push de-duplication table that applies
+// every push exactly once (server/internal/push_dedup.h), parked pulls,
+// counters and the staleness histogram.
+//
+// Hostile but well-formed requests cannot make it allocate without limit or
+// spin: every allocation a peer's numbers size (registered chunks, pull
+// snapshots and codec payloads not yet sent, pull replicas, parked pulls,
+// the layout tables) is drawn from a MemoryBudget first (ResourceExhausted
+// with the numbers, nothing allocated); clocks are checked (never negative,
+// at most max_clock_jump ahead per request); a pull names each chunk at most
+// once; replies not yet taken by a slow reader are capped per connection and
+// per rank; parked pulls are capped per connection and per rank and expire.
+// Rank -1 (tools, observers such as a dedicated evaluator) may pull
+// (read-only, never waiting, never moving a clock) and ask for stats, but
+// not register, push or clock.
 //
 // Sparse tables (server/sparse/sparse_tables.h), registered with the layout,
 // travel in the same pushes, pulls and clocks as the chunks (their requests
@@ -25,36 +37,54 @@
 // by every pull of that version), never pointers into memory that the next
 // push mutates.
 //
-// Consistency (ShardOptions::consistency):
-//   kBsp: pushes for the current round r (clock == r) are summed per chunk;
-//         once every live worker's clock is > r the average (sum / number of
-//         contributors) is applied once and the round becomes r+1. A pull at
-//         clock c waits until the minimum live clock is >= c.
+// Consistency (ShardOptions::consistency). A worker's clock is what its
+// Clock requests (and pushes) said, never its pulls: a worker sends
+// Clock(c+1) after its push of step c on the same connection, so a clock of c
+// means its pushes of steps < c are here.
+//   kBsp: the pushes of round r (the first push of each rank with clock >= r;
+//         a later one of the same rank, or one for an earlier clock from a
+//         worker that fell behind, is acknowledged and not counted) are
+//         summed per chunk; once every live worker's clock is > r the
+//         average (sum / number of contributors) is applied once and the
+//         round becomes the minimum live clock. A pull at clock c waits until
+//         the round and the minimum live clock are >= c. A worker that comes
+//         back behind the round (evicted, late, restarted) reads pull replies
+//         whose min_clock is ahead of its own clock and skips ahead to it.
 //   kSsp: pushes are applied on arrival; a pull at clock c waits until the
-//         minimum live clock is >= c - staleness.
+//         minimum live clock is >= c - staleness. So the reply holds every
+//         update of steps < c - staleness from every live worker (and, when
+//         the worker does not prefetch, all of its own updates of steps < c).
 //   kAsp: pushes applied on arrival; pulls never wait.
 //
 // Persistence: with a Store, the shard recovers from it in Create(); a
 // Checkpoint() writes all state in one atomic batch; in durable mode every
-// applied push (BSP: every accumulated push and round apply) is written
-// before its reply is produced.
+// applied push (BSP: every accumulated push and round apply) is written,
+// together with the de-duplication table, before its reply is produced. When
+// such a write fails the push stays applied in memory but is not
+// acknowledged, and the shard refuses pushes (Unavailable: retry) until a
+// checkpoint of the whole state succeeds (Tick retries it); only then is the
+// retried push acknowledged, as a duplicate. So an acknowledged push is in
+// the store.
 //
 // Ownership: the Shard does not own the Store, which must outlive it.
 // Thread safety: none; a Shard is driven by one thread (the event loop).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "common/buffer.h"
 #include "common/layout.h"
 #include "common/status.h"
 #include "common/wire.h"
+#include "server/memory_budget.h"
 #include "server/optimizer.h"
 #include "server/sparse/sparse_tables.h"
 #include "server/stats.h"
@@ -62,6 +92,13 @@
 #include "server/worker_clocks.h"
 
 namespace asyncps::server {
+namespace internal {
+class PushDedup;
+}  // namespace internal
+
+// Largest clock a worker may report (clocks are in [0, kMaxClock], so no
+// arithmetic on them overflows).
+inline constexpr int64_t kMaxClock = int64_t{1} << 62;
 
 enum class Consistency : uint8_t { kBsp = 0, kSsp = 1, kAsp = 2 };
 const char* ConsistencyName(Consistency c);
@@ -96,10 +133,34 @@ struct ShardOptions {
   // Default: 4096.
   size_t max_parked_pulls = 4096;
   // Most requests one peer (routing id) may have waiting in the shard at
-  // once (parked pulls); more are answered ResourceExhausted, so one client
-  // cannot take the whole parked-pull budget. Requests not yet read stay in
-  // ZeroMQ's per-peer queue, bounded by its high-water mark. Default: 1024.
+  // once (parked pulls), and one worker rank over all its connections; more
+  // are answered ResourceExhausted, so one client cannot take the whole
+  // parked-pull budget. Requests not yet read stay in ZeroMQ's per-peer
+  // queue, bounded by its high-water mark. Default: 1024.
   size_t max_inflight_per_client = 1024;
+  // A pull parked this long is answered Unavailable (the client resends it),
+  // so no request waits forever. Default: 30 s.
+  std::chrono::milliseconds max_park_time{30000};
+  // Memory this shard may hold for what peers ask of it, in bytes (see the
+  // class comment); over it, a registration or pull gets ResourceExhausted
+  // with the numbers. ps_server's default is derived from the machine
+  // (MemoryBudget::DefaultCapacity()). Default: 4 GiB.
+  uint64_t memory_budget_bytes = uint64_t{4} << 30;
+  // Bytes of pull replies to one connection, or to one worker rank over all
+  // its connections, that ZeroMQ has queued but not yet sent (a client that
+  // pulls and does not read); while above it that client's pulls get
+  // ResourceExhausted. One reply is always allowed. Default: 256 MiB.
+  uint64_t max_unsent_bytes_per_client = uint64_t{256} << 20;
+  // Largest pull reply (data frames), bytes; 0: twice this shard's fp32
+  // bytes plus 1 MiB (every chunk once, through any pull codec).
+  // Default: 0.
+  uint64_t max_reply_bytes = 0;
+  // Largest data frame the transport accepts, bytes: a registration whose
+  // chunks would not fit one frame is refused. Default: 256 MiB.
+  uint64_t max_frame_bytes = uint64_t{256} << 20;
+  // Largest forward move of a worker's clock in one request (push, pull or
+  // clock), in clocks; clocks are never negative. Default: 1,000,000.
+  int64_t max_clock_jump = 1000000;
   // Benchmark mode: pushes are validated (sizes, codecs; not scanned for
   // NaN) and acknowledged, never applied.
   // Default: false.
@@ -145,8 +206,10 @@ class Shard {
               const std::vector<ByteView>& data, TimePoint now,
               std::vector<OutgoingReply>* out);
 
-  // Timers: evicts silent workers and answers parked pulls that became
-  // answerable. Call at least every few hundred milliseconds.
+  // Timers: evicts silent workers (freeing their pull replicas), answers
+  // parked pulls that became answerable or waited too long, and retries the
+  // checkpoint that ends a degraded state. Call at least every few hundred
+  // milliseconds.
   void Tick(TimePoint now, std::vector<OutgoingReply>* out);
 
   // Answers every parked pull with `status` (e.g. Cancelled on exit).
@@ -164,6 +227,9 @@ class Shard {
 
   // True once a kShutdown request has been answered.
   bool shutdown_requested() const { return shutdown_requested_; }
+  // True while pushes are refused because a durable write failed and no
+  // checkpoint has succeeded since.
+  bool degraded() const { return degraded_; }
 
   // --- Introspection (tests, stats) ---
   const ShardOptions& options() const { return options_; }
@@ -176,6 +242,10 @@ class Shard {
   const ShardCounters& counters() const { return counters_; }
   const StalenessHistogram& staleness() const { return staleness_; }
   const WorkerClocks& clocks() const { return clocks_; }
+  const MemoryBudget& budget() const { return *budget_; }
+  // Bytes of replies handed out by Handle()/Tick() and not yet released
+  // (sent by ZeroMQ or dropped), all peers.
+  uint64_t unsent_reply_bytes() const;
   // Weights / optimizer state / version of an owned chunk (nullptr / 0 if
   // not owned).
   const std::vector<float>* weights(uint32_t chunk) const;
@@ -188,55 +258,94 @@ class Shard {
   struct Chunk;
   struct PendingGrad;
   struct ParkedPull;
-  struct Dedup {
-    bool valid = false;
-    uint64_t incarnation = 0;
-    uint64_t last_id = 0;
-  };
+  struct PullReplica;
+  // Reply bytes handed to the transport and not yet released by it.
+  using UnsentBytes = std::atomic<uint64_t>;
 
   Shard(const ShardOptions& options, Store* store,
         std::unique_ptr<Optimizer> optimizer, TimePoint now);
 
-  // shard.cc: dispatch, registration, pulls, clocks.
-  Status HandleRegister(const RequestHeader& req, ReplyHeader* reply);
-  // Fills the reply to a pull, or returns an error. Never parks.
-  Status AnswerPull(const RequestHeader& req, const std::vector<ByteView>& data,
-                    OutgoingReply* reply);
+  // shard.cc: dispatch, clocks, timers.
+  // Checks what every request must satisfy before its kind is handled:
+  // protocol version, rank (and what rank -1 may do), data frames, clock.
+  Status Admit(const RequestHeader& req, bool has_data);
   bool PullReady(int64_t clock) const;
+  // Checks a worker's clock in a push, pull or clock request.
+  Status CheckClock(int rank, int64_t clock);
   void OnClocksChanged(std::vector<OutgoingReply>* out);
-  void ReleaseParked(std::vector<OutgoingReply>* out);
-  // True when a pull with this id from this peer is already parked.
-  bool IsParked(const std::string& peer, uint64_t id) const;
-  // Pulls parked for this peer.
-  size_t NumParked(const std::string& peer) const;
   void FillCommon(const RequestHeader& req, ReplyHeader* reply) const;
-  Status AllocateChunks();
-  Status ValidatePullRequest(const RequestHeader& req);
+  Status HandleClock(const RequestHeader& req);
   // Records why the request being handled fails; returns `s`.
   Status Reject(RejectReason reason, Status s);
+  // A durable write failed: refuse pushes until a checkpoint succeeds.
+  void EnterDegraded(const Status& cause);
+  void TryRepair(TimePoint now);
+
+  // shard_register.cc: registration and chunk allocation.
+  Status HandleRegister(const RequestHeader& req, ReplyHeader* reply);
+  // Reserves the layout tables of `req` from the budget, computed before
+  // any of them is built.
+  Status ChargeLayoutTables(const std::vector<TensorSpec>& tensors,
+                            const LayoutOptions& options);
+  // Reserves and allocates this shard's chunks of layout_.
+  Status AllocateChunks();
+
+  // shard_pull.cc: pulls, replicas, parked pulls, unsent replies.
+  Status HandlePull(const std::string& peer, const RequestHeader& req,
+                    const std::vector<ByteView>& data, TimePoint now,
+                    OutgoingReply* r, bool* parked);
+  Status ValidatePullRequest(const RequestHeader& req);
+  // Fills the reply to a pull, or returns an error. Never parks.
+  Status AnswerPull(const std::string& peer, const RequestHeader& req,
+                    const std::vector<ByteView>& data, OutgoingReply* reply);
+  void ReleaseParked(std::vector<OutgoingReply>* out);
+  void ExpireParked(TimePoint now, std::vector<OutgoingReply>* out);
+  // True when a pull with this id from this peer is already parked.
+  bool IsParked(const std::string& peer, uint64_t id) const;
+  size_t NumParked(const std::string& peer) const;
+  size_t NumParkedOfRank(int rank) const;
+  // Frees the pull replica of `rank` (eviction, new incarnation, codec).
+  void FreeReplica(int rank);
+  // Keeps every frame of `reply` until ZeroMQ releases the last of them;
+  // until then its bytes count as unsent (total), and `fresh` of them (the
+  // buffers made for this reply: new snapshots, codec payloads) as unsent
+  // to `peer` and `rank`.
+  void PinUnsent(const std::string& peer, int rank, uint64_t fresh,
+                 OutgoingReply* reply);
+  UnsentBytes& UnsentOf(const std::string& peer);
+  void PruneUnsent();
 
   // shard_push.cc: validation and apply.
   Status HandlePush(const RequestHeader& req, const std::vector<ByteView>& data,
                     ReplyHeader* reply);
   Status ValidatePush(const RequestHeader& req,
                       const std::vector<ByteView>& data);
+  // Marks the push done in the de-duplication table (memory only).
+  void RecordPush(const RequestHeader& req);
+  // RecordPush and, in durable mode, writes it.
+  Status FinishPush(const RequestHeader& req);
   void ApplyPending(int rank, float lr_scale);
   // The schedule's multiplier of lr at the current shard version.
   float ScheduleScale() const;
-  // Applies the averaged round and advances bsp_round_ by one.
-  Status ApplyBspRound();
+  // Applies the averaged round and moves bsp_round_ to `next`.
+  Status ApplyBspRound(int64_t next);
 
   // shard_sparse.cc: the rows of sparse tables in registration, pushes,
   // pulls, BSP rounds and persistence.
   Status RegisterTables(const std::vector<TableSpec>& tables, bool created);
   Status ValidateSparsePush(const RequestHeader& req,
                             const std::vector<ByteView>& data);
+  // BSP: reserves what this push's rows may add to the round's sums, before
+  // anything of the push is applied.
+  Status ChargeSparseRound();
   Status ApplySparsePush(int64_t clock, float lr_scale);
   Status ValidateSparsePull(const RequestHeader& req,
                             const std::vector<ByteView>& data);
+  // Appends the rows of a pull to its reply; adds the bytes of the buffers
+  // made for it to *fresh.
   Status AnswerSparsePull(const RequestHeader& req,
                           const std::vector<ByteView>& data,
-                          OutgoingReply* reply);
+                          OutgoingReply* reply, uint64_t* fresh);
   // Writes entries_ plus the sparse tables' part of a cut.
   Status WriteCut(bool checkpoint, SyncMode sync);
 
@@ -253,28 +362,41 @@ class Shard {
   ShardOptions options_;
   Store* store_;  // not owned; may be null
   std::unique_ptr<Optimizer> optimizer_;
+  std::shared_ptr<MemoryBudget> budget_;
+  MemoryBudget::Charge fixed_charge_;   // tables sized by options
+  MemoryBudget::Charge layout_charge_;  // layout tables
+  MemoryBudget::Charge chunks_charge_;  // this shard's chunks
   std::optional<Layout> layout_;
   std::vector<std::unique_ptr<Chunk>> chunks_;  // this shard's chunks, id order
   std::vector<int32_t>
       local_index_;  // chunk id -> index in chunks_, -1 if not ours
+  uint64_t shard_bytes_ = 0;  // fp32 bytes of chunks_
   uint64_t shard_version_ = 0;
   int64_t bsp_round_ = 0;
+  // BSP, per rank: the round its last counted push was for (-1: none).
+  std::vector<int64_t> bsp_pushed_round_;
   WorkerClocks clocks_;
   std::vector<uint64_t>
-      last_read_;             // per rank: shard version of its last pull reply
-  std::vector<Dedup> dedup_;  // per rank
+      last_read_;  // per rank: shard version of its last pull reply
+  std::unique_ptr<internal::PushDedup> dedup_;
+  // Durable write failed: pushes refused until a checkpoint succeeds.
+  bool degraded_ = false;
+  TimePoint next_repair_{};
+  std::chrono::milliseconds repair_backoff_{100};
   // Sparse pull codecs (top-k, random-k) send each worker the change since
   // its last pull: per rank, what that worker holds of every local chunk.
   // Not persisted: after a restart the next pull resyncs with whole weights.
-  struct PullReplica {
-    uint64_t incarnation = 0;
-    uint64_t seq = 0;  // pull_seq of the last reply sent; 0: none
-    std::vector<std::vector<float>> chunks;  // by local chunk index
-  };
-  std::vector<PullReplica> replicas_;  // per rank
-  uint64_t next_pull_seq_;             // starts random: unique across restarts
+  std::vector<std::unique_ptr<PullReplica>> replicas_;  // per rank
+  uint64_t next_pull_seq_;  // starts random: unique across restarts
   std::vector<float> delta_scratch_;
+  std::vector<uint64_t> pull_stamp_;  // per local chunk: pull #stamp named it
+  uint64_t pull_stamps_ = 0;
   std::vector<std::unique_ptr<ParkedPull>> parked_;
+  // Unsent reply bytes per peer (routing id) and per rank; the counters are
+  // decremented by ZeroMQ's I/O thread when it releases a reply's frames.
+  std::unordered_map<std::string, std::shared_ptr<UnsentBytes>> unsent_;
+  std::vector<std::shared_ptr<UnsentBytes>> unsent_by_rank_;
+  std::shared_ptr<UnsentBytes> unsent_total_;
   ShardCounters counters_;
   StalenessHistogram staleness_;
   bool shutdown_requested_ = false;
@@ -303,6 +425,11 @@ class Shard {
   std::vector<uint64_t> sparse_keys_;
   std::vector<float> sparse_rows_;
   std::vector<uint64_t> table_stamp_;  // per table: seen in request #stamp_
+  // The embedding cache's budget, drawn from the shard's MemoryBudget when
+  // the tables are registered; a push's decoded keys and rows; BSP sums.
+  MemoryBudget::Charge sparse_charge_;
+  MemoryBudget::Charge request_charge_;
+  MemoryBudget::Charge round_charge_;
 };
 
 }  // namespace asyncps::server

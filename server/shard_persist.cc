@@ -5,13 +5,18 @@
 //                      u64 min_chunk_elems, u32 num_tensors, then per tensor:
 //                      u32 name_len, name, u32 ndims, i64 dims[ndims],
 //                      u8 init, f32 init_param, u64 seed
-//   "1state"           u32 'STA1', i32 shard_id, i32 num_shards,
+//   "1state"           u32 'STA2', i32 shard_id, i32 num_shards,
 //                      u32 num_workers, u64 shard_version, i64 bsp_round,
-//                      per worker: i64 clock, u64 last_read, u8 dedup_valid,
-//                      u64 incarnation, u64 last_push_id;
+//                      per worker: i64 clock, u64 last_read,
+//                      i64 bsp_pushed_round;
+//                      the push de-duplication table (PushDedup::Encode);
 //                      u64 pushes, duplicate_pushes, pulls, bytes_in,
-//                      bytes_out; u32 num_reasons, u64 rejected[num_reasons];
+//                      bytes_out, skipped_pushes;
+//                      u32 num_reasons, u64 rejected[num_reasons];
 //                      u32 num_buckets, u64 buckets[num_buckets], u64 max
+//                      (version 1, 'STA1', still read: per worker i64 clock,
+//                      u64 last_read, u8 dedup_valid, u64 incarnation,
+//                      u64 last_push_id; no skipped_pushes)
 //   "2chunk/" + u32 BE id
 //                      u32 'CHK1', u64 n, u32 state_per_elem, u64 version,
 //                      u64 step, u32 contributors, u8 has_acc,
@@ -24,6 +29,7 @@
 
 #include <cstring>
 
+#include "server/internal/push_dedup.h"
 #include "server/internal/shard_types.h"
 #include "server/shard.h"
 
@@ -34,7 +40,8 @@ using internal::Put;
 using internal::Reader;
 
 constexpr uint32_t kLayoutMagic = 0x3159414c;  // "LAY1"
-constexpr uint32_t kStateMagic = 0x31415453;   // "STA1"
+constexpr uint32_t kStateMagicV1 = 0x31415453;  // "STA1"
+constexpr uint32_t kStateMagic = 0x32415453;    // "STA2"
 constexpr uint32_t kChunkMagic = 0x314b4843;   // "CHK1"
 constexpr std::string_view kLayoutKey = "0layout";
 constexpr std::string_view kStateKey = "1state";
@@ -117,15 +124,15 @@ void Shard::AddStateEntry(std::vector<StoreEntry>* entries) const {
   for (int r = 0; r < options_.num_workers; ++r) {
     Put<int64_t>(&h, clocks_.clock(r));
     Put<uint64_t>(&h, last_read_[r]);
-    Put<uint8_t>(&h, dedup_[r].valid ? 1 : 0);
-    Put<uint64_t>(&h, dedup_[r].incarnation);
-    Put<uint64_t>(&h, dedup_[r].last_id);
+    Put<int64_t>(&h, bsp_pushed_round_[r]);
   }
+  dedup_->Encode(&h);
   Put<uint64_t>(&h, counters_.pushes);
   Put<uint64_t>(&h, counters_.duplicate_pushes);
   Put<uint64_t>(&h, counters_.pulls);
   Put<uint64_t>(&h, counters_.bytes_in);
   Put<uint64_t>(&h, counters_.bytes_out);
+  Put<uint64_t>(&h, counters_.skipped_pushes);
   Put<uint32_t>(&h, static_cast<uint32_t>(kNumRejectReasons));
   for (uint64_t v : counters_.rejected) Put<uint64_t>(&h, v);
   Put<uint32_t>(&h, static_cast<uint32_t>(StalenessHistogram::kNumBuckets));
@@ -229,23 +236,25 @@ Status Shard::RestoreLayout(std::string_view value) {
       return Damaged("layout");
     t.init = static_cast<InitKind>(init);
   }
+  RETURN_IF_ERROR(ChargeLayoutTables(tensors, lo).WithContext("stored layout"));
   StatusOr<Layout> l = Layout::Create(std::move(tensors), lo);
   if (!l.ok())
     return Status::Corruption("stored layout is invalid: " +
                               l.status().message());
   layout_ = std::move(l).value();
-  return AllocateChunks();
+  return AllocateChunks().WithContext("stored layout");
 }
 
 Status Shard::RestoreState(std::string_view value) {
   Reader r(value);
   uint32_t magic = 0, nw = 0;
   int32_t shard_id = 0, num_shards = 0;
-  if (!r.Get(&magic) || magic != kStateMagic || !r.Get(&shard_id) ||
-      !r.Get(&num_shards) || !r.Get(&nw) || !r.Get(&shard_version_) ||
-      !r.Get(&bsp_round_)) {
+  if (!r.Get(&magic) || (magic != kStateMagic && magic != kStateMagicV1) ||
+      !r.Get(&shard_id) || !r.Get(&num_shards) || !r.Get(&nw) ||
+      !r.Get(&shard_version_) || !r.Get(&bsp_round_)) {
     return Damaged("state");
   }
+  const bool v1 = magic == kStateMagicV1;
   if (shard_id != options_.shard_id || num_shards != options_.num_shards) {
     return Status::FailedPrecondition(
         "store belongs to shard " + std::to_string(shard_id) + " of " +
@@ -257,28 +266,32 @@ Status Shard::RestoreState(std::string_view value) {
     LOG(WARNING) << "store was written for " << nw << " workers, now "
                  << options_.num_workers;
   }
+  if (nw > r.remaining()) return Damaged("state");
   std::vector<int64_t> clocks(options_.num_workers, 0);
   for (uint32_t w = 0; w < nw; ++w) {
-    int64_t clock = 0;
-    uint64_t last_read = 0;
-    Dedup d;
+    int64_t clock = 0, pushed_round = -1;
+    uint64_t last_read = 0, incarnation = 0, last_id = 0;
     uint8_t valid = 0;
-    if (!r.Get(&clock) || !r.Get(&last_read) || !r.Get(&valid) ||
-        !r.Get(&d.incarnation) || !r.Get(&d.last_id)) {
+    if (!r.Get(&clock) || !r.Get(&last_read)) return Damaged("state");
+    if (v1 ? !r.Get(&valid) || !r.Get(&incarnation) || !r.Get(&last_id)
+           : !r.Get(&pushed_round)) {
       return Damaged("state");
     }
-    d.valid = valid != 0;
-    if (static_cast<int>(w) < options_.num_workers) {
-      clocks[w] = clock;
-      last_read_[w] = last_read;
-      dedup_[w] = d;
+    if (static_cast<int>(w) >= options_.num_workers) continue;
+    clocks[w] = clock;
+    last_read_[w] = last_read;
+    bsp_pushed_round_[w] = pushed_round;
+    if (v1 && valid) {
+      dedup_->RestoreHighWaterMark(static_cast<int>(w), incarnation, last_id);
     }
   }
   clocks_.Restore(clocks, std::chrono::steady_clock::now());
+  if (!v1 && !dedup_->Decode(&r)) return Damaged("state (push table)");
   uint32_t nr = 0, nb = 0;
   if (!r.Get(&counters_.pushes) || !r.Get(&counters_.duplicate_pushes) ||
       !r.Get(&counters_.pulls) || !r.Get(&counters_.bytes_in) ||
-      !r.Get(&counters_.bytes_out) || !r.Get(&nr)) {
+      !r.Get(&counters_.bytes_out) ||
+      (!v1 && !r.Get(&counters_.skipped_pushes)) || !r.Get(&nr)) {
     return Damaged("state");
   }
   for (uint32_t i = 0; i < nr; ++i) {

@@ -5,6 +5,10 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include <signal.h>
+#include <sys/wait.h>
+
+#include "server/internal/fault_store.h"
 #include "server/internal/test_util.h"
 #include "server/shard.h"
 #include "server/store.h"
@@ -12,6 +16,7 @@
 namespace asyncps::server {
 namespace {
 
+using testing::FaultInjectionStore;
 using testing::Floats;
 using testing::ShardHarness;
 using testing::SmallLayout;
@@ -146,12 +151,22 @@ TEST(ShardPersistTest, StoreOfAnotherShardIsRefused) {
   EXPECT_EQ(s.status().code(), StatusCode::kFailedPrecondition);
 }
 
+// A RocksDB store in a fresh temp dir, removed with it.
+struct TempRocksDb {
+  TempRocksDb() {
+    char tmpl[] = "/tmp/asyncps_store_XXXXXX";
+    EXPECT_NE(mkdtemp(tmpl), nullptr);
+    dir = tmpl;
+    options.path = dir + "/db";
+  }
+  ~TempRocksDb() { std::filesystem::remove_all(dir); }
+  std::string dir;
+  RocksDbStoreOptions options;
+};
+
 TEST(ShardPersistTest, RocksDbCheckpointRecoversBitwise) {
-  char tmpl[] = "/tmp/asyncps_store_XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
-  RocksDbStoreOptions so;
-  so.path = dir + "/db";
+  TempRocksDb db;
+  const RocksDbStoreOptions& so = db.options;
   {
     auto store = OpenRocksDbStore(so);
     ASSERT_TRUE(store.ok()) << store.status().ToString();
@@ -166,7 +181,73 @@ TEST(ShardPersistTest, RocksDbCheckpointRecoversBitwise) {
     ShardHarness b(AdamOpts(), reopened->get());
     ExpectSameState(a, b);
   }
-  std::filesystem::remove_all(dir);
+}
+
+// Issue 13, item 2: a push whose durable write failed must not be
+// acknowledged until it is stored, so kill -9 after its acknowledgement
+// loses nothing. A child process drives a shard on RocksDB through a
+// fault-injecting store and is killed with SIGKILL; the parent recovers.
+TEST(ShardPersistTest, AckedPushSurvivesAFailedWriteAndKill9) {
+  TempRocksDb db;
+  const RocksDbStoreOptions& so = db.options;
+  ShardOptions o = AdamOpts();
+  o.durable = true;
+  auto grad = [] { return Floats(std::vector<float>(10, 1.0f)); };
+  auto push = [&](uint64_t id) {
+    auto g = grad();
+    RequestHeader req = ShardHarness::Push(0, 0, {4}, {g});
+    req.id = id;
+    return req;
+  };
+  int pipefd[2];
+  ASSERT_EQ(pipe(pipefd), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // Child: a byte per check, then SIGKILL (no destructor, no checkpoint).
+    close(pipefd[0]);
+    auto report = [&](char c) { (void)!write(pipefd[1], &c, 1); };
+    auto base = OpenRocksDbStore(so);
+    if (!base.ok()) report('S');
+    FaultInjectionStore store(base->get());
+    ShardHarness a(o, &store);
+    if (!a.Call(ShardHarness::Register(0, SmallModel(), SmallLayout(2)))
+             .status.ok())
+      report('R');
+    if (!a.Call(push(10), {grad()}).status.ok()) report('A');
+    store.FailWrites(true);
+    if (a.Call(push(11), {grad()}).status.code() != StatusCode::kUnavailable)
+      report('B');
+    // The client's retry while the store fails: not acknowledged.
+    if (a.Call(push(11), {grad()}).status.ok()) report('C');
+    store.FailWrites(false);
+    std::vector<OutgoingReply> out;
+    a.now += std::chrono::seconds(1);
+    a.shard->Tick(a.now, &out);  // the repair checkpoint
+    if (!a.Call(push(11), {grad()}).status.ok()) report('D');  // acked now
+    report('K');
+    close(pipefd[1]);
+    kill(getpid(), SIGKILL);
+  }
+  close(pipefd[1]);
+  std::string got;
+  char c;
+  while (read(pipefd[0], &c, 1) == 1) got += c;
+  close(pipefd[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+  EXPECT_EQ(got, "K") << "failed checks in the child: " << got;
+  {
+    auto store = OpenRocksDbStore(so);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    ShardHarness b(o, store->get());
+    EXPECT_EQ(b.shard->shard_version(), 2u);  // both acknowledged pushes
+    // Push 11 is known as applied: the client's next resend is no update.
+    ASSERT_TRUE(b.Call(push(11), {grad()}).status.ok());
+    EXPECT_EQ(b.shard->shard_version(), 2u);
+    EXPECT_EQ(b.shard->counters().duplicate_pushes, 1u);
+  }
 }
 
 }  // namespace

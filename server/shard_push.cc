@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "server/internal/all_finite.h"
+#include "server/internal/push_dedup.h"
 #include "server/internal/shard_types.h"
 #include "server/shard.h"
 #if ASYNCPS_SERVER_HAVE_COMPRESSION
@@ -44,17 +45,20 @@ Status Shard::HandlePush(const RequestHeader& req,
         RejectReason::kNotRegistered,
         Status::FailedPrecondition("no layout registered: register first"));
   }
-  Dedup& d = dedup_[rank];
-  if (d.valid && d.incarnation == req.incarnation && req.id <= d.last_id) {
-    // A resent push that was applied already: acknowledge, do not apply.
+  if (degraded_) {
+    // Also a retry of the push whose durable write failed: it is applied in
+    // memory, and acknowledged only once a checkpoint has stored it.
+    return Reject(RejectReason::kStore,
+                  Status::Unavailable("the store is failing: pushes wait "
+                                      "until a checkpoint succeeds; retry"));
+  }
+  using Verdict = internal::PushDedup::Verdict;
+  const Verdict seen = dedup_->Check(rank, req.incarnation, req.id);
+  if (seen != Verdict::kNew) {
+    // Applied already (a resend), or a late copy of a push the client has
+    // finished with: acknowledge, never apply twice.
     ++counters_.duplicate_pushes;
     return Status::OK();
-  }
-  if (options_.consistency == Consistency::kBsp && req.clock != bsp_round_) {
-    return Reject(RejectReason::kWrongClock,
-                  Status::FailedPrecondition(
-                      "BSP push for clock " + std::to_string(req.clock) +
-                      ", the current round is " + std::to_string(bsp_round_)));
   }
   const auto decode_start = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(ValidatePush(req, data));
@@ -62,6 +66,25 @@ Status Shard::HandlePush(const RequestHeader& req,
       std::chrono::duration_cast<std::chrono::nanoseconds>(
           std::chrono::steady_clock::now() - decode_start)
           .count());
+  clocks_.Advance(rank, req.clock);
+  touched_.clear();
+  if (pending_.empty() && pending_rows_.empty()) {
+    // Nothing to apply: no update, no version, no step of the schedule.
+    return FinishPush(req);
+  }
+  const bool bsp = options_.consistency == Consistency::kBsp;
+  if (bsp && !options_.transport_only &&
+      (req.clock < bsp_round_ || bsp_pushed_round_[rank] == bsp_round_)) {
+    // A worker that fell behind the round (evicted, late, restarted), or a
+    // second push of one rank for this round: acknowledged, not counted.
+    // The worker reads the round in its next pull reply and catches up.
+    ++counters_.skipped_pushes;
+    LOG_EVERY_N(INFO, 100)
+        << "BSP: push of rank " << rank << " for clock " << req.clock
+        << " not counted (round " << bsp_round_ << ", "
+        << (req.clock < bsp_round_ ? "behind" : "already pushed") << ")";
+    return FinishPush(req);
+  }
 
   uint64_t bytes = 0;
   for (const ByteView& f : data) bytes += f.size;
@@ -74,58 +97,69 @@ Status Shard::HandlePush(const RequestHeader& req,
     counters_.bytes_in_raw +=
         p.n * (sizeof(uint64_t) + sparse_->specs()[p.table].dim * sizeof(float));
   }
-  if (options_.transport_only) return Status::OK();
-
+  if (options_.transport_only) return FinishPush(req);
+  if (bsp) RETURN_IF_ERROR(ChargeSparseRound());
   const uint64_t read = last_read_[rank];
   const uint64_t staleness = shard_version_ >= read ? shard_version_ - read : 0;
   staleness_.Add(staleness);
   reply->staleness = static_cast<int64_t>(staleness);
-
-  touched_.clear();
-  if (options_.consistency == Consistency::kBsp) {
+  if (bsp) {
+    // A clock past the round (the shard restarted from an older state)
+    // counts for the round the shard is in.
     for (const PendingGrad& p : pending_) {
       Chunk& c = *p.chunk;
       AddInto(c.acc.data(), p.dense, c.n);
       ++c.contributors;
       touched_.push_back(&c);
     }
+    bsp_pushed_round_[rank] = bsp_round_;
   }
   const float lr_scale =
       ScheduleScale() * (options_.staleness_lr
                              ? 1.0f / (1.0f + static_cast<float>(staleness))
                              : 1.0f);
-  if (options_.consistency != Consistency::kBsp) {
+  if (!bsp) {
     ApplyPending(rank, lr_scale);
     ++shard_version_;
   }
   // Rows: applied (BSP: summed) after the chunks; only storage can fail.
   Status rows = ApplySparsePush(req.clock, lr_scale);
-  d.valid = true;
-  d.incarnation = req.incarnation;
-  d.last_id = req.id;
-  clocks_.Advance(rank, req.clock);
   if (!rows.ok()) {
     LOG(ERROR) << "push " << req.id << " from rank " << rank
                << ": sparse rows: " << rows.ToString();
     sparse_->CommitDurable(false);  // unpin: the rows stay dirty in memory
+    // Applied in memory: a resend is a duplicate. Nothing is written now:
+    // the record reaches the store only with the rows, in the checkpoint
+    // that ends the degraded state (pushes are refused until then).
+    RecordPush(req);
+    EnterDegraded(rows);
     return Reject(RejectReason::kStore,
                   Status::Unavailable("push applied in memory but a row "
                                       "write-back failed: " +
                                       rows.ToString()));
   }
+  return FinishPush(req);
+}
 
-  if (options_.durable && store_ != nullptr) {
-    Status s = WriteDurable(options_.durable_sync == SyncMode::kSync);
-    if (!s.ok()) {
-      LOG(ERROR) << "durable write of push " << req.id << " from rank " << rank
-                 << " failed: " << s.ToString();
-      return Reject(
-          RejectReason::kStore,
-          Status::Unavailable("push applied in memory but not persisted: " +
-                              s.ToString()));
-    }
-  }
-  return Status::OK();
+void Shard::RecordPush(const RequestHeader& req) {
+  dedup_->RaiseFloor(req.rank, req.incarnation, req.done_below);
+  dedup_->Record(req.rank, req.incarnation, req.id);
+}
+
+Status Shard::FinishPush(const RequestHeader& req) {
+  // Recorded before the durable write, so the write holds it with the
+  // weights it changed (a resend after a crash is then a duplicate).
+  RecordPush(req);
+  if (!options_.durable || store_ == nullptr) return Status::OK();
+  Status s = WriteDurable(options_.durable_sync == SyncMode::kSync);
+  if (s.ok()) return s;
+  LOG(ERROR) << "durable write of push " << req.id << " from rank " << req.rank
+             << " failed: " << s.ToString();
+  EnterDegraded(s);
+  return Reject(
+      RejectReason::kStore,
+      Status::Unavailable("push applied in memory but not persisted: " +
+                          s.ToString()));
 }
 
 Status Shard::ValidatePush(const RequestHeader& req,
@@ -303,8 +337,9 @@ float Shard::ScheduleScale() const {
                             (1.0 - options_.lr_final) * cosine);
 }
 
-Status Shard::ApplyBspRound() {
-  ++bsp_round_;
+Status Shard::ApplyBspRound(int64_t next) {
+  const int64_t applied_round = bsp_round_;
+  bsp_round_ = next;
   touched_.clear();
   for (auto& cp : chunks_) {
     Chunk& c = *cp;
@@ -325,8 +360,9 @@ Status Shard::ApplyBspRound() {
   if (touched_.empty() && !rows) return Status::OK();
   ++shard_version_;
   if (rows) {
-    Status s = sparse_->ApplyRound(bsp_round_ - 1, ScheduleScale(),
+    Status s = sparse_->ApplyRound(applied_round, ScheduleScale(),
                                    options_.durable && store_ != nullptr);
+    round_charge_.Reset();
     if (!s.ok()) {
       sparse_->CommitDurable(false);  // unpin: the rows stay dirty in memory
       return s;

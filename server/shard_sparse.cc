@@ -26,6 +26,16 @@ std::string TableName(const sparse::SparseTables& t, uint32_t table) {
   return "table '" + t.specs()[table].name + "'";
 }
 
+// Replaces *charge by one of `bytes` (the old one is released once the new
+// one is held).
+Status Recharge(MemoryBudget& budget, uint64_t bytes, std::string_view what,
+                MemoryBudget::Charge* charge) {
+  if (bytes <= charge->bytes()) return Status::OK();
+  ASSIGN_OR_RETURN(MemoryBudget::Charge c, budget.Reserve(bytes, what));
+  *charge = std::move(c);
+  return Status::OK();
+}
+
 }  // namespace
 
 Status Shard::RegisterTables(const std::vector<TableSpec>& tables,
@@ -49,8 +59,14 @@ Status Shard::RegisterTables(const std::vector<TableSpec>& tables,
     return Status::OK();
   }
   sparse_.reset();
+  sparse_charge_.Reset();
   if (tables.empty()) return Status::OK();
   sparse::SparseOptions o = options_.sparse;
+  // The embedding cache is part of what the shard holds for its peers.
+  StatusOr<MemoryBudget::Charge> charge =
+      budget_->Reserve(o.cache_bytes, "the embedding cache");
+  if (!charge.ok()) return Reject(RejectReason::kMemoryBudget, charge.status());
+  sparse_charge_ = std::move(charge).value();
   o.shard_id = options_.shard_id;
   o.num_shards = options_.num_shards;
   StatusOr<std::unique_ptr<sparse::SparseTables>> t =
@@ -179,7 +195,17 @@ Status Shard::ValidateSparsePush(const RequestHeader& req,
     total_keys += ref.num_keys;
     if (push) total_values += values;
   }
-  // Decode and check every table's part before anything is applied.
+  // Decode and check every table's part before anything is applied. The
+  // scratch (reused) is charged to the memory budget at its size.
+  const uint64_t scratch =
+      total_keys * sizeof(uint64_t) + total_values * sizeof(float);
+  if (scratch > request_charge_.bytes()) {
+    Status c = Recharge(*budget_, scratch, "decoded keys and rows of a request",
+                        &request_charge_);
+    if (!c.ok()) return Reject(RejectReason::kMemoryBudget, c);
+    sparse_keys_.reserve(total_keys);
+    sparse_rows_.reserve(total_values);
+  }
   sparse_keys_.resize(total_keys);
   sparse_rows_.resize(total_values);
   for (size_t i = 0; i < req.rows.size(); ++i) {
@@ -223,21 +249,39 @@ Status Shard::ValidateSparsePush(const RequestHeader& req,
   return Status::OK();
 }
 
+Status Shard::ChargeSparseRound() {
+  if (pending_rows_.empty() || options_.consistency != Consistency::kBsp)
+    return Status::OK();
+  // This round's sums may grow by a row (and its index entry) per key.
+  uint64_t grow = 0;
+  for (const PendingRows& p : pending_rows_)
+    grow += p.n * (sparse_->specs()[p.table].dim * sizeof(float) + 40);
+  Status c = Recharge(*budget_, round_charge_.bytes() + grow,
+                      "BSP sums of sparse rows", &round_charge_);
+  if (!c.ok()) return Reject(RejectReason::kMemoryBudget, c);
+  return Status::OK();
+}
+
 Status Shard::ApplySparsePush(int64_t clock, float lr_scale) {
   if (pending_rows_.empty()) return Status::OK();
   const bool durable = options_.durable && store_ != nullptr;
+  // Every table's rows are applied even when a write-back of evicted rows
+  // fails on the way (the rows stay in the cache, dirty): the push is never
+  // left half applied by the store.
+  Status first;
   for (const PendingRows& p : pending_rows_) {
     const uint64_t* keys = sparse_keys_.data() + p.keys_at;
     const float* grads = sparse_rows_.data() + p.rows_at;
     if (options_.consistency == Consistency::kBsp) {
-      sparse_->Accumulate(p.table, keys, grads, p.n);
-    } else {
-      RETURN_IF_ERROR(sparse_->Apply(p.table, keys, grads, p.n, clock,
-                                     lr_scale, durable));
+      sparse_->Accumulate(p.table, keys, grads, p.n);  // charged before
+      continue;
     }
+    Status s = sparse_->Apply(p.table, keys, grads, p.n, clock, lr_scale,
+                              durable);
+    if (first.ok()) first = s;
   }
   pending_rows_.clear();
-  return Status::OK();
+  return first;
 }
 
 Status Shard::ValidateSparsePull(const RequestHeader& req,
@@ -256,7 +300,7 @@ Status Shard::ValidateSparsePull(const RequestHeader& req,
 
 Status Shard::AnswerSparsePull(const RequestHeader& req,
                                const std::vector<ByteView>& data,
-                               OutgoingReply* reply) {
+                               OutgoingReply* reply, uint64_t* fresh) {
   reply->header.rows.clear();
   if (req.rows.empty()) return Status::OK();
   // Parked pulls are answered later: validate again (the same checks) to
@@ -266,6 +310,12 @@ Status Shard::AnswerSparsePull(const RequestHeader& req,
     const RowsRef& ref = req.rows[i];
     const PendingRows& p = pending_rows_[i];
     const size_t values = p.n * sparse_->specs()[p.table].dim;
+    auto owner = std::make_shared<ChargedBuffer>();
+    StatusOr<MemoryBudget::Charge> charge =
+        budget_->Reserve(values * sizeof(float), "sparse rows of a pull reply");
+    if (!charge.ok())
+      return Reject(RejectReason::kMemoryBudget, charge.status());
+    owner->charge = std::move(charge).value();
     BufferPtr rows = Buffer::Allocate(values * sizeof(float));
     Status s = sparse_->Read(p.table, sparse_keys_.data() + p.keys_at, p.n,
                              rows->floats());
@@ -286,10 +336,13 @@ Status Shard::AnswerSparsePull(const RequestHeader& req,
       if (!s.ok()) return Reject(RejectReason::kBadCodec, s);
       rows = Buffer::FromVector(std::move(payload));
       out.codec = ref.codec;
+      owner->charge.ShrinkTo(rows->size());
     }
 #endif
+    owner->buffer = rows;
+    *fresh += owner->charge.bytes();
     out.rows_frame = static_cast<uint32_t>(reply->frames.size() + 1);
-    reply->frames.push_back(ByteView{rows->data(), rows->size(), rows});
+    reply->frames.push_back(ByteView{rows->data(), rows->size(), owner});
     reply->header.rows.push_back(out);
   }
   pending_rows_.clear();

@@ -57,7 +57,8 @@ struct Sparse : ShardHarness {
   ReplyHeader PushRows(int rank, int64_t clock,
                        const std::vector<uint64_t>& keys,
                        const std::vector<float>& grads, uint8_t codec = 0,
-                       bool with_chunk = false) {
+                       bool with_chunk = false, uint64_t id = 0,
+                       uint64_t done_below = 0) {
     std::vector<ByteView> data;
     RequestHeader r;
     if (with_chunk) {
@@ -85,6 +86,8 @@ struct Sparse : ShardHarness {
     ref.num_keys = keys.size();
     ref.codec = codec;
     r.rows = {ref};
+    r.id = id;
+    r.done_below = done_below;
     return Call(r, data);
   }
   RequestHeader PullRows(int rank, int64_t clock,
@@ -529,6 +532,109 @@ TEST(ShardSparseTest, MutatedRowRefsNeverCrashOrHalfApply) {
   }
   EXPECT_GT(applied, 300);
   EXPECT_GT(rejected, 1000);
+}
+
+}  // namespace
+}  // namespace asyncps::server
+
+namespace asyncps::server {
+namespace {
+
+// Exact de-duplication covers rows as it covers chunks (issue 13 item 1
+// after the merge of issues 12 and 13): a push with rows is applied once,
+// whatever resends and late copies follow, also across a restart.
+std::vector<float> MinusOnce(std::vector<float> v, float step) {
+  for (float& x : v) x -= step;
+  return v;
+}
+
+TEST(ShardSparseDedupTest, ResentAndLateRowPushesAreAppliedOnce) {
+  Sparse s(Opts());
+  const std::vector<uint64_t> keys = {3, 1ull << 33, 77};
+  const std::vector<float> g(keys.size() * 4, 0.25f);
+  const std::vector<float> before = s.Read(0, 0, keys);
+  ASSERT_TRUE(s.PushRows(0, 0, keys, g, 0, false, /*id=*/10).status.ok());
+  const std::vector<float> once = s.Read(0, 0, keys);
+  EXPECT_EQ(once, MinusOnce(before, 0.5f * 0.25f));  // SGD, lr 0.5
+  // A resend (same id) and another arrival of it: acknowledged, not applied.
+  for (int i = 0; i < 2; ++i) {
+    ReplyHeader r = s.PushRows(0, 0, keys, g, 0, false, 10);
+    ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  }
+  EXPECT_EQ(s.Read(0, 0, keys), once);
+  EXPECT_EQ(s.shard->counters().duplicate_pushes, 2u);
+  // A push the client has finished with (below done_below) is never applied.
+  ASSERT_TRUE(s.PushRows(0, 0, keys, g, 0, false, 13, /*done_below=*/13)
+                  .status.ok());
+  const std::vector<float> twice = s.Read(0, 0, keys);
+  EXPECT_EQ(twice, MinusOnce(once, 0.5f * 0.25f));
+  ASSERT_TRUE(s.PushRows(0, 0, keys, g, 0, false, 12).status.ok());
+  EXPECT_EQ(s.Read(0, 0, keys), twice);
+  EXPECT_EQ(s.shard->counters().duplicate_pushes, 3u);
+}
+
+TEST(ShardSparseDedupTest, AckedRowPushIsAppliedOnceAfterARestart) {
+  // Durable: every acknowledged push; checkpointed: what the checkpoint
+  // holds. Either way a resend after the restart is a duplicate.
+  for (bool durable : {true, false}) {
+    MemStore store;
+    ShardOptions o = Opts();
+    o.durable = durable;
+    o.sparse.cache_bytes = 1024;  // evictions write rows back meanwhile
+    std::vector<uint64_t> keys;
+    for (uint64_t k = 0; k < 40; ++k) keys.push_back(k * 104729 + 1);
+    const std::vector<float> g(keys.size() * 4, 0.125f);
+    std::vector<float> acked;
+    {
+      Sparse s(o, &store);
+      ASSERT_TRUE(s.PushRows(0, 0, keys, g, 0, false, 10).status.ok());
+      ASSERT_TRUE(s.PushRows(0, 0, keys, g, 0, false, 11).status.ok());
+      if (!durable) {
+        ASSERT_TRUE(s.shard->Checkpoint().ok());
+      }
+      acked = s.Read(0, 0, keys);
+    }
+    store.Reopen();  // kill -9
+    Sparse again(o, &store);
+    ASSERT_EQ(again.Read(0, 0, keys), acked) << "durable " << durable;
+    for (uint64_t id : {11, 10}) {
+      ReplyHeader r = again.PushRows(0, 0, keys, g, 0, false, id);
+      ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+    }
+    EXPECT_EQ(again.Read(0, 0, keys), acked) << "durable " << durable;
+    EXPECT_EQ(again.shard->counters().duplicate_pushes, 2u);
+  }
+}
+
+TEST(ShardSparseDedupTest, RowPushWhoseWriteFailedIsAckedOnlyOnceStored) {
+  MemStore store;
+  ShardOptions o = Opts();
+  o.durable = true;
+  const std::vector<uint64_t> keys = {8, 9, 10, 11};
+  const std::vector<float> g(keys.size() * 4, 0.5f);
+  Sparse s(o, &store);
+  const std::vector<float> before = s.Read(0, 0, keys);
+  store.FailWrites(true);
+  ReplyHeader r = s.PushRows(0, 0, keys, g, 0, false, 20);
+  EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.ToString();
+  // Retries while nothing can be stored: no acknowledgement.
+  r = s.PushRows(0, 0, keys, g, 0, false, 20);
+  EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.ToString();
+  EXPECT_TRUE(s.shard->degraded());
+  std::vector<OutgoingReply> out;
+  store.FailWrites(false);
+  s.now += std::chrono::seconds(10);
+  s.shard->Tick(s.now, &out);  // the repair checkpoint stores the rows
+  ASSERT_FALSE(s.shard->degraded());
+  r = s.PushRows(0, 0, keys, g, 0, false, 20);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  const std::vector<float> once = MinusOnce(before, 0.5f * 0.5f);
+  EXPECT_EQ(s.Read(0, 0, keys), once);
+  store.Reopen();
+  Sparse again(o, &store);
+  EXPECT_EQ(again.Read(0, 0, keys), once);
+  ASSERT_TRUE(again.PushRows(0, 0, keys, g, 0, false, 20).status.ok());
+  EXPECT_EQ(again.Read(0, 0, keys), once);
 }
 
 }  // namespace

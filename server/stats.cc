@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "server/internal/stats_json.h"
+
 namespace asyncps::server {
 
 const char* RejectReasonName(RejectReason r) {
@@ -38,6 +40,18 @@ const char* RejectReasonName(RejectReason r) {
       return "other";
     case RejectReason::kTooManyInflight:
       return "too_many_inflight";
+    case RejectReason::kRepeatedChunk:
+      return "repeated_chunk";
+    case RejectReason::kBadClock:
+      return "bad_clock";
+    case RejectReason::kUnsentReplies:
+      return "unsent_replies";
+    case RejectReason::kMemoryBudget:
+      return "memory_budget";
+    case RejectReason::kParkExpired:
+      return "park_expired";
+    case RejectReason::kAdminDenied:
+      return "admin_denied";
     case RejectReason::kCount:
       break;
   }
@@ -82,21 +96,25 @@ void StalenessHistogram::Restore(
   max_ = max;
 }
 
-std::string StalenessHistogram::ToJson() const {
-  std::string s = "{\"count\":" + std::to_string(count_) +
-                  ",\"p50\":" + std::to_string(Quantile(0.5)) +
-                  ",\"p99\":" + std::to_string(Quantile(0.99)) +
-                  ",\"max\":" + std::to_string(max_) + ",\"buckets\":[";
-  bool first = true;
-  for (size_t b = 0; b < kNumBuckets; ++b) {
-    if (buckets_[b] == 0) continue;
-    if (!first) s += ',';
-    first = false;
-    s += '[' + std::to_string(BucketLow(b)) + ',' +
-         std::to_string(buckets_[b]) + ']';
+namespace internal {
+
+Json StalenessJson(const StalenessHistogram& h) {
+  Json buckets = Json::array();
+  for (size_t b = 0; b < StalenessHistogram::kNumBuckets; ++b) {
+    if (h.buckets()[b] == 0) continue;
+    buckets.push_back({StalenessHistogram::BucketLow(b), h.buckets()[b]});
   }
-  s += "]}";
-  return s;
+  return Json{{"count", h.count()},
+              {"p50", h.Quantile(0.5)},
+              {"p99", h.Quantile(0.99)},
+              {"max", h.max()},
+              {"buckets", std::move(buckets)}};
+}
+
+}  // namespace internal
+
+std::string StalenessHistogram::ToJson() const {
+  return internal::StalenessJson(*this).dump();
 }
 
 }  // namespace asyncps::server

@@ -32,6 +32,12 @@ enum class RejectReason : uint8_t {
   kOther,
   kTooManyInflight,  // per-client in-flight limit reached (appended: the
                      // persisted counters are indexed by this enum)
+  kRepeatedChunk,    // a pull naming one chunk twice
+  kBadClock,         // negative clock, or a jump over max_clock_jump
+  kUnsentReplies,    // too many reply bytes to this client not yet sent
+  kMemoryBudget,     // the shard's memory budget would be exceeded
+  kParkExpired,      // a parked pull waited max_park_time (client resends)
+  kAdminDenied,      // checkpoint/shutdown from a non-admin peer
   kCount,
 };
 inline constexpr size_t kNumRejectReasons =
@@ -70,6 +76,8 @@ class StalenessHistogram {
 struct ShardCounters {
   uint64_t pushes = 0;            // pushes applied (or accumulated in BSP)
   uint64_t duplicate_pushes = 0;  // resent pushes acknowledged without applying
+  uint64_t skipped_pushes = 0;    // BSP: acknowledged, not counted (behind the
+                                  // round, or a second push for the round)
   uint64_t pulls = 0;             // pull replies sent
   uint64_t bytes_in = 0;          // payload bytes of accepted pushes
   uint64_t bytes_in_raw = 0;      // the same pushes as dense fp32 (4 B/elem);

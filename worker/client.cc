@@ -8,6 +8,7 @@
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <map>
 #include <thread>
 #include <unordered_map>
 
@@ -125,6 +126,8 @@ class ClientImpl : public Client {
       raw_sockets_.push_back(sockets_.back().get());
       connects_.push_back(0);
       pull_seq_.push_back(0);
+      limit_bytes_.push_back(options_.max_request_bytes);
+      limit_frame_.push_back(options_.max_request_frame_bytes);
     }
     if (options_.heartbeat_interval.count() > 0) {
       heartbeater_ = std::make_unique<Heartbeater>(options_, incarnation_);
@@ -157,8 +160,16 @@ class ClientImpl : public Client {
     ASSIGN_OR_RETURN(Ticket t, StartOnShards(h, AllShards()));
     TicketResult r;
     RETURN_IF_ERROR(Wait(t, options_.deadline, &r));
-    layout_ = std::make_unique<Layout>(std::move(l));
+    SetLayout(std::move(l));
     tables_ = tables;
+    return Status::OK();
+  }
+
+  Status UseLayout(const std::vector<TensorSpec>& tensors,
+                   LayoutOptions layout) override {
+    layout.num_shards = num_shards();
+    ASSIGN_OR_RETURN(Layout l, Layout::Create(tensors, layout));
+    SetLayout(std::move(l));
     return Status::OK();
   }
 
@@ -186,6 +197,31 @@ class ClientImpl : public Client {
                                        std::to_string(chunks[i].chunk));
       }
       by_shard[layout_->chunks()[chunks[i].chunk].shard].push_back(i);
+    }
+    // A push a shard can never accept is refused here, not sent and resent.
+    for (int s = 0; s < num_shards(); ++s) {
+      uint64_t total = 256 + 64 * by_shard[s].size(), largest = 0;
+      for (size_t i : by_shard[s]) {
+        total += chunks[i].data.size;
+        largest = std::max<uint64_t>(largest, chunks[i].data.size);
+      }
+      if (!plan.empty()) {
+        for (const internal::RowsPlan::Part& part : plan.parts(s)) {
+          const uint64_t rows =
+              part.n * tables_[part.table].dim * sizeof(float);  // fp32: most
+          total += 64 + part.n * sizeof(uint64_t) + rows;
+          largest = std::max<uint64_t>(largest, rows);
+        }
+      }
+      if (total > static_cast<uint64_t>(limit_bytes_[s]) ||
+          largest > static_cast<uint64_t>(limit_frame_[s])) {
+        return Status::InvalidArgument(
+            "push of " + std::to_string(total) + " bytes (largest frame " +
+            std::to_string(largest) + ") to shard " + std::to_string(s) +
+            " exceeds its limits of " + std::to_string(limit_bytes_[s]) +
+            " bytes per request and " + std::to_string(limit_frame_[s]) +
+            " per frame (ps_server --max_message_bytes, --max_frame_bytes)");
+      }
     }
     Ticket t = NewTicket();
     for (int s = 0; s < num_shards(); ++s) {
@@ -290,6 +326,9 @@ class ClientImpl : public Client {
     if (it == tickets_.end())
       return Status::NotFound("unknown ticket " + std::to_string(ticket));
     auto deadline = std::min(it->second.deadline, SteadyClock::now() + timeout);
+    const bool interruptible =
+        options_.interrupt && options_.interrupt_poll.count() > 0;
+    auto next_check = SteadyClock::now() + options_.interrupt_poll;
     while (true) {
       it = tickets_.find(ticket);
       if (it->second.remaining == 0) {
@@ -309,7 +348,16 @@ class ClientImpl : public Client {
         return Status::TimedOut("no reply from " + shards +
                                 " before the deadline");
       }
-      RETURN_IF_ERROR(Pump(deadline));
+      if (interruptible && now >= next_check) {
+        Status stop = options_.interrupt();
+        if (!stop.ok()) {
+          Abandon(ticket);
+          return stop;
+        }
+        next_check = now + options_.interrupt_poll;
+      }
+      RETURN_IF_ERROR(
+          Pump(interruptible ? std::min(deadline, next_check) : deadline));
     }
   }
 
@@ -342,6 +390,7 @@ class ClientImpl : public Client {
     return Simple(RequestKind::kHeartbeat, timeout);
   }
   uint64_t resends() const override { return resends_; }
+  uint64_t incarnation() const override { return incarnation_; }
 
  private:
   // One request to one shard, kept until its reply for resending.
@@ -416,6 +465,17 @@ class ClientImpl : public Client {
                                        " requests in flight");
     }
     h.id = next_id_++;
+    if (h.kind == RequestKind::kPush) {
+      // Every push to this shard below the oldest one still pending is
+      // finished: the shard may forget those ids (pending_ is in id order).
+      h.done_below = h.id;
+      for (const auto& [id, p] : pending_) {
+        if (p.kind == RequestKind::kPush && p.shard == shard) {
+          h.done_below = id;
+          break;
+        }
+      }
+    }
     frames[0] = Frame::Owned(EncodeRequest(h));
     Pending p;
     p.ticket = t;
@@ -424,6 +484,11 @@ class ClientImpl : public Client {
     p.frames = std::move(frames);
     p.backoff = options_.attempt_timeout;
     p.next_send = SteadyClock::now() + p.backoff;
+    // Recorded before it can leave: a process killed in between has logged
+    // a push that may not have been sent, never sent one it did not log.
+    if (h.kind == RequestKind::kPush && options_.on_push) {
+      options_.on_push(shard, h.id, false);
+    }
     Status s = Send(p);
     if (!s.ok() && !s.IsRetryable()) {
       Abandon(t);
@@ -482,9 +547,11 @@ class ClientImpl : public Client {
   }
 
   // The shard is reachable again after a lost connection (it restarted):
-  // whatever was in flight on the old connection is resent now rather than
-  // when its attempt times out. Resent pushes are applied once (the shard
-  // de-duplicates them); a duplicate reply is dropped as a late one.
+  // whatever was in flight on the old connection is resent now, oldest
+  // first, rather than when its attempt times out. Messages the socket still
+  // held go out before these resends, so pushes may arrive out of order:
+  // the shard applies each exactly once whatever the order; a duplicate
+  // reply is dropped as a late one.
   void ResendAll(int shard) {
     const auto now = SteadyClock::now();
     for (auto& [id, p] : pending_) {
@@ -505,6 +572,14 @@ class ClientImpl : public Client {
                    << st.ToString();
       return;
     }
+    if (reply_.max_request_bytes > 0) {
+      limit_bytes_[shard] = static_cast<int64_t>(
+          std::min<uint64_t>(reply_.max_request_bytes, INT64_MAX));
+    }
+    if (reply_.max_frame_bytes > 0) {
+      limit_frame_[shard] = static_cast<int64_t>(
+          std::min<uint64_t>(reply_.max_frame_bytes, INT64_MAX));
+    }
     auto pit = pending_.find(reply_.id);
     if (pit == pending_.end() || pit->second.shard != shard)
       return;  // late duplicate
@@ -517,6 +592,9 @@ class ClientImpl : public Client {
     }
     TicketState& t = tickets_[p.ticket];
     Status s = reply_.status.ok() ? Absorb(shard, p, t) : reply_.status;
+    if (s.ok() && p.kind == RequestKind::kPush && options_.on_push) {
+      options_.on_push(shard, reply_.id, true);
+    }
     if (!s.ok() && t.status.ok())
       t.status = s.WithContext("shard " + std::to_string(shard));
     t.remaining--;
@@ -645,6 +723,22 @@ class ClientImpl : public Client {
     return Status::OK();
   }
 
+  // Keeps `l` and lets every socket receive the largest reply a pull of it
+  // can bring: each chunk once, through the widest pull codec (top-k with
+  // ratio 1: an index and a value per element), plus headers.
+  void SetLayout(Layout l) {
+    layout_ = std::make_unique<Layout>(std::move(l));
+    for (int s = 0; s < num_shards(); ++s) {
+      uint64_t need = uint64_t{1} << 20;
+      for (uint32_t id : layout_->shard_chunks(s)) {
+        need += 2 * layout_->chunks()[id].num_elems * sizeof(float) + 128;
+      }
+      sockets_[s]->SetMaxMessageBytes(std::max<int64_t>(
+          options_.transport.max_message_bytes,
+          static_cast<int64_t>(std::min<uint64_t>(need, INT64_MAX))));
+    }
+  }
+
   Status Simple(RequestKind kind, milliseconds timeout) {
     ASSIGN_OR_RETURN(Ticket t, StartOnShards(NewHeader(kind), AllShards()));
     return Wait(t, timeout, nullptr);
@@ -655,13 +749,15 @@ class ClientImpl : public Client {
   std::vector<ClientSocket*> raw_sockets_;
   std::unique_ptr<Heartbeater> heartbeater_;
   std::unique_ptr<Layout> layout_;
-  std::unordered_map<uint64_t, Pending> pending_;
+  std::map<uint64_t, Pending> pending_;  // by request id: resends go in order
   std::unordered_map<Ticket, TicketState> tickets_;
   uint64_t next_id_ = 1;
   Ticket next_ticket_ = 1;
   uint64_t resends_ = 0;
   std::vector<int> connects_;       // per shard: connections seen (1 = first)
   std::vector<uint64_t> pull_seq_;  // per shard: last sparse pull applied
+  std::vector<int64_t> limit_bytes_;  // per shard: its request limit
+  std::vector<int64_t> limit_frame_;  // per shard: its frame limit
   std::vector<std::string>* stats_sink_ = nullptr;
   std::vector<TableSpec> tables_;
   std::vector<float> rows_scratch_;

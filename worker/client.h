@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,9 +52,29 @@ struct ClientOptions {
   // Most requests in flight; Start*() returns ResourceExhausted past it.
   // Default: 256.
   size_t max_in_flight = 256;
+  // The shards' request limits assumed until a shard states its own (every
+  // reply does): a push over them is refused before it is sent.
+  // Default: ps_server's defaults, 1 GiB and 256 MiB.
+  int64_t max_request_bytes = int64_t{1} << 30;
+  int64_t max_request_frame_bytes = int64_t{256} << 20;
+  // Called on the waiting thread just before a push request to a shard is
+  // first sent (acked false) and when that shard acknowledges it (acked true),
+  // with the shard index and the request id: an audit trail for exact
+  // accounting of acknowledged pushes (ps_worker --push_log). Default: none.
+  std::function<void(int shard, uint64_t id, bool acked)> on_push;
   // Interval of the background heartbeat thread; 0 disables it.
   // Default: 0 (workers enable it).
   std::chrono::milliseconds heartbeat_interval{0};
+  // Called by Wait() -- and so by every blocking call of the Client and of
+  // PsParameterStore -- on the waiting thread, each time a wait has lasted
+  // another `interrupt_poll` without completing. A non-OK status ends the
+  // wait with that status and abandons the ticket, as a passed deadline
+  // does. Lets a binding keep blocking calls interruptible (Python: check
+  // for Ctrl-C). Never called once a ticket has completed. Default: none.
+  std::function<Status()> interrupt;
+  // Time between two calls of `interrupt` during one wait, > 0.
+  // Default: 50 ms.
+  std::chrono::milliseconds interrupt_poll{50};
   // Encoding of sparse rows both ways: compression::CodecId of a dense codec
   // (0 = fp32, 1 = fp16, 2 = bf16). Default: 0.
   uint8_t rows_codec = 0;
@@ -108,7 +129,8 @@ class Client {
 
   // Registers the model on every shard and keeps its layout (num_shards is
   // taken from the server list). Idempotent; AlreadyExists if a shard holds a
-  // different model.
+  // different model. Workers only (rank >= 0). Also raises the largest reply
+  // this client accepts to what a pull of the model can need.
   virtual Status Register(const std::vector<TensorSpec>& tensors,
                           LayoutOptions layout) = 0;
   // Registers the model with sparse tables. Idempotent; AlreadyExists if a
@@ -118,7 +140,12 @@ class Client {
                                const std::vector<TableSpec>& tables) = 0;
   // The registered tables (empty before RegisterModel).
   virtual const std::vector<TableSpec>& tables() const = 0;
-  // REQUIRES: Register() succeeded.
+  // Computes and keeps the layout of a model without registering it: for
+  // observers (rank -1), which pull what the workers registered. Until they
+  // have, pulls fail with FailedPrecondition.
+  virtual Status UseLayout(const std::vector<TensorSpec>& tensors,
+                           LayoutOptions layout) = 0;
+  // REQUIRES: Register() or UseLayout() succeeded.
   virtual const Layout& layout() const = 0;
 
   // Starts a push of `chunks` (any subset of the model's chunks) made at
@@ -167,6 +194,8 @@ class Client {
 
   // Requests resent so far (all shards).
   virtual uint64_t resends() const = 0;
+  // This client process's random incarnation (sent with every request).
+  virtual uint64_t incarnation() const = 0;
 
  protected:
   explicit Client(const ClientOptions& o) : options_(o) {}

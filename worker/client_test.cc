@@ -195,6 +195,45 @@ TEST(ClientTest, DeadShardTimesOutWithItsName) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
 }
 
+TEST(ClientTest, InterruptEndsAWaitWithinThePollInterval) {
+  // A shard that never answers: only the interrupt hook can end the wait.
+  FakeShard s([](const RequestHeader&, const Message&, ReplyHeader*,
+                 std::vector<Frame>*) { return false; });
+  std::atomic<int> calls{0};
+  ClientOptions o;
+  o.servers = {s.endpoint()};
+  o.interrupt_poll = milliseconds(20);
+  o.interrupt = [&calls]() {
+    return ++calls >= 3 ? Status::Cancelled("stop") : Status::OK();
+  };
+  auto client = Client::Create(o);
+  ASSERT_TRUE(client.ok());
+  auto start = std::chrono::steady_clock::now();
+  Status st = (*client)->Heartbeat(milliseconds(10000));
+  EXPECT_EQ(st.code(), StatusCode::kCancelled) << st.ToString();
+  EXPECT_EQ(calls.load(), 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(2000));
+  // The abandoned ticket is gone: nothing is left to wait for.
+  EXPECT_TRUE((*client)->WaitAll(milliseconds(100)).ok());
+}
+
+TEST(ClientTest, InterruptIsNotCalledForQuickReplies) {
+  FakeShard s([](const RequestHeader&, const Message&, ReplyHeader*,
+                 std::vector<Frame>*) { return true; });
+  std::atomic<int> calls{0};
+  ClientOptions o;
+  o.servers = {s.endpoint()};
+  o.interrupt_poll = milliseconds(5000);
+  o.interrupt = [&calls]() {
+    ++calls;
+    return Status::Cancelled("stop");
+  };
+  auto client = Client::Create(o);
+  ASSERT_TRUE(client.ok());
+  EXPECT_TRUE((*client)->Heartbeat(milliseconds(4000)).ok());
+  EXPECT_EQ(calls.load(), 0);
+}
+
 TEST(ClientTest, ShardErrorIsReported) {
   FakeShard s([](const RequestHeader&, const Message&, ReplyHeader* rep,
                  std::vector<Frame>*) {
@@ -330,6 +369,123 @@ TEST(PsStoreTest, DeviceCompressionFallsBackToHostPushes) {
   EXPECT_EQ(compressed, big);
   EXPECT_GE(big, 1);
   EXPECT_LT(t.bytes_pushed_wire, 5000u * 2);
+}
+
+}  // namespace
+}  // namespace asyncps::worker
+
+// Regression tests of issue 13 (client side).
+namespace asyncps::worker {
+namespace {
+
+// Item 1: after a timeout or a reconnect, pending requests go out again
+// oldest first, and each push says below which id this client has finished
+// with its pushes to that shard.
+TEST(ClientTest, ResendsInIdOrderAndPushesCarryTheirFloor) {
+  std::mutex mu;
+  std::vector<uint64_t> ids;   // every push received, in arrival order
+  std::vector<std::pair<uint64_t, uint64_t>> floors;  // (id, done_below)
+  std::atomic<bool> answer{false};
+  FakeShard s([&](const RequestHeader& req, const Message&, ReplyHeader*,
+                  std::vector<Frame>*) {
+    if (req.kind != RequestKind::kPush) return true;
+    std::lock_guard<std::mutex> l(mu);
+    ids.push_back(req.id);
+    floors.push_back({req.id, req.done_below});
+    return answer.load();
+  });
+  ClientOptions o;
+  o.servers = {s.endpoint()};
+  o.rank = 0;
+  o.attempt_timeout = milliseconds(200);
+  o.max_backoff = milliseconds(200);
+  auto client = Client::Create(o);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->Register({Model()[1]}, {}).ok());
+  auto push = [&] {
+    auto buf = Buffer::Allocate(50 * 4);
+    std::vector<ChunkPayload> p{{0, 0, Frame::Ref(buf)}};
+    return *(*client)->StartPush(0, std::move(p));
+  };
+  std::vector<Client::Ticket> tickets;
+  for (int i = 0; i < 12; ++i) tickets.push_back(push());
+  // Nothing is answered: let every push be resent at least once.
+  EXPECT_EQ((*client)->Wait(tickets[0], milliseconds(700)).code(),
+            StatusCode::kTimedOut);  // gives up on the first one only
+  answer = true;
+  for (size_t i = 1; i < tickets.size(); ++i)
+    EXPECT_TRUE((*client)->Wait(tickets[i], milliseconds(5000)).ok());
+  // A push after the others finished: nothing below it is pending.
+  tickets.push_back(push());
+  EXPECT_TRUE((*client)->Wait(tickets.back(), milliseconds(5000)).ok());
+  std::lock_guard<std::mutex> l(mu);
+  ASSERT_GT(ids.size(), 24u);
+  for (size_t i = 1; i < 12; ++i) EXPECT_GT(ids[i], ids[i - 1]);
+  // Resends go out in rounds, each oldest first: the id only goes down when
+  // a new round starts. (Resending in hash-map order goes down at almost
+  // every message.)
+  size_t downs = 0;
+  for (size_t i = 12; i < ids.size(); ++i) downs += ids[i] < ids[i - 1];
+  const size_t resends = ids.size() - 12;
+  EXPECT_LT(downs * 4, resends) << downs << " of " << resends;
+  // The floor is the oldest push still pending when the push was made.
+  for (size_t i = 0; i < 12; ++i) {
+    EXPECT_EQ(floors[i].second, ids[0]) << "push " << floors[i].first;
+  }
+  EXPECT_EQ(floors.back().first, floors.back().second);
+}
+
+// Item 6: a push a shard can never accept is refused before it is sent (the
+// shard states its limit in every reply), not resent until the deadline.
+TEST(ClientTest, PushOverTheShardsLimitIsRefusedAtOnce) {
+  std::atomic<int> pushes{0};
+  FakeShard s([&](const RequestHeader& req, const Message&, ReplyHeader* rep,
+                  std::vector<Frame>*) {
+    rep->max_request_bytes = 8192;
+    rep->max_frame_bytes = 8192;
+    pushes += req.kind == RequestKind::kPush;
+    return true;
+  });
+  ClientOptions o;
+  o.servers = {s.endpoint()};
+  o.rank = 0;
+  auto client = Client::Create(o);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->Register({Model()[0]}, {}).ok());  // 5000 floats
+  auto buf = Buffer::Allocate(5000 * 4);
+  std::vector<ChunkPayload> p{{0, 0, Frame::Ref(buf)}};
+  auto t = (*client)->StartPush(0, std::move(p));
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("8192"), std::string::npos)
+      << t.status().ToString();
+  std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_EQ(pushes.load(), 0);
+}
+
+// Small one: the client's own message limit does not make a shard larger
+// than it unpullable; Register raises it to what a pull can need.
+TEST(ClientTest, ShardLargerThanTheConfiguredMessageLimitIsPullable) {
+  LayoutOptions lo;
+  auto layout = Layout::Create(Model(), lo);
+  ASSERT_TRUE(layout.ok());
+  FakeShard s([&](const RequestHeader& req, const Message&, ReplyHeader* rep,
+                  std::vector<Frame>* data) {
+    return ServeModel(*layout, 0, req, rep, data);
+  });
+  ClientOptions o;
+  o.servers = {s.endpoint()};
+  o.rank = 0;
+  o.transport.max_message_bytes = 4096;  // the model is 20,200 bytes
+  auto client = Client::Create(o);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->Register(Model(), lo).ok());
+  std::vector<float> w(5000, -1), b(50, -1);
+  auto t = (*client)->StartPull(0, {w.data(), b.data()});
+  ASSERT_TRUE(t.ok());
+  Status st = (*client)->Wait(*t, milliseconds(5000));
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(w[4999], 4999.0f);
 }
 
 }  // namespace

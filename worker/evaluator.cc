@@ -42,8 +42,17 @@ StatusOr<EvaluatorResult> RunEvaluator(Client* client, Backend* backend,
   while (true) {
     ASSIGN_OR_RETURN(Client::Ticket t, client->StartPull(0, ptrs));
     TicketResult tr;
-    RETURN_IF_ERROR(client->Wait(t, client->options().deadline, &tr)
-                        .WithContext("evaluator pull"));
+    Status pulled = client->Wait(t, client->options().deadline, &tr);
+    if (pulled.code() == StatusCode::kFailedPrecondition &&
+        result.evaluations == 0) {
+      // The workers have not registered the model yet: wait for them.
+      if (Clock::now() - last_progress > options.stall_timeout) {
+        return pulled.WithContext("evaluator: no worker registered the model");
+      }
+      std::this_thread::sleep_for(options.interval);
+      continue;
+    }
+    RETURN_IF_ERROR(pulled.WithContext("evaluator pull"));
     RETURN_IF_ERROR(backend->SetParameters(cptrs));
     ASSIGN_OR_RETURN(EvalResult e,
                      backend->Evaluate(test.images.data(), test.labels.data(),

@@ -1,7 +1,9 @@
 // Evaluator: a dedicated process that watches training from the side.
 //
 // It pulls the current weights as an observer (rank -1: the shards answer at
-// once and it takes no part in the clocks), evaluates them on the test set,
+// once and it takes no part in the clocks; it does not register the model,
+// its client only knows the layout (Client::UseLayout), and it waits until
+// the workers have registered it), evaluates them on the test set,
 // writes a metrics row, and repeats every `interval` until every shard
 // reports a minimum worker clock of at least `final_clock` (training done);
 // then it evaluates once more and returns. Workers then need not spend
@@ -27,8 +29,8 @@ struct EvaluatorOptions {
   // Stop once the shards' minimum worker clock reaches this (the workers'
   // planned steps). Required, >= 1.
   int64_t final_clock = 0;
-  // Give up when the minimum clock has not moved for this long.
-  // Default: 300 s.
+  // Give up when the minimum clock has not moved (or no worker registered
+  // the model) for this long. Default: 300 s.
   std::chrono::milliseconds stall_timeout{300000};
   // Metrics CSV (the trainer's columns; rank -1); empty = none.
   std::string metrics_csv;

@@ -7,6 +7,9 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cstdio>
 
 #include "compression/codec.h"
@@ -76,6 +79,12 @@ DEFINE_string(device_compression, "auto",
 DEFINE_bool(normalize, true,
             "Standardise pixels with Fashion-MNIST's mean/stddev (as "
             "ps_train_local does)");
+DEFINE_string(push_log, "",
+              "Append one line per push request sent to a shard and per "
+              "acknowledgement ('sent|acked SHARD ID'), after a first line "
+              "'incarnation N rank R', written through at once (survives "
+              "kill -9): exact accounting of acknowledged pushes in chaos "
+              "experiments");
 DEFINE_bool(prefetch_ahead, false,
             "Pull the next step's weights while computing this one: the "
             "network overlaps compute, and the weights lack this worker's "
@@ -185,7 +194,26 @@ Status Main() {
                        LoadCurveKey(FLAGS_curve_public_key));
     }
   }
+  int push_log = -1;
+  if (!FLAGS_push_log.empty()) {
+    push_log = open(FLAGS_push_log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (push_log < 0)
+      return Status::InvalidArgument("cannot open --push_log=" + FLAGS_push_log);
+    co.on_push = [push_log](int shard, uint64_t id, bool acked) {
+      char line[64];
+      const int n = std::snprintf(line, sizeof(line), "%s %d %llu\n",
+                                  acked ? "acked" : "sent", shard,
+                                  static_cast<unsigned long long>(id));
+      (void)!write(push_log, line, n);
+    };
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Create(co));
+  if (push_log >= 0) {
+    const std::string head = "incarnation " +
+                             std::to_string(client->incarnation()) + " rank " +
+                             std::to_string(FLAGS_rank) + "\n";
+    (void)!write(push_log, head.data(), head.size());
+  }
 
   TrainerOptions to;
   to.layers = layers;
@@ -204,8 +232,10 @@ Status Main() {
   if (eval_role) {
     LayoutOptions lo;
     lo.chunk_elems = static_cast<size_t>(FLAGS_chunk_elems);
-    RETURN_IF_ERROR(client->Register(MlpTensorSpecs(layers, FLAGS_seed), lo)
-                        .WithContext("register model"));
+    // An observer does not register: it pulls what the workers registered
+    // (and waits for them to do so).
+    RETURN_IF_ERROR(client->UseLayout(MlpTensorSpecs(layers, FLAGS_seed), lo)
+                        .WithContext("model layout"));
     EvaluatorOptions eo;
     eo.interval = std::chrono::milliseconds(FLAGS_eval_interval_ms);
     eo.final_clock = Trainer::PlannedSteps(to, train.num_examples);

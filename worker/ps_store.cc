@@ -87,13 +87,25 @@ Status PsParameterStore::Pull(int64_t clock,
     if (prefetch_)
       (void)client_->Wait(*prefetch_,
                           options_.timeout);  // discard the stale one
-    ASSIGN_OR_RETURN(Client::Ticket t, client_->StartPull(clock, pulled_ptrs_,
-                                                          options_.pull_codec));
+    ASSIGN_OR_RETURN(Client::Ticket t,
+                     client_->StartPull(WireClock(clock), pulled_ptrs_,
+                                        options_.pull_codec));
     prefetch_ = t;
   }
   TicketResult r;
   Status s = client_->Wait(*prefetch_, options_.timeout, &r);
   prefetch_.reset();
+  if (s.ok() && r.min_clock != INT64_MAX && r.min_clock > WireClock(clock)) {
+    // Every live worker, this one included as the shards see it, is past
+    // the clock this pull was for: this worker was evicted, started late or
+    // is a restarted process, and the others went on (a BSP round it can no
+    // longer contribute to). Skip ahead to them.
+    LOG(WARNING) << "rank " << client_->options().rank << ": the shards are "
+                 << "at clock " << r.min_clock << ", this worker at "
+                 << WireClock(clock) << ": skipping ahead "
+                 << r.min_clock - WireClock(clock) << " clocks";
+    clock_offset_ = r.min_clock - clock;
+  }
   // The step's push and clock were sent before the pull on every connection,
   // so their acknowledgements have arrived by now.
   int64_t staleness = -1;
@@ -119,9 +131,9 @@ Status PsParameterStore::Pull(int64_t clock,
   }
   if (options_.prefetch_ahead) {
     // pulled_ is free again: fetch the next step's weights during compute.
-    ASSIGN_OR_RETURN(
-        Client::Ticket next,
-        client_->StartPull(clock + 1, pulled_ptrs_, options_.pull_codec));
+    ASSIGN_OR_RETURN(Client::Ticket next,
+                     client_->StartPull(WireClock(clock + 1), pulled_ptrs_,
+                                        options_.pull_codec));
     prefetch_ = next;
     prefetch_clock_ = clock + 1;
   }
@@ -193,7 +205,7 @@ Status PsParameterStore::PushChunks(int64_t clock,
     payloads.push_back(std::move(p));
   }
   ASSIGN_OR_RETURN(Client::Ticket t,
-                   client_->StartPush(clock, std::move(payloads)));
+                   client_->StartPush(WireClock(clock), std::move(payloads)));
   acks_.push_back({t, clock});
   std::lock_guard<std::mutex> l(mu_);
   traffic_.bytes_pushed_raw += raw;
@@ -210,13 +222,15 @@ Status PsParameterStore::PushChunks(int64_t clock,
 }
 
 Status PsParameterStore::Clock(int64_t new_clock) {
-  ASSIGN_OR_RETURN(Client::Ticket t, client_->StartClock(new_clock));
+  ASSIGN_OR_RETURN(Client::Ticket t,
+                   client_->StartClock(WireClock(new_clock)));
   acks_.push_back({t, new_clock - 1});
   if (options_.prefetch_ahead) return Status::OK();  // already on its way
   // Prefetch the next step's weights right behind the clock.
   if (prefetch_) (void)client_->Wait(*prefetch_, options_.timeout);
-  ASSIGN_OR_RETURN(Client::Ticket p, client_->StartPull(new_clock, pulled_ptrs_,
-                                                        options_.pull_codec));
+  ASSIGN_OR_RETURN(Client::Ticket p,
+                   client_->StartPull(WireClock(new_clock), pulled_ptrs_,
+                                      options_.pull_codec));
   prefetch_ = p;
   prefetch_clock_ = new_clock;
   return Status::OK();

@@ -8,6 +8,12 @@
 // the shard's consistency mode requires) and for the step's push and clock
 // acknowledgements, reporting any error they carried.
 //
+// The clock on the wire is the trainer's step plus an offset: when a pull
+// reply shows that every live worker (this one too, as the shards see it) is
+// past the clock it asked for, this worker was evicted, started late or was
+// restarted while the others went on, and it skips ahead to them (logged);
+// under BSP that is the round it can still contribute to.
+//
 // With options.device_compression, PushDevice takes gradients in GPU memory
 // and compresses each chunk on the device (compression::DeviceCompressor),
 // copying only the payloads to the host; accounting is the same as Push's.
@@ -49,9 +55,11 @@ struct PsStoreOptions {
   LayoutOptions layout;
   // Start the pull of step c+1 as soon as step c's weights are handed out,
   // so the transfer overlaps this step's compute. The weights of step c+1
-  // then lack this worker's own update of step c (one more step of
-  // staleness): right for ASP, allowed by SSP with s >= 1. Default: false
-  // (the pull follows the push and the clock on each connection).
+  // may then lack this worker's own update of step c (one more step of
+  // staleness for its own updates; other workers' updates keep the SSP
+  // bound, see README "SSP bound"). Under BSP the pull waits for the round
+  // and so gains nothing. Default: false (the pull follows the push and the
+  // clock on each connection).
   bool prefetch_ahead = false;
   // Accept gradients in device memory (PushDevice) and compress them on the
   // GPU. Takes effect only with a push codec other than "none" and a visible
@@ -99,6 +107,8 @@ class PsParameterStore : public ParameterStore {
   // Push and PushDevice: grads are device pointers when on_device.
   Status PushChunks(int64_t clock, const std::vector<const float*>& grads,
                     bool on_device);
+  // The clock sent to the shards for trainer step `clock`.
+  int64_t WireClock(int64_t clock) const { return clock + clock_offset_; }
 
   PsStoreOptions options_;
   Client* client_;
@@ -112,6 +122,7 @@ class PsParameterStore : public ParameterStore {
   std::vector<float*> pulled_ptrs_;
   std::optional<Client::Ticket> prefetch_;
   int64_t prefetch_clock_ = -1;
+  int64_t clock_offset_ = 0;  // wire clock - trainer step (skips ahead)
   // Pushes and clocks not yet confirmed, with the clock they were sent at.
   std::vector<std::pair<Client::Ticket, int64_t>> acks_;
   std::vector<uint8_t> scratch_;

@@ -83,6 +83,8 @@ class Fleet:
             "--epochs=%d" % self.a.epochs]
         if r == 0:
             cmd.append("--eval=true")
+        if getattr(self.a, "push_log", False):
+            cmd.append("--push_log=" + path + ".push")
         p = subprocess.Popen(cmd, stdout=open(path, "wb"), stderr=subprocess.STDOUT)
         self.workers[r] = p
         self.incarnations.append((r, path, p))

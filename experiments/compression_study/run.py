@@ -119,7 +119,8 @@ def main(argv):
             job = fleet.run_job(run_dir, bin_dir=args.bin_dir, servers=SHARDS,
                                 workers=WORKERS,
                                 server_flags=SERVER_FLAGS + ["--lr=%g" % lr],
-                                worker_flags=worker_flags, prefix=prefix)
+                                worker_flags=worker_flags, prefix=prefix,
+                                worker_cmd=args.worker_cmd)
             status = "ok"
         except fleet.JobError as e:
             # A diverged codec is a result, not a crash of the study.

@@ -15,7 +15,12 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "launch"))
+from pslaunch import workercmd  # noqa: E402  (psrun's --worker_cmd contract)
 
 DEFAULT_BIN_DIR = "/work/main/build/bin"
 
@@ -179,13 +184,16 @@ def partial_job(out_dir, workers):
 
 def run_job(out_dir, bin_dir=DEFAULT_BIN_DIR, servers=1, workers=4,
             server_flags=(), worker_flags=(), rank_flags=None, prefix=(),
-            timeout_s=900, start_timeout_s=30):
+            timeout_s=900, start_timeout_s=30, worker_cmd=None):
     """Runs one job to completion; returns a dict describing it.
 
     out_dir gets server-<i>.log, worker-<r>.log (stderr), worker-<r>.out
     (stdout, SUMMARY line), metrics-<r>.csv, stats.json, job.json.
     rank_flags: {rank: [extra flags]} for individual workers.
     prefix: command prefix for every process (ShapedLink.prefix()).
+    worker_cmd: run this command (e.g. 'python3 worker/python/examples/mlp.py')
+    as each worker instead of ps_worker, with the flags and psrun's
+    environment contract (launch/pslaunch/workercmd.py).
     Raises JobError on any failure, after ending every process it started.
     """
     os.makedirs(out_dir, exist_ok=True)
@@ -224,12 +232,17 @@ def run_job(out_dir, bin_dir=DEFAULT_BIN_DIR, servers=1, workers=4,
         t0 = time.time()
         worker_procs = []
         for r in range(workers):
-            cmd = prefix + [os.path.join(bin_dir, "ps_worker"),
-                            "--servers=" + ",".join(endpoints),
-                            "--rank=%d" % r, "--num_workers=%d" % workers,
-                            "--metrics_csv=" + os.path.join(
-                                out_dir, "metrics-%d.csv" % r)]
-            cmd += list(worker_flags) + list(rank_flags.get(r, []))
+            flags = list(worker_flags) + list(rank_flags.get(r, []))
+            if worker_cmd:
+                env = workercmd.contract(",".join(endpoints), r, workers, servers, out_dir,
+                                         bin_dir, pythonpath=os.environ.get("PYTHONPATH"))
+                cmd = prefix + workercmd.env_argv(env, workercmd.argv(worker_cmd, flags, ()))
+            else:
+                cmd = prefix + [os.path.join(bin_dir, "ps_worker"),
+                                "--servers=" + ",".join(endpoints),
+                                "--rank=%d" % r, "--num_workers=%d" % workers,
+                                "--metrics_csv=" + os.path.join(
+                                    out_dir, "metrics-%d.csv" % r)] + flags
             worker_procs.append(procs.start(
                 "worker-%d" % r, cmd,
                 os.path.join(out_dir, "worker-%d.out" % r),

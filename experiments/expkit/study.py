@@ -33,6 +33,9 @@ def common_args(description, default_out):
     ap.add_argument("--merge", action="store_true",
                     help="with --only: replace just these runs' rows in the "
                          "existing OUT CSVs (rerun a few configurations)")
+    ap.add_argument("--worker_cmd", default=None,
+                    help="run this command as each worker instead of ps_worker, e.g. "
+                         "'/usr/bin/python3 worker/python/examples/mlp.py' (PyTorch)")
     ap.add_argument("--target", type=float, default=0.85,
                     help="test accuracy for time-to-accuracy (default 0.85)")
     return ap

@@ -99,7 +99,8 @@ def main(argv):
                                 servers=SHARDS, workers=WORKERS,
                                 server_flags=server_flags,
                                 worker_flags=worker_flags,
-                                rank_flags=rank_flags)
+                                rank_flags=rank_flags,
+                                worker_cmd=args.worker_cmd)
             status = "ok"
         except fleet.JobError as e:
             status = "diverged" if "diverged" in str(e) else "failed"

@@ -53,6 +53,9 @@ def make_parser():
     p.add_argument("--namespace", help="k8s: namespace (default: none)")
     p.add_argument("--port", type=int, help="k8s: shard port (default 5555)")
     p.add_argument("--quiet", action="store_true", default=None, help="only the final summary")
+    p.add_argument("--worker_cmd", help="run this command as each worker instead of ps_worker, "
+                   "e.g. 'python3 train.py'; it gets the [worker] flags and those after --, and "
+                   "the ASYNCPS_* environment (launch/README.md)")
     return p
 
 
@@ -94,6 +97,8 @@ def parse_args(argv):
     opts.worker_extra = extra
     if opts.servers < 1 or opts.workers < 1:
         parser.error("--servers and --workers must be >= 1")
+    if opts.worker_cmd is not None and not opts.worker_cmd.strip():
+        parser.error("--worker_cmd is empty")
     if opts.grace < 0 or opts.start_timeout <= 0:
         parser.error("--grace must be >= 0 and --start_timeout > 0")
     return opts, cfg
@@ -104,6 +109,13 @@ def prepare_run_dir(opts, cfg):
         opts.run_dir = os.path.join("runs", time.strftime("%Y%m%d-%H%M%S", time.gmtime()) +
                                     "-%d" % os.getpid())
     opts.run_dir = os.path.abspath(opts.run_dir)
+    if "," in opts.run_dir:
+        # Every process reads --flagfile=<run_dir>/flags/...: gflags splits
+        # that value at commas, so no process could read its flags.
+        raise config_mod.ConfigError(
+            "--run_dir %s contains a comma: gflags reads --flagfile as a "
+            "comma-separated list, so no process could read its flags; choose "
+            "a path without commas" % opts.run_dir)
     os.makedirs(os.path.join(opts.run_dir, "flags"), exist_ok=True)
     if opts.config:
         shutil.copyfile(opts.config, os.path.join(opts.run_dir, "flags", "config.flags"))
@@ -119,6 +131,10 @@ def prepare_run_dir(opts, cfg):
             "--backend=" + opts.backend, "--bin_dir=" + opts.bin_dir,
             "--start_timeout=%g" % opts.start_timeout, "--max_restarts=%d" % opts.max_restarts,
             "--grace=%g" % opts.grace, "--server_flags=" + shlex.quote(opts.server_flags)]))
+
+
+def needed_binaries(opts):
+    return ["ps_server", "ps_ctl"] + ([] if opts.worker_cmd else ["ps_worker"])
 
 
 def check_binaries(opts, names):
@@ -141,14 +157,18 @@ def main(argv):
         from . import k8s
         return k8s.main_from_psrun(opts, cfg)
 
-    prepare_run_dir(opts, cfg)
+    try:
+        prepare_run_dir(opts, cfg)
+    except config_mod.ConfigError as e:
+        sys.stderr.write("psrun: %s\n" % e)
+        return 2
     log = (lambda *a: None) if opts.quiet else (lambda msg: print(msg, flush=True))
 
     if opts.backend == "slurm":
         from . import slurm
         return slurm.main_from_psrun(opts, log)
 
-    if not check_binaries(opts, ["ps_server", "ps_worker", "ps_ctl"]):
+    if not check_binaries(opts, needed_binaries(opts)):
         return 2
 
     from .fleet import Fleet
@@ -169,7 +189,7 @@ def main(argv):
 
         def spawn(name, argv_, log_path, index):
             host = placement[index]
-            if remote_bin:
+            if remote_bin and os.path.dirname(argv_[0]) == opts.bin_dir:
                 argv_ = [os.path.join(remote_bin, os.path.basename(argv_[0]))] + argv_[1:]
             return procs_mod.SshProc(name, argv_, log_path, host, ssh_cmd, opts.run_dir)
 
@@ -186,7 +206,10 @@ def main(argv):
             log("psrun: warning: shards bind %s without CurveZMQ keys: traffic between hosts is "
                 "unencrypted (--insecure); give --server_flags=--curve_secret_key=FILE "
                 "(ps_ctl keygen) to encrypt it" % bind_host)
-            opts.server_flags = ((opts.server_flags or "") + " --insecure").strip()
+            # psrun's own ps_ctl (checkpoint, shutdown) then talks from another
+            # host: allow it (ps_server takes admin requests from loopback only).
+            opts.server_flags = ((opts.server_flags or "") +
+                                 " --insecure --allow_remote_admin").strip()
 
     progress_cb = None
     want = opts.progress == "on" or (opts.progress == "auto" and sys.stdout.isatty())

@@ -6,7 +6,8 @@ Lifecycle (Fleet.run):
      `ps_ctl stats` (deadline: --start_timeout; a shard that exits or times out
      is named with the tail of its log);
   2. start the workers with --servers (shard 0 first), --rank, --num_workers,
-     --metrics_csv;
+     --metrics_csv; with --worker_cmd, the command with the environment
+     contract of workercmd.py instead;
   3. watch: a worker that fails, or a shard that stops without restarts left,
      fails the run; a crashed shard with restarts left is started again from
      its RocksDB store at the endpoint it had bound, and the workers retry;
@@ -25,6 +26,7 @@ import time
 
 from . import procs as procs_mod
 from . import summary as summary_mod
+from . import workercmd
 
 
 class LaunchError(Exception):
@@ -220,11 +222,25 @@ class Fleet:
     # ---- workers -------------------------------------------------------------
     def worker_argv(self, m):
         o = self.o
+        if o.worker_cmd:
+            return self.worker_cmd_argv(m)
         return [os.path.join(o.bin_dir, "ps_worker"),
                 "--flagfile=" + self.path("flags", "worker.flags"),
                 "--servers=" + self.endpoints(), "--rank=%d" % m.rank,
                 "--num_workers=%d" % o.workers,
                 "--metrics_csv=" + self.path("metrics-%d.csv" % m.rank)] + list(o.worker_extra)
+
+    def worker_cmd_argv(self, m):
+        """--worker_cmd: `env <contract> CMD [worker flags] [extra]`."""
+        o = self.o
+        flags, curve = workercmd.split_curve(
+            workercmd.read_flag_lines(self.path("flags", "worker.flags")))
+        remote = o.backend == "ssh" and getattr(o, "remote_bin_dir", None)
+        bin_dir = remote or o.bin_dir
+        env = workercmd.contract(self.endpoints(), m.rank, o.workers, o.servers, self.run_dir,
+                                 bin_dir, curve,
+                                 None if remote else os.environ.get("PYTHONPATH"))
+        return workercmd.env_argv(env, workercmd.argv(o.worker_cmd, flags, o.worker_extra))
 
     def start_workers(self):
         self.worker_start = time.time()

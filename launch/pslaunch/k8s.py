@@ -20,9 +20,11 @@ import shlex
 import sys
 
 from . import config as config_mod
+from . import workercmd
 
 BIN = "/opt/asyncps/bin"
 FLAGS_DIR = "/etc/asyncps"
+PYTHON_DIR = "/opt/asyncps/python"  # the built package (build/python) in the image
 
 
 def shard_endpoints(opts):
@@ -106,6 +108,19 @@ def render(opts, cfg):
                   "--servers=" + eps, "--rank=$JOB_COMPLETION_INDEX",
                   "--num_workers=%d" % opts.workers,
                   "--metrics_csv=/tmp/metrics-$JOB_COMPLETION_INDEX.csv"] + list(opts.worker_extra)
+    worker_env = []
+    if getattr(opts, "worker_cmd", None):
+        # Any command as the worker, with the environment contract
+        # (launch/pslaunch/workercmd.py); the rank comes from the Job index.
+        flags, curve = workercmd.split_curve(cfg["worker"])
+        env = workercmd.contract(eps, "$JOB_COMPLETION_INDEX", opts.workers, opts.servers,
+                                 "/tmp", BIN, curve)
+        env["PYTHONPATH"] = PYTHON_DIR
+        static = {k: v for k, v in env.items() if "$" not in v}
+        worker_env = [{"name": k, "value": v} for k, v in sorted(static.items())]
+        worker_cmd = ["export", "ASYNCPS_RANK=$JOB_COMPLETION_INDEX",
+                      "ASYNCPS_METRICS_CSV=/tmp/metrics-$JOB_COMPLETION_INDEX.csv;", "exec"] + \
+            workercmd.argv(opts.worker_cmd, flags, opts.worker_extra)
     wait_cmd = ("until %s/ps_ctl --servers=%s --timeout_ms=2000 stats >/dev/null; do "
                 "echo waiting for shards; sleep 2; done" % (BIN, eps))
     job = {
@@ -123,11 +138,15 @@ def render(opts, cfg):
                                         "command": ["/bin/sh", "-c", wait_cmd]}],
                     "containers": [{
                         "name": "ps-worker", "image": opts.image,
-                        "command": ["/bin/sh", "-c", _sh(worker_cmd)],
+                        "command": ["/bin/sh", "-c", _sh(worker_cmd).replace(
+                            "'ASYNCPS_METRICS_CSV=/tmp/metrics-$JOB_COMPLETION_INDEX.csv;'",
+                            "ASYNCPS_METRICS_CSV=/tmp/metrics-$JOB_COMPLETION_INDEX.csv;")],
                         "volumeMounts": [flags_mount],
                     }],
                     "volumes": [flags_vol],
                 }}}}
+    if worker_env:
+        job["spec"]["template"]["spec"]["containers"][0]["env"] = worker_env
     return [configmap, service, statefulset, job]
 
 

@@ -13,6 +13,7 @@ import sys
 from . import fleet as fleet_mod
 from . import procs as procs_mod
 from . import summary as summary_mod
+from . import workercmd
 
 TASK = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "slurm",
                     "task.sh")
@@ -31,7 +32,24 @@ def server_step(opts):
 
 
 def worker_step(opts, servers):
+    if opts.worker_cmd:
+        # task.sh cmd: the command with the [worker] flags, under the
+        # environment contract (launch/pslaunch/workercmd.py).
+        flags, _ = workercmd.split_curve(workercmd.read_flag_lines(
+            os.path.join(opts.run_dir, "flags", "worker.flags")))
+        return srun_argv(opts, "cmd", opts.workers, [servers, opts.worker_cmd] + flags +
+                         list(opts.worker_extra))
     return srun_argv(opts, "worker", opts.workers, [servers] + list(opts.worker_extra))
+
+
+def worker_step_env(opts):
+    """The srun process's environment: CURVE keys of a --worker_cmd worker
+    (srun passes the environment on to the tasks)."""
+    if not opts.worker_cmd:
+        return None
+    _, curve = workercmd.split_curve(workercmd.read_flag_lines(
+        os.path.join(opts.run_dir, "flags", "worker.flags")))
+    return dict(os.environ, **curve) if curve else None
 
 
 class SlurmFleet(fleet_mod.Fleet):
@@ -61,7 +79,7 @@ class SlurmFleet(fleet_mod.Fleet):
         self.worker_start = __import__("time").time()
         self.worker_step = procs_mod.LocalProc(
             "worker-step", worker_step(self.o, self.endpoints()),
-            self.path("srun-worker.log")).start()
+            self.path("srun-worker.log"), env=worker_step_env(self.o)).start()
         for m in self.workers:
             m.proc = self.worker_step
         self.write_pids()
@@ -98,7 +116,8 @@ def main_from_psrun(opts, log):
             opts, "<endpoints from %s/ready/server-*.endpoint>" % opts.run_dir)))
         return 0
     from .cli import check_binaries
-    if not check_binaries(opts, ["ps_server", "ps_worker", "ps_ctl"]):
+    from .cli import needed_binaries
+    if not check_binaries(opts, needed_binaries(opts)):
         return 2
     log("psrun: run folder %s (slurm)" % opts.run_dir)
     f = SlurmFleet(opts, opts.run_dir, spawn=None, log=log)

@@ -1,7 +1,9 @@
-// Private types of server/shard.h shared by shard.cc, shard_push.cc and
-// shard_persist.cc. Not part of the server API.
+// Private types of server/shard.h shared by the shard_*.cc files. Not part of
+// the server API.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -9,6 +11,7 @@
 
 #include "common/buffer.h"
 #include "common/wire.h"
+#include "server/memory_budget.h"
 #include "server/internal/binary_io.h"
 #include "server/shard.h"
 
@@ -26,8 +29,18 @@ struct Shard::Chunk {
   uint64_t step = 0;           // optimizer steps (Adam bias correction)
   uint32_t contributors = 0;   // BSP: pushes summed into acc this round
   uint64_t stamp = 0;          // push validation: seen in push #stamp
-  BufferPtr snapshot;          // weights as of snapshot_version (pulls)
+  // Weights as of snapshot_version, shared by the pull replies of that
+  // version; charged to the memory budget until the last reply holding it
+  // is sent.
+  std::shared_ptr<struct ChargedBuffer> snapshot;
   uint64_t snapshot_version = ~uint64_t{0};
+};
+
+// A reply buffer (snapshot, codec payload) and its share of the budget,
+// released together by whoever drops the last reference.
+struct ChargedBuffer {
+  BufferPtr buffer;
+  MemoryBudget::Charge charge;
 };
 
 // One validated gradient of a push, waiting for phase 2 (apply).
@@ -42,6 +55,30 @@ struct Shard::ParkedPull {
   std::string peer;
   RequestHeader req;
   std::vector<ByteView> data;  // keys of sparse rows (kept alive here)
+  TimePoint since;
+  MemoryBudget::Charge charge;  // this object and the request's lists
+};
+
+// Owns every frame of one reply and counts bytes of it as unsent until
+// ZeroMQ releases the last frame (on its I/O thread).
+struct ReplyPin {
+  std::vector<std::shared_ptr<const void>> owners;
+  // Counters (total, peer, rank) and what this reply added to each.
+  std::array<std::shared_ptr<std::atomic<uint64_t>>, 3> counters;
+  std::array<uint64_t, 3> added{};
+  ~ReplyPin() {
+    for (size_t i = 0; i < counters.size(); ++i) {
+      if (counters[i]) counters[i]->fetch_sub(added[i], std::memory_order_relaxed);
+    }
+  }
+};
+
+struct Shard::PullReplica {
+  uint64_t incarnation = 0;
+  std::string codec;  // the pull codec spec the replica follows
+  uint64_t seq = 0;   // pull_seq of the last reply sent; 0: none
+  std::vector<std::vector<float>> chunks;  // by local chunk index
+  MemoryBudget::Charge charge;
 };
 
 }  // namespace asyncps::server

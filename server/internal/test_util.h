@@ -28,6 +28,21 @@ inline LayoutOptions SmallLayout(int num_shards) {
   return o;
 }
 
+// Shard 0 of 2, `workers` workers, `c`, SGD with lr 0.5.
+inline ShardOptions TestOptions(Consistency c, int workers = 2) {
+  ShardOptions o;
+  o.shard_id = 0;
+  o.num_shards = 2;
+  o.num_workers = workers;
+  o.consistency = c;
+  o.optimizer.lr = 0.5f;
+  return o;
+}
+
+inline std::vector<float> Fill(size_t n, float v) {
+  return std::vector<float>(n, v);
+}
+
 inline ByteView Floats(const std::vector<float>& v) {
   BufferPtr b = Buffer::Allocate(v.size() * sizeof(float));
   if (!v.empty()) std::memcpy(b->data(), v.data(), v.size() * sizeof(float));

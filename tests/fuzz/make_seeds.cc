@@ -27,8 +27,18 @@ void Write(const std::filesystem::path& p, uint8_t prefix,
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: make_fuzz_seeds OUT_DIR\n");
+  const char* kUsage =
+      "usage: make_fuzz_seeds OUT_DIR\n"
+      "writes seed corpora for the libFuzzer targets: OUT_DIR/wire/* "
+      "(requests and replies) and OUT_DIR/codecs/* (codec payloads)\n";
+  if (argc == 2 && (std::string(argv[1]) == "--help" ||
+                    std::string(argv[1]) == "-h")) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  // An argument starting with '-' is a mistyped flag, not a folder name.
+  if (argc != 2 || argv[1][0] == '-' || argv[1][0] == '\0') {
+    std::fputs(kUsage, stderr);
     return 2;
   }
   const std::filesystem::path out = argv[1];

@@ -217,3 +217,85 @@ TEST(TrainingIntegrationTest,
 
 }  // namespace
 }  // namespace asyncps::testing
+
+// Regression tests of issue 13, item 9: BSP workers rejoin instead of
+// failing on a missed round.
+namespace asyncps::testing {
+namespace {
+
+std::vector<std::string> BspFlags() {
+  return {"--shard_id=0",     "--num_shards=1",         "--num_workers=2",
+          "--consistency=bsp", "--optimizer=sgd",       "--lr=0.1",
+          "--worker_timeout_s=2", "--checkpoint_every_s=1"};
+}
+
+// A worker that starts after --worker_timeout_s (the round moved on without
+// it) and a worker restarted mid-run (a new process at step 0) skip to the
+// current round and finish.
+TEST(TrainingIntegrationTest, BspLateAndRestartedWorkersRejoin) {
+  TempDir dir;
+  auto server = StartServer(dir, "shard0", BspFlags());
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  auto args = [&](int rank, int steps) {
+    return WorkerArgs(server->endpoint, rank, 2,
+                      {"--max_steps=" + std::to_string(steps), "--epochs=0",
+                       "--eval=false", "--slowdown=2"});
+  };
+  auto w0 = Process::Start(args(0, 4000), dir.Sub("w0.log"));
+  ASSERT_TRUE(w0.ok());
+  std::this_thread::sleep_for(milliseconds(4000));  // rank 1 evicted
+  ASSERT_TRUE((*w0)->Running()) << (*w0)->Log();
+  auto w1 = Process::Start(args(1, 300), dir.Sub("w1.log"));
+  ASSERT_TRUE(w1.ok());
+  auto code = (*w1)->Wait(seconds(120));
+  ASSERT_TRUE(code.ok()) << (*w1)->Log();
+  EXPECT_EQ(*code, 0) << (*w1)->Log();
+  EXPECT_NE((*w1)->Log().find("skipping ahead"), std::string::npos)
+      << (*w1)->Log();
+  // Rank 1 again, as a new process starting at step 0.
+  auto w1b = Process::Start(args(1, 300), dir.Sub("w1b.log"));
+  ASSERT_TRUE(w1b.ok());
+  code = (*w1b)->Wait(seconds(120));
+  ASSERT_TRUE(code.ok()) << (*w1b)->Log();
+  EXPECT_EQ(*code, 0) << (*w1b)->Log();
+  ASSERT_TRUE((*w0)->Running()) << (*w0)->Log();
+  (*w0)->Kill(SIGKILL);
+}
+
+// --prefetch_ahead under BSP: the prefetched pull waits for the round and
+// does not count as the worker's clock, so rounds stay whole.
+TEST(TrainingIntegrationTest, BspWithPrefetchAheadTrains) {
+  TempDir dir;
+  auto server = StartServer(dir, "shard0", BspFlags());
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  auto workers = StartWorkers(dir, server->endpoint, 2, [](int) {
+    return std::vector<std::string>{"--max_steps=300", "--epochs=0",
+                                    "--prefetch_ahead", "--eval=false"};
+  });
+  ASSERT_EQ(workers.size(), 2u);
+  ExpectAllFinish(workers);
+  EXPECT_EQ(SummaryValue(workers[0]->Log(), "steps"), 300);
+}
+
+// A non-durable BSP shard killed and restarted from its last checkpoint: the
+// workers' pushes for rounds the shard lost count for the round it is in.
+TEST(TrainingIntegrationTest, BspShardRestartedFromACheckpointGoesOn) {
+  TempDir dir;
+  auto server = StartServer(dir, "shard0", BspFlags());
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const std::string endpoint = server->endpoint;
+  auto workers = StartWorkers(dir, endpoint, 2, [](int) {
+    return std::vector<std::string>{"--max_steps=2000", "--epochs=0",
+                                    "--eval=false", "--slowdown=2"};
+  });
+  ASSERT_EQ(workers.size(), 2u);
+  std::this_thread::sleep_for(milliseconds(3500));
+  ASSERT_TRUE(workers[0]->Running()) << workers[0]->Log();
+  server->process->Kill(SIGKILL);
+  auto again = StartServer(dir, "shard0", BspFlags(), endpoint);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ExpectAllFinish(workers);
+}
+
+}  // namespace
+}  // namespace asyncps::testing

@@ -51,6 +51,13 @@ class ConfigTest(u.LaunchTestCase):
         self.assertEqual(opts.worker_extra, ["--max_steps=9"])
         self.assertEqual(opts.grace, 5.0)
 
+    def test_run_dir_with_a_comma_is_refused(self):
+        # gflags splits --flagfile=<run_dir>/flags/... at commas (issue 13).
+        run_dir = os.path.join(self.tmp.name, "a,b")
+        rc = cli.main(["--run_dir", run_dir, "--servers", "1", "--workers", "1"])
+        self.assertEqual(rc, 2)
+        self.assertFalse(os.path.exists(run_dir))
+
     def test_hostfile_and_round_robin_placement(self):
         hosts = procs.parse_hostfile("# hosts\nnode1 slots=2\nnode2 slots=1 # gpu\n\nnode3\n")
         self.assertEqual(hosts, [("node1", 2), ("node2", 1), ("node3", 1)])

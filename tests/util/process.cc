@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -96,14 +97,32 @@ std::string ReadFile(const std::string& path) {
 
 std::string Process::Log() const { return ReadFile(log_path_); }
 
-std::string BinPath(const std::string& name) { return std::string(ASYNCPS_BIN_DIR) + "/" + name; }
+std::string BinPath(const std::string& name) {
+  const char* dir = std::getenv("ASYNCPS_TEST_BIN_DIR");
+  return std::string(dir != nullptr && *dir ? dir : ASYNCPS_BIN_DIR) + "/" + name;
+}
+
+uint64_t ProcStatusKib(pid_t pid, const std::string& field) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(f, line);) {
+    if (line.rfind(field + ":", 0) == 0) return std::strtoull(line.c_str() + field.size() + 1, nullptr, 10);
+  }
+  return 0;
+}
 
 StatusOr<ServerHandle> StartServer(const TempDir& dir, const std::string& name, const std::vector<std::string>& extra,
                                    const std::string& endpoint) {
   std::string ready = dir.Sub(name + ".ready");
   std::filesystem::remove(ready);
-  std::vector<std::string> argv = {BinPath("ps_server"), "--endpoint=" + endpoint, "--ready_file=" + ready,
-                                   "--db_path=" + dir.Sub(name + ".db")};
+  std::vector<std::string> argv;
+  if (const char* prefix = std::getenv("ASYNCPS_TEST_SERVER_PREFIX")) {
+    std::istringstream words(prefix);
+    for (std::string w; words >> w;) argv.push_back(w);
+  }
+  for (const std::string& a : {BinPath("ps_server"), "--endpoint=" + endpoint, "--ready_file=" + ready,
+                               "--db_path=" + dir.Sub(name + ".db")}) {
+    argv.push_back(a);
+  }
   argv.insert(argv.end(), extra.begin(), extra.end());
   ServerHandle h;
   ASSIGN_OR_RETURN(h.process, Process::Start(argv, dir.Sub(name + ".log")));

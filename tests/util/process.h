@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -51,11 +52,18 @@ class Process {
   std::string log_path_;
 };
 
-// Path of a built binary (ps_server, ps_worker, ...).
+// Path of a built binary (ps_server, ps_worker, ...): in the build's bin/,
+// or in $ASYNCPS_TEST_BIN_DIR when set (to run a test against other binaries,
+// e.g. a build without a fix, to see the test fail).
 std::string BinPath(const std::string& name);
 
+// A field of /proc/PID/status in KiB ("VmRSS", "VmHWM"); 0 if unreadable.
+uint64_t ProcStatusKib(pid_t pid, const std::string& field);
+
 // Starts ps_server with an ephemeral port and waits for its ready file;
-// `endpoint` receives the bound address. `extra` flags are appended.
+// `endpoint` receives the bound address. `extra` flags are appended. The
+// words of $ASYNCPS_TEST_SERVER_PREFIX, when set, go before the binary
+// (e.g. "/usr/bin/prlimit --as=4294967296 --").
 struct ServerHandle {
   std::unique_ptr<Process> process;
   std::string endpoint;

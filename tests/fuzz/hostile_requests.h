@@ -1,0 +1,117 @@
+// Structure-aware fuzzing of ps_server: well-formed requests (valid Cap'n
+// Proto of every kind, so they pass the decoder) whose fields take extreme
+// and random values: ids, ranks, incarnations, clocks, tensor counts and
+// shapes, chunk sizes, chunk ids, frame indexes, codec ids and specs, list
+// lengths and frame counts. Where a request would be a legal update it
+// carries a zero gradient, so it cannot change what a real worker trains
+// (with SGD without momentum or weight decay).
+//
+// HostileGenerator makes the messages; HostileDriver sends them to one shard
+// over a DEALER socket, many in flight, and checks that every one is answered
+// within a deadline, tallying reply codes and message shapes.
+//
+// Thread safety: one thread per object.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/layout.h"
+#include "common/status.h"
+#include "common/transport.h"
+#include "common/wire.h"
+
+namespace asyncps::fuzz {
+
+struct HostileMessage {
+  RequestHeader header;
+  std::vector<std::vector<uint8_t>> frames;  // data frames 1..n
+  std::string shape;                         // e.g. "push/bad_ref"
+};
+
+class HostileGenerator {
+ public:
+  // `layout`: the model the target shard holds (its chunks give valid ids
+  // and sizes), `shard`: the target's index, `tensors` the specs the real
+  // workers registered. `admin` decides whether checkpoint and shutdown are
+  // generated (only against a shard that must refuse them).
+  HostileGenerator(const Layout& layout, std::vector<TensorSpec> tensors,
+                   int shard, int num_workers, bool admin, uint64_t seed);
+
+  void Next(HostileMessage* m);
+
+ private:
+  int64_t Uniform(int64_t lo, int64_t hi);
+  bool OneIn(int n) { return Uniform(0, n - 1) == 0; }
+  int64_t Clock();
+  int32_t Rank();
+  uint64_t Id();
+  uint64_t Count();  // sizes and element counts
+  uint32_t ChunkId();
+  std::string PullCodec();
+
+  void Push(HostileMessage* m);
+  void Pull(HostileMessage* m);
+  void Register(HostileMessage* m);
+  // A raw or codec payload of zeros for chunk `id` (a legal, empty update).
+  std::vector<uint8_t> ZeroPayload(uint32_t id, uint8_t* codec);
+
+  const Layout& layout_;
+  std::vector<TensorSpec> tensors_;
+  std::vector<uint32_t> mine_;  // the target shard's chunk ids
+  int num_workers_;
+  bool admin_;
+  std::mt19937_64 rng_;
+  uint64_t next_id_ = 1;
+  std::vector<uint64_t> incarnations_;
+};
+
+struct DriverOptions {
+  std::string endpoint;
+  TransportOptions transport;
+  // Requests in flight at once. Default: 64.
+  int window = 64;
+  // A request not answered this long counts as unanswered. Default: 10 s.
+  std::chrono::milliseconds deadline{10000};
+};
+
+struct DriverReport {
+  int64_t sent = 0;
+  int64_t answered = 0;
+  int64_t unanswered = 0;  // no reply within the deadline
+  int64_t unexpected = 0;  // replies to nothing in flight
+  double max_latency_ms = 0;
+  std::map<std::string, int64_t> codes;   // reply status code name -> count
+  std::map<std::string, int64_t> shapes;  // message shape -> count
+  std::string ToJson() const;
+};
+
+class HostileDriver {
+ public:
+  static StatusOr<std::unique_ptr<HostileDriver>> Create(
+      const DriverOptions& options);
+
+  // Sends `messages` messages from `gen` (or until `keep_going` says stop,
+  // checked every 1000), then waits for the replies still due.
+  Status Run(HostileGenerator& gen, int64_t messages,
+             const std::function<bool()>& keep_going);
+  const DriverReport& report() const { return report_; }
+
+ private:
+  explicit HostileDriver(const DriverOptions& o) : options_(o) {}
+  // Reads replies for up to `wait`; expires requests past the deadline.
+  Status Drain(std::chrono::milliseconds wait);
+
+  DriverOptions options_;
+  std::unique_ptr<ClientSocket> socket_;
+  std::multimap<uint64_t, std::chrono::steady_clock::time_point> in_flight_;
+  DriverReport report_;
+};
+
+}  // namespace asyncps::fuzz

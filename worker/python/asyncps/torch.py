@@ -1,0 +1,379 @@
+"""PyTorch on the asyncps parameter server.
+
+    import torch, asyncps.torch as apt
+    model = Net()
+    ps = apt.ParameterServer(model, codec="topk:ratio=0.01,ef=1")   # servers, rank: from psrun
+    opt = apt.DistributedOptimizer(ps)
+    for x, y in batches:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()              # push the gradients + clock, pull fresh weights
+    ps.close()
+
+What lives where
+  - Parameters (requires_grad=True, float32) are the shards' tensors, named
+    as in model.named_parameters(). Worker 0, or whoever comes first,
+    registers them (idempotent; another model on the same shards is
+    asyncps.AlreadyExists naming the tensor). Their initial values are
+    drawn by the shards with PyTorch's default distribution for the layer
+    (Linear/Conv: U(+-1/sqrt(fan_in)); norm layers: weight 1, bias 0;
+    Embedding: N(0, 1); RNN: U(+-1/sqrt(hidden_size))), so every worker
+    starts from the same weights; pass init={name: (kind, param)} to choose
+    another (kinds of asyncps.TensorSpec). The constructor pulls them into
+    the model. Initial values chosen on the worker (a pretrained
+    checkpoint) are not sent: registration carries initialisers, not values.
+  - The update rule runs on the shards (ps_server --optimizer, --lr,
+    --momentum, --lr_decay_updates, ...): the worker only computes
+    gradients. DistributedOptimizer is a torch.optim.Optimizer whose step()
+    pushes and pulls; it has no learning rate of its own.
+  - Buffers (BatchNorm running_mean / running_var / num_batches_tracked) are
+    not parameters and stay local to each worker, as with DDP without
+    broadcast_buffers and with Horovod: in train mode BatchNorm normalises
+    with batch statistics, and every forward pass updates this worker's
+    running averages with the freshly pulled weights, so a worker that
+    evaluates (eval mode) uses statistics of the shared model over its own
+    recent batches. To evaluate with statistics over more data, run
+    torch.optim.swa_utils.update_bn(loader, model) after a pull.
+  - Parameters with requires_grad=False are not managed (every worker must
+    build them identically).
+
+Steps follow the C++ worker: pull(c) -> forward/backward -> push(c) ->
+clock(c + 1); ParameterServer.clock is c. Gradients of parameters that got
+none (unused in this step) are sent as zeros.
+
+Checks, each raising an asyncps exception that names the parameter and
+changing nothing on the shards: parameters that are not float32, not
+contiguous or on an unsupported device (a CUDA tensor with a CPU-only build
+or a CPU-only torch), and a model whose parameters changed (added, removed,
+replaced or reshaped) after registration (asyncps.FailedPrecondition).
+
+GPU: with asyncps built with CUDA and a CUDA torch, CUDA parameters are
+pulled into pinned host buffers and copied to the device; gradients are
+compressed on the device (Store.push_device, worker/ps_store.h PushDevice)
+when a codec is set, else copied to the host and pushed.
+"""
+import math
+import time
+import warnings
+
+import numpy as np
+import torch
+
+from . import _asyncps
+from .env import worker_env
+from .errors import FailedPrecondition, InvalidArgument
+
+_NORM = (torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm)
+_FAN_IN = (torch.nn.Linear, torch.nn.Bilinear, torch.nn.modules.conv._ConvNd)
+_RNN = (torch.nn.RNNBase, torch.nn.RNNCellBase)
+
+
+def _fan_in(shape):
+    if len(shape) < 2:
+        return shape[0] if shape else 1
+    return shape[1] * int(np.prod(shape[2:], dtype=np.int64))
+
+
+def default_init(module, short_name, param):
+    """The shards' initialiser (kind, param) reproducing PyTorch's default
+    initialisation of `param` (attribute `short_name` of `module`), or None
+    when it is not known."""
+    shape = tuple(param.shape)
+    if isinstance(module, _NORM):
+        return ("constant", 1.0) if short_name == "weight" else ("zeros", 0.0)
+    if isinstance(module, torch.nn.Embedding):
+        return ("normal", 1.0)
+    if isinstance(module, _RNN):
+        return ("uniform", 1.0 / math.sqrt(module.hidden_size))
+    if isinstance(module, _FAN_IN):
+        weight = getattr(module, "weight", None)
+        fan = _fan_in(tuple(weight.shape)) if weight is not None else _fan_in(shape)
+        return ("uniform", 1.0 / math.sqrt(fan)) if fan > 0 else ("zeros", 0.0)
+    return None
+
+
+def tensor_specs(model, seed=1, init=None):
+    """(names, params, TensorSpecs) of the model's trainable parameters, in
+    named_parameters() order."""
+    init = init or {}
+    owner = {}
+    for mod_name, mod in model.named_modules():
+        for short, p in mod.named_parameters(recurse=False):
+            owner[id(p)] = (mod, short)
+    names, params, specs, guessed = [], [], [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        _check_param(name, p)
+        if name in init:
+            kind, arg = init[name]
+        else:
+            mod, short = owner[id(p)]
+            got = default_init(mod, short, p)
+            if got is None:
+                guessed.append(name)
+                got = ("uniform", 1.0 / math.sqrt(_fan_in(tuple(p.shape)))) if p.dim() >= 2 \
+                    else ("zeros", 0.0)
+            kind, arg = got
+        names.append(name)
+        params.append(p)
+        specs.append(_asyncps.TensorSpec(name, list(p.shape), kind, float(arg), seed))
+    if not params:
+        raise InvalidArgument("the model has no trainable parameters")
+    unknown = [n for n in init if n not in names]
+    if unknown:
+        raise InvalidArgument("init names unknown parameters: %s" % ", ".join(unknown))
+    if guessed:
+        warnings.warn("asyncps: no known PyTorch default initialiser for %s: using "
+                      "U(+-1/sqrt(fan_in)) for matrices and zeros for vectors (pass init=)"
+                      % ", ".join(guessed))
+    return names, params, specs
+
+
+def _check_param(name, p):
+    if p.dtype != torch.float32:
+        raise InvalidArgument("parameter '%s' is %s; asyncps trains float32 parameters "
+                              "(model.float())" % (name, p.dtype))
+    if p.device.type == "cuda":
+        if not _asyncps.built_with_cuda:
+            raise InvalidArgument("parameter '%s' is on %s, but this asyncps build has no CUDA "
+                                  "support (built without the CUDA toolkit): keep the model on "
+                                  "the CPU" % (name, p.device))
+        if not torch.cuda.is_available():
+            raise InvalidArgument("parameter '%s' is on %s, but this torch has no CUDA"
+                                  % (name, p.device))
+    elif p.device.type != "cpu":
+        raise InvalidArgument("parameter '%s' is on %s: asyncps takes CPU (or CUDA) tensors"
+                              % (name, p.device))
+    if not p.is_contiguous():
+        raise InvalidArgument("parameter '%s' is not contiguous" % name)
+
+
+def _host_view(t):
+    """The numpy array sharing a CPU tensor's memory."""
+    return t.detach().numpy()
+
+
+class ParameterServer:
+    """The model's parameters on the asyncps shards.
+
+    servers, rank, num_workers: default from the environment psrun sets
+    (asyncps.env). codec / pull_codec: as ps_worker --codec / --pull_codec.
+    prefetch_ahead: pull step c+1's weights during step c's compute (ASP, or
+    SSP with s >= 1). steps_per_epoch drives the codec's sparsity warm-up.
+    timeout_s bounds every wait (a shard restart must finish within it);
+    heartbeat_s keeps this worker in the shards' clock minimum. CURVE keys
+    default from ASYNCPS_CURVE_* (file paths or Z85 text)."""
+
+    def __init__(self, model, servers=None, rank=None, num_workers=None, codec="none",
+                 pull_codec="", prefetch_ahead=False, seed=1, steps_per_epoch=1000,
+                 timeout_s=120.0, heartbeat_s=1.0, chunk_elems=1 << 20, init=None,
+                 curve_server_key=None, curve_secret_key=None, curve_public_key=None):
+        env = worker_env(servers, rank, num_workers)
+        self.rank = env.rank
+        self.num_workers = env.num_workers
+        self.servers = env.servers
+        self.model = model
+        self.names, self.params, self.specs = tensor_specs(model, seed, init)
+        self._shapes = [tuple(p.shape) for p in self.params]
+        self._structure = _structure(model)
+        self._on_cuda = any(p.device.type == "cuda" for p in self.params)
+        self.client = _asyncps.Client(
+            env.servers, rank=env.rank, timeout_s=timeout_s, heartbeat_s=heartbeat_s,
+            curve_server_key=env.curve_server_key if curve_server_key is None else curve_server_key,
+            curve_secret_key=env.curve_secret_key if curve_secret_key is None else curve_secret_key,
+            curve_public_key=env.curve_public_key if curve_public_key is None else curve_public_key)
+        self.store = _asyncps.Store(
+            self.client, self.specs, push_codec=codec, pull_codec=pull_codec, seed=seed,
+            steps_per_epoch=steps_per_epoch, timeout_s=timeout_s, chunk_elems=chunk_elems,
+            prefetch_ahead=prefetch_ahead,
+            device_compression=self._on_cuda and _parse_codec(codec) != "none")
+        if self._on_cuda:
+            self._host = [torch.empty(s, dtype=torch.float32).pin_memory() for s in self._shapes]
+            self._pull_bufs = [_host_view(h) for h in self._host]
+        else:
+            self._host = None
+            self._pull_bufs = [_host_view(p) for p in self.params]
+        self._ptrs = [p.data_ptr() for p in self.params]
+        self._grads = [None] * len(self.params)  # (grad tensor, its array)
+        self._zeros = {}
+        self.clock = 0
+        self.pull()
+
+    # ---- the step ----------------------------------------------------------
+    def pull(self):
+        """Writes the shards' weights for this worker's clock into the model
+        (blocking as the consistency mode requires)."""
+        self._check_model(structure=False)  # push() checked it (step: push then pull)
+        with torch.no_grad():
+            self.store.pull(self.clock, self._pull_bufs)
+            if self._host is not None:
+                for p, h in zip(self.params, self._host):
+                    p.copy_(h, non_blocking=False)
+
+    def push(self):
+        """Pushes the gradients of the weights pulled at `clock`, then
+        announces clock + 1 (and advances `clock`)."""
+        self._check_model()
+        if self._on_cuda and self.store.accepts_device_gradients:
+            torch.cuda.synchronize()
+            self.store.push_device(self.clock, [self._grad_tensor(i).data_ptr()
+                                                for i in range(len(self.params))])
+        else:
+            self.store.push(self.clock, [self._grad_array(i) for i in range(len(self.params))])
+        self.store.clock(self.clock + 1)
+        self.clock += 1
+
+    def step(self):
+        """push() then pull(): the weights for the next step are in the model."""
+        self.push()
+        self.pull()
+
+    # ---- counters and lifetime ---------------------------------------------
+    def traffic(self):
+        """Cumulative counters (bytes pushed raw / on the wire, bytes pulled,
+        pull_wait_ns, encode_ns, last_staleness, resends)."""
+        return self.store.traffic()
+
+    def tensor_bytes(self):
+        return self.store.tensor_bytes()
+
+    def flush(self):
+        self.store.flush()
+
+    def close(self):
+        """Waits for outstanding acknowledgements and releases the store."""
+        if not self.store.closed:
+            self.store.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ---- helpers -----------------------------------------------------------
+    def _check_model(self, structure=True):
+        if structure and _structure(self.model, self._structure) is not self._structure:
+            self._structure_changed()
+        self._check_tensors()
+
+    def _structure_changed(self):
+        current = [p for p in self.model.parameters() if p.requires_grad]
+        if len(current) != len(self.params) or any(
+                a is not b for a, b in zip(current, self.params)):
+            now = {n for n, p in self.model.named_parameters() if p.requires_grad}
+            was = set(self.names)
+            what = sorted(now ^ was) or [n for n, p, q in zip(
+                self.names, self.params, current) if p is not q]
+            raise FailedPrecondition(
+                "the model's parameters changed after registration (%s): build a new "
+                "ParameterServer for a new model" % ", ".join(what[:5]))
+        self._structure = _structure(self.model)  # same parameters, rebuilt containers
+
+    def _check_tensors(self):
+        for i, p in enumerate(self.params):
+            if tuple(p.shape) != self._shapes[i] or p.dtype != torch.float32:
+                raise FailedPrecondition(
+                    "parameter '%s' is now %s %s, registered as %s float32" % (
+                        self.names[i], tuple(p.shape), p.dtype, self._shapes[i]))
+            ptr = p.data_ptr()
+            if ptr != self._ptrs[i]:  # p.data was replaced by a tensor of the same shape
+                _check_param(self.names[i], p)
+                self._ptrs[i] = ptr
+                if self._host is None:
+                    self._pull_bufs[i] = _host_view(p)
+
+    def _grad_tensor(self, i):
+        g = self.params[i].grad
+        if g is None:
+            z = self._zeros.get(i)
+            if z is None:
+                z = self._zeros[i] = torch.zeros_like(self.params[i])
+            return z
+        if g.layout != torch.strided:
+            raise InvalidArgument("parameter '%s' has a sparse gradient (use dense gradients)"
+                                  % self.names[i])
+        return g
+
+    def _grad_array(self, i):
+        g = self._grad_tensor(i)
+        cached = self._grads[i]
+        if cached is not None and cached[0] is g and cached[2] == g.data_ptr():
+            return cached[1]
+        if g.device.type == "cuda":
+            h = self._host[i]
+            h.copy_(g)
+            arr = _host_view(h)
+        else:
+            arr = _host_view(g)
+        self._grads[i] = (g, arr, g.data_ptr())
+        return arr
+
+
+def _structure(model, known=None):
+    """The model's module tree and parameter slots as records (kind, module,
+    key, object): ('n', module, None, sizes of its containers), ('m', module,
+    name, submodule), ('p', module, name, parameter). With `known` (an earlier result),
+    returns `known` itself when nothing changed, checking in one pass of
+    dict lookups (far cheaper than named_parameters() every step)."""
+    if known is not None:
+        for kind, owner, key, obj in known:
+            if kind == "n":
+                if (len(owner._modules), len(owner._parameters)) != obj:
+                    return None
+            elif (owner._modules if kind == "m" else owner._parameters).get(key) is not obj:
+                return None
+        return known
+    out = []
+    for mod in model.modules():
+        out.append(("n", mod, None, (len(mod._modules), len(mod._parameters))))
+        out += [("m", mod, key, child) for key, child in mod._modules.items()]
+        out += [("p", mod, key, p) for key, p in mod._parameters.items()]
+    return out
+
+
+def _parse_codec(spec):
+    return _asyncps.parse_codec(spec).split(":")[0]
+
+
+class DistributedOptimizer(torch.optim.Optimizer):
+    """A torch.optim.Optimizer for a ParameterServer (Horovod style): step()
+    pushes this worker's gradients (then clock + 1) and pulls fresh weights
+    into the model; the update itself runs on the shards. zero_grad() works
+    as usual. There is no local learning rate: set it on ps_server."""
+
+    def __init__(self, ps):
+        if not isinstance(ps, ParameterServer):
+            raise InvalidArgument(
+                "DistributedOptimizer wraps a ParameterServer (the update rule runs on the "
+                "shards: ps_server --optimizer/--lr), got %s" % type(ps).__name__)
+        super().__init__(ps.params, {})
+        self.ps = ps
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.ps.step()
+        return loss
+
+
+def evaluate(model, images, labels, batch=1000):
+    """Test accuracy and mean loss of `model` (eval mode, no grad) on numpy
+    arrays; returns (accuracy, loss, seconds)."""
+    t0 = time.perf_counter()
+    was = model.training
+    model.eval()
+    correct, loss = 0, 0.0
+    with torch.no_grad():
+        for i in range(0, len(labels), batch):
+            x = torch.from_numpy(images[i:i + batch])
+            y = torch.from_numpy(labels[i:i + batch])
+            out = model(x)
+            loss += torch.nn.functional.cross_entropy(out, y, reduction="sum").item()
+            correct += (out.argmax(1) == y).sum().item()
+    model.train(was)
+    return correct / len(labels), loss / len(labels), time.perf_counter() - t0

@@ -1,0 +1,481 @@
+// asyncps.Client and asyncps.Store: worker::Client and
+// worker::PsParameterStore for Python.
+//
+// Every call that may wait (register, pull, push, clock, flush, admin
+// requests) releases the GIL, takes the client's mutex (a Client serves one
+// thread at a time; Python threads may share it) and stays interruptible
+// through the Interrupter hook (see errors.h). Compression runs inside
+// Push, so it too runs without the GIL.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <mutex>
+
+#include "common/transport.h"
+#include "worker/client.h"
+#include "worker/ps_store.h"
+#include "worker/python/src/arrays.h"
+#include "worker/python/src/bindings.h"
+#include "worker/python/src/errors.h"
+
+namespace py = pybind11;
+
+namespace asyncps::python {
+
+namespace {
+
+using worker::Client;
+using worker::ClientOptions;
+using worker::PsParameterStore;
+using worker::PsStoreOptions;
+
+std::chrono::milliseconds Millis(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
+}
+
+StatusOr<InitKind> ParseInit(const std::string& s) {
+  if (s == "zeros") return InitKind::kZeros;
+  if (s == "constant") return InitKind::kConstant;
+  if (s == "uniform") return InitKind::kUniform;
+  if (s == "normal") return InitKind::kNormal;
+  if (s == "he_normal") return InitKind::kHeNormal;
+  if (s == "xavier_uniform") return InitKind::kXavierUniform;
+  return Status::InvalidArgument(
+      "unknown initialiser '" + s +
+      "' (zeros, constant, uniform, normal, he_normal, xavier_uniform)");
+}
+
+const char* InitName(InitKind k) {
+  switch (k) {
+    case InitKind::kConstant:
+      return "constant";
+    case InitKind::kUniform:
+      return "uniform";
+    case InitKind::kNormal:
+      return "normal";
+    case InitKind::kHeNormal:
+      return "he_normal";
+    case InitKind::kXavierUniform:
+      return "xavier_uniform";
+    default:
+      return "zeros";
+  }
+}
+
+// A Client owned by Python, with the lock and the Ctrl-C hook around it.
+class PyClient {
+ public:
+  explicit PyClient(ClientOptions o)
+      : interrupter_(std::make_shared<Interrupter>()) {
+    std::shared_ptr<Interrupter> hook = interrupter_;
+    o.interrupt = [hook]() { return hook->Check(); };
+    client_ = ValueOrThrow(Client::Create(o));
+  }
+
+  // Runs f() without the GIL, under the client's lock; raises a pending
+  // KeyboardInterrupt first, else returns f's status.
+  template <typename F>
+  Status Run(F&& f) {
+    Status s = RunWithoutGil(std::forward<F>(f));
+    interrupter_->RethrowIfInterrupted();
+    return s;
+  }
+
+  // As Run, for destructors: never throws (an interrupt is deferred).
+  template <typename F>
+  void RunQuietly(F&& f) {
+    (void)RunWithoutGil(std::forward<F>(f));
+    interrupter_->DeferIfInterrupted();
+  }
+
+  void Register(const std::vector<TensorSpec>& specs, size_t chunk_elems,
+                size_t min_chunk_elems) {
+    LayoutOptions lo;
+    lo.chunk_elems = chunk_elems;
+    lo.min_chunk_elems = min_chunk_elems;
+    ThrowIfError(Run([&] {
+      return client_->Register(specs, lo).WithContext("register");
+    }));
+    specs_ = specs;
+    registered_ = true;
+  }
+
+  Client* get() { return client_.get(); }
+  bool registered() const { return registered_; }
+  const std::vector<TensorSpec>& specs() const { return specs_; }
+
+ private:
+  template <typename F>
+  Status RunWithoutGil(F&& f) {
+    py::gil_scoped_release nogil;
+    std::lock_guard<std::mutex> l(mu_);
+    return f();
+  }
+
+  std::shared_ptr<Interrupter> interrupter_;
+  std::unique_ptr<Client> client_;
+  std::mutex mu_;
+  bool registered_ = false;         // by the Python thread holding the GIL
+  std::vector<TensorSpec> specs_;  // what was registered
+};
+
+class PyStore {
+ public:
+  PyStore(std::shared_ptr<PyClient> client, std::vector<TensorSpec> specs,
+          PsStoreOptions o)
+      : client_(std::move(client)), specs_(std::move(specs)) {
+    if (o.register_model) {
+      client_->Register(specs_, o.layout.chunk_elems,
+                        o.layout.min_chunk_elems);
+      o.register_model = false;  // done, under Python's view of the client
+    } else if (!client_->registered()) {
+      Raise(Status::FailedPrecondition(
+          "the model is not registered on this client: call "
+          "Client.register() first or create the Store with register=True"));
+    } else if (client_->specs() != specs_) {
+      Raise(Status::InvalidArgument(
+          "the store's tensors differ from those the client registered"));
+    }
+    ThrowIfError(client_->Run([&]() -> Status {
+      ASSIGN_OR_RETURN(store_, PsParameterStore::Create(client_->get(),
+                                                        specs_, o));
+      return Status::OK();
+    }));
+  }
+
+  ~PyStore() {
+    if (!store_) return;
+    // Flushes outstanding acknowledgements (PsParameterStore's destructor),
+    // under the client's lock and without the GIL.
+    client_->RunQuietly([&] {
+      store_.reset();
+      return Status::OK();
+    });
+  }
+
+  void Pull(int64_t clock, const py::sequence& arrays) {
+    std::vector<float*> ptrs = CheckedBuffers(arrays, specs_, true, "pull");
+    ThrowIfError(client_->Run([&] {
+      return WithStore([&](PsParameterStore& st) {
+        return st.Pull(clock, ptrs).WithContext("pull at clock " +
+                                                std::to_string(clock));
+      });
+    }));
+  }
+
+  void Push(int64_t clock, const py::sequence& arrays) {
+    std::vector<float*> ptrs = CheckedBuffers(arrays, specs_, false, "push");
+    std::vector<const float*> cptrs(ptrs.begin(), ptrs.end());
+    ThrowIfError(client_->Run([&] {
+      return WithStore([&](PsParameterStore& st) {
+        return st.Push(clock, cptrs).WithContext("push at clock " +
+                                                 std::to_string(clock));
+      });
+    }));
+  }
+
+  // Device pointers (one per tensor, num_elements floats each, complete):
+  // FailedPrecondition unless the store compresses on the device.
+  void PushDevice(int64_t clock, const std::vector<uintptr_t>& pointers) {
+    if (pointers.size() != specs_.size()) {
+      Raise(Status::InvalidArgument(
+          "push_device: the model has " + std::to_string(specs_.size()) +
+          " tensors, got " + std::to_string(pointers.size()) + " pointers"));
+    }
+    std::vector<const float*> ptrs;
+    for (uintptr_t p : pointers) ptrs.push_back(reinterpret_cast<const float*>(p));
+    ThrowIfError(client_->Run([&] {
+      return WithStore([&](PsParameterStore& st) {
+        return st.PushDevice(clock, ptrs).WithContext(
+            "device push at clock " + std::to_string(clock));
+      });
+    }));
+  }
+
+  bool AcceptsDeviceGradients() {
+    return store_ && store_->AcceptsDeviceGradients();
+  }
+
+  void Clock(int64_t new_clock) {
+    ThrowIfError(client_->Run([&] {
+      return WithStore([&](PsParameterStore& st) {
+        return st.Clock(new_clock).WithContext("clock " +
+                                               std::to_string(new_clock));
+      });
+    }));
+  }
+
+  void Flush() {
+    ThrowIfError(client_->Run([&] {
+      return WithStore([](PsParameterStore& st) { return st.Flush(); });
+    }));
+  }
+
+  // Counters stay readable after Close().
+  void Close() {
+    if (!store_) return;
+    Status s = client_->Run([&] {
+      Status f = store_->Flush();
+      closed_traffic_ = store_->traffic();
+      closed_tensor_bytes_ = store_->tensor_bytes();
+      store_.reset();
+      return f;
+    });
+    ThrowIfError(s);
+  }
+
+  py::dict Traffic() {
+    worker::TrafficStats t = store_ ? store_->traffic() : closed_traffic_;
+    py::dict d;
+    d["bytes_pushed_raw"] = t.bytes_pushed_raw;
+    d["bytes_pushed_wire"] = t.bytes_pushed_wire;
+    d["bytes_pulled"] = t.bytes_pulled;
+    d["pull_wait_ns"] = t.pull_wait_ns;
+    d["encode_ns"] = t.encode_ns;
+    d["last_staleness"] = t.last_staleness;
+    d["resends"] = client_->get()->resends();
+    return d;
+  }
+
+  py::list TensorBytes() {
+    py::list out;
+    for (const auto& t :
+         store_ ? store_->tensor_bytes() : closed_tensor_bytes_) {
+      py::dict d;
+      d["name"] = t.name;
+      d["raw"] = t.raw;
+      d["wire"] = t.wire;
+      out.append(d);
+    }
+    return out;
+  }
+
+  const std::vector<TensorSpec>& specs() const { return specs_; }
+  bool closed() const { return store_ == nullptr; }
+
+ private:
+  // For code running without the GIL (under the client's lock).
+  template <typename F>
+  Status WithStore(F&& f) {
+    if (!store_) return Status::FailedPrecondition("the store is closed");
+    return f(*store_);
+  }
+
+  std::shared_ptr<PyClient> client_;
+  std::vector<TensorSpec> specs_;
+  std::unique_ptr<PsParameterStore> store_;
+  worker::TrafficStats closed_traffic_;  // at Close()
+  std::vector<PsParameterStore::TensorBytes> closed_tensor_bytes_;
+};
+
+std::shared_ptr<PyClient> MakeClient(std::vector<std::string> servers, int rank,
+                                double timeout_s, double attempt_timeout_s,
+                                double max_backoff_s, double heartbeat_s,
+                                const std::string& curve_server_key,
+                                const std::string& curve_secret_key,
+                                const std::string& curve_public_key,
+                                size_t max_in_flight,
+                                double interrupt_poll_s) {
+  ClientOptions o;
+  o.servers = std::move(servers);
+  o.rank = rank;
+  if (timeout_s <= 0 || attempt_timeout_s <= 0 || max_backoff_s <= 0 ||
+      heartbeat_s < 0 || interrupt_poll_s <= 0) {
+    Raise(Status::InvalidArgument(
+        "timeouts and intervals must be > 0 (heartbeat_s >= 0)"));
+  }
+  o.deadline = Millis(timeout_s);
+  o.attempt_timeout = Millis(attempt_timeout_s);
+  o.max_backoff = Millis(max_backoff_s);
+  o.heartbeat_interval = Millis(heartbeat_s);
+  o.max_in_flight = max_in_flight;
+  o.interrupt_poll = std::max(Millis(interrupt_poll_s),
+                              std::chrono::milliseconds(1));
+  if (!curve_server_key.empty()) {
+    o.transport.curve_server_key =
+        ValueOrThrow(LoadCurveKey(curve_server_key));
+    if (!curve_secret_key.empty())
+      o.transport.curve_secret_key =
+          ValueOrThrow(LoadCurveKey(curve_secret_key));
+    if (!curve_public_key.empty())
+      o.transport.curve_public_key =
+          ValueOrThrow(LoadCurveKey(curve_public_key));
+  } else if (!curve_secret_key.empty() || !curve_public_key.empty()) {
+    Raise(Status::InvalidArgument(
+        "CURVE keys need curve_server_key (the shards' public key)"));
+  }
+  return std::make_shared<PyClient>(std::move(o));
+}
+
+}  // namespace
+
+void BindClient(py::module_& m) {
+  py::class_<TensorSpec>(m, "TensorSpec", R"doc(
+One named tensor of a model: its shape and the shards' initialiser.
+
+init: zeros | constant (every element = param) | uniform (U(-param, param))
+| normal (N(0, param^2)) | he_normal (N(0, 2/shape[0])) | xavier_uniform.
+Initial values depend only on (seed, name, index).)doc")
+      .def(py::init([](std::string name, std::vector<int64_t> shape,
+                       const std::string& init, float param, uint64_t seed) {
+             TensorSpec t;
+             t.name = std::move(name);
+             t.shape = shape.empty() ? std::vector<int64_t>{1} : shape;
+             t.init = ValueOrThrow(ParseInit(init));
+             t.init_param = param;
+             t.seed = seed;
+             return t;
+           }),
+           py::arg("name"), py::arg("shape"), py::arg("init") = "zeros",
+           py::arg("param") = 0.0f, py::arg("seed") = 0)
+      .def_readonly("name", &TensorSpec::name)
+      .def_readonly("shape", &TensorSpec::shape)
+      .def_property_readonly("init",
+                             [](const TensorSpec& t) { return InitName(t.init); })
+      .def_readonly("param", &TensorSpec::init_param)
+      .def_readonly("seed", &TensorSpec::seed)
+      .def_property_readonly("num_elements", &TensorSpec::num_elements)
+      .def("initial_values",
+           [](const TensorSpec& t) {
+             py::array_t<float> a(t.shape);
+             InitializeTensorRange(t, 0, t.num_elements(), a.mutable_data());
+             return a;
+           },
+           "The tensor's initial value, as the shards compute it.")
+      .def("__eq__", [](const TensorSpec& a, const TensorSpec& b) { return a == b; })
+      .def("__repr__", [](const TensorSpec& t) {
+        return "TensorSpec('" + t.name + "', " + ShapeString(t.shape) + ", '" +
+               InitName(t.init) + "', " + std::to_string(t.init_param) + ", " +
+               std::to_string(t.seed) + ")";
+      });
+
+  py::class_<PyClient, std::shared_ptr<PyClient>>(m, "Client", R"doc(
+A worker's connection to every shard (worker/client.h). Thread-safe: calls
+are serialised. Blocking calls release the GIL and raise KeyboardInterrupt
+on Ctrl-C within interrupt_poll_s.)doc")
+      .def(py::init(&MakeClient), py::arg("servers"),
+           py::arg("rank") = -1, py::arg("timeout_s") = 120.0,
+           py::arg("attempt_timeout_s") = 2.0, py::arg("max_backoff_s") = 4.0,
+           py::arg("heartbeat_s") = 0.0, py::arg("curve_server_key") = "",
+           py::arg("curve_secret_key") = "", py::arg("curve_public_key") = "",
+           py::arg("max_in_flight") = 256, py::arg("interrupt_poll_s") = 0.05)
+      .def("register", &PyClient::Register, py::arg("tensors"),
+           py::arg("chunk_elems") = size_t{1} << 20,
+           py::arg("min_chunk_elems") = 4096,
+           "Registers the model on every shard (idempotent; AlreadyExists "
+           "naming the tensor when a shard holds a different one).")
+      .def_property_readonly("registered", &PyClient::registered)
+      .def_property_readonly("num_shards",
+                             [](PyClient& c) { return c.get()->num_shards(); })
+      .def_property_readonly(
+          "servers", [](PyClient& c) { return c.get()->options().servers; })
+      .def_property_readonly("rank",
+                             [](PyClient& c) { return c.get()->options().rank; })
+      .def_property_readonly("resends",
+                             [](PyClient& c) { return c.get()->resends(); })
+      .def("chunks",
+           [](PyClient& c) {
+             if (!c.registered())
+               Raise(Status::FailedPrecondition("register() first"));
+             py::list out;
+             for (const ChunkSpec& s : c.get()->layout().chunks()) {
+               out.append(py::make_tuple(s.id, s.tensor, s.offset, s.num_elems,
+                                         s.shard));
+             }
+             return out;
+           },
+           "(id, tensor, offset, num_elems, shard) per chunk.")
+      .def(
+          "stats",
+          [](PyClient& c, double timeout_s) {
+            std::vector<std::string> replies;
+            ThrowIfError(c.Run(
+                [&] { return c.get()->Stats(&replies, Millis(timeout_s)); }));
+            return replies;
+          },
+          py::arg("timeout_s") = 10.0, "One JSON text per shard.")
+      .def(
+          "checkpoint",
+          [](PyClient& c, double timeout_s) {
+            ThrowIfError(
+                c.Run([&] { return c.get()->Checkpoint(Millis(timeout_s)); }));
+          },
+          py::arg("timeout_s") = 60.0)
+      .def(
+          "shutdown",
+          [](PyClient& c, double timeout_s) {
+            ThrowIfError(
+                c.Run([&] { return c.get()->Shutdown(Millis(timeout_s)); }));
+          },
+          py::arg("timeout_s") = 10.0)
+      .def(
+          "heartbeat",
+          [](PyClient& c, double timeout_s) {
+            ThrowIfError(
+                c.Run([&] { return c.get()->Heartbeat(Millis(timeout_s)); }));
+          },
+          py::arg("timeout_s") = 10.0);
+
+  py::class_<PyStore>(m, "Store", R"doc(
+The parameter-server store of one worker (worker/ps_store.h): per step c,
+pull(c, bufs) -> compute -> push(c, grads) -> clock(c + 1).)doc")
+      .def(py::init([](std::shared_ptr<PyClient> client,
+                       std::vector<TensorSpec> tensors, std::string push_codec,
+                       std::string pull_codec, uint64_t seed,
+                       int64_t steps_per_epoch, double timeout_s,
+                       size_t chunk_elems, size_t min_chunk_elems,
+                       bool prefetch_ahead, bool register_model,
+                       bool device_compression) {
+             PsStoreOptions o;
+             o.push_codec = std::move(push_codec);
+             o.pull_codec = std::move(pull_codec);
+             o.seed = seed;
+             o.steps_per_epoch = std::max<int64_t>(1, steps_per_epoch);
+             if (timeout_s <= 0)
+               Raise(Status::InvalidArgument("timeout_s must be > 0"));
+             o.timeout = Millis(timeout_s);
+             o.layout.chunk_elems = chunk_elems;
+             o.layout.min_chunk_elems = min_chunk_elems;
+             o.prefetch_ahead = prefetch_ahead;
+             o.register_model = register_model;
+             o.device_compression = device_compression;
+             return std::make_unique<PyStore>(std::move(client),
+                                              std::move(tensors), o);
+           }),
+           py::arg("client"), py::arg("tensors"), py::arg("push_codec") = "none",
+           py::arg("pull_codec") = "", py::arg("seed") = 1,
+           py::arg("steps_per_epoch") = 1000, py::arg("timeout_s") = 120.0,
+           py::arg("chunk_elems") = size_t{1} << 20,
+           py::arg("min_chunk_elems") = 4096,
+           py::arg("prefetch_ahead") = false, py::arg("register") = true,
+           py::arg("device_compression") = false,
+           py::keep_alive<1, 2>())
+      .def("pull", &PyStore::Pull, py::arg("clock"), py::arg("buffers"),
+           "Writes weights at least as fresh as the consistency mode requires "
+           "for clock `clock` into `buffers` (float32, C-contiguous, one per "
+           "tensor).")
+      .def("push", &PyStore::Push, py::arg("clock"), py::arg("grads"),
+           "Compresses and sends the gradients of the weights pulled at "
+           "`clock`; the buffers may be reused once it returns.")
+      .def("push_device", &PyStore::PushDevice, py::arg("clock"),
+           py::arg("pointers"),
+           "As push, with CUDA device pointers (compressed on the device); "
+           "needs device_compression=True, a codec and a GPU.")
+      .def_property_readonly("accepts_device_gradients",
+                             &PyStore::AcceptsDeviceGradients)
+      .def("clock", &PyStore::Clock, py::arg("new_clock"),
+           "Announces that iteration new_clock - 1 is done.")
+      .def("flush", &PyStore::Flush, "Waits for every request in flight.")
+      .def("close", &PyStore::Close, "Flushes and releases the store.")
+      .def_property_readonly("closed", &PyStore::closed)
+      .def_property_readonly("tensors", &PyStore::specs)
+      .def("traffic", &PyStore::Traffic,
+           "Cumulative counters: bytes_pushed_raw/wire, bytes_pulled, "
+           "pull_wait_ns, encode_ns, last_staleness, resends.")
+      .def("tensor_bytes", &PyStore::TensorBytes,
+           "Pushed bytes per tensor: [{name, raw, wire}].");
+}
+
+}  // namespace asyncps::python

@@ -1,0 +1,17 @@
+// _asyncps: the C++ client stack of asyncps as a Python extension module.
+// The public API is the pure-Python package around it (worker/python/asyncps).
+#include <pybind11/pybind11.h>
+
+#include "worker/python/src/bindings.h"
+
+PYBIND11_MODULE(_asyncps, m) {
+  m.doc() = "asyncps C++ client stack (use the asyncps package, not this)";
+#ifdef ASYNCPS_WITH_CUDA
+  m.attr("built_with_cuda") = true;
+#else
+  m.attr("built_with_cuda") = false;
+#endif
+  asyncps::python::BindClient(m);
+  asyncps::python::BindCodecs(m);
+  asyncps::python::BindData(m);
+}
