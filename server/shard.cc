@@ -305,13 +305,8 @@ void Shard::EnterDegraded(const Status& cause) {
 
 void Shard::TryRepair(TimePoint now) {
   if (!degraded_ || now < next_repair_) return;
-  Status s = Checkpoint();
-  if (s.ok()) {
-    degraded_ = false;
-    LOG(INFO) << "checkpoint succeeded: the state is in the store again, "
-                 "accepting pushes";
-    return;
-  }
+  Status s = Checkpoint();  // ends the degraded state when it succeeds
+  if (s.ok()) return;
   LOG_EVERY_N(ERROR, 10) << "repair checkpoint failed: " << s.ToString();
   next_repair_ = now + repair_backoff_;
   repair_backoff_ = std::min(repair_backoff_ * 2, std::chrono::milliseconds(5000));

@@ -220,6 +220,7 @@ class Shard {
   void CountRejected(RejectReason reason);
 
   // Writes all state to the store in one atomic batch (no-op without one).
+  // Success ends the degraded state (see degraded()).
   Status Checkpoint();
 
   // The stats document (JSON object) also returned by a kStats request.
@@ -227,8 +228,8 @@ class Shard {
 
   // True once a kShutdown request has been answered.
   bool shutdown_requested() const { return shutdown_requested_; }
-  // True while pushes are refused because a durable write failed and no
-  // checkpoint has succeeded since.
+  // True while pushes are refused because a durable write (or a write-back
+  // of evicted rows) failed and no checkpoint has succeeded since.
   bool degraded() const { return degraded_; }
 
   // --- Introspection (tests, stats) ---

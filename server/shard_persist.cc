@@ -76,6 +76,12 @@ Status Shard::Checkpoint() {
   }
   VLOG(1) << "checkpoint: version " << shard_version_ << ", " << chunks_.size()
           << " chunks";
+  if (degraded_) {
+    // Whatever a failed write left in memory only is in the store now.
+    degraded_ = false;
+    LOG(INFO) << "checkpoint succeeded: the state is in the store again, "
+                 "accepting pushes";
+  }
   return Status::OK();
 }
 
