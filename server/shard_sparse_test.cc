@@ -522,7 +522,9 @@ TEST(ShardSparseTest, MutatedRowRefsNeverCrashOrHalfApply) {
     const bool ok = out[0].header.status.ok();
     // A codec byte of 0..2 may still make a valid payload-less request
     // fail; a valid request with no mutation always succeeds.
-    if (!mutate) EXPECT_TRUE(ok) << out[0].header.status.ToString();
+    if (!mutate) {
+      EXPECT_TRUE(ok) << out[0].header.status.ToString();
+    }
     if (ok && push) ++applied;
     if (!ok) {
       ++rejected;
@@ -546,6 +548,75 @@ namespace {
 std::vector<float> MinusOnce(std::vector<float> v, float step) {
   for (float& x : v) x -= step;
   return v;
+}
+
+// A write-back of evicted dirty rows that fails keeps them in the cache: no
+// acknowledged row is lost, the push that needed the room is applied whole
+// (in memory, not acknowledged: Unavailable, the shard degraded), and once
+// the repair checkpoint has stored everything its resend is acknowledged as
+// a duplicate: applied exactly once.
+TEST(ShardSparseTest, FailedWriteBackOfEvictedRowsLosesNothing) {
+  MemStore store;
+  ShardOptions o = Opts();
+  o.sparse.cache_bytes = 16 << 10;  // about 300 rows of 4 floats
+  Sparse s(o, &store);
+  auto keys = [](uint64_t from, uint64_t n) {
+    std::vector<uint64_t> k;
+    for (uint64_t i = 0; i < n; ++i) k.push_back((from + i) * 6151);
+    return k;
+  };
+  const std::vector<float> g(200 * 4, 0.5f);
+  const std::vector<uint64_t> a = keys(0, 200), b = keys(5000, 200);
+  const std::vector<float> acked = MinusOnce(s.Read(0, 0, a), 0.25f);
+  const std::vector<float> b_once = MinusOnce(s.Read(0, 0, b), 0.25f);
+  ASSERT_TRUE(s.PushRows(0, 0, a, g).status.ok());
+  ASSERT_EQ(s.Read(0, 0, a), acked);
+  store.FailWrites(true);
+  for (int i = 0; i < 2; ++i) {  // the push, then its resend
+    ReplyHeader r = s.PushRows(0, 0, b, g, 0, false, /*id=*/77);
+    EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.ToString();
+  }
+  EXPECT_TRUE(s.shard->degraded());
+  store.FailWrites(false);
+  std::vector<OutgoingReply> out;
+  s.now += std::chrono::seconds(10);
+  s.shard->Tick(s.now, &out);
+  ASSERT_FALSE(s.shard->degraded());
+  EXPECT_EQ(s.Read(0, 0, a), acked);
+  ASSERT_TRUE(s.PushRows(0, 0, b, g, 0, false, 77).status.ok());
+  EXPECT_EQ(s.Read(0, 0, b), b_once);
+  store.Reopen();
+  Sparse again(o, &store);
+  EXPECT_EQ(again.Read(0, 0, a), acked);
+  EXPECT_EQ(again.Read(0, 0, b), b_once);
+}
+
+// Without a store the cache is all the shard has: pushes of ever new keys
+// stop at its budget (ResourceExhausted, nothing applied) instead of growing
+// the shard without limit; rows it holds still take pushes.
+TEST(ShardSparseTest, MemoryOnlyTablesStopAtTheCacheBudget) {
+  ShardOptions o = Opts();
+  o.sparse.cache_bytes = 64 << 10;
+  Sparse s(o);  // no store
+  const std::vector<float> g(64 * 4, 0.5f);
+  std::vector<uint64_t> first;
+  int accepted = 0;
+  ReplyHeader r;
+  for (uint64_t b = 0; b < 100; ++b) {
+    std::vector<uint64_t> keys;
+    for (uint64_t i = 0; i < 64; ++i) keys.push_back(b * 64 + i);
+    r = s.PushRows(0, 0, keys, g);
+    if (!r.status.ok()) break;
+    if (first.empty()) first = keys;
+    ++accepted;
+  }
+  EXPECT_EQ(r.status.code(), StatusCode::kResourceExhausted)
+      << r.status.ToString();
+  EXPECT_GT(accepted, 5);
+  EXPECT_LE(s.shard->sparse_tables()->cache_bytes(), o.sparse.cache_bytes);
+  const std::vector<float> held = s.Read(0, 0, first);
+  ASSERT_TRUE(s.PushRows(0, 0, first, g).status.ok());
+  EXPECT_EQ(s.Read(0, 0, first), MinusOnce(held, 0.25f));
 }
 
 TEST(ShardSparseDedupTest, ResentAndLateRowPushesAreAppliedOnce) {

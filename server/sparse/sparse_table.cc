@@ -295,11 +295,45 @@ size_t SparseTable::Evict(size_t max, StoreBatch* batch) {
     }
     counters_stats_.write_backs += dirty_.size();
     if (!dirty_.empty()) AddRecords(counter, &dirty_, batch);
-    for (uint32_t v : victims) cache->Remove(v);
+    // Dirty victims leave once their records are written (EndEvict).
+    for (uint32_t v : victims) {
+      if (cache->meta(v).flags & EntryMeta::kDirty) {
+        evicting_[counter ? 1 : 0].push_back(v);
+      } else {
+        cache->Remove(v);
+      }
+    }
     evicted += victims.size();
   }
   counters_stats_.evictions += evicted;
   return evicted;
+}
+
+void SparseTable::EndEvict(bool written) {
+  for (int c = 0; c < 2; ++c) {
+    RowCache* cache = c == 0 ? &rows_ : admission_.get();
+    for (uint32_t v : evicting_[c]) {
+      if (written) {
+        cache->Remove(v);
+      } else {
+        Release(c == 1, v, /*clean=*/false);
+        --counters_stats_.evictions;
+      }
+    }
+    evicting_[c].clear();
+  }
+}
+
+size_t SparseTable::CountUncached(const uint64_t* keys, size_t n) const {
+  size_t missing = 0;
+  for (size_t i = 0; i < n; ++i) missing += rows_.Find(keys[i]) == RowCache::kNone;
+  return missing;
+}
+
+size_t SparseTable::evicting_bytes() const {
+  size_t b = evicting_[0].size() * rows_.entry_bytes();
+  if (admission_) b += evicting_[1].size() * admission_->entry_bytes();
+  return b;
 }
 
 void SparseTable::MarkAllClean() {

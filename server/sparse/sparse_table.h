@@ -105,10 +105,18 @@ class SparseTable {
   // Clears the pinned flag (and the dirty flag when `clean`) of an entry.
   void Release(bool counter, uint32_t slot, bool clean);
 
-  // Evicts up to `max` entries in CLOCK order (dirty ones are put into
-  // `batch` first, in key order). Returns how many; 0 when nothing is
-  // evictable (all pinned, or dirty with no store to write them to).
+  // Evicts up to `max` entries in CLOCK order. Clean ones are removed at
+  // once; dirty ones are put into `batch` (in key order) and stay in the
+  // cache, pinned, until EndEvict() says whether the caller's write of the
+  // batch succeeded: a failed write-back loses nothing. Returns how many
+  // entries were evicted or await their write; 0 when nothing is evictable
+  // (all pinned, or dirty with no store to write them to).
   size_t Evict(size_t max, StoreBatch* batch);
+  // After the write of Evict()'s batch: `written`: the dirty victims go;
+  // otherwise they stay, dirty and unpinned (evicted again later).
+  void EndEvict(bool written);
+  // Bytes of the dirty victims awaiting EndEvict().
+  size_t evicting_bytes() const;
 
   // Calls fn(counter, slot) for every dirty entry.
   template <typename F>
@@ -131,6 +139,10 @@ class SparseTable {
   size_t cache_bytes() const;
   size_t cache_allocated_bytes() const;
   size_t cache_rows() const { return rows_.entries(); }
+  // Keys among keys[0..n) without a cached row; and the bytes of one row
+  // entry (floats, optimizer state, metadata).
+  size_t CountUncached(const uint64_t* keys, size_t n) const;
+  size_t entry_bytes() const { return rows_.entry_bytes(); }
   size_t cache_counters() const { return admission_ ? admission_->entries() : 0; }
 
   TableCounters& counters() { return counters_stats_; }
@@ -174,6 +186,7 @@ class SparseTable {
   std::vector<uint32_t> miss_index_;
   std::vector<uint32_t> victims_[2];  // rows, counters
   std::vector<uint32_t> dirty_;
+  std::vector<uint32_t> evicting_[2];  // dirty victims awaiting EndEvict
 };
 
 }  // namespace asyncps::server::sparse

@@ -87,6 +87,7 @@ SparseTables::~SparseTables() = default;
 void SparseTables::BeginRequest() {
   request_keys_ = 0;
   request_reply_bytes_ = 0;
+  request_grow_bytes_ = 0;
 }
 
 Status SparseTables::Check(uint32_t table, const uint64_t* keys, size_t n,
@@ -155,6 +156,23 @@ Status SparseTables::Check(uint32_t table, const uint64_t* keys, size_t n,
       }
     }
   }
+  if (rows != nullptr && store_ == nullptr) {
+    // Without a store the cache is all there is: a push may not take it
+    // past its budget (a peer naming ever new keys would otherwise grow the
+    // shard without limit).
+    const uint64_t grow =
+        uint64_t{tables_[table]->CountUncached(keys, n)} *
+        tables_[table]->entry_bytes();
+    if (cache_bytes() + request_grow_bytes_ + grow > options_.cache_bytes) {
+      *why = CheckFailure::kTooLarge;
+      return Status::ResourceExhausted(
+          "table '" + spec.name + "': " + std::to_string(grow) +
+          " bytes of new rows do not fit the " +
+          std::to_string(options_.cache_bytes) +
+          " bytes of rows a shard without a store (--db_path) may hold");
+    }
+    request_grow_bytes_ += grow;
+  }
   return Status::OK();
 }
 
@@ -175,14 +193,16 @@ Status SparseTables::Apply(uint32_t table, const uint64_t* keys,
                            float lr_scale, bool durable) {
   SparseTable& t = *tables_[table];
   const size_t dim = t.spec().dim;
+  Status written;  // the first failed write-back: the rest still applies
   for (size_t off = 0; off < n; off += SparseTable::kSliceKeys) {
     const size_t m = std::min(SparseTable::kSliceKeys, n - off);
     RETURN_IF_ERROR(t.ApplySlice(keys + off, grads + off * dim, m, clock,
                                  clock_, lr_scale, durable, &touched_[table],
                                  &touched_counters_[table]));
-    RETURN_IF_ERROR(Enforce());
+    Status s = Enforce();
+    if (written.ok()) written = s;
   }
-  return Status::OK();
+  return written;
 }
 
 void SparseTables::Accumulate(uint32_t table, const uint64_t* keys,
@@ -294,21 +314,28 @@ Status SparseTables::Enforce() {
   uint64_t used = cache_bytes();
   if (used <= options_.cache_bytes) return Status::OK();
   const uint64_t target = options_.cache_bytes - options_.cache_bytes / 32;
-  // Victims come from the table holding the most bytes, 64 at a time.
+  // Victims come from the table holding the most bytes, 256 at a time.
+  // Dirty victims stay in the cache until their write-back succeeded.
+  auto left = [](const SparseTable& t) {
+    return t.cache_bytes() - t.evicting_bytes();
+  };
   while (used > target) {
     size_t biggest = 0;
     for (size_t i = 1; i < tables_.size(); ++i) {
-      if (tables_[i]->cache_bytes() > tables_[biggest]->cache_bytes())
-        biggest = i;
+      if (left(*tables_[i]) > left(*tables_[biggest])) biggest = i;
     }
     if (tables_[biggest]->Evict(256, writeback_.get()) == 0) break;
-    used = cache_bytes();
+    used = 0;
+    for (const auto& t : tables_) used += left(*t);
   }
-  if (writeback_->count() == 0) return Status::OK();
-  Status s =
-      store_->Write({}, writeback_.get(), SyncMode::kNoSync, WriteKind::kPartial);
-  writeback_->Clear();
-  if (!s.ok()) ++write_errors_;
+  Status s;
+  if (writeback_->count() > 0) {
+    s = store_->Write({}, writeback_.get(), SyncMode::kNoSync,
+                      WriteKind::kPartial);
+    writeback_->Clear();
+    if (!s.ok()) ++write_errors_;
+  }
+  for (auto& t : tables_) t->EndEvict(s.ok());
   return s.WithContext("writing back evicted rows");
 }
 

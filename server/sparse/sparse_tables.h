@@ -16,7 +16,9 @@
 // Cache budget: options.cache_bytes covers every table's cached rows,
 // admission counters and cache indexes (RowCache::bytes()). Past it, entries
 // are evicted (CLOCK order within a table) from the table holding the most
-// bytes, down to 31/32 of the budget. It may be exceeded by one slice of
+// bytes, down to 31/32 of the budget. Without a store nothing can be
+// evicted: Check() refuses (ResourceExhausted) a push whose new rows would
+// take the cache past its budget. It may be exceeded by one slice of
 // rows, and in durable mode by the rows of the push in progress (pinned
 // until its write), at most max_keys_per_request rows.
 //
@@ -105,7 +107,10 @@ class SparseTables {
   [[nodiscard]] Status Read(uint32_t table, const uint64_t* keys, size_t n,
                             float* out);
   // Applies gradients (checked) pushed at worker clock `clock` (ASP, SSP);
-  // durable: pins the touched entries for AddDurable().
+  // durable: pins the touched entries for AddDurable(). A failed write-back
+  // of evicted rows does not stop it (the victims stay cached, dirty): every
+  // key is applied, then that error is returned. A failed store read stops
+  // it at the slice that needed it.
   [[nodiscard]] Status Apply(uint32_t table, const uint64_t* keys,
                              const float* grads, size_t n, int64_t clock,
                              float lr_scale, bool durable);
@@ -170,6 +175,7 @@ class SparseTables {
   KeySet seen_;  // duplicate detection, per table: key ^ table salt
   size_t request_keys_ = 0;
   uint64_t request_reply_bytes_ = 0;
+  uint64_t request_grow_bytes_ = 0;  // no store: new rows of the request
   // Durable pushes: pinned entries, per table.
   std::vector<std::vector<uint32_t>> touched_;
   std::vector<std::vector<uint32_t>> touched_counters_;
