@@ -6,9 +6,9 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <random>
-#include <map>
 #include <thread>
 #include <unordered_map>
 
@@ -317,7 +317,9 @@ class ClientImpl : public Client {
   StatusOr<Ticket> StartClock(int64_t clock) override {
     RequestHeader h = NewHeader(RequestKind::kClock);
     h.clock = clock;
-    return StartOnShards(h, AllShards());
+    ASSIGN_OR_RETURN(Ticket t, StartOnShards(h, AllShards()));
+    announced_clock_ = std::max(announced_clock_, clock);
+    return t;
   }
 
   Status Wait(Ticket ticket, milliseconds timeout,
@@ -535,7 +537,10 @@ class ClientImpl : public Client {
     if (ready < 0) return Status::OK();
     for (size_t s = 0; s < sockets_.size(); ++s) {
       const int connects = sockets_[s]->TakeConnects();
-      if (connects > 0 && connects_[s]++ > 0) ResendAll(static_cast<int>(s));
+      if (connects > 0 && connects_[s]++ > 0) {
+        Reannounce(static_cast<int>(s));
+        ResendAll(static_cast<int>(s));
+      }
       while (true) {
         ASSIGN_OR_RETURN(bool got,
                          sockets_[s]->Receive(&msg_, milliseconds(0)));
@@ -561,6 +566,23 @@ class ClientImpl : public Client {
       p.next_send = now + p.backoff;
     }
     VLOG(1) << "shard " << shard << " reconnected: resent its requests";
+  }
+
+  // A restarted shard without --durable recovers the clocks of its last
+  // checkpoint: a clock this worker announced (and had acknowledged) since
+  // then is gone, and the pull the worker now waits for would wait for it
+  // forever under BSP/SSP. So the highest clock announced goes to the shard
+  // again, ahead of the resends. Fire and forget: a shard that restarts again
+  // gets it again; a reply is dropped as a late one; clocks never go back.
+  void Reannounce(int shard) {
+    if (options_.rank < 0 || announced_clock_ < 0) return;
+    RequestHeader h = NewHeader(RequestKind::kClock);
+    h.clock = announced_clock_;
+    h.id = next_id_++;
+    std::vector<Frame> frames{Frame::Owned(EncodeRequest(h))};
+    if (sockets_[shard]->Send(frames).ok()) ++resends_;
+    VLOG(1) << "shard " << shard << " reconnected: clock " << announced_clock_
+            << " announced again";
   }
 
   void HandleReply(int shard) {
@@ -754,8 +776,9 @@ class ClientImpl : public Client {
   uint64_t next_id_ = 1;
   Ticket next_ticket_ = 1;
   uint64_t resends_ = 0;
-  std::vector<int> connects_;       // per shard: connections seen (1 = first)
-  std::vector<uint64_t> pull_seq_;  // per shard: last sparse pull applied
+  std::vector<int> connects_;         // per shard: connections seen (1 = first)
+  int64_t announced_clock_ = -1;      // highest clock started (StartClock)
+  std::vector<uint64_t> pull_seq_;    // per shard: last sparse pull applied
   std::vector<int64_t> limit_bytes_;  // per shard: its request limit
   std::vector<int64_t> limit_frame_;  // per shard: its frame limit
   std::vector<std::string>* stats_sink_ = nullptr;

@@ -173,7 +173,10 @@ class Client {
                                          const std::vector<RowsPull>& rows,
                                          const std::string& codec = "") = 0;
 
-  // Starts announcing this worker's new clock to every shard.
+  // Starts announcing this worker's new clock to every shard. The highest
+  // clock announced is sent again to a shard that comes back after a lost
+  // connection (a restart may have lost it), so a wait for that shard's
+  // consistency bound does not hang on a clock it forgot.
   virtual StatusOr<Ticket> StartClock(int64_t clock) = 0;
 
   // Waits until `ticket` completes: its status (the first error from any

@@ -327,6 +327,44 @@ TEST(ClientTest, ResendsAtOnceWhenARestartedShardIsBack) {
   EXPECT_GE((*client)->resends(), 1u);
 }
 
+// A shard restarted from an older checkpoint has forgotten the clock this
+// worker announced and had acknowledged; the worker's next pull waits for
+// that clock (BSP/SSP), so the client announces it again on reconnecting.
+// Before: the restarted shard never heard of clock 7 and the pull hung.
+TEST(ClientTest, ReannouncesItsClockToARestartedShard) {
+  std::atomic<int64_t> clock_seen{-1};
+  auto handler = [&](const RequestHeader& req, const Message&, ReplyHeader*,
+                     std::vector<Frame>*) {
+    if (req.kind == RequestKind::kClock) {
+      int64_t c = clock_seen.load();
+      while (req.clock > c && !clock_seen.compare_exchange_weak(c, req.clock)) {
+      }
+    }
+    return true;
+  };
+  auto first = std::make_unique<FakeShard>(handler);
+  const std::string endpoint = first->endpoint();
+  ClientOptions o;
+  o.servers = {endpoint};
+  o.rank = 0;
+  auto client = Client::Create(o);
+  ASSERT_TRUE(client.ok());
+  for (int64_t c = 1; c <= 7; ++c) {
+    auto t = (*client)->StartClock(c);
+    ASSERT_TRUE(t.ok());
+    ASSERT_TRUE((*client)->Wait(*t, milliseconds(5000)).ok());
+  }
+  EXPECT_EQ(clock_seen.load(), 7);
+  first.reset();
+  clock_seen = -1;  // the new incarnation knows nothing
+  FakeShard back(handler, endpoint);
+  // Any wait drives the client: a heartbeat, answered by the new shard.
+  ASSERT_TRUE((*client)->Heartbeat(milliseconds(10000)).ok());
+  for (int i = 0; i < 500 && clock_seen.load() < 7; ++i)
+    std::this_thread::sleep_for(milliseconds(10));
+  EXPECT_EQ(clock_seen.load(), 7);
+}
+
 // device_compression without a GPU (or without CUDA): the store takes host
 // gradients only, and Push compresses and counts as before.
 TEST(PsStoreTest, DeviceCompressionFallsBackToHostPushes) {
@@ -383,7 +421,7 @@ namespace {
 // with its pushes to that shard.
 TEST(ClientTest, ResendsInIdOrderAndPushesCarryTheirFloor) {
   std::mutex mu;
-  std::vector<uint64_t> ids;   // every push received, in arrival order
+  std::vector<uint64_t> ids;  // every push received, in arrival order
   std::vector<std::pair<uint64_t, uint64_t>> floors;  // (id, done_below)
   std::atomic<bool> answer{false};
   FakeShard s([&](const RequestHeader& req, const Message&, ReplyHeader*,
