@@ -28,14 +28,14 @@ if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   cmake -S . -B "$SAN" -DCMAKE_BUILD_TYPE=Debug -DASYNCPS_ENABLE_CUDA=OFF \
     -DASYNCPS_SANITIZE=address,undefined
   cmake --build "$SAN" -j"$JOBS" --target compression_test common_test \
-    server_test client_test server_integration_test net_fuzz_test \
-    hostile_fuzz_test ps_server ps_ctl ps_worker
+    server_test sparse_test client_test rows_plan_test server_integration_test \
+    net_fuzz_test hostile_fuzz_test ps_server ps_ctl ps_worker
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
   export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
   # The structure-aware fuzz (hostile values) against the ASan shard, short.
   ASYNCPS_HOSTILE_FUZZ_MESSAGES=4000 \
   ctest --test-dir "$SAN" --output-on-failure -j"$JOBS" --timeout 300 \
-    -R '^(Codec|Spec|TopK|Compressor|Corruption|Wire|Layout|Status|Transport|Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client|NetFuzz|PushDedup|ShutdownWatchdog|Hostile|AdminAddress)'
+    -R '^(Codec|Spec|TopK|Compressor|Corruption|Wire|Layout|Status|Transport|Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client|NetFuzz|PushDedup|ShutdownWatchdog|Hostile|AdminAddress|Sparse|FlatIndex|RowCache|RowsPlan|Store)'
   echo "run_tests: ASan+UBSan stage took ${SECONDS} s"
 
 fi
@@ -47,9 +47,9 @@ if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   TSAN="$BUILD-tsan"
   cmake -S . -B "$TSAN" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DASYNCPS_ENABLE_CUDA=OFF \
     -DASYNCPS_SANITIZE=thread
-  cmake --build "$TSAN" -j"$JOBS" --target server_test client_test
+  cmake --build "$TSAN" -j"$JOBS" --target server_test client_test sparse_test rows_plan_test
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp" \
     ctest --test-dir "$TSAN" --output-on-failure -j"$JOBS" --timeout 300 \
-    -R '^(Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client|PushDedup|ShutdownWatchdog)'
+    -R '^(Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client|PushDedup|ShutdownWatchdog|Sparse|RowCache|RowsPlan|Store)'
   echo "run_tests: TSan stage took ${SECONDS} s"
 fi

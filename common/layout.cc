@@ -181,56 +181,47 @@ StatusOr<uint32_t> Layout::FindTensor(const std::string& name) const {
   return Status::NotFound("unknown tensor '" + name + "'");
 }
 
-namespace {
-
-uint64_t HashName(const std::string& s) {
-  uint64_t h = 1469598103934665603ULL;  // FNV-1a
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ULL;
-  return h;
-}
-
-// Uniform in (0, 1), from the top 24 bits.
-inline float Unit(uint64_t bits) {
-  return (static_cast<float>(bits >> 40) + 0.5f) * (1.0f / 16777216.0f);
-}
-
-}  // namespace
-
-void InitializeTensorRange(const TensorSpec& spec, uint64_t offset, uint64_t n,
-                           float* dst) {
-  const uint64_t key = SplitMix64(spec.seed ^ HashName(spec.name));
-  float scale = spec.init_param;
-  switch (spec.init) {
+void FillInitialValues(InitKind init, float scale, uint64_t stream,
+                       uint64_t offset, uint64_t n, float* dst) {
+  switch (init) {
     case InitKind::kZeros:
       std::fill(dst, dst + n, 0.0f);
       return;
     case InitKind::kConstant:
-      std::fill(dst, dst + n, spec.init_param);
+      std::fill(dst, dst + n, scale);
       return;
     case InitKind::kXavierUniform:
-      scale =
-          std::sqrt(6.0f / static_cast<float>(
-                               spec.shape[0] +
-                               (spec.shape.size() > 1 ? spec.shape[1] : 1)));
-      [[fallthrough]];
     case InitKind::kUniform:
       for (uint64_t i = 0; i < n; ++i) {
-        dst[i] = (2.0f * Unit(SplitMix64(key + offset + i)) - 1.0f) * scale;
+        dst[i] = (2.0f * UnitFloat(SplitMix64(stream + offset + i)) - 1.0f) *
+                 scale;
       }
       return;
     case InitKind::kHeNormal:
-      scale = std::sqrt(2.0f / static_cast<float>(spec.shape[0]));
-      [[fallthrough]];
     case InitKind::kNormal:
       for (uint64_t i = 0; i < n; ++i) {
-        uint64_t r = SplitMix64(key + offset + i);
-        float u1 = Unit(r), u2 = Unit(r << 24);
+        uint64_t r = SplitMix64(stream + offset + i);
+        float u1 = UnitFloat(r), u2 = UnitFloat(r << 24);
         dst[i] =
             scale * std::sqrt(-2.0f * std::log(u1)) * std::cos(6.2831853f * u2);
       }
       return;
   }
   std::fill(dst, dst + n, 0.0f);
+}
+
+void InitializeTensorRange(const TensorSpec& spec, uint64_t offset, uint64_t n,
+                           float* dst) {
+  const uint64_t stream = SplitMix64(spec.seed ^ HashName(spec.name));
+  float scale = spec.init_param;
+  if (spec.init == InitKind::kXavierUniform) {
+    scale = std::sqrt(
+        6.0f / static_cast<float>(spec.shape[0] +
+                                  (spec.shape.size() > 1 ? spec.shape[1] : 1)));
+  } else if (spec.init == InitKind::kHeNormal) {
+    scale = std::sqrt(2.0f / static_cast<float>(spec.shape[0]));
+  }
+  FillInitialValues(spec.init, scale, stream, offset, n, dst);
 }
 
 }  // namespace asyncps

@@ -123,4 +123,12 @@ class Layout {
 void InitializeTensorRange(const TensorSpec& spec, uint64_t offset, uint64_t n,
                            float* dst);
 
+// Fills dst[0..n) with elements [offset, offset+n) of the counter-based
+// stream `stream` drawn as `init` says, with `scale` its parameter (the
+// constant, the uniform half-width or the normal's standard deviation; He
+// and Xavier draw like kNormal and kUniform with the scale the caller
+// derived from the shape). Shared by tensors and sparse rows.
+void FillInitialValues(InitKind init, float scale, uint64_t stream,
+                       uint64_t offset, uint64_t n, float* dst);
+
 }  // namespace asyncps

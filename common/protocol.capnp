@@ -34,16 +34,51 @@ struct ChunkRef {
   version @5 :UInt64;    # pull replies: updates applied to this chunk
 }
 
+# A sparse table (common/sparse_table.h): rows of `dim` floats by uint64 key.
+struct TableSpec {
+  name @0 :Text;
+  dim @1 :UInt32;
+  init @2 :UInt8;              # asyncps::InitKind (zeros, constant, uniform,
+  initParam @3 :Float32;       # normal)
+  seed @4 :UInt64;
+  optimizer @5 :UInt8;         # asyncps::RowOptimizerKind
+  lr @6 :Float32;
+  beta1 @7 :Float32;
+  beta2 @8 :Float32;
+  eps @9 :Float32;
+  initialAccumulator @10 :Float32;
+  admitAfterPushes @11 :UInt32;
+  expireAfterClocks @12 :Int64;
+}
+
+# Rows of one table in a push, a pull or a pull reply. Keys travel in data
+# frame keysFrame as numKeys little-endian UInt64 (each at most once per
+# request, each owned by the receiving shard); rows in data frame rowsFrame
+# as numKeys x dim values encoded with `codec` (compression::CodecId of a
+# dense codec: 0 = raw fp32, 1 = fp16, 2 = bf16; a codec payload carries its
+# own header). A pull names keysFrame and the codec wanted for the reply
+# (rowsFrame 0); its reply names rowsFrame, in the order of the pull's keys
+# (keysFrame 0).
+struct RowsRef {
+  table @0 :UInt32;            # index in the registered table list
+  keysFrame @1 :UInt32;
+  rowsFrame @2 :UInt32;
+  numKeys @3 :UInt64;
+  codec @4 :UInt8;
+}
+
 struct Register {
   tensors @0 :List(TensorSpec);
   chunkElems @1 :UInt64;
   minChunkElems @2 :UInt64;
   numShards @3 :UInt32;
+  tables @4 :List(TableSpec);  # sparse tables of the model (may be empty)
 }
 
 struct Push {
   clock @0 :Int64;           # the pushing worker's clock (iterations done)
   chunks @1 :List(ChunkRef);
+  rows @2 :List(RowsRef);    # row gradients, at most one entry per table
 }
 
 struct Pull {
@@ -52,6 +87,8 @@ struct Pull {
   codec @2 :Text;            # pull compression spec, "" = raw fp32
   baseSeq @3 :UInt64;        # sparse (delta) codecs: the pullSeq of the last
                              # reply this client applied; 0 = none
+  rows @4 :List(RowsRef);    # rows wanted, at most one entry per table
+  dense @5 :Bool = true;     # false: no dense chunks (a rows-only pull)
 }
 
 struct Clock {
@@ -99,4 +136,5 @@ struct Reply {
   maxRequestBytes @12 :UInt64;  # the largest request this server accepts
   maxFrameBytes @13 :UInt64;    # and its largest frame (0 = not said); a
                                 # client refuses bigger requests itself
+  rows @14 :List(RowsRef);   # pull: one per RowsRef of the request
 }

@@ -7,6 +7,7 @@
 #include <kj/exception.h>
 #include <kj/io.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/protocol.capnp.h"
@@ -80,6 +81,94 @@ Status ReadChunkRefs(capnp::List<cw::ChunkRef>::Reader list,
   return Status::OK();
 }
 
+void FillRowsRefs(capnp::List<cw::RowsRef>::Builder list,
+                  const std::vector<RowsRef>& refs) {
+  for (size_t i = 0; i < refs.size(); ++i) {
+    auto r = list[i];
+    r.setTable(refs[i].table);
+    r.setKeysFrame(refs[i].keys_frame);
+    r.setRowsFrame(refs[i].rows_frame);
+    r.setNumKeys(refs[i].num_keys);
+    r.setCodec(refs[i].codec);
+  }
+}
+
+Status ReadRowsRefs(capnp::List<cw::RowsRef>::Reader list,
+                    const DecodeLimits& limits, std::vector<RowsRef>* out) {
+  if (list.size() > limits.max_list_entries) {
+    return Status::ResourceExhausted("too many rows refs: " +
+                                     std::to_string(list.size()));
+  }
+  out->resize(list.size());
+  for (uint32_t i = 0; i < list.size(); ++i) {
+    auto r = list[i];
+    RowsRef& o = (*out)[i];
+    o.table = r.getTable();
+    o.keys_frame = r.getKeysFrame();
+    o.rows_frame = r.getRowsFrame();
+    o.num_keys = r.getNumKeys();
+    o.codec = r.getCodec();
+  }
+  return Status::OK();
+}
+
+void FillTableSpecs(capnp::List<cw::TableSpec>::Builder list,
+                    const std::vector<TableSpec>& tables) {
+  for (size_t i = 0; i < tables.size(); ++i) {
+    const TableSpec& t = tables[i];
+    auto o = list[i];
+    o.setName(t.name);
+    o.setDim(t.dim);
+    o.setInit(static_cast<uint8_t>(t.init));
+    o.setInitParam(t.init_param);
+    o.setSeed(t.seed);
+    o.setOptimizer(static_cast<uint8_t>(t.optimizer.kind));
+    o.setLr(t.optimizer.lr);
+    o.setBeta1(t.optimizer.beta1);
+    o.setBeta2(t.optimizer.beta2);
+    o.setEps(t.optimizer.eps);
+    o.setInitialAccumulator(t.optimizer.initial_accumulator);
+    o.setAdmitAfterPushes(t.admit_after_pushes);
+    o.setExpireAfterClocks(t.expire_after_clocks);
+  }
+}
+
+// Reads table specs; their values are checked by the shard (ValidateTables),
+// only the enums' ranges here.
+Status ReadTableSpecs(capnp::List<cw::TableSpec>::Reader list,
+                      const DecodeLimits& limits,
+                      std::vector<TableSpec>* out) {
+  if (list.size() > std::min<size_t>(limits.max_list_entries, kMaxTables)) {
+    return Status::ResourceExhausted("too many tables: " +
+                                     std::to_string(list.size()));
+  }
+  out->resize(list.size());
+  for (uint32_t i = 0; i < list.size(); ++i) {
+    auto t = list[i];
+    TableSpec& s = (*out)[i];
+    s.name = t.getName().cStr();
+    s.dim = t.getDim();
+    if (t.getInit() > static_cast<uint8_t>(InitKind::kXavierUniform))
+      return Status::InvalidArgument("table '" + s.name +
+                                     "': unknown initialiser");
+    s.init = static_cast<InitKind>(t.getInit());
+    s.init_param = t.getInitParam();
+    s.seed = t.getSeed();
+    if (t.getOptimizer() > static_cast<uint8_t>(RowOptimizerKind::kAdam))
+      return Status::InvalidArgument("table '" + s.name +
+                                     "': unknown row optimizer");
+    s.optimizer.kind = static_cast<RowOptimizerKind>(t.getOptimizer());
+    s.optimizer.lr = t.getLr();
+    s.optimizer.beta1 = t.getBeta1();
+    s.optimizer.beta2 = t.getBeta2();
+    s.optimizer.eps = t.getEps();
+    s.optimizer.initial_accumulator = t.getInitialAccumulator();
+    s.admit_after_pushes = t.getAdmitAfterPushes();
+    s.expire_after_clocks = t.getExpireAfterClocks();
+  }
+  return Status::OK();
+}
+
 // Runs `fn` on a reader over [data, size), turning every kj exception into
 // InvalidArgument. Copies into aligned memory when `data` is not word-aligned.
 template <typename Root, typename Fn>
@@ -145,12 +234,15 @@ std::vector<uint8_t> EncodeRequest(const RequestHeader& h) {
       reg.setChunkElems(h.layout.chunk_elems);
       reg.setMinChunkElems(h.layout.min_chunk_elems);
       reg.setNumShards(static_cast<uint32_t>(h.layout.num_shards));
+      if (!h.tables.empty())
+        FillTableSpecs(reg.initTables(h.tables.size()), h.tables);
       break;
     }
     case RequestKind::kPush: {
       auto p = body.initPush();
       p.setClock(h.clock);
       FillChunkRefs(p.initChunks(h.chunks.size()), h.chunks);
+      if (!h.rows.empty()) FillRowsRefs(p.initRows(h.rows.size()), h.rows);
       break;
     }
     case RequestKind::kPull: {
@@ -161,6 +253,8 @@ std::vector<uint8_t> EncodeRequest(const RequestHeader& h) {
         ids.set(i, h.pull_chunks[i]);
       p.setCodec(h.pull_codec);
       p.setBaseSeq(h.pull_base_seq);
+      if (!h.rows.empty()) FillRowsRefs(p.initRows(h.rows.size()), h.rows);
+      p.setDense(h.pull_dense);
       break;
     }
     case RequestKind::kClock:
@@ -197,6 +291,7 @@ std::vector<uint8_t> EncodeReply(const ReplyHeader& h) {
   if (!h.chunks.empty()) FillChunkRefs(r.initChunks(h.chunks.size()), h.chunks);
   if (!h.text.empty()) r.setText(h.text);
   r.setPullSeq(h.pull_seq);
+  if (!h.rows.empty()) FillRowsRefs(r.initRows(h.rows.size()), h.rows);
   r.setMaxRequestBytes(h.max_request_bytes);
   r.setMaxFrameBytes(h.max_frame_bytes);
   return Serialize(builder);
@@ -222,6 +317,9 @@ Status DecodeRequest(const uint8_t* data, size_t size,
         out->pull_codec.clear();
         out->pull_base_seq = 0;
         out->clock = 0;
+        out->tables.clear();
+        out->rows.clear();
+        out->pull_dense = true;
         out->done_below = r.getDoneBelow();
         auto body = r.getBody();
         switch (body.which()) {
@@ -255,13 +353,14 @@ Status DecodeRequest(const uint8_t* data, size_t size,
             out->layout.min_chunk_elems = reg.getMinChunkElems();
             out->layout.num_shards = static_cast<int>(
                 std::min<uint32_t>(reg.getNumShards(), 1u << 20));
-            return Status::OK();
+            return ReadTableSpecs(reg.getTables(), limits, &out->tables);
           }
           case cw::Request::Body::PUSH: {
             out->kind = RequestKind::kPush;
             auto p = body.getPush();
             out->clock = p.getClock();
-            return ReadChunkRefs(p.getChunks(), limits, &out->chunks);
+            RETURN_IF_ERROR(ReadChunkRefs(p.getChunks(), limits, &out->chunks));
+            return ReadRowsRefs(p.getRows(), limits, &out->rows);
           }
           case cw::Request::Body::PULL: {
             out->kind = RequestKind::kPull;
@@ -275,7 +374,8 @@ Status DecodeRequest(const uint8_t* data, size_t size,
               out->pull_chunks[i] = ids[i];
             out->pull_codec = p.getCodec().cStr();
             out->pull_base_seq = p.getBaseSeq();
-            return Status::OK();
+            out->pull_dense = p.getDense();
+            return ReadRowsRefs(p.getRows(), limits, &out->rows);
           }
           case cw::Request::Body::CLOCK:
             out->kind = RequestKind::kClock;
@@ -330,7 +430,8 @@ Status DecodeReply(const uint8_t* data, size_t size, const DecodeLimits& limits,
         out->pull_seq = r.getPullSeq();
         out->max_request_bytes = r.getMaxRequestBytes();
         out->max_frame_bytes = r.getMaxFrameBytes();
-        return ReadChunkRefs(r.getChunks(), limits, &out->chunks);
+        RETURN_IF_ERROR(ReadChunkRefs(r.getChunks(), limits, &out->chunks));
+        return ReadRowsRefs(r.getRows(), limits, &out->rows);
       });
 }
 

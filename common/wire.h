@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/layout.h"
+#include "common/sparse_table.h"
 #include "common/status.h"
 
 namespace asyncps {
@@ -46,6 +47,15 @@ struct ChunkRef {
   uint64_t version = 0;  // pull replies only
 };
 
+// Rows of one sparse table carried in data frames (see protocol.capnp).
+struct RowsRef {
+  uint32_t table = 0;
+  uint32_t keys_frame = 0;  // requests: frame of numKeys uint64 keys
+  uint32_t rows_frame = 0;  // pushes and pull replies: frame of the rows
+  uint64_t num_keys = 0;
+  uint8_t codec = 0;  // compression::CodecId of a dense codec; 0 = fp32
+};
+
 struct RequestHeader {
   uint16_t version = kProtocolVersion;
   uint64_t id = 0;
@@ -56,6 +66,7 @@ struct RequestHeader {
   // kRegister
   std::vector<TensorSpec> tensors;
   LayoutOptions layout;
+  std::vector<TableSpec> tables;
   // kPush, kPull, kClock
   int64_t clock = 0;
   // kPush: one per data frame.
@@ -66,6 +77,10 @@ struct RequestHeader {
   // kPull with a sparse codec: sequence number of the last delta reply the
   // client applied (0 = none, send whole weights).
   uint64_t pull_base_seq = 0;
+  // kPush, kPull: rows of sparse tables, at most one entry per table.
+  std::vector<RowsRef> rows;
+  // kPull: false = no dense chunks (rows only).
+  bool pull_dense = true;
   // kPush: every push of this client to this shard with a lower id has been
   // answered or abandoned and will not be resent (0 = unknown).
   uint64_t done_below = 0;
@@ -83,6 +98,7 @@ struct ReplyHeader {
   std::vector<ChunkRef> chunks;  // kPull replies
   std::string text;              // kStats replies (JSON)
   uint64_t pull_seq = 0;         // kPull replies with a sparse codec
+  std::vector<RowsRef> rows;     // kPull replies: rows of the pull's tables
   uint64_t max_request_bytes = 0;  // the server's limits (0 = not said)
   uint64_t max_frame_bytes = 0;
 };

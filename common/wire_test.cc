@@ -63,6 +63,78 @@ TEST(WireTest, RegisterAndPullRoundTrip) {
   EXPECT_TRUE(d.tensors.empty());
 }
 
+TEST(WireTest, SparseTablesAndRowsRoundTrip) {
+  RequestHeader h;
+  h.kind = RequestKind::kRegister;
+  h.tensors = {TensorSpec{"d", {4}, InitKind::kZeros, 0, 1}};
+  TableSpec t;
+  t.name = "emb";
+  t.dim = 17;
+  t.init = InitKind::kNormal;
+  t.init_param = 0.01f;
+  t.seed = 5;
+  t.optimizer.kind = RowOptimizerKind::kAdam;
+  t.optimizer.lr = 0.003f;
+  t.optimizer.beta1 = 0.8f;
+  t.optimizer.beta2 = 0.99f;
+  t.optimizer.eps = 1e-6f;
+  t.optimizer.initial_accumulator = 0.1f;
+  t.admit_after_pushes = 3;
+  t.expire_after_clocks = 100;
+  h.tables = {t, t};
+  h.tables[1].name = "emb2";
+  auto bytes = EncodeRequest(h);
+  RequestHeader d;
+  ASSERT_TRUE(DecodeRequest(bytes.data(), bytes.size(), {}, &d).ok());
+  ASSERT_EQ(d.tables.size(), 2u);
+  EXPECT_EQ(d.tables[0], t);
+  EXPECT_EQ(d.tables[1].name, "emb2");
+
+  RequestHeader push;
+  push.kind = RequestKind::kPush;
+  push.chunks = {{0, 1, 0, 4, 16, 0}};
+  push.rows = {{1, 2, 3, 1000, 1}, {0, 4, 5, 7, 0}};
+  bytes = EncodeRequest(push);
+  ASSERT_TRUE(DecodeRequest(bytes.data(), bytes.size(), {}, &d).ok());
+  ASSERT_EQ(d.rows.size(), 2u);
+  EXPECT_EQ(d.rows[0].table, 1u);
+  EXPECT_EQ(d.rows[0].keys_frame, 2u);
+  EXPECT_EQ(d.rows[0].rows_frame, 3u);
+  EXPECT_EQ(d.rows[0].num_keys, 1000u);
+  EXPECT_EQ(d.rows[0].codec, 1);
+  EXPECT_TRUE(d.tables.empty());
+
+  // Pulls: rows and the dense flag (true unless cleared, also for old
+  // senders that do not know the field).
+  RequestHeader pull;
+  pull.kind = RequestKind::kPull;
+  bytes = EncodeRequest(pull);
+  ASSERT_TRUE(DecodeRequest(bytes.data(), bytes.size(), {}, &d).ok());
+  EXPECT_TRUE(d.pull_dense);
+  EXPECT_TRUE(d.rows.empty());
+  pull.pull_dense = false;
+  pull.rows = {{0, 1, 0, 9, 1}};
+  bytes = EncodeRequest(pull);
+  ASSERT_TRUE(DecodeRequest(bytes.data(), bytes.size(), {}, &d).ok());
+  EXPECT_FALSE(d.pull_dense);
+  ASSERT_EQ(d.rows.size(), 1u);
+  EXPECT_EQ(d.rows[0].num_keys, 9u);
+
+  ReplyHeader r;
+  r.kind = RequestKind::kPull;
+  r.rows = {{0, 0, 1, 9, 0}};
+  bytes = EncodeReply(r);
+  ReplyHeader rd;
+  ASSERT_TRUE(DecodeReply(bytes.data(), bytes.size(), {}, &rd).ok());
+  ASSERT_EQ(rd.rows.size(), 1u);
+  EXPECT_EQ(rd.rows[0].rows_frame, 1u);
+
+  // Out-of-range enums are rejected while decoding.
+  h.tables[0].optimizer.kind = static_cast<RowOptimizerKind>(9);
+  bytes = EncodeRequest(h);
+  EXPECT_FALSE(DecodeRequest(bytes.data(), bytes.size(), {}, &d).ok());
+}
+
 TEST(WireTest, ReplyCarriesStatus) {
   ReplyHeader r;
   r.id = 7;

@@ -108,6 +108,15 @@ DEFINE_bool(insecure, false,
 DEFINE_bool(transport_only, false,
             "benchmark mode: validate and acknowledge pushes, never apply");
 DEFINE_int32(io_threads, 1, "ZeroMQ I/O threads");
+DEFINE_uint64(embedding_cache_bytes, uint64_t{256} << 20,
+              "memory for cached rows of sparse tables (and their cache "
+              "indexes and admission counters), bytes; past it rows are "
+              "evicted to RocksDB (--db_path); without --db_path every row "
+              "stays in memory");
+DEFINE_uint64(max_sparse_keys, uint64_t{1} << 18,
+              "most keys of sparse tables one request may name on this shard");
+DEFINE_uint64(max_sparse_reply_bytes, uint64_t{256} << 20,
+              "largest sparse-row part of one pull reply, bytes (fp32)");
 
 namespace {
 
@@ -239,6 +248,13 @@ srv::ServerOptions OptionsFromFlags() {
             "ps_ctl keygen) or --insecure to serve it unencrypted");
   }
   s.transport_only = FLAGS_transport_only;
+  if (FLAGS_embedding_cache_bytes < (1u << 20))
+    BadFlag("--embedding_cache_bytes must be >= 1 MiB");
+  if (FLAGS_max_sparse_keys < 1 || FLAGS_max_sparse_reply_bytes < 1)
+    BadFlag("--max_sparse_keys and --max_sparse_reply_bytes must be >= 1");
+  s.sparse.cache_bytes = FLAGS_embedding_cache_bytes;
+  s.sparse.max_keys_per_request = FLAGS_max_sparse_keys;
+  s.sparse.max_reply_bytes = FLAGS_max_sparse_reply_bytes;
   s.durable = FLAGS_durable;
   if (FLAGS_durable && FLAGS_db_path.empty())
     BadFlag("--durable needs --db_path");
@@ -295,7 +311,9 @@ int main(int argc, char** argv) {
                           " CURVE admin keys")
             << ", max parked pulls "
             << s.max_parked_pulls << ", max in flight per client "
-            << s.max_inflight_per_client << ", CURVE "
+            << s.max_inflight_per_client << ", embedding cache "
+            << s.sparse.cache_bytes << " B, max sparse keys "
+            << s.sparse.max_keys_per_request << ", CURVE "
             << (options.curve_secret_key.empty()
                     ? std::string("off")
                     : "on (" +

@@ -1,11 +1,47 @@
 #include "server/server_metrics.h"
 
 #include <algorithm>
+#include <iterator>
+
+#include "server/sparse/sparse_table.h"
+#include "server/sparse/sparse_tables.h"
 
 namespace asyncps::server {
 namespace {
 
 using metrics::Histogram;
+
+struct FamilyDef {
+  const char* name;
+  const char* help;
+};
+// Per sparse table (label `table`); the order is PublishTables()'.
+constexpr FamilyDef kTableCounterDefs[] = {
+    {"asyncps_shard_table_pulled_rows_total", "Rows answered to pulls."},
+    {"asyncps_shard_table_pushed_rows_total", "Rows of applied pushes."},
+    {"asyncps_shard_table_cache_hits_total", "Row lookups the cache answered."},
+    {"asyncps_shard_table_cache_misses_total",
+     "Row lookups that went to RocksDB."},
+    {"asyncps_shard_table_store_reads_total",
+     "Keys looked up in RocksDB (MultiGet)."},
+    {"asyncps_shard_table_store_writes_total",
+     "Rows written to RocksDB (write-back, checkpoint, durable pushes)."},
+    {"asyncps_shard_table_write_backs_total",
+     "Dirty rows written back when evicted."},
+    {"asyncps_shard_table_evictions_total", "Rows evicted from the cache."},
+    {"asyncps_shard_table_admitted_rows_total", "Rows created (admitted)."},
+    {"asyncps_shard_table_expired_rows_total",
+     "Rows found expired by a lookup."},
+};
+constexpr FamilyDef kTableGaugeDefs[] = {
+    {"asyncps_shard_table_cache_rows", "Rows of the table in the cache."},
+    {"asyncps_shard_table_cache_bytes",
+     "Bytes of the table's rows in the cache."},
+    {"asyncps_shard_table_rows", "Rows of the table in RocksDB (estimate)."},
+    {"asyncps_shard_table_sst_bytes",
+     "Bytes of the table's RocksDB table files."},
+};
+
 
 constexpr char kPushBytesHelp[] =
     "Payload bytes of accepted pushes: raw = as dense fp32, wire = as "
@@ -121,7 +157,64 @@ ServerMetrics::ServerMetrics(metrics::Registry* r, int num_workers,
           r->AddGauge("asyncps_shard_bsp_round", "Current BSP round.").Get()),
       chunk_bytes_(r->AddGauge("asyncps_shard_chunk_bytes",
                                "Bytes of weights the shard holds.")
-                       .Get()) {
+                       .Get()),
+      cache_budget_(r->AddGauge("asyncps_shard_row_cache_budget_bytes",
+                                "Budget of the sparse tables' row cache.")
+                        .Get()),
+      cache_used_(r->AddGauge("asyncps_shard_row_cache_bytes",
+                              "Bytes of rows in the sparse tables' cache.")
+                      .Get()) {
+  auto store_counter = [&](const char* name, const char* help) {
+    return &r->AddCounter(name, help).Get();
+  };
+  auto store_gauge = [&](const char* name, const char* help) {
+    return &r->AddGauge(name, help).Get();
+  };
+  store_.bytes_written = store_counter(
+      "asyncps_shard_rocksdb_written_bytes_total",
+      "Bytes of keys and values written to RocksDB (its BYTES_WRITTEN).");
+  store_.keys_written = store_counter("asyncps_shard_rocksdb_written_keys_total",
+                                      "Records written to RocksDB.");
+  store_.wal_bytes = store_counter("asyncps_shard_rocksdb_wal_bytes_total",
+                                   "Bytes RocksDB wrote to its write-ahead log.");
+  store_.flush_bytes = store_counter("asyncps_shard_rocksdb_flush_bytes_total",
+                                     "Bytes RocksDB wrote flushing memtables.");
+  store_.compaction_read_bytes =
+      store_counter("asyncps_shard_rocksdb_compaction_read_bytes_total",
+                    "Bytes RocksDB read in compactions.");
+  store_.compaction_write_bytes =
+      store_counter("asyncps_shard_rocksdb_compaction_write_bytes_total",
+                    "Bytes RocksDB wrote in compactions.");
+  store_.stall_seconds =
+      store_counter("asyncps_shard_rocksdb_stall_seconds_total",
+                    "Time RocksDB stalled writes (memtables or L0 full).");
+  store_.block_cache_hits =
+      store_counter("asyncps_shard_rocksdb_block_cache_hits_total",
+                    "RocksDB block cache hits.");
+  store_.block_cache_misses =
+      store_counter("asyncps_shard_rocksdb_block_cache_misses_total",
+                    "RocksDB block cache misses.");
+  store_.disk_bytes = store_gauge("asyncps_shard_rocksdb_sst_bytes",
+                                  "Bytes of RocksDB's live table files.");
+  store_.memtable_bytes = store_gauge("asyncps_shard_rocksdb_memtable_bytes",
+                                      "Bytes of RocksDB's memtables.");
+  store_.block_cache_bytes = store_gauge(
+      "asyncps_shard_rocksdb_block_cache_bytes", "RocksDB block cache in use.");
+  store_.running_compactions =
+      store_gauge("asyncps_shard_rocksdb_running_compactions",
+                  "RocksDB compactions running now.");
+  store_.pending_compaction_bytes =
+      store_gauge("asyncps_shard_rocksdb_pending_compaction_bytes",
+                  "Bytes RocksDB estimates its compactions still have to do.");
+  const std::vector<std::string> table = {"table"};
+  for (size_t i = 0; i < kTableCounters; ++i) {
+    table_counters_[i] = &r->AddCounter(kTableCounterDefs[i].name,
+                                        kTableCounterDefs[i].help, table);
+  }
+  for (size_t i = 0; i < kTableGauges; ++i) {
+    table_gauges_[i] = &r->AddGauge(kTableGaugeDefs[i].name,
+                                    kTableGaugeDefs[i].help, table);
+  }
   auto& requests = r->AddCounter("asyncps_shard_requests_total",
                                  "Requests received, by kind.", {"kind"});
   auto& request_bytes = r->AddCounter(
@@ -237,6 +330,8 @@ void ServerMetrics::Publish(const Shard& shard, TimePoint now) {
     bytes = l->ShardBytes()[shard.options().shard_id];
   }
   chunk_bytes_.Set(static_cast<double>(bytes));
+  PublishStore(shard);
+  PublishTables(shard);
   // Pulls that never got a reply (peer gone, shard answered elsewhere):
   // keep the map from growing with them.
   if (pull_arrivals_.size() >= options_.max_timed_pulls / 2) {
@@ -245,6 +340,60 @@ void ServerMetrics::Publish(const Shard& shard, TimePoint now) {
                ? pull_arrivals_.erase(it)
                : std::next(it);
     }
+  }
+}
+
+void ServerMetrics::PublishStore(const Shard& shard) {
+  const StoreStats s = shard.store_stats();
+  auto d = [](uint64_t v) { return static_cast<double>(v); };
+  store_.bytes_written->Publish(d(s.bytes_written));
+  store_.keys_written->Publish(d(s.keys_written));
+  store_.wal_bytes->Publish(d(s.wal_bytes));
+  store_.flush_bytes->Publish(d(s.flush_bytes));
+  store_.compaction_read_bytes->Publish(d(s.compaction_read_bytes));
+  store_.compaction_write_bytes->Publish(d(s.compaction_write_bytes));
+  store_.stall_seconds->Publish(d(s.stall_micros) * 1e-6);
+  store_.block_cache_hits->Publish(d(s.block_cache_hits));
+  store_.block_cache_misses->Publish(d(s.block_cache_misses));
+  store_.disk_bytes->Set(d(s.disk_bytes));
+  store_.memtable_bytes->Set(d(s.memtable_bytes));
+  store_.block_cache_bytes->Set(d(s.block_cache_bytes));
+  store_.running_compactions->Set(d(s.running_compactions));
+  store_.pending_compaction_bytes->Set(d(s.pending_compaction_bytes));
+}
+
+void ServerMetrics::PublishTables(const Shard& shard) {
+  const sparse::SparseTables* st = shard.sparse_tables();
+  if (st == nullptr) return;
+  cache_budget_.Set(static_cast<double>(st->options().cache_bytes));
+  cache_used_.Set(static_cast<double>(st->cache_bytes()));
+  static_assert(std::size(kTableCounterDefs) == kTableCounters);
+  static_assert(std::size(kTableGaugeDefs) == kTableGauges);
+  const size_t n = std::min(st->num_tables(), options_.max_table_series);
+  while (tables_.size() < n) {
+    const std::vector<std::string> l = {st->table(tables_.size()).spec().name};
+    TableSeries t;
+    for (size_t i = 0; i < kTableCounters; ++i)
+      t.counters[i] = &table_counters_[i]->WithLabels(l);
+    for (size_t i = 0; i < kTableGauges; ++i)
+      t.gauges[i] = &table_gauges_[i]->WithLabels(l);
+    tables_.push_back(t);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const sparse::SparseTable& t = st->table(i);
+    const sparse::TableCounters& c = t.counters();
+    const SpaceStats ss = shard.space_stats(t.space());
+    // In the order of kTableCounterDefs and kTableGaugeDefs.
+    const uint64_t counters[kTableCounters] = {
+        c.rows_read,    c.rows_pushed, c.hits,      c.misses,
+        c.store_reads,  c.store_writes, c.write_backs, c.evictions,
+        c.admitted,     c.expired};
+    const uint64_t gauges[kTableGauges] = {t.cache_rows(), t.cache_bytes(),
+                                           ss.estimated_keys, ss.disk_bytes};
+    for (size_t j = 0; j < kTableCounters; ++j)
+      tables_[i].counters[j]->Publish(static_cast<double>(counters[j]));
+    for (size_t j = 0; j < kTableGauges; ++j)
+      tables_[i].gauges[j]->Set(static_cast<double>(gauges[j]));
   }
 }
 

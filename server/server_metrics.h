@@ -33,6 +33,7 @@
 // Thread safety: OnRequest/OnReply/Publish from the event loop thread only.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -50,6 +51,9 @@ struct ServerMetricsOptions {
   std::chrono::milliseconds publish_every{200};
   // Ranks that get their own worker_clock / worker_live series. Default: 256.
   int max_rank_series = 256;
+  // Sparse tables that get their own series (label `table`), in
+  // registration order. Default: 64.
+  size_t max_table_series = 64;
   // Pull arrivals remembered for pull_wait_seconds; past it, new pulls are
   // not timed (the map is sized by peers' requests). Default: 65536.
   size_t max_timed_pulls = 65536;
@@ -113,6 +117,41 @@ class ServerMetrics {
   metrics::Gauge& chunk_bytes_;
   std::vector<metrics::Gauge*> clock_;  // by rank, first max_rank_series
   std::vector<metrics::Gauge*> rank_live_;
+  // The store (RocksDB) as a whole.
+  struct StoreFamilies {
+    metrics::Counter* bytes_written;
+    metrics::Counter* keys_written;
+    metrics::Counter* wal_bytes;
+    metrics::Counter* flush_bytes;
+    metrics::Counter* compaction_read_bytes;
+    metrics::Counter* compaction_write_bytes;
+    metrics::Counter* stall_seconds;
+    metrics::Counter* block_cache_hits;
+    metrics::Counter* block_cache_misses;
+    metrics::Gauge* disk_bytes;
+    metrics::Gauge* memtable_bytes;
+    metrics::Gauge* block_cache_bytes;
+    metrics::Gauge* running_compactions;
+    metrics::Gauge* pending_compaction_bytes;
+  };
+  StoreFamilies store_;
+  // Sparse tables: one child per table and family (kTableCounters
+  // counters, then kTableGauges gauges; see server_metrics.cc), made the
+  // first time a table is seen.
+  static constexpr size_t kTableCounters = 10;
+  static constexpr size_t kTableGauges = 4;
+  struct TableSeries {
+    std::array<metrics::Counter*, kTableCounters> counters;
+    std::array<metrics::Gauge*, kTableGauges> gauges;
+  };
+  void PublishStore(const Shard& shard);
+  void PublishTables(const Shard& shard);
+  std::array<metrics::Family<metrics::Counter>*, kTableCounters>
+      table_counters_;
+  std::array<metrics::Family<metrics::Gauge>*, kTableGauges> table_gauges_;
+  metrics::Gauge& cache_budget_;
+  metrics::Gauge& cache_used_;
+  std::vector<TableSeries> tables_;
   // (peer, id) of pulls not yet answered -> arrival.
   std::unordered_map<std::string, TimePoint> pull_arrivals_;
   TimePoint last_publish_{};

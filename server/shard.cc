@@ -51,6 +51,9 @@ Status ShardOptions::Validate() const {
     return Status::InvalidArgument("max_parked_pulls must be >= 1");
   if (max_inflight_per_client < 1)
     return Status::InvalidArgument("max_inflight_per_client must be >= 1");
+  if (sparse.max_keys_per_request < 1 || sparse.max_reply_bytes < 1)
+    return Status::InvalidArgument(
+        "sparse max_keys_per_request and max_reply_bytes must be >= 1");
   if (staleness > kMaxClock)
     return Status::InvalidArgument("staleness must be <= 2^62");
   if (max_park_time.count() < 1)
@@ -165,7 +168,7 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
         st = HandlePush(req, data, &r.header);
         break;
       case RequestKind::kPull:
-        st = HandlePull(peer, req, now, &r, &parked);
+        st = HandlePull(peer, req, data, now, &r, &parked);
         break;
       case RequestKind::kClock:
         st = HandleClock(req);
@@ -239,7 +242,9 @@ Status Shard::Admit(const RequestHeader& req, bool has_data) {
                    "its layout and waits for them"
                  : ": only workers (rank >= 0) do")));
   }
-  if (req.kind != RequestKind::kPush && has_data) {
+  // Pushes carry chunks and rows; pulls may carry the keys of rows.
+  if (req.kind != RequestKind::kPush &&
+      !(req.kind == RequestKind::kPull && !req.rows.empty()) && has_data) {
     return Reject(
         RejectReason::kSizeMismatch,
         Status::InvalidArgument(std::string(RequestKindName(req.kind)) +
@@ -300,13 +305,8 @@ void Shard::EnterDegraded(const Status& cause) {
 
 void Shard::TryRepair(TimePoint now) {
   if (!degraded_ || now < next_repair_) return;
-  Status s = Checkpoint();
-  if (s.ok()) {
-    degraded_ = false;
-    LOG(INFO) << "checkpoint succeeded: the state is in the store again, "
-                 "accepting pushes";
-    return;
-  }
+  Status s = Checkpoint();  // ends the degraded state when it succeeds
+  if (s.ok()) return;
   LOG_EVERY_N(ERROR, 10) << "repair checkpoint failed: " << s.ToString();
   next_repair_ = now + repair_backoff_;
   repair_backoff_ = std::min(repair_backoff_ * 2, std::chrono::milliseconds(5000));
@@ -333,6 +333,7 @@ void Shard::Tick(TimePoint now, std::vector<OutgoingReply>* out) {
 }
 
 void Shard::OnClocksChanged(std::vector<OutgoingReply>* out) {
+  if (sparse_) sparse_->AdvanceClock(clocks_.MinLiveClock());
   if (options_.consistency == Consistency::kBsp) {
     const int64_t min = clocks_.MinLiveClock();
     if (min > bsp_round_) {

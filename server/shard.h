@@ -20,6 +20,12 @@
 // (read-only, never waiting, never moving a clock) and ask for stats, but
 // not register, push or clock.
 //
+// Sparse tables (server/sparse/sparse_tables.h), registered with the layout,
+// travel in the same pushes, pulls and clocks as the chunks (their requests
+// are handled in shard_sparse.cc): a push's rows are validated with its
+// chunks before anything is applied, applied (BSP: summed) with them, and
+// written with them in durable mode and in checkpoints.
+//
 // Input: a decoded RequestHeader plus its data frames (frames[i] is data
 // frame i+1 of the message). Output: zero or more OutgoingReply: the reply
 // to this request (unless it is a pull that had to wait: it is parked and
@@ -80,6 +86,7 @@
 #include "common/wire.h"
 #include "server/memory_budget.h"
 #include "server/optimizer.h"
+#include "server/sparse/sparse_tables.h"
 #include "server/stats.h"
 #include "server/store.h"
 #include "server/worker_clocks.h"
@@ -164,6 +171,9 @@ struct ShardOptions {
   // Sync mode of durable writes (checkpoints always sync). Default: kNoSync
   // (WAL only: survives kill -9, not power loss).
   SyncMode durable_sync = SyncMode::kNoSync;
+  // Sparse tables: cache budget and request limits (shard_id and num_shards
+  // are this struct's). Default: SparseOptions defaults.
+  sparse::SparseOptions sparse;
 
   Status Validate() const;
 };
@@ -210,6 +220,7 @@ class Shard {
   void CountRejected(RejectReason reason);
 
   // Writes all state to the store in one atomic batch (no-op without one).
+  // Success ends the degraded state (see degraded()).
   Status Checkpoint();
 
   // The stats document (JSON object) also returned by a kStats request.
@@ -217,8 +228,8 @@ class Shard {
 
   // True once a kShutdown request has been answered.
   bool shutdown_requested() const { return shutdown_requested_; }
-  // True while pushes are refused because a durable write failed and no
-  // checkpoint has succeeded since.
+  // True while pushes are refused because a durable write (or a write-back
+  // of evicted rows) failed and no checkpoint has succeeded since.
   bool degraded() const { return degraded_; }
 
   // --- Introspection (tests, stats) ---
@@ -239,6 +250,17 @@ class Shard {
   // Weights / optimizer state / version of an owned chunk (nullptr / 0 if
   // not owned).
   const std::vector<float>* weights(uint32_t chunk) const;
+  // The shard's sparse tables, or nullptr when none are registered.
+  sparse::SparseTables* sparse_tables() { return sparse_.get(); }
+  const sparse::SparseTables* sparse_tables() const { return sparse_.get(); }
+  // Figures of the shard's store (all 0 without one). Call on the shard's
+  // thread (the store's).
+  StoreStats store_stats() const {
+    return store_ != nullptr ? store_->GetStoreStats() : StoreStats{};
+  }
+  SpaceStats space_stats(SpaceId space) const {
+    return store_ != nullptr ? store_->GetSpaceStats(space) : SpaceStats{};
+  }
   const std::vector<float>* optimizer_state(uint32_t chunk) const;
   uint64_t chunk_version(uint32_t chunk) const;
 
@@ -280,11 +302,12 @@ class Shard {
 
   // shard_pull.cc: pulls, replicas, parked pulls, unsent replies.
   Status HandlePull(const std::string& peer, const RequestHeader& req,
-                    TimePoint now, OutgoingReply* r, bool* parked);
+                    const std::vector<ByteView>& data, TimePoint now,
+                    OutgoingReply* r, bool* parked);
   Status ValidatePullRequest(const RequestHeader& req);
   // Fills the reply to a pull, or returns an error. Never parks.
   Status AnswerPull(const std::string& peer, const RequestHeader& req,
-                    OutgoingReply* reply);
+                    const std::vector<ByteView>& data, OutgoingReply* reply);
   void ReleaseParked(std::vector<OutgoingReply>* out);
   void ExpireParked(TimePoint now, std::vector<OutgoingReply>* out);
   // True when a pull with this id from this peer is already parked.
@@ -307,7 +330,9 @@ class Shard {
                     ReplyHeader* reply);
   Status ValidatePush(const RequestHeader& req,
                       const std::vector<ByteView>& data);
-  // Marks the push done (de-duplication) and, in durable mode, writes it.
+  // Marks the push done in the de-duplication table (memory only).
+  void RecordPush(const RequestHeader& req);
+  // RecordPush and, in durable mode, writes it.
   Status FinishPush(const RequestHeader& req);
   void ApplyPending(int rank, float lr_scale);
   // The schedule's multiplier of lr at the current shard version.
@@ -315,12 +340,33 @@ class Shard {
   // Applies the averaged round and moves bsp_round_ to `next`.
   Status ApplyBspRound(int64_t next);
 
+  // shard_sparse.cc: the rows of sparse tables in registration, pushes,
+  // pulls, BSP rounds and persistence.
+  Status RegisterTables(const std::vector<TableSpec>& tables, bool created);
+  Status ValidateSparsePush(const RequestHeader& req,
+                            const std::vector<ByteView>& data);
+  // BSP: reserves what this push's rows may add to the round's sums, before
+  // anything of the push is applied.
+  Status ChargeSparseRound();
+  Status ApplySparsePush(int64_t clock, float lr_scale);
+  Status ValidateSparsePull(const RequestHeader& req,
+                            const std::vector<ByteView>& data);
+  // Appends the rows of a pull to its reply; adds the bytes of the buffers
+  // made for it to *fresh.
+  Status AnswerSparsePull(const RequestHeader& req,
+                          const std::vector<ByteView>& data,
+                          OutgoingReply* reply, uint64_t* fresh);
+  // Writes entries_ plus the sparse tables' part of a cut (a checkpoint's
+  // when `checkpoint`, else a durable write's); sets *bytes to the bytes
+  // handed to the store.
+  Status WriteCut(bool checkpoint, SyncMode sync, uint64_t* bytes);
+
   // shard_persist.cc: checkpoint, recovery, durable writes.
   Status Recover();
   Status WriteDurable(bool sync);  // touched_ chunks + state
-  // Writes entries_ (then clears them), adding the time taken to `*ns` and,
+  // WriteCut(), then clears entries_; adds the time taken to `*ns` and,
   // when it succeeds, the bytes to counters_.store_bytes_written.
-  Status TimedWrite(SyncMode mode, uint64_t* ns);
+  Status TimedWrite(bool checkpoint, SyncMode mode, uint64_t* ns);
   void AddLayoutEntry(std::vector<StoreEntry>* entries) const;
   void AddStateEntry(std::vector<StoreEntry>* entries) const;
   void AddChunkEntry(const Chunk& c, std::vector<StoreEntry>* entries) const;
@@ -380,6 +426,25 @@ class Shard {
   std::vector<uint32_t> sparse_idx_;
   std::vector<float> sparse_val_;
   std::vector<StoreEntry> entries_;
+
+  // Sparse tables (nullptr until a model with tables is registered).
+  std::unique_ptr<sparse::SparseTables> sparse_;
+  // A push's rows, validated and decoded, waiting for phase 2.
+  struct PendingRows {
+    uint32_t table = 0;
+    size_t n = 0;
+    size_t keys_at = 0;  // offset in sparse_keys_
+    size_t rows_at = 0;  // offset in sparse_rows_
+  };
+  std::vector<PendingRows> pending_rows_;
+  std::vector<uint64_t> sparse_keys_;
+  std::vector<float> sparse_rows_;
+  std::vector<uint64_t> table_stamp_;  // per table: seen in request #stamp_
+  // The embedding cache's budget, drawn from the shard's MemoryBudget when
+  // the tables are registered; a push's decoded keys and rows; BSP sums.
+  MemoryBudget::Charge sparse_charge_;
+  MemoryBudget::Charge request_charge_;
+  MemoryBudget::Charge round_charge_;
 };
 
 }  // namespace asyncps::server

@@ -21,7 +21,10 @@
 //                      u32 'CHK1', u64 n, u32 state_per_elem, u64 version,
 //                      u64 step, u32 contributors, u8 has_acc,
 //                      f32 w[n], f32 state[n * state_per_elem], f32 acc[n]?
-// Keys sort in that order, so recovery sees the layout before the chunks.
+//   "0tables", "1sparse"  sparse tables (server/sparse/sparse_tables.cc)
+// Keys sort in that order, so recovery sees the layout before the chunks
+// and the tables before their state. The tables' rows are in key spaces of
+// their own, never scanned at recovery.
 #include <glog/logging.h>
 
 #include <chrono>
@@ -66,13 +69,20 @@ Status Shard::Checkpoint() {
   ++counters_.checkpoints;
   AddStateEntry(&entries_);
   for (const auto& c : chunks_) AddChunkEntry(*c, &entries_);
-  Status s = TimedWrite(SyncMode::kSync, &counters_.checkpoint_ns);
+  Status s = TimedWrite(/*checkpoint=*/true, SyncMode::kSync,
+                        &counters_.checkpoint_ns);
   if (!s.ok()) {
     --counters_.checkpoints;
     return s.WithContext("checkpoint");
   }
   VLOG(1) << "checkpoint: version " << shard_version_ << ", " << chunks_.size()
           << " chunks";
+  if (degraded_) {
+    // Whatever a failed write left in memory only is in the store now.
+    degraded_ = false;
+    LOG(INFO) << "checkpoint succeeded: the state is in the store again, "
+                 "accepting pushes";
+  }
   return Status::OK();
 }
 
@@ -81,18 +91,15 @@ Status Shard::WriteDurable(bool sync) {
   AddStateEntry(&entries_);
   for (const Chunk* c : touched_) AddChunkEntry(*c, &entries_);
   ++counters_.durable_writes;
-  return TimedWrite(sync ? SyncMode::kSync : SyncMode::kNoSync,
+  return TimedWrite(/*checkpoint=*/false,
+                    sync ? SyncMode::kSync : SyncMode::kNoSync,
                     &counters_.durable_write_ns);
 }
 
-Status Shard::TimedWrite(SyncMode mode, uint64_t* ns) {
+Status Shard::TimedWrite(bool checkpoint, SyncMode mode, uint64_t* ns) {
   uint64_t bytes = 0;
-  for (const StoreEntry& e : entries_) {
-    bytes += e.key.size() + e.head.size();
-    for (const StorePart& p : e.parts) bytes += p.size;
-  }
   const auto start = std::chrono::steady_clock::now();
-  Status s = store_->Write(entries_, mode);
+  Status s = WriteCut(checkpoint, mode, &bytes);
   *ns += static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(
           std::chrono::steady_clock::now() - start)
@@ -181,6 +188,15 @@ Status Shard::Recover() {
         found = true;
         if (key == kLayoutKey) return RestoreLayout(value);
         if (key == kStateKey) return RestoreState(value);
+        if (key == sparse::SparseTables::kTablesKey) {
+          ASSIGN_OR_RETURN(std::vector<TableSpec> tables,
+                           sparse::SparseTables::ParseSpecs(value));
+          return RegisterTables(tables, /*created=*/true);
+        }
+        if (key == sparse::SparseTables::kStateKey) {
+          if (!sparse_) return Status::Corruption("sparse state without tables");
+          return sparse_->RestoreState(value);
+        }
         if (key.size() == kChunkPrefix.size() + 4 &&
             key.substr(0, kChunkPrefix.size()) == kChunkPrefix) {
           uint32_t id = 0;

@@ -42,11 +42,14 @@ bool Shard::IsParked(const std::string& peer, uint64_t id) const {
 }
 
 Status Shard::HandlePull(const std::string& peer, const RequestHeader& req,
-                         TimePoint now, OutgoingReply* r, bool* parked) {
+                         const std::vector<ByteView>& data, TimePoint now,
+                         OutgoingReply* r, bool* parked) {
   RETURN_IF_ERROR(ValidatePullRequest(req));
+  RETURN_IF_ERROR(ValidateSparsePull(req, data));
   // Rank -1 (an observer, such as a dedicated evaluator) reads the current
   // weights without waiting and without taking part in the clocks.
-  if (req.rank < 0 || PullReady(req.clock)) return AnswerPull(peer, req, r);
+  if (req.rank < 0 || PullReady(req.clock))
+    return AnswerPull(peer, req, data, r);
   if (IsParked(peer, req.id)) {
     *parked = true;  // a resend of a pull that is already waiting
     return Status::OK();
@@ -65,15 +68,17 @@ Status Shard::HandlePull(const std::string& peer, const RequestHeader& req,
             "too many requests in flight from this client or rank " +
             std::to_string(req.rank) + " (" + std::to_string(limit) + ")"));
   }
-  const uint64_t bytes = sizeof(ParkedPull) + peer.size() +
-                         req.pull_chunks.size() * sizeof(uint32_t) +
-                         req.pull_codec.size();
+  uint64_t bytes = sizeof(ParkedPull) + peer.size() +
+                   req.pull_chunks.size() * sizeof(uint32_t) +
+                   req.pull_codec.size() + req.rows.size() * sizeof(RowsRef);
+  for (const ByteView& f : data) bytes += f.size;  // keys kept with it
   StatusOr<MemoryBudget::Charge> charge =
       budget_->Reserve(bytes, "a parked pull");
   if (!charge.ok()) return Reject(RejectReason::kMemoryBudget, charge.status());
   auto p = std::make_unique<ParkedPull>();
   p->peer = peer;
   p->req = req;
+  p->data = data;
   p->since = now;
   p->charge = std::move(charge).value();
   parked_.push_back(std::move(p));
@@ -93,7 +98,7 @@ void Shard::ReleaseParked(std::vector<OutgoingReply>* out) {
     OutgoingReply r;
     r.peer = p.peer;
     reject_reason_ = RejectReason::kOther;
-    Status st = AnswerPull(p.peer, p.req, &r);
+    Status st = AnswerPull(p.peer, p.req, p.data, &r);
     if (!st.ok()) {
       CountRejected(reject_reason_);
       r.header.chunks.clear();
@@ -226,6 +231,7 @@ void Shard::PinUnsent(const std::string& peer, int rank, uint64_t fresh,
 void Shard::FreeReplica(int rank) { replicas_[rank].reset(); }
 
 Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
+                         const std::vector<ByteView>& data,
                          OutgoingReply* reply) {
   RETURN_IF_ERROR(ValidatePullRequest(req));
   // A client that pulls and does not read would otherwise pin snapshot after
@@ -250,9 +256,11 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
                       "sent (limit " +
                       std::to_string(unsent_limit) + "): read them first"));
   }
+  static const std::vector<uint32_t> kNoChunks;
   const std::vector<uint32_t>& ids =
-      req.pull_chunks.empty() ? layout_->shard_chunks(options_.shard_id)
-                              : req.pull_chunks;
+      !req.pull_dense            ? kNoChunks  // rows only
+      : req.pull_chunks.empty() ? layout_->shard_chunks(options_.shard_id)
+                                : req.pull_chunks;
 #if ASYNCPS_SERVER_HAVE_COMPRESSION
   std::unique_ptr<compression::Codec> codec;
   if (!req.pull_codec.empty() && req.pull_codec != "none") {
@@ -414,6 +422,9 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
     reply->header.chunks.push_back(ref);
     reply->frames.push_back(std::move(view));
   }
+  RETURN_IF_ERROR(AnswerSparsePull(req, data, reply, &fresh));
+  for (size_t i = ids.size(); i < reply->frames.size(); ++i)
+    bytes += reply->frames[i].size;
   ++counters_.pulls;
   counters_.bytes_out += bytes;
   if (req.rank >= 0) last_read_[req.rank] = shard_version_;

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "server/internal/all_finite.h"
 #include "server/internal/push_dedup.h"
 #include "server/internal/shard_types.h"
 #include "server/shard.h"
@@ -21,21 +22,6 @@
 
 namespace asyncps::server {
 namespace {
-
-// True if no element is NaN or +-Inf (exponent bits all ones). Branch-free
-// integer reduction, so it vectorises.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(ASYNCPS_NO_IFUNC)
-__attribute__((target_clones("avx2", "default")))
-#endif
-bool AllFinite(const float* __restrict__ x, size_t n) {
-  uint32_t bad = 0;
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t b;
-    std::memcpy(&b, x + i, sizeof(b));
-    bad |= static_cast<uint32_t>((b & 0x7f800000u) == 0x7f800000u);
-  }
-  return bad == 0;
-}
 
 void AddInto(float* __restrict__ dst, const float* __restrict__ src, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] += src[i];
@@ -82,7 +68,7 @@ Status Shard::HandlePush(const RequestHeader& req,
           .count());
   clocks_.Advance(rank, req.clock);
   touched_.clear();
-  if (pending_.empty()) {
+  if (pending_.empty() && pending_rows_.empty()) {
     // Nothing to apply: no update, no version, no step of the schedule.
     return FinishPush(req);
   }
@@ -107,7 +93,12 @@ Status Shard::HandlePush(const RequestHeader& req,
   for (const PendingGrad& p : pending_) {
     counters_.bytes_in_raw += p.chunk->n * sizeof(float);
   }
+  for (const PendingRows& p : pending_rows_) {
+    counters_.bytes_in_raw +=
+        p.n * (sizeof(uint64_t) + sparse_->specs()[p.table].dim * sizeof(float));
+  }
   if (options_.transport_only) return FinishPush(req);
+  if (bsp) RETURN_IF_ERROR(ChargeSparseRound());
   const uint64_t read = last_read_[rank];
   const uint64_t staleness = shard_version_ >= read ? shard_version_ - read : 0;
   staleness_.Add(staleness);
@@ -122,22 +113,43 @@ Status Shard::HandlePush(const RequestHeader& req,
       touched_.push_back(&c);
     }
     bsp_pushed_round_[rank] = bsp_round_;
-  } else {
-    const float lr_scale =
-        ScheduleScale() * (options_.staleness_lr
-                               ? 1.0f / (1.0f + static_cast<float>(staleness))
-                               : 1.0f);
+  }
+  const float lr_scale =
+      ScheduleScale() * (options_.staleness_lr
+                             ? 1.0f / (1.0f + static_cast<float>(staleness))
+                             : 1.0f);
+  if (!bsp) {
     ApplyPending(rank, lr_scale);
     ++shard_version_;
   }
+  // Rows: applied (BSP: summed) after the chunks; only storage can fail.
+  Status rows = ApplySparsePush(req.clock, lr_scale);
+  if (!rows.ok()) {
+    LOG(ERROR) << "push " << req.id << " from rank " << rank
+               << ": sparse rows: " << rows.ToString();
+    sparse_->CommitDurable(false);  // unpin: the rows stay dirty in memory
+    // Applied in memory: a resend is a duplicate. Nothing is written now:
+    // the record reaches the store only with the rows, in the checkpoint
+    // that ends the degraded state (pushes are refused until then).
+    RecordPush(req);
+    EnterDegraded(rows);
+    return Reject(RejectReason::kStore,
+                  Status::Unavailable("push applied in memory but a row "
+                                      "write-back failed: " +
+                                      rows.ToString()));
+  }
   return FinishPush(req);
+}
+
+void Shard::RecordPush(const RequestHeader& req) {
+  dedup_->RaiseFloor(req.rank, req.incarnation, req.done_below);
+  dedup_->Record(req.rank, req.incarnation, req.id);
 }
 
 Status Shard::FinishPush(const RequestHeader& req) {
   // Recorded before the durable write, so the write holds it with the
   // weights it changed (a resend after a crash is then a duplicate).
-  dedup_->RaiseFloor(req.rank, req.incarnation, req.done_below);
-  dedup_->Record(req.rank, req.incarnation, req.id);
+  RecordPush(req);
   if (!options_.durable || store_ == nullptr) return Status::OK();
   Status s = WriteDurable(options_.durable_sync == SyncMode::kSync);
   if (s.ok()) return s;
@@ -154,12 +166,13 @@ Status Shard::ValidatePush(const RequestHeader& req,
                            const std::vector<ByteView>& data) {
   pending_.clear();
   ++stamp_;
-  if (data.size() != req.chunks.size()) {
+  if (data.size() != req.chunks.size() + 2 * req.rows.size()) {
     return Reject(RejectReason::kSizeMismatch,
                   Status::InvalidArgument(
                       "push carries " + std::to_string(data.size()) +
                       " data frames for " + std::to_string(req.chunks.size()) +
-                      " chunk refs"));
+                      " chunk refs and " + std::to_string(req.rows.size()) +
+                      " row refs (2 frames each)"));
   }
   if (frame_stamp_.size() < data.size()) frame_stamp_.resize(data.size(), 0);
   const size_t num_chunks = layout_->chunks().size();
@@ -277,14 +290,14 @@ Status Shard::ValidatePush(const RequestHeader& req,
     // transport_only applies nothing, so there are no weights to protect:
     // skipping the scan leaves the transport alone in the measurement.
     if (p.dense != nullptr && !options_.transport_only &&
-        !AllFinite(p.dense, c.n)) {
+        !internal::AllFinite(p.dense, c.n)) {
       return Reject(RejectReason::kNonFinite,
                     Status::InvalidArgument(ChunkName(ref.chunk) +
                                             ": gradient contains NaN or Inf"));
     }
     pending_.push_back(p);
   }
-  return Status::OK();
+  return ValidateSparsePush(req, data);
 }
 
 void Shard::ApplyPending(int rank, float lr_scale) {
@@ -325,6 +338,7 @@ float Shard::ScheduleScale() const {
 }
 
 Status Shard::ApplyBspRound(int64_t next) {
+  const int64_t applied_round = bsp_round_;
   bsp_round_ = next;
   touched_.clear();
   for (auto& cp : chunks_) {
@@ -342,8 +356,18 @@ Status Shard::ApplyBspRound(int64_t next) {
     ++c.version;
     touched_.push_back(&c);
   }
-  if (touched_.empty()) return Status::OK();
+  const bool rows = sparse_ && sparse_->HasRoundSums();
+  if (touched_.empty() && !rows) return Status::OK();
   ++shard_version_;
+  if (rows) {
+    Status s = sparse_->ApplyRound(applied_round, ScheduleScale(),
+                                   options_.durable && store_ != nullptr);
+    round_charge_.Reset();
+    if (!s.ok()) {
+      sparse_->CommitDurable(false);  // unpin: the rows stay dirty in memory
+      return s;
+    }
+  }
   if (options_.durable && store_ != nullptr) {
     // Written before any pull of the next round is answered.
     return WriteDurable(options_.durable_sync == SyncMode::kSync);

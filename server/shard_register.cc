@@ -38,6 +38,7 @@ Status Shard::HandleRegister(const RequestHeader& req, ReplyHeader* reply) {
           Status::AlreadyExists("chunk_elems/min_chunk_elems differ from the "
                                 "registered layout"));
     }
+    RETURN_IF_ERROR(RegisterTables(req.tables, /*created=*/false));
     reply->created = false;
     return Status::OK();
   }
@@ -49,6 +50,7 @@ Status Shard::HandleRegister(const RequestHeader& req, ReplyHeader* reply) {
   }
   layout_ = std::move(layout).value();
   Status st = AllocateChunks();
+  if (st.ok()) st = RegisterTables(req.tables, /*created=*/true);
   if (st.ok() && store_ != nullptr) {
     st = Checkpoint();
     if (!st.ok()) {
@@ -62,6 +64,8 @@ Status Shard::HandleRegister(const RequestHeader& req, ReplyHeader* reply) {
     local_index_.clear();
     chunks_charge_.Reset();
     layout_charge_.Reset();
+    sparse_.reset();
+    sparse_charge_.Reset();
     return st;  // reject_reason_ set by whoever failed
   }
   LOG(INFO) << "registered " << layout_->tensors().size() << " tensors, "

@@ -84,6 +84,7 @@ std::string Shard::StatsJson() const {
                      {"applied_total", applied.size()}});
   });
   j["push_table"] = std::move(table);
+  if (sparse_) j["sparse"] = Json::parse(sparse_->StatsJson());
   return j.dump();
 }
 

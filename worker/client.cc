@@ -14,6 +14,7 @@
 
 #include "common/wire.h"
 #include "compression/codec.h"
+#include "worker/internal/rows_plan.h"
 
 namespace asyncps::worker {
 
@@ -90,6 +91,20 @@ class Heartbeater {
   bool stop_ = false;  // GUARDED_BY(mu_)
 };
 
+internal::RowsInput Input(const RowsPush& r) {
+  return {r.table, r.keys, r.n, r.grads, nullptr};
+}
+internal::RowsInput Input(const RowsPull& r) {
+  return {r.table, r.keys, r.n, nullptr, r.out};
+}
+template <typename Rows>
+std::vector<internal::RowsInput> Inputs(const std::vector<Rows>& rows) {
+  std::vector<internal::RowsInput> in;
+  in.reserve(rows.size());
+  for (const Rows& r : rows) in.push_back(Input(r));
+  return in;
+}
+
 class ClientImpl : public Client {
  public:
   explicit ClientImpl(const ClientOptions& o)
@@ -123,15 +138,30 @@ class ClientImpl : public Client {
 
   Status Register(const std::vector<TensorSpec>& tensors,
                   LayoutOptions layout) override {
+    return RegisterModel(tensors, layout, {});
+  }
+
+  Status RegisterModel(const std::vector<TensorSpec>& tensors,
+                       LayoutOptions layout,
+                       const std::vector<TableSpec>& tables) override {
     layout.num_shards = num_shards();
     ASSIGN_OR_RETURN(Layout l, Layout::Create(tensors, layout));
+    RETURN_IF_ERROR(ValidateTables(tables));
+    if (options_.rows_codec >= compression::kNumCodecs ||
+        compression::CodecForId(
+            static_cast<compression::CodecId>(options_.rows_codec))
+            .IsSparse()) {
+      return Status::InvalidArgument("rows_codec must be a dense codec");
+    }
     RequestHeader h = NewHeader(RequestKind::kRegister);
     h.tensors = tensors;
     h.layout = layout;
+    h.tables = tables;
     ASSIGN_OR_RETURN(Ticket t, StartOnShards(h, AllShards()));
     TicketResult r;
     RETURN_IF_ERROR(Wait(t, options_.deadline, &r));
     SetLayout(std::move(l));
+    tables_ = tables;
     return Status::OK();
   }
 
@@ -144,10 +174,22 @@ class ClientImpl : public Client {
   }
 
   const Layout& layout() const override { return *layout_; }
+  const std::vector<TableSpec>& tables() const override { return tables_; }
 
   StatusOr<Ticket> StartPush(int64_t clock,
                              std::vector<ChunkPayload> chunks) override {
+    return StartPushRows(clock, std::move(chunks), {});
+  }
+
+  StatusOr<Ticket> StartPushRows(int64_t clock,
+                                 std::vector<ChunkPayload> chunks,
+                                 const std::vector<RowsPush>& rows) override {
     if (!layout_) return Status::FailedPrecondition("push before Register()");
+    internal::RowsPlan plan;
+    if (!rows.empty()) {
+      RETURN_IF_ERROR(
+          plan.Build(tables_, num_shards(), Inputs(rows), /*push=*/true));
+    }
     std::vector<std::vector<size_t>> by_shard(num_shards());
     for (size_t i = 0; i < chunks.size(); ++i) {
       if (chunks[i].chunk >= layout_->chunks().size()) {
@@ -163,6 +205,14 @@ class ClientImpl : public Client {
         total += chunks[i].data.size;
         largest = std::max<uint64_t>(largest, chunks[i].data.size);
       }
+      if (!plan.empty()) {
+        for (const internal::RowsPlan::Part& part : plan.parts(s)) {
+          const uint64_t rows =
+              part.n * tables_[part.table].dim * sizeof(float);  // fp32: most
+          total += 64 + part.n * sizeof(uint64_t) + rows;
+          largest = std::max<uint64_t>(largest, rows);
+        }
+      }
       if (total > static_cast<uint64_t>(limit_bytes_[s]) ||
           largest > static_cast<uint64_t>(limit_frame_[s])) {
         return Status::InvalidArgument(
@@ -175,7 +225,8 @@ class ClientImpl : public Client {
     }
     Ticket t = NewTicket();
     for (int s = 0; s < num_shards(); ++s) {
-      if (by_shard[s].empty()) continue;
+      if (by_shard[s].empty() && (plan.empty() || plan.parts(s).empty()))
+        continue;
       RequestHeader h = NewHeader(RequestKind::kPush);
       h.clock = clock;
       std::vector<Frame> frames(1);
@@ -190,6 +241,20 @@ class ClientImpl : public Client {
         h.chunks.push_back(ref);
         frames.push_back(std::move(p.data));
       }
+      if (!plan.empty()) {
+        for (const internal::RowsPlan::Part& part : plan.parts(s)) {
+          RowsRef ref;
+          ref.table = part.table;
+          ref.num_keys = part.n;
+          ref.codec = options_.rows_codec;
+          ref.keys_frame = static_cast<uint32_t>(frames.size());
+          frames.push_back(Frame::Ref(part.keys));
+          ref.rows_frame = static_cast<uint32_t>(frames.size());
+          ASSIGN_OR_RETURN(BufferPtr grads, EncodeRows(part));
+          frames.push_back(Frame::Ref(grads));
+          h.rows.push_back(ref);
+        }
+      }
       RETURN_IF_ERROR(Enqueue(t, s, h, std::move(frames)));
     }
     return t;
@@ -197,8 +262,22 @@ class ClientImpl : public Client {
 
   StatusOr<Ticket> StartPull(int64_t clock, const std::vector<float*>& tensors,
                              const std::string& codec) override {
+    return StartPullRows(clock, tensors, {}, codec);
+  }
+
+  StatusOr<Ticket> StartPullRows(int64_t clock,
+                                 const std::vector<float*>& tensors,
+                                 const std::vector<RowsPull>& rows,
+                                 const std::string& codec) override {
     if (!layout_) return Status::FailedPrecondition("pull before Register()");
-    if (tensors.size() != layout_->tensors().size()) {
+    std::shared_ptr<internal::RowsPlan> plan;
+    if (!rows.empty()) {
+      plan = std::make_shared<internal::RowsPlan>();
+      RETURN_IF_ERROR(
+          plan->Build(tables_, num_shards(), Inputs(rows), /*push=*/false));
+    }
+    const bool dense = !tensors.empty() || rows.empty();
+    if (dense && tensors.size() != layout_->tensors().size()) {
       return Status::InvalidArgument(
           "pull needs " + std::to_string(layout_->tensors().size()) +
           " buffers, got " + std::to_string(tensors.size()));
@@ -209,11 +288,28 @@ class ClientImpl : public Client {
     // Sparse pull codecs answer with the change since the reply numbered
     // pull_base_seq, to be added to `tensors` (which must hold that pull's
     // result); each shard keeps its own numbering.
+    h.pull_dense = dense;
     Ticket t = NewTicket();
     tickets_[t].pull_dst = tensors;
+    tickets_[t].rows = plan;
     for (int s = 0; s < num_shards(); ++s) {
+      const bool has_rows = plan && !plan->parts(s).empty();
+      if (!dense && !has_rows) continue;
       h.pull_base_seq = pull_seq_[s];
-      RETURN_IF_ERROR(Enqueue(t, s, h, std::vector<Frame>(1)));
+      h.rows.clear();
+      std::vector<Frame> frames(1);
+      if (has_rows) {
+        for (const internal::RowsPlan::Part& part : plan->parts(s)) {
+          RowsRef ref;
+          ref.table = part.table;
+          ref.num_keys = part.n;
+          ref.codec = options_.rows_codec;
+          ref.keys_frame = static_cast<uint32_t>(frames.size());
+          frames.push_back(Frame::Ref(part.keys));
+          h.rows.push_back(ref);
+        }
+      }
+      RETURN_IF_ERROR(Enqueue(t, s, h, std::move(frames)));
     }
     return t;
   }
@@ -314,7 +410,22 @@ class ClientImpl : public Client {
     TicketResult result;
     SteadyClock::time_point deadline;
     std::vector<float*> pull_dst;
+    std::shared_ptr<internal::RowsPlan> rows;  // pulls of sparse rows
   };
+
+  // A push part's gradients as sent: fp32, or encoded with rows_codec.
+  StatusOr<BufferPtr> EncodeRows(const internal::RowsPlan::Part& part) {
+    if (options_.rows_codec == 0) return part.grads;
+    compression::CodecSpec spec;
+    spec.id = static_cast<compression::CodecId>(options_.rows_codec);
+    ASSIGN_OR_RETURN(std::unique_ptr<compression::Codec> codec,
+                     compression::CreateCodec(spec));
+    std::vector<uint8_t> payload;
+    RETURN_IF_ERROR(codec->Encode(part.grads->floats(),
+                                  part.n * tables_[part.table].dim, 0,
+                                  &payload));
+    return Buffer::FromVector(std::move(payload));
+  }
 
   RequestHeader NewHeader(RequestKind kind) {
     RequestHeader h;
@@ -521,8 +632,11 @@ class ClientImpl : public Client {
       (*stats_sink_)[shard] = reply_.text;
     }
     if (p.kind != RequestKind::kPull) return Status::OK();
-    // Validate every chunk ref before writing anything.
-    const auto& owned = layout_->shard_chunks(shard);
+    // Validate every chunk ref and rows ref before writing anything.
+    RETURN_IF_ERROR(CheckPulledRows(shard, t));
+    static const std::vector<uint32_t> kNoChunks;
+    const auto& owned =
+        t.pull_dst.empty() && t.rows ? kNoChunks : layout_->shard_chunks(shard);
     if (reply_.chunks.size() != owned.size()) {
       return Status::Corruption(
           "pull reply has " + std::to_string(reply_.chunks.size()) +
@@ -574,6 +688,60 @@ class ClientImpl : public Client {
       t.result.bytes_received += f.size;
     }
     if (reply_.pull_seq != 0) pull_seq_[shard] = reply_.pull_seq;
+    for (size_t i = 0; i < reply_.rows.size(); ++i) {
+      const RowsRef& r = reply_.rows[i];
+      const ByteView& f = msg_.frames[r.rows_frame];
+      if (r.codec == 0 &&
+          reinterpret_cast<uintptr_t>(f.data) % alignof(float) == 0) {
+        t.rows->Scatter(shard, i, reinterpret_cast<const float*>(f.data));
+      } else {
+        // Unaligned fp32 (frames may sit anywhere in a message) or a codec.
+        rows_scratch_.resize(r.num_keys * tables_[r.table].dim);
+        if (r.codec == 0) {
+          std::memcpy(rows_scratch_.data(), f.data, f.size);
+        } else {
+          RETURN_IF_ERROR(compression::CodecForId(
+                              static_cast<compression::CodecId>(r.codec))
+                              .Decode(f.data, f.size, rows_scratch_.size(),
+                                      rows_scratch_.data()));
+        }
+        t.rows->Scatter(shard, i, rows_scratch_.data());
+      }
+      t.result.bytes_received += f.size;
+    }
+    return Status::OK();
+  }
+
+  // A pull reply's rows refs: one per part sent to this shard, in order,
+  // each with its frame of part.n rows.
+  Status CheckPulledRows(int shard, const TicketState& t) {
+    const size_t want = t.rows ? t.rows->parts(shard).size() : 0;
+    if (reply_.rows.size() != want) {
+      return Status::Corruption("pull reply has rows of " +
+                                std::to_string(reply_.rows.size()) +
+                                " tables, expected " + std::to_string(want));
+    }
+    for (size_t i = 0; i < want; ++i) {
+      const RowsRef& r = reply_.rows[i];
+      const internal::RowsPlan::Part& part = t.rows->parts(shard)[i];
+      if (r.table != part.table || r.num_keys != part.n || r.rows_frame == 0 ||
+          r.rows_frame >= msg_.frames.size()) {
+        return Status::Corruption("pull reply has an inconsistent rows ref");
+      }
+      const ByteView& f = msg_.frames[r.rows_frame];
+      const size_t values = part.n * tables_[part.table].dim;
+      if (r.codec == 0) {
+        if (f.size != values * sizeof(float))
+          return Status::Corruption("pulled rows have the wrong size");
+      } else if (r.codec >= compression::kNumCodecs) {
+        return Status::Corruption("unknown rows codec");
+      } else {
+        Status v =
+            compression::CodecForId(static_cast<compression::CodecId>(r.codec))
+                .Validate(f.data, f.size, values);
+        if (!v.ok()) return Status::Corruption(v.message());
+      }
+    }
     return Status::OK();
   }
 
@@ -614,11 +782,25 @@ class ClientImpl : public Client {
   std::vector<int64_t> limit_bytes_;  // per shard: its request limit
   std::vector<int64_t> limit_frame_;  // per shard: its frame limit
   std::vector<std::string>* stats_sink_ = nullptr;
+  std::vector<TableSpec> tables_;
+  std::vector<float> rows_scratch_;
   Message msg_;        // reused receive buffer
   ReplyHeader reply_;  // reused decoded header
 };
 
 }  // namespace
+
+std::vector<std::string> ParseEndpoints(const std::string& list) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    size_t comma = list.find(',', pos);
+    if (comma == std::string::npos) comma = list.size();
+    if (comma > pos) out.push_back(list.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  return out;
+}
 
 StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {
   auto c = std::make_unique<ClientImpl>(options);

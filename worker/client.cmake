@@ -1,5 +1,5 @@
 # The parameter-server client library and the ps_worker binary.
-add_library(asyncps_client client.cc ps_store.cc evaluator.cc)
+add_library(asyncps_client client.cc ps_store.cc evaluator.cc internal/rows_plan.cc)
 add_library(asyncps::client ALIAS asyncps_client)
 target_include_directories(asyncps_client PUBLIC ${PROJECT_SOURCE_DIR})
 target_link_libraries(asyncps_client
@@ -15,3 +15,7 @@ asyncps_add_test(client_test
   SOURCES client_test.cc
   LIBS asyncps::client asyncps::compression glog::glog
   TIMEOUT 120)
+
+asyncps_add_test(rows_plan_test
+  SOURCES internal/rows_plan_test.cc
+  LIBS asyncps::client)

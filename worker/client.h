@@ -7,7 +7,11 @@
 // that get no reply in `attempt_timeout` are resent with exponential backoff
 // (a restarted shard is reached again without the caller noticing); resent
 // pushes are applied once, because the server deduplicates them by
-// (rank, incarnation, request id). Tensor bytes leave without copying
+// (rank, incarnation, request id). Sparse tables (common/sparse_table.h)
+// registered with the model travel in the same messages: StartPushRows /
+// StartPullRows send each shard only the unique keys it owns (gradients of
+// repeated keys summed first; pulled rows written to every position of a
+// repeated key), optionally as fp16. Tensor bytes leave without copying
 // (payload frames are ref-counted) and pulled weights are copied once, from
 // the received frame straight into the caller's buffer.
 //
@@ -23,6 +27,7 @@
 #include <vector>
 
 #include "common/layout.h"
+#include "common/sparse_table.h"
 #include "common/status.h"
 #include "common/transport.h"
 
@@ -70,6 +75,27 @@ struct ClientOptions {
   // Time between two calls of `interrupt` during one wait, > 0.
   // Default: 50 ms.
   std::chrono::milliseconds interrupt_poll{50};
+  // Encoding of sparse rows both ways: compression::CodecId of a dense codec
+  // (0 = fp32, 1 = fp16, 2 = bf16). Default: 0.
+  uint8_t rows_codec = 0;
+};
+
+// Rows of one sparse table in a push: n keys (repeats allowed: their
+// gradients are summed) and their gradients, n x dim floats.
+struct RowsPush {
+  uint32_t table = 0;  // index in the registered table list
+  const uint64_t* keys = nullptr;
+  size_t n = 0;
+  const float* grads = nullptr;
+};
+
+// Rows of one sparse table to pull: n keys (repeats allowed) whose rows are
+// written to out (n x dim floats) during Wait().
+struct RowsPull {
+  uint32_t table = 0;
+  const uint64_t* keys = nullptr;
+  size_t n = 0;
+  float* out = nullptr;
 };
 
 // One chunk of a push: the chunk id (from the layout), the codec its payload
@@ -88,6 +114,9 @@ struct TicketResult {
   bool created = false;         // register: some shard created the tensors
 };
 
+// Splits a comma-separated list of shard endpoints (empty items dropped).
+std::vector<std::string> ParseEndpoints(const std::string& list);
+
 class Client {
  public:
   using Ticket = uint64_t;
@@ -104,6 +133,13 @@ class Client {
   // this client accepts to what a pull of the model can need.
   virtual Status Register(const std::vector<TensorSpec>& tensors,
                           LayoutOptions layout) = 0;
+  // Registers the model with sparse tables. Idempotent; AlreadyExists if a
+  // shard holds a different model or other tables.
+  virtual Status RegisterModel(const std::vector<TensorSpec>& tensors,
+                               LayoutOptions layout,
+                               const std::vector<TableSpec>& tables) = 0;
+  // The registered tables (empty before RegisterModel).
+  virtual const std::vector<TableSpec>& tables() const = 0;
   // Computes and keeps the layout of a model without registering it: for
   // observers (rank -1), which pull what the workers registered. Until they
   // have, pulls fail with FailedPrecondition.
@@ -123,6 +159,20 @@ class Client {
   virtual StatusOr<Ticket> StartPull(int64_t clock,
                                      const std::vector<float*>& tensors,
                                      const std::string& codec = "") = 0;
+  // Starts a push of chunks and rows of sparse tables in one message per
+  // shard (at most one RowsPush per table). The key and gradient buffers
+  // may be reused as soon as this returns.
+  virtual StatusOr<Ticket> StartPushRows(int64_t clock,
+                                         std::vector<ChunkPayload> chunks,
+                                         const std::vector<RowsPush>& rows) = 0;
+  // Starts a pull of rows (at most one RowsPull per table) and, unless
+  // `tensors` is empty, of every chunk (as StartPull); the keys may be
+  // reused as soon as this returns, the outputs are written during Wait().
+  virtual StatusOr<Ticket> StartPullRows(int64_t clock,
+                                         const std::vector<float*>& tensors,
+                                         const std::vector<RowsPull>& rows,
+                                         const std::string& codec = "") = 0;
+
   // Starts announcing this worker's new clock to every shard. The highest
   // clock announced is sent again to a shard that comes back after a lost
   // connection (a restart may have lost it), so a wait for that shard's

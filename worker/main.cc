@@ -102,18 +102,8 @@ namespace {
 using namespace asyncps;
 using namespace asyncps::worker;
 
-std::vector<std::string> Split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
 Status Main() {
-  std::vector<std::string> servers = Split(FLAGS_servers);
+  std::vector<std::string> servers = ParseEndpoints(FLAGS_servers);
   if (servers.empty())
     return Status::InvalidArgument(
         "--servers is required (comma-separated endpoints)");

@@ -54,6 +54,7 @@ struct Shard::PendingGrad {
 struct Shard::ParkedPull {
   std::string peer;
   RequestHeader req;
+  std::vector<ByteView> data;  // keys of sparse rows (kept alive here)
   TimePoint since;
   MemoryBudget::Charge charge;  // this object and the request's lists
 };

@@ -5,6 +5,7 @@
 //
 //   ps_hostile_fuzz --server=tcp://127.0.0.1:5555 --messages=1000000
 //       --layers=784,256,128,10 --num_workers=2 --curve_server_key=server.pub
+//       [--tables=emb:8]
 //
 // The model flags must describe what the workers register (the generator
 // takes valid chunk ids and sizes from its layout). Used by
@@ -13,7 +14,9 @@
 #include <glog/logging.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <sstream>
 
 #include "tests/fuzz/hostile_requests.h"
 #include "worker/model.h"
@@ -29,6 +32,9 @@ DEFINE_string(layers, "784,256,128,10", "the workers' MLP layers");
 DEFINE_uint64(model_seed, 1, "the workers' --seed");
 DEFINE_int64(chunk_elems, 1 << 20, "the workers' --chunk_elems");
 DEFINE_int32(num_workers, 1, "the shard's --num_workers");
+DEFINE_string(tables, "",
+              "the workers' sparse tables as name:dim,... (row refs are "
+              "fuzzed too; keys are routed by name)");
 DEFINE_bool(admin, true,
             "also send checkpoint and shutdown (only against a shard that "
             "must refuse them: CURVE with admin keys the fuzzer lacks)");
@@ -72,8 +78,20 @@ int main(int argc, char** argv) {
   StatusOr<std::unique_ptr<fuzz::HostileDriver>> driver =
       fuzz::HostileDriver::Create(o);
   if (!driver.ok()) return fail(driver.status().ToString());
+  std::vector<TableSpec> tables;
+  std::stringstream list(FLAGS_tables);
+  for (std::string item; std::getline(list, item, ',');) {
+    const size_t colon = item.find(':');
+    TableSpec t;
+    t.name = item.substr(0, colon);
+    if (colon != std::string::npos)
+      t.dim = static_cast<uint32_t>(std::strtoul(item.c_str() + colon + 1, nullptr, 10));
+    if (Status v = t.Validate(); !v.ok()) return fail("--tables: " + v.ToString());
+    tables.push_back(t);
+  }
   fuzz::HostileGenerator gen(*layout, tensors, FLAGS_shard_id,
-                             FLAGS_num_workers, FLAGS_admin, FLAGS_seed);
+                             FLAGS_num_workers, FLAGS_admin, FLAGS_seed,
+                             tables);
   const auto start = std::chrono::steady_clock::now();
   Status s = (*driver)->Run(gen, FLAGS_messages, [&] {
     const auto& r = (*driver)->report();

@@ -21,10 +21,14 @@ constexpr int64_t kI64Max = std::numeric_limits<int64_t>::max();
 
 HostileGenerator::HostileGenerator(const Layout& layout,
                                    std::vector<TensorSpec> tensors, int shard,
-                                   int num_workers, bool admin, uint64_t seed)
+                                   int num_workers, bool admin, uint64_t seed,
+                                   std::vector<TableSpec> tables)
     : layout_(layout),
       tensors_(std::move(tensors)),
       mine_(layout.shard_chunks(shard)),
+      tables_(std::move(tables)),
+      shard_(shard),
+      num_shards_(layout.options().num_shards),
       num_workers_(num_workers),
       admin_(admin),
       rng_(seed) {
@@ -318,6 +322,8 @@ void HostileGenerator::Register(HostileMessage* m) {
   h.kind = RequestKind::kRegister;
   h.tensors = tensors_;
   h.layout = layout_.options();
+  h.tables = tables_;
+  if (!tables_.empty() && OneIn(4)) return HostileTables(m);
   switch (Uniform(0, 8)) {
     case 0:
       m->shape = "register/same";  // idempotent
@@ -391,10 +397,11 @@ void HostileGenerator::Next(HostileMessage* m) {
   h.incarnation =
       OneIn(8) ? rng_() : incarnations_[Uniform(0, incarnations_.size() - 1)];
   const int64_t pick = Uniform(0, 99);
+  const bool rows = !tables_.empty() && OneIn(2);
   if (pick < 35) {
-    Push(m);
+    rows ? PushRows(m) : Push(m);
   } else if (pick < 60) {
-    Pull(m);
+    rows ? PullRows(m) : Pull(m);
   } else if (pick < 75) {
     h.kind = RequestKind::kClock;
     h.clock = Clock();

@@ -2,9 +2,12 @@
 // Proto of every kind, so they pass the decoder) whose fields take extreme
 // and random values: ids, ranks, incarnations, clocks, tensor counts and
 // shapes, chunk sizes, chunk ids, frame indexes, codec ids and specs, list
-// lengths and frame counts. Where a request would be a legal update it
-// carries a zero gradient, so it cannot change what a real worker trains
-// (with SGD without momentum or weight decay).
+// lengths and frame counts; with sparse tables also row refs (tables, key
+// counts, keys and rows frames, codecs, repeated and foreign keys, row
+// sizes, NaN rows) in pushes and pulls, and hostile table definitions.
+// Where a request would be a legal update it carries a zero gradient, so it
+// cannot change what a real worker trains (with SGD without momentum or
+// weight decay, for chunks and rows alike).
 //
 // HostileGenerator makes the messages; HostileDriver sends them to one shard
 // over a DEALER socket, many in flight, and checks that every one is answered
@@ -40,9 +43,11 @@ class HostileGenerator {
   // `layout`: the model the target shard holds (its chunks give valid ids
   // and sizes), `shard`: the target's index, `tensors` the specs the real
   // workers registered. `admin` decides whether checkpoint and shutdown are
-  // generated (only against a shard that must refuse them).
+  // generated (only against a shard that must refuse them). `tables`: the
+  // sparse tables the workers registered (none: no row refs are made).
   HostileGenerator(const Layout& layout, std::vector<TensorSpec> tensors,
-                   int shard, int num_workers, bool admin, uint64_t seed);
+                   int shard, int num_workers, bool admin, uint64_t seed,
+                   std::vector<TableSpec> tables = {});
 
   void Next(HostileMessage* m);
 
@@ -59,12 +64,27 @@ class HostileGenerator {
   void Push(HostileMessage* m);
   void Pull(HostileMessage* m);
   void Register(HostileMessage* m);
+  // Row refs (tests/fuzz/hostile_rows.cc): a legal part first (1-2 tables,
+  // distinct keys this shard owns, zero rows), then one mutation.
+  void PushRows(HostileMessage* m);
+  void PullRows(HostileMessage* m);
+  void HostileTables(HostileMessage* m);
+  // `n` distinct keys of `table` that the target shard owns.
+  std::vector<uint64_t> OwnedKeys(uint32_t table, size_t n);
+  // A key of `table` that another shard owns (any key with one shard).
+  uint64_t ForeignKey(uint32_t table);
+  // Appends a legal row ref of `table` with `n` keys (and, for pushes, zero
+  // rows in fp32, fp16 or bf16) to `m`; returns its index in header.rows.
+  size_t AddRows(HostileMessage* m, uint32_t table, size_t n, bool push);
   // A raw or codec payload of zeros for chunk `id` (a legal, empty update).
   std::vector<uint8_t> ZeroPayload(uint32_t id, uint8_t* codec);
 
   const Layout& layout_;
   std::vector<TensorSpec> tensors_;
   std::vector<uint32_t> mine_;  // the target shard's chunk ids
+  std::vector<TableSpec> tables_;
+  int shard_;
+  int num_shards_;
   int num_workers_;
   bool admin_;
   std::mt19937_64 rng_;

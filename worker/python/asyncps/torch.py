@@ -36,6 +36,12 @@ What lives where
     torch.optim.swa_utils.update_bn(loader, model) after a pull.
   - Parameters with requires_grad=False are not managed (every worker must
     build them identically).
+  - SparseEmbedding modules are embeddings whose rows live in a sparse
+    table on the shards (uint64 ids, tables larger than memory: RocksDB
+    behind a row cache): ParameterServer registers their tables with the
+    model; forward() pulls the rows of the batch's unique ids, push() sends
+    their gradients (repeats summed); the table's own optimizer (sgd,
+    adagrad, adam) applies them on the shards.
 
 Steps follow the C++ worker: pull(c) -> forward/backward -> push(c) ->
 clock(c + 1); ParameterServer.clock is c. Gradients of parameters that got
@@ -175,6 +181,7 @@ class ParameterServer:
         self.servers = env.servers
         self.model = model
         self.names, self.params, self.specs = tensor_specs(model, seed, init)
+        self.embeddings = [m for m in model.modules() if isinstance(m, SparseEmbedding)]
         self._shapes = [tuple(p.shape) for p in self.params]
         self._structure = _structure(model)
         self._on_cuda = any(p.device.type == "cuda" for p in self.params)
@@ -183,6 +190,11 @@ class ParameterServer:
             curve_server_key=env.curve_server_key if curve_server_key is None else curve_server_key,
             curve_secret_key=env.curve_secret_key if curve_secret_key is None else curve_secret_key,
             curve_public_key=env.curve_public_key if curve_public_key is None else curve_public_key)
+        if self.embeddings:
+            self.client.register(self.specs, chunk_elems=chunk_elems,
+                                 tables=[e.spec for e in self.embeddings])
+            for i, e in enumerate(self.embeddings):
+                e._attach(self, i)
         self.store = _asyncps.Store(
             self.client, self.specs, push_codec=codec, pull_codec=pull_codec, seed=seed,
             steps_per_epoch=steps_per_epoch, timeout_s=timeout_s, chunk_elems=chunk_elems,
@@ -215,6 +227,8 @@ class ParameterServer:
         """Pushes the gradients of the weights pulled at `clock`, then
         announces clock + 1 (and advances `clock`)."""
         self._check_model()
+        for e in self.embeddings:
+            e._push(self.clock)
         if self._on_cuda and self.store.accepts_device_gradients:
             torch.cuda.synchronize()
             self.store.push_device(self.clock, [self._grad_tensor(i).data_ptr()
@@ -331,6 +345,58 @@ def _structure(model, known=None):
         out += [("m", mod, key, child) for key, child in mod._modules.items()]
         out += [("p", mod, key, p) for key, p in mod._parameters.items()]
     return out
+
+
+class SparseEmbedding(torch.nn.Module):
+    """An embedding lookup whose rows live in a sparse table on the shards:
+    ids are any int64 (read as uint64 keys), the table may be far larger
+    than memory, a row never pushed is its initial value. Used inside a
+    model given to ParameterServer, which registers the table and attaches
+    it; forward(ids) returns (*ids.shape, dim) float32 rows that require
+    grad, and ParameterServer.push() sends their gradients (one push of the
+    unique ids per forward) at its clock. The table's optimizer runs on the
+    shards: sgd, adagrad or adam with its own lr (asyncps.TableSpec)."""
+
+    def __init__(self, name, dim, init="normal", param=1.0, seed=1, optimizer="adagrad",
+                 lr=0.01, **table_options):
+        super().__init__()
+        self.spec = _asyncps.TableSpec(name, dim, init, param, seed, optimizer, lr,
+                                       **table_options)
+        self._ps = None
+        self._index = None
+        self._pending = []  # (keys, rows) of this step's forward passes
+
+    def _attach(self, ps, index):
+        self._ps, self._index = ps, index
+
+    def forward(self, ids):
+        if self._ps is None:
+            raise FailedPrecondition(
+                "SparseEmbedding '%s' is not attached: give the model to "
+                "asyncps.torch.ParameterServer first" % self.spec.name)
+        if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+            raise InvalidArgument("SparseEmbedding '%s': ids must be integers, not %s"
+                                  % (self.spec.name, ids.dtype))
+        flat = ids.detach().reshape(-1).to("cpu", torch.int64).numpy().view(np.uint64)
+        keys, inverse = np.unique(flat, return_inverse=True)
+        rows = torch.from_numpy(self._ps.client.pull_rows(self._index, keys, self._ps.clock))
+        rows = rows.to(ids.device)
+        if torch.is_grad_enabled():
+            rows.requires_grad_(True)
+            self._pending.append((keys, rows))
+        out = rows[torch.from_numpy(inverse.reshape(-1)).to(ids.device)]
+        return out.reshape(*ids.shape, self.spec.dim)
+
+    def _push(self, clock):
+        pending, self._pending = self._pending, []
+        for keys, rows in pending:
+            if rows.grad is not None:
+                grad = rows.grad.detach().to("cpu").contiguous().numpy()
+                self._ps.client.push_rows(self._index, keys, grad, clock)
+
+    def extra_repr(self):
+        return "name=%r, dim=%d, optimizer=%s" % (self.spec.name, self.spec.dim,
+                                                 self.spec.optimizer)
 
 
 def _parse_codec(spec):

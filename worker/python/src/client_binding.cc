@@ -19,6 +19,7 @@
 #include "worker/python/src/arrays.h"
 #include "worker/python/src/bindings.h"
 #include "worker/python/src/errors.h"
+#include "worker/python/src/py_client.h"
 
 namespace py = pybind11;
 
@@ -35,92 +36,6 @@ std::chrono::milliseconds Millis(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
 }
 
-StatusOr<InitKind> ParseInit(const std::string& s) {
-  if (s == "zeros") return InitKind::kZeros;
-  if (s == "constant") return InitKind::kConstant;
-  if (s == "uniform") return InitKind::kUniform;
-  if (s == "normal") return InitKind::kNormal;
-  if (s == "he_normal") return InitKind::kHeNormal;
-  if (s == "xavier_uniform") return InitKind::kXavierUniform;
-  return Status::InvalidArgument(
-      "unknown initialiser '" + s +
-      "' (zeros, constant, uniform, normal, he_normal, xavier_uniform)");
-}
-
-const char* InitName(InitKind k) {
-  switch (k) {
-    case InitKind::kConstant:
-      return "constant";
-    case InitKind::kUniform:
-      return "uniform";
-    case InitKind::kNormal:
-      return "normal";
-    case InitKind::kHeNormal:
-      return "he_normal";
-    case InitKind::kXavierUniform:
-      return "xavier_uniform";
-    default:
-      return "zeros";
-  }
-}
-
-// A Client owned by Python, with the lock and the Ctrl-C hook around it.
-class PyClient {
- public:
-  explicit PyClient(ClientOptions o)
-      : interrupter_(std::make_shared<Interrupter>()) {
-    std::shared_ptr<Interrupter> hook = interrupter_;
-    o.interrupt = [hook]() { return hook->Check(); };
-    client_ = ValueOrThrow(Client::Create(o));
-  }
-
-  // Runs f() without the GIL, under the client's lock; raises a pending
-  // KeyboardInterrupt first, else returns f's status.
-  template <typename F>
-  Status Run(F&& f) {
-    Status s = RunWithoutGil(std::forward<F>(f));
-    interrupter_->RethrowIfInterrupted();
-    return s;
-  }
-
-  // As Run, for destructors: never throws (an interrupt is deferred).
-  template <typename F>
-  void RunQuietly(F&& f) {
-    (void)RunWithoutGil(std::forward<F>(f));
-    interrupter_->DeferIfInterrupted();
-  }
-
-  void Register(const std::vector<TensorSpec>& specs, size_t chunk_elems,
-                size_t min_chunk_elems) {
-    LayoutOptions lo;
-    lo.chunk_elems = chunk_elems;
-    lo.min_chunk_elems = min_chunk_elems;
-    ThrowIfError(Run([&] {
-      return client_->Register(specs, lo).WithContext("register");
-    }));
-    specs_ = specs;
-    registered_ = true;
-  }
-
-  Client* get() { return client_.get(); }
-  bool registered() const { return registered_; }
-  const std::vector<TensorSpec>& specs() const { return specs_; }
-
- private:
-  template <typename F>
-  Status RunWithoutGil(F&& f) {
-    py::gil_scoped_release nogil;
-    std::lock_guard<std::mutex> l(mu_);
-    return f();
-  }
-
-  std::shared_ptr<Interrupter> interrupter_;
-  std::unique_ptr<Client> client_;
-  std::mutex mu_;
-  bool registered_ = false;         // by the Python thread holding the GIL
-  std::vector<TensorSpec> specs_;  // what was registered
-};
-
 class PyStore {
  public:
   PyStore(std::shared_ptr<PyClient> client, std::vector<TensorSpec> specs,
@@ -128,7 +43,7 @@ class PyStore {
       : client_(std::move(client)), specs_(std::move(specs)) {
     if (o.register_model) {
       client_->Register(specs_, o.layout.chunk_elems,
-                        o.layout.min_chunk_elems);
+                        o.layout.min_chunk_elems, client_->tables());
       o.register_model = false;  // done, under Python's view of the client
     } else if (!client_->registered()) {
       Raise(Status::FailedPrecondition(
@@ -351,11 +266,12 @@ Initial values depend only on (seed, name, index).)doc")
                std::to_string(t.seed) + ")";
       });
 
-  py::class_<PyClient, std::shared_ptr<PyClient>>(m, "Client", R"doc(
+  BindTables(m);
+  py::class_<PyClient, std::shared_ptr<PyClient>> client(m, "Client", R"doc(
 A worker's connection to every shard (worker/client.h). Thread-safe: calls
 are serialised. Blocking calls release the GIL and raise KeyboardInterrupt
-on Ctrl-C within interrupt_poll_s.)doc")
-      .def(py::init(&MakeClient), py::arg("servers"),
+on Ctrl-C within interrupt_poll_s.)doc");
+  client.def(py::init(&MakeClient), py::arg("servers"),
            py::arg("rank") = -1, py::arg("timeout_s") = 120.0,
            py::arg("attempt_timeout_s") = 2.0, py::arg("max_backoff_s") = 4.0,
            py::arg("heartbeat_s") = 0.0, py::arg("curve_server_key") = "",
@@ -364,8 +280,10 @@ on Ctrl-C within interrupt_poll_s.)doc")
       .def("register", &PyClient::Register, py::arg("tensors"),
            py::arg("chunk_elems") = size_t{1} << 20,
            py::arg("min_chunk_elems") = 4096,
-           "Registers the model on every shard (idempotent; AlreadyExists "
-           "naming the tensor when a shard holds a different one).")
+           py::arg("tables") = std::vector<TableSpec>{},
+           "Registers the model (tensors and sparse tables) on every shard "
+           "(idempotent; AlreadyExists naming the tensor or table when a "
+           "shard holds a different one).")
       .def_property_readonly("registered", &PyClient::registered)
       .def_property_readonly("num_shards",
                              [](PyClient& c) { return c.get()->num_shards(); })
@@ -417,6 +335,7 @@ on Ctrl-C within interrupt_poll_s.)doc")
                 c.Run([&] { return c.get()->Heartbeat(Millis(timeout_s)); }));
           },
           py::arg("timeout_s") = 10.0);
+  AddRowMethods(client);
 
   py::class_<PyStore>(m, "Store", R"doc(
 The parameter-server store of one worker (worker/ps_store.h): per step c,

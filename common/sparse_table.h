@@ -1,0 +1,109 @@
+// Sparse tables: parameters addressed by uint64 key, one row of `dim` floats
+// per key, next to the model's dense tensors (common/layout.h).
+//
+// A table is defined by a TableSpec (name, row dimension, initialiser, the
+// per-row optimizer, admission and expiry). Everything here is a pure
+// function of the spec, so every process computes it alike without talking
+// to the others:
+//   - the shard that holds a key: ShardOfKey(spec, key, num_shards), a hash
+//     of (table name, key), uniform over the shards;
+//   - the initial value of a row: InitializeRow(spec, key, dst), a function
+//     of (seed, table name, key). A row that was never stored *is* its
+//     initial value, so a pull of an unseen key needs no storage and gives
+//     the same answer on every shard and after every restart.
+//
+// Rows travel as data frames: keys as `n` little-endian uint64, rows as
+// n x dim values (float32, or a dense compression codec: fp16, bf16).
+//
+// Thread safety: all functions are pure; TableSpec is a value type.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/layout.h"
+#include "common/status.h"
+
+namespace asyncps {
+
+// Per-row update rule of a table. Travels on the wire: never renumber.
+enum class RowOptimizerKind : uint8_t {
+  kSgd = 0,      // w -= lr g
+  kAdaGrad = 1,  // h += g^2; w -= lr g / (sqrt(h) + eps)
+  kAdam = 2,     // per-row step count for the bias correction
+};
+const char* RowOptimizerKindName(RowOptimizerKind kind);
+// "sgd" | "adagrad" | "adam".
+StatusOr<RowOptimizerKind> ParseRowOptimizerKind(const std::string& name);
+
+struct RowOptimizerOptions {
+  // Default: kSgd.
+  RowOptimizerKind kind = RowOptimizerKind::kSgd;
+  // Learning rate, > 0. Default: 0.01.
+  float lr = 0.01f;
+  // Adam moment decays in [0, 1). Default: 0.9 / 0.999.
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  // AdaGrad / Adam denominator epsilon, > 0. Default: 1e-8.
+  float eps = 1e-8f;
+  // AdaGrad: initial value of the squared-gradient sum, >= 0 (TensorFlow's
+  // initial_accumulator_value). Default: 0.
+  float initial_accumulator = 0.0f;
+
+  // Floats of optimizer state stored beside each row, per weight:
+  // SGD 0, AdaGrad 1, Adam 2.
+  size_t state_per_elem() const;
+  bool operator==(const RowOptimizerOptions& o) const;
+};
+
+// Largest row dimension, in floats.
+inline constexpr uint32_t kMaxRowDim = 4096;
+// Most tables one model may register.
+inline constexpr size_t kMaxTables = 1024;
+
+struct TableSpec {
+  // Unique among the model's tables, 1-255 bytes. Required.
+  std::string name;
+  // Floats per row, in [1, kMaxRowDim]. Required.
+  uint32_t dim = 0;
+  // Initial value of every row: kZeros, kConstant (param), kUniform
+  // (U(-param, param)) or kNormal (N(0, param^2)); He and Xavier are for
+  // dense matrices and are rejected. Default: kZeros.
+  InitKind init = InitKind::kZeros;
+  float init_param = 0.0f;
+  // Seed of the initial values. Default: 0.
+  uint64_t seed = 0;
+  // Per-row optimizer (its state is stored beside each row). Default: SGD.
+  RowOptimizerOptions optimizer;
+  // Admission: a key is stored only from its N-th push on; the gradients of
+  // pushes 1..N-1 are counted (a few bytes per key) and dropped, and the
+  // row reads as its initial value until then. 0 and 1: stored at the first
+  // push. Default: 0.
+  uint32_t admit_after_pushes = 0;
+  // Expiry: a row (or admission count) not pushed for more than this many
+  // clocks (of the shard's clock minimum) is deleted and reads as its initial
+  // value again. 0: never. Default: 0.
+  int64_t expire_after_clocks = 0;
+
+  // Range and name checks; InvalidArgument naming the table and the field.
+  Status Validate() const;
+  bool operator==(const TableSpec& o) const;
+  bool operator!=(const TableSpec& o) const { return !(*this == o); }
+};
+
+// Checks a model's table list: each spec valid, names unique, at most
+// kMaxTables.
+Status ValidateTables(const std::vector<TableSpec>& tables);
+
+// The shard in [0, num_shards) that holds `key` of table `spec`: a pure
+// function of (table name, key). REQUIRES: num_shards >= 1.
+int ShardOfKey(const TableSpec& spec, uint64_t key, int num_shards);
+// The same from HashName(spec.name), for loops over many keys.
+int ShardOfKeyHashed(uint64_t name_hash, uint64_t key, int num_shards);
+
+// Writes the initial value of row `key` (spec.dim floats) to dst.
+void InitializeRow(const TableSpec& spec, uint64_t key, float* dst);
+
+}  // namespace asyncps

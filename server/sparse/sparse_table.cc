@@ -1,0 +1,364 @@
+#include "server/sparse/sparse_table.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/hash.h"
+#include "server/sparse/row_format.h"
+
+namespace asyncps::server::sparse {
+namespace {
+
+OptimizerOptions ToOptimizerOptions(const RowOptimizerOptions& o) {
+  OptimizerOptions d;
+  switch (o.kind) {
+    case RowOptimizerKind::kSgd:
+      d.kind = OptimizerKind::kSgd;
+      break;
+    case RowOptimizerKind::kAdaGrad:
+      d.kind = OptimizerKind::kAdaGrad;
+      break;
+    case RowOptimizerKind::kAdam:
+      d.kind = OptimizerKind::kAdam;
+      break;
+  }
+  d.lr = o.lr;
+  d.beta1 = o.beta1;
+  d.beta2 = o.beta2;
+  d.eps = o.eps;
+  return d;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<SparseTable>> SparseTable::Create(
+    const TableSpec& spec, Store* store, SpaceId space) {
+  RETURN_IF_ERROR(spec.Validate());
+  ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> opt,
+                   Optimizer::Create(ToOptimizerOptions(spec.optimizer)));
+  return std::unique_ptr<SparseTable>(
+      new SparseTable(spec, store, space, std::move(opt)));
+}
+
+SparseTable::SparseTable(const TableSpec& spec, Store* store, SpaceId space,
+                         std::unique_ptr<Optimizer> optimizer)
+    : spec_(spec),
+      name_hash_(HashName(spec.name)),
+      store_(store),
+      space_(space),
+      optimizer_(std::move(optimizer)),
+      state_floats_(spec.dim * spec.optimizer.state_per_elem()),
+      rows_(spec.dim + state_floats_) {
+  if (spec.admit_after_pushes > 1) admission_ = std::make_unique<RowCache>(0);
+  slot_.resize(kSliceKeys);
+  counter_slot_.resize(kSliceKeys);
+  miss_keys_.resize(kSliceKeys);
+  miss_views_.resize(kSliceKeys);
+  miss_index_.resize(kSliceKeys);
+}
+
+void SparseTable::LookupCached(uint64_t key, int64_t now, uint32_t* row,
+                               uint32_t* counter) {
+  *row = RowCache::kNone;
+  *counter = RowCache::kNone;
+  // A pinned entry was pushed by the request in progress: never expired.
+  uint32_t s = rows_.Find(key);
+  if (s != RowCache::kNone) {
+    EntryMeta& m = rows_.meta(s);
+    if (!Expired(m.last_clock, now) || (m.flags & EntryMeta::kPinned)) {
+      m.flags |= EntryMeta::kRef;
+      *row = s;
+    } else {
+      // The store's copy, if any, is older still: expired too.
+      rows_.Remove(s);
+      ++counters_stats_.expired;
+    }
+    return;
+  }
+  if (!admission_) return;
+  s = admission_->Find(key);
+  if (s == RowCache::kNone) return;
+  EntryMeta& m = admission_->meta(s);
+  if (!Expired(m.last_clock, now) || (m.flags & EntryMeta::kPinned)) {
+    m.flags |= EntryMeta::kRef;
+    *counter = s;
+  } else {
+    admission_->Remove(s);
+    ++counters_stats_.expired;
+  }
+}
+
+Status SparseTable::Resolve(const uint64_t* keys, size_t n, int64_t now) {
+  size_t misses = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t row, counter;
+    LookupCached(keys[i], now, &row, &counter);
+    slot_[i] = row;
+    counter_slot_[i] = counter;
+    if (row == RowCache::kNone && counter == RowCache::kNone) {
+      miss_keys_[misses] = EncodeKey(keys[i]);
+      miss_views_[misses] = miss_keys_[misses].view();
+      miss_index_[misses] = static_cast<uint32_t>(i);
+      ++misses;
+    }
+  }
+  counters_stats_.hits += n - misses;
+  counters_stats_.misses += misses;
+  if (misses == 0 || store_ == nullptr) return Status::OK();
+  counters_stats_.store_reads += misses;
+  Status bad;
+  Status s = store_->MultiGet(
+      space_, miss_views_.data(), misses,
+      [&](size_t j, std::string_view value) {
+        RecordView rec;
+        Status p = ParseRecord(value, spec_.dim, rows_.floats_per_entry(), &rec);
+        if (!p.ok()) {
+          if (bad.ok()) bad = p.WithContext("table '" + spec_.name + "'");
+          return;
+        }
+        ++counters_stats_.store_found;
+        if (Expired(rec.header.clock, now)) {
+          ++counters_stats_.expired;
+          return;
+        }
+        const uint32_t i = miss_index_[j];
+        if (rec.is_row()) {
+          const uint32_t slot = rows_.Insert(keys[i]);
+          std::memcpy(rows_.floats(slot), rec.floats,
+                      rows_.floats_per_entry() * sizeof(float));
+          EntryMeta& m = rows_.meta(slot);
+          m.count = rec.header.count;
+          m.last_clock = rec.header.clock;
+          slot_[i] = slot;
+        } else if (admission_) {
+          const uint32_t slot = admission_->Insert(keys[i]);
+          EntryMeta& m = admission_->meta(slot);
+          m.count = rec.header.count;
+          m.last_clock = rec.header.clock;
+          counter_slot_[i] = slot;
+        }
+        // A counter record in a table without admission (its definition
+        // cannot change while records exist) reads as absent.
+      });
+  RETURN_IF_ERROR(s.WithContext("reading table '" + spec_.name + "'"));
+  return bad;
+}
+
+Status SparseTable::ReadSlice(const uint64_t* keys, size_t n, int64_t now,
+                              float* out) {
+  RETURN_IF_ERROR(Resolve(keys, n, now));
+  const uint32_t dim = spec_.dim;
+  for (size_t i = 0; i < n; ++i) {
+    float* dst = out + i * dim;
+    if (slot_[i] != RowCache::kNone) {
+      std::memcpy(dst, rows_.floats(slot_[i]), dim * sizeof(float));
+    } else {
+      InitializeRow(spec_, keys[i], dst);
+    }
+  }
+  counters_stats_.rows_read += n;
+  return Status::OK();
+}
+
+uint32_t SparseTable::CreateRow(uint64_t key) {
+  const uint32_t slot = rows_.Insert(key);
+  float* f = rows_.floats(slot);
+  InitializeRow(spec_, key, f);
+  const float init_state =
+      spec_.optimizer.kind == RowOptimizerKind::kAdaGrad
+          ? spec_.optimizer.initial_accumulator
+          : 0.0f;
+  std::fill(f + spec_.dim, f + spec_.dim + state_floats_, init_state);
+  ++counters_stats_.admitted;
+  return slot;
+}
+
+Status SparseTable::ApplySlice(const uint64_t* keys, const float* grads,
+                               size_t n, int64_t clock, int64_t now,
+                               float lr_scale, bool pin,
+                               std::vector<uint32_t>* touched,
+                               std::vector<uint32_t>* touched_counters) {
+  RETURN_IF_ERROR(Resolve(keys, n, now));
+  const uint32_t dim = spec_.dim;
+  const uint8_t mark = EntryMeta::kDirty | (pin ? EntryMeta::kPinned : 0);
+  const uint32_t admit = spec_.admit_after_pushes;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t slot = slot_[i];
+    if (slot == RowCache::kNone) {
+      if (admit > 1) {
+        uint32_t c = counter_slot_[i];
+        const uint64_t pushes =
+            (c == RowCache::kNone ? 0 : admission_->meta(c).count) + 1;
+        if (pushes < admit) {
+          if (c == RowCache::kNone) c = admission_->Insert(keys[i]);
+          EntryMeta& m = admission_->meta(c);
+          const bool was_pinned = m.flags & EntryMeta::kPinned;
+          m.count = pushes;
+          m.last_clock = clock;
+          m.flags |= mark;
+          if (pin && !was_pinned) touched_counters->push_back(c);
+          ++counters_stats_.counted;
+          continue;
+        }
+        // The N-th push: the row replaces the counter (same key, so its
+        // record overwrites the counter's in the store).
+        if (c != RowCache::kNone) {
+          if (admission_->meta(c).flags & EntryMeta::kPinned) {
+            // Counted earlier in this durable push; drop it from the list.
+            for (uint32_t& t : *touched_counters) {
+              if (t == c) t = RowCache::kNone;
+            }
+          }
+          admission_->Remove(c);
+        }
+      }
+      slot = CreateRow(keys[i]);
+    }
+    float* w = rows_.floats(slot);
+    EntryMeta& m = rows_.meta(slot);
+    ++m.count;
+    optimizer_->Apply(w, w + dim, grads + i * dim, dim, lr_scale, m.count);
+    m.last_clock = clock;
+    const bool was_pinned = m.flags & EntryMeta::kPinned;
+    m.flags |= mark;
+    if (pin && !was_pinned) touched->push_back(slot);
+  }
+  counters_stats_.rows_pushed += n;
+  return Status::OK();
+}
+
+void SparseTable::AddRecord(bool counter, uint32_t slot, StoreBatch* batch) {
+  RowCache& cache = counter ? *admission_ : rows_;
+  const EntryMeta& m = cache.meta(slot);
+  RecordHeader h;
+  h.magic = counter ? kCounterMagic : kRowMagic;
+  h.dim = spec_.dim;
+  h.count = m.count;
+  h.clock = m.last_clock;
+  const EncodedKey k = EncodeKey(m.key);
+  std::string_view body;
+  if (!counter) {
+    body = std::string_view(reinterpret_cast<const char*>(rows_.floats(slot)),
+                            rows_.floats_per_entry() * sizeof(float));
+  }
+  batch->Put(space_, k.view(), HeaderBytes(h), body);
+  ++counters_stats_.store_writes;
+}
+
+void SparseTable::Release(bool counter, uint32_t slot, bool clean) {
+  EntryMeta& m = (counter ? *admission_ : rows_).meta(slot);
+  m.flags &= ~EntryMeta::kPinned;
+  if (clean) m.flags &= ~EntryMeta::kDirty;
+}
+
+void SparseTable::SortByKey(bool counter, std::vector<uint32_t>* slots) const {
+  slots->erase(std::remove(slots->begin(), slots->end(), RowCache::kNone),
+               slots->end());
+  if (slots->empty()) return;
+  const RowCache& cache = counter ? *admission_ : rows_;
+  std::sort(slots->begin(), slots->end(), [&](uint32_t a, uint32_t b) {
+    return cache.meta(a).key < cache.meta(b).key;
+  });
+}
+
+void SparseTable::AddRecords(bool counter, std::vector<uint32_t>* slots,
+                             StoreBatch* batch) {
+  SortByKey(counter, slots);
+  for (uint32_t s : *slots) AddRecord(counter, s, batch);
+}
+
+size_t SparseTable::Evict(size_t max, StoreBatch* batch) {
+  // Admission counters go first when they take more memory than rows.
+  RowCache* order[2] = {&rows_, admission_.get()};
+  if (admission_ && admission_->bytes() > rows_.bytes())
+    std::swap(order[0], order[1]);
+  const bool can_write = store_ != nullptr && batch != nullptr;
+  size_t evicted = 0;
+  for (RowCache* cache : order) {
+    if (cache == nullptr || evicted >= max) continue;
+    const bool counter = cache == admission_.get();
+    std::vector<uint32_t>& victims = victims_[counter ? 1 : 0];
+    victims.clear();
+    dirty_.clear();
+    // Victims are pinned while collected, so the hand passes them by.
+    while (evicted + victims.size() < max) {
+      const uint32_t v = cache->NextVictim();
+      if (v == RowCache::kNone) break;
+      EntryMeta& m = cache->meta(v);
+      if ((m.flags & EntryMeta::kDirty) && !can_write) {
+        m.flags |= EntryMeta::kRef;  // nowhere to write it: keep it
+        break;
+      }
+      m.flags |= EntryMeta::kPinned;
+      victims.push_back(v);
+      if (m.flags & EntryMeta::kDirty) dirty_.push_back(v);
+    }
+    counters_stats_.write_backs += dirty_.size();
+    if (!dirty_.empty()) AddRecords(counter, &dirty_, batch);
+    // Dirty victims leave once their records are written (EndEvict).
+    for (uint32_t v : victims) {
+      if (cache->meta(v).flags & EntryMeta::kDirty) {
+        evicting_[counter ? 1 : 0].push_back(v);
+      } else {
+        cache->Remove(v);
+      }
+    }
+    evicted += victims.size();
+  }
+  counters_stats_.evictions += evicted;
+  return evicted;
+}
+
+void SparseTable::EndEvict(bool written) {
+  for (int c = 0; c < 2; ++c) {
+    RowCache* cache = c == 0 ? &rows_ : admission_.get();
+    for (uint32_t v : evicting_[c]) {
+      if (written) {
+        cache->Remove(v);
+      } else {
+        Release(c == 1, v, /*clean=*/false);
+        --counters_stats_.evictions;
+      }
+    }
+    evicting_[c].clear();
+  }
+}
+
+size_t SparseTable::CountUncached(const uint64_t* keys, size_t n) const {
+  size_t missing = 0;
+  for (size_t i = 0; i < n; ++i) missing += rows_.Find(keys[i]) == RowCache::kNone;
+  return missing;
+}
+
+size_t SparseTable::evicting_bytes() const {
+  size_t b = evicting_[0].size() * rows_.entry_bytes();
+  if (admission_) b += evicting_[1].size() * admission_->entry_bytes();
+  return b;
+}
+
+void SparseTable::MarkAllClean() {
+  rows_.ForEach([this](uint32_t s) {
+    rows_.meta(s).flags &= ~(EntryMeta::kDirty | EntryMeta::kPinned);
+  });
+  if (admission_) {
+    admission_->ForEach([this](uint32_t s) {
+      admission_->meta(s).flags &= ~(EntryMeta::kDirty | EntryMeta::kPinned);
+    });
+  }
+}
+
+void SparseTable::DropCache() {
+  rows_.ForEach([this](uint32_t s) { rows_.Remove(s); });
+  if (admission_) admission_->ForEach([this](uint32_t s) { admission_->Remove(s); });
+}
+
+size_t SparseTable::cache_bytes() const {
+  return rows_.bytes() + (admission_ ? admission_->bytes() : 0);
+}
+
+size_t SparseTable::cache_allocated_bytes() const {
+  return rows_.allocated_bytes() +
+         (admission_ ? admission_->allocated_bytes() : 0);
+}
+
+}  // namespace asyncps::server::sparse

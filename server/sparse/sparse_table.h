@@ -1,0 +1,192 @@
+// SparseTable: one sparse table's rows on one shard: a RowCache in memory in
+// front of the table's key space in the Store (the primary copy of every
+// stored row), the per-row optimizer, admission counters and expiry.
+//
+// A key is in exactly one of three states:
+//   - absent: never admitted, or expired. Reads as InitializeRow(spec, key)
+//     and takes no space anywhere;
+//   - counted (admission, spec.admit_after_pushes = N > 1): pushed fewer
+//     than N times; an 'ADM1' record holds the count. Reads as absent; the
+//     gradients of these pushes are dropped;
+//   - a row: weights, optimizer state (beside the row) and step count.
+// An entry not pushed for more than spec.expire_after_clocks clocks reads
+// as absent (checked on every lookup, so the answer does not depend on what
+// is cached) and is dropped from the cache; the store's copy is deleted by
+// compaction (Store::SetSpaceExpiry), never by a lookup.
+//
+// Requests arrive in slices (the owner, server/sparse/sparse_tables.h,
+// cuts them and keeps the shared cache budget between slices): a slice of
+// unique keys is looked up in the cache; the misses go to the store in one
+// MultiGet; found records enter the cache clean. A push slice then applies
+// the optimizer to each row (creating rows from their initial value, or
+// counting them for admission) and marks them dirty, and pinned when
+// `pin` (durable pushes: the owner writes them before the acknowledgement).
+// Dirty entries reach the store when evicted (EvictOne), at a checkpoint
+// (AddDirty) or in a durable push's batch (AddRecord).
+//
+// Ownership: borrows the Store (outlives the table). Thread safety: none.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/sparse_table.h"
+#include "common/status.h"
+#include "server/optimizer.h"
+#include "server/sparse/row_cache.h"
+#include "server/sparse/row_format.h"
+#include "server/store.h"
+
+namespace asyncps::server::sparse {
+
+// Counters of one table (cumulative since the table was registered; persisted
+// in checkpoints).
+struct TableCounters {
+  uint64_t rows_read = 0;     // keys answered to pulls
+  uint64_t rows_pushed = 0;   // keys of applied pushes
+  uint64_t hits = 0;          // lookups answered by the cache
+  uint64_t misses = 0;        // lookups that went to the store
+  uint64_t store_reads = 0;   // keys looked up in the store (MultiGet)
+  uint64_t store_found = 0;   // of which had a record
+  uint64_t store_writes = 0;  // records written (write-back, checkpoint,
+                              // durable pushes)
+  uint64_t write_backs = 0;   // dirty entries written when evicted
+  uint64_t evictions = 0;     // entries evicted from the cache
+  uint64_t admitted = 0;      // rows created
+  uint64_t counted = 0;       // pushes counted for admission (dropped)
+  uint64_t expired = 0;       // entries found expired by a lookup
+};
+
+class SparseTable {
+ public:
+  // Most keys per slice (the cache may exceed its budget by one slice).
+  static constexpr size_t kSliceKeys = 4096;
+
+  // `space` is the table's key space in `store` (may be null: no store,
+  // every row lives in the cache, for tests and benchmarks).
+  static StatusOr<std::unique_ptr<SparseTable>> Create(const TableSpec& spec,
+                                                       Store* store,
+                                                       SpaceId space);
+  SparseTable(const SparseTable&) = delete;
+  SparseTable& operator=(const SparseTable&) = delete;
+
+  const TableSpec& spec() const { return spec_; }
+  uint64_t name_hash() const { return name_hash_; }
+  // Floats of a row: weights + optimizer state.
+  size_t floats_per_row() const { return rows_.floats_per_entry(); }
+
+  // Writes the current value of keys[0..n) (unique, n <= kSliceKeys) to
+  // out (n x dim floats). `now` is the expiry clock.
+  [[nodiscard]] Status ReadSlice(const uint64_t* keys, size_t n, int64_t now,
+                                 float* out);
+
+  // Applies gradients grads (n x dim) to keys[0..n) (unique, n <=
+  // kSliceKeys), pushed at worker clock `clock`, learning rate scaled by
+  // lr_scale. Touched entries become dirty, and pinned when `pin`; their
+  // slots are appended to *touched (rows) and *touched_counters.
+  [[nodiscard]] Status ApplySlice(const uint64_t* keys, const float* grads,
+                                  size_t n, int64_t clock, int64_t now,
+                                  float lr_scale, bool pin,
+                                  std::vector<uint32_t>* touched,
+                                  std::vector<uint32_t>* touched_counters);
+
+  // Puts the record of an entry into `batch`.
+  void AddRecord(bool counter, uint32_t slot, StoreBatch* batch);
+  // Puts the records of several entries into `batch` in key order (RocksDB
+  // inserts sorted keys into its memtable much faster). Reorders `slots`;
+  // skips RowCache::kNone.
+  void AddRecords(bool counter, std::vector<uint32_t>* slots,
+                  StoreBatch* batch);
+  // Sorts entries by key and drops RowCache::kNone.
+  void SortByKey(bool counter, std::vector<uint32_t>* slots) const;
+  // Clears the pinned flag (and the dirty flag when `clean`) of an entry.
+  void Release(bool counter, uint32_t slot, bool clean);
+
+  // Evicts up to `max` entries in CLOCK order. Clean ones are removed at
+  // once; dirty ones are put into `batch` (in key order) and stay in the
+  // cache, pinned, until EndEvict() says whether the caller's write of the
+  // batch succeeded: a failed write-back loses nothing. Returns how many
+  // entries were evicted or await their write; 0 when nothing is evictable
+  // (all pinned, or dirty with no store to write them to).
+  size_t Evict(size_t max, StoreBatch* batch);
+  // After the write of Evict()'s batch: `written`: the dirty victims go;
+  // otherwise they stay, dirty and unpinned (evicted again later).
+  void EndEvict(bool written);
+  // Bytes of the dirty victims awaiting EndEvict().
+  size_t evicting_bytes() const;
+
+  // Calls fn(counter, slot) for every dirty entry.
+  template <typename F>
+  void ForEachDirty(F&& fn) {
+    rows_.ForEach([&](uint32_t s) {
+      if (rows_.meta(s).flags & EntryMeta::kDirty) fn(false, s);
+    });
+    if (admission_) {
+      admission_->ForEach([&](uint32_t s) {
+        if (admission_->meta(s).flags & EntryMeta::kDirty) fn(true, s);
+      });
+    }
+  }
+  // Marks every entry clean (after a checkpoint wrote them).
+  void MarkAllClean();
+  // Drops every cache entry without writing (recovery, tests).
+  void DropCache();
+
+  // Cache memory: live bytes and allocated bytes.
+  size_t cache_bytes() const;
+  size_t cache_allocated_bytes() const;
+  size_t cache_rows() const { return rows_.entries(); }
+  // Keys among keys[0..n) without a cached row; and the bytes of one row
+  // entry (floats, optimizer state, metadata).
+  size_t CountUncached(const uint64_t* keys, size_t n) const;
+  size_t entry_bytes() const { return rows_.entry_bytes(); }
+  size_t cache_counters() const { return admission_ ? admission_->entries() : 0; }
+
+  TableCounters& counters() { return counters_stats_; }
+  const TableCounters& counters() const { return counters_stats_; }
+  SpaceId space() const { return space_; }
+
+  // True when an entry last pushed at `last_clock` is expired at `now`.
+  bool Expired(int64_t last_clock, int64_t now) const {
+    return spec_.expire_after_clocks > 0 &&
+           now - last_clock > spec_.expire_after_clocks;
+  }
+
+ private:
+  SparseTable(const TableSpec& spec, Store* store, SpaceId space,
+              std::unique_ptr<Optimizer> optimizer);
+
+  // Fills slot_[i] / counter_slot_[i] for keys[0..n), reading misses from
+  // the store into the cache.
+  Status Resolve(const uint64_t* keys, size_t n, int64_t now);
+  // Looks up one key in the cache (expired entries are dropped).
+  void LookupCached(uint64_t key, int64_t now, uint32_t* row,
+                    uint32_t* counter);
+  // A new row from the initial value.
+  uint32_t CreateRow(uint64_t key);
+
+  const TableSpec spec_;
+  const uint64_t name_hash_;
+  Store* const store_;  // may be null
+  const SpaceId space_;
+  std::unique_ptr<Optimizer> optimizer_;
+  const size_t state_floats_;  // dim * state_per_elem
+  RowCache rows_;
+  std::unique_ptr<RowCache> admission_;  // counters; admission only
+  TableCounters counters_stats_;
+
+  // Per slice, reused.
+  std::vector<uint32_t> slot_;
+  std::vector<uint32_t> counter_slot_;
+  std::vector<EncodedKey> miss_keys_;
+  std::vector<std::string_view> miss_views_;
+  std::vector<uint32_t> miss_index_;
+  std::vector<uint32_t> victims_[2];  // rows, counters
+  std::vector<uint32_t> dirty_;
+  std::vector<uint32_t> evicting_[2];  // dirty victims awaiting EndEvict
+};
+
+}  // namespace asyncps::server::sparse

@@ -1,0 +1,187 @@
+// SparseTables: the sparse tables of one shard (server/sparse/
+// sparse_table.h) and what they share: the cache budget, request checks, the
+// BSP accumulators, checkpoints and durable writes of rows, the expiry clock,
+// persistence of their definitions and counters, and their stats.
+//
+// Requests. A pull or push names, per table, a list of keys (and, for a
+// push, one gradient row per key). Check() validates one table's part
+// completely (known table, key count within the limit, no key twice, every
+// key owned by this shard, every row finite) before the caller applies
+// anything; Read() and Apply() then cannot fail on input (only on storage).
+// They cut the keys into slices of SparseTable::kSliceKeys and, after each
+// slice, evict from the cache until it is back within its budget: dirty
+// entries evicted go to the store in one batch (WriteKind::kPartial) before
+// the next lookup, so the store always has what the cache dropped.
+//
+// Cache budget: options.cache_bytes covers every table's cached rows,
+// admission counters and cache indexes (RowCache::bytes()). Past it, entries
+// are evicted (CLOCK order within a table) from the table holding the most
+// bytes, down to 31/32 of the budget. Without a store nothing can be
+// evicted: Check() refuses (ResourceExhausted) a push whose new rows would
+// take the cache past its budget. It may be exceeded by one slice of
+// rows, and in durable mode by the rows of the push in progress (pinned
+// until its write), at most max_keys_per_request rows.
+//
+// Checkpoints and durability (see server/store.h on cuts): a checkpoint
+// puts every dirty entry into batches (full ones written as kPartial,
+// the last one returned to the caller, who adds the dense state and writes
+// it as the kCut), then CommitCheckpoint() marks the cache clean. A durable
+// push pins the rows it touches; AddDurable() puts exactly those into the
+// push's batch and CommitDurable() releases them.
+//
+// Consistency: BSP pushes are summed per key (Accumulate) and applied once
+// per round (ApplyRound), averaged over the pushes of the round that carried
+// the table; the accumulators are persisted with every cut.
+//
+// Ownership: borrows the Store. Thread safety: none (the shard's thread).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/sparse_table.h"
+#include "common/status.h"
+#include "common/flat_index.h"
+#include "server/sparse/sparse_table.h"
+#include "server/store.h"
+
+namespace asyncps::server::sparse {
+
+struct SparseOptions {
+  // This shard and the number of shards (key ownership). Default: 0 of 1.
+  int shard_id = 0;
+  int num_shards = 1;
+  // Memory for cached rows, admission counters and cache indexes of all
+  // tables, bytes (ps_server --embedding_cache_bytes). Default: 256 MiB.
+  uint64_t cache_bytes = uint64_t{256} << 20;
+  // Most keys one request may name on this shard, over all its tables
+  // (a larger request is InvalidArgument, nothing applied). Default: 256 Ki.
+  size_t max_keys_per_request = size_t{1} << 18;
+  // Most bytes of fp32 rows one pull may ask for on this shard, over all its
+  // tables (the reply's size before any codec). Default: 256 MiB.
+  uint64_t max_reply_bytes = uint64_t{256} << 20;
+  // Size of the write batches a checkpoint flushes dirty rows in, bytes.
+  // Default: 16 MiB.
+  size_t checkpoint_batch_bytes = size_t{16} << 20;
+};
+
+// Why SparseTables::Check refused a request.
+enum class CheckFailure : uint8_t {
+  kNone = 0,
+  kUnknownTable,
+  kTooLarge,  // more keys, or a bigger reply, than the limits allow
+  kDuplicateKey,
+  kWrongShard,
+  kNonFinite,
+};
+
+class SparseTables {
+ public:
+  // Opens a key space per table in `store` (null: no store; the cache is
+  // then unbounded, for tests and benchmarks).
+  static StatusOr<std::unique_ptr<SparseTables>> Create(
+      const SparseOptions& options, const std::vector<TableSpec>& specs,
+      Store* store);
+  ~SparseTables();
+
+  const std::vector<TableSpec>& specs() const { return specs_; }
+  size_t num_tables() const { return tables_.size(); }
+  SparseTable& table(size_t i) { return *tables_[i]; }
+  const SparseTable& table(size_t i) const { return *tables_[i]; }
+  const SparseOptions& options() const { return options_; }
+
+  // --- Requests ---
+  // Starts a request: resets duplicate detection and the key count.
+  void BeginRequest();
+  // Checks one table's part of the request started last (see the header
+  // comment); `rows` is null for pulls, whose reply size is also checked.
+  // InvalidArgument / NotFound / ResourceExhausted naming the table and the
+  // first bad key or row.
+  [[nodiscard]] Status Check(uint32_t table, const uint64_t* keys, size_t n,
+                             const float* rows,
+                             CheckFailure* why = nullptr);
+  // Current values of keys (checked) into out (n x dim).
+  [[nodiscard]] Status Read(uint32_t table, const uint64_t* keys, size_t n,
+                            float* out);
+  // Applies gradients (checked) pushed at worker clock `clock` (ASP, SSP);
+  // durable: pins the touched entries for AddDurable(). A failed write-back
+  // of evicted rows does not stop it (the victims stay cached, dirty): every
+  // key is applied, then that error is returned. A failed store read stops
+  // it at the slice that needed it.
+  [[nodiscard]] Status Apply(uint32_t table, const uint64_t* keys,
+                             const float* grads, size_t n, int64_t clock,
+                             float lr_scale, bool durable);
+  // BSP: adds gradients (checked) to this round's sums.
+  void Accumulate(uint32_t table, const uint64_t* keys, const float* grads,
+                  size_t n);
+  // BSP: applies every table's averaged sums at clock `round` and clears
+  // them. Nothing to do: OK.
+  [[nodiscard]] Status ApplyRound(int64_t round, float lr_scale, bool durable);
+  bool HasRoundSums() const;
+
+  // --- Persistence ---
+  // Durable push / BSP step: puts the pinned entries into `batch`; after the
+  // caller's write, CommitDurable(ok) unpins them (clean when ok).
+  void AddDurable(StoreBatch* batch);
+  void CommitDurable(bool ok);
+  // Checkpoint: writes dirty entries in full batches (kPartial) and leaves
+  // the rest in `batch` for the caller's kCut write; then CommitCheckpoint().
+  [[nodiscard]] Status FlushForCheckpoint(StoreBatch* batch);
+  void CommitCheckpoint();
+  // Default-space records: table definitions ("0tables") and state
+  // ("1sparse": expiry clock, counters, BSP sums), written with every cut.
+  static constexpr std::string_view kTablesKey = "0tables";
+  static constexpr std::string_view kStateKey = "1sparse";
+  void AddSpecsEntry(std::vector<StoreEntry>* entries) const;
+  void AddStateEntry(std::vector<StoreEntry>* entries) const;
+  static StatusOr<std::vector<TableSpec>> ParseSpecs(std::string_view value);
+  [[nodiscard]] Status RestoreState(std::string_view value);
+
+  // --- Clocks ---
+  // The expiry clock follows the shard's minimum live clock (never back).
+  void AdvanceClock(int64_t min_live_clock);
+  int64_t clock() const { return clock_; }
+
+  // --- Budget and stats ---
+  // Evicts until the cache is within budget; writes dirty victims.
+  [[nodiscard]] Status Enforce();
+  uint64_t cache_bytes() const;
+  // {"cache_budget_bytes":..,"cache_bytes":..,"tables":[{...}, ...]}
+  std::string StatsJson() const;
+
+ private:
+  SparseTables(const SparseOptions& options, std::vector<TableSpec> specs,
+               Store* store);
+  // BSP sums of one table.
+  struct RoundSums {
+    FlatIndex index;
+    std::vector<uint64_t> keys;
+    std::vector<float> sums;  // keys.size() x dim
+    uint64_t pushes = 0;      // pushes of the round that carried the table
+  };
+
+  const SparseOptions options_;
+  const std::vector<TableSpec> specs_;
+  Store* const store_;  // may be null
+  std::vector<std::unique_ptr<SparseTable>> tables_;
+  std::vector<RoundSums> round_;  // per table
+  int64_t clock_ = 0;             // expiry clock
+  int64_t persisted_clock_ = 0;   // expiry clock of the last cut written
+  std::unique_ptr<StoreBatch> writeback_;
+  // The request in progress.
+  KeySet seen_;  // duplicate detection, per table: key ^ table salt
+  size_t request_keys_ = 0;
+  uint64_t request_reply_bytes_ = 0;
+  uint64_t request_grow_bytes_ = 0;  // no store: new rows of the request
+  // Durable pushes: pinned entries, per table.
+  std::vector<std::vector<uint32_t>> touched_;
+  std::vector<std::vector<uint32_t>> touched_counters_;
+  std::vector<uint32_t> sorted_;
+  uint64_t write_errors_ = 0;
+};
+
+}  // namespace asyncps::server::sparse
