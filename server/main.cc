@@ -11,9 +11,11 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
@@ -107,12 +109,26 @@ DEFINE_bool(insecure, false,
 DEFINE_bool(transport_only, false,
             "benchmark mode: validate and acknowledge pushes, never apply");
 DEFINE_int32(io_threads, 1, "ZeroMQ I/O threads");
+DEFINE_int32(apply_threads, 0,
+             "threads applying a large push or BSP round (the event loop's "
+             "included); 0: the cores this process may run on, at most 8. "
+             "The weights are bitwise the same for any number");
 
 namespace {
 
 using asyncps::Status;
 using asyncps::StatusOr;
 namespace srv = asyncps::server;
+
+// The cores this process may run on (its affinity mask), at most 8: more
+// threads than memory channels only contend for them.
+int DefaultApplyThreads() {
+  cpu_set_t set;
+  int n = 0;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) n = CPU_COUNT(&set);
+  if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
+  return std::max(1, std::min(n, 8));
+}
 
 [[noreturn]] void BadFlag(const std::string& message) {
   std::fprintf(stderr, "ps_server: %s\n", message.c_str());
@@ -237,6 +253,10 @@ srv::ServerOptions OptionsFromFlags() {
             " is not a loopback address: give --curve_secret_key (keys from "
             "ps_ctl keygen) or --insecure to serve it unencrypted");
   }
+  if (FLAGS_apply_threads < 0 || FLAGS_apply_threads > 256)
+    BadFlag("--apply_threads must be in [0, 256]");
+  s.apply_threads = FLAGS_apply_threads > 0 ? FLAGS_apply_threads
+                                            : DefaultApplyThreads();
   s.transport_only = FLAGS_transport_only;
   s.durable = FLAGS_durable;
   if (FLAGS_durable && FLAGS_db_path.empty())
@@ -306,7 +326,8 @@ int main(int argc, char** argv) {
                           " CURVE admin keys")
             << ", max parked pulls "
             << s.max_parked_pulls << ", max in flight per client "
-            << s.max_inflight_per_client << ", CURVE "
+            << s.max_inflight_per_client << ", apply threads "
+            << s.apply_threads << ", CURVE "
             << (options.curve_secret_key.empty()
                     ? std::string("off")
                     : "on (" +

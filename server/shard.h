@@ -67,6 +67,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -87,6 +88,7 @@
 namespace asyncps::server {
 namespace internal {
 class PushDedup;
+class TaskPool;
 }  // namespace internal
 
 // Largest clock a worker may report (clocks are in [0, kMaxClock], so no
@@ -164,6 +166,15 @@ struct ShardOptions {
   // Sync mode of durable writes (checkpoints always sync). Default: kNoSync
   // (WAL only: survives kill -9, not power loss).
   SyncMode durable_sync = SyncMode::kNoSync;
+  // Threads that apply a large push (and a BSP round), the event loop's own
+  // thread included, in [1, 256]. The update is element-wise, so the weights
+  // are bitwise the same for any number. ps_server's default is the number
+  // of cores it may run on, at most 8. Default: 1.
+  int apply_threads = 1;
+  // A push (or BSP round) with fewer gradient elements than this, in all, is
+  // applied on the event loop's thread alone: waking the others costs more
+  // than they save. Default: 1 Mi elements (4 MiB of fp32 gradient).
+  uint64_t parallel_apply_min_elems = uint64_t{1} << 20;
 
   Status Validate() const;
 };
@@ -247,6 +258,7 @@ class Shard {
   struct PendingGrad;
   struct ParkedPull;
   struct PullReplica;
+  struct WorkPiece;
   // Reply bytes handed to the transport and not yet released by it.
   using UnsentBytes = std::atomic<uint64_t>;
 
@@ -310,6 +322,10 @@ class Shard {
   // Marks the push done (de-duplication) and, in durable mode, writes it.
   Status FinishPush(const RequestHeader& req);
   void ApplyPending(int rank, float lr_scale);
+  // Runs fn(piece) over every piece of work_ (the pieces of a push or round,
+  // added with AddWork), on the apply threads when there is enough of it.
+  void AddWork(Chunk* c, const float* g);
+  void RunWork(const std::function<void(const WorkPiece&)>& fn);
   // The schedule's multiplier of lr at the current shard version.
   float ScheduleScale() const;
   // Applies the averaged round and moves bsp_round_ to `next`.
@@ -374,6 +390,9 @@ class Shard {
   std::vector<uint64_t> frame_stamp_;
   uint64_t stamp_ = 0;
   std::vector<Chunk*> touched_;
+  std::unique_ptr<internal::TaskPool> apply_pool_;  // apply_threads > 1
+  std::vector<WorkPiece> work_;
+  uint64_t work_elems_ = 0;
   std::vector<uint32_t> sparse_idx_;
   std::vector<float> sparse_val_;
   std::vector<StoreEntry> entries_;
