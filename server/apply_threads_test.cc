@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -255,6 +256,40 @@ TEST(ApplyThreadsTest, BadLastChunkLeavesEveryChunkUntouched) {
     EXPECT_TRUE(SameBits(before[i], after[i])) << i;
   }
   EXPECT_EQ(h.shard->shard_version(), 0u);
+}
+
+TEST(ApplyThreadsTest, TheFirstBadChunkInRequestOrderIsReported) {
+  // A NaN in the first chunk and a wrong size in the third: the NaN is
+  // reported, as a chunk-by-chunk check would, with any thread count.
+  for (int threads : {1, 3}) {
+    ShardHarness h(
+        ThreadOptions(Consistency::kAsp, OptimizerOptions(), threads));
+    ASSERT_TRUE(
+        h.Call(ShardHarness::Register(0, Model(), Layout1())).status.ok());
+    const auto& chunks = h.shard->layout()->chunks();
+    ASSERT_GE(chunks.size(), 3u);
+    std::vector<uint32_t> ids;
+    std::vector<ByteView> frames;
+    for (size_t i = 0; i < 3; ++i) {
+      std::vector<float> g(chunks[i].num_elems - (i == 2 ? 1 : 0), 0.5f);
+      if (i == 0) g[70000] = std::numeric_limits<float>::infinity();
+      ids.push_back(chunks[i].id);
+      frames.push_back(Floats(g));
+    }
+    RequestHeader push = ShardHarness::Push(0, 0, ids, frames);
+    push.chunks[2].num_elems =
+        chunks[2].num_elems;  // header right, frame short
+    ReplyHeader r = h.Call(push, frames);
+    EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status.message().find("chunk " + std::to_string(chunks[0].id) +
+                                      ": gradient contains NaN or Inf"),
+              std::string::npos)
+        << r.status.message();
+    EXPECT_EQ(h.shard->counters()
+                  .rejected[static_cast<size_t>(RejectReason::kNonFinite)],
+              1u);
+    EXPECT_EQ(h.shard->shard_version(), 0u);
+  }
 }
 
 TEST(ApplyThreadsTest, RejectsBadThreadCounts) {

@@ -317,15 +317,23 @@ class Shard {
   // shard_push.cc: validation and apply.
   Status HandlePush(const RequestHeader& req, const std::vector<ByteView>& data,
                     ReplyHeader* reply);
+  // Checks a push whole: ValidatePushFrames, then every dense gradient for
+  // NaN/Inf. Fills pending_.
   Status ValidatePush(const RequestHeader& req,
                       const std::vector<ByteView>& data);
+  // Frames, chunk refs, sizes, codec payloads (decoded); fills pending_
+  // with the chunks that passed, up to the first that failed.
+  Status ValidatePushFrames(const RequestHeader& req,
+                            const std::vector<ByteView>& data);
   // Marks the push done (de-duplication) and, in durable mode, writes it.
   Status FinishPush(const RequestHeader& req);
   void ApplyPending(int rank, float lr_scale);
-  // Runs fn(piece) over every piece of work_ (the pieces of a push or round,
-  // added with AddWork), on the apply threads when there is enough of it.
+  // Parallel work over pieces of chunks: BeginWork() empties work_,
+  // AddWork() cuts a chunk (and its gradient g) into pieces, RunWork() calls
+  // fn on every piece, on the apply threads when there is enough of it.
+  void BeginWork();
   void AddWork(Chunk* c, const float* g);
-  void RunWork(const std::function<void(const WorkPiece&)>& fn);
+  void RunWork(const std::function<void(WorkPiece&)>& fn);
   // The schedule's multiplier of lr at the current shard version.
   float ScheduleScale() const;
   // Applies the averaged round and moves bsp_round_ to `next`.
@@ -351,7 +359,7 @@ class Shard {
   std::optional<Layout> layout_;
   std::vector<std::unique_ptr<Chunk>> chunks_;  // this shard's chunks, id order
   std::vector<int32_t>
-      local_index_;  // chunk id -> index in chunks_, -1 if not ours
+      local_index_;           // chunk id -> index in chunks_, -1 if not ours
   uint64_t shard_bytes_ = 0;  // fp32 bytes of chunks_
   uint64_t shard_version_ = 0;
   int64_t bsp_round_ = 0;

@@ -128,13 +128,14 @@ Status Shard::HandlePush(const RequestHeader& req,
   if (bsp) {
     // A clock past the round (the shard restarted from an older state)
     // counts for the round the shard is in.
+    BeginWork();
     for (const PendingGrad& p : pending_) {
       Chunk& c = *p.chunk;
       AddWork(&c, p.dense);
       ++c.contributors;
       touched_.push_back(&c);
     }
-    RunWork([](const WorkPiece& w) {
+    RunWork([](WorkPiece& w) {
       AddInto(w.chunk->acc.data() + w.begin, w.g + w.begin, w.end - w.begin);
     });
     bsp_pushed_round_[rank] = bsp_round_;
@@ -166,8 +167,8 @@ Status Shard::FinishPush(const RequestHeader& req) {
                           s.ToString()));
 }
 
-Status Shard::ValidatePush(const RequestHeader& req,
-                           const std::vector<ByteView>& data) {
+Status Shard::ValidatePushFrames(const RequestHeader& req,
+                                 const std::vector<ByteView>& data) {
   pending_.clear();
   ++stamp_;
   if (data.size() != req.chunks.size()) {
@@ -290,35 +291,60 @@ Status Shard::ValidatePush(const RequestHeader& req,
                                           " needs the compression library"));
 #endif
     }
-    // transport_only applies nothing, so there are no weights to protect:
-    // skipping the scan leaves the transport alone in the measurement.
-    if (p.dense != nullptr && !options_.transport_only &&
-        !AllFinite(p.dense, c.n)) {
-      return Reject(RejectReason::kNonFinite,
-                    Status::InvalidArgument(ChunkName(ref.chunk) +
-                                            ": gradient contains NaN or Inf"));
-    }
     pending_.push_back(p);
   }
   return Status::OK();
 }
 
+Status Shard::ValidatePush(const RequestHeader& req,
+                           const std::vector<ByteView>& data) {
+  Status s = ValidatePushFrames(req, data);
+  // transport_only applies nothing, so there are no weights to protect:
+  // skipping the scan leaves the transport alone in the measurement.
+  if (options_.transport_only) return s;
+  // The dense gradients that passed (all of them, or those before the
+  // chunk that failed) are scanned for NaN/Inf, in pieces on the apply
+  // threads; the first bad chunk in request order is the answer, as if the
+  // chunks had been checked one by one.
+  BeginWork();
+  for (const PendingGrad& p : pending_) {
+    if (p.dense != nullptr) AddWork(p.chunk, p.dense);
+  }
+  RunWork(
+      [](WorkPiece& w) { w.bad = !AllFinite(w.g + w.begin, w.end - w.begin); });
+  for (const WorkPiece& w : work_) {
+    if (w.bad) {
+      return Reject(RejectReason::kNonFinite,
+                    Status::InvalidArgument(ChunkName(w.chunk->id) +
+                                            ": gradient contains NaN or Inf"));
+    }
+  }
+  return s;
+}
+
+void Shard::BeginWork() {
+  work_.clear();
+  work_elems_ = 0;
+}
+
 void Shard::AddWork(Chunk* c, const float* g) {
   for (size_t b = 0; b < c->n; b += kPieceElems) {
-    work_.push_back(
-        WorkPiece{c, g, b, std::min<size_t>(c->n, b + kPieceElems)});
+    WorkPiece w;
+    w.chunk = c;
+    w.g = g;
+    w.begin = b;
+    w.end = std::min<size_t>(c->n, b + kPieceElems);
+    work_.push_back(w);
   }
   work_elems_ += c->n;
 }
 
-void Shard::RunWork(const std::function<void(const WorkPiece&)>& fn) {
+void Shard::RunWork(const std::function<void(WorkPiece&)>& fn) {
   if (apply_pool_ && work_elems_ >= options_.parallel_apply_min_elems) {
     apply_pool_->Run(work_.size(), [&](size_t i) { fn(work_[i]); });
   } else {
-    for (const WorkPiece& w : work_) fn(w);
+    for (WorkPiece& w : work_) fn(w);
   }
-  work_.clear();
-  work_elems_ = 0;
 }
 
 void Shard::ApplyPending(int rank, float lr_scale) {
@@ -326,6 +352,7 @@ void Shard::ApplyPending(int rank, float lr_scale) {
   // payloads are scattered here; dense gradients are cut into pieces that
   // the apply threads update in any order (element-wise rules: the result
   // does not depend on who updated which piece).
+  BeginWork();
   for (const PendingGrad& p : pending_) {
     Chunk& c = *p.chunk;
     ++c.step;
@@ -350,7 +377,7 @@ void Shard::ApplyPending(int rank, float lr_scale) {
     touched_.push_back(&c);
   }
   const Optimizer& opt = *optimizer_;
-  RunWork([&opt, lr_scale](const WorkPiece& w) {
+  RunWork([&opt, lr_scale](WorkPiece& w) {
     Chunk& c = *w.chunk;
     opt.ApplyRange(c.w.data(), c.state.data(), w.g, c.n, w.begin, w.end,
                    lr_scale, c.step);
@@ -370,6 +397,7 @@ float Shard::ScheduleScale() const {
 Status Shard::ApplyBspRound(int64_t next) {
   bsp_round_ = next;
   touched_.clear();
+  BeginWork();
   for (auto& cp : chunks_) {
     Chunk& c = *cp;
     if (c.contributors == 0) continue;
@@ -382,7 +410,7 @@ Status Shard::ApplyBspRound(int64_t next) {
   const Optimizer& opt = *optimizer_;
   const float lr_scale = ScheduleScale();
   const bool apply = !options_.transport_only;
-  RunWork([&opt, lr_scale, apply](const WorkPiece& w) {
+  RunWork([&opt, lr_scale, apply](WorkPiece& w) {
     Chunk& c = *w.chunk;
     float* acc = c.acc.data();
     DivideBy(acc + w.begin, static_cast<float>(c.contributors),

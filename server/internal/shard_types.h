@@ -59,6 +59,7 @@ struct Shard::WorkPiece {
   const float* g = nullptr;  // the chunk's whole gradient (element 0)
   size_t begin = 0;
   size_t end = 0;
+  bool bad = false;  // NaN/Inf scan: found one
 };
 
 struct Shard::ParkedPull {
