@@ -21,6 +21,7 @@
 #include <fstream>
 #include <thread>
 
+#include "common/transport.h"
 #include "server/server.h"
 #include "server/shutdown_watchdog.h"
 
@@ -293,6 +294,8 @@ int main(int argc, char** argv) {
       "ps_server: one shard of the asyncps parameter server");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   google::InitGoogleLogging(argv[0]);
+  // Received chunks are malloc'd by ZeroMQ: keep their memory mapped.
+  (void)asyncps::TuneAllocatorForMessages();
   FLAGS_logtostderr = true;
   if (argc > 1) BadFlag(std::string("unexpected argument '") + argv[1] + "'");
 
