@@ -407,6 +407,13 @@ TEST(PsStoreTest, DeviceCompressionFallsBackToHostPushes) {
   EXPECT_EQ(compressed, big);
   EXPECT_GE(big, 1);
   EXPECT_LT(t.bytes_pushed_wire, 5000u * 2);
+  // The step-time counters of STEP_TIME: the int8 chunks were encoded, the
+  // small ones copied raw, both inside the push's own time.
+  EXPECT_GT(t.encode_ns, 0);
+  EXPECT_GT(t.push_copy_ns, 0);
+  EXPECT_GE(t.push_ns, t.encode_ns + t.push_copy_ns);
+  EXPECT_EQ(t.pull_wait_ns, 0);
+  EXPECT_EQ(t.pull_copy_ns, 0);
 }
 
 }  // namespace
