@@ -118,6 +118,10 @@ TEST(ClientTest, RegisterPushPullAcrossTwoShards) {
   ClientOptions o;
   o.servers = {s0.endpoint(), s1.endpoint()};
   o.rank = 0;
+  // The fake shards count every copy of a push and do not de-duplicate: no
+  // resend here, however slow the machine (a sanitizer build under load took
+  // over the default 2 s for one reply). Resends are tested below.
+  o.attempt_timeout = std::chrono::seconds(60);
   auto client = Client::Create(o);
   ASSERT_TRUE(client.ok());
   ASSERT_TRUE((*client)->Register(Model(), lo).ok());
