@@ -174,6 +174,18 @@ class Fleet:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         return path
 
+    def remove_sockets(self):
+        """--transport ipc: the socket files of stopped shards (a shard that
+        ends by a signal leaves its file), and psrun's short folder."""
+        for m in self.shards:
+            if m.endpoint and m.endpoint.startswith("ipc://"):
+                try:
+                    os.unlink(m.endpoint[len("ipc://"):])
+                except OSError:
+                    pass
+        if self.short_sock_dir is not None:
+            shutil.rmtree(self.short_sock_dir, ignore_errors=True)
+
     def start_shard(self, m, endpoint=None):
         ready = self.path("ready", "%s.endpoint" % m.name)
         try:
@@ -399,8 +411,7 @@ class Fleet:
             for s in old:
                 signal.signal(s, lambda *a: None)
             self.teardown()
-            if self.short_sock_dir is not None:
-                shutil.rmtree(self.short_sock_dir, ignore_errors=True)
+            self.remove_sockets()
             for s, h in old.items():
                 signal.signal(s, h)
         if exit_code == 1:

@@ -50,6 +50,7 @@ class IpcFleetTest(u.FleetTestCase):
         self.assertEqual(new["endpoint"], victim["endpoint"])
         u.assert_no_orphans(self, after)
         u.assert_no_orphans(self, self.pids)
+        self.assertEqual(os.listdir(sock), [])  # socket files removed
 
 
 if __name__ == "__main__":
