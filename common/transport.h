@@ -192,7 +192,9 @@ struct AllocatorTuning {
 };
 
 // Applies `tuning` to this process's allocator (process-wide; glibc
-// mallopt). Unimplemented where the C library has no such knobs; the
+// mallopt). InvalidArgument for a threshold out of range (the mmap threshold
+// above glibc's 32 MiB ceiling); Unimplemented where the C library has no
+// such knobs or the allocator in use ignores them (sanitizers); the
 // transport works the same without them, only slower.
 Status TuneAllocatorForMessages(const AllocatorTuning& tuning = {});
 

@@ -302,6 +302,10 @@ TEST(TransportTest, AllocatorTuningRejectsBadThresholds) {
   EXPECT_EQ(TuneAllocatorForMessages(bad).code(),
             StatusCode::kInvalidArgument);
   bad = AllocatorTuning();
+  bad.mmap_threshold_bytes = (int64_t{32} << 20) + 1;
+  EXPECT_EQ(TuneAllocatorForMessages(bad).code(),
+            StatusCode::kInvalidArgument);
+  bad = AllocatorTuning();
   bad.trim_threshold_bytes = int64_t{1} << 40;
   EXPECT_EQ(TuneAllocatorForMessages(bad).code(),
             StatusCode::kInvalidArgument);
