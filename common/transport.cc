@@ -2,6 +2,10 @@
 #include "common/transport.h"
 
 #include <cerrno>
+#include <climits>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include <atomic>
 #include <cstring>
@@ -386,15 +390,31 @@ class ServerSocketImpl : public ServerSocket {
   StatusOr<bool> Receive(std::string* peer, Message* msg,
                          std::chrono::milliseconds timeout) override {
     try {
-      zmq::pollitem_t items[2] = {
-          {socket_.handle(), 0, ZMQ_POLLIN, 0},
-          {monitor_ ? monitor_->handle() : nullptr, 0, ZMQ_POLLIN, 0}};
-      if (zmq::poll(items, monitor_ ? 2 : 1, timeout) == 0) return false;
-      if (monitor_ && (items[1].revents & ZMQ_POLLIN)) DrainMonitor();
-      if (!(items[0].revents & ZMQ_POLLIN)) return false;
       zmq::message_t id;
-      auto r = socket_.recv(id, zmq::recv_flags::dontwait);
-      if (!r) return false;
+      zmq::recv_result_t r;
+      // While messages keep coming, the next one is taken straight from the
+      // queue: no poll() system call per message. Once the queue ran dry,
+      // wait in poll (a failed non-blocking receive costs a system call
+      // too, so it is not tried first then).
+      if (burst_) {
+        r = socket_.recv(id, zmq::recv_flags::dontwait);
+        if (monitor_ && r && ++since_monitor_ >= kMonitorEvery) {
+          since_monitor_ = 0;
+          DrainMonitor();
+        }
+      }
+      if (!r) {
+        burst_ = false;
+        zmq::pollitem_t items[2] = {
+            {socket_.handle(), 0, ZMQ_POLLIN, 0},
+            {monitor_ ? monitor_->handle() : nullptr, 0, ZMQ_POLLIN, 0}};
+        if (zmq::poll(items, monitor_ ? 2 : 1, timeout) == 0) return false;
+        if (monitor_ && (items[1].revents & ZMQ_POLLIN)) DrainMonitor();
+        if (!(items[0].revents & ZMQ_POLLIN)) return false;
+        r = socket_.recv(id, zmq::recv_flags::dontwait);
+        if (!r) return false;
+      }
+      burst_ = true;
       peer->assign(static_cast<const char*>(id.data()), id.size());
       if (!id.more())
         return false;  // identity without a body: nothing to answer
@@ -438,10 +458,15 @@ class ServerSocketImpl : public ServerSocket {
     }
   }
 
+  // Security events are read at least every this many messages of a burst.
+  static constexpr int kMonitorEvery = 256;
+
   std::shared_ptr<ContextImpl> ctx_;
   TransportOptions options_;
   zmq::socket_t socket_;
   std::unique_ptr<zmq::socket_t> monitor_;  // CURVE only
+  bool burst_ = false;     // the last Receive() got a message
+  int since_monitor_ = 0;  // messages taken without reading the monitor
   std::shared_ptr<SecurityLog> log_ = std::make_shared<SecurityLog>();
   std::string zap_domain_;
   std::string endpoint_;
@@ -634,6 +659,32 @@ StatusOr<int> ClientSocket::PollAny(const std::vector<ClientSocket*>& sockets,
     if (items[i].revents & ZMQ_POLLIN) return static_cast<int>(i / 2);
   }
   return -1;
+}
+
+Status TuneAllocatorForMessages(const AllocatorTuning& tuning) {
+#if defined(__GLIBC__)
+  // glibc's ceiling for the mmap threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX).
+  constexpr int64_t kMaxMmapThreshold = int64_t{32} << 20;
+  if (tuning.mmap_threshold_bytes < 0 ||
+      tuning.mmap_threshold_bytes > kMaxMmapThreshold) {
+    return Status::InvalidArgument("mmap threshold must be in [0, 32 MiB]");
+  }
+  if (tuning.trim_threshold_bytes < 0 || tuning.trim_threshold_bytes > INT_MAX) {
+    return Status::InvalidArgument("trim threshold must be in [0, 2^31)");
+  }
+  if (mallopt(M_MMAP_THRESHOLD, static_cast<int>(tuning.mmap_threshold_bytes)) !=
+          1 ||
+      mallopt(M_TRIM_THRESHOLD, static_cast<int>(tuning.trim_threshold_bytes)) !=
+          1) {
+    // Valid values refused: another allocator stands in for glibc's
+    // (a sanitizer's, whose mallopt does nothing).
+    return Status::Unimplemented("the allocator in use ignores mallopt");
+  }
+  return Status::OK();
+#else
+  (void)tuning;
+  return Status::Unimplemented("no mallopt in this C library");
+#endif
 }
 
 Status GenerateCurveKeyPair(std::string* public_key, std::string* secret_key) {

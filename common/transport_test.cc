@@ -251,5 +251,68 @@ TEST(TransportTest, CurveAllowsListedClientsAndRefusesOthers) {
             StatusCode::kInvalidArgument);
 }
 
+// Messages already queued are taken without a poll() per message; what
+// arrives must be the same as with one: every message whole, in order, the
+// limits still checked, and an empty queue still waits for the timeout.
+TEST(TransportTest, QueuedBurstKeepsOrderFramesAndLimits) {
+  TransportOptions o;
+  o.max_message_bytes = 1000;
+  auto server = ServerSocket::Bind("tcp://127.0.0.1:0", o);
+  ASSERT_TRUE(server.ok());
+  auto client = ClientSocket::Connect((*server)->endpoint(), {});
+  ASSERT_TRUE(client.ok());
+  constexpr int kMessages = 700;  // more than one monitor period
+  constexpr int kOversize = 333;
+  std::vector<uint8_t> blob(2000, 9);
+  for (int i = 0; i < kMessages; ++i) {
+    uint32_t v = static_cast<uint32_t>(i);
+    std::vector<Frame> f{Frame::Copy(&v, sizeof(v)), Frame::Copy(&v, sizeof(v))};
+    if (i == kOversize) f[1] = Frame::Copy(blob.data(), blob.size());
+    ASSERT_TRUE((*client)->Send(f).ok());
+  }
+  std::string peer;
+  Message msg;
+  for (int i = 0; i < kMessages; ++i) {
+    auto got = (*server)->Receive(&peer, &msg, milliseconds(5000));
+    ASSERT_TRUE(got.ok() && *got) << i;
+    uint32_t v;
+    ASSERT_EQ(msg.frames[0].size, sizeof(v));
+    std::memcpy(&v, msg.frames[0].data, sizeof(v));
+    EXPECT_EQ(v, static_cast<uint32_t>(i));
+    if (i == kOversize) {
+      EXPECT_EQ(msg.error.code(), StatusCode::kResourceExhausted);
+      EXPECT_EQ(msg.frames.size(), 1u);
+    } else {
+      EXPECT_TRUE(msg.error.ok()) << i;
+      ASSERT_EQ(msg.frames.size(), 2u);
+      std::memcpy(&v, msg.frames[1].data, sizeof(v));
+      EXPECT_EQ(v, static_cast<uint32_t>(i));
+    }
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  auto got = (*server)->Receive(&peer, &msg, milliseconds(50));
+  ASSERT_TRUE(got.ok());
+  EXPECT_FALSE(*got);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, milliseconds(45));
+}
+
+TEST(TransportTest, AllocatorTuningRejectsBadThresholds) {
+  AllocatorTuning bad;
+  bad.mmap_threshold_bytes = -1;
+  EXPECT_EQ(TuneAllocatorForMessages(bad).code(),
+            StatusCode::kInvalidArgument);
+  bad = AllocatorTuning();
+  bad.mmap_threshold_bytes = (int64_t{32} << 20) + 1;
+  EXPECT_EQ(TuneAllocatorForMessages(bad).code(),
+            StatusCode::kInvalidArgument);
+  bad = AllocatorTuning();
+  bad.trim_threshold_bytes = int64_t{1} << 40;
+  EXPECT_EQ(TuneAllocatorForMessages(bad).code(),
+            StatusCode::kInvalidArgument);
+  Status s = TuneAllocatorForMessages();
+  if (s.code() == StatusCode::kUnimplemented) GTEST_SKIP() << s.ToString();
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
 }  // namespace
 }  // namespace asyncps

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 
+#include "compression/internal/avx2_kernels.h"
 #include "compression/internal/codecs.h"
 
 namespace asyncps::compression::internal {
@@ -277,6 +278,8 @@ class HalfCodec final : public RunDecoder<HalfCodec<kId>, CodecBase> {
 #endif
     if (kId == CodecId::kFp16) {
       Fp16Encode(x, n, o);
+    } else if (HaveAvx2()) {
+      Bf16EncodeAvx2(x, n, reinterpret_cast<uint16_t*>(body));
     } else {
       Bf16Encode(x, n, reinterpret_cast<uint16_t*>(body));
     }
@@ -423,15 +426,22 @@ class QsgdCodec final : public RunDecoder<QsgdCodec, BucketCodec> {
     const uint32_t key = SeedKey(seed);
     const float s = static_cast<float>(levels_);
     const int32_t smax = static_cast<int32_t>(levels_);
+    const bool avx2 = HaveAvx2();
     int8_t tile[kTile];
     for (uint64_t b = 0; b < nb; ++b) {
       const size_t lo = b * bucket_;
       const size_t len = std::min<size_t>(bucket_, n - lo);
       const float norm =
-          std::sqrt(LaneSum(x + lo, len, [](float v) { return v * v; }));
+          std::sqrt(avx2 ? LaneSumSquaresAvx2(x + lo, len)
+                         : LaneSum(x + lo, len, [](float v) { return v * v; }));
       if (!(norm <= std::numeric_limits<float>::max())) return NonFinite();
       StoreF32(body, b, norm);
       const float inv = norm > 0.0f ? s / norm : 0.0f;
+      if (avx2) {
+        QsgdLevelsAvx2(x + lo, len, static_cast<uint32_t>(lo), key, inv, smax,
+                       bits == 4, packed + (bits == 4 ? lo / 2 : lo));
+        continue;
+      }
       for (size_t t = 0; t < len; t += kTile) {
         const size_t tl = std::min(kTile, len - t);
         const size_t base = lo + t;
@@ -515,6 +525,7 @@ class TernGradCodec final : public RunDecoder<TernGradCodec, FixedBits<2>> {
                                   4 * nb + PackedBytes(n, 2), out));
     uint8_t* packed = body + 4 * nb;
     const uint32_t key = SeedKey(seed);
+    const bool avx2 = HaveAvx2();
     uint8_t tile[kTile];
     for (uint64_t b = 0; b < nb; ++b) {
       const size_t lo = b * bucket_;
@@ -524,6 +535,11 @@ class TernGradCodec final : public RunDecoder<TernGradCodec, FixedBits<2>> {
       const float m = BitsFloat(mb);
       StoreF32(body, b, m);
       const float inv = m > 0.0f ? 1.0f / m : 0.0f;
+      if (avx2) {
+        TernCodesAvx2(x + lo, len, static_cast<uint32_t>(lo), key, inv,
+                      packed + lo / 4);
+        continue;
+      }
       for (size_t t = 0; t < len; t += kTile) {
         const size_t tl = std::min(kTile, len - t);
         const size_t base = lo + t;
@@ -585,13 +601,19 @@ class SignCodec final : public RunDecoder<SignCodec, FixedBits<1>> {
                      BeginPayload(id(), x, n, bucket_, 0, seed,
                                   4 * nb + PackedBytes(n, 1), out));
     uint8_t* packed = body + 4 * nb;
+    const bool avx2 = HaveAvx2();
     for (uint64_t b = 0; b < nb; ++b) {
       const size_t lo = b * bucket_;
       const size_t len = std::min<size_t>(bucket_, n - lo);
       const float sum =
-          LaneSum(x + lo, len, [](float v) { return std::fabs(v); });
+          avx2 ? LaneSumAbsAvx2(x + lo, len)
+               : LaneSum(x + lo, len, [](float v) { return std::fabs(v); });
       if (!(sum <= std::numeric_limits<float>::max())) return NonFinite();
       StoreF32(body, b, sum / static_cast<float>(len));
+    }
+    if (avx2) {
+      SignBitsAvx2(x, n, packed);
+      return Status::OK();
     }
     const size_t full = n / 8;
     for (size_t j = 0; j < full; ++j) {

@@ -11,15 +11,18 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <thread>
 
 #include "common/file_util.h"
 #include "common/metrics_flags.h"
+#include "common/transport.h"
 #include "server/server.h"
 #include "server/shutdown_watchdog.h"
 
@@ -117,12 +120,26 @@ DEFINE_uint64(max_sparse_keys, uint64_t{1} << 18,
               "most keys of sparse tables one request may name on this shard");
 DEFINE_uint64(max_sparse_reply_bytes, uint64_t{256} << 20,
               "largest sparse-row part of one pull reply, bytes (fp32)");
+DEFINE_int32(apply_threads, 0,
+             "threads applying a large push or BSP round (the event loop's "
+             "included); 0: the cores this process may run on, at most 8. "
+             "The weights are bitwise the same for any number");
 
 namespace {
 
 using asyncps::Status;
 using asyncps::StatusOr;
 namespace srv = asyncps::server;
+
+// The cores this process may run on (its affinity mask), at most 8: more
+// threads than memory channels only contend for them.
+int DefaultApplyThreads() {
+  cpu_set_t set;
+  int n = 0;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) n = CPU_COUNT(&set);
+  if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
+  return std::max(1, std::min(n, 8));
+}
 
 [[noreturn]] void BadFlag(const std::string& message) {
   std::fprintf(stderr, "ps_server: %s\n", message.c_str());
@@ -247,6 +264,10 @@ srv::ServerOptions OptionsFromFlags() {
             " is not a loopback address: give --curve_secret_key (keys from "
             "ps_ctl keygen) or --insecure to serve it unencrypted");
   }
+  if (FLAGS_apply_threads < 0 || FLAGS_apply_threads > 256)
+    BadFlag("--apply_threads must be in [0, 256]");
+  s.apply_threads = FLAGS_apply_threads > 0 ? FLAGS_apply_threads
+                                            : DefaultApplyThreads();
   s.transport_only = FLAGS_transport_only;
   if (FLAGS_embedding_cache_bytes < (1u << 20))
     BadFlag("--embedding_cache_bytes must be >= 1 MiB");
@@ -278,6 +299,8 @@ int main(int argc, char** argv) {
       "ps_server: one shard of the asyncps parameter server");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   google::InitGoogleLogging(argv[0]);
+  // Received chunks are malloc'd by ZeroMQ: keep their memory mapped.
+  (void)asyncps::TuneAllocatorForMessages();
   FLAGS_logtostderr = true;
   if (argc > 1) BadFlag(std::string("unexpected argument '") + argv[1] + "'");
 
@@ -311,9 +334,10 @@ int main(int argc, char** argv) {
                           " CURVE admin keys")
             << ", max parked pulls "
             << s.max_parked_pulls << ", max in flight per client "
-            << s.max_inflight_per_client << ", embedding cache "
-            << s.sparse.cache_bytes << " B, max sparse keys "
-            << s.sparse.max_keys_per_request << ", CURVE "
+            << s.max_inflight_per_client << ", apply threads "
+            << s.apply_threads << ", embedding cache " << s.sparse.cache_bytes
+            << " B, max sparse keys " << s.sparse.max_keys_per_request
+            << ", CURVE "
             << (options.curve_secret_key.empty()
                     ? std::string("off")
                     : "on (" +

@@ -8,18 +8,83 @@ namespace {
 
 #define ASYNCPS_RESTRICT __restrict__
 
-// The SGD step is the hottest loop of the server: an AVX2 clone is picked
-// at load time where the CPU has it (baseline x86-64 builds use SSE2 only).
+// Every update loop gets an AVX2 clone picked at load time where the CPU has
+// it (baseline x86-64 builds use SSE2 only). The clones run the same IEEE
+// operations: -ffp-contract=off (ISO C++) keeps a * b + c two roundings, and
+// this file is built with -fno-math-errno so sqrt vectorises (sqrtps is
+// correctly rounded, like sqrtf).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(ASYNCPS_NO_IFUNC)
 #define ASYNCPS_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define ASYNCPS_CLONES
 #endif
 
+// The loops take pointers already offset to the range's first element.
+
 ASYNCPS_CLONES void SgdStep(float* ASYNCPS_RESTRICT w,
                             const float* ASYNCPS_RESTRICT g, size_t n,
                             float a) {
   for (size_t i = 0; i < n; ++i) w[i] -= a * g[i];
+}
+
+ASYNCPS_CLONES void SgdDecayStep(float* ASYNCPS_RESTRICT w,
+                                 const float* ASYNCPS_RESTRICT g, size_t n,
+                                 float a, float wd) {
+  for (size_t i = 0; i < n; ++i) w[i] -= a * (g[i] + wd * w[i]);
+}
+
+ASYNCPS_CLONES void MomentumStep(float* ASYNCPS_RESTRICT w,
+                                 float* ASYNCPS_RESTRICT v,
+                                 const float* ASYNCPS_RESTRICT g, size_t n,
+                                 float a, float mu, float wd) {
+  for (size_t i = 0; i < n; ++i) {
+    const float vi = mu * v[i] + (g[i] + wd * w[i]);
+    v[i] = vi;
+    w[i] -= a * vi;
+  }
+}
+
+ASYNCPS_CLONES void NesterovStep(float* ASYNCPS_RESTRICT w,
+                                 float* ASYNCPS_RESTRICT v,
+                                 const float* ASYNCPS_RESTRICT g, size_t n,
+                                 float a, float mu, float wd) {
+  for (size_t i = 0; i < n; ++i) {
+    const float gi = g[i] + wd * w[i];
+    const float vi = mu * v[i] + gi;
+    v[i] = vi;
+    w[i] -= a * (gi + mu * vi);
+  }
+}
+
+struct AdamCoefficients {
+  float b1, b2, ob1, ob2, c1, c2, eps, wd;
+};
+
+ASYNCPS_CLONES void AdamStep(float* ASYNCPS_RESTRICT w,
+                             float* ASYNCPS_RESTRICT m,
+                             float* ASYNCPS_RESTRICT v,
+                             const float* ASYNCPS_RESTRICT g, size_t n,
+                             const AdamCoefficients k) {
+  for (size_t i = 0; i < n; ++i) {
+    const float gi = g[i] + k.wd * w[i];
+    const float mi = k.b1 * m[i] + k.ob1 * gi;
+    const float vi = k.b2 * v[i] + k.ob2 * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    w[i] -= k.c1 * mi / (std::sqrt(vi * k.c2) + k.eps);
+  }
+}
+
+ASYNCPS_CLONES void AdaGradStep(float* ASYNCPS_RESTRICT w,
+                                float* ASYNCPS_RESTRICT h,
+                                const float* ASYNCPS_RESTRICT g, size_t n,
+                                float a, float wd, float eps) {
+  for (size_t i = 0; i < n; ++i) {
+    const float gi = g[i] + wd * w[i];
+    const float hi = h[i] + gi * gi;
+    h[i] = hi;
+    w[i] -= a * gi / (std::sqrt(hi) + eps);
+  }
 }
 
 class Sgd final : public Optimizer {
@@ -28,15 +93,15 @@ class Sgd final : public Optimizer {
   size_t state_per_elem() const override { return 0; }
   bool exact_sparse() const override { return options_.weight_decay == 0.0f; }
 
-  void Apply(float* ASYNCPS_RESTRICT w, float* /*state*/,
-             const float* ASYNCPS_RESTRICT g, size_t n, float lr_scale,
-             uint64_t /*step*/) const override {
+  void ApplyRange(float* w, float* /*state*/, const float* g, size_t /*n*/,
+                  size_t begin, size_t end, float lr_scale,
+                  uint64_t /*step*/) const override {
     const float a = options_.lr * lr_scale;
     const float wd = options_.weight_decay;
     if (wd == 0.0f) {
-      SgdStep(w, g, n, a);
+      SgdStep(w + begin, g + begin, end - begin, a);
     } else {
-      for (size_t i = 0; i < n; ++i) w[i] -= a * (g[i] + wd * w[i]);
+      SgdDecayStep(w + begin, g + begin, end - begin, a, wd);
     }
   }
 };
@@ -47,25 +112,16 @@ class Momentum final : public Optimizer {
   size_t state_per_elem() const override { return 1; }
 
   // v = mu v + g';  w -= lr v  (heavy ball)  or  w -= lr (g' + mu v) (Nesterov)
-  void Apply(float* ASYNCPS_RESTRICT w, float* ASYNCPS_RESTRICT v,
-             const float* ASYNCPS_RESTRICT g, size_t n, float lr_scale,
-             uint64_t /*step*/) const override {
+  void ApplyRange(float* w, float* v, const float* g, size_t /*n*/,
+                  size_t begin, size_t end, float lr_scale,
+                  uint64_t /*step*/) const override {
     const float a = options_.lr * lr_scale;
     const float mu = options_.momentum;
     const float wd = options_.weight_decay;
     if (options_.nesterov) {
-      for (size_t i = 0; i < n; ++i) {
-        const float gi = g[i] + wd * w[i];
-        const float vi = mu * v[i] + gi;
-        v[i] = vi;
-        w[i] -= a * (gi + mu * vi);
-      }
+      NesterovStep(w + begin, v + begin, g + begin, end - begin, a, mu, wd);
     } else {
-      for (size_t i = 0; i < n; ++i) {
-        const float vi = mu * v[i] + (g[i] + wd * w[i]);
-        v[i] = vi;
-        w[i] -= a * vi;
-      }
+      MomentumStep(w + begin, v + begin, g + begin, end - begin, a, mu, wd);
     }
   }
 };
@@ -76,26 +132,22 @@ class Adam final : public Optimizer {
   size_t state_per_elem() const override { return 2; }
 
   // state = [m(0..n), v(0..n)].
-  void Apply(float* ASYNCPS_RESTRICT w, float* ASYNCPS_RESTRICT state,
-             const float* ASYNCPS_RESTRICT g, size_t n, float lr_scale,
-             uint64_t step) const override {
-    float* ASYNCPS_RESTRICT m = state;
-    float* ASYNCPS_RESTRICT v = state + n;
-    const float b1 = options_.beta1, b2 = options_.beta2, eps = options_.eps;
-    const float wd = options_.weight_decay;
+  void ApplyRange(float* w, float* state, const float* g, size_t n,
+                  size_t begin, size_t end, float lr_scale,
+                  uint64_t step) const override {
+    AdamCoefficients k;
+    k.b1 = options_.beta1;
+    k.b2 = options_.beta2;
+    k.eps = options_.eps;
+    k.wd = options_.weight_decay;
     const double t = static_cast<double>(step == 0 ? 1 : step);
-    const float c1 = static_cast<float>(options_.lr * lr_scale /
-                                        (1.0 - std::pow(double{b1}, t)));
-    const float c2 = static_cast<float>(1.0 / (1.0 - std::pow(double{b2}, t)));
-    const float ob1 = 1.0f - b1, ob2 = 1.0f - b2;
-    for (size_t i = 0; i < n; ++i) {
-      const float gi = g[i] + wd * w[i];
-      const float mi = b1 * m[i] + ob1 * gi;
-      const float vi = b2 * v[i] + ob2 * gi * gi;
-      m[i] = mi;
-      v[i] = vi;
-      w[i] -= c1 * mi / (std::sqrt(vi * c2) + eps);
-    }
+    k.c1 = static_cast<float>(options_.lr * lr_scale /
+                              (1.0 - std::pow(double{k.b1}, t)));
+    k.c2 = static_cast<float>(1.0 / (1.0 - std::pow(double{k.b2}, t)));
+    k.ob1 = 1.0f - k.b1;
+    k.ob2 = 1.0f - k.b2;
+    AdamStep(w + begin, state + begin, state + n + begin, g + begin,
+             end - begin, k);
   }
 };
 
@@ -104,17 +156,11 @@ class AdaGrad final : public Optimizer {
   explicit AdaGrad(const OptimizerOptions& o) : Optimizer(o) {}
   size_t state_per_elem() const override { return 1; }
 
-  void Apply(float* ASYNCPS_RESTRICT w, float* ASYNCPS_RESTRICT h,
-             const float* ASYNCPS_RESTRICT g, size_t n, float lr_scale,
-             uint64_t /*step*/) const override {
-    const float a = options_.lr * lr_scale;
-    const float wd = options_.weight_decay, eps = options_.eps;
-    for (size_t i = 0; i < n; ++i) {
-      const float gi = g[i] + wd * w[i];
-      const float hi = h[i] + gi * gi;
-      h[i] = hi;
-      w[i] -= a * gi / (std::sqrt(hi) + eps);
-    }
+  void ApplyRange(float* w, float* h, const float* g, size_t /*n*/,
+                  size_t begin, size_t end, float lr_scale,
+                  uint64_t /*step*/) const override {
+    AdaGradStep(w + begin, h + begin, g + begin, end - begin,
+                options_.lr * lr_scale, options_.weight_decay, options_.eps);
   }
 };
 

@@ -6,8 +6,16 @@
 // chunk of a shard. state_per_elem() tells how many floats of state a chunk
 // of n elements needs (n * state_per_elem()).
 //
-// Hot path: Apply() is a branch-free loop over restrict pointers that the
-// compiler vectorises; it allocates nothing.
+// Hot path: every rule is one branch-free loop over restrict pointers,
+// compiled twice (baseline x86-64 and AVX2, picked at load time from the
+// CPU); both use the same IEEE single-precision operations in the same order
+// (no fused multiply-add, correctly rounded sqrt and division), so the
+// result is bitwise the same on any CPU. It allocates nothing.
+//
+// Every rule is element-wise: ApplyRange() updates elements [begin, end) of
+// a chunk exactly as Apply() would, so disjoint ranges of one chunk may be
+// updated by different threads and the result is bitwise independent of
+// how the chunk was split.
 //
 // Sparse gradients (top-k / random-k payloads): ApplySparse() is exact only
 // when exact_sparse() is true (plain SGD without weight decay: a scatter of
@@ -16,8 +24,8 @@
 // sparse payload into its per-chunk preallocated scratch buffer and calls
 // Apply() instead.
 //
-// Thread safety: all methods are const; distinct chunks may be updated from
-// different threads concurrently.
+// Thread safety: all methods are const; distinct chunks, and disjoint
+// ranges of one chunk, may be updated from different threads concurrently.
 #pragma once
 
 #include <cstddef>
@@ -85,8 +93,18 @@ class Optimizer {
   // `step` is the 1-based count of updates this chunk has received,
   // including this one (Adam's bias correction). The effective learning
   // rate is lr * lr_scale. Buffers must not overlap.
-  virtual void Apply(float* w, float* state, const float* g, size_t n,
-                     float lr_scale, uint64_t step) const = 0;
+  void Apply(float* w, float* state, const float* g, size_t n, float lr_scale,
+             uint64_t step) const {
+    ApplyRange(w, state, g, n, 0, n, lr_scale, step);
+  }
+
+  // The part of Apply() that updates elements [begin, end) of a chunk of n
+  // elements (w, g and state as for Apply(); state keeps its layout for n,
+  // e.g. Adam's second moment starts at state + n). REQUIRES: begin <= end
+  // <= n.
+  virtual void ApplyRange(float* w, float* state, const float* g, size_t n,
+                          size_t begin, size_t end, float lr_scale,
+                          uint64_t step) const = 0;
 
   // True when ApplySparse() equals Apply() on the densified gradient.
   virtual bool exact_sparse() const { return false; }

@@ -11,6 +11,7 @@
 
 #include "server/internal/push_dedup.h"
 #include "server/internal/shard_types.h"
+#include "server/internal/task_pool.h"
 
 namespace asyncps::server {
 
@@ -66,6 +67,8 @@ Status ShardOptions::Validate() const {
     return Status::InvalidArgument("max_frame_bytes must be >= 1024");
   if (max_clock_jump < 1 || max_clock_jump > kMaxClock)
     return Status::InvalidArgument("max_clock_jump must be in [1, 2^62]");
+  if (apply_threads < 1 || apply_threads > 256)
+    return Status::InvalidArgument("apply_threads must be in [1, 256]");
   return optimizer.Validate();
 }
 
@@ -100,6 +103,10 @@ StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardOptions& options,
   ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> opt,
                    Optimizer::Create(options.optimizer));
   std::unique_ptr<Shard> shard(new Shard(options, store, std::move(opt), now));
+  if (options.apply_threads > 1) {
+    shard->apply_pool_ =
+        std::make_unique<internal::TaskPool>(options.apply_threads);
+  }
   // Per-worker tables sized by the options, not by peers: charged once.
   const uint64_t fixed =
       shard->dedup_->MaxBytes() +

@@ -73,6 +73,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -94,6 +95,7 @@
 namespace asyncps::server {
 namespace internal {
 class PushDedup;
+class TaskPool;
 }  // namespace internal
 
 // Largest clock a worker may report (clocks are in [0, kMaxClock], so no
@@ -174,6 +176,15 @@ struct ShardOptions {
   // Sparse tables: cache budget and request limits (shard_id and num_shards
   // are this struct's). Default: SparseOptions defaults.
   sparse::SparseOptions sparse;
+  // Threads that apply a large push (and a BSP round), the event loop's own
+  // thread included, in [1, 256]. The update is element-wise, so the weights
+  // are bitwise the same for any number. ps_server's default is the number
+  // of cores it may run on, at most 8. Default: 1.
+  int apply_threads = 1;
+  // A push (or BSP round) with fewer gradient elements than this, in all, is
+  // applied on the event loop's thread alone: waking the others costs more
+  // than they save. Default: 1 Mi elements (4 MiB of fp32 gradient).
+  uint64_t parallel_apply_min_elems = uint64_t{1} << 20;
 
   Status Validate() const;
 };
@@ -269,6 +280,7 @@ class Shard {
   struct PendingGrad;
   struct ParkedPull;
   struct PullReplica;
+  struct WorkPiece;
   // Reply bytes handed to the transport and not yet released by it.
   using UnsentBytes = std::atomic<uint64_t>;
 
@@ -328,13 +340,26 @@ class Shard {
   // shard_push.cc: validation and apply.
   Status HandlePush(const RequestHeader& req, const std::vector<ByteView>& data,
                     ReplyHeader* reply);
+  // Checks a push whole: ValidatePushFrames, then every dense gradient for
+  // NaN/Inf. Fills pending_.
   Status ValidatePush(const RequestHeader& req,
                       const std::vector<ByteView>& data);
+  // Frames, chunk refs, sizes, codec payloads (decoded), then the sparse
+  // rows (ValidateSparsePush); fills pending_ with the chunks that passed,
+  // up to the first that failed.
+  Status ValidatePushFrames(const RequestHeader& req,
+                            const std::vector<ByteView>& data);
   // Marks the push done in the de-duplication table (memory only).
   void RecordPush(const RequestHeader& req);
   // RecordPush and, in durable mode, writes it.
   Status FinishPush(const RequestHeader& req);
   void ApplyPending(int rank, float lr_scale);
+  // Parallel work over pieces of chunks: BeginWork() empties work_,
+  // AddWork() cuts a chunk (and its gradient g) into pieces, RunWork() calls
+  // fn on every piece, on the apply threads when there is enough of it.
+  void BeginWork();
+  void AddWork(Chunk* c, const float* g);
+  void RunWork(const std::function<void(WorkPiece&)>& fn);
   // The schedule's multiplier of lr at the current shard version.
   float ScheduleScale() const;
   // Applies the averaged round and moves bsp_round_ to `next`.
@@ -384,7 +409,7 @@ class Shard {
   std::optional<Layout> layout_;
   std::vector<std::unique_ptr<Chunk>> chunks_;  // this shard's chunks, id order
   std::vector<int32_t>
-      local_index_;  // chunk id -> index in chunks_, -1 if not ours
+      local_index_;           // chunk id -> index in chunks_, -1 if not ours
   uint64_t shard_bytes_ = 0;  // fp32 bytes of chunks_
   uint64_t shard_version_ = 0;
   int64_t bsp_round_ = 0;
@@ -423,6 +448,9 @@ class Shard {
   std::vector<uint64_t> frame_stamp_;
   uint64_t stamp_ = 0;
   std::vector<Chunk*> touched_;
+  std::unique_ptr<internal::TaskPool> apply_pool_;  // apply_threads > 1
+  std::vector<WorkPiece> work_;
+  uint64_t work_elems_ = 0;
   std::vector<uint32_t> sparse_idx_;
   std::vector<float> sparse_val_;
   std::vector<StoreEntry> entries_;

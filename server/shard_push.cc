@@ -15,6 +15,7 @@
 #include "server/internal/all_finite.h"
 #include "server/internal/push_dedup.h"
 #include "server/internal/shard_types.h"
+#include "server/internal/task_pool.h"
 #include "server/shard.h"
 #if ASYNCPS_SERVER_HAVE_COMPRESSION
 #include "compression/codec.h"
@@ -23,13 +24,23 @@
 namespace asyncps::server {
 namespace {
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(ASYNCPS_NO_IFUNC)
+__attribute__((target_clones("avx2", "default")))
+#endif
 void AddInto(float* __restrict__ dst, const float* __restrict__ src, size_t n) {
   for (size_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(ASYNCPS_NO_IFUNC)
+__attribute__((target_clones("avx2", "default")))
+#endif
 void DivideBy(float* __restrict__ x, float k, size_t n) {
   for (size_t i = 0; i < n; ++i) x[i] = x[i] / k;
 }
+
+// Elements per piece of the parallel apply: large enough that handing one
+// out costs nothing next to its update, small enough to balance threads.
+constexpr size_t kPieceElems = size_t{1} << 16;
 
 std::string ChunkName(uint32_t id) { return "chunk " + std::to_string(id); }
 
@@ -79,10 +90,12 @@ Status Shard::HandlePush(const RequestHeader& req,
     // second push of one rank for this round: acknowledged, not counted.
     // The worker reads the round in its next pull reply and catches up.
     ++counters_.skipped_pushes;
-    LOG_EVERY_N(INFO, 100)
-        << "BSP: push of rank " << rank << " for clock " << req.clock
-        << " not counted (round " << bsp_round_ << ", "
-        << (req.clock < bsp_round_ ? "behind" : "already pushed") << ")";
+    LOG_EVERY_N(INFO, 100) << "BSP: push of rank " << rank << " for clock "
+                           << req.clock << " not counted (round " << bsp_round_
+                           << ", "
+                           << (req.clock < bsp_round_ ? "behind"
+                                                      : "already pushed")
+                           << ")";
     return FinishPush(req);
   }
 
@@ -106,12 +119,16 @@ Status Shard::HandlePush(const RequestHeader& req,
   if (bsp) {
     // A clock past the round (the shard restarted from an older state)
     // counts for the round the shard is in.
+    BeginWork();
     for (const PendingGrad& p : pending_) {
       Chunk& c = *p.chunk;
-      AddInto(c.acc.data(), p.dense, c.n);
+      AddWork(&c, p.dense);
       ++c.contributors;
       touched_.push_back(&c);
     }
+    RunWork([](WorkPiece& w) {
+      AddInto(w.chunk->acc.data() + w.begin, w.g + w.begin, w.end - w.begin);
+    });
     bsp_pushed_round_[rank] = bsp_round_;
   }
   const float lr_scale =
@@ -162,8 +179,8 @@ Status Shard::FinishPush(const RequestHeader& req) {
                           s.ToString()));
 }
 
-Status Shard::ValidatePush(const RequestHeader& req,
-                           const std::vector<ByteView>& data) {
+Status Shard::ValidatePushFrames(const RequestHeader& req,
+                                 const std::vector<ByteView>& data) {
   pending_.clear();
   ++stamp_;
   if (data.size() != req.chunks.size() + 2 * req.rows.size()) {
@@ -287,20 +304,70 @@ Status Shard::ValidatePush(const RequestHeader& req,
                                           " needs the compression library"));
 #endif
     }
-    // transport_only applies nothing, so there are no weights to protect:
-    // skipping the scan leaves the transport alone in the measurement.
-    if (p.dense != nullptr && !options_.transport_only &&
-        !internal::AllFinite(p.dense, c.n)) {
-      return Reject(RejectReason::kNonFinite,
-                    Status::InvalidArgument(ChunkName(ref.chunk) +
-                                            ": gradient contains NaN or Inf"));
-    }
     pending_.push_back(p);
   }
   return ValidateSparsePush(req, data);
 }
 
+Status Shard::ValidatePush(const RequestHeader& req,
+                           const std::vector<ByteView>& data) {
+  Status s = ValidatePushFrames(req, data);
+  // transport_only applies nothing, so there are no weights to protect:
+  // skipping the scan leaves the transport alone in the measurement.
+  if (options_.transport_only) return s;
+  // The dense gradients that passed (all of them, or those before the
+  // chunk that failed) are scanned for NaN/Inf, in pieces on the apply
+  // threads; the first bad chunk in request order is the answer, as if the
+  // chunks had been checked one by one.
+  BeginWork();
+  for (const PendingGrad& p : pending_) {
+    if (p.dense != nullptr) AddWork(p.chunk, p.dense);
+  }
+  RunWork(
+      [](WorkPiece& w) {
+        w.bad = !internal::AllFinite(w.g + w.begin, w.end - w.begin);
+      });
+  for (const WorkPiece& w : work_) {
+    if (w.bad) {
+      return Reject(RejectReason::kNonFinite,
+                    Status::InvalidArgument(ChunkName(w.chunk->id) +
+                                            ": gradient contains NaN or Inf"));
+    }
+  }
+  return s;
+}
+
+void Shard::BeginWork() {
+  work_.clear();
+  work_elems_ = 0;
+}
+
+void Shard::AddWork(Chunk* c, const float* g) {
+  for (size_t b = 0; b < c->n; b += kPieceElems) {
+    WorkPiece w;
+    w.chunk = c;
+    w.g = g;
+    w.begin = b;
+    w.end = std::min<size_t>(c->n, b + kPieceElems);
+    work_.push_back(w);
+  }
+  work_elems_ += c->n;
+}
+
+void Shard::RunWork(const std::function<void(WorkPiece&)>& fn) {
+  if (apply_pool_ && work_elems_ >= options_.parallel_apply_min_elems) {
+    apply_pool_->Run(work_.size(), [&](size_t i) { fn(work_[i]); });
+  } else {
+    for (WorkPiece& w : work_) fn(w);
+  }
+}
+
 void Shard::ApplyPending(int rank, float lr_scale) {
+  // Phase 2: everything was validated, so nothing below can fail. Sparse
+  // payloads are scattered here; dense gradients are cut into pieces that
+  // the apply threads update in any order (element-wise rules: the result
+  // does not depend on who updated which piece).
+  BeginWork();
   for (const PendingGrad& p : pending_) {
     Chunk& c = *p.chunk;
     ++c.step;
@@ -319,12 +386,17 @@ void Shard::ApplyPending(int rank, float lr_scale) {
                               sparse_val_.data(), sparse_idx_.size(), lr_scale);
 #endif
     } else {
-      optimizer_->Apply(c.w.data(), c.state.data(), p.dense, c.n, lr_scale,
-                        c.step);
+      AddWork(&c, p.dense);
     }
     ++c.version;
     touched_.push_back(&c);
   }
+  const Optimizer& opt = *optimizer_;
+  RunWork([&opt, lr_scale](WorkPiece& w) {
+    Chunk& c = *w.chunk;
+    opt.ApplyRange(c.w.data(), c.state.data(), w.g, c.n, w.begin, w.end,
+                   lr_scale, c.step);
+  });
 }
 
 float Shard::ScheduleScale() const {
@@ -341,20 +413,33 @@ Status Shard::ApplyBspRound(int64_t next) {
   const int64_t applied_round = bsp_round_;
   bsp_round_ = next;
   touched_.clear();
+  BeginWork();
   for (auto& cp : chunks_) {
     Chunk& c = *cp;
     if (c.contributors == 0) continue;
-    // Average of this round's gradients, then one optimizer step.
-    DivideBy(c.acc.data(), static_cast<float>(c.contributors), c.n);
     ++c.step;
-    if (!options_.transport_only) {
-      optimizer_->Apply(c.w.data(), c.state.data(), c.acc.data(), c.n,
-                        ScheduleScale(), c.step);
-    }
-    std::fill(c.acc.begin(), c.acc.end(), 0.0f);
-    c.contributors = 0;
-    ++c.version;
+    AddWork(&c, c.acc.data());
     touched_.push_back(&c);
+  }
+  // Average of this round's gradients, then one optimizer step, then the
+  // accumulator is cleared for the next round; piece by piece.
+  const Optimizer& opt = *optimizer_;
+  const float lr_scale = ScheduleScale();
+  const bool apply = !options_.transport_only;
+  RunWork([&opt, lr_scale, apply](WorkPiece& w) {
+    Chunk& c = *w.chunk;
+    float* acc = c.acc.data();
+    DivideBy(acc + w.begin, static_cast<float>(c.contributors),
+             w.end - w.begin);
+    if (apply) {
+      opt.ApplyRange(c.w.data(), c.state.data(), acc, c.n, w.begin, w.end,
+                     lr_scale, c.step);
+    }
+    std::fill(acc + w.begin, acc + w.end, 0.0f);
+  });
+  for (Chunk* c : touched_) {
+    c->contributors = 0;
+    ++c->version;
   }
   const bool rows = sparse_ && sparse_->HasRoundSums();
   if (touched_.empty() && !rows) return Status::OK();

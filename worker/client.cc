@@ -530,6 +530,14 @@ class ClientImpl : public Client {
       }
       wake = std::min(wake, p.next_send);
     }
+    // While replies keep arriving they are taken straight from the queues:
+    // no poll() system call per reply. Connection events are still read
+    // every kConnectCheckEvery such rounds.
+    if (burst_ && ++burst_rounds_ % kConnectCheckEvery != 0) {
+      ASSIGN_OR_RETURN(size_t got, DrainReplies());
+      if (got > 0) return Status::OK();
+    }
+    burst_ = false;
     auto wait = std::chrono::duration_cast<milliseconds>(wake - now);
     if (wait.count() < 0) wait = milliseconds(0);
     ASSIGN_OR_RETURN(
@@ -541,14 +549,25 @@ class ClientImpl : public Client {
         Reannounce(static_cast<int>(s));
         ResendAll(static_cast<int>(s));
       }
+    }
+    ASSIGN_OR_RETURN(size_t got, DrainReplies());
+    burst_ = got > 0;
+    return Status::OK();
+  }
+
+  // Handles every reply queued on any socket; returns how many.
+  StatusOr<size_t> DrainReplies() {
+    size_t n = 0;
+    for (size_t s = 0; s < sockets_.size(); ++s) {
       while (true) {
         ASSIGN_OR_RETURN(bool got,
                          sockets_[s]->Receive(&msg_, milliseconds(0)));
         if (!got) break;
         HandleReply(static_cast<int>(s));
+        ++n;
       }
     }
-    return Status::OK();
+    return n;
   }
 
   // The shard is reachable again after a lost connection (it restarted):
@@ -784,6 +803,10 @@ class ClientImpl : public Client {
   std::vector<std::string>* stats_sink_ = nullptr;
   std::vector<TableSpec> tables_;
   std::vector<float> rows_scratch_;
+  // Pump() rounds between two reads of the connection events in a burst.
+  static constexpr uint64_t kConnectCheckEvery = 64;
+  bool burst_ = false;        // the last Pump() received replies
+  uint64_t burst_rounds_ = 0;
   Message msg_;        // reused receive buffer
   ReplyHeader reply_;  // reused decoded header
 };

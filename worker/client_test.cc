@@ -118,6 +118,10 @@ TEST(ClientTest, RegisterPushPullAcrossTwoShards) {
   ClientOptions o;
   o.servers = {s0.endpoint(), s1.endpoint()};
   o.rank = 0;
+  // The fake shards count every copy of a push and do not de-duplicate: no
+  // resend here, however slow the machine (a sanitizer build under load took
+  // over the default 2 s for one reply). Resends are tested below.
+  o.attempt_timeout = std::chrono::seconds(60);
   auto client = Client::Create(o);
   ASSERT_TRUE(client.ok());
   ASSERT_TRUE((*client)->Register(Model(), lo).ok());
@@ -407,6 +411,13 @@ TEST(PsStoreTest, DeviceCompressionFallsBackToHostPushes) {
   EXPECT_EQ(compressed, big);
   EXPECT_GE(big, 1);
   EXPECT_LT(t.bytes_pushed_wire, 5000u * 2);
+  // The step-time counters of STEP_TIME: the int8 chunks were encoded, the
+  // small ones copied raw, both inside the push's own time.
+  EXPECT_GT(t.encode_ns, 0);
+  EXPECT_GT(t.push_copy_ns, 0);
+  EXPECT_GE(t.push_ns, t.encode_ns + t.push_copy_ns);
+  EXPECT_EQ(t.pull_wait_ns, 0);
+  EXPECT_EQ(t.pull_copy_ns, 0);
 }
 
 }  // namespace

@@ -102,6 +102,37 @@ namespace {
 using namespace asyncps;
 using namespace asyncps::worker;
 
+// Where a training step's time went, mean ms per step (parsed by
+// experiments/bench/bench_worker.py):
+//   STEP_TIME rank=<r> steps=<n> step_ms=<wall per step, evaluation left
+//   out> compute_ms=<forward+backward> pull_wait_ms=<blocked for weights>
+//   pull_copy_ms=<copying them in> encode_ms=<compressing gradients>
+//   push_copy_ms=<copying uncompressed ones> send_ms=<rest of Push: framing,
+//   hand-off to the client> clock_ms=<Clock()> other_ms=<the rest: batches,
+//   SetParameters, --slowdown sleeps, logging>
+void PrintStepTime(const asyncps::worker::TrainResult& r) {
+  if (r.steps <= 0) return;
+  const asyncps::worker::TrafficStats& t = r.traffic;
+  const double n = static_cast<double>(r.steps);
+  const double step = 1e3 * (r.wall_s - r.eval_s) / n;
+  const double compute = 1e3 * r.compute_s / n;
+  const double wait = (t.pull_wait_ns - t.pull_copy_ns) / 1e6 / n;
+  const double pull_copy = t.pull_copy_ns / 1e6 / n;
+  const double encode = t.encode_ns / 1e6 / n;
+  const double push_copy = t.push_copy_ns / 1e6 / n;
+  const double send = (t.push_ns - t.encode_ns - t.push_copy_ns) / 1e6 / n;
+  const double clock = t.clock_ns / 1e6 / n;
+  const double other =
+      step - compute - wait - pull_copy - encode - push_copy - send - clock;
+  std::printf(
+      "STEP_TIME rank=%d steps=%lld step_ms=%.4f compute_ms=%.4f "
+      "pull_wait_ms=%.4f pull_copy_ms=%.4f encode_ms=%.4f push_copy_ms=%.4f "
+      "send_ms=%.4f clock_ms=%.4f other_ms=%.4f\n",
+      FLAGS_rank, static_cast<long long>(r.steps), step, compute, wait,
+      pull_copy, encode, push_copy, send, clock, other);
+  std::fflush(stdout);
+}
+
 Status Main() {
   std::vector<std::string> servers = ParseEndpoints(FLAGS_servers);
   if (servers.empty())
@@ -319,6 +350,7 @@ Status Main() {
   // as it is for launch/psrun.
   LOG(INFO) << "codec: encode_ms_total=" << r.traffic.encode_ns / 1e6
             << " steps=" << r.steps;
+  PrintStepTime(r);
   if (metrics_server && FLAGS_metrics_linger_s > 0) {
     std::fflush(stdout);
     std::this_thread::sleep_for(
@@ -334,6 +366,8 @@ int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
+  // Pulled chunks are malloc'd by ZeroMQ: keep their memory mapped.
+  (void)asyncps::TuneAllocatorForMessages();
   Status s = Main();
   if (!s.ok()) {
     LOG(ERROR) << "ps_worker failed: " << s.ToString();

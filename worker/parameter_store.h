@@ -29,6 +29,13 @@ struct TrafficStats {
   uint64_t bytes_pulled = 0;       // weight bytes received
   int64_t pull_wait_ns = 0;        // time spent blocked in Pull
   int64_t encode_ns = 0;           // time spent compressing gradients
+  // Where a step's time goes besides compute (a store that does not know
+  // leaves them 0). pull_wait_ns includes pull_copy_ns; push_ns includes
+  // encode_ns and push_copy_ns.
+  int64_t pull_copy_ns = 0;  // copying pulled weights into the tensors
+  int64_t push_ns = 0;       // in Push/PushDevice: encode, copy, hand-off
+  int64_t push_copy_ns = 0;  // copying uncompressed gradients to send
+  int64_t clock_ns = 0;      // in Clock (with its prefetch start or wait)
   // Staleness of the latest applied push; -1 when unknown.
   int64_t last_staleness = -1;
 };

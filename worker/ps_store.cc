@@ -13,6 +13,12 @@ namespace asyncps::worker {
 using std::chrono::milliseconds;
 using SteadyClock = std::chrono::steady_clock;
 
+namespace {
+int64_t Nanos(SteadyClock::time_point a, SteadyClock::time_point b) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count();
+}
+}  // namespace
+
 StatusOr<std::unique_ptr<PsParameterStore>> PsParameterStore::Create(
     Client* client, const std::vector<TensorSpec>& specs,
     const PsStoreOptions& options) {
@@ -125,10 +131,12 @@ Status PsParameterStore::Pull(int64_t clock,
   }
   acks_.resize(kept);
   RETURN_IF_ERROR(s);
+  const auto copy_start = SteadyClock::now();
   for (size_t i = 0; i < tensors.size(); ++i) {
     std::memcpy(tensors[i], pulled_[i].data(),
                 pulled_[i].size() * sizeof(float));
   }
+  const auto copy_end = SteadyClock::now();
   if (options_.prefetch_ahead) {
     // pulled_ is free again: fetch the next step's weights during compute.
     ASSIGN_OR_RETURN(Client::Ticket next,
@@ -139,9 +147,8 @@ Status PsParameterStore::Pull(int64_t clock,
   }
   std::lock_guard<std::mutex> l(mu_);
   traffic_.bytes_pulled += r.bytes_received;
-  traffic_.pull_wait_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                               SteadyClock::now() - start)
-                               .count();
+  traffic_.pull_wait_ns += Nanos(start, SteadyClock::now());
+  traffic_.pull_copy_ns += Nanos(copy_start, copy_end);
   if (staleness >= 0) traffic_.last_staleness = staleness;
   return Status::OK();
 }
@@ -165,6 +172,8 @@ Status PsParameterStore::PushChunks(int64_t clock,
                                     bool on_device) {
   if (grads.size() != specs_.size())
     return Status::InvalidArgument("push: wrong number of tensors");
+  const auto start = SteadyClock::now();
+  int64_t copy_ns = 0;
   const Layout& layout = client_->layout();
   std::vector<ChunkPayload> payloads;
   payloads.reserve(layout.chunks().size());
@@ -185,7 +194,9 @@ Status PsParameterStore::PushChunks(int64_t clock,
         RETURN_IF_ERROR(device_compressor_->CopyToHost(
             g, c.num_elems, reinterpret_cast<float*>(b->data())));
       } else {
+        const auto c0 = SteadyClock::now();
         std::memcpy(b->data(), g, bytes);
+        copy_ns += Nanos(c0, SteadyClock::now());
       }
       p.codec = 0;
       p.data = Frame::Ref(b);
@@ -218,10 +229,20 @@ Status PsParameterStore::PushChunks(int64_t clock,
   uint64_t encode_ns = compressor_ ? compressor_->stats().encode_ns : 0;
   if (device_compressor_) encode_ns += device_compressor_->stats().encode_ns;
   traffic_.encode_ns = static_cast<int64_t>(encode_ns);
+  traffic_.push_copy_ns += copy_ns;
+  traffic_.push_ns += Nanos(start, SteadyClock::now());
   return Status::OK();
 }
 
 Status PsParameterStore::Clock(int64_t new_clock) {
+  const auto start = SteadyClock::now();
+  Status s = StartClockAndPrefetch(new_clock);
+  std::lock_guard<std::mutex> l(mu_);
+  traffic_.clock_ns += Nanos(start, SteadyClock::now());
+  return s;
+}
+
+Status PsParameterStore::StartClockAndPrefetch(int64_t new_clock) {
   ASSIGN_OR_RETURN(Client::Ticket t,
                    client_->StartClock(WireClock(new_clock)));
   acks_.push_back({t, new_clock - 1});

@@ -107,6 +107,8 @@ class PsParameterStore : public ParameterStore {
   // Push and PushDevice: grads are device pointers when on_device.
   Status PushChunks(int64_t clock, const std::vector<const float*>& grads,
                     bool on_device);
+  // Clock() without its timing.
+  Status StartClockAndPrefetch(int64_t new_clock);
   // The clock sent to the shards for trainer step `clock`.
   int64_t WireClock(int64_t clock) const { return clock + clock_offset_; }
 

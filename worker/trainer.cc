@@ -205,6 +205,7 @@ StatusOr<TrainResult> Trainer::Run() {
     }
     RETURN_IF_ERROR(store_->Clock(step + 1));
     samples += batch->size;
+    result.compute_s += compute_s;
     interval_loss += loss;
     interval_compute_s += compute_s;
     ++interval_steps;

@@ -91,6 +91,7 @@ struct TrainResult {
   double wall_s = 0;            // whole Run()
   double eval_s = 0;            // of which evaluating
   double samples_per_s = 0;     // samples / (wall_s - eval_s)
+  double compute_s = 0;         // in ForwardBackward (no --slowdown sleep)
   double final_train_loss = 0;  // mean loss over the last logging interval
   double final_test_acc = -1;   // -1 when not evaluated
   double final_test_loss = -1;

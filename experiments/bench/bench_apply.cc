@@ -3,71 +3,78 @@
 //
 // One JSON object per line:
 //   {"bench":"apply","level":"optimizer"|"shard_push","optimizer":..,
-//    "elems":..,"grad_bytes":..,"gbps":..,"memcpy_gbps":..,"ratio":..}
-// gbps = gradient bytes applied per second / 1e9; ratio = gbps / memcpy_gbps.
-// "optimizer" times Optimizer::Apply alone; "shard_push" times a whole raw
-// fp32 push through Shard::Handle (validation, NaN/Inf scan, apply,
-// bookkeeping), i.e. the server's hot path without the socket.
+//    "elems":..,"grad_bytes":..,"apply_threads":..,"gbps":..,
+//    "memcpy_gbps":..,"ratio":..,"gbps_spread":{..},"ratio_spread":{..}}
+// gbps = gradient bytes applied per second / 1e9 (median of --repeats, each
+// repeat timed right after its memcpy baseline); ratio = the median of the
+// per-repeat gbps / memcpy_gbps. "optimizer" times Optimizer::Apply alone;
+// "shard_push" times a whole raw fp32 push through Shard::Handle
+// (validation, NaN/Inf scan, apply, bookkeeping), i.e. the server's hot path
+// without the socket, on --apply_threads threads (1 unless given).
+// "shard_push_threads" pushes --threads_mb MiB (the default layout: 4 MiB
+// chunks) with --threads_optimizer through shards with 1 and with N apply
+// threads, N in --apply_threads_list: baseline = 1 thread, ratio = speedup.
+//
+// Quiet run: ps_bench_apply --repeats=9 --min_seconds=0.5
 #include <gflags/gflags.h>
+#include <glog/logging.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "common/buffer.h"
+#include "experiments/bench/bench_util.h"
 #include "server/optimizer.h"
 #include "server/shard.h"
 
 DEFINE_string(sizes, "262144,4194304",
               "comma-separated gradient sizes in floats");
-DEFINE_double(min_seconds, 0.3, "minimum measuring time per configuration");
+DEFINE_double(min_seconds, 0.1, "measuring time per configuration and repeat");
+DEFINE_int32(repeats, 5, "repeats of every measurement (median reported)");
+DEFINE_int32(apply_threads, 1, "apply threads of the shard_push rows");
+DEFINE_int32(threads_mb, 64, "push size of the shard_push_threads rows, MiB");
+DEFINE_string(threads_optimizer, "adam", "optimizer of those rows");
+DEFINE_string(apply_threads_list, "2",
+              "thread counts compared with 1 in those rows ('' skips them)");
 
 namespace {
 
 using namespace asyncps;          // NOLINT: tool main
 using namespace asyncps::server;  // NOLINT
+using asyncps::bench::Json;
 
 using Clock = std::chrono::steady_clock;
 
-// Runs fn repeatedly for at least min_seconds; returns seconds per call
-// (best of 3 rounds).
+// Runs fn repeatedly for at least min_seconds; returns seconds per call.
 template <typename F>
 double TimePerCall(F&& fn) {
-  fn();  // warm up: page faults, caches
-  double best = 1e30;
-  for (int round = 0; round < 3; ++round) {
-    size_t iters = 0;
-    const auto start = Clock::now();
-    double elapsed = 0;
-    do {
-      fn();
-      ++iters;
-      elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-    } while (elapsed < FLAGS_min_seconds / 3);
-    best = std::min(best, elapsed / static_cast<double>(iters));
+  size_t iters = 0;
+  const auto start = Clock::now();
+  double elapsed = 0;
+  do {
+    fn();
+    ++iters;
+    elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  } while (elapsed < FLAGS_min_seconds);
+  return elapsed / static_cast<double>(iters);
+}
+
+struct Memcpy {
+  explicit Memcpy(size_t bytes) : src(bytes, 1), dst(bytes, 0) {
+    Once();  // page faults
   }
-  return best;
-}
-
-double MemcpyGbps(size_t bytes) {
-  std::vector<uint8_t> src(bytes, 1), dst(bytes, 0);
-  double t = TimePerCall([&] {
-    std::memcpy(dst.data(), src.data(), bytes);
+  void Once() {
+    std::memcpy(dst.data(), src.data(), src.size());
     asm volatile("" : : "r"(dst.data()) : "memory");
-  });
-  return static_cast<double>(bytes) / t / 1e9;
-}
-
-void Print(const char* level, const char* opt, size_t n, double gbps,
-           double base) {
-  std::printf(
-      "{\"bench\":\"apply\",\"level\":\"%s\",\"optimizer\":\"%s\",\"elems\":%"
-      "zu,"
-      "\"grad_bytes\":%zu,\"gbps\":%.3f,\"memcpy_gbps\":%.3f,\"ratio\":%.3f}\n",
-      level, opt, n, n * sizeof(float), gbps, base, gbps / base);
-  std::fflush(stdout);
-}
+  }
+  double Gbps() {
+    return static_cast<double>(src.size()) / TimePerCall([&] { Once(); }) / 1e9;
+  }
+  std::vector<uint8_t> src, dst;
+};
 
 OptimizerOptions Opt(OptimizerKind k, bool nesterov = false) {
   OptimizerOptions o;
@@ -82,77 +89,191 @@ struct Case {
   OptimizerOptions opt;
 };
 
+// One shard holding a model of `n` floats cut into chunks of `chunk_elems`,
+// and a raw fp32 push of all of it.
+class ShardPush {
+ public:
+  static std::unique_ptr<ShardPush> Create(const OptimizerOptions& opt,
+                                           size_t n, size_t chunk_elems,
+                                           int threads) {
+    auto p = std::make_unique<ShardPush>();
+    ShardOptions so;
+    so.optimizer = opt;
+    so.worker_timeout = std::chrono::milliseconds(0);
+    so.apply_threads = threads;
+    so.memory_budget_bytes = uint64_t{64} << 30;
+    auto shard = Shard::Create(so, nullptr, Clock::now());
+    if (!shard.ok()) {
+      std::fprintf(stderr, "shard: %s\n", shard.status().ToString().c_str());
+      return nullptr;
+    }
+    p->shard_ = std::move(shard).value();
+    RequestHeader reg;
+    reg.kind = RequestKind::kRegister;
+    reg.rank = 0;
+    reg.tensors = {TensorSpec{
+        "x", {static_cast<int64_t>(n)}, InitKind::kConstant, 0.5f, 0}};
+    reg.layout.chunk_elems = chunk_elems;
+    reg.layout.min_chunk_elems = std::min<size_t>(chunk_elems, 1024);
+    std::vector<OutgoingReply> out;
+    p->shard_->Handle("b", reg, {}, Clock::now(), &out);
+    if (out.empty() || !out[0].header.status.ok()) {
+      std::fprintf(
+          stderr, "register: %s\n",
+          out.empty() ? "no reply" : out[0].header.status.ToString().c_str());
+      return nullptr;
+    }
+    const Layout& layout = *p->shard_->layout();
+    p->push_.kind = RequestKind::kPush;
+    p->push_.rank = 0;
+    for (const ChunkSpec& c : layout.chunks()) {
+      BufferPtr grad = Buffer::Allocate(c.num_elems * sizeof(float));
+      for (size_t i = 0; i < c.num_elems; ++i) grad->floats()[i] = 0.001f;
+      p->data_.push_back(ByteView{grad->data(), grad->size(), grad});
+      ChunkRef ref;
+      ref.chunk = c.id;
+      ref.frame = static_cast<uint32_t>(p->data_.size());
+      ref.num_elems = c.num_elems;
+      ref.byte_size = c.num_elems * sizeof(float);
+      p->push_.chunks.push_back(ref);
+    }
+    return p;
+  }
+  // One push; false (with a message) if the shard refused it.
+  bool Once() {
+    out_.clear();
+    ++push_.id;
+    push_.done_below = push_.id;
+    shard_->Handle("b", push_, data_, now_, &out_);
+    if (out_.empty() || !out_[0].header.status.ok()) {
+      std::fprintf(
+          stderr, "push failed: %s\n",
+          out_.empty() ? "no reply" : out_[0].header.status.ToString().c_str());
+      return false;
+    }
+    return true;
+  }
+
+ private:
+  std::unique_ptr<Shard> shard_;
+  RequestHeader push_;
+  std::vector<ByteView> data_;
+  std::vector<OutgoingReply> out_;
+  const Clock::time_point now_ = Clock::now();
+};
+
+std::vector<std::string> Split(const std::string& s) {
+  std::vector<std::string> v;
+  size_t b = 0;
+  while (b < s.size()) {
+    size_t e = s.find(',', b);
+    if (e == std::string::npos) e = s.size();
+    if (e > b) v.push_back(s.substr(b, e - b));
+    b = e + 1;
+  }
+  return v;
+}
+
+Json Row(const char* level, const std::string& opt, size_t n, int threads,
+         const std::vector<double>& gbps, const std::vector<double>& base,
+         const char* baseline) {
+  const auto g = bench::SpreadOf(gbps);
+  const auto b = bench::SpreadOf(base);
+  const auto r = bench::SpreadOf(bench::Ratios(gbps, base));
+  Json j;
+  j["bench"] = "apply";
+  j["level"] = level;
+  j["optimizer"] = opt;
+  j["elems"] = n;
+  j["grad_bytes"] = n * sizeof(float);
+  j["apply_threads"] = threads;
+  j["gbps"] = bench::Round(g.median, 3);
+  j["baseline"] = baseline;
+  j["baseline_gbps"] = bench::Round(b.median, 3);
+  j["ratio"] = bench::Round(r.median, 3);
+  j["gbps_spread"] = bench::ToJson(g);
+  j["ratio_spread"] = bench::ToJson(r);
+  return j;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
-  std::vector<size_t> sizes;
-  for (const char* p = FLAGS_sizes.c_str(); *p;) {
-    char* end = nullptr;
-    sizes.push_back(std::strtoull(p, &end, 10));
-    p = *end ? end + 1 : end;
-  }
+  FLAGS_logtostderr = true;
+  FLAGS_minloglevel = 1;
+  google::InitGoogleLogging(argv[0]);
+  const int reps = std::max(1, FLAGS_repeats);
   const std::vector<Case> cases = {
       {"sgd", Opt(OptimizerKind::kSgd)},
       {"momentum", Opt(OptimizerKind::kMomentum)},
       {"nesterov", Opt(OptimizerKind::kMomentum, true)},
       {"adam", Opt(OptimizerKind::kAdam)},
       {"adagrad", Opt(OptimizerKind::kAdaGrad)}};
-  for (size_t n : sizes) {
-    const double base = MemcpyGbps(n * sizeof(float));
+  for (const std::string& size : Split(FLAGS_sizes)) {
+    const size_t n = std::stoull(size);
+    const size_t bytes = n * sizeof(float);
+    Memcpy mc(bytes);
     for (const Case& c : cases) {
       auto opt = Optimizer::Create(c.opt);
       if (!opt.ok()) return 1;
       std::vector<float> w(n, 0.5f), g(n, 0.001f),
           st(n * (*opt)->state_per_elem(), 0.0f);
       uint64_t step = 0;
-      double t = TimePerCall([&] {
+      auto apply = [&] {
         (*opt)->Apply(w.data(), st.data(), g.data(), n, 1.0f, ++step);
-      });
-      Print("optimizer", c.name, n,
-            static_cast<double>(n * sizeof(float)) / t / 1e9, base);
+      };
+      apply();
+      std::vector<double> gbps, base;
+      for (int r = 0; r < reps; ++r) {
+        base.push_back(mc.Gbps());
+        gbps.push_back(static_cast<double>(bytes) / TimePerCall(apply) / 1e9);
+      }
+      bench::Emit(Row("optimizer", c.name, n, 1, gbps, base, "memcpy"));
     }
     for (const Case& c : cases) {
       // One tensor of n floats in one chunk, one shard, one worker (ASP).
-      ShardOptions so;
-      so.optimizer = c.opt;
-      so.worker_timeout = std::chrono::milliseconds(0);
-      auto shard = Shard::Create(so, nullptr, Clock::now());
-      if (!shard.ok()) return 1;
-      RequestHeader reg;
-      reg.kind = RequestKind::kRegister;
-      reg.rank = 0;
-      reg.tensors = {TensorSpec{
-          "x", {static_cast<int64_t>(n)}, InitKind::kConstant, 0.5f, 0}};
-      reg.layout.chunk_elems = n;
-      reg.layout.min_chunk_elems = n;
-      std::vector<OutgoingReply> out;
-      (*shard)->Handle("b", reg, {}, Clock::now(), &out);
-      if (out.empty() || !out[0].header.status.ok()) return 1;
-      BufferPtr grad = Buffer::Allocate(n * sizeof(float));
-      for (size_t i = 0; i < n; ++i) grad->floats()[i] = 0.001f;
-      std::vector<ByteView> data = {ByteView{grad->data(), grad->size(), grad}};
-      RequestHeader push;
-      push.kind = RequestKind::kPush;
-      push.rank = 0;
-      push.chunks.resize(1);
-      push.chunks[0].frame = 1;
-      push.chunks[0].num_elems = n;
-      push.chunks[0].byte_size = n * sizeof(float);
-      const auto now = Clock::now();
-      double t = TimePerCall([&] {
-        out.clear();
-        ++push.id;
-        (*shard)->Handle("b", push, data, now, &out);
-      });
-      if (out.empty() || !out[0].header.status.ok()) {
-        std::fprintf(
-            stderr, "push failed: %s\n",
-            out.empty() ? "no reply" : out[0].header.status.ToString().c_str());
-        return 1;
+      auto push = ShardPush::Create(c.opt, n, n, FLAGS_apply_threads);
+      if (!push || !push->Once()) return 1;
+      std::vector<double> gbps, base;
+      bool ok = true;
+      for (int r = 0; r < reps; ++r) {
+        base.push_back(mc.Gbps());
+        gbps.push_back(static_cast<double>(bytes) /
+                       TimePerCall([&] { ok = push->Once() && ok; }) / 1e9);
       }
-      Print("shard_push", c.name, n,
-            static_cast<double>(n * sizeof(float)) / t / 1e9, base);
+      if (!ok) return 1;
+      bench::Emit(Row("shard_push", c.name, n, FLAGS_apply_threads, gbps, base,
+                      "memcpy"));
+    }
+  }
+  // A large push on 1 and on N apply threads.
+  const std::vector<std::string> lists = Split(FLAGS_apply_threads_list);
+  if (!lists.empty()) {
+    StatusOr<OptimizerKind> kind = ParseOptimizerKind(FLAGS_threads_optimizer);
+    if (!kind.ok()) {
+      std::fprintf(stderr, "%s\n", kind.status().ToString().c_str());
+      return 2;
+    }
+    const size_t n = (static_cast<size_t>(FLAGS_threads_mb) << 20) / 4;
+    const size_t bytes = n * sizeof(float);
+    auto one = ShardPush::Create(Opt(*kind), n, size_t{1} << 20, 1);
+    if (!one || !one->Once()) return 1;
+    for (const std::string& t : lists) {
+      const int threads = std::stoi(t);
+      auto many = ShardPush::Create(Opt(*kind), n, size_t{1} << 20, threads);
+      if (!many || !many->Once()) return 1;
+      std::vector<double> gbps, base;
+      bool ok = true;
+      for (int r = 0; r < reps; ++r) {
+        base.push_back(static_cast<double>(bytes) /
+                       TimePerCall([&] { ok = one->Once() && ok; }) / 1e9);
+        gbps.push_back(static_cast<double>(bytes) /
+                       TimePerCall([&] { ok = many->Once() && ok; }) / 1e9);
+      }
+      if (!ok) return 1;
+      bench::Emit(Row("shard_push_threads", FLAGS_threads_optimizer, n, threads,
+                      gbps, base, "shard_push_1_thread"));
     }
   }
   return 0;

@@ -6,11 +6,22 @@
 // line per (mode, op): mode "transport_only" (server validates and acks
 // pushes without applying) or "sgd" (server applies SGD), op "push" or
 // "pull", our MB/s and ops/s, the raw baseline's, and ratio = ours / raw.
+// Every point is measured --repeats times, raw and ours alternating (a burst
+// of load on a shared machine hits both); figures are medians, the ratio is
+// the median of the per-repeat ratios, with the spreads. cpu_ms_per_gb is
+// the CPU time (user + system) both processes (ours: client and ps_server;
+// raw: the one process holding both sockets) spent per GB moved, a figure
+// that a loaded machine disturbs much less than throughput.
+// --transport=ipc runs both over ipc:// (Unix domain sockets) instead of
+// tcp://127.0.0.1.
 //
 // Usage: ps_bench_transport [--sizes=4096,1048576,16777216,67108864]
-//        [--inflight=1,8] [--seconds=1.5] [--server=PATH] [--quick]
+//        [--inflight=1,8] [--seconds=0.7] [--repeats=5] [--server=PATH]
+//        [--transport=tcp|ipc] [--quick]
+// Quiet run: ps_bench_transport --repeats=9 --seconds=1
 #include <gflags/gflags.h>
 #include <glog/logging.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,10 +32,12 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <zmq.hpp>
 
+#include "experiments/bench/bench_util.h"
 #include "worker/client.h"
 
 DEFINE_string(sizes, "4096,1048576,16777216,67108864", "Tensor sizes in bytes");
@@ -34,9 +47,13 @@ DEFINE_string(server, "", "ps_server binary (default: next to this binary)");
 DEFINE_bool(quick, false, "Short run: 0.3 s per point");
 DEFINE_string(modes, "transport_only,sgd", "Server modes to measure");
 DEFINE_string(curve, "", "Also measure with CurveZMQ encryption when 'on'");
-DEFINE_int32(repeats, 3,
-             "Measure every point this many times, raw and ours alternating, "
-             "and keep the best of each (these machines are noisy)");
+DEFINE_int32(repeats, 5,
+             "Measure every point this many times, raw and ours alternating; "
+             "medians and spreads are reported (these machines are noisy)");
+DEFINE_bool(baseline, true,
+            "measure the raw ZeroMQ baseline (false: ours only, e.g. under a "
+            "profiler; no ratios)");
+DEFINE_string(transport, "tcp", "tcp (127.0.0.1) or ipc (Unix domain socket)");
 
 namespace {
 
@@ -63,12 +80,19 @@ std::vector<std::string> ParseNames(const std::string& s) {
 struct Rate {
   double mb_per_s = 0;
   double ops_per_s = 0;
+  double cpu_ms_per_gb = 0;  // CPU time of both processes per GB moved
 };
+
+// A fresh endpoint of --transport for a server to bind.
+std::string BindEndpoint(const std::filesystem::path& dir) {
+  if (FLAGS_transport == "ipc") return "ipc://" + (dir / "sock").string();
+  return "tcp://127.0.0.1:0";
+}
 
 // Runs `start` / `wait` keeping `inflight` operations outstanding for
 // `seconds`; returns the throughput for `bytes` per operation.
-template <typename Start, typename Wait>
-Rate Measure(int inflight, size_t bytes, Start start, Wait wait) {
+template <typename Start, typename Wait, typename Cpu>
+Rate Measure(int inflight, size_t bytes, Start start, Wait wait, Cpu cpu) {
   std::deque<uint64_t> q;
   // Warm up.
   for (int i = 0; i < inflight; ++i) q.push_back(start());
@@ -78,6 +102,7 @@ Rate Measure(int inflight, size_t bytes, Start start, Wait wait) {
   }
   const double seconds = FLAGS_quick ? 0.3 : FLAGS_seconds;
   int64_t done = 0;
+  const double cpu0 = cpu();
   auto t0 = Clock::now();
   for (int i = 0; i < inflight; ++i) q.push_back(start());
   while (true) {
@@ -93,7 +118,9 @@ Rate Measure(int inflight, size_t bytes, Start start, Wait wait) {
     ++done;
   }
   double s = std::chrono::duration<double>(Clock::now() - t0).count();
-  return {done * static_cast<double>(bytes) / s / 1e6, done / s};
+  const double gb = done * static_cast<double>(bytes) / 1e9;
+  return {done * static_cast<double>(bytes) / s / 1e6, done / s,
+          1e3 * (cpu() - cpu0) / gb};
 }
 
 // ---- raw ZeroMQ baseline ------------------------------------------------
@@ -101,9 +128,10 @@ Rate Measure(int inflight, size_t bytes, Start start, Wait wait) {
 // 8-byte ack (push); a 8-byte request is answered with `bytes` (pull).
 class RawServer {
  public:
-  RawServer(zmq::context_t& ctx, size_t bytes) : socket_(ctx, zmq::socket_type::router), data_(bytes, 1) {
+  RawServer(zmq::context_t& ctx, size_t bytes, const std::string& endpoint)
+      : socket_(ctx, zmq::socket_type::router), data_(bytes, 1) {
     socket_.set(zmq::sockopt::linger, 0);
-    socket_.bind("tcp://127.0.0.1:*");
+    socket_.bind(endpoint == "tcp://127.0.0.1:0" ? "tcp://127.0.0.1:*" : endpoint);
     endpoint_ = socket_.get(zmq::sockopt::last_endpoint);
     thread_ = std::thread([this] { Run(); });
   }
@@ -138,12 +166,59 @@ class RawServer {
   std::atomic<bool> stop_{false};
 };
 
-Rate RawMeasure(bool push, size_t bytes, int inflight) {
+// The raw client against a RawServer in this process (one ZeroMQ context
+// and I/O thread serve both ends: the historical baseline) or, with
+// `two_processes`, in a forked child with its own context (the topology of
+// a worker and a ps_server).
+Rate RawMeasure(bool push, size_t bytes, int inflight, bool two_processes) {
+  char tmpl[] = "/tmp/ps_bench_raw.XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return {};
+  const std::filesystem::path dir = tmpl;
   zmq::context_t ctx(1);
-  RawServer server(ctx, bytes);
+  std::optional<RawServer> server;
+  std::string endpoint;
+  pid_t child = -1;
+  int pipe_fds[2] = {-1, -1};
+  if (two_processes) {
+    if (pipe(pipe_fds) != 0) return {};
+    child = fork();
+    if (child == 0) {
+      close(pipe_fds[0]);
+      {
+        zmq::context_t child_ctx(1);
+        RawServer s(child_ctx, bytes, BindEndpoint(dir));
+        const std::string ep = s.endpoint() + "\n";
+        if (write(pipe_fds[1], ep.data(), ep.size()) !=
+            static_cast<ssize_t>(ep.size())) {
+          _exit(1);
+        }
+        // Serve until the parent is done (SIGTERM).
+        sigset_t set;
+        sigemptyset(&set);
+        sigaddset(&set, SIGTERM);
+        pthread_sigmask(SIG_BLOCK, &set, nullptr);
+        int sig = 0;
+        sigwait(&set, &sig);
+      }
+      _exit(0);
+    }
+    close(pipe_fds[1]);
+    char buf[512];
+    ssize_t got = 0, r;
+    while ((r = read(pipe_fds[0], buf + got, sizeof(buf) - 1 - got)) > 0) {
+      got += r;
+      if (std::memchr(buf, '\n', got) != nullptr) break;
+    }
+    close(pipe_fds[0]);
+    buf[got] = 0;
+    endpoint = std::string(buf, std::strcspn(buf, "\n"));
+  } else {
+    server.emplace(ctx, bytes, BindEndpoint(dir));
+    endpoint = server->endpoint();
+  }
   zmq::socket_t dealer(ctx, zmq::socket_type::dealer);
   dealer.set(zmq::sockopt::linger, 0);
-  dealer.connect(server.endpoint());
+  dealer.connect(endpoint);
   std::vector<uint8_t> payload(bytes, 2);
   std::vector<uint8_t> dst(bytes);
   uint64_t next = 0;
@@ -161,7 +236,20 @@ Rate RawMeasure(bool push, size_t bytes, int inflight) {
     (void)dealer.recv(m);
     if (!push) std::memcpy(dst.data(), m.data(), std::min(m.size(), dst.size()));
   };
-  return Measure(inflight, bytes, start, wait);
+  Rate r = Measure(inflight, bytes, start, wait, [child] {
+    return bench::ProcessCpuSeconds() +
+           (child > 0 ? bench::ProcessCpuSeconds(child) : 0.0);
+  });
+  dealer.close();
+  server.reset();
+  if (child > 0) {
+    kill(child, SIGTERM);
+    int st;
+    waitpid(child, &st, 0);
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  return r;
 }
 
 // ---- ps_server ------------------------------------------------------------
@@ -193,7 +281,7 @@ StatusOr<std::unique_ptr<ServerProcess>> StartServer(const std::string& bin, boo
   p->dir = tmpl;
   std::string ready = (p->dir / "ready").string();
   std::vector<std::string> args = {bin,
-                                   "--endpoint=tcp://127.0.0.1:0",
+                                   "--endpoint=" + BindEndpoint(p->dir),
                                    "--ready_file=" + ready,
                                    "--shard_id=0",
                                    "--num_shards=1",
@@ -280,7 +368,10 @@ StatusOr<Rate> OursMeasure(const std::string& bin, bool transport_only, bool pus
     Status s = client->Wait(tk, std::chrono::seconds(30));
     if (!s.ok() && failure.ok()) failure = s;
   };
-  Rate r = Measure(inflight, bytes, start, wait);
+  const pid_t pid = server->pid;
+  Rate r = Measure(inflight, bytes, start, wait, [pid] {
+    return bench::ProcessCpuSeconds() + bench::ProcessCpuSeconds(pid);
+  });
   RETURN_IF_ERROR(failure);
   return r;
 }
@@ -291,6 +382,9 @@ int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
+  // As ps_worker and ps_server do; the raw baselines (this process and the
+  // forked raw server) run with it too.
+  (void)TuneAllocatorForMessages();
   std::string bin = FLAGS_server;
   if (bin.empty()) bin = (std::filesystem::path(argv[0]).parent_path() / "ps_server").string();
   if (!std::filesystem::exists(bin)) {
@@ -311,62 +405,102 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  if (FLAGS_transport != "tcp" && FLAGS_transport != "ipc") {
+    std::fprintf(stderr, "ps_bench_transport: --transport must be tcp or ipc\n");
+    return 2;
+  }
+  const std::vector<std::string> modes = ParseNames(FLAGS_modes);
   for (int64_t bytes : ParseList(FLAGS_sizes)) {
     for (int64_t inflight : ParseList(FLAGS_inflight)) {
       for (bool push : {true, false}) {
-        // Raw and ours alternate, so a burst of load hits both alike; the
-        // best of the repeats is each one's figure.
-        const std::vector<std::string> modes = ParseNames(FLAGS_modes);
-        Rate raw;
-        std::vector<Rate> best(modes.size());
+        // Raw and ours alternate, so a burst of load hits both alike.
+        std::vector<Rate> raw, raw2;
+        std::vector<std::vector<Rate>> ours(modes.size());
+        std::vector<Rate> plain, enc;
         for (int rep = 0; rep < std::max(1, FLAGS_repeats); ++rep) {
-          Rate r = RawMeasure(push, bytes, inflight);
-          if (r.mb_per_s > raw.mb_per_s) raw = r;
+          raw.push_back(FLAGS_baseline ? RawMeasure(push, bytes, inflight, false) : Rate{});
+          raw2.push_back(FLAGS_baseline ? RawMeasure(push, bytes, inflight, true) : Rate{});
           for (size_t m = 0; m < modes.size(); ++m) {
             auto o = OursMeasure(bin, modes[m] == "transport_only", push, bytes, inflight);
             if (!o.ok()) {
-              std::printf("{\"bench\":\"transport\",\"error\":\"%s\"}\n", o.status().ToString().c_str());
+              bench::Json e;
+              e["bench"] = "transport";
+              e["error"] = o.status().ToString();
+              bench::Emit(e);
               return 1;
             }
-            if (o->mb_per_s > best[m].mb_per_s) best[m] = *o;
+            ours[m].push_back(*o);
+          }
+          if (curve) {
+            // Encrypted + authenticated, server in transport-only mode: the
+            // cost of CURVE next to the same-run plaintext transport-only run.
+            auto p = OursMeasure(bin, true, push, bytes, inflight);
+            auto e = OursMeasure(bin, true, push, bytes, inflight, &keys);
+            if (!p.ok() || !e.ok()) {
+              bench::Json j;
+              j["bench"] = "transport";
+              j["error"] = (p.ok() ? e.status() : p.status()).ToString();
+              bench::Emit(j);
+              return 1;
+            }
+            plain.push_back(*p);
+            enc.push_back(*e);
           }
         }
-        for (size_t m = 0; m < modes.size(); ++m) {
-          const std::string& mode = modes[m];
-          const Rate* ours = &best[m];
-          bool small = bytes < (1 << 20);
-          double ratio = small ? ours->ops_per_s / raw.ops_per_s : ours->mb_per_s / raw.mb_per_s;
-          std::printf(
-              "{\"bench\":\"transport\",\"op\":\"%s\",\"mode\":\"%s\",\"bytes\":%lld,\"inflight\":%lld,"
-              "\"mb_per_s\":%.1f,\"ops_per_s\":%.1f,\"baseline\":\"raw_zmq_dealer_router\","
-              "\"baseline_mb_per_s\":%.1f,\"baseline_ops_per_s\":%.1f,\"ratio_metric\":\"%s\",\"ratio\":%.3f}\n",
-              push ? "push" : "pull", mode.c_str(), static_cast<long long>(bytes), static_cast<long long>(inflight),
-              ours->mb_per_s, ours->ops_per_s, raw.mb_per_s, raw.ops_per_s, small ? "ops_per_s" : "mb_per_s", ratio);
-          std::fflush(stdout);
-        }
+        const bool small = bytes < (1 << 20);
+        auto metric = [small](const std::vector<Rate>& v) {
+          std::vector<double> out;
+          for (const Rate& r : v) out.push_back(small ? r.ops_per_s : r.mb_per_s);
+          return out;
+        };
+        auto field = [](const std::vector<Rate>& v, double Rate::*f) {
+          std::vector<double> out;
+          for (const Rate& r : v) out.push_back(r.*f);
+          return out;
+        };
+        // Medians of the repeats' MB/s, ops/s and CPU per GB, named prefix + field.
+        auto rates = [&field](bench::Json& j, const std::string& prefix,
+                              const std::vector<Rate>& v) {
+          j[prefix + "mb_per_s"] = bench::Round(bench::SpreadOf(field(v, &Rate::mb_per_s)).median, 1);
+          j[prefix + "ops_per_s"] = bench::Round(bench::SpreadOf(field(v, &Rate::ops_per_s)).median, 1);
+          j[prefix + "cpu_ms_per_gb"] =
+              bench::Round(bench::SpreadOf(field(v, &Rate::cpu_ms_per_gb)).median, 1);
+        };
+        auto row = [&](const std::string& mode, const std::vector<Rate>& v) {
+          const auto ratio = bench::SpreadOf(bench::Ratios(metric(v), metric(raw)));
+          bench::Json j;
+          j["bench"] = "transport";
+          j["op"] = push ? "push" : "pull";
+          j["mode"] = mode;
+          j["transport"] = FLAGS_transport;
+          j["bytes"] = bytes;
+          j["inflight"] = inflight;
+          rates(j, "", v);
+          j["baseline"] = "raw_zmq_dealer_router";
+          rates(j, "baseline_", raw);
+          j["ratio_metric"] = small ? "ops_per_s" : "mb_per_s";
+          j["ratio"] = bench::Round(ratio.median, 3);
+          j["ratio_spread"] = bench::ToJson(ratio);
+          // The same raw client and server, the server in its own process
+          // (as ps_server is): the cost of two processes is in both.
+          rates(j, "raw_2proc_", raw2);
+          j["ratio_vs_raw_2proc"] = bench::Round(
+              bench::SpreadOf(bench::Ratios(metric(v), metric(raw2))).median, 3);
+          j["cpu_ratio"] = bench::Round(
+              bench::SpreadOf(bench::Ratios(field(raw, &Rate::cpu_ms_per_gb),
+                                            field(v, &Rate::cpu_ms_per_gb)))
+                  .median,
+              3);
+          return j;
+        };
+        for (size_t m = 0; m < modes.size(); ++m) bench::Emit(row(modes[m], ours[m]));
         if (curve) {
-          // Encrypted + authenticated, server in transport-only mode: the
-          // cost of CURVE next to the same-run plaintext transport-only run.
-          auto plain = OursMeasure(bin, true, push, bytes, inflight);
-          auto enc = OursMeasure(bin, true, push, bytes, inflight, &keys);
-          if (!plain.ok() || !enc.ok()) {
-            std::printf("{\"bench\":\"transport\",\"error\":\"%s\"}\n",
-                        (plain.ok() ? enc.status() : plain.status()).ToString().c_str());
-            return 1;
-          }
-          bool small = bytes < (1 << 20);
-          double ratio = small ? enc->ops_per_s / raw.ops_per_s : enc->mb_per_s / raw.mb_per_s;
-          double vs_plain = small ? enc->ops_per_s / plain->ops_per_s : enc->mb_per_s / plain->mb_per_s;
-          std::printf(
-              "{\"bench\":\"transport\",\"op\":\"%s\",\"mode\":\"curve\",\"bytes\":%lld,\"inflight\":%lld,"
-              "\"mb_per_s\":%.1f,\"ops_per_s\":%.1f,\"baseline\":\"raw_zmq_dealer_router\","
-              "\"baseline_mb_per_s\":%.1f,\"baseline_ops_per_s\":%.1f,\"ratio_metric\":\"%s\",\"ratio\":%.3f,"
-              "\"plain_transport_only_mb_per_s\":%.1f,\"plain_transport_only_ops_per_s\":%.1f,"
-              "\"ratio_vs_plain\":%.3f}\n",
-              push ? "push" : "pull", static_cast<long long>(bytes), static_cast<long long>(inflight), enc->mb_per_s,
-              enc->ops_per_s, raw.mb_per_s, raw.ops_per_s, small ? "ops_per_s" : "mb_per_s", ratio, plain->mb_per_s,
-              plain->ops_per_s, vs_plain);
-          std::fflush(stdout);
+          bench::Json j = row("curve", enc);
+          j["plain_transport_only_mb_per_s"] =
+              bench::Round(bench::SpreadOf(field(plain, &Rate::mb_per_s)).median, 1);
+          j["ratio_vs_plain"] = bench::Round(
+              bench::SpreadOf(bench::Ratios(metric(enc), metric(plain))).median, 3);
+          bench::Emit(j);
         }
       }
     }

@@ -52,6 +52,10 @@ def make_parser():
     p.add_argument("--storage", help="k8s: RocksDB volume size per shard (default 1Gi)")
     p.add_argument("--namespace", help="k8s: namespace (default: none)")
     p.add_argument("--port", type=int, help="k8s: shard port (default 5555)")
+    p.add_argument("--transport", choices=["tcp", "ipc"],
+                   help="how workers and psrun reach the shards: tcp (default) or ipc (Unix "
+                        "domain sockets under RUN_DIR/sock; --backend local only: every shard "
+                        "and worker on this host)")
     p.add_argument("--quiet", action="store_true", default=None, help="only the final summary")
     p.add_argument("--metrics", action="store_true", default=None,
                    help="every process serves Prometheus metrics on a free port; targets in "
@@ -75,6 +79,7 @@ def make_parser():
 DEFAULTS = dict(metrics_port_k8s=9400, service_monitor=False, metrics=False, prometheus=False, scrape_interval=1.0, servers=1, workers=1, backend="local", start_timeout=30.0, max_restarts=0,
                 grace=5.0, server_flags="", progress="auto", log_tail_lines=20, dry_run=False,
                 format="yaml", image="asyncps:latest", storage="1Gi", port=5555, quiet=False,
+                transport="tcp",
                 ssh_opts="-o BatchMode=yes -o StrictHostKeyChecking=no "
                          "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR")
 
@@ -118,6 +123,11 @@ def parse_args(argv):
         parser.error("--scrape_interval must be > 0")
     if opts.grace < 0 or opts.start_timeout <= 0:
         parser.error("--grace must be >= 0 and --start_timeout > 0")
+    if opts.transport == "ipc" and opts.backend != "local":
+        # psrun's own ps_ctl (readiness, checkpoint, shutdown) must reach the
+        # shards' sockets too, so they must be on psrun's host.
+        parser.error("--transport ipc needs every shard and worker on psrun's host "
+                     "(--backend local), not --backend %s" % opts.backend)
     return opts, cfg
 
 

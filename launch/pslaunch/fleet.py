@@ -1,7 +1,8 @@
 """Fleet: S ps_server shards and W ps_worker ranks, from start to teardown.
 
 Lifecycle (Fleet.run):
-  1. start every shard with an ephemeral port (--endpoint=tcp://HOST:*) and a
+  1. start every shard with an ephemeral port (--endpoint=tcp://HOST:*; with
+     --transport ipc a Unix socket, ipc://RUN_DIR/sock/server-<i>) and a
      --ready_file; wait for each ready file, then for each shard to answer
      `ps_ctl stats` (deadline: --start_timeout; a shard that exits or times out
      is named with the tail of its log); with --metrics each process also gets a
@@ -21,14 +22,19 @@ SIGINT/SIGTERM to psrun jump to step 5 (exit status 128 + signal).
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 
 from . import monitoring as monitoring_mod
 from . import procs as procs_mod
 from . import summary as summary_mod
 from . import workercmd
+
+# Longest path of a Unix domain socket (sun_path holds 108 bytes with the NUL).
+_MAX_UNIX_PATH = 107
 
 
 class LaunchError(Exception):
@@ -83,6 +89,7 @@ class Fleet:
                 run_dir, prometheus=getattr(opts, "prometheus", False),
                 scrape_interval_s=getattr(opts, "scrape_interval", 1.0), log=log)
         self.last_targets_update = 0.0
+        self.short_sock_dir = None  # --transport ipc with a long run folder
         for d in ("ready", "db", "flags"):
             os.makedirs(os.path.join(run_dir, d), exist_ok=True)
 
@@ -154,6 +161,41 @@ class Fleet:
             argv += self.monitor.flags(m.name, "server")
         return argv + shlex.split(o.server_flags or "")
 
+    def fresh_endpoint(self, m):
+        """Where shard `m` binds at its first start: an ephemeral TCP port, or
+        with --transport ipc a Unix socket of its own (a restart reuses it)."""
+        if getattr(self.o, "transport", "tcp") != "ipc":
+            return "tcp://%s:*" % self.bind_host
+        return "ipc://" + self.ipc_path(m)
+
+    def ipc_path(self, m):
+        """RUN_DIR/sock/<name>, or when that is longer than a Unix socket
+        address allows (107 bytes), a folder of psrun's own under $TMPDIR."""
+        path = self.path("sock", m.name)
+        if len(path.encode()) > _MAX_UNIX_PATH:
+            if self.short_sock_dir is None:
+                self.short_sock_dir = tempfile.mkdtemp(prefix="psrun-sock-")
+                self.log("psrun: %s is too long for a Unix socket address: sockets in %s" %
+                         (self.path("sock"), self.short_sock_dir))
+            path = os.path.join(self.short_sock_dir, m.name)
+        if len(path.encode()) > _MAX_UNIX_PATH:
+            raise LaunchError(m, "no Unix socket path of at most %d bytes for --transport ipc "
+                                 "(%s); set TMPDIR to a short folder" % (_MAX_UNIX_PATH, path))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return path
+
+    def remove_sockets(self):
+        """--transport ipc: the socket files of stopped shards (a shard that
+        ends by a signal leaves its file), and psrun's short folder."""
+        for m in self.shards:
+            if m.endpoint and m.endpoint.startswith("ipc://"):
+                try:
+                    os.unlink(m.endpoint[len("ipc://"):])
+                except OSError:
+                    pass
+        if self.short_sock_dir is not None:
+            shutil.rmtree(self.short_sock_dir, ignore_errors=True)
+
     def start_shard(self, m, endpoint=None):
         ready = self.path("ready", "%s.endpoint" % m.name)
         try:
@@ -161,7 +203,7 @@ class Fleet:
         except FileNotFoundError:
             pass
         restart = endpoint is not None
-        endpoint = endpoint or "tcp://%s:*" % self.bind_host
+        endpoint = endpoint or self.fresh_endpoint(m)
         argv = self.shard_argv(m, endpoint)
         header = ["restart %d of %d, endpoint %s" % (m.restarts, self.o.max_restarts, endpoint)
                   ] if restart else []
@@ -405,6 +447,7 @@ class Fleet:
             self.teardown()
             if self.monitor:
                 self.monitor.stop()
+            self.remove_sockets()
             for s, h in old.items():
                 signal.signal(s, h)
         if exit_code == 1:

@@ -51,6 +51,17 @@ struct Shard::PendingGrad {
   size_t bytes = 0;
 };
 
+// Elements [begin, end) of one chunk and their gradient: a unit of the
+// parallel apply (chunks are cut into pieces, so one large chunk keeps
+// every apply thread busy).
+struct Shard::WorkPiece {
+  Chunk* chunk = nullptr;
+  const float* g = nullptr;  // the chunk's whole gradient (element 0)
+  size_t begin = 0;
+  size_t end = 0;
+  bool bad = false;  // NaN/Inf scan: found one
+};
+
 struct Shard::ParkedPull {
   std::string peer;
   RequestHeader req;

@@ -146,6 +146,18 @@ class LaunchTestCase(unittest.TestCase):
             return f.read()
 
 
+class FleetTestCase(LaunchTestCase):
+    """A test that starts psrun in the background as self.psrun and reads its
+    pids into self.pids: whatever is left running is killed afterwards."""
+
+    def tearDown(self):
+        if getattr(self, "psrun", None) and self.psrun.poll() is None:
+            self.psrun.kill()
+            self.psrun.wait()
+        kill_leftovers(getattr(self, "pids", None))
+        super().tearDown()
+
+
 def main():
     """unittest.main, but exit 77 when every test was skipped (ctest SKIP_RETURN_CODE)."""
     prog = unittest.main(exit=False, verbosity=2)

@@ -58,6 +58,37 @@ class ConfigTest(u.LaunchTestCase):
         self.assertEqual(rc, 2)
         self.assertFalse(os.path.exists(run_dir))
 
+    def test_transport_ipc_is_local_only(self):
+        opts, _ = cli.parse_args(["--transport", "ipc"])
+        self.assertEqual(opts.transport, "ipc")
+        self.assertEqual(cli.parse_args([])[0].transport, "tcp")
+        for backend in ("ssh", "slurm", "k8s"):
+            with self.assertRaises(SystemExit):
+                cli.parse_args(["--transport", "ipc", "--backend", backend])
+
+    def test_ipc_socket_paths(self):
+        from pslaunch import fleet
+        opts, _ = cli.parse_args(["--transport", "ipc", "--servers", "2"])
+        short = fleet.Fleet(opts, os.path.join(self.tmp.name, "r"), spawn=None, log=lambda m: 0)
+        self.assertEqual(short.fresh_endpoint(short.shards[1]),
+                         "ipc://" + os.path.join(self.tmp.name, "r", "sock", "server-1"))
+        self.assertIsNone(short.short_sock_dir)
+        # A run folder too deep for a Unix socket address (107 bytes): the
+        # sockets go to a folder of psrun's own, removed when the run ends.
+        deep = os.path.join(self.tmp.name, "d" * 120)
+        logged = []
+        f = fleet.Fleet(opts, deep, spawn=None, log=logged.append)
+        ep = f.fresh_endpoint(f.shards[0])
+        self.assertTrue(ep.startswith("ipc://"), ep)
+        self.assertLessEqual(len(ep) - len("ipc://"), 107)
+        self.assertTrue(os.path.isdir(f.short_sock_dir))
+        self.assertEqual(f.fresh_endpoint(f.shards[1]),
+                         "ipc://" + os.path.join(f.short_sock_dir, "server-1"))
+        self.assertIn("too long for a Unix socket address", logged[0])
+        os.rmdir(f.short_sock_dir)
+        opts.transport = "tcp"
+        self.assertEqual(short.fresh_endpoint(short.shards[0]), "tcp://127.0.0.1:*")
+
     def test_hostfile_and_round_robin_placement(self):
         hosts = procs.parse_hostfile("# hosts\nnode1 slots=2\nnode2 slots=1 # gpu\n\nnode3\n")
         self.assertEqual(hosts, [("node1", 2), ("node2", 1), ("node3", 1)])

@@ -8,14 +8,7 @@ import signal
 import launch_test_util as u
 
 
-class RestartTest(u.LaunchTestCase):
-    def tearDown(self):
-        if getattr(self, "psrun", None) and self.psrun.poll() is None:
-            self.psrun.kill()
-            self.psrun.wait()
-        u.kill_leftovers(getattr(self, "pids", None))
-        super().tearDown()
-
+class RestartTest(u.FleetTestCase):
     def test_killed_shard_restarts_and_training_completes(self):
         out = os.path.join(self.tmp.name, "psrun.out")
         argv = u.psrun_argv(self.run_dir, servers=2, workers=2, extra=["--max_restarts", "2"],

@@ -8,7 +8,7 @@ import launch_test_util as u
 LONG = ["--max_steps=100000", "--slowdown=2"]
 
 
-class TeardownTest(u.LaunchTestCase):
+class TeardownTest(u.FleetTestCase):
     def start_long_fleet(self):
         out = os.path.join(self.tmp.name, "psrun.out")
         self.psrun = u.start_psrun(u.psrun_argv(self.run_dir, servers=2, workers=2,
@@ -18,13 +18,6 @@ class TeardownTest(u.LaunchTestCase):
         # Training is under way once a worker has logged progress.
         self.assertTrue(u.wait_log(os.path.join(self.run_dir, "worker-0.log"), "step 10/"),
                         self.output())
-
-    def tearDown(self):
-        if getattr(self, "psrun", None) and self.psrun.poll() is None:
-            self.psrun.kill()
-            self.psrun.wait()
-        u.kill_leftovers(getattr(self, "pids", None))
-        super().tearDown()
 
     def test_killed_worker_tears_down_fleet(self):
         self.start_long_fleet()

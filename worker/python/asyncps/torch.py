@@ -246,7 +246,8 @@ class ParameterServer:
     # ---- counters and lifetime ---------------------------------------------
     def traffic(self):
         """Cumulative counters (bytes pushed raw / on the wire, bytes pulled,
-        pull_wait_ns, encode_ns, last_staleness, resends)."""
+        pull_wait_ns, encode_ns, pull_copy_ns, push_ns, push_copy_ns, clock_ns,
+        last_staleness, resends)."""
         return self.store.traffic()
 
     def tensor_bytes(self):

@@ -149,6 +149,10 @@ class PyStore {
     d["bytes_pulled"] = t.bytes_pulled;
     d["pull_wait_ns"] = t.pull_wait_ns;
     d["encode_ns"] = t.encode_ns;
+    d["pull_copy_ns"] = t.pull_copy_ns;
+    d["push_ns"] = t.push_ns;
+    d["push_copy_ns"] = t.push_copy_ns;
+    d["clock_ns"] = t.clock_ns;
     d["last_staleness"] = t.last_staleness;
     d["resends"] = client_->get()->resends();
     return d;

@@ -274,6 +274,9 @@ def test_traffic_counters(shards):
     assert 0 < t["bytes_pushed_wire"] < raw / 10
     assert t["bytes_pulled"] >= 3 * 4 * sum(s.num_elements for s in specs())
     assert t["encode_ns"] > 0 and t["last_staleness"] >= 0 and t["resends"] == 0
+    # Step-time counters: parts within their wholes.
+    assert 0 < t["pull_copy_ns"] <= t["pull_wait_ns"]
+    assert t["encode_ns"] + t["push_copy_ns"] <= t["push_ns"] and t["clock_ns"] > 0
     per = {d["name"]: d for d in store.tensor_bytes()}
     assert per["b"]["raw"] == per["b"]["wire"] == 3 * 4 * 70  # below min_elems: raw
     store.close()

@@ -1,0 +1,46 @@
+// Private to compression/: hand-vectorised (AVX2) encoder loops, picked at
+// run time on CPUs that have AVX2 (HaveAvx2()). Each one writes exactly the
+// bytes of the portable code in dense_codecs.cc (and of the CUDA kernels):
+// the same counter-based generator (Uniform() of format.h, 24 random bits
+// per element), the same IEEE single-precision operations in the same order
+// (no FMA), the same 8-lane summation order. compression_test checks every
+// one against a scalar reference, for every length and tail.
+//
+// `base` is the global index of x[0] (the generator's counter), and packed
+// outputs start at the byte that holds element `base`; base is a multiple of
+// 8 (buckets are).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace asyncps::compression::internal {
+
+// True when the CPU runs AVX2 and this build has the kernels below (x86-64
+// with GCC or Clang); otherwise they must not be called.
+bool HaveAvx2();
+
+// Sum of x[i]^2 (Squares) or |x[i]| (Abs) over 8 lanes, lane j adding
+// elements j, j+8, ... in order, combined as format.h specifies.
+float LaneSumSquaresAvx2(const float* x, size_t len);
+float LaneSumAbsAvx2(const float* x, size_t len);
+
+// QSGD levels of len elements: l = min(int(|x| * inv + u), smax) with the
+// sign of x; 4-bit nibbles (low nibble = even element) into out[0..(len+1)/2)
+// when nibbles, else one int8 per element into out[0..len).
+void QsgdLevelsAvx2(const float* x, size_t len, uint32_t base, uint32_t key,
+                    float inv, int32_t smax, bool nibbles, uint8_t* out);
+
+// TernGrad 2-bit codes of len elements (bit0: u < |x| * inv, bit1: that and
+// x < 0), four per byte, into out[0..(len+3)/4).
+void TernCodesAvx2(const float* x, size_t len, uint32_t base, uint32_t key,
+                   float inv, uint8_t* out);
+
+// One bit per element, set when x < 0 (bit i%8 of byte i/8), into
+// out[0..(n+7)/8).
+void SignBitsAvx2(const float* x, size_t n, uint8_t* out);
+
+// bfloat16 of n floats (round to nearest even, NaN stays a quiet NaN).
+void Bf16EncodeAvx2(const float* x, size_t n, uint16_t* out);
+
+}  // namespace asyncps::compression::internal

@@ -1,0 +1,58 @@
+// TaskPool: a fixed set of threads that run the items of one parallel loop
+// together with the calling thread (the shard's large-push apply).
+//
+// Run(n, fn) calls fn(i) once for every i in [0, n), on the pool's threads
+// and the caller, handing items out one at a time (so uneven items balance),
+// and returns once every call has returned and every pool thread is idle
+// again: nothing fn touches is used after Run() returns.
+//
+// Thread safety: Run() is called by one thread at a time (the owner's).
+// Private to server/.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace asyncps::server::internal {
+
+class TaskPool {
+ public:
+  // `threads`: threads taking part in Run(), the caller included; < 2 means
+  // the caller alone (no thread is started).
+  explicit TaskPool(int threads);
+  ~TaskPool();
+  TaskPool(const TaskPool&) = delete;
+  TaskPool& operator=(const TaskPool&) = delete;
+
+  // Threads taking part in Run(), the caller included (>= 1).
+  int threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Calls fn(i) for every i in [0, n); see the header comment. fn must not
+  // throw.
+  void Run(size_t n, const std::function<void(size_t)>& fn);
+
+ private:
+  void WorkerLoop();
+  // Takes items until none is left.
+  void Drain();
+
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable wake_;  // workers: a new generation or stop
+  std::condition_variable idle_;  // Run(): the last worker is done
+  uint64_t generation_ = 0;       // guarded by mu_
+  size_t joined_ = 0;             // workers done with this generation
+  bool stop_ = false;             // guarded by mu_
+  // The loop of the current generation: valid while Run() waits.
+  const std::function<void(size_t)>* fn_ = nullptr;
+  size_t n_ = 0;
+  std::atomic<size_t> next_{0};
+};
+
+}  // namespace asyncps::server::internal
