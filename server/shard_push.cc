@@ -98,6 +98,8 @@ Status Shard::HandlePush(const RequestHeader& req,
                            << ")";
     return FinishPush(req);
   }
+  // Refused before anything of the push is applied or counted.
+  if (bsp && !options_.transport_only) RETURN_IF_ERROR(ChargeSparseRound());
 
   uint64_t bytes = 0;
   for (const ByteView& f : data) bytes += f.size;
@@ -111,7 +113,6 @@ Status Shard::HandlePush(const RequestHeader& req,
         p.n * (sizeof(uint64_t) + sparse_->specs()[p.table].dim * sizeof(float));
   }
   if (options_.transport_only) return FinishPush(req);
-  if (bsp) RETURN_IF_ERROR(ChargeSparseRound());
   const uint64_t read = last_read_[rank];
   const uint64_t staleness = shard_version_ >= read ? shard_version_ - read : 0;
   staleness_.Add(staleness);

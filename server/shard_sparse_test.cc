@@ -398,6 +398,39 @@ TEST(ShardSparseTest, BspAppliesTheRowsOfARoundOnce) {
   EXPECT_EQ(s.shard->shard_version(), 1u);
 }
 
+// The sums of a BSP round grow with every key pushed: they come from the
+// memory budget, reserved before anything of the push (its chunk included)
+// is applied or counted.
+TEST(ShardSparseTest, BspRoundSumsComeFromTheBudget) {
+  ShardOptions o = Opts(Consistency::kBsp, 1);
+  o.memory_budget_bytes = 4 << 20;
+  o.sparse.cache_bytes = 64 << 10;
+  MemStore store;
+  Sparse s(o, &store);
+  std::vector<uint64_t> many(60000);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = i;
+  ReplyHeader r = s.PushRows(0, 0, many, std::vector<float>(many.size() * 4, 1.0f),
+                             0, /*with_chunk=*/true);
+  EXPECT_EQ(r.status.code(), StatusCode::kResourceExhausted) << r.status.ToString();
+  EXPECT_NE(r.status.message().find("BSP sums"), std::string::npos)
+      << r.status.ToString();
+  EXPECT_EQ(s.shard->counters().pushes, 0u);
+  // A push that fits is the round's only contribution.
+  const uint32_t chunk = s.FirstChunk();
+  const std::vector<float> w0 = *s.shard->weights(chunk);
+  ASSERT_TRUE(s.PushRows(0, 0, {1, 2}, std::vector<float>(8, 1.0f), 0, true)
+                  .status.ok());
+  s.Call(s.Clock(0, 1));
+  ASSERT_EQ(s.shard->bsp_round(), 1);
+  EXPECT_EQ(s.shard->shard_version(), 1u);
+  std::vector<float> once = Init(Emb(), 7);
+  EXPECT_EQ(s.Read(0, 1, {7}), once);  // in the refused push only
+  std::vector<float> row1 = Init(Emb(), 1);
+  for (float& x : row1) x -= 0.5f;
+  EXPECT_EQ(s.Read(0, 1, {1}), row1);
+  EXPECT_NE(*s.shard->weights(chunk), w0);
+}
+
 TEST(ShardSparseTest, DurableRowsSurviveARestartCheckpointedOnesToo) {
   for (bool durable : {false, true}) {
     MemStore store;

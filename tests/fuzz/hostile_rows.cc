@@ -179,8 +179,9 @@ void HostileGenerator::PushRows(HostileMessage* m) {
     case 11: {
       m->shape = "rows/many_refs";
       const int64_t refs = Uniform(100, 5000);
+      const RowsRef base = r;  // r moves as the list grows
       for (int64_t i = 0; i < refs; ++i) {
-        RowsRef x = r;
+        RowsRef x = base;
         x.table = static_cast<uint32_t>(Uniform(0, num_tables + 1));
         x.keys_frame = static_cast<uint32_t>(Uniform(0, 4));
         x.rows_frame = static_cast<uint32_t>(Uniform(0, 4));

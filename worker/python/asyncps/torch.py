@@ -58,6 +58,7 @@ pulled into pinned host buffers and copied to the device; gradients are
 compressed on the device (Store.push_device, worker/ps_store.h PushDevice)
 when a codec is set, else copied to the host and pushed.
 """
+import json
 import math
 import time
 import warnings
@@ -191,6 +192,14 @@ class ParameterServer:
             curve_secret_key=env.curve_secret_key if curve_secret_key is None else curve_secret_key,
             curve_public_key=env.curve_public_key if curve_public_key is None else curve_public_key)
         if self.embeddings:
+            # Under BSP a shard counts one push per worker and round: rows
+            # and chunks travel in two pushes here, so BSP would drop one.
+            for text in self.client.stats():
+                if json.loads(text).get("consistency") == "bsp":
+                    raise FailedPrecondition(
+                        "SparseEmbedding needs ps_server --consistency=ssp or asp (under bsp "
+                        "the shards count one push per worker and round; ps_ctr_worker sends "
+                        "rows and chunks in one push)")
             self.client.register(self.specs, chunk_elems=chunk_elems,
                                  tables=[e.spec for e in self.embeddings])
             for i, e in enumerate(self.embeddings):
@@ -355,8 +364,9 @@ class SparseEmbedding(torch.nn.Module):
     model given to ParameterServer, which registers the table and attaches
     it; forward(ids) returns (*ids.shape, dim) float32 rows that require
     grad, and ParameterServer.push() sends their gradients (one push of the
-    unique ids per forward) at its clock. The table's optimizer runs on the
-    shards: sgd, adagrad or adam with its own lr (asyncps.TableSpec)."""
+    unique ids of the step's forward passes) at its clock. The table's
+    optimizer runs on the shards: sgd, adagrad or adam with its own lr
+    (asyncps.TableSpec). Needs ps_server --consistency=ssp or asp."""
 
     def __init__(self, name, dim, init="normal", param=1.0, seed=1, optimizer="adagrad",
                  lr=0.01, **table_options):
@@ -389,11 +399,16 @@ class SparseEmbedding(torch.nn.Module):
         return out.reshape(*ids.shape, self.spec.dim)
 
     def _push(self, clock):
+        """One push of this step's row gradients (every forward pass's unique
+        ids; an id in several passes is summed by the client)."""
         pending, self._pending = self._pending, []
-        for keys, rows in pending:
-            if rows.grad is not None:
-                grad = rows.grad.detach().to("cpu").contiguous().numpy()
-                self._ps.client.push_rows(self._index, keys, grad, clock)
+        keys = [k for k, rows in pending if rows.grad is not None]
+        if not keys:
+            return
+        grads = [rows.grad.detach().to("cpu", torch.float32).reshape(len(k), -1).numpy()
+                 for k, rows in pending if rows.grad is not None]
+        self._ps.client.push_rows(self._index, np.concatenate(keys),
+                                  np.ascontiguousarray(np.concatenate(grads)), clock)
 
     def extra_repr(self):
         return "name=%r, dim=%d, optimizer=%s" % (self.spec.name, self.spec.dim,

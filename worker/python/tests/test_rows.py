@@ -2,6 +2,8 @@
 push_rows round trip exactly (repeated keys summed, keys spread over two
 shards), bad input is refused with a clear exception and changes no row, and
 asyncps.torch.SparseEmbedding learns a planted click model."""
+import json
+
 import numpy as np
 import pytest
 
@@ -112,3 +114,38 @@ def test_sparse_embedding_learns_a_planted_click_model(shards):
     assert last < 0.35 * first, (first, last)
     stats = ps.client.stats()
     assert all('"sparse"' in s for s in stats)
+
+
+def test_sparse_embedding_pushes_once_per_step_and_refuses_bsp(shards):
+    torch = pytest.importorskip("torch")
+    import asyncps.torch as apt
+    group = shards(1, flags=("--optimizer=sgd", "--lr=0.1", "--consistency=ssp",
+                             "--staleness=1"))
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = apt.SparseEmbedding("e", 2, init="zeros", optimizer="sgd", lr=1.0)
+            self.b = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, x):
+            return self.emb(x).sum() + self.b.sum()
+
+    model = Model()
+    ps = apt.ParameterServer(model, servers=endpoints(group), rank=0, num_workers=1,
+                             heartbeat_s=0.0, init={"b": ("zeros", 0.0)})
+    opt = apt.DistributedOptimizer(ps)
+    ids = torch.tensor([3, 4, 3])
+    opt.zero_grad()
+    # Two forward passes in one step: id 3 gets 2 + 1, id 4 gets 1.
+    (model(ids) + model(torch.tensor([3]))).backward()
+    opt.step()
+    rows = ps.client.pull_rows("e", np.array([3, 4, 5], np.uint64), clock=ps.clock)
+    assert np.array_equal(rows, np.array([[-3, -3], [-1, -1], [0, 0]], np.float32))
+    stats = [json.loads(s) for s in ps.client.stats()]
+    assert stats[0]["pushes"] == 2  # one of the rows, one of the dense tensor
+    ps.close()
+
+    bsp = shards(1, flags=("--consistency=bsp",))
+    with pytest.raises(asyncps.FailedPrecondition, match="ssp or asp"):
+        apt.ParameterServer(Model(), servers=endpoints(bsp), rank=0, num_workers=1,
+                            heartbeat_s=0.0, init={"b": ("zeros", 0.0)})
