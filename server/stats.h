@@ -85,6 +85,11 @@ struct ShardCounters {
   uint64_t validate_decode_ns = 0;  // time validating and decoding pushes
   uint64_t bytes_out = 0;           // payload bytes of pull replies
   uint64_t checkpoints = 0;         // checkpoints written since start
+  // Delay compensation (since start, not persisted): pushes corrected
+  // against the weights their worker read, and pushes applied uncorrected
+  // because the shard no longer held that read (e.g. after a restart).
+  uint64_t dc_compensated = 0;
+  uint64_t dc_uncompensated = 0;
   std::array<uint64_t, kNumRejectReasons> rejected{};
 };
 
