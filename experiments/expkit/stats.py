@@ -259,3 +259,40 @@ def interp(curve, x):
         if x0 <= x <= x1:
             return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
     return curve[-1][1]
+
+
+def proportion(k, n, confidence=0.95):
+    """(k/n, lo, hi): the Clopper-Pearson (exact binomial) interval of a
+    proportion of k successes in n trials."""
+    if n <= 0:
+        return None, None, None
+    a = 1.0 - confidence
+
+    def inv(p, x, y):  # the q with betainc(x, y, q) = p, by bisection
+        lo, hi = 0.0, 1.0
+        for _ in range(200):
+            mid = 0.5 * (lo + hi)
+            if betainc(x, y, mid) < p:
+                lo = mid
+            else:
+                hi = mid
+        return 0.5 * (lo + hi)
+
+    lo = 0.0 if k == 0 else inv(a / 2, k, n - k + 1)
+    hi = 1.0 if k == n else inv(1 - a / 2, k + 1, n - k)
+    return k / n, lo, hi
+
+
+def fisher_exact(k1, n1, k2, n2):
+    """Two-sided p-value of Fisher's exact test that k1/n1 and k2/n2 come
+    from one proportion (the tables as or less likely than the observed)."""
+    def lchoose(n, k):
+        return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+    k, n = k1 + k2, n1 + n2
+
+    def p(x):  # hypergeometric probability of x successes in group 1
+        return math.exp(lchoose(n1, x) + lchoose(n2, k - x) - lchoose(n, k))
+    lo, hi = max(0, k - n2), min(k, n1)
+    p_obs = p(k1)
+    return min(1.0, sum(p(x) for x in range(lo, hi + 1)
+                        if p(x) <= p_obs * (1 + 1e-9)))

@@ -15,7 +15,10 @@ What it models (one event queue, times in seconds):
                      is answered, reply bytes x pull_per_byte. A pull that may
                      not be answered yet is parked (cost per_request) and
                      answered as soon as the rule allows, before the next
-                     request is taken:
+                     request is taken (a released pull costs only its reply:
+                     it was received and decoded when it was parked; and, as in
+                     the shard, a reply copies the weights only for the first
+                     pull of a version, later pulls share that snapshot):
                        bsp     pull(c) when round >= c (every worker pushed
                                c-1 and the average was applied),
                        ssp(s)  pull(c) when min worker clock >= c - s,
@@ -299,6 +302,7 @@ class _Shard:
         self.last_read = [0] * W
         self.parked = []
         self.staleness = []
+        self.snapshot_version = -1  # version of the shared pull snapshot
 
     def arrive(self, req):
         self.queue.append(req)
@@ -331,6 +335,10 @@ class _Shard:
         return self.round >= c
 
     def _reply_cost(self):
+        """Copying the weights into a new snapshot, once per version."""
+        if self.snapshot_version == self.version:
+            return 0.0
+        self.snapshot_version = self.version
         cfg = self.sim.cfg
         return cfg.pull_per_byte * cfg.part_bytes / cfg.pull_ratio
 
@@ -380,7 +388,7 @@ class _Shard:
             keep = []
             for pw, pc in self.parked:
                 if self._ready(pc):
-                    cost += cfg.per_request + self._reply_cost()
+                    cost += self._reply_cost()
                     done.append(self._answer(pw))
                 else:
                     keep.append((pw, pc))

@@ -79,6 +79,23 @@ class HandComputedTest(unittest.TestCase):
         self.assertEqual(r.wall, [3.5, 4.5])
         self.assertEqual(r.idle, [0.5 + 1.0, 1.0 + 1.5])
 
+    def test_parked_pulls_and_shared_snapshots(self):
+        # BSP, 2 workers, 1 s steps, free network; the shard costs 0.5 s per
+        # request received and 1 s to copy the weights into a snapshot, once
+        # per version. t=0: w0's pull 0..1.5 (0.5 + copy), w1's 1.5..2.0
+        # (shares it). w0 computes to 2.5, its push 2.5..3.0, its pull(1)
+        # 3.0..3.5 is parked. w1 computes to 3.0; its push 3.5..5.0 completes
+        # the round and answers w0's parked pull (a new version: a copy, no
+        # request cost): w0 resumes at 5.0; w1's pull(1) 5.0..5.5 shares the
+        # snapshot. Last pushes at 6.0 and 6.5.
+        r = m.simulate(m.Config(workers=2, consistency="bsp", steps=2,
+                                step_time=m.Fixed(1.0), model_bytes=4.0,
+                                worker_bandwidth=1e30, latency=0.0,
+                                header_bytes=0.0, per_request=0.5,
+                                pull_per_byte=0.25))
+        self.assertEqual(r.wall, [6.0, 6.5])
+        self.assertEqual(r.idle, [1.5 + 2.5, 2.0 + 2.5])
+
     def test_compression_shrinks_transfer_and_adds_encode(self):
         # 1000 B model over 1000 B/s, no latency, ratio 4, encode 1e-3 s per
         # element (250 elements: 0.25 s). Pull reply 1 s; step 1 s + 0.25 s;
