@@ -258,7 +258,7 @@ def claims(sv, cs, st, torch_dir, sim_dir):
         n = 5
     out += staleness_claims(st, n)
     n += 2
-    out += cnn_claims(torch_dir)
+    out += cnn_claims(torch_dir, mlp_verdicts(sv, cs))
     return out
 
 
@@ -379,20 +379,51 @@ def _pct(x):
     return "n/a" if x is None else "%.0f%%" % (100 * x)
 
 
-def cnn_claims(torch_dir):
+def mlp_verdicts(sv, cs):
+    """The MLP's verdicts on the questions the CNN runs answer (same keys
+    as pytorch/run.py findings())."""
+    acc = "final_eval_acc"
+    out = {}
+    if sv:
+        bt = sv.tta("bsp")
+        for r in ("ssp4", "asp"):
+            out["cui_" + r] = stats.verdict_within(
+                stats.Difference(sv.tta(r), bt), 0.2 * (bt.mean or 0))[0]
+            out["acc_" + r] = stats.verdict_within(
+                stats.Difference(sv.est(r, acc), sv.est("bsp", acc)), 0.01)[0]
+    if cs:
+        out["topk_ef"] = stats.verdict_greater(stats.Difference(
+            cs.est("topk1_ef", acc), cs.est("none", acc)), -0.01)[0]
+        out["sign_ef"] = stats.verdict_greater(stats.Difference(
+            cs.est("sign_ef", acc), cs.est("sign", acc)), 0.005)[0]
+        out["ef_topk"] = stats.verdict_greater(stats.Difference(
+            cs.est("topk1_ef", acc), cs.est("topk1", acc)), 0.0)[0]
+    return out
+
+
+def cnn_claims(torch_dir, mlp):
     f = torch_mod.findings(torch_dir)
     if not f:
         return ["### The PyTorch CNN\n\nNo results (run "
                 "`experiments/pytorch/run.py`).\n"]
-    out = ["### The same claims on the PyTorch CNN (reduced protocol)", "",
+    out = ["### The same questions on the PyTorch CNN (reduced protocol)", "",
            "4 Python workers (worker/python/examples/cnn.py), 1 shard, 2 epochs "
            "per worker, constant-rate server SGD, 3 seeds; accuracy = mean of "
            "rank 0's last 3 evaluations (no observer evaluation for Python "
            "models). Details and tables: [pytorch/REPORT.md](pytorch/REPORT.md).",
            ""]
-    for claim, verdict, evidence in f:
+    for _, claim, verdict, evidence in f:
         out.append("- **%s: %s.** %s." % (claim, stats.headline(verdict),
                                            evidence))
+    rows = [[claim, stats.headline(mlp[key]), stats.headline(verdict),
+             "same" if mlp[key] == verdict else "**differs**"]
+            for key, claim, verdict, _ in f if key in mlp]
+    if rows:
+        out += ["", "Where the CNN's conclusions differ from the MLP's (same "
+                "question, same criterion; the MLP's accuracy is its final "
+                "model's, its epochs and rates are those of its own studies):",
+                ""]
+        out.append(table(["question", "MLP", "CNN", ""], rows))
     out.append("")
     return out
 

@@ -214,8 +214,9 @@ def estimate(by, run, key, ok_only=True):
 
 
 def findings(out):
-    """[(claim text, verdict, evidence)] of the CNN and cross-check runs,
-    each judged by 95% intervals over seeds (used by REPORT.md files)."""
+    """[(key, claim text, verdict, evidence)] of the CNN and cross-check
+    runs, each judged by 95% intervals over seeds (used by REPORT.md files;
+    key names the claim for the comparison with the MLP's verdicts)."""
     by = _rows(out)
     res = []
     if not by:
@@ -230,7 +231,7 @@ def findings(out):
             t_x = stats.Estimate([_tta_or_wall(r) for r in by.get(run, [])])
             d = stats.Difference(t_x, t_b)
             v, why = stats.verdict_within(d, 0.2 * (t_b.mean or 0))
-            res.append(("CNN, no straggler: %s reaches %.2f in about BSP's time "
+            res.append(("cui_" + run[4:], "CNN, no straggler: %s reaches %.2f in about BSP's time "
                         "(within 20%%)" % (run[4:].upper(), TARGET_CNN), v,
                         "time to %.2f (s; a seed that never reached it counts "
                         "its whole run): BSP %s, %s %s; difference %s s (%s)" % (
@@ -240,7 +241,7 @@ def findings(out):
         for run in ("cnn_ssp4", "cnn_asp"):
             d = stats.Difference(estimate(by, run, acc), estimate(by, "cnn_bsp", acc))
             v, why = stats.verdict_within(d, 0.01)
-            res.append(("CNN: %s's accuracy after the same epochs within 1 point "
+            res.append(("acc_" + run[4:], "CNN: %s's accuracy after the same epochs within 1 point "
                         "of BSP's" % run[4:].upper(), v,
                         "mean of the last 3 evaluations: BSP %s, %s %s; "
                         "difference %s points (%s)" % (
@@ -252,7 +253,7 @@ def findings(out):
         t = estimate(by, "cnn_topk1_ef", acc)
         d = stats.Difference(t, n)
         v, why = stats.verdict_greater(d, -0.01)
-        res.append(("CNN: top-k 1% + EF within 1 point of uncompressed (Stich "
+        res.append(("topk_ef", "CNN: top-k 1% + EF within 1 point of uncompressed (Stich "
                     "et al.; Lin et al.)", v,
                     "uncompressed %s, top-k 1%% + EF %s (wire ratio %s); "
                     "difference %s points (%s)" % (
@@ -262,13 +263,13 @@ def findings(out):
         s0, s1 = estimate(by, "cnn_sign", acc), estimate(by, "cnn_sign_ef", acc)
         d = stats.Difference(s1, s0)
         v, why = stats.verdict_greater(d, 0.005)
-        res.append(("CNN: sign without EF is worse than with it (Karimireddy "
+        res.append(("sign_ef", "CNN: sign without EF is worse than with it (Karimireddy "
                     "et al.)", v, "sign %s, sign + EF %s; difference %s points "
                     "(%s)" % (s0.fmt(4), s1.fmt(4), d.fmt(2, 100), why)))
         k0, k1 = estimate(by, "cnn_topk1", acc), t
         d = stats.Difference(k1, k0)
         v, why = stats.verdict_greater(d, 0.0)
-        res.append(("CNN: error feedback helps top-k 1%", v,
+        res.append(("ef_topk", "CNN: error feedback helps top-k 1%", v,
                     "top-k 1%% %s, with EF %s; difference %s points (%s)" % (
                         k0.fmt(4), k1.fmt(4), d.fmt(2, 100), why)))
     a, b = estimate(by, "mlp_pytorch", "final_acc"), \
@@ -276,7 +277,7 @@ def findings(out):
     if a.mean is not None and b.mean is not None:
         d = stats.Difference(a, b)
         v, why = stats.verdict_within(d, 0.01)
-        res.append(("PyTorch MLP (examples/mlp.py) trains like ps_worker "
+        res.append(("crosscheck", "PyTorch MLP (examples/mlp.py) trains like ps_worker "
                     "(within 1 point)", v,
                     "final accuracy: PyTorch %s, ps_worker %s; difference %s "
                     "points (%s)" % (a.fmt(4), b.fmt(4), d.fmt(2, 100), why)))
@@ -324,7 +325,7 @@ def write_report(out):
     lines += ["", "Targets: CNN %.2f, MLP %.2f (time to target counts seeds that "
               "reached it; n in runs.csv)." % (TARGET_CNN, TARGET_MLP), "",
               "## Findings (95% intervals over seeds)", ""]
-    for claim, verdict, evidence in findings(out):
+    for _, claim, verdict, evidence in findings(out):
         lines.append("- **%s: %s.** %s." % (claim, stats.headline(verdict), evidence))
     lines += ["", "![CNN sync](cnn_sync_acc_vs_epoch.png)",
               "![CNN compression](cnn_compression_acc_vs_epoch.png)",
@@ -337,7 +338,7 @@ def write_report(out):
               "EF 0.9288 at 43.7x fewer bytes pushed; plain server SGD lr 0.2 "
               "with the same schedule reached 0.9118 (`extra/cnn_none_sgd/`). "
               "Single seeds: not judged by intervals here; rerun with "
-              "`git show 9f81927:experiments/pytorch/run.py` settings and "
+              "`git show 7b0d41d:experiments/pytorch/run.py` (its settings) and "
               "`--seeds` to get them (about 40 min per run on these cores).", "",
               "## Commands", "", "```",
               "PYTHONPATH=build/python nice -n 10 /usr/bin/python3 "
