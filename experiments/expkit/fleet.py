@@ -87,10 +87,27 @@ class ShapedLink:
         return ["ip", "netns", "exec", self.name]
 
     def close(self):
-        if self._up:
-            subprocess.run(["ip", "netns", "del", self.name],
-                           stderr=subprocess.DEVNULL, check=False)
-            self._up = False
+        """Deletes the namespace, retrying for a few seconds.
+
+        A deletion can fail (EBUSY) while the last process that ran in the
+        namespace is still being torn down; one silent attempt left the
+        namespace behind in a CI run.
+        """
+        if not self._up:
+            return
+        path = os.path.join("/run/netns", self.name)
+        deadline = time.time() + 10.0
+        while True:
+            r = subprocess.run(["ip", "netns", "del", self.name],
+                               capture_output=True, text=True, check=False)
+            if not os.path.exists(path):
+                break
+            if time.time() > deadline:
+                sys.stderr.write("ShapedLink: cannot delete namespace %s: %s\n"
+                                 % (self.name, r.stderr.strip()))
+                break
+            time.sleep(0.2)
+        self._up = False
 
     def __exit__(self, *exc):
         self.close()

@@ -174,7 +174,15 @@ TEST(AdminAddressTest, CheckpointAndShutdownOnlyFromLoopback) {
     GTEST_SKIP() << "cannot create a network namespace";
   struct Cleanup {
     std::string ns;
-    ~Cleanup() { (void)std::system(("ip netns del " + ns).c_str()); }
+    // Deletion can fail (EBUSY) while the last process of the namespace
+    // is being torn down: retry for a few seconds.
+    ~Cleanup() {
+      for (int i = 0; i < 50; ++i) {
+        (void)std::system(("ip netns del " + ns + " 2>/dev/null").c_str());
+        if (access(("/run/netns/" + ns).c_str(), F_OK) != 0) return;
+        std::this_thread::sleep_for(milliseconds(200));
+      }
+    }
   } cleanup{ns};
   ASSERT_EQ(sh("ip -n " + ns + " link set lo up && ip -n " + ns +
                " addr add 10.213.0.1/32 dev lo"),
