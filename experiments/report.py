@@ -317,11 +317,14 @@ def staleness_claims(st, n):
         "worker) %s; 8 ASP workers %s (staleness p50 %s); with DC-ASGD-a "
         "(lambda0 2, m 0.95) %s; DC-ASGD-c (lambda 0.04) %s; lr/staleness "
         "(Zhang et al.) %s. Loss of ASP = %s points (%s); recovery by DC-ASGD-a "
-        "= %s points (%s). %s" % (
+        "= %s points (%s). %sDiverged (excluded from the means above): %s." % (
             seq.fmt(4), asp.fmt(4), st.est("asp8", "staleness_p50").fmt(1),
             dc.fmt(4), st.est("asp8_dc_c", acc).fmt(4),
             st.est("asp8_lr_inverse", acc).fmt(4), loss.fmt(2, 100), why_loss,
-            gain.fmt(2, 100), why_gain, note),
+            gain.fmt(2, 100), why_gain, note, ", ".join(
+                "%s %d of %d seeds" % ((r,) + _any_div(st, r))
+                for r in ("asp8", "asp8_dc_a", "asp8_dc_c", "asp8_lr_inverse")
+                if _any_div(st, r)[0]) or "none"),
         "Criterion: the interval of seq - ASP lies above 0 (there is a loss) "
         "and the interval of DC-ASGD - ASP lies above 0 (part of it "
         "recovered).")
@@ -407,11 +410,11 @@ def cnn_claims(torch_dir, mlp):
         return ["### The PyTorch CNN\n\nNo results (run "
                 "`experiments/pytorch/run.py`).\n"]
     out = ["### The same questions on the PyTorch CNN (reduced protocol)", "",
-           "4 Python workers (worker/python/examples/cnn.py), 1 shard, 2 epochs "
-           "per worker, constant-rate server SGD, 3 seeds; accuracy = mean of "
+           "4 Python workers (worker/python/examples/cnn.py), 1 shard, %s "
+           "epoch(s) per worker, constant-rate server SGD, 3 seeds; accuracy = mean of "
            "rank 0's last 3 evaluations (no observer evaluation for Python "
-           "models). Details and tables: [pytorch/REPORT.md](pytorch/REPORT.md).",
-           ""]
+           "models). Details and tables: [pytorch/REPORT.md](pytorch/REPORT.md)."
+           % torch_mod.cnn_protocol(torch_mod._rows(torch_dir)), ""]
     for _, claim, verdict, evidence in f:
         out.append("- **%s: %s.** %s." % (claim, stats.headline(verdict),
                                            evidence))
