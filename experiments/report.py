@@ -410,11 +410,11 @@ def cnn_claims(torch_dir, mlp):
         return ["### The PyTorch CNN\n\nNo results (run "
                 "`experiments/pytorch/run.py`).\n"]
     out = ["### The same questions on the PyTorch CNN (reduced protocol)", "",
-           "4 Python workers (worker/python/examples/cnn.py), 1 shard, %s "
-           "epoch(s) per worker, constant-rate server SGD, 3 seeds; accuracy = mean of "
+           "4 Python workers (worker/python/examples/cnn.py), 1 shard, %s, "
+           "3 seeds; accuracy = mean of "
            "rank 0's last 3 evaluations (no observer evaluation for Python "
            "models). Details and tables: [pytorch/REPORT.md](pytorch/REPORT.md)."
-           % torch_mod.cnn_protocol(torch_mod._rows(torch_dir)), ""]
+           % torch_mod.cnn_protocol(torch_mod._rows(torch_dir), torch_dir), ""]
     for _, claim, verdict, evidence in f:
         out.append("- **%s: %s.** %s." % (claim, stats.headline(verdict),
                                            evidence))

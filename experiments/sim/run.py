@@ -3,7 +3,8 @@
 validation against them, and the scaling studies this machine cannot run.
 Every figure it writes is SIMULATED and says so.
 
-  experiments/sim/run.py [--quick] [--runs DIR] [--out DIR] [--skip_validation]
+  experiments/sim/run.py [--quick] [--runs DIR] [--compression DIR] [--out DIR]
+                         [--parts validation,bound,throughput,compression]
 
 1. Traces: every worker's per-step busy time (wall time outside Pull) and
    Pull wait, from the sync-vs-async study's runs (their workers log every
@@ -41,6 +42,7 @@ import model as m  # noqa: E402
 from expkit import metrics, plots, stats, study  # noqa: E402
 
 SIM = "SIMULATED"
+PARTS = ("validation", "bound", "throughput", "compression")
 MODEL_BYTES = 4.0 * (784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10)
 # Loopback as the simulator sees it here: ZeroMQ over 127.0.0.1 moved
 # 1-4 GB/s in ps_bench_transport; one-way latency tens of microseconds.
@@ -416,7 +418,14 @@ def main(argv):
     ap.add_argument("--compression",
                     default=os.path.join(study.RESULTS, "compression_study"))
     ap.add_argument("--out", default=os.path.join(study.RESULTS, "sim"))
+    ap.add_argument("--parts", default=",".join(PARTS),
+                    help="what to (re)compute, comma-separated, of %(default)s; "
+                         "the others' CSVs in OUT are kept (e.g. compression "
+                         "after a new compression study)")
     args = ap.parse_args(argv)
+    parts = set(filter(None, args.parts.split(",")))
+    if not parts or parts - set(PARTS):
+        ap.error("--parts: a comma-separated subset of " + ",".join(PARTS))
     os.makedirs(args.out, exist_ok=True)
     timer = study.Timer()
     tpath = os.path.join(args.out, "traces.csv.gz")
@@ -428,6 +437,21 @@ def main(argv):
     if not traces:
         raise SystemExit("no per-step traces: run experiments/sync_vs_async/"
                          "run.py first (its workers log every step)")
+    median, sigma = step_model(traces)
+    if "validation" in parts:
+        validation(args, traces, median, sigma, timer)
+    if "bound" in parts:
+        bound_part(args, median, sigma, timer)
+    if "throughput" in parts:
+        throughput_part(args, median, sigma, timer)
+    if "compression" in parts:
+        compression_part(args, median, sigma)
+    make_plots(args.out)
+    print("[sim %6.1fs] wrote %s" % (timer(), args.out), flush=True)
+    return 0
+
+
+def validation(args, traces, median, sigma, timer):
     runs_rows = metrics.read_csv(os.path.join(args.runs, "runs.csv"))
     per_request, target = calibrate(traces, runs_rows)
     print("[sim %6.1fs] calibrated: %.1f us per shard request (ASP idle %.3f)"
@@ -439,7 +463,6 @@ def main(argv):
     study.write_csv(os.path.join(args.out, "validation_summary.csv"), vsum,
                     ["run", "role", "seeds"] + [c for k in VSUM_KEYS
                                                 for c in (k, k + "_ci")])
-    median, sigma = step_model(traces)
     with open(os.path.join(args.out, "calibration.txt"), "w") as f:
         f.write("shard_cost_per_request_s=%.3e asp_idle_target=%.4f "
                 "step_median_s=%.4e step_sigma=%.3f tail_p=%g tail_xm=%g "
@@ -448,6 +471,9 @@ def main(argv):
                     TAIL["alpha"], len(traces)))
     print("[sim %6.1fs] validation written; step median %.2f ms sigma %.2f"
           % (timer(), median * 1e3, sigma), flush=True)
+
+
+def bound_part(args, median, sigma, timer):
     # Li et al.'s regime: computation dominates a step (their workers ran
     # seconds per iteration); here 100x the MLP's median, the CNN's order.
     rows = idle_vs_bound(100 * median, sigma, args.quick)
@@ -460,6 +486,9 @@ def main(argv):
                      "staleness_p99", "staleness_p99_ci", "shard_busy_frac",
                      "shard_busy_frac_ci"])
     print("[sim %6.1fs] idle vs bound done" % timer(), flush=True)
+
+
+def throughput_part(args, median, sigma, timer):
     rows = throughput_vs_workers(median, sigma, args.quick)
     study.write_csv(os.path.join(args.out, "throughput_vs_workers.csv"),
                     mean_rows(rows, ["samples_per_s", "updates_per_s",
@@ -470,6 +499,9 @@ def main(argv):
                      "idle_frac", "idle_frac_ci", "shard_busy_frac",
                      "shard_busy_frac_ci"])
     print("[sim %6.1fs] throughput vs workers done" % timer(), flush=True)
+
+
+def compression_part(args, median, sigma):
     codecs = codec_table(metrics.read_csv(os.path.join(args.compression,
                                                        "summary.csv")))
     # The compression study's batch is 64, half the traced runs' 128.
@@ -480,9 +512,6 @@ def main(argv):
                     ["codec", "link_bits_per_s", "wire_ratio", "seeds",
                      "samples_per_s", "samples_per_s_ci", "idle_frac",
                      "idle_frac_ci"])
-    make_plots(args.out)
-    print("[sim %6.1fs] wrote %s" % (timer(), args.out), flush=True)
-    return 0
 
 
 if __name__ == "__main__":
