@@ -14,6 +14,7 @@ missing is reported as missing.
 import argparse
 import datetime
 import importlib.util
+import math
 import os
 import platform
 import subprocess
@@ -101,6 +102,25 @@ class Runs:
     def reached(self, run, key="time_to_target_s"):
         rs = self.by.get(run, [])
         return sum(1 for r in rs if F(r.get(key)) is not None), len(rs)
+
+    def per_seed(self, a, b, key):
+        """'seed k: A x vs B y' for the seeds both runs have (the same seed
+        is the same initialisation and data order), and how many of them
+        have A above B: the seeds behind a wide interval."""
+        va = {r["seed"]: F(r.get(key)) for r in self.by.get(a, [])}
+        vb = {r["seed"]: F(r.get(key)) for r in self.by.get(b, [])}
+        seeds = [k for k in va if k in vb and va[k] is not None and
+                 vb[k] is not None]
+        if not seeds:
+            return ""
+        above = sum(1 for k in seeds if va[k] > vb[k])
+        d = stats.Estimate([100 * (va[k] - vb[k]) for k in seeds])
+        paired = "" if d.half is None or not math.isfinite(d.half) else \
+            " (paired by seed, for information: %+.2f [%+.2f, %+.2f] points)" \
+            % (d.mean, d.mean - d.half, d.mean + d.half)
+        return "per seed (%s / %s): %s; %s above in %d of %d%s" % (
+            a, b, ", ".join("%s: %.4f / %.4f" % (k, va[k], vb[k])
+                            for k in seeds), a, above, len(seeds), paired)
 
 
 def verdict_line(n, claim, verdict, evidence, criterion):
@@ -198,7 +218,8 @@ def claims(sv, cs, st, torch_dir, sim_dir):
             "+ EF + DGC %s; top-k 1%% + EF - uncompressed = %s points (%s)." % (
                 none.fmt(4), tk.fmt(4), cs.est("topk1_ef", "wire_ratio").fmt(1),
                 cs.est("topk1", acc).fmt(4), cs.est("topk01_ef_dgc", acc).fmt(4),
-                d.fmt(2, 100), why),
+                d.fmt(2, 100), why) + " " + cs.per_seed("topk1_ef", "none", acc)
+            + ".",
             "Criterion: the interval of the difference lies above -1 point.")
         # 4. sign with/without EF
         n += 1
@@ -209,8 +230,9 @@ def claims(sv, cs, st, torch_dir, sim_dir):
             n, "Sign compression without error feedback is worse than with it "
             "(Karimireddy et al. 2019)", v,
             "Final model accuracy: sign %s, sign + EF %s (uncompressed %s); "
-            "difference %s points (%s)." % (s0.fmt(4), s1.fmt(4), none.fmt(4),
-                                            d.fmt(2, 100), why),
+            "difference %s points (%s). %s." % (
+                s0.fmt(4), s1.fmt(4), none.fmt(4), d.fmt(2, 100), why,
+                cs.per_seed("sign_ef", "sign", acc)),
             "Criterion: the interval of (sign + EF) - sign lies above 0.5 "
             "point.")
         # 5. Agarwal et al.

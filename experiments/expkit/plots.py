@@ -37,6 +37,8 @@ def _render(png, lines, plots):
     to png and runs gnuplot; RuntimeError if it fails."""
     gp = os.path.splitext(png)[0] + ".gp"
     if not plots:
+        # [0:1] is not a range a log axis can take.
+        lines.append("unset logscale")
         lines.append("set label 1 'no data' at graph 0.5,0.5 center")
         lines.append("plot [0:1] [0:1] NaN notitle")
     else:

@@ -1,6 +1,7 @@
 """Pieces shared by the study scripts: CLI options, curve extraction, CSV IO."""
 import argparse
 import csv
+import json
 import math
 import os
 import shutil
@@ -227,6 +228,26 @@ def merge_rows(path, new_rows):
 
 
 # -------------------------------------------------------------- execution
+def finished_job(out, run, seed, server_flags, worker_flags):
+    """The job a completed earlier (run, seed) left in its run_dir (job.json
+    and stats.json, as fleet.run_job writes them once a job has finished),
+    or None: when they are missing, unreadable or were run with other
+    server or worker flags. Lets a long study resume after it was stopped."""
+    d = run_dir(out, run, seed)
+    try:
+        with open(os.path.join(d, "job.json")) as f:
+            job = json.load(f)
+        with open(os.path.join(d, "stats.json")) as f:
+            job["stats"] = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if job.get("server_flags") != list(server_flags) or \
+            job.get("worker_flags") != list(worker_flags):
+        return None
+    job["out_dir"] = d
+    return job
+
+
 def execute(tag, out, run, seed, workers, start_job, timer):
     """Runs one (configuration, seed): start_job(run_dir) is a
     fleet.run_job call. Returns (job, status): a failed or diverged job

@@ -118,6 +118,10 @@ def main():
     ap.add_argument("--target_cnn", type=float, default=TARGET_CNN,
                     help="CNN time-to-accuracy target (default %(default)s, "
                          "for 2 epochs)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep every (run, seed) that finished before with "
+                         "the same flags (its job.json in OUT/runs/), run the "
+                         "rest")
     ap.add_argument("--report_only", action="store_true",
                     help="run nothing: REPORT.md and plots from OUT's CSVs")
     args = ap.parse_args()
@@ -143,12 +147,19 @@ def main():
             if args.max_steps:
                 flags.append("--max_steps=%d" % args.max_steps)
             load = study.load_average()
-            job, status = study.execute(
-                "pytorch", args.out, name, seed, WORKERS,
-                lambda d: fleet.run_job(d, bin_dir=args.bin_dir, servers=shards,
-                                        workers=WORKERS, server_flags=sflags,
-                                        worker_flags=flags, worker_cmd=cmd,
-                                        timeout_s=4 * 3600), timer)
+            job = study.finished_job(args.out, name, seed, sflags, flags) \
+                if args.resume else None
+            if job is not None:
+                status, load = "ok", None
+                print("[pytorch %7.1fs] %s seed %d: kept (--resume)" % (
+                    timer(), name, seed), flush=True)
+            else:
+                job, status = study.execute(
+                    "pytorch", args.out, name, seed, WORKERS,
+                    lambda d: fleet.run_job(d, bin_dir=args.bin_dir, servers=shards,
+                                            workers=WORKERS, server_flags=sflags,
+                                            worker_flags=flags, worker_cmd=cmd,
+                                            timeout_s=4 * 3600), timer)
             target = args.target_cnn if name.startswith("cnn") else TARGET_MLP
             s = metrics.summarize(job, target)
             d = study.run_dir(args.out, name, seed)

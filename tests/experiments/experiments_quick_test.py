@@ -61,7 +61,8 @@ def check_csv(path, min_rows):
                 x = float(v)
             except ValueError:
                 continue
-            if not math.isfinite(x) and k != "staleness_bound":  # ASP: inf
+            # ASP's staleness bound is written as inf (a label, not a figure).
+            if not math.isfinite(x) and k not in ("staleness_bound", "bound"):
                 fail("%s: run %s: %s = %s" % (path, r.get("run"), k, v))
     return rows
 
@@ -77,9 +78,16 @@ def check_png(path):
 
 
 def run(cmd, timeout):
+    """Runs one study; timeout only guards against a hang (a stage takes
+    ~30-60 s on 2 quiet cores and over 100 s at a load average of 15, so
+    the guards are several times that), never a performance target."""
     t0 = time.time()
-    r = subprocess.run([sys.executable] + cmd, capture_output=True,
-                       text=True, timeout=timeout)
+    try:
+        r = subprocess.run([sys.executable] + cmd, capture_output=True,
+                           text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        print((e.stdout or b"")[-3000:], (e.stderr or b"")[-3000:])
+        fail("%s: no result after %d s (hung?)" % (" ".join(cmd), timeout))
     print("%s: rc %d in %.1fs" % (os.path.basename(os.path.dirname(cmd[0])) or
                                   cmd[0], r.returncode, time.time() - t0))
     if r.returncode != 0:
@@ -104,18 +112,18 @@ def main():
         sim = os.path.join(tmp, "sim")
         run([os.path.join(EXP, "sync_vs_async", "run.py"), "--quick",
              "--bin_dir", BIN, "--out", sync, "--max_steps", MAX_STEPS,
-             "--eval_every", "10", "--only", "bsp,asp", "--seeds", SEEDS], 120)
+             "--eval_every", "10", "--only", "bsp,asp", "--seeds", SEEDS], 300)
         run([os.path.join(EXP, "compression_study", "run.py"), "--quick",
              "--bin_dir", BIN, "--out", comp, "--max_steps", "20",
              "--eval_every", "10", "--only", "none,topk1_ef,none_slow",
-             "--seeds", SEEDS], 150)
+             "--seeds", SEEDS], 300)
         run([os.path.join(EXP, "staleness_study", "run.py"), "--quick",
              "--bin_dir", BIN, "--out", stal, "--max_steps", "15",
              "--eval_every", "5", "--only", "asp8_dc_a,bsp8_scaled_warmup",
-             "--seeds", SEEDS], 150)
+             "--seeds", SEEDS], 300)
         run([os.path.join(EXP, "sim", "run.py"), "--quick", "--runs", sync,
-             "--compression", comp, "--out", sim], 150)
-        run([os.path.join(EXP, "report.py"), "--results", tmp], 60)
+             "--compression", comp, "--out", sim], 240)
+        run([os.path.join(EXP, "report.py"), "--results", tmp], 120)
 
         rows = check_csv(os.path.join(sync, "runs.csv"), 6)
         for r in rows:
