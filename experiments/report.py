@@ -654,6 +654,20 @@ def sim_section(d):
                          + [ci(next(r for r in rows if r["bound"] == b and
                                     int(r["workers"]) == w), "idle_frac", 1,
                                pct=True) for w in ws] for b in bounds]))
+        at = {(int(r["workers"]), r["bound"]): r for r in rows}
+        lo = at.get((ws[0], "0")), at.get((ws[0], "16"))
+        if all(lo):
+            md += ["", "Against Li et al. (OSDI'14: 50%% idle at bound 0, 1.7%% "
+                   "at 16): the SIMULATED %d workers idle %s at bound 0 and %s "
+                   "at 16. The direction is theirs; the magnitude at 16 is not "
+                   "reproduced with this tail: a Pareto(1.5) delay has no "
+                   "finite variance, so among many workers some step is late "
+                   "by more than 16 steps' worth and every bounded worker "
+                   "waits for it (the wider the fleet, the more often), while "
+                   "their stragglers were milder. The intervals over 3 seeds "
+                   "are wide for the same reason." % (
+                       ws[0], ci(lo[0], "idle_frac", 1, pct=True),
+                       ci(lo[1], "idle_frac", 1, pct=True))]
         md += ["", "![idle vs bound](sim/sim_idle_vs_bound.png)", ""]
     rows = metrics.read_csv(os.path.join(d, "throughput_vs_workers.csv"))
     if rows:
