@@ -447,7 +447,7 @@ def write_report(out):
               "![CNN compression](cnn_compression_acc_vs_epoch.png)",
               "![MLP cross-check](mlp_crosscheck_acc_vs_epoch.png)",
               "![CNN vs time](cnn_acc_vs_time.png)", "",
-              ] + _bsp_note(out) + [
+              ] + _rate_notes(out) + [
               "## Earlier long runs (issue 11, one seed)", "",
               "`extra/issue11_long_runs/`: 2 shards x 4 workers, SSP s=2, server "
               "Adam lr 0.001 with cosine decay over 15 epochs, batch 64: CNN "
@@ -475,34 +475,38 @@ def write_report(out):
         fo.write("\n".join(lines))
 
 
-def _bsp_note(out):
-    """Why cnn_bsp ran below the linearly scaled rate, when it did."""
-    lr = study._float(_budget_field(out, "bsp_lr"))
-    if lr is None or lr >= LR * WORKERS or not os.path.isdir(
-            os.path.join(out, "extra", "cnn_bsp_lr04_seed1")):
-        return []
-    return ["## BSP at the linearly scaled rate", "",
-            "BSP at %g x %g = %g without warm-up did not train the CNN: seed 1 "
-            "of this protocol reached 0.21 and 0.22 at steps 30 and 59, then "
-            "0.10 (chance) from step 88 on, training loss 2.3 "
-            "(`extra/cnn_bsp_lr04_seed1/`). The BSP runs above use %g (square-"
-            "root scaling); the MLP's BSP trains at the linear 4 x 0.1." % (
-                WORKERS, LR, LR * WORKERS, lr), ""] + _compression_note(out)
+def _lowered_lr(out, key, default, evidence):
+    """OUT/budget.txt's rate `key` when it is below default and the run that
+    showed why is kept in OUT/extra/<evidence>; else None."""
+    lr = study._float(_budget_field(out, key))
+    if lr is None or lr >= default or not os.path.isdir(
+            os.path.join(out, "extra", evidence)):
+        return None
+    return lr
 
 
-def _compression_note(out):
-    """Why the compression runs ran below LR, when they did."""
-    lr = study._float(_budget_field(out, "compression_lr"))
-    if lr is None or lr >= LR or not os.path.isdir(
-            os.path.join(out, "extra", "cnn_none_lr01")):
-        return []
-    return ["## The compression runs' rate", "",
-            "At lr %g under SSP s=2 the uncompressed CNN collapsed to chance "
-            "in its first 40 steps in both seeds run (1 and 2: test accuracy "
-            "0.10 at every evaluation, `extra/cnn_none_lr01/`), as 2 of the 3 "
-            "ASP seeds at that rate did partly (table above), so the "
-            "compression runs use %g; BSP's 0.2 trains (one averaged update "
-            "per round of 4 gradients)." % (LR, lr), ""]
+def _rate_notes(out):
+    """Why cnn_bsp or the compression runs ran below the default rates."""
+    md = []
+    lr = _lowered_lr(out, "bsp_lr", LR * WORKERS, "cnn_bsp_lr04_seed1")
+    if lr is not None:
+        md += ["## BSP at the linearly scaled rate", "",
+               "BSP at %g x %g = %g without warm-up did not train the CNN: "
+               "seed 1 of this protocol reached 0.21 and 0.22 at steps 30 and "
+               "59, then 0.10 (chance) from step 88 on, training loss 2.3 "
+               "(`extra/cnn_bsp_lr04_seed1/`). The BSP runs above use %g "
+               "(square-root scaling); the MLP's BSP trains at the linear "
+               "4 x 0.1." % (WORKERS, LR, LR * WORKERS, lr), ""]
+    lr = _lowered_lr(out, "compression_lr", LR, "cnn_none_lr01")
+    if lr is not None:
+        md += ["## The compression runs' rate", "",
+               "At lr %g under SSP s=2 the uncompressed CNN collapsed to "
+               "chance in its first 40 steps in both seeds run (1 and 2: test "
+               "accuracy 0.10 at every evaluation, `extra/cnn_none_lr01/`), "
+               "as 2 of the 3 ASP seeds at that rate did partly (table "
+               "above), so the compression runs use %g; BSP's 0.2 trains (one "
+               "averaged update per round of 4 gradients)." % (LR, lr), ""]
+    return md
 
 
 def cell(r, k, digits=4):
