@@ -13,6 +13,7 @@ import csv
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -82,12 +83,19 @@ def run(cmd, timeout):
     ~30-60 s on 2 quiet cores and over 100 s at a load average of 15, so
     the guards are several times that), never a performance target."""
     t0 = time.time()
+    # Its own process group: a stage that runs out of time is killed with
+    # the servers and workers it started (they would outlive it otherwise).
+    p = subprocess.Popen([sys.executable] + cmd, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
     try:
-        r = subprocess.run([sys.executable] + cmd, capture_output=True,
-                           text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        print((e.stdout or b"")[-3000:], (e.stderr or b"")[-3000:])
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        print(out[-3000:], err[-3000:])
         fail("%s: no result after %d s (hung?)" % (" ".join(cmd), timeout))
+    r = subprocess.CompletedProcess(p.args, p.returncode, out, err)
     print("%s: rc %d in %.1fs" % (os.path.basename(os.path.dirname(cmd[0])) or
                                   cmd[0], r.returncode, time.time() - t0))
     if r.returncode != 0:
