@@ -35,7 +35,7 @@ if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   # The structure-aware fuzz (hostile values) against the ASan shard, short.
   ASYNCPS_HOSTILE_FUZZ_MESSAGES=4000 \
   ctest --test-dir "$SAN" --output-on-failure -j"$JOBS" --timeout 300 \
-    -R '^(Codec|Spec|TopK|Compressor|Corruption|Wire|Layout|Status|Transport|Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client|NetFuzz|PushDedup|ShutdownWatchdog|Hostile|AdminAddress|Sparse|FlatIndex|RowCache|RowsPlan|Store)'
+    -R '^(Codec|Spec|TopK|Compressor|Corruption|Wire|Layout|Status|Transport|Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client|NetFuzz|PushDedup|ShutdownWatchdog|Hostile|AdminAddress|Sparse|FlatIndex|RowCache|RowsPlan|Store|LrSchedule|DelayCompensation)'
   echo "run_tests: ASan+UBSan stage took ${SECONDS} s"
 
 fi
@@ -50,6 +50,6 @@ if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   cmake --build "$TSAN" -j"$JOBS" --target server_test client_test sparse_test rows_plan_test
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp" \
     ctest --test-dir "$TSAN" --output-on-failure -j"$JOBS" --timeout 300 \
-    -R '^(Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client|PushDedup|ShutdownWatchdog|Sparse|RowCache|RowsPlan|Store)'
+    -R '^(Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client|PushDedup|ShutdownWatchdog|Sparse|RowCache|RowsPlan|Store|LrSchedule|DelayCompensation)'
   echo "run_tests: TSan stage took ${SECONDS} s"
 fi

@@ -36,12 +36,35 @@ DEFINE_int32(num_shards, 1, "number of shards in the deployment");
 DEFINE_int32(num_workers, 1, "number of workers (ranks 0..num_workers-1)");
 DEFINE_string(consistency, "asp", "bsp | ssp | asp");
 DEFINE_int64(staleness, 0, "SSP staleness bound s (clocks)");
-DEFINE_bool(staleness_lr, false,
-            "scale the learning rate by 1/(1+staleness) per push");
+DEFINE_string(staleness_lr, "none",
+              "learning rate by the staleness s of each push (ASP/SSP): none "
+              "| one_plus (lr/(1+s)) | inverse (lr/s, Zhang et al. IJCAI'16); "
+              "true/false are one_plus/none");
+DEFINE_double(dc_lambda, 0.0,
+              "delay compensation (DC-ASGD, Zheng et al. ICML'17; ASP/SSP): "
+              "g + lambda*g*g*(w_now - w_read); 0: off. The shard keeps the "
+              "weights each worker read (about one copy of its part per "
+              "worker, charged to --memory_budget_mb)");
+DEFINE_double(dc_meansquare_decay, 0.0,
+              "DC-ASGD-a: lambda / sqrt(meansquare(g) + eps) with this decay "
+              "of the running mean square (the paper: 0.95); 0: constant "
+              "lambda (DC-ASGD-c)");
+DEFINE_double(dc_eps, 1e-7, "DC-ASGD-a: epsilon under the square root");
+DEFINE_uint64(lr_warmup_updates, 0,
+              "linear learning-rate warm-up over this many applied updates of "
+              "the shard (pushes under ASP/SSP, rounds under BSP); 0: none");
+DEFINE_double(lr_warmup_epochs, 0.0,
+              "warm-up in epochs instead: needs --updates_per_epoch");
+DEFINE_uint64(updates_per_epoch, 0,
+              "shard updates per epoch, for --lr_warmup_epochs: under BSP the "
+              "steps per epoch of one worker, under ASP/SSP W times that");
+DEFINE_double(lr_warmup_start, 0.0,
+              "fraction of --lr at the first warm-up update, [0, 1] (Goyal et "
+              "al.: 1/W for the linearly scaled rate of W workers)");
 DEFINE_uint64(lr_decay_updates, 0,
-              "cosine learning-rate decay over this many applied updates "
-              "of the shard (0: constant rate); for W workers running N "
-              "steps each under ASP/SSP that is W*N, under BSP N");
+              "cosine learning-rate decay ending at this applied update of "
+              "the shard (0: constant rate); for W workers running N steps "
+              "each under ASP/SSP that is W*N, under BSP N");
 DEFINE_double(lr_final, 0.0, "final fraction of --lr for the decay, [0, 1]");
 DEFINE_string(optimizer, "sgd", "sgd | momentum | nesterov | adam | adagrad");
 DEFINE_double(lr, 0.01, "learning rate");
@@ -185,12 +208,43 @@ srv::ServerOptions OptionsFromFlags() {
   if (s.consistency != srv::Consistency::kSsp && FLAGS_staleness != 0) {
     BadFlag("--staleness only applies to --consistency=ssp");
   }
-  s.staleness_lr = FLAGS_staleness_lr;
+  StatusOr<srv::StalenessLr> slr = srv::ParseStalenessLr(FLAGS_staleness_lr);
+  if (!slr.ok()) BadFlag("--staleness_lr: " + slr.status().message());
+  s.staleness_lr = *slr;
+  s.delay_compensation.lambda = static_cast<float>(FLAGS_dc_lambda);
+  s.delay_compensation.meansquare_decay =
+      static_cast<float>(FLAGS_dc_meansquare_decay);
+  s.delay_compensation.eps = static_cast<float>(FLAGS_dc_eps);
+  if (Status dc = s.delay_compensation.Validate(); !dc.ok())
+    BadFlag(dc.message());
+  if (s.delay_compensation.enabled() &&
+      s.consistency == srv::Consistency::kBsp) {
+    BadFlag("--dc_lambda needs --consistency=ssp or asp");
+  }
   if (FLAGS_lr_final < 0 || FLAGS_lr_final > 1) {
     BadFlag("--lr_final must be in [0, 1]");
   }
+  if (FLAGS_lr_warmup_start < 0 || FLAGS_lr_warmup_start > 1) {
+    BadFlag("--lr_warmup_start must be in [0, 1]");
+  }
+  if (FLAGS_lr_warmup_epochs < 0) BadFlag("--lr_warmup_epochs must be >= 0");
+  if (FLAGS_lr_warmup_epochs > 0 && FLAGS_lr_warmup_updates > 0) {
+    BadFlag("give --lr_warmup_updates or --lr_warmup_epochs, not both");
+  }
+  s.lr_warmup_updates = FLAGS_lr_warmup_updates;
+  if (FLAGS_lr_warmup_epochs > 0) {
+    if (FLAGS_updates_per_epoch == 0) {
+      BadFlag("--lr_warmup_epochs needs --updates_per_epoch (the shard counts "
+              "updates, not epochs)");
+    }
+    s.lr_warmup_updates = static_cast<uint64_t>(
+        FLAGS_lr_warmup_epochs * static_cast<double>(FLAGS_updates_per_epoch) +
+        0.5);
+  }
+  s.lr_warmup_start = static_cast<float>(FLAGS_lr_warmup_start);
   s.lr_decay_updates = FLAGS_lr_decay_updates;
   s.lr_final = static_cast<float>(FLAGS_lr_final);
+  if (Status ls = s.lr_schedule().Validate(); !ls.ok()) BadFlag(ls.message());
   std::string opt = FLAGS_optimizer;
   if (opt == "nesterov") {
     opt = "momentum";
@@ -316,7 +370,10 @@ int main(int argc, char** argv) {
   LOG(INFO) << "ps_server shard " << s.shard_id << "/" << s.num_shards
             << ": workers " << s.num_workers << ", consistency "
             << srv::ConsistencyName(s.consistency) << " staleness "
-            << s.staleness << (s.staleness_lr ? " (staleness lr)" : "")
+            << s.staleness << ", staleness lr "
+            << srv::StalenessLrName(s.staleness_lr) << ", delay compensation "
+            << s.delay_compensation.ToString() << ", lr schedule "
+            << s.lr_schedule().ToString()
             << ", optimizer " << s.optimizer.ToString() << ", db_path '"
             << options.db_path << "', checkpoint every "
             << options.checkpoint_every.count() << " ms, durable " << s.durable

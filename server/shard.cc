@@ -69,7 +69,25 @@ Status ShardOptions::Validate() const {
     return Status::InvalidArgument("max_clock_jump must be in [1, 2^62]");
   if (apply_threads < 1 || apply_threads > 256)
     return Status::InvalidArgument("apply_threads must be in [1, 256]");
+  RETURN_IF_ERROR(lr_schedule().Validate());
+  RETURN_IF_ERROR(delay_compensation.Validate());
+  if (delay_compensation.enabled() && consistency == Consistency::kBsp) {
+    return Status::InvalidArgument(
+        "delay compensation corrects stale gradients: it needs ssp or asp "
+        "(BSP gradients are never stale)");
+  }
+  if (static_cast<int>(staleness_lr) > 2)
+    return Status::InvalidArgument("unknown staleness_lr rule");
   return optimizer.Validate();
+}
+
+LrScheduleOptions ShardOptions::lr_schedule() const {
+  LrScheduleOptions o;
+  o.warmup_updates = lr_warmup_updates;
+  o.warmup_start = lr_warmup_start;
+  o.decay_updates = lr_decay_updates;
+  o.final_fraction = lr_final;
+  return o;
 }
 
 Shard::Shard(const ShardOptions& options, Store* store,
@@ -77,6 +95,9 @@ Shard::Shard(const ShardOptions& options, Store* store,
     : options_(options),
       store_(store),
       optimizer_(std::move(optimizer)),
+      schedule_(options.lr_schedule()),
+      state_per_elem_(optimizer_->state_per_elem() +
+                      options.delay_compensation.state_per_elem()),
       budget_(MemoryBudget::Create(options.memory_budget_bytes)),
       bsp_pushed_round_(options.num_workers, -1),
       clocks_(options.num_workers, options.worker_timeout, now),
@@ -84,6 +105,8 @@ Shard::Shard(const ShardOptions& options, Store* store,
       dedup_(std::make_unique<internal::PushDedup>(
           internal::PushDedup::Options{options.num_workers})),
       replicas_(options.num_workers),
+      dc_reads_(options.delay_compensation.enabled() ? options.num_workers
+                                                     : 0),
       next_pull_seq_(
           1 +
           (static_cast<uint64_t>(
@@ -111,7 +134,8 @@ StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardOptions& options,
   const uint64_t fixed =
       shard->dedup_->MaxBytes() +
       static_cast<uint64_t>(options.num_workers) *
-          (sizeof(PullReplica) + 4 * sizeof(int64_t) + 64 /* counters */);
+          (sizeof(PullReplica) + sizeof(DcReads) + 4 * sizeof(int64_t) +
+           64 /* counters */);
   ASSIGN_OR_RETURN(
       shard->fixed_charge_,
       shard->budget_->Reserve(
@@ -329,7 +353,10 @@ void Shard::Tick(TimePoint now, std::vector<OutgoingReply>* out) {
     // An evicted worker's replica is a copy of the shard it may never ask
     // for again: it resyncs with whole weights if it comes back.
     for (int r = 0; r < clocks_.num_workers(); ++r) {
-      if (!clocks_.live(r)) FreeReplica(r);
+      if (!clocks_.live(r)) {
+        FreeReplica(r);
+        FreeDcReads(r);
+      }
     }
     OnClocksChanged(out);
   }

@@ -85,9 +85,11 @@
 #include "common/layout.h"
 #include "common/status.h"
 #include "common/wire.h"
+#include "server/lr_schedule.h"
 #include "server/memory_budget.h"
 #include "server/optimizer.h"
 #include "server/sparse/sparse_tables.h"
+#include "server/staleness_rules.h"
 #include "server/stats.h"
 #include "server/store.h"
 #include "server/worker_clocks.h"
@@ -118,11 +120,23 @@ struct ShardOptions {
   Consistency consistency = Consistency::kAsp;
   // SSP bound s, in clocks, >= 0. Default: 0.
   int64_t staleness = 0;
-  // Scale the learning rate by 1 / (1 + staleness of the push). Default: off.
-  bool staleness_lr = false;
-  // Cosine learning-rate decay: the rate falls from lr to lr * lr_final over
-  // this many shard updates (applied pushes, or BSP rounds), then stays.
-  // 0 keeps the rate constant. Default: 0.
+  // Learning rate by the staleness of each push (ASP/SSP; BSP pushes have
+  // staleness 0): lr / (1 + s) or lr / s (server/staleness_rules.h).
+  // Default: kNone.
+  StalenessLr staleness_lr = StalenessLr::kNone;
+  // Delay compensation of stale gradients (DC-ASGD; ASP/SSP only), see
+  // server/staleness_rules.h for the rule and its memory. Default: off.
+  DelayCompensationOptions delay_compensation;
+  // Linear learning-rate warm-up over this many shard updates (applied
+  // pushes, or BSP rounds): the rate rises from lr * lr_warmup_start to lr
+  // (server/lr_schedule.h). 0: none. Default: 0.
+  uint64_t lr_warmup_updates = 0;
+  // Fraction of lr at the first update of the warm-up, in [0, 1].
+  // Default: 0.
+  float lr_warmup_start = 0.0f;
+  // Cosine learning-rate decay: the rate falls from lr (after the warm-up)
+  // to lr * lr_final, reaching it at shard update lr_decay_updates, then
+  // stays. 0 keeps the rate constant. Default: 0.
   uint64_t lr_decay_updates = 0;
   // Final fraction of lr for the decay, in [0, 1]. Default: 0.
   float lr_final = 0.0f;
@@ -186,6 +200,8 @@ struct ShardOptions {
   // than they save. Default: 1 Mi elements (4 MiB of fp32 gradient).
   uint64_t parallel_apply_min_elems = uint64_t{1} << 20;
 
+  // The learning-rate schedule these options describe.
+  LrScheduleOptions lr_schedule() const;
   Status Validate() const;
 };
 
@@ -281,6 +297,7 @@ class Shard {
   struct ParkedPull;
   struct PullReplica;
   struct WorkPiece;
+  struct DcReads;
   // Reply bytes handed to the transport and not yet released by it.
   using UnsentBytes = std::atomic<uint64_t>;
 
@@ -328,6 +345,15 @@ class Shard {
   size_t NumParkedOfRank(int rank) const;
   // Frees the pull replica of `rank` (eviction, new incarnation, codec).
   void FreeReplica(int rank);
+  // Makes c.snapshot hold the chunk's current weights (a new buffer, drawn
+  // from the budget, when the old one is still referenced by a reply in
+  // flight or a delay-compensation read); adds what it allocated to *fresh.
+  Status EnsureSnapshot(Chunk& c, uint64_t* fresh);
+  // Delay compensation: remembers the snapshots of `ids` as what `rank`
+  // read at `clock` (after a successful pull reply).
+  Status RecordDcRead(const RequestHeader& req,
+                      const std::vector<uint32_t>& ids);
+  void FreeDcReads(int rank);
   // Keeps every frame of `reply` until ZeroMQ releases the last of them;
   // until then its bytes count as unsent (total), and `fresh` of them (the
   // buffers made for this reply: new snapshots, codec payloads) as unsent
@@ -360,6 +386,9 @@ class Shard {
   void BeginWork();
   void AddWork(Chunk* c, const float* g);
   void RunWork(const std::function<void(WorkPiece&)>& fn);
+  // Delay compensation (DC-ASGD) of every pending gradient of `req` against
+  // what its worker read at req.clock (shard_staleness.cc).
+  void CompensatePending(const RequestHeader& req);
   // The schedule's multiplier of lr at the current shard version.
   float ScheduleScale() const;
   // Applies the averaged round and moves bsp_round_ to `next`.
@@ -402,6 +431,10 @@ class Shard {
   ShardOptions options_;
   Store* store_;  // not owned; may be null
   std::unique_ptr<Optimizer> optimizer_;
+  LrSchedule schedule_;
+  // Floats of state per weight: the optimizer's, then the delay
+  // compensation's mean square (chunk.state = [optimizer | dc]).
+  size_t state_per_elem_;
   std::shared_ptr<MemoryBudget> budget_;
   MemoryBudget::Charge fixed_charge_;   // tables sized by options
   MemoryBudget::Charge layout_charge_;  // layout tables
@@ -427,6 +460,9 @@ class Shard {
   // its last pull: per rank, what that worker holds of every local chunk.
   // Not persisted: after a restart the next pull resyncs with whole weights.
   std::vector<std::unique_ptr<PullReplica>> replicas_;  // per rank
+  // Delay compensation: per rank, the pull snapshots it read (empty when
+  // compensation is off).
+  std::vector<DcReads> dc_reads_;
   uint64_t next_pull_seq_;  // starts random: unique across restarts
   std::vector<float> delta_scratch_;
   std::vector<uint64_t> pull_stamp_;  // per local chunk: pull #stamp named it

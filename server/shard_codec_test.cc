@@ -77,6 +77,44 @@ TEST(ShardCodecTest, TopKScattersExactly) {
   for (size_t i = 0; i < 16; ++i) EXPECT_EQ(w[i], w0[i] - 0.5f * g[i]) << i;
 }
 
+// DC-ASGD with a sparse push: the payload is densified and compensated
+// like a dense gradient (the zeros stay zero: g * g * ... is 0 there).
+TEST(ShardCodecTest, TopKPushIsDelayCompensated) {
+  ShardOptions o = Opts();
+  o.num_workers = 2;
+  o.delay_compensation.lambda = 0.5f;
+  ShardHarness h(o);
+  ASSERT_TRUE(h.Call(ShardHarness::Register(0, SmallModel(), SmallLayout(2)))
+                  .status.ok());
+  RequestHeader pull = ShardHarness::Pull(0, 0);
+  pull.incarnation = 42;  // ShardHarness::Push's
+  ASSERT_TRUE(h.Call(pull).status.ok());
+  const std::vector<float> read = *h.shard->weights(0);
+  // Another worker moves chunk 0 by a dense push.
+  std::vector<float> other(16);
+  for (size_t i = 0; i < 16; ++i) other[i] = 0.25f * static_cast<float>(i);
+  ByteView fo = testing::Floats(other);
+  RequestHeader push1 = ShardHarness::Push(1, 0, {0}, {fo});
+  ASSERT_TRUE(h.Call(push1, {fo}).status.ok());
+  const std::vector<float> now = *h.shard->weights(0);
+  std::vector<float> g(16, 0.0f);
+  g[3] = 2.0f;
+  g[9] = -4.0f;
+  uint8_t id = 0;
+  ByteView f = Encode("topk:ratio=0.125,min_elems=0", g, &id);
+  ReplyHeader r = h.Call(CompressedPush(0, 16, f, id), {f});
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  const std::vector<float>& w = *h.shard->weights(0);
+  for (size_t i = 0; i < 16; ++i) {
+    const double gi = g[i];
+    const double want =
+        now[i] - 0.5 * (gi + 0.5 * gi * gi * (double{now[i]} - read[i]));
+    EXPECT_NEAR(w[i], want, 1e-6) << i;
+  }
+  EXPECT_NE(w[9], now[9] - 0.5f * g[9]);  // the correction is not zero
+  EXPECT_EQ(h.shard->counters().dc_compensated, 1u);
+}
+
 TEST(ShardCodecTest, CorruptPayloadRejectedStateUntouched) {
   ShardHarness h(Opts());
   ASSERT_TRUE(h.Call(ShardHarness::Register(0, SmallModel(), SmallLayout(2)))

@@ -21,6 +21,7 @@
 //                      u32 'CHK1', u64 n, u32 state_per_elem, u64 version,
 //                      u64 step, u32 contributors, u8 has_acc,
 //                      f32 w[n], f32 state[n * state_per_elem], f32 acc[n]?
+//                      (state: the optimizer's, then DC-ASGD-a's mean square)
 //   "0tables", "1sparse"  sparse tables (server/sparse/sparse_tables.cc)
 // Keys sort in that order, so recovery sees the layout before the chunks
 // and the tables before their state. The tables' rows are in key spaces of
@@ -168,7 +169,7 @@ void Shard::AddChunkEntry(const Chunk& c,
   std::string& h = e.head;
   Put<uint32_t>(&h, kChunkMagic);
   Put<uint64_t>(&h, c.n);
-  Put<uint32_t>(&h, static_cast<uint32_t>(optimizer_->state_per_elem()));
+  Put<uint32_t>(&h, static_cast<uint32_t>(state_per_elem_));
   Put<uint64_t>(&h, c.version);
   Put<uint64_t>(&h, c.step);
   Put<uint32_t>(&h, c.contributors);
@@ -351,12 +352,12 @@ Status Shard::RestoreChunk(uint32_t id, std::string_view value) {
   const size_t want = n * sizeof(float) * (1 + spe + (has_acc ? 1 : 0));
   if (r.remaining() != want) return Damaged("chunk " + std::to_string(id));
   (void)r.GetBytes(c.w.data(), n * sizeof(float));
-  if (spe == optimizer_->state_per_elem()) {
+  if (spe == state_per_elem_) {
     (void)r.GetBytes(c.state.data(), c.state.size() * sizeof(float));
   } else {
     LOG(WARNING) << "chunk " << id << ": stored optimizer state has " << spe
                  << " floats per element, this optimizer needs "
-                 << optimizer_->state_per_elem() << ": state reset";
+                 << state_per_elem_ << ": state reset";
     std::vector<float> skip(n * spe);
     (void)r.GetBytes(skip.data(), skip.size() * sizeof(float));
   }

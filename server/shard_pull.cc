@@ -230,6 +230,28 @@ void Shard::PinUnsent(const std::string& peer, int rank, uint64_t fresh,
 
 void Shard::FreeReplica(int rank) { replicas_[rank].reset(); }
 
+Status Shard::EnsureSnapshot(Chunk& c, uint64_t* fresh) {
+  // One snapshot per chunk version, shared by every pull of it; the next
+  // push writes the live weights, never a buffer in flight.
+  if (c.snapshot && c.snapshot_version == c.version) return Status::OK();
+  // Reuse the old snapshot once nothing else holds it (ZeroMQ released it,
+  // no delay-compensation read): no allocation (and no page faults) per
+  // pull in the steady state.
+  if (!c.snapshot || c.snapshot.use_count() > 1) {
+    StatusOr<MemoryBudget::Charge> charge = budget_->Reserve(
+        c.n * sizeof(float), "a pull snapshot of chunk " + std::to_string(c.id));
+    if (!charge.ok()) return Reject(RejectReason::kMemoryBudget, charge.status());
+    auto snap = std::make_shared<ChargedBuffer>();
+    snap->charge = std::move(charge).value();
+    if (fresh != nullptr) *fresh += c.n * sizeof(float);
+    snap->buffer = Buffer::Allocate(c.n * sizeof(float));
+    c.snapshot = std::move(snap);
+  }
+  std::memcpy(c.snapshot->buffer->data(), c.w.data(), c.n * sizeof(float));
+  c.snapshot_version = c.version;
+  return Status::OK();
+}
+
 Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
                          const std::vector<ByteView>& data,
                          OutgoingReply* reply) {
@@ -390,28 +412,10 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
     }
 #endif
     if (view.data == nullptr) {
-      // One snapshot per chunk version, shared by every pull of it; the
-      // next push writes the live weights, never a buffer in flight.
-      if (!c.snapshot || c.snapshot_version != c.version) {
-        // Reuse the old snapshot once ZeroMQ has released it: no allocation
-        // (and no page faults) per pull in the steady state.
-        if (!c.snapshot || c.snapshot.use_count() > 1) {
-          StatusOr<MemoryBudget::Charge> charge = budget_->Reserve(
-              c.n * sizeof(float),
-              "a pull snapshot of chunk " + std::to_string(c.id));
-          if (!charge.ok()) {
-            if (replica != nullptr) replica->seq = 0;
-            return Reject(RejectReason::kMemoryBudget, charge.status());
-          }
-          auto snap = std::make_shared<ChargedBuffer>();
-          snap->charge = std::move(charge).value();
-          fresh += c.n * sizeof(float);
-          snap->buffer = Buffer::Allocate(c.n * sizeof(float));
-          c.snapshot = std::move(snap);
-        }
-        std::memcpy(c.snapshot->buffer->data(), c.w.data(),
-                    c.n * sizeof(float));
-        c.snapshot_version = c.version;
+      Status s = EnsureSnapshot(c, &fresh);
+      if (!s.ok()) {
+        if (replica != nullptr) replica->seq = 0;
+        return s;
       }
       ref.codec = 0;
       view = ByteView{c.snapshot->buffer->data(), c.snapshot->buffer->size(),
@@ -421,6 +425,13 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
     bytes += view.size;
     reply->header.chunks.push_back(ref);
     reply->frames.push_back(std::move(view));
+  }
+  if (!dc_reads_.empty() && req.rank >= 0) {
+    Status s = RecordDcRead(req, ids);
+    if (!s.ok()) {
+      if (replica != nullptr) replica->seq = 0;
+      return s;
+    }
   }
   RETURN_IF_ERROR(AnswerSparsePull(req, data, reply, &fresh));
   for (size_t i = ids.size(); i < reply->frames.size(); ++i)

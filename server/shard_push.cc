@@ -133,10 +133,9 @@ Status Shard::HandlePush(const RequestHeader& req,
     bsp_pushed_round_[rank] = bsp_round_;
   }
   const float lr_scale =
-      ScheduleScale() * (options_.staleness_lr
-                             ? 1.0f / (1.0f + static_cast<float>(staleness))
-                             : 1.0f);
+      ScheduleScale() * StalenessLrScale(options_.staleness_lr, staleness);
   if (!bsp) {
+    if (options_.delay_compensation.enabled()) CompensatePending(req);
     ApplyPending(rank, lr_scale);
     ++shard_version_;
   }
@@ -275,7 +274,8 @@ Status Shard::ValidatePushFrames(const RequestHeader& req,
       const cz::Codec& codec =
           cz::CodecForId(static_cast<cz::CodecId>(ref.codec));
       if (codec.IsSparse() && optimizer_->exact_sparse() &&
-          options_.consistency != Consistency::kBsp) {
+          options_.consistency != Consistency::kBsp &&
+          !options_.delay_compensation.enabled()) {
         StatusOr<cz::SparseView> view = cz::ParseSparse(f.data, f.size, c.n);
         if (!view.ok()) {
           return Reject(RejectReason::kBadCodec,
@@ -400,15 +400,7 @@ void Shard::ApplyPending(int rank, float lr_scale) {
   });
 }
 
-float Shard::ScheduleScale() const {
-  if (options_.lr_decay_updates == 0) return 1.0f;
-  const double t =
-      std::min<double>(1.0, static_cast<double>(shard_version_) /
-                                static_cast<double>(options_.lr_decay_updates));
-  const double cosine = 0.5 * (1.0 + std::cos(3.14159265358979323846 * t));
-  return static_cast<float>(options_.lr_final +
-                            (1.0 - options_.lr_final) * cosine);
-}
+float Shard::ScheduleScale() const { return schedule_.Scale(shard_version_); }
 
 Status Shard::ApplyBspRound(int64_t next) {
   const int64_t applied_round = bsp_round_;

@@ -101,7 +101,7 @@ Status Shard::ChargeLayoutTables(const std::vector<TensorSpec>& tensors,
 
 Status Shard::AllocateChunks() {
   const Layout& l = *layout_;
-  const size_t spe = optimizer_->state_per_elem();
+  const size_t spe = state_per_elem_;
   const auto& mine = l.shard_chunks(options_.shard_id);
   // What this shard's part costs, before any of it is allocated: weights,
   // optimizer state, BSP sums, the decode scratch, and room for one pull
@@ -122,18 +122,33 @@ Status Shard::AllocateChunks() {
   const uint64_t per_elem =
       sizeof(float) *
       (2 + spe + (options_.consistency == Consistency::kBsp ? 1 : 0));
-  const uint64_t bytes = elems * per_elem + mine.size() * sizeof(Chunk);
+  // Delay compensation keeps what every worker read: the tables of
+  // snapshot references are reserved here, and the snapshots themselves
+  // (about one copy of this shard's weights per worker) must fit too.
+  const bool dc = options_.delay_compensation.enabled();
+  const uint64_t dc_tables =
+      dc ? static_cast<uint64_t>(options_.num_workers) * kDcReadSlots *
+               mine.size() * sizeof(std::shared_ptr<ChargedBuffer>)
+         : 0;
+  const uint64_t dc_reads =
+      dc ? static_cast<uint64_t>(options_.num_workers) * elems * sizeof(float)
+         : 0;
+  const uint64_t bytes =
+      elems * per_elem + mine.size() * sizeof(Chunk) + dc_tables;
   const std::string what =
       "this shard's part of the model (" + std::to_string(mine.size()) +
       " chunks, " + std::to_string(elems) +
       " elements: weights, optimizer "
       "state" +
       (options_.consistency == Consistency::kBsp ? ", BSP sums" : "") +
-      ", decode scratch)";
-  if (!budget_->Fits(bytes + elems * sizeof(float))) {
-    StatusOr<MemoryBudget::Charge> refused =
-        budget_->Reserve(bytes + elems * sizeof(float),
-                         what.substr(0, what.size() - 1) + ", pull snapshots)");
+      ", decode scratch" + (dc ? ", delay-compensation tables" : "") + ")";
+  if (!budget_->Fits(bytes + elems * sizeof(float) + dc_reads)) {
+    StatusOr<MemoryBudget::Charge> refused = budget_->Reserve(
+        bytes + elems * sizeof(float) + dc_reads,
+        what.substr(0, what.size() - 1) + ", pull snapshots" +
+            (dc ? ", one read snapshot per worker for delay compensation"
+                : "") +
+            ")");
     return Reject(RejectReason::kMemoryBudget, refused.status());
   }
   StatusOr<MemoryBudget::Charge> charge = budget_->Reserve(bytes, what);
@@ -159,6 +174,12 @@ Status Shard::AllocateChunks() {
     pending_.reserve(chunks.size());
     touched_.reserve(chunks.size());
     pull_stamp_.assign(chunks.size(), 0);
+    for (DcReads& r : dc_reads_) {
+      for (DcReads::Slot& slot : r.slots) {
+        slot = DcReads::Slot{};
+        slot.chunks.resize(chunks.size());
+      }
+    }
   } catch (const std::bad_alloc&) {
     return Reject(RejectReason::kMemoryBudget,
                   Status::ResourceExhausted(

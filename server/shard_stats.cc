@@ -1,6 +1,8 @@
 // Shard: the stats document (ps_ctl stats), built with nlohmann-json.
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 #include "server/internal/push_dedup.h"
 #include "server/internal/shard_types.h"
 #include "server/internal/stats_json.h"
@@ -85,6 +87,32 @@ std::string Shard::StatsJson() const {
   });
   j["push_table"] = std::move(table);
   if (sparse_) j["sparse"] = Json::parse(sparse_->StatsJson());
+  j["lr_schedule"] = options_.lr_schedule().ToString();
+  j["lr_scale"] = ScheduleScale();
+  j["staleness_lr"] = StalenessLrName(options_.staleness_lr);
+  // Delay compensation: pushes corrected or not, and the distinct read
+  // snapshots its tables hold now (bytes also counted in memory_budget.used).
+  uint64_t dc_buffers = 0, dc_bytes = 0;
+  {
+    std::vector<const ChargedBuffer*> seen;
+    for (const DcReads& r : dc_reads_) {
+      for (const DcReads::Slot& s : r.slots) {
+        for (const auto& b : s.chunks) {
+          if (b) seen.push_back(b.get());
+        }
+      }
+    }
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    dc_buffers = seen.size();
+    for (const ChargedBuffer* b : seen) dc_bytes += b->buffer->size();
+  }
+  j["delay_compensation"] = {
+      {"rule", options_.delay_compensation.ToString()},
+      {"compensated", counters_.dc_compensated},
+      {"uncompensated", counters_.dc_uncompensated},
+      {"read_snapshots", dc_buffers},
+      {"read_snapshot_bytes", dc_bytes}};
   return j.dump();
 }
 

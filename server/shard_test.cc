@@ -392,7 +392,7 @@ TEST(ShardTest, TransportOnlyNeverApplies) {
 
 TEST(ShardTest, StalenessAwareLearningRate) {
   ShardOptions o = Opts(Consistency::kAsp);
-  o.staleness_lr = true;
+  o.staleness_lr = StalenessLr::kOnePlus;
   o.optimizer.lr = 1.0f;
   ShardHarness h(o);
   ASSERT_TRUE(h.Call(ShardHarness::Register(0, SmallModel(), SmallLayout(2)))

@@ -89,6 +89,11 @@ struct ShardCounters {
   uint64_t durable_writes = 0;      // --durable writes (pushes, rounds, clocks)
   uint64_t durable_write_ns = 0;    // time in them
   uint64_t store_bytes_written = 0;  // keys + values handed to the store
+  // Delay compensation (since start, not persisted): pushes corrected
+  // against the weights their worker read, and pushes applied uncorrected
+  // because the shard no longer held that read (e.g. after a restart).
+  uint64_t dc_compensated = 0;
+  uint64_t dc_uncompensated = 0;
   std::array<uint64_t, kNumRejectReasons> rejected{};
 };
 

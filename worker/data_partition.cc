@@ -37,6 +37,12 @@ int64_t PartitionSize(int64_t n, int num_workers) {
   return num_workers < 1 ? 0 : n / num_workers;
 }
 
+int64_t BatchesPerEpoch(int64_t n, int num_workers, int batch, bool drop_last) {
+  if (batch < 1 || num_workers < 1) return 0;
+  const int64_t per = PartitionSize(n, num_workers);
+  return drop_last ? per / batch : (per + batch - 1) / batch;
+}
+
 std::vector<int64_t> PartitionIndices(int64_t n, const PartitionOptions& o) {
   std::vector<int64_t> out;
   if (o.num_workers < 1 || o.rank < 0 || o.rank >= o.num_workers) return out;
@@ -81,12 +87,20 @@ StatusOr<std::unique_ptr<BatchIterator>> BatchIterator::Create(
                                    std::to_string(options.batch_size));
   }
   RETURN_IF_ERROR(ValidatePartition(data->num_examples, options.partition));
+  const int64_t per_epoch =
+      PartitionSize(data->num_examples, options.partition.num_workers);
+  if (options.drop_last && per_epoch < options.batch_size) {
+    return Status::InvalidArgument(
+        "drop_last: a partition of " + std::to_string(per_epoch) +
+        " examples is shorter than one batch of " +
+        std::to_string(options.batch_size) + ": nothing would be trained");
+  }
   std::unique_ptr<BatchIterator> it(new BatchIterator(data, options));
   it->partition_ = PartitionIndices(data->num_examples, options.partition);
-  it->per_epoch_ =
-      PartitionSize(data->num_examples, options.partition.num_workers);
+  it->per_epoch_ = per_epoch;
   it->batches_per_epoch_ =
-      (it->per_epoch_ + options.batch_size - 1) / options.batch_size;
+      BatchesPerEpoch(data->num_examples, options.partition.num_workers,
+                      options.batch_size, options.drop_last);
   const size_t dim = static_cast<size_t>(data->dim());
   for (Batch& b : it->slots_) {
     b.x.resize(static_cast<size_t>(options.batch_size) * dim);

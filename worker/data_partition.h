@@ -48,6 +48,12 @@ std::vector<int64_t> PartitionIndices(int64_t n,
 // Examples each rank uses per epoch: floor(n / num_workers).
 int64_t PartitionSize(int64_t n, int num_workers);
 
+// Batches per epoch of each rank: ceil(PartitionSize / batch), or with
+// drop_last floor(PartitionSize / batch) (the short last batch is not
+// trained on; its examples come up in other epochs' batches, since each
+// epoch shuffles the partition anew). 0 for invalid arguments.
+int64_t BatchesPerEpoch(int64_t n, int num_workers, int batch, bool drop_last);
+
 // Shuffles `indices` in place with a Fisher-Yates permutation drawn from
 // (seed, rank, epoch). Platform-independent (no std::shuffle).
 void ShuffleForEpoch(uint64_t seed, int rank, int64_t epoch,
@@ -66,6 +72,10 @@ struct Batch {
 struct BatchOptions {
   PartitionOptions partition;
   int batch_size = 64;  // Examples per batch, >= 1. Default: 64.
+  // Drop each epoch's last batch when it is short, so every step sees
+  // batch_size examples (a short batch's gradient is noisier, and under BSP
+  // it weighs as much as a full one in the round's average). Default: false.
+  bool drop_last = false;
   // Prepare the next batch on a background thread. Default: true.
   bool prefetch = true;
 };
@@ -73,14 +83,16 @@ struct BatchOptions {
 class BatchIterator {
  public:
   // `data` must outlive the iterator. Fails when the options are invalid or
-  // the partition holds fewer than one example.
+  // the partition holds fewer than one example (with drop_last: fewer than
+  // one batch).
   static StatusOr<std::unique_ptr<BatchIterator>> Create(
       const Dataset* data, const BatchOptions& options);
   ~BatchIterator();
   BatchIterator(const BatchIterator&) = delete;
   BatchIterator& operator=(const BatchIterator&) = delete;
 
-  // Batches per epoch: ceil(PartitionSize / batch_size).
+  // Batches per epoch: BatchesPerEpoch(n, num_workers, batch_size,
+  // drop_last).
   int64_t batches_per_epoch() const { return batches_per_epoch_; }
 
   // Returns the next batch. The pointer stays valid until the next call.

@@ -99,6 +99,61 @@ TEST(BatchIteratorTest, EpochsCoverPartitionOnceAndMatchAcrossModes) {
   }
 }
 
+// 103 examples over 2 workers: 51 per epoch and rank, batches of 10: five
+// full batches and one of a single example, which drop_last leaves out;
+// everything else (order, epochs) is the same as without it.
+TEST(BatchIteratorTest, DropLastDropsExactlyThePartialBatch) {
+  Dataset d = MakeDataset(103);
+  EXPECT_EQ(BatchesPerEpoch(103, 2, 10, false), 6);
+  EXPECT_EQ(BatchesPerEpoch(103, 2, 10, true), 5);
+  EXPECT_EQ(BatchesPerEpoch(100, 2, 10, true), 5);  // no partial batch
+  EXPECT_EQ(BatchesPerEpoch(100, 2, 10, false), 5);
+  for (int rank = 0; rank < 2; ++rank) {
+    BatchOptions o;
+    o.partition = {rank, 2, PartitionKind::kStrided, 42};
+    o.batch_size = 10;
+    o.prefetch = false;
+    auto keep = BatchIterator::Create(&d, o);
+    o.drop_last = true;
+    o.prefetch = rank == 1;  // both iterator modes
+    auto drop = BatchIterator::Create(&d, o);
+    ASSERT_TRUE(keep.ok() && drop.ok());
+    EXPECT_EQ((*drop)->batches_per_epoch(), 5);
+    std::set<int64_t> dropped;
+    for (int epoch = 0; epoch < 3; ++epoch) {
+      for (int b = 0; b < 6; ++b) {
+        auto k = (*keep)->Next();
+        ASSERT_TRUE(k.ok());
+        const Batch& bk = **k;
+        if (b == 5) {  // the partial batch: not in the drop_last sequence
+          ASSERT_EQ(bk.size, 1);
+          dropped.insert(static_cast<int64_t>(bk.x[0]));
+          continue;
+        }
+        auto p = (*drop)->Next();
+        ASSERT_TRUE(p.ok());
+        const Batch& bd = **p;
+        EXPECT_EQ(bd.epoch, epoch);
+        EXPECT_EQ(bd.index, b);
+        ASSERT_EQ(bd.size, 10);
+        EXPECT_EQ(bd.x, bk.x);
+        EXPECT_EQ(bd.y, bk.y);
+      }
+    }
+    // Each epoch leaves out another example (the partition is reshuffled).
+    EXPECT_GT(dropped.size(), 1u);
+  }
+  // A partition shorter than one batch would train on nothing.
+  BatchOptions o;
+  o.partition = {0, 2, PartitionKind::kStrided, 1};
+  o.batch_size = 60;
+  o.drop_last = true;
+  EXPECT_EQ(BatchIterator::Create(&d, o).status().code(),
+            StatusCode::kInvalidArgument);
+  o.drop_last = false;
+  EXPECT_TRUE(BatchIterator::Create(&d, o).ok());
+}
+
 TEST(BatchIteratorTest, RejectsBadOptions) {
   Dataset d = MakeDataset(10);
   BatchOptions o;

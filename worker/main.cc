@@ -10,6 +10,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cstdio>
 #include <sstream>
 #include <thread>
@@ -88,6 +90,10 @@ DEFINE_string(push_log, "",
               "'incarnation N rank R', written through at once (survives "
               "kill -9): exact accounting of acknowledged pushes in chaos "
               "experiments");
+DEFINE_string(drop_last, "auto",
+              "Skip each epoch's short last batch: auto (when the shards run "
+              "BSP, read from their stats: a short batch weighs as much as a "
+              "full one in the round's average) | true | false");
 DEFINE_bool(prefetch_ahead, false,
             "Pull the next step's weights while computing this one: the "
             "network overlaps compute, and the weights lack this worker's "
@@ -133,6 +139,25 @@ void PrintStepTime(const asyncps::worker::TrainResult& r) {
   std::fflush(stdout);
 }
 
+// --drop_last: true/false, or auto = on when shard 0 runs BSP.
+StatusOr<bool> ResolveDropLast(Client* client) {
+  if (FLAGS_drop_last == "true") return true;
+  if (FLAGS_drop_last == "false") return false;
+  std::vector<std::string> stats;
+  RETURN_IF_ERROR(
+      client->Stats(&stats, std::chrono::seconds(FLAGS_timeout_s))
+          .WithContext("--drop_last=auto reads the shards' consistency"));
+  const nlohmann::json j = nlohmann::json::parse(
+      stats.empty() ? std::string("{}") : stats[0], nullptr,
+      /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("consistency") ||
+      !j["consistency"].is_string()) {
+    return Status::Internal(
+        "--drop_last=auto: shard 0's stats do not name its consistency");
+  }
+  return j["consistency"].get<std::string>() == "bsp";
+}
+
 Status Main() {
   std::vector<std::string> servers = ParseEndpoints(FLAGS_servers);
   if (servers.empty())
@@ -168,6 +193,10 @@ Status Main() {
   }
   if (FLAGS_eval != "auto" && FLAGS_eval != "true" && FLAGS_eval != "false") {
     return Status::InvalidArgument("--eval must be auto, true or false");
+  }
+  if (FLAGS_drop_last != "auto" && FLAGS_drop_last != "true" &&
+      FLAGS_drop_last != "false") {
+    return Status::InvalidArgument("--drop_last must be auto, true or false");
   }
   const StatusOr<compression::CodecSpec> push_spec =
       compression::CodecSpec::Parse(FLAGS_codec);
@@ -283,6 +312,9 @@ Status Main() {
   to.slowdown = FLAGS_slowdown;
   to.metrics_csv = FLAGS_metrics_csv;
   to.metrics = worker_metrics;
+  ASSIGN_OR_RETURN(to.drop_last, ResolveDropLast(client.get()));
+  LOG(INFO) << "drop_last=" << (to.drop_last ? "true" : "false")
+            << " (--drop_last=" << FLAGS_drop_last << ")";
 
   if (eval_role) {
     LayoutOptions lo;

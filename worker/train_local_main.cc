@@ -38,6 +38,7 @@ DEFINE_int64(log_every, 200, "Progress line and CSV row every N steps");
 DEFINE_double(slowdown, 1.0,
               "Make each step's compute take this many times as long");
 DEFINE_string(metrics_csv, "", "Write per-step metrics to this CSV file");
+DEFINE_bool(drop_last, false, "Skip each epoch's short last batch");
 DEFINE_bool(normalize, true,
             "Standardise pixels with Fashion-MNIST's mean/stddev");
 
@@ -105,6 +106,7 @@ Status Main() {
   to.log_every = FLAGS_log_every;
   to.slowdown = FLAGS_slowdown;
   to.metrics_csv = FLAGS_metrics_csv;
+  to.drop_last = FLAGS_drop_last;
   if (FLAGS_lr_schedule == "cosine") {
     sgd.decay_steps = Trainer::PlannedSteps(to, train.num_examples);
   } else if (FLAGS_lr_schedule != "constant") {

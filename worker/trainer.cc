@@ -98,6 +98,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o,
   bo.partition.kind = o.partition;
   bo.partition.seed = o.seed;
   bo.batch_size = o.batch;
+  bo.drop_last = o.drop_last;
   ASSIGN_OR_RETURN(t->batches_, BatchIterator::Create(train, bo));
   t->total_steps_ = PlannedSteps(o, train->num_examples);
   for (size_t i = 0; i < backend->num_tensors(); ++i) {
@@ -118,7 +119,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o,
 int64_t Trainer::PlannedSteps(const TrainerOptions& o, int64_t n) {
   if (o.batch < 1 || o.num_workers < 1) return 0;
   const int64_t per_epoch =
-      (PartitionSize(n, o.num_workers) + o.batch - 1) / o.batch;
+      BatchesPerEpoch(n, o.num_workers, o.batch, o.drop_last);
   int64_t steps = o.epochs > 0 ? per_epoch * o.epochs : o.max_steps;
   if (o.max_steps > 0) steps = std::min(steps, o.max_steps);
   return steps;

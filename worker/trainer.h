@@ -51,6 +51,9 @@ struct TrainerOptions {
   int rank = 0;
   // Workers sharing the training set. Default: 1.
   int num_workers = 1;
+  // Skip each epoch's last batch when it is short (BatchOptions::drop_last).
+  // ps_worker turns it on by default when the shards run BSP. Default: false.
+  bool drop_last = false;
   // How the training set is split between workers. Default: strided.
   PartitionKind partition = PartitionKind::kStrided;
   // Shuffling seed (the weights' seed is in the tensor specs). Default: 1.

@@ -116,6 +116,33 @@ TEST_F(TrainerTest, MaxStepsAndNoEval) {
   EXPECT_EQ(r->final_test_acc, -1);
 }
 
+// 60000 examples over 3 workers: 20000 each, 312 full batches of 64 and one
+// of 32. drop_last trains on the full batches only.
+TEST_F(TrainerTest, DropLastSkipsTheShortBatchOfEachEpoch) {
+  for (bool drop : {false, true}) {
+    TrainerOptions to;
+    to.layers = {784, 16, 10};
+    to.epochs = 2;
+    to.eval = false;
+    to.num_workers = 3;
+    to.drop_last = drop;
+    to.print_summary = false;
+    EXPECT_EQ(Trainer::PlannedSteps(to, train_->num_examples),
+              drop ? 624 : 626);
+    auto backend = Cpu(to.layers);
+    auto store =
+        LocalParameterStore::Create(MlpTensorSpecs(to.layers, 1), SgdOptions{});
+    auto trainer =
+        Trainer::Create(to, backend.get(), store->get(), train_, nullptr);
+    ASSERT_TRUE(trainer.ok()) << trainer.status().ToString();
+    EXPECT_EQ((*trainer)->batches_per_epoch(), drop ? 312 : 313);
+    auto r = (*trainer)->Run();
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->steps, drop ? 624 : 626);
+    EXPECT_EQ(r->samples, drop ? 624 * 64 : 2 * 20000);
+  }
+}
+
 TEST_F(TrainerTest, RejectsBadOptions) {
   auto backend = Cpu({784, 16, 10});
   auto store = LocalParameterStore::Create(MlpTensorSpecs({784, 16, 10}, 1),

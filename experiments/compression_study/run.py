@@ -1,25 +1,28 @@
 #!/usr/bin/env python3
 """Gradient compression study: codec x error feedback, 4 workers, 1 shard,
 Fashion-MNIST, SSP s=2 with plain server SGD (launch/configs/fashion_topk.flags),
-same seed and epochs for every codec; on the plain loopback ("fast" link) and
-on a loopback shaped to 100 Mbit/s with tc inside a network namespace this
-script creates and deletes ("slow" link).
+same epochs for every codec and every configuration with several seeds
+(model initialisation and data order: --seeds, default 1,2,3); on the plain
+loopback ("fast" link) and on a loopback shaped to 100 Mbit/s with tc inside
+a network namespace this script creates and deletes ("slow" link).
 
-  experiments/compression_study/run.py [--quick] [--out DIR] [--bin_dir DIR]
-                                       [--no_slow] [--rate 100mbit]
+  experiments/compression_study/run.py [--quick] [--seeds 1,2,3] [--out DIR]
+                                       [--bin_dir DIR] [--no_slow]
+                                       [--rate 100mbit] [--only RUNS [--merge]]
 
-Writes OUT/summary.csv (one row per run and link), OUT/curves.csv (rank 0's
-evaluations with the fleet's cumulative wire bytes), OUT/targets.csv (the
-issue-4 convergence targets: measured vs required) and the plots.
+Writes OUT/runs.csv (one row per run, link and seed), OUT/summary.csv (per
+configuration: mean, 95% t-interval half-width and n of every figure),
+OUT/curves.csv (rank 0's evaluations with the fleet's cumulative wire
+bytes, every seed), OUT/targets.csv (the issue-4 convergence targets with
+intervals) and the plots (means over seeds with 95% bands).
 """
 import os
-import shutil
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
     __file__))))
 
-from expkit import fleet, metrics, plots, study  # noqa: E402
+from expkit import fleet, metrics, plots, stats, study  # noqa: E402
 
 WORKERS = 4
 SHARDS = 1
@@ -69,18 +72,28 @@ DEFAULT_LR = 0.1
 TARGETS = [("topk1_ef", 1.0, 40.0), ("sign_ef", 2.0, None),
            ("qsgd4", 1.0, None)]
 
-SUMMARY_COLUMNS = [
-    "run", "link", "codec", "status", "lr", "epochs", "steps", "wire_ratio",
-    "bytes_pushed_wire", "bytes_pushed_per_epoch", "bytes_pulled",
-    "encode_ms_per_step", "final_acc", "final_acc_avg3", "max_acc", "time_to_target_s",
-    "wall_s", "samples_per_s", "idle_frac", "staleness_p50", "staleness_p99",
+RUN_COLUMNS = [
+    "run", "seed", "link", "codec", "status", "lr", "epochs", "steps",
+    "wire_ratio", "bytes_pushed_wire", "bytes_pushed_per_epoch",
+    "bytes_pulled", "encode_ms_per_step", "final_acc", "final_acc_avg3",
+    "final_eval_acc", "max_acc", "time_to_target_s", "wall_s",
+    "samples_per_s", "idle_frac", "staleness_p50", "staleness_p99",
+    "load_avg",
 ]
-CURVE_COLUMNS = ["run", "wall_s", "step", "test_acc", "bytes_wire_est"]
-TARGET_COLUMNS = ["run", "codec", "final_acc", "none_final_acc",
-                  "final_acc_avg3", "none_final_acc_avg3",
-                  "drop_points", "max_drop_points", "accuracy_ok",
-                  "push_reduction", "min_push_reduction", "bytes_ok",
-                  "verdict"]
+AGG_KEYS = ["wire_ratio", "bytes_pushed_per_epoch", "encode_ms_per_step",
+            "final_acc", "final_acc_avg3", "final_eval_acc", "max_acc",
+            "time_to_target_s", "wall_s", "samples_per_s", "idle_frac",
+            "load_avg"]
+KEEP = ["link", "codec", "lr", "epochs"]
+CURVE_COLUMNS = ["run", "seed", "wall_s", "step", "test_acc", "bytes_wire_est"]
+TARGET_COLUMNS = ["run", "codec", "seeds", "acc", "acc_ci", "none_acc",
+                  "none_acc_ci", "drop_points", "drop_lo", "drop_hi",
+                  "max_drop_points", "accuracy_verdict", "push_reduction",
+                  "min_push_reduction", "bytes_ok", "verdict"]
+
+# Accuracy figure the targets and claims compare: the shards' weights after
+# every worker finished (all samples trained), measured once per run.
+ACC = "final_eval_acc"
 
 
 def main(argv):
@@ -92,6 +105,7 @@ def main(argv):
                     help="tc tbf rate of the shaped link (default %(default)s)")
     ap.add_argument("--slow_epochs", type=int, default=None)
     args = ap.parse_args(argv)
+    seeds = study.parse_seeds(args.seeds)
     preset = dict(PRESETS["quick" if args.quick else "full"])
     for k in ("epochs", "eval_every", "slow_epochs"):
         if getattr(args, k) is not None:
@@ -99,56 +113,50 @@ def main(argv):
     only = set(filter(None, args.only.split(",")))
     os.makedirs(args.out, exist_ok=True)
     timer = study.Timer()
-    summary_rows, curve_rows = [], []
+    load0 = study.load_average()
+    rows, curves = [], []
 
-    def one(run, link, spec, epochs, prefix=(), extra=(), max_steps=0):
+    def one(run, link, spec, epochs, seed, prefix=(), extra=(), max_steps=0):
         lr = LR.get(run.replace("_slow", ""), DEFAULT_LR)
         worker_flags = ["--epochs=%d" % epochs, "--batch=%d" % preset["batch"],
-                        "--normalize", "--threads=1", "--seed=1",
+                        "--normalize", "--threads=1", "--seed=%d" % seed,
                         "--codec=" + spec,
                         "--eval_every=%d" % preset["eval_every"],
                         "--log_every=%d" % preset["log_every"]] + list(extra)
         max_steps = args.max_steps or max_steps
         if max_steps:
             worker_flags.append("--max_steps=%d" % max_steps)
-        run_dir = os.path.join(args.out, "runs", run)
-        shutil.rmtree(run_dir, ignore_errors=True)
-        print("[compression %6.1fs] %s (%s) ..." % (timer(), run, spec),
-              flush=True)
-        try:
-            job = fleet.run_job(run_dir, bin_dir=args.bin_dir, servers=SHARDS,
-                                workers=WORKERS,
-                                server_flags=SERVER_FLAGS + ["--lr=%g" % lr],
-                                worker_flags=worker_flags, prefix=prefix,
-                                worker_cmd=args.worker_cmd)
-            status = "ok"
-        except fleet.JobError as e:
-            # A diverged codec is a result, not a crash of the study.
-            status = "diverged" if "diverged" in str(e) else "failed"
-            print("[compression] %s %s: %s" % (run, status, str(e)[-300:]),
-                  flush=True)
-            job = fleet.partial_job(run_dir, WORKERS)
+        load = study.load_average()
+        job, status = study.execute(
+            "compression", args.out, run, seed, WORKERS,
+            lambda d: fleet.run_job(
+                d, bin_dir=args.bin_dir, servers=SHARDS, workers=WORKERS,
+                server_flags=SERVER_FLAGS + ["--lr=%g" % lr],
+                worker_flags=worker_flags, prefix=prefix,
+                worker_cmd=args.worker_cmd, final_eval=not args.worker_cmd),
+            timer)
         s = metrics.summarize(job, target=args.target)
-        s.update(run=run, link=link, codec=spec, epochs=epochs,
-                 status=status, lr=lr)
+        s.update(run=run, seed=seed, link=link, codec=spec, epochs=epochs,
+                 status=status, lr=lr, load_avg=load)
         # Per epoch of the whole fleet (each worker one pass over its part).
         steps_per_epoch = 60000 // WORKERS // preset["batch"]
         per_worker_steps = s["steps"] / WORKERS if s["steps"] else 0
         s["bytes_pushed_per_epoch"] = (
             s["bytes_pushed_wire"] * steps_per_epoch / per_worker_steps
             if per_worker_steps else None)
-        summary_rows.append(s)
-        curve_rows.extend(study.curve_rows(run, job, s))
-        print("[compression %6.1fs] %s: train %.1fs, acc %s, ratio %.1f, "
-              "to %.2f: %s s" % (timer(), run, s["wall_s"],
-                                 metrics.fmt(s["final_acc"]),
-                                 s["wire_ratio"] or 0, args.target,
-                                 metrics.fmt(s["time_to_target_s"])),
+        rows.append(s)
+        curves.extend(study.curve_rows(run, job, s, seed))
+        print("[compression %7.1fs] %s seed %d: train %.1fs, acc %s (final "
+              "model %s), ratio %.1f, to %.2f: %s s" % (
+                  timer(), run, seed, s["wall_s"], metrics.fmt(s["final_acc"]),
+                  metrics.fmt(s["final_eval_acc"]), s["wire_ratio"] or 0,
+                  args.target, metrics.fmt(s["time_to_target_s"])),
               flush=True)
 
     for name, spec in CODECS:
         if not only or name in only:
-            one(name, "fast", spec, preset["epochs"])
+            for seed in seeds:
+                one(name, "fast", spec, preset["epochs"], seed)
     slow = [(n, s) for n, s in CODECS if n in preset["slow_codecs"] and
             (not only or n + "_slow" in only)]
     if slow and not args.no_slow:
@@ -157,75 +165,86 @@ def main(argv):
         else:
             with fleet.ShapedLink(args.rate) as link:
                 for name, spec in slow:
-                    one(name + "_slow", args.rate, spec, preset["slow_epochs"],
-                        prefix=link.prefix(),
-                        extra=["--pull_codec=" + SLOW_PULL_CODEC],
-                        max_steps=preset["slow_max_steps"])
-    if args.merge:
-        summary_rows = study.merge_rows(
-            os.path.join(args.out, "summary.csv"), summary_rows)
-        curve_rows = study.merge_rows(
-            os.path.join(args.out, "curves.csv"), curve_rows)
-    study.write_csv(os.path.join(args.out, "summary.csv"), summary_rows,
-                    SUMMARY_COLUMNS)
-    study.write_csv(os.path.join(args.out, "curves.csv"), curve_rows,
-                    CURVE_COLUMNS)
-    study.write_csv(os.path.join(args.out, "targets.csv"),
-                    targets(summary_rows), TARGET_COLUMNS)
-    with open(os.path.join(args.out, "budget.txt"),
-              "a" if args.merge else "w") as f:
-        f.write("preset=%s epochs=%d slow_epochs=%d rate=%s max_steps=%d "
-                "wall_s=%.1f\n" % ("quick" if args.quick else "full",
-                                   preset["epochs"], preset["slow_epochs"],
-                                   args.rate, args.max_steps, timer()))
+                    for seed in seeds:
+                        one(name + "_slow", args.rate, spec,
+                            preset["slow_epochs"], seed, prefix=link.prefix(),
+                            extra=["--pull_codec=" + SLOW_PULL_CODEC],
+                            max_steps=preset["slow_max_steps"])
+    study.finish(args, rows, curves, RUN_COLUMNS, CURVE_COLUMNS, AGG_KEYS,
+                 KEEP, "preset=%s epochs=%d slow_epochs=%d rate=%s seeds=%s "
+                 "max_steps=%d wall_s=%.1f load_avg=%.1f..%.1f" % (
+                     "quick" if args.quick else "full", preset["epochs"],
+                     preset["slow_epochs"], args.rate,
+                     ",".join(map(str, seeds)), args.max_steps, timer(),
+                     load0 or -1, study.load_average() or -1))
+    write_targets(args.out)
     make_plots(args.out)
-    print("[compression %6.1fs] wrote %s" % (timer(), args.out))
+    print("[compression %7.1fs] wrote %s" % (timer(), args.out))
     return 0
 
 
+def write_targets(out):
+    """OUT/targets.csv from OUT/runs.csv (report.py calls this too)."""
+    rows = metrics.read_csv(os.path.join(out, "runs.csv"))
+    study.write_csv(os.path.join(out, "targets.csv"), targets(rows),
+                    TARGET_COLUMNS)
+
+
 def targets(rows):
-    by = {r["run"]: r for r in rows if r["link"] == "fast"}
-    base = by.get("none")
+    """Issue-4 targets judged by intervals: the accuracy drop against
+    uncompressed (Welch 95% interval of the difference of means over seeds)
+    must lie below the allowed drop, and the mean push-byte reduction reach
+    the required one."""
+    fast = [r for r in rows if r["link"] == "fast"]
+
+    def accs(run):
+        return [study._float(r.get(ACC)) for r in fast
+                if r["run"] == run and r.get("status", "ok") == "ok"]
+
+    def mean_of(run, key):
+        v = [study._float(r.get(key)) for r in fast if r["run"] == run]
+        v = [x for x in v if x is not None]
+        return sum(v) / len(v) if v else None
+
+    base = stats.Estimate(accs("none"))
     out = []
     for run, max_drop, min_red in TARGETS:
-        r = by.get(run)
-        if not r or not base or base["final_acc_avg3"] is None:
+        mine = [r for r in fast if r["run"] == run]
+        if not mine or base.mean is None:
             continue
-        if r["status"] != "ok" or r["final_acc_avg3"] is None:
-            out.append({"run": run, "codec": r["codec"],
-                        "none_final_acc": base["final_acc"],
-                        "max_drop_points": max_drop,
-                        "min_push_reduction": min_red,
-                        "verdict": "missed (%s)" % r["status"]})
-            continue
-        # Judged on the mean of the last 3 evaluations (metrics.last_mean).
-        drop = 100.0 * (base["final_acc_avg3"] - r["final_acc_avg3"])
-        red = base["bytes_pushed_wire"] / r["bytes_pushed_wire"] \
-            if r["bytes_pushed_wire"] else None
-        acc_ok = drop <= max_drop
+        est = stats.Estimate(accs(run))
+        diff = stats.Difference(base, est)  # drop = none - codec
+        # Claim: drop < max_drop  <=>  (max_drop - drop) > 0.
+        verdict, _ = stats.verdict_greater(
+            stats.Difference(est, base), -max_drop / 100.0)
+        red = None
+        nb, cb = mean_of("none", "bytes_pushed_wire"), \
+            mean_of(run, "bytes_pushed_wire")
+        if nb and cb:
+            red = nb / cb
         bytes_ok = None if min_red is None else (red or 0) >= min_red
         out.append({
-            "run": run, "codec": r["codec"], "final_acc": r["final_acc"],
-            "none_final_acc": base["final_acc"],
-            "final_acc_avg3": r["final_acc_avg3"],
-            "none_final_acc_avg3": base["final_acc_avg3"],
-            "drop_points": drop,
-            "max_drop_points": max_drop, "accuracy_ok": int(acc_ok),
+            "run": run, "codec": mine[0]["codec"], "seeds": len(mine),
+            "acc": est.mean, "acc_ci": est.half, "none_acc": base.mean,
+            "none_acc_ci": base.half,
+            "drop_points": None if diff.mean is None else 100 * diff.mean,
+            "drop_lo": None if diff.mean is None else 100 * diff.lo,
+            "drop_hi": None if diff.mean is None else 100 * diff.hi,
+            "max_drop_points": max_drop, "accuracy_verdict": verdict,
             "push_reduction": red, "min_push_reduction": min_red,
             "bytes_ok": "" if bytes_ok is None else int(bytes_ok),
-            "verdict": "met" if acc_ok and bytes_ok is not False else
-            "missed",
+            "verdict": "met" if verdict == "reproduced" and
+            bytes_ok is not False else "missed",
         })
     return out
 
 
 def make_plots(out):
-    """Draws OUT/*.png from OUT/summary.csv and OUT/curves.csv."""
+    """Draws OUT/*.png from OUT/summary.csv and OUT/curves.csv: means over
+    seeds with 95% bands."""
     summary = metrics.read_csv(os.path.join(out, "summary.csv"))
     curves = metrics.read_csv(os.path.join(out, "curves.csv"))
-    by_run = {}
-    for c in curves:
-        by_run.setdefault(c["run"], []).append(c)
+    n = max([int(r["seeds"]) for r in summary] or [0])
     links = []
     for r in summary:
         if r["link"] not in links:
@@ -235,20 +254,19 @@ def make_plots(out):
         tag = "" if link == "fast" else "_slow"
         what = "unshaped loopback" if link == "fast" else \
             "loopback shaped to %s (pulls int8)" % link
-        plots.line_plot(
+        what += ", mean of %d seeds, 95%% band" % n
+        plots.band_plot(
             os.path.join(out, "acc_vs_bytes%s.png" % tag),
             "Test accuracy vs cumulative bytes pushed (4 workers), " + what,
             "bytes pushed on the wire by all workers (log)",
             "test accuracy (rank 0)",
-            [(n, [(float(c["bytes_wire_est"]), float(c["test_acc"]))
-                  for c in by_run.get(n, [])]) for n in names],
+            [(r, study.seed_bands(curves, r, "bytes_wire_est")) for r in names],
             logx=True, yrange=("0.5", "0.92"), key="top left")
-        plots.line_plot(
+        plots.band_plot(
             os.path.join(out, "acc_vs_time%s.png" % tag),
             "Test accuracy vs wall time (4 workers), " + what,
             "wall time of rank 0 (s)", "test accuracy (rank 0)",
-            [(n, [(float(c["wall_s"]), float(c["test_acc"]))
-                  for c in by_run.get(n, [])]) for n in names],
+            [(r, study.seed_bands(curves, r, "wall_s")) for r in names],
             yrange=("0.5", "0.92"))
 
 

@@ -193,15 +193,42 @@ def partial_job(out_dir, workers):
     """What is left of a failed job (metrics CSVs so far), shaped like
     run_job's result, so that the failure can still be tabulated."""
     return {"out_dir": out_dir, "wall_s": 0.0, "endpoints": [],
-            "stats": {}, "failed": True,
+            "stats": {}, "failed": True, "final_eval_acc": None,
             "summaries": [parse_summary(os.path.join(
                 out_dir, "worker-%d.out" % r)) for r in range(workers)],
             "encode_ms": [None] * workers}
 
 
+def final_evaluation(bin_dir, prefix, endpoints, workers, worker_flags,
+                     out_dir, timeout_s=120):
+    """Test accuracy of the shards' weights once every worker is done: one
+    `ps_worker --role=eval` (an observer, rank -1) that pulls and evaluates
+    once (the workers' clocks are already at the end). ps_worker's MLP
+    only; its flags must give the workers' planned steps (epochs, batch,
+    max_steps, drop_last). Returns the accuracy, or None if it failed."""
+    skip = ("--eval=", "--eval_every=", "--metrics_csv=", "--slowdown=",
+            "--log_every=")
+    flags = [f for f in worker_flags if not f.startswith(skip)]
+    log = os.path.join(out_dir, "final-eval.log")
+    cmd = prefix + [os.path.join(bin_dir, "ps_worker"),
+                    "--servers=" + ",".join(endpoints), "--role=eval",
+                    "--num_workers=%d" % workers, "--eval_interval_ms=100"] + \
+        flags
+    with open(log, "wb") as err, open(log + ".out", "wb") as out:
+        try:
+            rc = subprocess.run(cmd, stdout=out, stderr=err,
+                                stdin=subprocess.DEVNULL,
+                                timeout=timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            return None
+    acc = parse_summary(log + ".out").get("final_test_acc")
+    return acc if rc == 0 and isinstance(acc, float) and acc >= 0 else None
+
+
 def run_job(out_dir, bin_dir=DEFAULT_BIN_DIR, servers=1, workers=4,
             server_flags=(), worker_flags=(), rank_flags=None, prefix=(),
-            timeout_s=900, start_timeout_s=30, worker_cmd=None):
+            timeout_s=900, start_timeout_s=30, worker_cmd=None,
+            final_eval=False):
     """Runs one job to completion; returns a dict describing it.
 
     out_dir gets server-<i>.log, worker-<r>.log (stderr), worker-<r>.out
@@ -211,6 +238,8 @@ def run_job(out_dir, bin_dir=DEFAULT_BIN_DIR, servers=1, workers=4,
     worker_cmd: run this command (e.g. 'python3 worker/python/examples/mlp.py')
     as each worker instead of ps_worker, with the flags and psrun's
     environment contract (launch/pslaunch/workercmd.py).
+    final_eval: after the workers, evaluate the shards' final weights once
+    (final_evaluation(); ps_worker's MLP only): job["final_eval_acc"].
     Raises JobError on any failure, after ending every process it started.
     """
     os.makedirs(out_dir, exist_ok=True)
@@ -289,6 +318,10 @@ def run_job(out_dir, bin_dir=DEFAULT_BIN_DIR, servers=1, workers=4,
             time.sleep(0.05)
         wall = time.time() - t0
 
+        final_acc = None
+        if final_eval and not worker_cmd:
+            final_acc = final_evaluation(bin_dir, prefix, endpoints, workers,
+                                         worker_flags, out_dir)
         stats = _ctl(bin_dir, prefix, endpoints, "stats")
         with open(os.path.join(out_dir, "stats.json"), "w") as f:
             json.dump(stats, f)
@@ -313,6 +346,7 @@ def run_job(out_dir, bin_dir=DEFAULT_BIN_DIR, servers=1, workers=4,
                 os.path.join(out_dir, "worker-%d.log" % r),
                 os.path.join(out_dir, "worker-%d.out" % r))
                 for r in range(workers)],
+            "final_eval_acc": final_acc,
             "server_flags": list(server_flags),
             "worker_flags": list(worker_flags),
             "rank_flags": {str(k): v for k, v in rank_flags.items()},

@@ -14,10 +14,16 @@ Definitions (used by every table in the report):
                     shards; updates_per_s = updates / wall_s.
   wall_s            the slowest worker's training time (SUMMARY wall_s):
                     start-up (data loading) and teardown are left out.
+  final_eval_acc    test accuracy of the shards' weights after every worker
+                    finished (one observer evaluation, fleet.final_evaluation;
+                    empty when not run): the model all samples trained.
+  diverged_step     the step at which a worker stopped with a non-finite
+                    loss (empty when none did).
 """
 import csv
 import math
 import os
+import re
 
 
 def read_csv(path):
@@ -86,6 +92,22 @@ def last_mean(pts, n=3):
     return sum(accs) / len(accs) if accs else None
 
 
+_DIVERGED_RE = re.compile(r"training diverged: loss is \S+ at step (\d+)")
+
+
+def diverged_step(out_dir, workers):
+    """Earliest step at which a worker reported divergence, or None."""
+    steps = []
+    for r in range(workers):
+        try:
+            text = open(os.path.join(out_dir, "worker-%d.log" % r),
+                        errors="replace").read()
+        except OSError:
+            continue
+        steps += [int(m.group(1)) for m in _DIVERGED_RE.finditer(text)]
+    return min(steps) if steps else None
+
+
 def summarize(job, target=0.85):
     out_dir = job["out_dir"]
     workers = len(job["summaries"])
@@ -136,6 +158,8 @@ def summarize(job, target=0.85):
         "wire_ratio": raw / wire if wire else None,
         "steps": steps,
         "encode_ms_per_step": (sum(enc) / steps) if enc and steps else None,
+        "final_eval_acc": job.get("final_eval_acc"),
+        "diverged_step": diverged_step(out_dir, workers),
     }
 
 

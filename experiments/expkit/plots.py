@@ -1,5 +1,8 @@
 """gnuplot plots: each PNG comes with the self-contained .gp script (data
-inlined as datablocks) that draws it, so a figure can be restyled by hand."""
+inlined as datablocks) that draws it, so a figure can be restyled by hand.
+
+line_plot draws curves; band_plot draws the mean of several seeds' curves
+over a shaded 95% t-band; errorbar_plot draws means with 95% error bars."""
 import os
 import shutil
 import subprocess
@@ -13,13 +16,7 @@ def _q(s):
     return '"' + str(s).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def line_plot(png, title, xlabel, ylabel, series, logx=False, yrange=None,
-              points=True, key="bottom right"):
-    """series: [(label, [(x, y), ...])]. Writes png[:-4] + '.gp' and runs it.
-
-    Returns the .gp path; raises RuntimeError if gnuplot fails.
-    """
-    gp = os.path.splitext(png)[0] + ".gp"
+def _header(png, title, xlabel, ylabel, logx, yrange, key, logy=False):
     lines = ["set terminal pngcairo size 900,560 enhanced font 'sans,10'"
              if _has_cairo() else "set terminal png size 900,560",
              "set output " + _q(os.path.basename(png)),
@@ -28,21 +25,20 @@ def line_plot(png, title, xlabel, ylabel, series, logx=False, yrange=None,
              "set grid", "set key " + key + " noenhanced"]
     if logx:
         lines.append("set logscale x")
+    if logy:
+        lines.append("set logscale y")
     if yrange:
         lines.append("set yrange [%s:%s]" % yrange)
-    plots = []
-    for i, (label, pts) in enumerate(series):
-        pts = [(x, y) for x, y in pts
-               if x is not None and y is not None and (not logx or x > 0)]
-        if not pts:
-            continue
-        lines.append("$d%d << EOD" % i)
-        lines += ["%r %r" % (float(x), float(y)) for x, y in pts]
-        lines.append("EOD")
-        style = "linespoints pt 7 ps 0.6" if points else "lines"
-        plots.append("$d%d using 1:2 with %s lw 2 title %s" %
-                     (i, style, _q(label)))
+    return lines
+
+
+def _render(png, lines, plots):
+    """Appends the plot command (or a 'no data' frame), writes the .gp next
+    to png and runs gnuplot; RuntimeError if it fails."""
+    gp = os.path.splitext(png)[0] + ".gp"
     if not plots:
+        # [0:1] is not a range a log axis can take.
+        lines.append("unset logscale")
         lines.append("set label 1 'no data' at graph 0.5,0.5 center")
         lines.append("plot [0:1] [0:1] NaN notitle")
     else:
@@ -55,6 +51,65 @@ def line_plot(png, title, xlabel, ylabel, series, logx=False, yrange=None,
     if r.returncode != 0 or not os.path.exists(png):
         raise RuntimeError("gnuplot %s failed: %s" % (gp, r.stderr[-2000:]))
     return gp
+
+
+def _block(lines, i, rows, logx):
+    rows = [r for r in rows if all(v is not None for v in r) and
+            (not logx or r[0] > 0)]
+    if not rows:
+        return False
+    lines.append("$d%d << EOD" % i)
+    lines += [" ".join(repr(float(v)) for v in r) for r in rows]
+    lines.append("EOD")
+    return True
+
+
+def line_plot(png, title, xlabel, ylabel, series, logx=False, yrange=None,
+              points=True, key="bottom right", logy=False):
+    """series: [(label, [(x, y), ...])]. Writes png[:-4] + '.gp' and runs it.
+
+    Returns the .gp path; raises RuntimeError if gnuplot fails.
+    """
+    lines = _header(png, title, xlabel, ylabel, logx, yrange, key, logy)
+    plots = []
+    for i, (label, pts) in enumerate(series):
+        if not _block(lines, i, pts, logx):
+            continue
+        style = "linespoints pt 7 ps 0.6" if points else "lines"
+        plots.append("$d%d using 1:2 with %s lw 2 lc %d title %s" %
+                     (i, style, i + 1, _q(label)))
+    return _render(png, lines, plots)
+
+
+def band_plot(png, title, xlabel, ylabel, series, logx=False, yrange=None,
+              key="bottom right"):
+    """series: [(label, [(x, mean, lo, hi), ...])]: each mean as a line over
+    its shaded band (lo..hi)."""
+    lines = _header(png, title, xlabel, ylabel, logx, yrange, key)
+    plots = []
+    for i, (label, pts) in enumerate(series):
+        if not _block(lines, i, [p[:4] for p in pts], logx):
+            continue
+        plots.append("$d%d using 1:3:4 with filledcurves fs transparent "
+                     "solid 0.18 noborder lc %d notitle" % (i, i + 1))
+        plots.append("$d%d using 1:2 with lines lw 2 lc %d title %s" %
+                     (i, i + 1, _q(label)))
+    return _render(png, lines, plots)
+
+
+def errorbar_plot(png, title, xlabel, ylabel, series, logx=False,
+                  yrange=None, key="top right", logy=False, lines_too=True):
+    """series: [(label, [(x, y, lo, hi), ...])]: points with error bars
+    (joined by lines when lines_too)."""
+    lines = _header(png, title, xlabel, ylabel, logx, yrange, key, logy)
+    plots = []
+    for i, (label, pts) in enumerate(series):
+        if not _block(lines, i, [p[:4] for p in pts], logx):
+            continue
+        style = "yerrorlines" if lines_too else "yerrorbars"
+        plots.append("$d%d using 1:2:3:4 with %s lw 2 pt 7 ps 0.8 lc %d "
+                     "title %s" % (i, style, i + 1, _q(label)))
+    return _render(png, lines, plots)
 
 
 _CAIRO = None

@@ -84,6 +84,18 @@ struct ReplyPin {
   }
 };
 
+// Delay compensation: the pull snapshots one worker read at its last
+// kDcReadSlots clocks (server/staleness_rules.h). The buffers are the shared
+// pull snapshots, charged to the budget when they were made.
+struct Shard::DcReads {
+  struct Slot {
+    uint64_t incarnation = 0;
+    int64_t clock = -1;  // -1: empty
+    std::vector<std::shared_ptr<ChargedBuffer>> chunks;  // by local index
+  };
+  std::array<Slot, kDcReadSlots> slots;
+};
+
 struct Shard::PullReplica {
   uint64_t incarnation = 0;
   std::string codec;  // the pull codec spec the replica follows

@@ -277,6 +277,26 @@ TEST(TrainingIntegrationTest, BspWithPrefetchAheadTrains) {
   EXPECT_EQ(SummaryValue(workers[0]->Log(), "steps"), 300);
 }
 
+// --drop_last=auto (the default) reads the shards' consistency: under BSP
+// every worker skips the short last batch of its epoch (30000 examples per
+// worker: 468 full batches of 64, the 48 left over are not a step), under
+// SSP it does not (OneShardTwoWorkersReachAccuracyBarInOneEpoch: 469).
+TEST(TrainingIntegrationTest, BspDropsTheShortLastBatchByDefault) {
+  TempDir dir;
+  auto server = StartServer(dir, "shard0", BspFlags());
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  auto workers = StartWorkers(dir, server->endpoint, 2, [](int) {
+    return std::vector<std::string>{"--epochs=1", "--batch=64", "--eval=false"};
+  });
+  ASSERT_EQ(workers.size(), 2u);
+  ExpectAllFinish(workers);
+  for (const auto& w : workers) {
+    EXPECT_EQ(SummaryValue(w->Log(), "steps"), 468) << w->Log();
+    EXPECT_NE(w->Log().find("drop_last=true (--drop_last=auto)"),
+              std::string::npos);
+  }
+}
+
 // A non-durable BSP shard killed and restarted from its last checkpoint: the
 // workers' pushes for rounds the shard lost count for the round it is in.
 TEST(TrainingIntegrationTest, BspShardRestartedFromACheckpointGoesOn) {

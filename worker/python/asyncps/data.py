@@ -33,13 +33,17 @@ class Mnist:
     def __len__(self):
         return self.labels.shape[0]
 
-    def batches_per_epoch(self, num_workers, batch):
+    def batches_per_epoch(self, num_workers, batch, drop_last=False):
+        """ceil(floor(N / W) / batch), or floor(...) with drop_last (as
+        ps_worker, worker/data_partition.h BatchesPerEpoch)."""
         per = len(self) // num_workers
-        return (per + batch - 1) // batch
+        return per // batch if drop_last else (per + batch - 1) // batch
 
-    def batches(self, rank, num_workers, batch, epoch, seed=1):
-        """This rank's minibatches of `epoch` as (x, y) numpy arrays."""
+    def batches(self, rank, num_workers, batch, epoch, seed=1, drop_last=False):
+        """This rank's minibatches of `epoch` as (x, y) numpy arrays; with
+        drop_last the short last batch of the epoch is left out."""
         order = _asyncps.epoch_order(len(self), rank, num_workers, seed, epoch)
-        for i in range(0, order.shape[0], batch):
+        end = order.shape[0] - order.shape[0] % batch if drop_last else order.shape[0]
+        for i in range(0, end, batch):
             idx = order[i:i + batch]
             yield self.images[idx], self.labels[idx]

@@ -1,7 +1,7 @@
 """The training loop shared by the example scripts (mlp.py, cnn.py).
 
 It takes ps_worker's flags (--batch, --epochs, --max_steps, --codec,
---pull_codec, --prefetch_ahead, --eval, --eval_every, --log_every,
+--pull_codec, --prefetch_ahead, --drop_last, --eval, --eval_every, --log_every,
 --metrics_csv, --seed, --threads, --slowdown, --timeout_s, --heartbeat_ms,
 --normalize, --chunk_elems, --data_dir), so a psrun flag file's [worker]
 section drives a Python worker unchanged; flags it does not know are
@@ -12,6 +12,7 @@ known, it trains in this process with a PyTorch optimizer instead (--lr,
 """
 import argparse
 import itertools
+import json
 import os
 import sys
 import time
@@ -45,6 +46,8 @@ def parser(description, batch=64):
     a("--codec", default="none", help="push compression, e.g. topk:ratio=0.01,ef=1")
     a("--pull_codec", default="")
     a("--prefetch_ahead", type=_bool, nargs="?", const=True, default=False)
+    a("--drop_last", default="auto", choices=["auto", "true", "false"],
+      help="skip each epoch's short last batch; auto: when the shards run BSP")
     a("--eval", default="auto", choices=["auto", "true", "false"], help="auto: rank 0")
     a("--eval_every", type=int, default=0)
     a("--log_every", type=int, default=200)
@@ -74,6 +77,11 @@ def parse(p, argv=None):
     return args
 
 
+def shards_run_bsp(ps):
+    """True when shard 0's stats say it runs BSP (--drop_last=auto)."""
+    return json.loads(ps.client.stats()[0]).get("consistency") == "bsp"
+
+
 def run(args, model, init=None):
     """Trains `model` as ps_worker trains its MLP; returns the summary dict."""
     torch.set_num_threads(args.threads)
@@ -83,10 +91,8 @@ def run(args, model, init=None):
     train = Mnist.load("train", args.data_dir, args.normalize)
     do_eval = args.eval == "true" or (args.eval == "auto" and rank == 0)
     test = Mnist.load("test", args.data_dir, args.normalize) if do_eval else None
-    per_epoch = train.batches_per_epoch(workers, args.batch)
-    total = args.epochs * per_epoch if args.epochs else args.max_steps
-    if args.max_steps:
-        total = min(total, args.max_steps)
+    drop_last = args.drop_last == "true"
+    per_epoch = train.batches_per_epoch(workers, args.batch, drop_last)
     csv = args.metrics_csv or env.metrics_csv
     if local:
         # The shards' initial values, computed here: same start as through the PS.
@@ -96,7 +102,6 @@ def run(args, model, init=None):
                 p.copy_(torch.from_numpy(s.initial_values()))
         ps = None
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-        print("training %d steps (%d per epoch) locally" % (total, per_epoch), file=sys.stderr)
     else:
         ps = apt.ParameterServer(
             model, env.servers, rank, workers, codec=args.codec, pull_codec=args.pull_codec,
@@ -104,8 +109,18 @@ def run(args, model, init=None):
             timeout_s=args.timeout_s, heartbeat_s=args.heartbeat_ms / 1000.0,
             chunk_elems=args.chunk_elems, init=init)
         opt = apt.DistributedOptimizer(ps)
-        print("training %d steps (%d per epoch) against %d shard(s) as rank %d of %d" % (
-            total, per_epoch, len(env.servers), rank, workers), file=sys.stderr)
+        if args.drop_last == "auto":
+            drop_last = shards_run_bsp(ps)
+            per_epoch = train.batches_per_epoch(workers, args.batch, drop_last)
+    total = args.epochs * per_epoch if args.epochs else args.max_steps
+    if args.max_steps:
+        total = min(total, args.max_steps)
+    if local:
+        print("training %d steps (%d per epoch) locally" % (total, per_epoch), file=sys.stderr)
+    else:
+        print("training %d steps (%d per epoch, drop_last=%s) against %d shard(s) as rank %d "
+              "of %d" % (total, per_epoch, drop_last, len(env.servers), rank, workers),
+              file=sys.stderr)
     traffic = ps.traffic if ps else (lambda: None)
     log = TrainingLog(rank, total, csv, args.log_every)
 
@@ -118,7 +133,7 @@ def run(args, model, init=None):
     for epoch in itertools.count():
         if step >= total:
             break
-        for x, y in train.batches(rank, workers, args.batch, epoch, args.seed):
+        for x, y in train.batches(rank, workers, args.batch, epoch, args.seed, drop_last):
             if step >= total:
                 break
             if do_eval and args.eval_every > 0 and step > 0 and step % args.eval_every == 0:

@@ -1,4 +1,6 @@
 """asyncps.torch: ParameterServer and DistributedOptimizer on real shards."""
+import importlib.util
+import os
 import threading
 import types
 
@@ -9,7 +11,7 @@ import torch
 import asyncps
 import asyncps.torch as apt
 from asyncps.data import Mnist
-from conftest import endpoints, need_data
+from conftest import EXAMPLES, endpoints, need_data
 
 
 def small_cnn(bn=True):
@@ -191,3 +193,31 @@ def test_structure_check_sees_added_modules_and_parameters(shards):
     m[0].scale = torch.nn.Parameter(torch.ones(1))
     with pytest.raises(asyncps.FailedPrecondition, match="0.scale"):
         ps.push()
+
+
+def test_drop_last_leaves_out_exactly_the_short_batch():
+    need_data()
+    train = Mnist.load("train")
+    # 60000 / 7 = 8571 examples per rank: 133 batches of 64 and one of 59.
+    assert train.batches_per_epoch(7, 64) == 134
+    assert train.batches_per_epoch(7, 64, drop_last=True) == 133
+    for epoch in (0, 1):
+        full = list(train.batches(3, 7, 64, epoch, seed=5))
+        dropped = list(train.batches(3, 7, 64, epoch, seed=5, drop_last=True))
+        assert [len(y) for _, y in full] == [64] * 133 + [59]
+        assert len(dropped) == 133
+        for (xa, ya), (xb, yb) in zip(full, dropped):
+            np.testing.assert_array_equal(xa, xb)
+            np.testing.assert_array_equal(ya, yb)
+
+
+def test_drop_last_auto_follows_the_shards_consistency(shards):
+    spec = importlib.util.spec_from_file_location("_common", os.path.join(EXAMPLES, "_common.py"))
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    for flags, bsp in ((["--consistency=bsp"], True), (["--consistency=asp"], False)):
+        model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10))
+        ps = apt.ParameterServer(model, servers=endpoints(shards(1, flags)), rank=0,
+                                 num_workers=1)
+        assert common.shards_run_bsp(ps) is bsp
+        ps.close()
