@@ -9,7 +9,8 @@ shards, then reopens the run's Prometheus data (as `launch/psmon` does) and read
 series through the HTTP API (`/api/v1/query_range`): samples/s, training loss,
 staleness quantiles, pull wait, bytes and compression ratio. Writes
 series.csv (time_s, series, value), top.txt, fleet.txt (the psrun summary) and
-a gnuplot PNG of the series, and checks that the stored counters agree with
+a gnuplot PNG of the series (with --screenshot also Prometheus' own graph page
+as headless Chromium renders it: prometheus_graph.png), and checks that the stored counters agree with
 the run's summary.json. --quick: 1 epoch on a subset (for CI-sized runs).
 """
 import argparse
@@ -95,6 +96,43 @@ def capture_top(ctl, run_dir, out_path, want_shards, iterations):
     return None if r.returncode == 0 else r.stderr
 
 
+# Panels of the Prometheus graph page in the screenshot.
+SCREENSHOT_QUERIES = [
+    "histogram_quantile(0.5, sum by (le) (rate(asyncps_shard_staleness_bucket[5s])))",
+    "histogram_quantile(0.99, sum by (le) (rate(asyncps_shard_staleness_bucket[5s])))",
+    "asyncps_worker_train_loss",
+]
+CHROMIUM = "/usr/bin/chromium"
+
+
+def screenshot(base, start, end, png):
+    """Prometheus' own graph page over [start, end], as headless Chromium renders it."""
+    if not os.access(CHROMIUM, os.X_OK):
+        print("no %s (Debian package chromium): no screenshot" % CHROMIUM)
+        return False
+    # The page keeps minutes of its end time: end at the next whole minute.
+    end_m = (int(end) // 60 + 1) * 60
+    end_s = time.strftime("%Y-%m-%d %H:%M", time.gmtime(end_m))
+    params = {}
+    for i, q in enumerate(SCREENSHOT_QUERIES):
+        params["g%d.expr" % i] = q
+        params["g%d.tab" % i] = "0"
+        params["g%d.range_input" % i] = "%ds" % (end_m - int(start) + 5)
+        params["g%d.end_input" % i] = end_s
+        params["g%d.moment_input" % i] = end_s
+    url = base + "/graph?" + urllib.parse.urlencode(params)
+    with tempfile.TemporaryDirectory(prefix="asyncps-chromium-") as profile:
+        r = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu",
+                            "--hide-scrollbars", "--user-data-dir=" + profile,
+                            "--window-size=1400,2300", "--virtual-time-budget=20000",
+                            "--screenshot=" + png, url],
+                           capture_output=True, text=True, timeout=180)
+    ok = r.returncode == 0 and os.path.exists(png)
+    if not ok:
+        print("chromium failed (%d): %s" % (r.returncode, r.stderr[-500:]))
+    return ok
+
+
 def plot(out_dir, rows):
     if not shutil.which("gnuplot"):
         print("gnuplot missing: no plot")
@@ -137,6 +175,8 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "experiments", "results", "monitoring"))
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--screenshot", action="store_true",
+                    help="also a PNG of Prometheus' graph page (headless Chromium)")
     o = ap.parse_args()
     if not os.access(monitoring.PROMETHEUS_BIN, os.X_OK):
         print("SKIP: %s missing (Debian package prometheus)" % monitoring.PROMETHEUS_BIN)
@@ -207,6 +247,8 @@ def main():
         check = {"steps_in_prometheus": stored, "steps_in_summary_json": want}
         if stored != want:
             failures.append("steps: Prometheus %g, summary.json %g" % (stored, want))
+        if o.screenshot:
+            screenshot(prom.url, start, end, os.path.join(o.out, "prometheus_graph.png"))
     finally:
         prom.stop()
 
