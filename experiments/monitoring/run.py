@@ -237,7 +237,8 @@ def main():
         for name, _ in SERIES:
             if not any(n == name for _, n, _ in rows):
                 failures.append("no points for %s" % name)
-        if not any(n == "samples_per_s" and v > 0 for _, n, v in rows):
+        # A --quick run can end within one 5 s rate window on a quiet machine.
+        if not o.quick and not any(n == "samples_per_s" and v > 0 for _, n, v in rows):
             failures.append("samples/s never above 0")
         # Stored counters against the run's own totals (same thing counted).
         steps = prom.query("sum(max_over_time(asyncps_worker_steps_total[1h]))", at=end)
