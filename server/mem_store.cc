@@ -95,10 +95,13 @@ Status MemStore::MultiGet(
     const std::function<void(size_t, std::string_view)>& found) {
   if (space >= spaces_.size())
     return Status::InvalidArgument("MemStore: unknown space");
-  for (size_t i = 0; i < n; ++i) {
+  const bool fail = reads_left_ == 0;
+  if (reads_left_ > 0) --reads_left_;
+  for (size_t i = 0; i < (fail ? n / 2 : n); ++i) {
     auto it = kv_.find({spaces_[space], std::string(keys[i])});
     if (it != kv_.end()) found(i, it->second);
   }
+  if (fail) return Status::Unavailable("injected read failure");
   return Status::OK();
 }
 

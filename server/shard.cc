@@ -361,6 +361,7 @@ void Shard::Tick(TimePoint now, std::vector<OutgoingReply>* out) {
     OnClocksChanged(out);
   }
   TryRepair(now);
+  if (bsp_round_retry_) OnClocksChanged(out);
   ReleaseParked(out);
   ExpireParked(now, out);
   PruneUnsent();
@@ -377,8 +378,15 @@ void Shard::OnClocksChanged(std::vector<OutgoingReply>* out) {
         LOG(INFO) << "BSP: every live worker is past round " << bsp_round_
                   << ": the round moves to " << min;
       }
-      Status s = ApplyBspRound(min);
-      if (!s.ok()) {
+      bool applied = false;
+      Status s = ApplyBspRound(min, &applied);
+      bsp_round_retry_ = !applied;
+      if (!applied) {
+        // Nothing of the round applied: its pulls wait, Tick tries again.
+        LOG_EVERY_N(ERROR, 10) << "BSP round not applied, retrying: "
+                               << s.ToString();
+        CountRejected(RejectReason::kStore);
+      } else if (!s.ok()) {
         // The round is applied in memory; only its durable write failed.
         LOG(ERROR) << "BSP round applied, not persisted: " << s.ToString();
         CountRejected(RejectReason::kStore);

@@ -391,8 +391,12 @@ class Shard {
   void CompensatePending(const RequestHeader& req);
   // The schedule's multiplier of lr at the current shard version.
   float ScheduleScale() const;
-  // Applies the averaged round and moves bsp_round_ to `next`.
-  Status ApplyBspRound(int64_t next);
+  // Applies the averaged round and moves bsp_round_ to `next`. The round's
+  // rows are read from the store first: when that fails, nothing of the
+  // round is applied, *applied is false and the round is tried again at
+  // the next Tick. Otherwise *applied is true and only the durable write
+  // can fail.
+  Status ApplyBspRound(int64_t next, bool* applied);
 
   // shard_sparse.cc: the rows of sparse tables in registration, pushes,
   // pulls, BSP rounds and persistence.
@@ -402,6 +406,13 @@ class Shard {
   // BSP: reserves what this push's rows may add to the round's sums, before
   // anything of the push is applied.
   Status ChargeSparseRound();
+  // ASP/SSP: reads every row the push names into the cache and holds it
+  // there, before anything of the push is applied: a failed store read
+  // refuses the push (Unavailable, retried by the client) with nothing of
+  // it applied.
+  Status HoldSparsePush();
+  // Applies (BSP: sums) the held rows; only write-backs of evicted rows can
+  // fail, and every row is applied anyway.
   Status ApplySparsePush(int64_t clock, float lr_scale);
   Status ValidateSparsePull(const RequestHeader& req,
                             const std::vector<ByteView>& data);
@@ -454,6 +465,8 @@ class Shard {
   std::unique_ptr<internal::PushDedup> dedup_;
   // Durable write failed: pushes refused until a checkpoint succeeds.
   bool degraded_ = false;
+  // BSP: the last round's rows could not be read; Tick() tries again.
+  bool bsp_round_retry_ = false;
   TimePoint next_repair_{};
   std::chrono::milliseconds repair_backoff_{100};
   // Sparse pull codecs (top-k, random-k) send each worker the change since

@@ -100,6 +100,7 @@ Status Shard::HandlePush(const RequestHeader& req,
   }
   // Refused before anything of the push is applied or counted.
   if (bsp && !options_.transport_only) RETURN_IF_ERROR(ChargeSparseRound());
+  if (!bsp && !options_.transport_only) RETURN_IF_ERROR(HoldSparsePush());
 
   uint64_t bytes = 0;
   for (const ByteView& f : data) bytes += f.size;
@@ -139,7 +140,7 @@ Status Shard::HandlePush(const RequestHeader& req,
     ApplyPending(rank, lr_scale);
     ++shard_version_;
   }
-  // Rows: applied (BSP: summed) after the chunks; only storage can fail.
+  // Rows: applied (BSP: summed) after the chunks; only write-backs can fail.
   Status rows = ApplySparsePush(req.clock, lr_scale);
   if (!rows.ok()) {
     LOG(ERROR) << "push " << req.id << " from rank " << rank
@@ -402,7 +403,19 @@ void Shard::ApplyPending(int rank, float lr_scale) {
 
 float Shard::ScheduleScale() const { return schedule_.Scale(shard_version_); }
 
-Status Shard::ApplyBspRound(int64_t next) {
+Status Shard::ApplyBspRound(int64_t next, bool* applied) {
+  *applied = false;
+  const bool rows = sparse_ && sparse_->HasRoundSums();
+  if (rows) {
+    // Every row of the round is read before anything of it is applied.
+    Status h = sparse_->HoldRound();
+    if (!h.ok()) {
+      sparse_->ReleaseHeld();
+      return h.WithContext("reading the rows of BSP round " +
+                           std::to_string(bsp_round_));
+    }
+  }
+  *applied = true;
   const int64_t applied_round = bsp_round_;
   bsp_round_ = next;
   touched_.clear();
@@ -434,12 +447,12 @@ Status Shard::ApplyBspRound(int64_t next) {
     c->contributors = 0;
     ++c->version;
   }
-  const bool rows = sparse_ && sparse_->HasRoundSums();
   if (touched_.empty() && !rows) return Status::OK();
   ++shard_version_;
   if (rows) {
     Status s = sparse_->ApplyRound(applied_round, ScheduleScale(),
                                    options_.durable && store_ != nullptr);
+    sparse_->ReleaseHeld();
     round_charge_.Reset();
     if (!s.ok()) {
       sparse_->CommitDurable(false);  // unpin: the rows stay dirty in memory

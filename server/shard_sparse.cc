@@ -262,6 +262,20 @@ Status Shard::ChargeSparseRound() {
   return Status::OK();
 }
 
+Status Shard::HoldSparsePush() {
+  for (const PendingRows& p : pending_rows_) {
+    Status s = sparse_->Hold(p.table, sparse_keys_.data() + p.keys_at, p.n);
+    if (s.ok()) continue;
+    sparse_->ReleaseHeld();
+    pending_rows_.clear();
+    return Reject(RejectReason::kStore,
+                  Status::Unavailable("reading the rows of the push failed, "
+                                      "nothing of it was applied (retry): " +
+                                      s.ToString()));
+  }
+  return Status::OK();
+}
+
 Status Shard::ApplySparsePush(int64_t clock, float lr_scale) {
   if (pending_rows_.empty()) return Status::OK();
   const bool durable = options_.durable && store_ != nullptr;
@@ -280,6 +294,7 @@ Status Shard::ApplySparsePush(int64_t clock, float lr_scale) {
                               durable);
     if (first.ok()) first = s;
   }
+  sparse_->ReleaseHeld();
   pending_rows_.clear();
   return first;
 }

@@ -13,6 +13,7 @@
 #include "compression/codec.h"
 #include "server/internal/test_util.h"
 #include "server/server_metrics.h"
+#include "server/sparse/sparse_table.h"
 #include "server/shard.h"
 
 namespace asyncps::server {
@@ -44,6 +45,15 @@ ByteView Keys(const std::vector<uint64_t>& k) {
 std::vector<float> Init(const TableSpec& t, uint64_t key) {
   std::vector<float> v(t.dim);
   InitializeRow(t, key, v.data());
+  return v;
+}
+
+std::vector<float> Init(const std::vector<uint64_t>& keys) {
+  std::vector<float> v;
+  for (uint64_t k : keys) {
+    const std::vector<float> r = Init(Emb(), k);
+    v.insert(v.end(), r.begin(), r.end());
+  }
   return v;
 }
 
@@ -625,6 +635,93 @@ TEST(ShardSparseTest, FailedWriteBackOfEvictedRowsLosesNothing) {
   Sparse again(o, &store);
   EXPECT_EQ(again.Read(0, 0, a), acked);
   EXPECT_EQ(again.Read(0, 0, b), b_once);
+}
+
+// A store read that fails in the middle of a push (its rows span three
+// slices, most of them only in the store) leaves nothing of the push
+// applied: not the slices read before the failure, not its dense chunk.
+// The push is refused as retryable, not recorded, so its resend (same id)
+// is applied, once; and no row stays held in the cache.
+TEST(ShardSparseTest, FailedReadMidPushAppliesNothing) {
+  MemStore store;
+  ShardOptions o = Opts();
+  o.sparse.cache_bytes = 64 << 10;
+  Sparse s(o, &store);
+  std::vector<uint64_t> keys(3 * sparse::SparseTable::kSliceKeys - 100);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = i * 7919 + 1;
+  const std::vector<float> g(keys.size() * 4, 0.5f);
+  ASSERT_TRUE(s.PushRows(0, 0, keys, g).status.ok());  // rows into the store
+  const std::vector<float> before = s.Read(0, 0, keys);
+  ASSERT_EQ(before, MinusOnce(Init(keys), 0.25f));
+  const uint32_t chunk = s.FirstChunk();
+  const std::vector<float> w0 = *s.shard->weights(chunk);
+  const uint64_t version = s.shard->shard_version();
+
+  store.FailReadsAfter(1);
+  ReplyHeader r = s.PushRows(0, 1, keys, g, 0, /*with_chunk=*/true, /*id=*/9);
+  EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.ToString();
+  EXPECT_NE(r.status.message().find("nothing of it was applied"),
+            std::string::npos)
+      << r.status.ToString();
+  store.FailReadsAfter(-1);
+  EXPECT_FALSE(s.shard->degraded());
+  EXPECT_EQ(s.shard->shard_version(), version);
+  EXPECT_EQ(*s.shard->weights(chunk), w0);
+  EXPECT_EQ(s.Read(0, 1, keys), before);
+  // Nothing held: reading other rows evicts the push's rows down to what
+  // the budget holds (the index keeps its capacity, so count rows).
+  std::vector<uint64_t> other(2000);
+  for (size_t i = 0; i < other.size(); ++i) other[i] = i * 7919 + 2;
+  s.Read(0, 1, other);
+  const sparse::SparseTable& t = s.shard->sparse_tables()->table(0);
+  EXPECT_LE(t.cache_rows() * t.entry_bytes(), o.sparse.cache_bytes);
+
+  // The resend is applied, whole and once.
+  ASSERT_TRUE(s.PushRows(0, 1, keys, g, 0, true, 9).status.ok());
+  ASSERT_TRUE(s.PushRows(0, 1, keys, g, 0, true, 9).status.ok());
+  EXPECT_EQ(s.Read(0, 1, keys), MinusOnce(before, 0.25f));
+  EXPECT_NE(*s.shard->weights(chunk), w0);
+  EXPECT_EQ(s.shard->shard_version(), version + 1);
+}
+
+// BSP: when the rows of a round cannot be read, nothing of the round is
+// applied (its sums are kept, its pulls wait) and the shard applies it,
+// once, at a Tick after the store reads again.
+TEST(ShardSparseTest, FailedReadOfABspRoundIsRetriedWhole) {
+  MemStore store;
+  ShardOptions o = Opts(Consistency::kBsp, 1);
+  o.sparse.cache_bytes = 64 << 10;
+  Sparse s(o, &store);
+  std::vector<uint64_t> keys(2 * sparse::SparseTable::kSliceKeys + 100);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = i * 7919 + 1;
+  const std::vector<float> g(keys.size() * 4, 0.5f);
+  ASSERT_TRUE(s.PushRows(0, 0, keys, g).status.ok());
+  s.Call(s.Clock(0, 1));
+  ASSERT_EQ(s.shard->bsp_round(), 1);
+  const std::vector<float> before = s.Read(0, 1, keys);
+  ASSERT_EQ(before, MinusOnce(Init(keys), 0.25f));
+
+  ASSERT_TRUE(s.PushRows(0, 1, keys, g, 0, /*with_chunk=*/true).status.ok());
+  const uint32_t chunk = s.FirstChunk();
+  const std::vector<float> w0 = *s.shard->weights(chunk);
+  store.FailReadsAfter(1);
+  s.Call(s.Clock(0, 2));
+  EXPECT_EQ(s.shard->bsp_round(), 1);  // not applied
+  std::vector<OutgoingReply> out;
+  s.now += std::chrono::seconds(1);
+  s.shard->Tick(s.now, &out);  // still failing
+  EXPECT_EQ(s.shard->bsp_round(), 1);
+  store.FailReadsAfter(-1);
+  EXPECT_EQ(*s.shard->weights(chunk), w0);
+  EXPECT_EQ(s.Read(0, 1, keys), before);
+  s.now += std::chrono::seconds(1);
+  s.shard->Tick(s.now, &out);
+  ASSERT_EQ(s.shard->bsp_round(), 2);
+  EXPECT_EQ(s.Read(0, 2, keys), MinusOnce(before, 0.25f));
+  EXPECT_NE(*s.shard->weights(chunk), w0);
+  s.now += std::chrono::seconds(1);
+  s.shard->Tick(s.now, &out);  // applied once
+  EXPECT_EQ(s.Read(0, 2, keys), MinusOnce(before, 0.25f));
 }
 
 // Without a store the cache is all the shard has: pushes of ever new keys

@@ -206,7 +206,9 @@ StatusOr<std::unique_ptr<Store>> OpenRocksDbStore(
 // A Store in memory. Tests keep the object to "restart" a shard on the same
 // contents; Reopen() does what opening a RocksDB store after a crash does
 // (roll back to the preserved cut when marked). Writes after
-// FailWrites(true) fail with Unavailable (fault injection).
+// FailWrites(true) fail with Unavailable, and so does every MultiGet after
+// the first `n` of FailReadsAfter(n), once it has delivered half its
+// records (fault injection).
 class MemStore final : public Store {
  public:
   using Store::Write;
@@ -225,6 +227,8 @@ class MemStore final : public Store {
   // last cut (what a restart after kill -9 sees).
   void Reopen();
   void FailWrites(bool fail) { fail_writes_ = fail; }
+  // n < 0: reads never fail (the default).
+  void FailReadsAfter(int64_t n) { reads_left_ = n; }
   size_t writes() const { return writes_; }
 
  private:
@@ -233,6 +237,7 @@ class MemStore final : public Store {
   std::optional<Map> preserved_;  // the last cut, while marked
   std::vector<std::string> spaces_{""};
   bool fail_writes_ = false;
+  int64_t reads_left_ = -1;
   size_t writes_ = 0;
 };
 

@@ -340,7 +340,7 @@ void RunDim(const std::string& dir, uint32_t dim) {
     Check(store->CompactSpace(t->table(0).space()), "compact");
   }
   const size_t entry = dim * sizeof(float) + sizeof(EntryMeta);
-  for (const std::string& regime : {"hit100", "hit50", "hit0"}) {
+  for (const std::string regime : {"hit100", "hit50", "hit0"}) {
     if (FLAGS_regimes.find(regime) == std::string::npos) continue;
     uint64_t budget = 1;
     if (regime == "hit100") budget = vocab * (entry + 64) + (64u << 20);

@@ -41,7 +41,7 @@ uint32_t RowCache::NextVictim() {
     if (hand_ >= n) hand_ = 0;
     const uint32_t s = hand_++;
     EntryMeta& m = meta_[s];
-    if (!(m.flags & EntryMeta::kUsed) || (m.flags & EntryMeta::kPinned))
+    if (!(m.flags & EntryMeta::kUsed) || (m.flags & EntryMeta::kUnevictable))
       continue;
     if (m.flags & EntryMeta::kRef) {
       m.flags &= ~EntryMeta::kRef;

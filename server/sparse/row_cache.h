@@ -11,7 +11,7 @@
 //
 // Eviction: NextVictim() advances the clock hand: an entry whose reference
 // bit is set (it was used since the hand last passed) gets a second chance
-// (the bit is cleared); pinned entries are skipped. The caller writes a dirty
+// (the bit is cleared); pinned and held entries are skipped. The caller writes a dirty
 // victim back before it calls Remove().
 //
 // Memory: bytes() counts live entries (floats + metadata) plus the index;
@@ -36,6 +36,10 @@ struct EntryMeta {
   static constexpr uint8_t kDirty = 2;   // newer than the store's record
   static constexpr uint8_t kRef = 4;     // used since the clock hand passed
   static constexpr uint8_t kPinned = 8;  // not evictable (in a durable push)
+  // Not evictable: read for the push (or BSP round) in progress, which is
+  // applied only once every key it names is in the cache or known absent.
+  static constexpr uint8_t kHeld = 16;
+  static constexpr uint8_t kUnevictable = kPinned | kHeld;
 
   uint64_t key = 0;
   // Rows: optimizer steps applied. Admission counters: pushes counted.

@@ -61,11 +61,12 @@ void SparseTable::LookupCached(uint64_t key, int64_t now, uint32_t* row,
                                uint32_t* counter) {
   *row = RowCache::kNone;
   *counter = RowCache::kNone;
-  // A pinned entry was pushed by the request in progress: never expired.
+  // A pinned or held entry belongs to the request in progress: never
+  // expired.
   uint32_t s = rows_.Find(key);
   if (s != RowCache::kNone) {
     EntryMeta& m = rows_.meta(s);
-    if (!Expired(m.last_clock, now) || (m.flags & EntryMeta::kPinned)) {
+    if (!Expired(m.last_clock, now) || (m.flags & EntryMeta::kUnevictable)) {
       m.flags |= EntryMeta::kRef;
       *row = s;
     } else {
@@ -79,7 +80,7 @@ void SparseTable::LookupCached(uint64_t key, int64_t now, uint32_t* row,
   s = admission_->Find(key);
   if (s == RowCache::kNone) return;
   EntryMeta& m = admission_->meta(s);
-  if (!Expired(m.last_clock, now) || (m.flags & EntryMeta::kPinned)) {
+  if (!Expired(m.last_clock, now) || (m.flags & EntryMeta::kUnevictable)) {
     m.flags |= EntryMeta::kRef;
     *counter = s;
   } else {
@@ -88,7 +89,8 @@ void SparseTable::LookupCached(uint64_t key, int64_t now, uint32_t* row,
   }
 }
 
-Status SparseTable::Resolve(const uint64_t* keys, size_t n, int64_t now) {
+Status SparseTable::Resolve(const uint64_t* keys, size_t n, int64_t now,
+                            bool read_store) {
   size_t misses = 0;
   for (size_t i = 0; i < n; ++i) {
     uint32_t row, counter;
@@ -102,6 +104,7 @@ Status SparseTable::Resolve(const uint64_t* keys, size_t n, int64_t now) {
       ++misses;
     }
   }
+  if (!read_store) return Status::OK();  // held: counted when held
   counters_stats_.hits += n - misses;
   counters_stats_.misses += misses;
   if (misses == 0 || store_ == nullptr) return Status::OK();
@@ -173,12 +176,36 @@ uint32_t SparseTable::CreateRow(uint64_t key) {
   return slot;
 }
 
+Status SparseTable::HoldSlice(const uint64_t* keys, size_t n, int64_t now,
+                              std::vector<uint32_t>* held,
+                              std::vector<uint32_t>* held_counters) {
+  RETURN_IF_ERROR(Resolve(keys, n, now));
+  for (size_t i = 0; i < n; ++i) {
+    if (slot_[i] != RowCache::kNone) {
+      EntryMeta& m = rows_.meta(slot_[i]);
+      if (!(m.flags & EntryMeta::kHeld)) held->push_back(slot_[i]);
+      m.flags |= EntryMeta::kHeld;
+    }
+    if (counter_slot_[i] != RowCache::kNone) {
+      EntryMeta& m = admission_->meta(counter_slot_[i]);
+      if (!(m.flags & EntryMeta::kHeld)) held_counters->push_back(counter_slot_[i]);
+      m.flags |= EntryMeta::kHeld;
+    }
+  }
+  return Status::OK();
+}
+
+void SparseTable::Unhold(bool counter, uint32_t slot) {
+  EntryMeta& m = (counter ? *admission_ : rows_).meta(slot);
+  if (m.flags & EntryMeta::kUsed) m.flags &= ~EntryMeta::kHeld;
+}
+
 Status SparseTable::ApplySlice(const uint64_t* keys, const float* grads,
                                size_t n, int64_t clock, int64_t now,
-                               float lr_scale, bool pin,
+                               float lr_scale, bool pin, bool held,
                                std::vector<uint32_t>* touched,
                                std::vector<uint32_t>* touched_counters) {
-  RETURN_IF_ERROR(Resolve(keys, n, now));
+  RETURN_IF_ERROR(Resolve(keys, n, now, /*read_store=*/!held));
   const uint32_t dim = spec_.dim;
   const uint8_t mark = EntryMeta::kDirty | (pin ? EntryMeta::kPinned : 0);
   const uint32_t admit = spec_.admit_after_pushes;

@@ -17,10 +17,14 @@
 // Requests arrive in slices (the owner, server/sparse/sparse_tables.h,
 // cuts them and keeps the shared cache budget between slices): a slice of
 // unique keys is looked up in the cache; the misses go to the store in one
-// MultiGet; found records enter the cache clean. A push slice then applies
-// the optimizer to each row (creating rows from their initial value, or
-// counting them for admission) and marks them dirty, and pinned when
-// `pin` (durable pushes: the owner writes them before the acknowledgement).
+// MultiGet; found records enter the cache clean. A push is held first
+// (HoldSlice: every key read, the found entries marked held, so nothing
+// evicts them), then applied (ApplySlice with `held`: the store is not read
+// again, a key not cached is absent), so a failed read leaves nothing
+// applied. A push slice applies the optimizer to each row (creating rows
+// from their initial value, or counting them for admission) and marks them
+// dirty, and pinned when `pin` (durable pushes: the owner writes them
+// before the acknowledgement).
 // Dirty entries reach the store when evicted (EvictOne), at a checkpoint
 // (AddDirty) or in a durable push's batch (AddRecord).
 //
@@ -83,13 +87,26 @@ class SparseTable {
   [[nodiscard]] Status ReadSlice(const uint64_t* keys, size_t n, int64_t now,
                                  float* out);
 
+  // Reads keys[0..n) (unique, n <= kSliceKeys) into the cache and marks
+  // the entries found held (not evictable, not expired) until Unhold();
+  // their slots are appended to *held (rows) and *held_counters. Fails
+  // only when the store does (nothing is applied).
+  [[nodiscard]] Status HoldSlice(const uint64_t* keys, size_t n, int64_t now,
+                                 std::vector<uint32_t>* held,
+                                 std::vector<uint32_t>* held_counters);
+  // Clears the held flag of an entry (no-op on a slot no longer in use).
+  void Unhold(bool counter, uint32_t slot);
+
   // Applies gradients grads (n x dim) to keys[0..n) (unique, n <=
   // kSliceKeys), pushed at worker clock `clock`, learning rate scaled by
-  // lr_scale. Touched entries become dirty, and pinned when `pin`; their
-  // slots are appended to *touched (rows) and *touched_counters.
+  // lr_scale. `held`: HoldSlice() read these keys, so the store is not read
+  // (a key not cached is absent) and this cannot fail; otherwise a failed
+  // read fails the slice before anything of it is applied. Touched entries
+  // become dirty, and pinned when `pin`; their slots are appended to
+  // *touched (rows) and *touched_counters.
   [[nodiscard]] Status ApplySlice(const uint64_t* keys, const float* grads,
                                   size_t n, int64_t clock, int64_t now,
-                                  float lr_scale, bool pin,
+                                  float lr_scale, bool pin, bool held,
                                   std::vector<uint32_t>* touched,
                                   std::vector<uint32_t>* touched_counters);
 
@@ -160,8 +177,9 @@ class SparseTable {
               std::unique_ptr<Optimizer> optimizer);
 
   // Fills slot_[i] / counter_slot_[i] for keys[0..n), reading misses from
-  // the store into the cache.
-  Status Resolve(const uint64_t* keys, size_t n, int64_t now);
+  // the store into the cache (`read_store`; otherwise misses are absent).
+  Status Resolve(const uint64_t* keys, size_t n, int64_t now,
+                 bool read_store = true);
   // Looks up one key in the cache (expired entries are dropped).
   void LookupCached(uint64_t key, int64_t now, uint32_t* row,
                     uint32_t* counter);

@@ -80,7 +80,10 @@ SparseTables::SparseTables(const SparseOptions& options,
       store_(store),
       round_(specs_.size()),
       touched_(specs_.size()),
-      touched_counters_(specs_.size()) {}
+      touched_counters_(specs_.size()),
+      held_(specs_.size()),
+      held_counters_(specs_.size()),
+      holding_(specs_.size(), 0) {}
 
 SparseTables::~SparseTables() = default;
 
@@ -188,17 +191,51 @@ Status SparseTables::Read(uint32_t table, const uint64_t* keys, size_t n,
   return Status::OK();
 }
 
+Status SparseTables::Hold(uint32_t table, const uint64_t* keys, size_t n) {
+  SparseTable& t = *tables_[table];
+  holding_[table] = 1;
+  for (size_t off = 0; off < n; off += SparseTable::kSliceKeys) {
+    const size_t m = std::min(SparseTable::kSliceKeys, n - off);
+    RETURN_IF_ERROR(t.HoldSlice(keys + off, m, clock_, &held_[table],
+                                &held_counters_[table]));
+    // A failed write-back keeps its victims (dirty) and is reported by the
+    // Enforce() of Apply(), which writes them again.
+    (void)Enforce();
+  }
+  return Status::OK();
+}
+
+Status SparseTables::HoldRound() {
+  for (uint32_t t = 0; t < round_.size(); ++t) {
+    const RoundSums& r = round_[t];
+    if (r.pushes == 0) continue;
+    RETURN_IF_ERROR(Hold(t, r.keys.data(), r.keys.size()));
+  }
+  return Status::OK();
+}
+
+void SparseTables::ReleaseHeld() {
+  for (size_t t = 0; t < tables_.size(); ++t) {
+    for (uint32_t s : held_[t]) tables_[t]->Unhold(false, s);
+    for (uint32_t s : held_counters_[t]) tables_[t]->Unhold(true, s);
+    held_[t].clear();
+    held_counters_[t].clear();
+    holding_[t] = 0;
+  }
+}
+
 Status SparseTables::Apply(uint32_t table, const uint64_t* keys,
                            const float* grads, size_t n, int64_t clock,
                            float lr_scale, bool durable) {
   SparseTable& t = *tables_[table];
   const size_t dim = t.spec().dim;
+  const bool held = holding_[table] != 0;
   Status written;  // the first failed write-back: the rest still applies
   for (size_t off = 0; off < n; off += SparseTable::kSliceKeys) {
     const size_t m = std::min(SparseTable::kSliceKeys, n - off);
     RETURN_IF_ERROR(t.ApplySlice(keys + off, grads + off * dim, m, clock,
-                                 clock_, lr_scale, durable, &touched_[table],
-                                 &touched_counters_[table]));
+                                 clock_, lr_scale, durable, held,
+                                 &touched_[table], &touched_counters_[table]));
     Status s = Enforce();
     if (written.ok()) written = s;
   }

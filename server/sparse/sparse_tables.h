@@ -19,8 +19,14 @@
 // bytes, down to 31/32 of the budget. Without a store nothing can be
 // evicted: Check() refuses (ResourceExhausted) a push whose new rows would
 // take the cache past its budget. It may be exceeded by one slice of
-// rows, and in durable mode by the rows of the push in progress (pinned
-// until its write), at most max_keys_per_request rows.
+// rows, and by the rows of the push in progress (held from their read to
+// their update, and in durable mode pinned until their write), at most
+// max_keys_per_request rows, or of the BSP round being applied.
+//
+// A push is held (Hold(): every key it names read from the store into the
+// cache, and kept there) for all its tables before any of them is applied:
+// a failed store read leaves the push, and every other table of it, not
+// applied at all.
 //
 // Checkpoints and durability (see server/store.h on cuts): a checkpoint
 // puts every dirty entry into batches (full ones written as kPartial,
@@ -107,11 +113,23 @@ class SparseTables {
   // Current values of keys (checked) into out (n x dim).
   [[nodiscard]] Status Read(uint32_t table, const uint64_t* keys, size_t n,
                             float* out);
+  // Reads every key (checked) of one table's part of a push into the cache
+  // and holds the entries there (not evictable) until ReleaseHeld(), so
+  // that Apply() of that table reads nothing from the store. Fails only on
+  // a failed store read; the caller then releases and applies nothing.
+  // Call it for every table of a push before applying any.
+  [[nodiscard]] Status Hold(uint32_t table, const uint64_t* keys, size_t n);
+  // BSP: Hold() for every table's round sums.
+  [[nodiscard]] Status HoldRound();
+  // Ends the holds of the request (after its Apply()s, or after a failed
+  // Hold()).
+  void ReleaseHeld();
   // Applies gradients (checked) pushed at worker clock `clock` (ASP, SSP);
   // durable: pins the touched entries for AddDurable(). A failed write-back
   // of evicted rows does not stop it (the victims stay cached, dirty): every
-  // key is applied, then that error is returned. A failed store read stops
-  // it at the slice that needed it.
+  // key is applied, then that error is returned. On a held table (Hold())
+  // nothing else can fail; otherwise a failed store read stops it at the
+  // slice that needed it (tests and benchmarks only).
   [[nodiscard]] Status Apply(uint32_t table, const uint64_t* keys,
                              const float* grads, size_t n, int64_t clock,
                              float lr_scale, bool durable);
@@ -119,7 +137,8 @@ class SparseTables {
   void Accumulate(uint32_t table, const uint64_t* keys, const float* grads,
                   size_t n);
   // BSP: applies every table's averaged sums at clock `round` and clears
-  // them. Nothing to do: OK.
+  // them (after HoldRound(); then only write-backs can fail, and every sum
+  // is applied anyway). Nothing to do: OK.
   [[nodiscard]] Status ApplyRound(int64_t round, float lr_scale, bool durable);
   bool HasRoundSums() const;
 
@@ -180,6 +199,11 @@ class SparseTables {
   // Durable pushes: pinned entries, per table.
   std::vector<std::vector<uint32_t>> touched_;
   std::vector<std::vector<uint32_t>> touched_counters_;
+  // Held entries of the push or round in progress, per table; and whether
+  // the table was held (Apply reads nothing from the store then).
+  std::vector<std::vector<uint32_t>> held_;
+  std::vector<std::vector<uint32_t>> held_counters_;
+  std::vector<uint8_t> holding_;
   std::vector<uint32_t> sorted_;
   uint64_t write_errors_ = 0;
 };
