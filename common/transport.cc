@@ -737,6 +737,21 @@ StatusOr<std::string> LoadCurveKey(const std::string& file_or_key) {
   return lines[0];
 }
 
+Status LoadCurveClientKeys(const std::string& server_key,
+                           const std::string& secret_key,
+                           const std::string& public_key,
+                           TransportOptions* options) {
+  if (server_key.empty()) return Status::OK();
+  ASSIGN_OR_RETURN(options->curve_server_key, LoadCurveKey(server_key));
+  if (!secret_key.empty()) {
+    ASSIGN_OR_RETURN(options->curve_secret_key, LoadCurveKey(secret_key));
+  }
+  if (!public_key.empty()) {
+    ASSIGN_OR_RETURN(options->curve_public_key, LoadCurveKey(public_key));
+  }
+  return Status::OK();
+}
+
 StatusOr<std::vector<std::string>> LoadCurveKeyList(const std::string& path) {
   ASSIGN_OR_RETURN(std::vector<std::string> lines, KeyFileLines(path));
   for (const std::string& k : lines)

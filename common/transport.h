@@ -210,6 +210,17 @@ StatusOr<std::string> DeriveCurvePublicKey(const std::string& secret_key);
 // the key. InvalidArgument if it is neither; NotFound if the file is missing.
 StatusOr<std::string> LoadCurveKey(const std::string& file_or_key);
 
+// A client's CurveZMQ keys from its --curve_server_key, --curve_secret_key
+// and --curve_public_key flags (each a file or a Z85 key, see
+// LoadCurveKey) into *options: nothing when server_key is empty (no
+// encryption); secret_key empty: an ephemeral key pair; public_key empty:
+// derived from the secret key. The first key that does not load is the
+// error.
+Status LoadCurveClientKeys(const std::string& server_key,
+                           const std::string& secret_key,
+                           const std::string& public_key,
+                           TransportOptions* options);
+
 // Reads a list of Z85 public keys from a file, one per line ('#' comments
 // and blank lines ignored; a line may hold "KEY name" and only KEY counts).
 StatusOr<std::vector<std::string>> LoadCurveKeyList(const std::string& path);

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "common/curve_flags.h"
 #include "common/transport.h"
 #include "common/wire.h"
 #include "server/ctl_top.h"
@@ -35,20 +36,11 @@
 DEFINE_string(servers, "", "comma-separated shard endpoints, in shard order");
 DEFINE_int32(timeout_ms, 5000, "deadline for each shard's reply, milliseconds");
 DEFINE_string(out, "", "keygen: write PREFIX.key and PREFIX.pub");
-DEFINE_string(curve_server_key, "",
-              "the servers' CurveZMQ public key (file or Z85); empty: no "
-              "encryption");
-DEFINE_string(curve_secret_key, "",
-              "this client's CurveZMQ secret key (file or Z85); empty with "
-              "--curve_server_key: a throwaway key pair");
 DEFINE_int32(interval_ms, 1000, "top: milliseconds between frames");
 DEFINE_int32(iterations, 0, "top: frames to draw, 0: until Ctrl-C");
 DEFINE_string(clear, "auto",
               "top: clear the screen between frames: auto (when stdout is a "
               "terminal) | true | false");
-DEFINE_string(curve_public_key, "",
-              "this client's public key (file or Z85); empty: derived from "
-              "--curve_secret_key");
 
 namespace {
 
@@ -61,17 +53,7 @@ Status Call(const std::shared_ptr<Context>& ctx, const std::string& endpoint,
             RequestKind kind, ReplyHeader* reply) {
   TransportOptions to;
   to.context = ctx;
-  if (!FLAGS_curve_server_key.empty()) {
-    ASSIGN_OR_RETURN(to.curve_server_key, LoadCurveKey(FLAGS_curve_server_key));
-    if (!FLAGS_curve_secret_key.empty()) {
-      ASSIGN_OR_RETURN(to.curve_secret_key,
-                       LoadCurveKey(FLAGS_curve_secret_key));
-    }
-    if (!FLAGS_curve_public_key.empty()) {
-      ASSIGN_OR_RETURN(to.curve_public_key,
-                       LoadCurveKey(FLAGS_curve_public_key));
-    }
-  }
+  RETURN_IF_ERROR(CurveClientKeysFromFlags(&to));
   ASSIGN_OR_RETURN(std::unique_ptr<ClientSocket> sock,
                    ClientSocket::Connect(endpoint, to));
   RequestHeader req;

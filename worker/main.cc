@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/curve_flags.h"
 #include "common/metrics_flags.h"
 #include "compression/codec.h"
 #include "worker/backend.h"
@@ -70,13 +71,6 @@ DEFINE_int32(
     timeout_s, 120,
     "Longest wait for any reply (a shard restart must finish within it)");
 DEFINE_int32(heartbeat_ms, 1000, "Heartbeat interval (0: off)");
-DEFINE_string(curve_server_key, "",
-              "CurveZMQ public key of the shards (file from ps_ctl keygen or "
-              "Z85); empty: no encryption");
-DEFINE_string(curve_secret_key, "",
-              "this worker's CurveZMQ secret key (file or Z85)");
-DEFINE_string(curve_public_key, "",
-              "this worker's public key (file or Z85); empty: derived");
 DEFINE_string(device_compression, "auto",
               "Compress gradients on the GPU and copy only payloads to the "
               "host: auto (when the backend is CUDA and --codec is not none) "
@@ -253,18 +247,7 @@ Status Main() {
   co.rank = eval_role ? -1 : FLAGS_rank;
   co.deadline = std::chrono::seconds(FLAGS_timeout_s);
   co.heartbeat_interval = std::chrono::milliseconds(FLAGS_heartbeat_ms);
-  if (!FLAGS_curve_server_key.empty()) {
-    ASSIGN_OR_RETURN(co.transport.curve_server_key,
-                     LoadCurveKey(FLAGS_curve_server_key));
-    if (!FLAGS_curve_secret_key.empty()) {
-      ASSIGN_OR_RETURN(co.transport.curve_secret_key,
-                       LoadCurveKey(FLAGS_curve_secret_key));
-    }
-    if (!FLAGS_curve_public_key.empty()) {
-      ASSIGN_OR_RETURN(co.transport.curve_public_key,
-                       LoadCurveKey(FLAGS_curve_public_key));
-    }
-  }
+  RETURN_IF_ERROR(CurveClientKeysFromFlags(&co.transport));
   int push_log = -1;
   if (!FLAGS_push_log.empty()) {
     push_log = open(FLAGS_push_log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);

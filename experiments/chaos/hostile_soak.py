@@ -21,6 +21,18 @@ reads the stats and shuts it down.
   experiments/chaos/hostile_soak.py --server_build build-asan --build build \\
       --messages 1000000 --epochs 4 --out experiments/results/hostile_soak
   experiments/chaos/hostile_soak.py --quick     # 20,000 messages, 1 epoch
+
+With --model ctr the trained model is the click model (ps_ctr_worker) on
+planted Criteo-format data (ps_criteo_gen), whose embedding table lives in
+the shard's RocksDB behind a small --cache_mib cache (evictions, store reads
+and write-backs under fire), and the fuzzer also sends hostile row refs for
+that table (--tables=ctr.emb:<1+factor_dim>); the quality figure is the
+test AUC and log loss instead of the accuracy. The fuzzer's dense chunk refs
+are built for the MLP, so against the click model they exercise the
+rejection paths of the dense part only.
+
+  experiments/chaos/hostile_soak.py --model ctr --messages 200000 \
+      --out experiments/results/hostile_soak_ctr
 """
 import argparse
 import json
@@ -33,6 +45,8 @@ import tempfile
 import time
 
 SUMMARY = re.compile(r"SUMMARY rank=0 final_test_acc=([-\d.]+)")
+CTR_SUMMARY = re.compile(r"SUMMARY rank=0 test_logloss=([-\d.]+) test_auc=([-\d.]+)")
+CTR_FACTOR_DIM = 4
 SANITIZER = re.compile(r"ERROR: AddressSanitizer|runtime error:|ERROR: LeakSanitizer")
 
 
@@ -62,6 +76,20 @@ def wait_ready(path, proc, timeout):
     raise RuntimeError("ps_server not ready within %d s" % timeout)
 
 
+def ctr_data(a, run_dir):
+    """Planted Criteo-format train and test files (made once per soak)."""
+    d = {"train": os.path.join(run_dir, "ctr-train.txt"),
+         "test": os.path.join(run_dir, "ctr-test.txt"),
+         "planted": os.path.join(run_dir, "ctr-planted.json")}
+    if not os.path.exists(d["planted"]):
+        subprocess.run([os.path.join(a.build, "bin", "ps_criteo_gen"), "--train=" + d["train"],
+                        "--test=" + d["test"], "--train_examples=%d" % a.ctr_examples,
+                        "--test_examples=20000", "--vocab=%d" % a.ctr_vocab,
+                        "--seed=%d" % a.seed, "--stats_json=" + d["planted"]],
+                       check=True, stdout=subprocess.DEVNULL)
+    return d
+
+
 def run(a, run_dir, tag, fuzz):
     """One training run; with `fuzz`, hostile traffic beside it."""
     sbin = os.path.join(a.server_build, "bin")
@@ -82,17 +110,26 @@ def run(a, run_dir, tag, fuzz):
          "--lr=%g" % a.lr, "--worker_timeout_s=10", "--checkpoint_every_s=30",
          "--db_path=" + os.path.join(run_dir, tag + ".db"),
          "--memory_budget_mb=%d" % a.budget_mb, "--max_park_s=2",
-         "--curve_secret_key=" + keys["server"][0], "--curve_admin_clients=" + admins],
+         "--curve_secret_key=" + keys["server"][0], "--curve_admin_clients=" + admins]
+        + (["--embedding_cache_bytes=%d" % (a.cache_mib << 20)] if a.model == "ctr" else []),
         stdout=open(slog, "wb"), stderr=subprocess.STDOUT, env=env)
     endpoint = wait_ready(ready, shard, 60)
     wlog = os.path.join(run_dir, tag + ".worker.log")
-    worker = subprocess.Popen(
-        [os.path.join(bin_, "ps_worker"), "--servers=" + endpoint, "--rank=0",
-         "--num_workers=%d" % a.num_workers, "--epochs=%d" % a.epochs, "--eval=true",
-         "--seed=%d" % a.seed, "--log_every=500", "--timeout_s=300",
-         "--slowdown=%g" % (a.worker_slowdown if fuzz else 1.0),
-         "--curve_server_key=" + keys["server"][1]],
-        stdout=open(wlog, "wb"), stderr=subprocess.STDOUT)
+    if a.model == "ctr":
+        data = ctr_data(a, run_dir)
+        wargs = [os.path.join(bin_, "ps_ctr_worker"), "--servers=" + endpoint, "--rank=0",
+                 "--num_workers=%d" % a.num_workers, "--train=" + data["train"],
+                 "--test=" + data["test"], "--planted_json=" + data["planted"],
+                 "--batch=256", "--epochs=%d" % a.epochs,
+                 "--factor_dim=%d" % CTR_FACTOR_DIM, "--init_scale=0.1", "--seed=%d" % a.seed,
+                 "--log_every=500", "--timeout_s=300"]
+    else:
+        wargs = [os.path.join(bin_, "ps_worker"), "--servers=" + endpoint, "--rank=0",
+                 "--num_workers=%d" % a.num_workers, "--epochs=%d" % a.epochs, "--eval=true",
+                 "--seed=%d" % a.seed, "--log_every=500", "--timeout_s=300",
+                 "--slowdown=%g" % (a.worker_slowdown if fuzz else 1.0)]
+    worker = subprocess.Popen(wargs + ["--curve_server_key=" + keys["server"][1]],
+                              stdout=open(wlog, "wb"), stderr=subprocess.STDOUT)
     fuzzer = None
     flog = os.path.join(run_dir, tag + ".fuzz.json")
     t0 = time.time()
@@ -112,7 +149,8 @@ def run(a, run_dir, tag, fuzz):
              "--messages=%d" % a.messages, "--seed=%d" % a.seed,
              "--num_workers=%d" % a.num_workers, "--deadline_ms=%d" % a.deadline_ms,
              "--model_seed=%d" % a.seed, "--curve_server_key=" + keys["server"][1],
-             "--curve_secret_key=" + keys["fuzz"][0], "--report=" + flog],
+             "--curve_secret_key=" + keys["fuzz"][0], "--report=" + flog]
+            + (["--tables=ctr.emb:%d" % (1 + CTR_FACTOR_DIM)] if a.model == "ctr" else []),
             stdout=subprocess.DEVNULL, stderr=open(os.path.join(run_dir, tag + ".fuzz.log"), "wb"))
     samples = []
     worker_s = None
@@ -144,12 +182,18 @@ def run(a, run_dir, tag, fuzz):
         if p is not None and p.poll() is None:
             p.kill()
             p.wait()
-    m = SUMMARY.search(open(wlog, errors="replace").read())
+    wtext = open(wlog, errors="replace").read()
     shard_text = open(slog, errors="replace").read()
     rss = [s for _, s in samples if s is not None]
-    result = {
-        "tag": tag, "worker_rc": worker.returncode,
-        "final_test_acc": float(m.group(1)) if m else None,
+    result = {"tag": tag, "worker_rc": worker.returncode}
+    if a.model == "ctr":
+        m = CTR_SUMMARY.search(wtext)
+        result["test_logloss"] = float(m.group(1)) if m else None
+        result["test_auc"] = float(m.group(2)) if m else None
+    else:
+        m = SUMMARY.search(wtext)
+        result["final_test_acc"] = float(m.group(1)) if m else None
+    result.update({
         "worker_wall_s": worker_s, "fuzz_wall_s": fuzz_s,
         "shard_alive_at_end": alive, "shard_exit_code": shard_rc,
         "sanitizer_reports": len(SANITIZER.findall(shard_text)),
@@ -160,7 +204,9 @@ def run(a, run_dir, tag, fuzz):
         "rejected": stats.get("rejected") if stats else None,
         "rejected_total": stats.get("rejected_total") if stats else None,
         "pushes": stats.get("pushes") if stats else None,
-    }
+    })
+    if a.model == "ctr" and stats:
+        result["sparse"] = stats.get("sparse")
     if fuzzer is not None:
         try:
             result["fuzz"] = json.load(open(flog))
@@ -191,17 +237,29 @@ def main():
     ap.add_argument("--deadline_ms", type=int, default=10000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="", help="copy the run's files here")
+    ap.add_argument("--model", choices=("mlp", "ctr"), default="mlp",
+                    help="mlp: ps_worker on Fashion-MNIST; ctr: ps_ctr_worker on planted "
+                         "Criteo-format data, with hostile row refs of its table")
+    ap.add_argument("--cache_mib", type=int, default=4,
+                    help="ctr: the shard's --embedding_cache_bytes, MiB")
+    ap.add_argument("--ctr_examples", type=int, default=400000, help="ctr: training examples")
+    ap.add_argument("--ctr_vocab", type=int, default=200000,
+                    help="ctr: distinct values per categorical field")
     ap.add_argument("--quick", action="store_true", help="20,000 messages, 1 epoch")
     a = ap.parse_args()
     if a.quick:
         a.messages, a.epochs = 20000, 1
+        a.ctr_examples = min(a.ctr_examples, 60000)
     run_dir = tempfile.mkdtemp(prefix="asyncps-hostile-")
     out = {"config": vars(a), "run_dir": run_dir}
     out["hostile"] = run(a, run_dir, "hostile", fuzz=True)
     out["baseline"] = run(a, run_dir, "baseline", fuzz=False)
     h, b = out["hostile"], out["baseline"]
-    if h["final_test_acc"] is not None and b["final_test_acc"] is not None:
+    if h.get("final_test_acc") is not None and b.get("final_test_acc") is not None:
         out["accuracy_delta_points"] = round(100 * (h["final_test_acc"] - b["final_test_acc"]), 2)
+    if h.get("test_auc") is not None and b.get("test_auc") is not None:
+        out["auc_delta"] = round(h["test_auc"] - b["test_auc"], 4)
+        out["logloss_delta"] = round(h["test_logloss"] - b["test_logloss"], 4)
     f = h.get("fuzz") or {}
     out["ok"] = bool(
         h["shard_alive_at_end"] and h["shard_exit_code"] == 0 and h["sanitizer_reports"] == 0

@@ -18,6 +18,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/curve_flags.h"
 #include "worker/client.h"
 #include "worker/ctr/ctr_trainer.h"
 
@@ -78,6 +79,7 @@ Status Main() {
   }
   co.rank = FLAGS_rank;
   co.deadline = std::chrono::seconds(FLAGS_timeout_s);
+  RETURN_IF_ERROR(CurveClientKeysFromFlags(&co.transport));
   co.heartbeat_interval = std::chrono::milliseconds(FLAGS_heartbeat_ms);
 
   CtrTrainerOptions o;
