@@ -440,6 +440,13 @@ def write_report(out):
                       "%s seed %s (%.3f)" % x for x in down)]
     lines += ["", "Targets: CNN %.2f, MLP %.2f (time to target counts seeds that "
               "reached it; n in runs.csv)." % (cnn_target(by), TARGET_MLP), "",
+              "**Loads.** Runs kept with `--resume` keep the wall times of the "
+              "session they ran in, at the load average of their budget line "
+              "above. A time-to-target or samples/s difference between runs of "
+              "different budget lines compares machine loads as much as "
+              "configurations: read those findings only within one line; the "
+              "accuracy findings (after the same steps) do not depend on the "
+              "load.", "",
               "## Findings (95% intervals over seeds)", ""]
     for _, claim, verdict, evidence in findings(out):
         lines.append("- **%s: %s.** %s." % (claim, stats.headline(verdict), evidence))
@@ -463,8 +470,9 @@ def write_report(out):
               "PYTHONPATH=build/python nice -n 5 /usr/bin/python3 "
               "experiments/pytorch/run.py --resume --epochs 1 --max_steps 120 "
               "--evals_per_epoch 6 --target_cnn 0.75 --bsp_lr 0.2 "
-              "--compression_lr 0.05 --only cnn_bsp,cnn_asp,cnn_none,"
-              "cnn_topk1_ef --bin_dir build/bin", "```", "",
+              "--compression_lr 0.05 --only cnn_bsp,cnn_ssp4,cnn_asp,cnn_none,"
+              "cnn_topk1_ef,cnn_topk1,cnn_sign,cnn_sign_ef --bin_dir build/bin",
+              "```", "",
               "The whole protocol (2 epochs, every configuration, the MLP "
               "cross-check; about 2 h on 2 quiet cores, an estimate):", "", "```",
               "PYTHONPATH=build/python nice -n 10 /usr/bin/python3 "
