@@ -287,11 +287,15 @@ void Pull(SparseTables& t, const std::vector<uint64_t>& keys, float* out) {
   Check(t.Read(0, keys.data(), keys.size(), out), "read");
 }
 
+// As the shard does it (shard_sparse.cc): check, read and hold every row,
+// then apply.
 void Push(SparseTables& t, const std::vector<uint64_t>& keys,
           const float* g) {
   t.BeginRequest();
   Check(t.Check(0, keys.data(), keys.size(), g), "check");
+  Check(t.Hold(0, keys.data(), keys.size()), "hold");
   Check(t.Apply(0, keys.data(), g, keys.size(), 1, 1.0f, false), "apply");
+  t.ReleaseHeld();
 }
 
 // Hit rate of pulls over the batches after a warm-up pass.
