@@ -89,6 +89,22 @@ struct Pull {
                              # reply this client applied; 0 = none
   rows @4 :List(RowsRef);    # rows wanted, at most one entry per table
   dense @5 :Bool = true;     # false: no dense chunks (a rows-only pull)
+  shmOffsets @6 :List(UInt64);  # one per chunk id (chunks then may not be
+                             # empty): the shard writes each chunk's fp32
+                             # weights into the client's attached shared
+                             # memory at that byte offset (common/shm_segment.h)
+                             # and answers with chunk refs of frame 0; raw
+                             # pulls only (codec "", no rows)
+  shmSlot @7 :UInt32;        # the segment's slot this pull armed
+}
+
+# A client's shared-memory segment (common/shm_segment.h), for pulls from a
+# shard on its host. One per (rank, incarnation); a new one replaces it.
+struct AttachShm {
+  pid @0 :UInt32;            # the creating process
+  fd @1 :Int32;              # its memfd, opened as /proc/<pid>/fd/<fd>
+  size @2 :UInt64;           # exact size of the file
+  token @3 :UInt64;          # the random token in the segment's header
 }
 
 struct Clock {
@@ -109,6 +125,7 @@ struct Request {
     stats @9 :Void;
     checkpoint @10 :Void;
     shutdown @11 :Void;
+    attachShm @13 :AttachShm;
   }
   doneBelow @12 :UInt64;     # pushes: every earlier push (lower id) of this
                              # client to this shard has been answered or given

@@ -34,6 +34,8 @@ const char* RequestKindName(RequestKind kind) {
       return "checkpoint";
     case RequestKind::kShutdown:
       return "shutdown";
+    case RequestKind::kAttachShm:
+      return "attach_shm";
   }
   return "unknown";
 }
@@ -255,6 +257,20 @@ std::vector<uint8_t> EncodeRequest(const RequestHeader& h) {
       p.setBaseSeq(h.pull_base_seq);
       if (!h.rows.empty()) FillRowsRefs(p.initRows(h.rows.size()), h.rows);
       p.setDense(h.pull_dense);
+      if (!h.pull_shm_offsets.empty()) {
+        auto offs = p.initShmOffsets(h.pull_shm_offsets.size());
+        for (size_t i = 0; i < h.pull_shm_offsets.size(); ++i)
+          offs.set(i, h.pull_shm_offsets[i]);
+        p.setShmSlot(h.pull_shm_slot);
+      }
+      break;
+    }
+    case RequestKind::kAttachShm: {
+      auto a = body.initAttachShm();
+      a.setPid(h.shm_pid);
+      a.setFd(h.shm_fd);
+      a.setSize(h.shm_size);
+      a.setToken(h.shm_token);
       break;
     }
     case RequestKind::kClock:
@@ -320,6 +336,12 @@ Status DecodeRequest(const uint8_t* data, size_t size,
         out->tables.clear();
         out->rows.clear();
         out->pull_dense = true;
+        out->pull_shm_offsets.clear();
+        out->shm_pid = 0;
+        out->shm_fd = -1;
+        out->shm_size = 0;
+        out->shm_token = 0;
+        out->pull_shm_slot = 0;
         out->done_below = r.getDoneBelow();
         auto body = r.getBody();
         switch (body.which()) {
@@ -375,6 +397,13 @@ Status DecodeRequest(const uint8_t* data, size_t size,
             out->pull_codec = p.getCodec().cStr();
             out->pull_base_seq = p.getBaseSeq();
             out->pull_dense = p.getDense();
+            auto offs = p.getShmOffsets();
+            if (offs.size() > limits.max_list_entries)
+              return Status::ResourceExhausted("too many shm offsets");
+            out->pull_shm_offsets.resize(offs.size());
+            for (uint32_t i = 0; i < offs.size(); ++i)
+              out->pull_shm_offsets[i] = offs[i];
+            out->pull_shm_slot = p.getShmSlot();
             return ReadRowsRefs(p.getRows(), limits, &out->rows);
           }
           case cw::Request::Body::CLOCK:
@@ -393,6 +422,15 @@ Status DecodeRequest(const uint8_t* data, size_t size,
           case cw::Request::Body::SHUTDOWN:
             out->kind = RequestKind::kShutdown;
             return Status::OK();
+          case cw::Request::Body::ATTACH_SHM: {
+            out->kind = RequestKind::kAttachShm;
+            auto a = body.getAttachShm();
+            out->shm_pid = a.getPid();
+            out->shm_fd = a.getFd();
+            out->shm_size = a.getSize();
+            out->shm_token = a.getToken();
+            return Status::OK();
+          }
         }
         return Status::InvalidArgument(
             "unknown request kind " +
@@ -418,7 +456,7 @@ Status DecodeReply(const uint8_t* data, size_t size, const DecodeLimits& limits,
         }
         out->status =
             Status(static_cast<StatusCode>(code), r.getMessage().cStr());
-        if (r.getKind() > static_cast<uint8_t>(RequestKind::kShutdown)) {
+        if (r.getKind() > static_cast<uint8_t>(RequestKind::kAttachShm)) {
           return Status::InvalidArgument("unknown reply kind");
         }
         out->kind = static_cast<RequestKind>(r.getKind());

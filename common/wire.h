@@ -34,6 +34,7 @@ enum class RequestKind : uint8_t {
   kStats = 5,
   kCheckpoint = 6,
   kShutdown = 7,
+  kAttachShm = 8,
 };
 const char* RequestKindName(RequestKind kind);
 
@@ -81,6 +82,15 @@ struct RequestHeader {
   std::vector<RowsRef> rows;
   // kPull: false = no dense chunks (rows only).
   bool pull_dense = true;
+  // kPull into shared memory: one byte offset per pull_chunks entry (empty =
+  // reply with data frames).
+  std::vector<uint64_t> pull_shm_offsets;
+  uint32_t pull_shm_slot = 0;  // the slot of the segment this pull armed
+  // kAttachShm: the client's segment (common/shm_segment.h).
+  uint32_t shm_pid = 0;
+  int32_t shm_fd = -1;
+  uint64_t shm_size = 0;
+  uint64_t shm_token = 0;
   // kPush: every push of this client to this shard with a lower id has been
   // answered or abandoned and will not be resent (0 = unknown).
   uint64_t done_below = 0;

@@ -135,6 +135,42 @@ TEST(WireTest, SparseTablesAndRowsRoundTrip) {
   EXPECT_FALSE(DecodeRequest(bytes.data(), bytes.size(), {}, &d).ok());
 }
 
+TEST(WireTest, SharedMemoryAttachAndPullRoundTrip) {
+  RequestHeader a;
+  a.kind = RequestKind::kAttachShm;
+  a.id = 3;
+  a.shm_pid = 4242;
+  a.shm_fd = 17;
+  a.shm_size = uint64_t{5} << 32;
+  a.shm_token = 0xfeedface12345678ull;
+  auto bytes = EncodeRequest(a);
+  RequestHeader d;
+  ASSERT_TRUE(DecodeRequest(bytes.data(), bytes.size(), {}, &d).ok());
+  EXPECT_EQ(d.kind, RequestKind::kAttachShm);
+  EXPECT_EQ(d.shm_pid, 4242u);
+  EXPECT_EQ(d.shm_fd, 17);
+  EXPECT_EQ(d.shm_size, uint64_t{5} << 32);
+  EXPECT_EQ(d.shm_token, 0xfeedface12345678ull);
+  EXPECT_STREQ(RequestKindName(d.kind), "attach_shm");
+
+  RequestHeader p;
+  p.kind = RequestKind::kPull;
+  p.pull_chunks = {4, 9};
+  p.pull_shm_offsets = {4096, UINT64_MAX};
+  p.pull_shm_slot = 7;
+  bytes = EncodeRequest(p);
+  ASSERT_TRUE(DecodeRequest(bytes.data(), bytes.size(), {}, &d).ok());
+  EXPECT_EQ(d.pull_shm_offsets, p.pull_shm_offsets);
+  EXPECT_EQ(d.pull_shm_slot, 7u);
+  // Decoding into a reused header clears what the last request set.
+  p.pull_shm_offsets.clear();
+  bytes = EncodeRequest(p);
+  ASSERT_TRUE(DecodeRequest(bytes.data(), bytes.size(), {}, &d).ok());
+  EXPECT_TRUE(d.pull_shm_offsets.empty());
+  EXPECT_EQ(d.pull_shm_slot, 0u);
+  EXPECT_EQ(d.shm_pid, 0u);
+}
+
 TEST(WireTest, ReplyCarriesStatus) {
   ReplyHeader r;
   r.id = 7;

@@ -119,6 +119,11 @@ DEFINE_double(shutdown_timeout_s, 60.0,
               "event loop has not stopped within this many seconds (a second "
               "signal exits at once)");
 DEFINE_int64(max_parked_pulls, 4096, "most pulls waiting at once");
+DEFINE_int64(max_shm_segments, 256,
+             "most shared-memory segments of colocated clients mapped at "
+             "once (the oldest is dropped past it); 0 refuses shared memory");
+DEFINE_int64(max_shm_mb, 64 << 10,
+             "largest shared-memory segment a client may attach, MiB");
 DEFINE_int64(max_inflight_per_client, 1024,
              "most requests one client may have waiting in the shard "
              "(parked pulls); more get ResourceExhausted");
@@ -264,6 +269,12 @@ srv::ServerOptions OptionsFromFlags() {
       static_cast<int64_t>(FLAGS_worker_timeout_s * 1000));
   if (FLAGS_max_parked_pulls < 1) BadFlag("--max_parked_pulls must be >= 1");
   s.max_parked_pulls = static_cast<size_t>(FLAGS_max_parked_pulls);
+  if (FLAGS_max_shm_segments < 0 || FLAGS_max_shm_segments > 65536)
+    BadFlag("--max_shm_segments must be in [0, 65536]");
+  s.max_shm_segments = static_cast<size_t>(FLAGS_max_shm_segments);
+  if (FLAGS_max_shm_mb < 1 || FLAGS_max_shm_mb > (int64_t{1} << 30))
+    BadFlag("--max_shm_mb must be in [1, 2^30]");
+  s.max_shm_bytes = static_cast<uint64_t>(FLAGS_max_shm_mb) << 20;
   if (FLAGS_max_inflight_per_client < 1)
     BadFlag("--max_inflight_per_client must be >= 1");
   s.max_inflight_per_client =

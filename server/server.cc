@@ -102,6 +102,9 @@ namespace {
 // or no address at all (inproc, ipc: this machine).
 bool IsLoopback(const std::string& address) {
   if (address.empty() || address == "::1") return true;
+  // ipc:// peers are on this machine by definition; ZeroMQ names them
+  // "localhost:<uid>:<gid>:<pid>"-style (a TCP peer is always numeric).
+  if (address.rfind("localhost:", 0) == 0) return true;
   std::string a = address;
   if (a.rfind("::ffff:", 0) == 0) a = a.substr(7);
   return a.rfind("127.", 0) == 0;

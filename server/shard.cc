@@ -48,6 +48,8 @@ Status ShardOptions::Validate() const {
   if (staleness < 0) return Status::InvalidArgument("staleness must be >= 0");
   if (worker_timeout.count() < 0)
     return Status::InvalidArgument("worker_timeout must be >= 0");
+  if (max_shm_bytes < (uint64_t{1} << 20))
+    return Status::InvalidArgument("max_shm_bytes must be >= 1 MiB");
   if (max_parked_pulls < 1)
     return Status::InvalidArgument("max_parked_pulls must be >= 1");
   if (max_inflight_per_client < 1)
@@ -220,6 +222,9 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
           LOG(ERROR) << "final checkpoint failed: " << st.ToString();
         }
         shutdown_requested_ = true;
+        break;
+      case RequestKind::kAttachShm:
+        st = HandleAttachShm(req);
         break;
     }
   }

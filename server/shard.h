@@ -195,6 +195,11 @@ struct ShardOptions {
   // are bitwise the same for any number. ps_server's default is the number
   // of cores it may run on, at most 8. Default: 1.
   int apply_threads = 1;
+  // Shared memory of colocated clients (common/shm_segment.h): most
+  // segments mapped at once (the oldest attach is dropped past it; 0 refuses
+  // every attach) and the largest accepted. Default: 256 and 64 GiB.
+  size_t max_shm_segments = 256;
+  uint64_t max_shm_bytes = uint64_t{64} << 30;
   // A push (or BSP round) with fewer gradient elements than this, in all, is
   // applied on the event loop's thread alone: waking the others costs more
   // than they save. Default: 1 Mi elements (4 MiB of fp32 gradient).
@@ -298,6 +303,7 @@ class Shard {
   struct PullReplica;
   struct WorkPiece;
   struct DcReads;
+  struct ShmAttachment;
   // Reply bytes handed to the transport and not yet released by it.
   using UnsentBytes = std::atomic<uint64_t>;
 
@@ -362,6 +368,19 @@ class Shard {
                  OutgoingReply* reply);
   UnsentBytes& UnsentOf(const std::string& peer);
   void PruneUnsent();
+
+  // shard_shm.cc: clients' shared memory (common/shm_segment.h).
+  Status HandleAttachShm(const RequestHeader& req);
+  // The segment attached by this request's client, or nullptr.
+  ShmAttachment* FindShm(const RequestHeader& req);
+  // Checks a pull's shm offsets (one per chunk id, ranges in the segment,
+  // raw fp32 only) before it is answered or parked.
+  Status ValidateShmPull(const RequestHeader& req);
+  // Writes the pulled chunks `ids` into the client's segment and fills the
+  // reply's chunk refs (frame 0). Cancelled when the client no longer
+  // awaits this pull (answered already, or abandoned): nothing written.
+  Status AnswerShmPull(const RequestHeader& req,
+                       const std::vector<uint32_t>& ids, OutgoingReply* reply);
 
   // shard_push.cc: validation and apply.
   Status HandlePush(const RequestHeader& req, const std::vector<ByteView>& data,
@@ -481,6 +500,8 @@ class Shard {
   std::vector<uint64_t> pull_stamp_;  // per local chunk: pull #stamp named it
   uint64_t pull_stamps_ = 0;
   std::vector<std::unique_ptr<ParkedPull>> parked_;
+  // Clients' shared-memory segments by (rank, incarnation), oldest first.
+  std::vector<std::unique_ptr<ShmAttachment>> shm_;
   // Unsent reply bytes per peer (routing id) and per rank; the counters are
   // decremented by ZeroMQ's I/O thread when it releases a reply's frames.
   std::unordered_map<std::string, std::shared_ptr<UnsentBytes>> unsent_;

@@ -172,6 +172,7 @@ Status Shard::ValidatePullRequest(const RequestHeader& req) {
     }
     stamp = pull_stamps_;
   }
+  if (!req.pull_shm_offsets.empty()) return ValidateShmPull(req);
   if (!req.pull_codec.empty() && req.pull_codec != "none") {
 #if ASYNCPS_SERVER_HAVE_COMPRESSION
     StatusOr<compression::CodecSpec> spec =
@@ -317,6 +318,16 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
                                 " chunks could need " + std::to_string(most) +
                                 " bytes, above the reply limit of " +
                                 std::to_string(reply_limit)));
+  }
+  if (!req.pull_shm_offsets.empty()) {
+    RETURN_IF_ERROR(AnswerShmPull(req, ids, reply));
+    if (!dc_reads_.empty() && req.rank >= 0)
+      RETURN_IF_ERROR(RecordDcRead(req, ids));
+    if (req.rank >= 0) {
+      FreeReplica(req.rank);
+      last_read_[req.rank] = shard_version_;
+    }
+    return Status::OK();
   }
   reply->header.chunks.clear();
   reply->header.chunks.reserve(ids.size());

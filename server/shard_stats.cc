@@ -53,6 +53,8 @@ std::string Shard::StatsJson() const {
   j["bytes_in_raw"] = counters_.bytes_in_raw;
   j["validate_decode_ms"] = counters_.validate_decode_ns / 1000000;
   j["bytes_out"] = counters_.bytes_out;
+  j["shm_bytes_out"] = counters_.shm_bytes_out;
+  j["shm_segments"] = shm_.size();
   j["checkpoints"] = counters_.checkpoints;
   j["checkpoint_ms"] = counters_.checkpoint_ns / 1000000;
   j["durable_writes"] = counters_.durable_writes;

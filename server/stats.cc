@@ -52,6 +52,8 @@ const char* RejectReasonName(RejectReason r) {
       return "park_expired";
     case RejectReason::kAdminDenied:
       return "admin_denied";
+    case RejectReason::kSharedMemory:
+      return "shared_memory";
     case RejectReason::kCount:
       break;
   }

@@ -38,6 +38,7 @@ enum class RejectReason : uint8_t {
   kMemoryBudget,     // the shard's memory budget would be exceeded
   kParkExpired,      // a parked pull waited max_park_time (client resends)
   kAdminDenied,      // checkpoint/shutdown from a non-admin peer
+  kSharedMemory,     // shared-memory attach refused, or a pull into it
   kCount,
 };
 inline constexpr size_t kNumRejectReasons =
@@ -84,6 +85,8 @@ struct ShardCounters {
                                   // bytes_in_raw / bytes_in = wire ratio
   uint64_t validate_decode_ns = 0;  // time validating and decoding pushes
   uint64_t bytes_out = 0;           // payload bytes of pull replies
+  uint64_t shm_bytes_out = 0;       // bytes pulls wrote into clients' shared
+                                    // memory (not persisted)
   uint64_t checkpoints = 0;         // checkpoints written since start
   uint64_t checkpoint_ns = 0;       // time writing them (store writes)
   uint64_t durable_writes = 0;      // --durable writes (pushes, rounds, clocks)

@@ -12,6 +12,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "common/shm_segment.h"
 #include "common/wire.h"
 #include "compression/codec.h"
 #include "worker/internal/rows_plan.h"
@@ -128,6 +129,15 @@ class ClientImpl : public Client {
       pull_seq_.push_back(0);
       limit_bytes_.push_back(options_.max_request_bytes);
       limit_frame_.push_back(options_.max_request_frame_bytes);
+      shm_ok_.push_back(false);
+    }
+    if (options_.shared_memory_bytes > 0) {
+      ASSIGN_OR_RETURN(
+          shm_, ShmSegment::Create(options_.shared_memory_bytes,
+                                   static_cast<uint32_t>(std::min<uint64_t>(
+                                       uint64_t{kShmSlotsPerShard} *
+                                           static_cast<uint64_t>(num_shards()),
+                                       ShmSegment::kMaxSlots))));
     }
     if (options_.heartbeat_interval.count() > 0) {
       heartbeater_ = std::make_unique<Heartbeater>(options_, incarnation_);
@@ -162,6 +172,7 @@ class ClientImpl : public Client {
     RETURN_IF_ERROR(Wait(t, options_.deadline, &r));
     SetLayout(std::move(l));
     tables_ = tables;
+    AttachShared();
     return Status::OK();
   }
 
@@ -170,6 +181,7 @@ class ClientImpl : public Client {
     layout.num_shards = num_shards();
     ASSIGN_OR_RETURN(Layout l, Layout::Create(tensors, layout));
     SetLayout(std::move(l));
+    AttachShared();
     return Status::OK();
   }
 
@@ -292,11 +304,18 @@ class ClientImpl : public Client {
     Ticket t = NewTicket();
     tickets_[t].pull_dst = tensors;
     tickets_[t].rows = plan;
+    const bool raw = codec.empty() || codec == "none";
     for (int s = 0; s < num_shards(); ++s) {
       const bool has_rows = plan && !plan->parts(s).empty();
       if (!dense && !has_rows) continue;
       h.pull_base_seq = pull_seq_[s];
       h.rows.clear();
+      h.pull_chunks.clear();
+      h.pull_shm_offsets.clear();
+      if (dense && raw && !has_rows && ShmDestinations(s, tensors, &h)) {
+        RETURN_IF_ERROR(Enqueue(t, s, h, std::vector<Frame>(1)));
+        continue;
+      }
       std::vector<Frame> frames(1);
       if (has_rows) {
         for (const internal::RowsPlan::Part& part : plan->parts(s)) {
@@ -391,6 +410,13 @@ class ClientImpl : public Client {
   Status Heartbeat(milliseconds timeout) override {
     return Simple(RequestKind::kHeartbeat, timeout);
   }
+  float* AllocateShared(size_t num_floats) override {
+    if (!shm_ || num_floats > SIZE_MAX / sizeof(float)) return nullptr;
+    return static_cast<float*>(shm_->Allocate(num_floats * sizeof(float)));
+  }
+  int shared_memory_shards() const override {
+    return static_cast<int>(std::count(shm_ok_.begin(), shm_ok_.end(), true));
+  }
   uint64_t resends() const override { return resends_; }
   uint64_t incarnation() const override { return incarnation_; }
 
@@ -403,6 +429,9 @@ class ClientImpl : public Client {
     std::vector<Frame> frames;
     SteadyClock::time_point next_send;
     milliseconds backoff{0};
+    bool shm = false;      // a pull into shared memory, slot shm_slot armed
+    uint32_t shm_slot = 0;
+    int shm_reattach = 0;  // times the shard was sent the segment again
   };
   struct TicketState {
     int remaining = 0;
@@ -467,6 +496,9 @@ class ClientImpl : public Client {
                                        " requests in flight");
     }
     h.id = next_id_++;
+    const bool shm = !h.pull_shm_offsets.empty();
+    // Armed before it can leave: the shard writes only into an armed slot.
+    if (shm) shm_->Arm(h.pull_shm_slot, h.id);
     if (h.kind == RequestKind::kPush) {
       // Every push to this shard below the oldest one still pending is
       // finished: the shard may forget those ids (pending_ is in id order).
@@ -486,6 +518,8 @@ class ClientImpl : public Client {
     p.frames = std::move(frames);
     p.backoff = options_.attempt_timeout;
     p.next_send = SteadyClock::now() + p.backoff;
+    p.shm = shm;
+    p.shm_slot = h.pull_shm_slot;
     // Recorded before it can leave: a process killed in between has logged
     // a push that may not have been sent, never sent one it did not log.
     if (h.kind == RequestKind::kPush && options_.on_push) {
@@ -493,6 +527,7 @@ class ClientImpl : public Client {
     }
     Status s = Send(p);
     if (!s.ok() && !s.IsRetryable()) {
+      if (shm) DisarmShm(h.pull_shm_slot, h.id);
       Abandon(t);
       return s;
     }
@@ -509,7 +544,13 @@ class ClientImpl : public Client {
 
   void Abandon(Ticket t) {
     for (auto it = pending_.begin(); it != pending_.end();) {
-      it = it->second.ticket == t ? pending_.erase(it) : std::next(it);
+      if (it->second.ticket != t) {
+        ++it;
+        continue;
+      }
+      // After this, the shard writes nothing more into the buffers.
+      if (it->second.shm) DisarmShm(it->second.shm_slot, it->first);
+      it = pending_.erase(it);
     }
     auto it = tickets_.find(t);
     if (it != tickets_.end()) tickets_.erase(it);
@@ -547,6 +588,8 @@ class ClientImpl : public Client {
       const int connects = sockets_[s]->TakeConnects();
       if (connects > 0 && connects_[s]++ > 0) {
         Reannounce(static_cast<int>(s));
+        // A restarted shard has forgotten the segment: before the resends.
+        if (shm_ok_[s]) SendAttach(static_cast<int>(s));
         ResendAll(static_cast<int>(s));
       }
     }
@@ -625,6 +668,7 @@ class ClientImpl : public Client {
     if (pit == pending_.end() || pit->second.shard != shard)
       return;  // late duplicate
     Pending& p = pit->second;
+    if (p.shm && !reply_.status.ok() && ShmRetry(shard, p)) return;
     if (reply_.status.code() == StatusCode::kUnavailable ||
         reply_.status.code() == StatusCode::kResourceExhausted) {
       p.next_send =
@@ -632,7 +676,18 @@ class ClientImpl : public Client {
       return;
     }
     TicketState& t = tickets_[p.ticket];
-    Status s = reply_.status.ok() ? Absorb(shard, p, t) : reply_.status;
+    Status s;
+    if (p.shm && shm_->IsDone(p.shm_slot, reply_.id)) {
+      // The weights are in place, whatever the reply says: a resend of a
+      // pull answered before (its reply lost) is refused as not awaited.
+      s = reply_.status.ok() ? Absorb(shard, p, t) : Status::OK();
+    } else if (p.shm && reply_.status.ok()) {
+      s = Status::Corruption("shard answered a shared-memory pull without "
+                             "writing it");
+    } else {
+      s = reply_.status.ok() ? Absorb(shard, p, t) : reply_.status;
+    }
+    if (p.shm) DisarmShm(p.shm_slot, reply_.id);
     if (s.ok() && p.kind == RequestKind::kPush && options_.on_push) {
       options_.on_push(shard, reply_.id, true);
     }
@@ -661,6 +716,7 @@ class ClientImpl : public Client {
           "pull reply has " + std::to_string(reply_.chunks.size()) +
           " chunks, expected " + std::to_string(owned.size()));
     }
+    if (p.shm) return AbsorbShm(shard, t);
     for (const ChunkRef& c : reply_.chunks) {
       if (c.chunk >= layout_->chunks().size() ||
           layout_->chunks()[c.chunk].shard != shard ||
@@ -729,6 +785,121 @@ class ClientImpl : public Client {
       t.result.bytes_received += f.size;
     }
     return Status::OK();
+  }
+
+  // A pull answered in shared memory: the shard wrote every chunk of the
+  // shard where the request said; check that the reply says so.
+  Status AbsorbShm(int shard, TicketState& t) {
+    const auto& owned = layout_->shard_chunks(shard);
+    if (reply_.chunks.size() != owned.size() || !reply_.rows.empty()) {
+      return Status::Corruption("shared-memory pull reply has " +
+                                std::to_string(reply_.chunks.size()) +
+                                " chunks, expected " +
+                                std::to_string(owned.size()));
+    }
+    for (size_t i = 0; i < owned.size(); ++i) {
+      const ChunkRef& c = reply_.chunks[i];
+      const uint64_t n = layout_->chunks()[owned[i]].num_elems;
+      if (c.chunk != owned[i] || c.frame != 0 || c.codec != 0 ||
+          c.num_elems != n || c.byte_size != n * sizeof(float)) {
+        return Status::Corruption(
+            "shared-memory pull reply has an inconsistent chunk ref for "
+            "chunk " + std::to_string(c.chunk));
+      }
+      t.result.bytes_received += c.byte_size;
+    }
+    return Status::OK();
+  }
+
+  // Fills h with a pull of every chunk of `shard` into shared memory, if
+  // that shard has the segment, one of its kShmSlotsPerShard slots is free
+  // (so many such pulls per shard at a time) and every destination lies in
+  // the segment.
+  bool ShmDestinations(int shard, const std::vector<float*>& tensors,
+                       RequestHeader* h) {
+    if (!shm_ || !shm_ok_[shard]) return false;
+    const uint64_t first = uint64_t{kShmSlotsPerShard} * shard;
+    bool found = false;
+    for (uint64_t i = first;
+         i < first + kShmSlotsPerShard && i < shm_->num_slots() && !found; ++i) {
+      if (shm_->IsFree(static_cast<uint32_t>(i))) {
+        h->pull_shm_slot = static_cast<uint32_t>(i);
+        found = true;
+      }
+    }
+    if (!found) return false;
+    const auto& ids = layout_->shard_chunks(shard);
+    h->pull_chunks.assign(ids.begin(), ids.end());
+    h->pull_shm_offsets.resize(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const ChunkSpec& spec = layout_->chunks()[ids[i]];
+      if (!shm_->Contains(tensors[spec.tensor] + spec.offset,
+                          spec.num_elems * sizeof(float),
+                          &h->pull_shm_offsets[i])) {
+        h->pull_chunks.clear();
+        h->pull_shm_offsets.clear();
+        return false;
+      }
+    }
+    return !ids.empty();
+  }
+
+  // Frees a slot; if its shard is writing it right now, waits for it to
+  // finish first (bounded: a shard that died mid-write never will).
+  void DisarmShm(uint32_t slot, uint64_t id) {
+    if (!shm_->Disarm(slot, id, milliseconds(5000))) {
+      LOG(WARNING) << "a shard claimed shared-memory pull " << id
+                   << " and did not finish writing it within 5 s";
+    }
+  }
+
+  // A shard that lost the segment (restarted, or dropped it for newer
+  // clients) refuses a pull into it with FailedPrecondition: send the
+  // segment again, then the pull (once). True when the reply was handled so.
+  bool ShmRetry(int shard, Pending& p) {
+    if (reply_.status.code() != StatusCode::kFailedPrecondition ||
+        p.shm_reattach > 0 || !shm_ok_[shard])
+      return false;
+    ++p.shm_reattach;
+    SendAttach(shard);
+    if (Send(p).ok()) ++resends_;
+    p.next_send = SteadyClock::now() + p.backoff;
+    return true;
+  }
+
+  RequestHeader AttachHeader() {
+    RequestHeader h = NewHeader(RequestKind::kAttachShm);
+    h.shm_pid = shm_->pid();
+    h.shm_fd = shm_->fd();
+    h.shm_size = shm_->size();
+    h.shm_token = shm_->token();
+    return h;
+  }
+
+  // Fire and forget (its reply is dropped as a late one).
+  void SendAttach(int shard) {
+    RequestHeader h = AttachHeader();
+    h.id = next_id_++;
+    std::vector<Frame> frames{Frame::Owned(EncodeRequest(h))};
+    (void)sockets_[shard]->Send(frames);
+  }
+
+  // Offers the segment to every shard; those that accept it (on this host,
+  // same user, shared memory on) get pulls into it.
+  void AttachShared() {
+    if (!shm_) return;
+    for (int s = 0; s < num_shards(); ++s) {
+      if (shm_ok_[s]) continue;
+      StatusOr<Ticket> t = StartOnShards(AttachHeader(), {s});
+      Status st = t.ok() ? Wait(*t, options_.attempt_timeout * 2, nullptr)
+                         : t.status();
+      shm_ok_[s] = st.ok();
+      if (!st.ok()) {
+        LOG(INFO) << "shard " << s << " (" << options_.servers[s]
+                  << ") pulls over its socket, not shared memory: "
+                  << st.ToString();
+      }
+    }
   }
 
   // A pull reply's rows refs: one per part sent to this shard, in order,
@@ -801,10 +972,14 @@ class ClientImpl : public Client {
   std::vector<int64_t> limit_bytes_;  // per shard: its request limit
   std::vector<int64_t> limit_frame_;  // per shard: its frame limit
   std::vector<std::string>* stats_sink_ = nullptr;
+  std::unique_ptr<ShmSegment> shm_;  // shared_memory_bytes > 0
+  std::vector<bool> shm_ok_;         // per shard: the segment is attached
   std::vector<TableSpec> tables_;
   std::vector<float> rows_scratch_;
   // Pump() rounds between two reads of the connection events in a burst.
   static constexpr uint64_t kConnectCheckEvery = 64;
+  // Shared-memory pulls in flight per shard, at most.
+  static constexpr uint32_t kShmSlotsPerShard = 8;
   bool burst_ = false;        // the last Pump() received replies
   uint64_t burst_rounds_ = 0;
   Message msg_;        // reused receive buffer

@@ -78,6 +78,15 @@ struct ClientOptions {
   // Encoding of sparse rows both ways: compression::CodecId of a dense codec
   // (0 = fp32, 1 = fp16, 2 = bf16). Default: 0.
   uint8_t rows_codec = 0;
+  // Bytes of shared memory for pulls from shards on this host
+  // (common/shm_segment.h); 0 = off. The client creates one sealed segment
+  // and attaches it to every shard when the model is registered (or its
+  // layout used); a shard on another host, or one that refuses, is pulled
+  // from over its socket as before. A raw pull (no codec, no rows) whose
+  // destination buffers all lie in memory from AllocateShared() is then
+  // written there by the shard itself: one copy, no socket transfer.
+  // Default: 0.
+  size_t shared_memory_bytes = 0;
 };
 
 // Rows of one sparse table in a push: n keys (repeats allowed: their
@@ -194,6 +203,14 @@ class Client {
   virtual Status Checkpoint(std::chrono::milliseconds timeout) = 0;
   virtual Status Shutdown(std::chrono::milliseconds timeout) = 0;
   virtual Status Heartbeat(std::chrono::milliseconds timeout) = 0;
+
+  // A buffer of `num_floats` floats in this client's shared memory (see
+  // ClientOptions::shared_memory_bytes), 64-byte aligned, valid as long as
+  // the Client; nullptr when shared memory is off or too little is left.
+  // Pulls into such buffers skip the socket for the shards attached.
+  virtual float* AllocateShared(size_t num_floats) = 0;
+  // Shards that accepted this client's shared memory (0 when it is off).
+  virtual int shared_memory_shards() const = 0;
 
   // Requests resent so far (all shards).
   virtual uint64_t resends() const = 0;

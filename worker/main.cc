@@ -71,6 +71,10 @@ DEFINE_int32(
     timeout_s, 120,
     "Longest wait for any reply (a shard restart must finish within it)");
 DEFINE_int32(heartbeat_ms, 1000, "Heartbeat interval (0: off)");
+DEFINE_int64(shared_memory_mb, 0,
+             "Pull from shards on this host through shared memory of this "
+             "many MiB (at least the model's fp32 size; 0: off). Shards "
+             "elsewhere, or that refuse it, are pulled from over sockets");
 DEFINE_string(device_compression, "auto",
               "Compress gradients on the GPU and copy only payloads to the "
               "host: auto (when the backend is CUDA and --codec is not none) "
@@ -247,6 +251,10 @@ Status Main() {
   co.rank = eval_role ? -1 : FLAGS_rank;
   co.deadline = std::chrono::seconds(FLAGS_timeout_s);
   co.heartbeat_interval = std::chrono::milliseconds(FLAGS_heartbeat_ms);
+  if (FLAGS_shared_memory_mb < 0 || FLAGS_shared_memory_mb > (1 << 20)) {
+    return Status::InvalidArgument("--shared_memory_mb must be in [0, 2^20]");
+  }
+  co.shared_memory_bytes = static_cast<size_t>(FLAGS_shared_memory_mb) << 20;
   RETURN_IF_ERROR(CurveClientKeysFromFlags(&co.transport));
   int push_log = -1;
   if (!FLAGS_push_log.empty()) {

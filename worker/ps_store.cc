@@ -62,8 +62,16 @@ StatusOr<std::unique_ptr<PsParameterStore>> PsParameterStore::Create(
   }
   s->push_buffers_.resize(client->layout().chunks().size());
   for (const TensorSpec& t : specs) s->tensor_bytes_.push_back({t.name, 0, 0});
-  for (const TensorSpec& t : specs) s->pulled_.emplace_back(t.num_elements());
-  for (auto& v : s->pulled_) s->pulled_ptrs_.push_back(v.data());
+  // The pull target lives in the client's shared memory when it has some
+  // (shards on this host then write the weights there themselves).
+  for (const TensorSpec& t : specs) {
+    const size_t n = static_cast<size_t>(t.num_elements());
+    float* shared = client->AllocateShared(n);
+    s->pulled_.emplace_back(shared != nullptr ? 0 : n);
+    s->pulled_ptrs_.push_back(shared != nullptr ? shared
+                                                : s->pulled_.back().data());
+    s->pulled_elems_.push_back(n);
+  }
   return s;
 }
 
@@ -133,8 +141,8 @@ Status PsParameterStore::Pull(int64_t clock,
   RETURN_IF_ERROR(s);
   const auto copy_start = SteadyClock::now();
   for (size_t i = 0; i < tensors.size(); ++i) {
-    std::memcpy(tensors[i], pulled_[i].data(),
-                pulled_[i].size() * sizeof(float));
+    std::memcpy(tensors[i], pulled_ptrs_[i],
+                pulled_elems_[i] * sizeof(float));
   }
   const auto copy_end = SteadyClock::now();
   if (options_.prefetch_ahead) {

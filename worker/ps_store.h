@@ -120,8 +120,11 @@ class PsParameterStore : public ParameterStore {
   std::unique_ptr<compression::DeviceCompressor> device_compressor_;
   bool raw_push_ = true;
   size_t min_elems_ = 0;
-  std::vector<std::vector<float>> pulled_;  // prefetch target, one per tensor
+  // Prefetch target, one per tensor: pulled_ptrs_ point into pulled_ or,
+  // when the client has shared memory, into it (pulled_ then empty).
+  std::vector<std::vector<float>> pulled_;
   std::vector<float*> pulled_ptrs_;
+  std::vector<size_t> pulled_elems_;
   std::optional<Client::Ticket> prefetch_;
   int64_t prefetch_clock_ = -1;
   int64_t clock_offset_ = 0;  // wire clock - trainer step (skips ahead)

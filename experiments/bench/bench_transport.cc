@@ -14,10 +14,16 @@
 // that a loaded machine disturbs much less than throughput.
 // --transport=ipc runs both over ipc:// (Unix domain sockets) instead of
 // tcp://127.0.0.1.
+// --transport=shm measures the colocated pull paths against memcpy, all in
+// the same run: pulls of each size through the shard's shared-memory path
+// (client with shared memory, destinations in it; common/shm_segment.h),
+// the same pulls over ipc:// sockets, and a memcpy of the same bytes into a
+// warm destination (one JSON line per size and in-flight count, op
+// "pull", mode "shm"; ratio = shm / memcpy, ratio_ipc = ipc / memcpy).
 //
 // Usage: ps_bench_transport [--sizes=4096,1048576,16777216,67108864]
 //        [--inflight=1,8] [--seconds=0.7] [--repeats=5] [--server=PATH]
-//        [--transport=tcp|ipc] [--quick]
+//        [--transport=tcp|ipc|shm] [--quick]
 // Quiet run: ps_bench_transport --repeats=9 --seconds=1
 #include <gflags/gflags.h>
 #include <glog/logging.h>
@@ -85,7 +91,7 @@ struct Rate {
 
 // A fresh endpoint of --transport for a server to bind.
 std::string BindEndpoint(const std::filesystem::path& dir) {
-  if (FLAGS_transport == "ipc") return "ipc://" + (dir / "sock").string();
+  if (FLAGS_transport != "tcp") return "ipc://" + (dir / "sock").string();
   return "tcp://127.0.0.1:0";
 }
 
@@ -323,11 +329,12 @@ StatusOr<std::unique_ptr<ServerProcess>> StartServer(const std::string& bin, boo
 }
 
 StatusOr<Rate> OursMeasure(const std::string& bin, bool transport_only, bool push, size_t bytes, int inflight,
-                           const CurveKeys* curve = nullptr) {
+                           const CurveKeys* curve = nullptr, bool shm = false) {
   ASSIGN_OR_RETURN(auto server, StartServer(bin, transport_only, curve));
   ClientOptions co;
   co.servers = {server->endpoint};
   co.rank = 0;
+  if (shm) co.shared_memory_bytes = static_cast<size_t>(inflight) * bytes + (1 << 20);
   if (curve != nullptr) {
     co.transport.curve_server_key = curve->server_public;
     co.transport.curve_public_key = curve->client_public;
@@ -346,7 +353,16 @@ StatusOr<Rate> OursMeasure(const std::string& bin, bool transport_only, bool pus
     std::memset(b->data(), 0, b->size());
     grads.push_back(b);
   }
-  std::vector<std::vector<float>> dst(inflight, std::vector<float>(bytes / 4));
+  std::vector<std::vector<float>> dst_heap(shm ? 0 : inflight, std::vector<float>(bytes / 4));
+  std::vector<float*> dst;
+  for (int i = 0; i < inflight; ++i) {
+    float* d = shm ? client->AllocateShared(bytes / 4) : dst_heap[i].data();
+    if (d == nullptr) return Status::Internal("no shared memory for the pull destinations");
+    std::memset(d, 0, bytes / 4 * sizeof(float));  // warm, as the memcpy baseline's
+    dst.push_back(d);
+  }
+  if (shm && client->shared_memory_shards() != 1)
+    return Status::Unavailable("the shard refused the shared memory (see its log)");
   Status failure;
   uint64_t n = 0;
   auto start = [&]() -> uint64_t {
@@ -356,7 +372,7 @@ StatusOr<Rate> OursMeasure(const std::string& bin, bool transport_only, bool pus
       for (const ChunkSpec& c : layout.chunks()) p.push_back({c.id, 0, Frame::Ref(grads[c.id])});
       tk = client->StartPush(0, std::move(p));
     } else {
-      tk = client->StartPull(0, {dst[n++ % inflight].data()});
+      tk = client->StartPull(0, {dst[n++ % inflight]});
     }
     if (!tk.ok()) {
       failure = tk.status();
@@ -374,6 +390,76 @@ StatusOr<Rate> OursMeasure(const std::string& bin, bool transport_only, bool pus
   });
   RETURN_IF_ERROR(failure);
   return r;
+}
+
+// memcpy of `bytes` from a source into one of `inflight` warm destinations,
+// one after another: the bound of any copy path on this machine.
+Rate MemcpyMeasure(size_t bytes, int inflight) {
+  std::vector<uint8_t> src(bytes, 1);
+  std::vector<std::vector<uint8_t>> dst(inflight, std::vector<uint8_t>(bytes, 0));
+  uint64_t n = 0;
+  auto start = [&]() -> uint64_t {
+    std::memcpy(dst[n % inflight].data(), src.data(), bytes);
+    return n++;
+  };
+  return Measure(inflight, bytes, start, [](uint64_t) {}, [] { return bench::ProcessCpuSeconds(); });
+}
+
+// --transport=shm: see the file comment.
+int ShmRows(const std::string& bin) {
+  for (int64_t bytes : ParseList(FLAGS_sizes)) {
+    for (int64_t inflight : ParseList(FLAGS_inflight)) {
+      std::vector<Rate> shm, ipc, mem;
+      for (int rep = 0; rep < std::max(1, FLAGS_repeats); ++rep) {
+        mem.push_back(MemcpyMeasure(bytes, inflight));
+        auto a = OursMeasure(bin, true, false, bytes, inflight, nullptr, true);
+        auto b = OursMeasure(bin, true, false, bytes, inflight, nullptr, false);
+        if (!a.ok() || !b.ok()) {
+          bench::Json e;
+          e["bench"] = "transport";
+          e["error"] = (a.ok() ? b.status() : a.status()).ToString();
+          bench::Emit(e);
+          return 1;
+        }
+        shm.push_back(*a);
+        ipc.push_back(*b);
+      }
+      auto mbs = [](const std::vector<Rate>& v) {
+        std::vector<double> out;
+        for (const Rate& r : v) out.push_back(r.mb_per_s);
+        return out;
+      };
+      auto cpu = [](const std::vector<Rate>& v) {
+        std::vector<double> out;
+        for (const Rate& r : v) out.push_back(r.cpu_ms_per_gb);
+        return out;
+      };
+      bench::Json j;
+      j["bench"] = "transport";
+      j["op"] = "pull";
+      j["mode"] = "shm";
+      j["transport"] = "shm";
+      j["bytes"] = bytes;
+      j["inflight"] = inflight;
+      j["mb_per_s"] = bench::Round(bench::SpreadOf(mbs(shm)).median, 1);
+      j["cpu_ms_per_gb"] = bench::Round(bench::SpreadOf(cpu(shm)).median, 1);
+      j["ipc_mb_per_s"] = bench::Round(bench::SpreadOf(mbs(ipc)).median, 1);
+      j["ipc_cpu_ms_per_gb"] = bench::Round(bench::SpreadOf(cpu(ipc)).median, 1);
+      j["baseline"] = "memcpy";
+      j["baseline_mb_per_s"] = bench::Round(bench::SpreadOf(mbs(mem)).median, 1);
+      j["ratio_metric"] = "mb_per_s";
+      const auto r = bench::SpreadOf(bench::Ratios(mbs(shm), mbs(mem)));
+      j["ratio"] = bench::Round(r.median, 3);
+      j["ratio_spread"] = bench::ToJson(r);
+      const auto ri = bench::SpreadOf(bench::Ratios(mbs(ipc), mbs(mem)));
+      j["ratio_ipc"] = bench::Round(ri.median, 3);
+      j["ratio_ipc_spread"] = bench::ToJson(ri);
+      j["ratio_shm_vs_ipc"] =
+          bench::Round(bench::SpreadOf(bench::Ratios(mbs(shm), mbs(ipc))).median, 3);
+      bench::Emit(j);
+    }
+  }
+  return 0;
 }
 
 }  // namespace
@@ -405,10 +491,11 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  if (FLAGS_transport != "tcp" && FLAGS_transport != "ipc") {
-    std::fprintf(stderr, "ps_bench_transport: --transport must be tcp or ipc\n");
+  if (FLAGS_transport != "tcp" && FLAGS_transport != "ipc" && FLAGS_transport != "shm") {
+    std::fprintf(stderr, "ps_bench_transport: --transport must be tcp, ipc or shm\n");
     return 2;
   }
+  if (FLAGS_transport == "shm") return ShmRows(bin);
   const std::vector<std::string> modes = ParseNames(FLAGS_modes);
   for (int64_t bytes : ParseList(FLAGS_sizes)) {
     for (int64_t inflight : ParseList(FLAGS_inflight)) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/buffer.h"
+#include "common/shm_segment.h"
 #include "common/wire.h"
 #include "server/memory_budget.h"
 #include "server/internal/binary_io.h"
@@ -102,6 +103,13 @@ struct Shard::PullReplica {
   uint64_t seq = 0;   // pull_seq of the last reply sent; 0: none
   std::vector<std::vector<float>> chunks;  // by local chunk index
   MemoryBudget::Charge charge;
+};
+
+// A client's shared-memory segment, mapped by this shard (shard_shm.cc).
+struct Shard::ShmAttachment {
+  int rank = -1;
+  uint64_t incarnation = 0;
+  std::unique_ptr<ShmSegment> segment;
 };
 
 }  // namespace asyncps::server

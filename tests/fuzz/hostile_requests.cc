@@ -286,9 +286,24 @@ void HostileGenerator::Pull(HostileMessage* m) {
   h.clock = Clock();
   h.pull_codec = PullCodec();
   h.pull_base_seq = OneIn(2) ? 0 : Count();
-  switch (Uniform(0, 5)) {
+  switch (Uniform(0, 6)) {
     case 0:
       m->shape = "pull/all";
+      return;
+    case 6:
+      // Into shared memory this client never attached, or with offsets,
+      // counts and slots of any size (common/shm_segment.h).
+      m->shape = "pull/shm";
+      for (uint32_t id : mine_) {
+        if (OneIn(2)) h.pull_chunks.push_back(id);
+      }
+      if (OneIn(4)) h.pull_chunks.push_back(ChunkId());
+      for (size_t i = 0, n = h.pull_chunks.size() + (OneIn(4) ? 1 : 0); i < n;
+           ++i) {
+        h.pull_shm_offsets.push_back(OneIn(2) ? Count() : rng_());
+      }
+      if (h.pull_shm_offsets.empty()) h.pull_shm_offsets.push_back(Count());
+      h.pull_shm_slot = static_cast<uint32_t>(OneIn(2) ? Uniform(0, 8) : rng_());
       return;
     case 1:
       m->shape = "pull/subset";
@@ -408,9 +423,18 @@ void HostileGenerator::Next(HostileMessage* m) {
     m->shape = "clock";
   } else if (pick < 85) {
     Register(m);
-  } else if (pick < 90) {
+  } else if (pick < 88) {
     h.kind = RequestKind::kHeartbeat;
     m->shape = "heartbeat";
+  } else if (pick < 90) {
+    // Someone else's memory, files that are not sealed memfds, sizes and
+    // descriptors of any value: every attach must be refused.
+    h.kind = RequestKind::kAttachShm;
+    h.shm_pid = static_cast<uint32_t>(OneIn(2) ? Uniform(0, 4) : rng_());
+    h.shm_fd = static_cast<int32_t>(OneIn(2) ? Uniform(-2, 64) : rng_());
+    h.shm_size = OneIn(2) ? Count() : rng_();
+    h.shm_token = rng_();
+    m->shape = "attach_shm";
   } else if (pick < 93) {
     h.kind = RequestKind::kStats;
     m->shape = "stats";

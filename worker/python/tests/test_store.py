@@ -2,6 +2,7 @@
 round trip is bitwise the C++ client's, bad input is refused with a clear
 exception and leaves the shard untouched, SSP holds from Python, a dead
 shard is named, Ctrl-C interrupts a blocked pull."""
+import json
 import os
 import signal
 import subprocess
@@ -38,8 +39,8 @@ def grads(steps, seed=3):
             for _ in range(steps)]
 
 
-def python_trajectory(eps, steps, codec, pull_codec="", prefetch=False):
-    client = asyncps.Client(eps, rank=0, timeout_s=30)
+def python_trajectory(eps, steps, codec, pull_codec="", prefetch=False, shared_memory_mb=0):
+    client = asyncps.Client(eps, rank=0, timeout_s=30, shared_memory_mb=shared_memory_mb)
     store = asyncps.Store(client, specs(), push_codec=codec, pull_codec=pull_codec, seed=1,
                           prefetch_ahead=prefetch)
     out, w = [], buffers()
@@ -85,6 +86,24 @@ def test_round_trip_bitwise_equal_to_cpp_client(shards, tmp_path, codec, pull_co
         set(np.nonzero(py != cpp)[0].tolist()))
     # The pushes did something: the weights moved.
     assert not np.array_equal(py[0], py[-1])
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_shared_memory_pulls_bitwise_equal_to_socket_pulls(shards, prefetch):
+    """Shards on this host write pulls into the client's shared memory: the
+    same weights, bit for bit, as pulls over the socket."""
+    flags = ["--optimizer=momentum", "--lr=0.05", "--consistency=asp"]
+    group = shards(2, flags)
+    shm = python_trajectory(endpoints(group), 6, "none", prefetch=prefetch, shared_memory_mb=4)
+    written = [json.loads(t)["shm_bytes_out"]
+               for t in asyncps.Client(endpoints(group), rank=-1).stats()]
+    sock = python_trajectory(endpoints(shards(2, flags)), 6, "none", prefetch=prefetch)
+    assert shm.tobytes() == sock.tobytes()
+    assert not np.array_equal(shm[0], shm[-1])
+    # Every pull of the run went through shared memory, on both shards.
+    total = sum(int(np.prod(s[1])) for s in SPECS) * 4
+    assert sum(written) >= 7 * total, written
+    assert all(w > 0 for w in written), written
 
 
 def test_pull_writes_initial_values_in_place(shards):
