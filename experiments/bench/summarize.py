@@ -29,7 +29,21 @@ def size(b):
     return str(b)
 
 
+def shm(rows):
+    """ps_bench_transport --transport=shm: shared memory and ipc vs memcpy."""
+    print("| pull size | in flight | shared memory MB/s | x memcpy (spread) | ipc MB/s "
+          "| x memcpy | memcpy MB/s | CPU ms/GB shm / ipc |")
+    print("|---|---|---|---|---|---|---|---|")
+    for d in rows:
+        print("| %s | %d | %.0f | %.2f (%s) | %.0f | %.2f | %.0f | %.0f / %.0f |" % (
+            size(d["bytes"]), d["inflight"], d["mb_per_s"], d["ratio"], spread(d),
+            d["ipc_mb_per_s"], d["ratio_ipc"], d["baseline_mb_per_s"], d["cpu_ms_per_gb"],
+            d["ipc_cpu_ms_per_gb"]))
+
+
 def transport(rows):
+    if rows and rows[0].get("baseline") == "memcpy":
+        return shm(rows)
     print("| op | server | size | in flight | ours MB/s | raw 1-proc MB/s | ratio (spread) "
           "| raw 2-proc MB/s | ratio to 2-proc | CPU ms/GB ours / raw 2-proc |")
     print("|---|---|---|---|---|---|---|---|---|---|")
