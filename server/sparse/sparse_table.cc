@@ -178,8 +178,11 @@ uint32_t SparseTable::CreateRow(uint64_t key) {
 
 Status SparseTable::HoldSlice(const uint64_t* keys, size_t n, int64_t now,
                               std::vector<uint32_t>* held,
-                              std::vector<uint32_t>* held_counters) {
+                              std::vector<uint32_t>* held_counters,
+                              uint32_t* rows, uint32_t* counters) {
   RETURN_IF_ERROR(Resolve(keys, n, now));
+  std::memcpy(rows, slot_.data(), n * sizeof(uint32_t));
+  std::memcpy(counters, counter_slot_.data(), n * sizeof(uint32_t));
   for (size_t i = 0; i < n; ++i) {
     if (slot_[i] != RowCache::kNone) {
       EntryMeta& m = rows_.meta(slot_[i]);
@@ -203,9 +206,16 @@ void SparseTable::Unhold(bool counter, uint32_t slot) {
 Status SparseTable::ApplySlice(const uint64_t* keys, const float* grads,
                                size_t n, int64_t clock, int64_t now,
                                float lr_scale, bool pin, bool held,
+                               const uint32_t* held_rows,
+                               const uint32_t* held_counters,
                                std::vector<uint32_t>* touched,
                                std::vector<uint32_t>* touched_counters) {
-  RETURN_IF_ERROR(Resolve(keys, n, now, /*read_store=*/!held));
+  if (held && held_rows != nullptr && held_counters != nullptr) {
+    std::memcpy(slot_.data(), held_rows, n * sizeof(uint32_t));
+    std::memcpy(counter_slot_.data(), held_counters, n * sizeof(uint32_t));
+  } else {
+    RETURN_IF_ERROR(Resolve(keys, n, now, /*read_store=*/!held));
+  }
   const uint32_t dim = spec_.dim;
   const uint8_t mark = EntryMeta::kDirty | (pin ? EntryMeta::kPinned : 0);
   const uint32_t admit = spec_.admit_after_pushes;

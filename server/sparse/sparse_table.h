@@ -89,11 +89,14 @@ class SparseTable {
 
   // Reads keys[0..n) (unique, n <= kSliceKeys) into the cache and marks
   // the entries found held (not evictable, not expired) until Unhold();
-  // their slots are appended to *held (rows) and *held_counters. Fails
-  // only when the store does (nothing is applied).
+  // their slots are appended to *held (rows) and *held_counters (once per
+  // entry), and key i's row and counter slots (RowCache::kNone: none) are
+  // written to rows[i] and counters[i]. Fails only when the store does
+  // (nothing is applied).
   [[nodiscard]] Status HoldSlice(const uint64_t* keys, size_t n, int64_t now,
                                  std::vector<uint32_t>* held,
-                                 std::vector<uint32_t>* held_counters);
+                                 std::vector<uint32_t>* held_counters,
+                                 uint32_t* rows, uint32_t* counters);
   // Clears the held flag of an entry (no-op on a slot no longer in use).
   void Unhold(bool counter, uint32_t slot);
 
@@ -101,12 +104,17 @@ class SparseTable {
   // kSliceKeys), pushed at worker clock `clock`, learning rate scaled by
   // lr_scale. `held`: HoldSlice() read these keys, so the store is not read
   // (a key not cached is absent) and this cannot fail; otherwise a failed
-  // read fails the slice before anything of it is applied. Touched entries
-  // become dirty, and pinned when `pin`; their slots are appended to
-  // *touched (rows) and *touched_counters.
+  // read fails the slice before anything of it is applied. `held_rows` /
+  // `held_counters` (or nullptr): the slots HoldSlice() gave for exactly
+  // these keys, in this order and with no apply of them in between, so no
+  // key is looked up again (REQUIRES: held). Touched entries become dirty,
+  // and pinned when `pin`; their slots are appended to *touched (rows) and
+  // *touched_counters.
   [[nodiscard]] Status ApplySlice(const uint64_t* keys, const float* grads,
                                   size_t n, int64_t clock, int64_t now,
                                   float lr_scale, bool pin, bool held,
+                                  const uint32_t* held_rows,
+                                  const uint32_t* held_counters,
                                   std::vector<uint32_t>* touched,
                                   std::vector<uint32_t>* touched_counters);
 

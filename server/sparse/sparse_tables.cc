@@ -83,7 +83,11 @@ SparseTables::SparseTables(const SparseOptions& options,
       touched_counters_(specs_.size()),
       held_(specs_.size()),
       held_counters_(specs_.size()),
-      holding_(specs_.size(), 0) {}
+      holding_(specs_.size(), 0),
+      hold_keys_(specs_.size(), nullptr),
+      hold_n_(specs_.size(), 0),
+      hold_rows_(specs_.size()),
+      hold_counters_(specs_.size()) {}
 
 SparseTables::~SparseTables() = default;
 
@@ -193,11 +197,19 @@ Status SparseTables::Read(uint32_t table, const uint64_t* keys, size_t n,
 
 Status SparseTables::Hold(uint32_t table, const uint64_t* keys, size_t n) {
   SparseTable& t = *tables_[table];
+  // A second Hold() of one table (not done by the shard) keeps the holds
+  // but loses the fast path: Apply() looks its keys up again.
+  hold_keys_[table] = holding_[table] ? nullptr : keys;
+  hold_n_[table] = n;
   holding_[table] = 1;
+  hold_rows_[table].resize(n);
+  hold_counters_[table].resize(n);
   for (size_t off = 0; off < n; off += SparseTable::kSliceKeys) {
     const size_t m = std::min(SparseTable::kSliceKeys, n - off);
     RETURN_IF_ERROR(t.HoldSlice(keys + off, m, clock_, &held_[table],
-                                &held_counters_[table]));
+                                &held_counters_[table],
+                                hold_rows_[table].data() + off,
+                                hold_counters_[table].data() + off));
     // A failed write-back keeps its victims (dirty) and is reported by the
     // Enforce() of Apply(), which writes them again.
     (void)Enforce();
@@ -221,6 +233,8 @@ void SparseTables::ReleaseHeld() {
     held_[t].clear();
     held_counters_[t].clear();
     holding_[t] = 0;
+    hold_keys_[t] = nullptr;
+    hold_n_[t] = 0;
   }
 }
 
@@ -230,12 +244,15 @@ Status SparseTables::Apply(uint32_t table, const uint64_t* keys,
   SparseTable& t = *tables_[table];
   const size_t dim = t.spec().dim;
   const bool held = holding_[table] != 0;
+  const bool same = held && keys == hold_keys_[table] && n == hold_n_[table];
   Status written;  // the first failed write-back: the rest still applies
   for (size_t off = 0; off < n; off += SparseTable::kSliceKeys) {
     const size_t m = std::min(SparseTable::kSliceKeys, n - off);
-    RETURN_IF_ERROR(t.ApplySlice(keys + off, grads + off * dim, m, clock,
-                                 clock_, lr_scale, durable, held,
-                                 &touched_[table], &touched_counters_[table]));
+    RETURN_IF_ERROR(t.ApplySlice(
+        keys + off, grads + off * dim, m, clock, clock_, lr_scale, durable,
+        held, same ? hold_rows_[table].data() + off : nullptr,
+        same ? hold_counters_[table].data() + off : nullptr, &touched_[table],
+        &touched_counters_[table]));
     Status s = Enforce();
     if (written.ok()) written = s;
   }

@@ -117,7 +117,9 @@ class SparseTables {
   // and holds the entries there (not evictable) until ReleaseHeld(), so
   // that Apply() of that table reads nothing from the store. Fails only on
   // a failed store read; the caller then releases and applies nothing.
-  // Call it for every table of a push before applying any.
+  // Call it for every table of a push before applying any. Each key's
+  // cache entry is kept, so an Apply() of the same keys array (the same
+  // pointer and count, as the shard passes) looks nothing up again.
   [[nodiscard]] Status Hold(uint32_t table, const uint64_t* keys, size_t n);
   // BSP: Hold() for every table's round sums.
   [[nodiscard]] Status HoldRound();
@@ -204,6 +206,12 @@ class SparseTables {
   std::vector<std::vector<uint32_t>> held_;
   std::vector<std::vector<uint32_t>> held_counters_;
   std::vector<uint8_t> holding_;
+  // Per table: the keys array of the last Hold() and each key's entries
+  // found then (RowCache::kNone: none), for Apply() of the same keys.
+  std::vector<const uint64_t*> hold_keys_;
+  std::vector<size_t> hold_n_;
+  std::vector<std::vector<uint32_t>> hold_rows_;
+  std::vector<std::vector<uint32_t>> hold_counters_;
   std::vector<uint32_t> sorted_;
   uint64_t write_errors_ = 0;
 };
