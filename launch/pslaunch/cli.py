@@ -56,6 +56,11 @@ def make_parser():
                    help="how workers and psrun reach the shards: tcp (default) or ipc (Unix "
                         "domain sockets under RUN_DIR/sock; --backend local only: every shard "
                         "and worker on this host)")
+    p.add_argument("--shared_memory_mb", type=int,
+                   help="with --transport ipc: ps_worker pulls through shared memory of this "
+                        "many MiB (common/shm_segment.h; at least the model's fp32 size; pages "
+                        "are used only for the model). Default 1024; 0: off. Not passed to "
+                        "--worker_cmd (see launch/README.md)")
     p.add_argument("--quiet", action="store_true", default=None, help="only the final summary")
     p.add_argument("--metrics", action="store_true", default=None,
                    help="every process serves Prometheus metrics on a free port; targets in "
@@ -79,7 +84,7 @@ def make_parser():
 DEFAULTS = dict(metrics_port_k8s=9400, service_monitor=False, metrics=False, prometheus=False, scrape_interval=1.0, servers=1, workers=1, backend="local", start_timeout=30.0, max_restarts=0,
                 grace=5.0, server_flags="", progress="auto", log_tail_lines=20, dry_run=False,
                 format="yaml", image="asyncps:latest", storage="1Gi", port=5555, quiet=False,
-                transport="tcp",
+                transport="tcp", shared_memory_mb=1024,
                 ssh_opts="-o BatchMode=yes -o StrictHostKeyChecking=no "
                          "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR")
 

@@ -281,6 +281,8 @@ class Fleet:
                 "--servers=" + self.endpoints(), "--rank=%d" % m.rank,
                 "--num_workers=%d" % o.workers,
                 "--metrics_csv=" + self.path("metrics-%d.csv" % m.rank)] + (
+                    ["--shared_memory_mb=%d" % o.shared_memory_mb]
+                    if getattr(o, "transport", "tcp") == "ipc" and o.shared_memory_mb else []) + (
                     self.monitor.flags(m.name, "worker") if self.monitor else []) + list(
                         o.worker_extra)
 

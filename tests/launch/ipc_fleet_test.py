@@ -43,7 +43,14 @@ class IpcFleetTest(u.FleetTestCase):
         self.assertEqual(s["totals"]["steps"], 600)
         self.assertGreater(s["totals"]["final_test_acc"], 0.5)
         with open(os.path.join(self.run_dir, "stats.json")) as f:
-            self.assertEqual(len(json.load(f)["shards"]), 2)
+            shards = json.load(f)["shards"]
+        self.assertEqual(len(shards), 2)
+        # Pulls went through the workers' shared memory (psrun turns it on
+        # with ipc), on the restarted shard too (the workers re-attached).
+        for sh in shards:
+            self.assertGreater(sh["stats"]["shm_bytes_out"], 0, sh["endpoint"])
+        with open(os.path.join(self.run_dir, "worker-1.log")) as f:
+            self.assertIn("--shared_memory_mb=1024", f.read())
         after = u.read_pids(self.run_dir)
         new = [p for p in after["procs"] if p["name"] == "server-1"][0]
         self.assertNotEqual(new["pid"], victim["pid"])
