@@ -361,6 +361,7 @@ void Shard::Tick(TimePoint now, std::vector<OutgoingReply>* out) {
       if (!clocks_.live(r)) {
         FreeReplica(r);
         FreeDcReads(r);
+        DropShm(r);
       }
     }
     OnClocksChanged(out);

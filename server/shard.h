@@ -197,7 +197,9 @@ struct ShardOptions {
   int apply_threads = 1;
   // Shared memory of colocated clients (common/shm_segment.h): most
   // segments mapped at once (the oldest attach is dropped past it; 0 refuses
-  // every attach) and the largest accepted. Default: 256 and 64 GiB.
+  // every attach) and the largest accepted. A worker rank has at most one
+  // (a new attach replaces it); an evicted worker's is unmapped. Default:
+  // 256 and 64 GiB.
   size_t max_shm_segments = 256;
   uint64_t max_shm_bytes = uint64_t{64} << 30;
   // A push (or BSP round) with fewer gradient elements than this, in all, is
@@ -371,6 +373,9 @@ class Shard {
 
   // shard_shm.cc: clients' shared memory (common/shm_segment.h).
   Status HandleAttachShm(const RequestHeader& req);
+  // Unmaps the segments of a worker rank (evicted: if it comes back, its
+  // client attaches again when a pull is refused).
+  void DropShm(int rank);
   // The segment attached by this request's client, or nullptr.
   ShmAttachment* FindShm(const RequestHeader& req);
   // Checks a pull's shm offsets (one per chunk id, ranges in the segment,

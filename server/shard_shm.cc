@@ -35,11 +35,14 @@ Status Shard::HandleAttachShm(const RequestHeader& req) {
     return Reject(RejectReason::kSharedMemory,
                   seg.status().WithContext("shared memory not attached"));
   }
-  // One segment per client process: a new attach replaces the old one.
+  // One segment per client process, and per worker rank: a new attach
+  // replaces the old one (a restarted worker's old segment is unmapped, so
+  // its memory is freed once its process is gone).
   shm_.erase(std::remove_if(shm_.begin(), shm_.end(),
                             [&](const std::unique_ptr<ShmAttachment>& a) {
                               return a->rank == req.rank &&
-                                     a->incarnation == req.incarnation;
+                                     (req.rank >= 0 ||
+                                      a->incarnation == req.incarnation);
                             }),
              shm_.end());
   if (shm_.size() >= options_.max_shm_segments) shm_.erase(shm_.begin());
@@ -51,6 +54,14 @@ Status Shard::HandleAttachShm(const RequestHeader& req) {
           << a->segment->size() << " bytes";
   shm_.push_back(std::move(a));
   return Status::OK();
+}
+
+void Shard::DropShm(int rank) {
+  shm_.erase(std::remove_if(shm_.begin(), shm_.end(),
+                            [&](const std::unique_ptr<ShmAttachment>& a) {
+                              return a->rank == rank;
+                            }),
+             shm_.end());
 }
 
 Shard::ShmAttachment* Shard::FindShm(const RequestHeader& req) {

@@ -158,9 +158,10 @@ class Raw {
     EXPECT_TRUE(s.ok());
     socket_ = std::move(s).value();
   }
-  ReplyHeader Call(RequestHeader h) {
-    h.rank = 0;
-    h.incarnation = 0xabcdef;
+  ReplyHeader Call(RequestHeader h, int rank = 0,
+                   uint64_t incarnation = 0xabcdef) {
+    h.rank = rank;
+    h.incarnation = incarnation;
     if (h.id == 0) h.id = next_id_++;
     std::vector<Frame> f{Frame::Owned(EncodeRequest(h))};
     EXPECT_TRUE(socket_->Send(f).ok());
@@ -198,14 +199,15 @@ TEST(SharedMemoryTest, HostileAttachesAndPullsAreRefusedWithNothingWritten) {
   ASSERT_TRUE(seg.ok()) << seg.status().ToString();
   ShmSegment& m = **seg;
   Raw raw(server->endpoint);
-  auto attach = [&](uint32_t pid, int32_t fd, uint64_t size, uint64_t token) {
+  auto attach = [&](uint32_t pid, int32_t fd, uint64_t size, uint64_t token,
+                    int rank = 0, uint64_t incarnation = 0xabcdef) {
     RequestHeader h;
     h.kind = RequestKind::kAttachShm;
     h.shm_pid = pid;
     h.shm_fd = fd;
     h.shm_size = size;
     h.shm_token = token;
-    return raw.Call(h).status;
+    return raw.Call(h, rank, incarnation).status;
   };
   // Hostile or mistaken attaches: each refused with a clear error.
   EXPECT_EQ(attach(m.pid(), m.fd(), m.size(), m.token() + 1).code(),
@@ -306,6 +308,23 @@ TEST(SharedMemoryTest, HostileAttachesAndPullsAreRefusedWithNothingWritten) {
   ASSERT_TRUE(ref->Stats(&texts, seconds(10)).ok());
   auto j = nlohmann::json::parse(texts[0]);
   EXPECT_GE(j["rejected"]["shared_memory"].get<int>(), 17) << texts[0];
+  EXPECT_EQ(j["shm_segments"].get<int>(), 1);
+
+  // A worker rank keeps one segment: a new process of rank 0 (another
+  // incarnation) replaces it, so a restarted worker's memory is let go. An
+  // observer (rank -1) has its own.
+  auto seg2 = ShmSegment::Create(1 << 20, 1);
+  ASSERT_TRUE(seg2.ok());
+  ShmSegment& m2 = **seg2;
+  ASSERT_TRUE(attach(m2.pid(), m2.fd(), m2.size(), m2.token(), 0, 0x777).ok());
+  ASSERT_TRUE(attach(m2.pid(), m2.fd(), m2.size(), m2.token(), -1, 0x888).ok());
+  ASSERT_TRUE(ref->Stats(&texts, seconds(10)).ok());
+  EXPECT_EQ(nlohmann::json::parse(texts[0])["shm_segments"].get<int>(), 2);
+  // The old process's pulls find no segment any more.
+  m.Arm(0, 60);
+  EXPECT_EQ(pull(60, 0, offsets).status.code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(untouched());
   EXPECT_TRUE(server->process->Running());
 }
 
