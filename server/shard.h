@@ -382,7 +382,8 @@ class Shard {
   // raw fp32 only) before it is answered or parked.
   Status ValidateShmPull(const RequestHeader& req);
   // Writes the pulled chunks `ids` into the client's segment and fills the
-  // reply's chunk refs (frame 0). Cancelled when the client no longer
+  // reply's chunk refs (frame 0). REQUIRES: ValidateShmPull(req) passed in
+  // this same call. Cancelled when the client no longer
   // awaits this pull (answered already, or abandoned): nothing written.
   Status AnswerShmPull(const RequestHeader& req,
                        const std::vector<uint32_t>& ids, OutgoingReply* reply);

@@ -38,13 +38,16 @@ Status Shard::HandleAttachShm(const RequestHeader& req) {
   // One segment per client process, and per worker rank: a new attach
   // replaces the old one (a restarted worker's old segment is unmapped, so
   // its memory is freed once its process is gone).
-  shm_.erase(std::remove_if(shm_.begin(), shm_.end(),
-                            [&](const std::unique_ptr<ShmAttachment>& a) {
-                              return a->rank == req.rank &&
-                                     (req.rank >= 0 ||
-                                      a->incarnation == req.incarnation);
-                            }),
-             shm_.end());
+  if (req.rank >= 0) {
+    DropShm(req.rank);
+  } else {
+    shm_.erase(std::remove_if(shm_.begin(), shm_.end(),
+                              [&](const std::unique_ptr<ShmAttachment>& a) {
+                                return a->rank == req.rank &&
+                                       a->incarnation == req.incarnation;
+                              }),
+               shm_.end());
+  }
   if (shm_.size() >= options_.max_shm_segments) shm_.erase(shm_.begin());
   auto a = std::make_unique<ShmAttachment>();
   a->rank = req.rank;
@@ -130,14 +133,9 @@ Status Shard::ValidateShmPull(const RequestHeader& req) {
 Status Shard::AnswerShmPull(const RequestHeader& req,
                             const std::vector<uint32_t>& ids,
                             OutgoingReply* reply) {
-  ShmAttachment* a = FindShm(req);  // may have been replaced while parked
-  if (a == nullptr) {
-    return Reject(RejectReason::kSharedMemory,
-                  Status::FailedPrecondition(
-                      "the client's shared memory is no longer attached"));
-  }
-  RETURN_IF_ERROR(ValidateShmPull(req));
-  ShmSegment& seg = *a->segment;
+  // AnswerPull ran ValidatePullRequest (and so ValidateShmPull) just now:
+  // the segment is attached and every range lies in it.
+  ShmSegment& seg = *FindShm(req)->segment;
   if (!seg.Claim(req.pull_shm_slot, req.id)) {
     return Reject(RejectReason::kSharedMemory,
                   Status::Cancelled(
