@@ -199,11 +199,14 @@ def main():
                                ("torch", "asyncps.torch.ParameterServer.step()")):
                 vals = [r[kind] for r in runs]
                 extra = [r[kind] - r["cpp"] for r in runs]
+                # ratio: time per step against the C++ store's (lower is faster).
                 bench_worker.emit({
                     "bench": "pytorch", "model": "mlp 784-256-128-10", "config":
                     "pull+push+clock per step without compute, 1 shard, prefetch_ahead",
                     "python_layer": what, "us_per_step": spread(vals),
                     "baseline": "c++ PsParameterStore", "baseline_us_per_step": spread(cpp),
+                    "ratio_metric": "us_per_step (lower is faster)",
+                    "ratio": ratio_spread([r[kind] / r["cpp"] for r in runs]),
                     "python_overhead_us": spread(extra)})
 
 

@@ -20,13 +20,18 @@
 // One JSON object per line:
 //   {"bench":"sparse","op":"pull"|"push","dim":..,"regime":..,
 //    "hit_rate":..,"batch":..,"vocab":..,"cache_bytes":..,
-//    "rows_per_s":..,"hashmap_rows_per_s":..,"rocksdb_rows_per_s":..,
+//    "rows_per_s":..,"baseline":"hashmap"|"rocksdb",
+//    "baseline_rows_per_s":..,"ratio":..,"ratio_spread":{..},
+//    "hashmap_rows_per_s":..,"rocksdb_rows_per_s":..,
 //    "ratio_hashmap":..,"ratio_rocksdb":..,"repeats":..,
 //    "rows_per_s_min":..,"rows_per_s_max":..,"ratio_hashmap_min":..,
 //    "ratio_hashmap_max":..,"ratio_rocksdb_min":..,"ratio_rocksdb_max":..}
 // rows_per_s etc. are medians over the repeats (each repeat measures the
 // table and both baselines back to back); ratios are per repeat, then the
-// median and the spread (min, max).
+// median and the spread (min, max). "baseline" is the bound of the regime:
+// the hash map when every row is cached (hit100), RocksDB when lookups go to
+// it (hit50, hit0); ratio and ratio_spread are the ratio to it (both ratios
+// are printed in every row).
 #include <gflags/gflags.h>
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
@@ -47,6 +52,7 @@
 #include <vector>
 
 #include "common/hash.h"
+#include "experiments/bench/bench_util.h"
 #include "common/sparse_table.h"
 #include "server/optimizer.h"
 #include "server/sparse/row_format.h"
@@ -69,6 +75,7 @@ using namespace asyncps;                  // NOLINT: tool main
 using namespace asyncps::server;          // NOLINT
 using namespace asyncps::server::sparse;  // NOLINT
 using Clock = std::chrono::steady_clock;
+namespace bench = asyncps::bench;
 
 [[noreturn]] void Die(const std::string& what) {
   std::fprintf(stderr, "ps_bench_sparse: %s\n", what.c_str());
@@ -133,9 +140,8 @@ double Rate(const std::vector<std::vector<uint64_t>>& batches,
   return static_cast<double>(rows) / elapsed;
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+double Median(const std::vector<double>& v) {
+  return bench::SpreadOf(v).median;
 }
 
 // The same rows in a plain hash map.
@@ -380,27 +386,37 @@ void RunDim(const std::string& dir, uint32_t dim) {
         r_hm.push_back(a / b);
         r_rk.push_back(a / c);
       }
-      std::printf(
-          "{\"bench\":\"sparse\",\"op\":\"%s\",\"dim\":%u,\"regime\":\"%s\","
-          "\"hit_rate\":%.3f,\"batch\":%llu,\"vocab\":%llu,\"cache_bytes\":%"
-          "llu,\"rows_per_s\":%.0f,\"hashmap_rows_per_s\":%.0f,"
-          "\"rocksdb_rows_per_s\":%.0f,\"ratio_hashmap\":%.3f,"
-          "\"ratio_rocksdb\":%.3f,\"repeats\":%d,\"rows_per_s_min\":%.0f,"
-          "\"rows_per_s_max\":%.0f,\"ratio_hashmap_min\":%.3f,"
-          "\"ratio_hashmap_max\":%.3f,\"ratio_rocksdb_min\":%.3f,"
-          "\"ratio_rocksdb_max\":%.3f}\n",
-          op, dim, regime.c_str(), hit,
-          static_cast<unsigned long long>(FLAGS_batch),
-          static_cast<unsigned long long>(vocab),
-          static_cast<unsigned long long>(budget), Median(ours), Median(hm),
-          Median(rk), Median(r_hm), Median(r_rk), FLAGS_repeats,
-          *std::min_element(ours.begin(), ours.end()),
-          *std::max_element(ours.begin(), ours.end()),
-          *std::min_element(r_hm.begin(), r_hm.end()),
-          *std::max_element(r_hm.begin(), r_hm.end()),
-          *std::min_element(r_rk.begin(), r_rk.end()),
-          *std::max_element(r_rk.begin(), r_rk.end()));
-      std::fflush(stdout);
+      const bool hot = regime == "hit100";
+      const auto vs_hm = bench::SpreadOf(r_hm);
+      const auto vs_rk = bench::SpreadOf(r_rk);
+      const auto& vs = hot ? vs_hm : vs_rk;
+      const auto rows = [](double v) { return std::llround(v); };
+      bench::Json j;
+      j["bench"] = "sparse";
+      j["op"] = op;
+      j["dim"] = dim;
+      j["regime"] = regime;
+      j["hit_rate"] = bench::Round(hit, 3);
+      j["batch"] = FLAGS_batch;
+      j["vocab"] = vocab;
+      j["cache_bytes"] = budget;
+      j["rows_per_s"] = rows(Median(ours));
+      j["baseline"] = hot ? "hashmap" : "rocksdb";
+      j["baseline_rows_per_s"] = rows(Median(hot ? hm : rk));
+      j["ratio"] = bench::Round(vs.median, 3);
+      j["ratio_spread"] = bench::ToJson(vs);
+      j["hashmap_rows_per_s"] = rows(Median(hm));
+      j["rocksdb_rows_per_s"] = rows(Median(rk));
+      j["ratio_hashmap"] = bench::Round(vs_hm.median, 3);
+      j["ratio_rocksdb"] = bench::Round(vs_rk.median, 3);
+      j["repeats"] = FLAGS_repeats;
+      j["rows_per_s_min"] = rows(*std::min_element(ours.begin(), ours.end()));
+      j["rows_per_s_max"] = rows(*std::max_element(ours.begin(), ours.end()));
+      j["ratio_hashmap_min"] = bench::Round(vs_hm.min, 3);
+      j["ratio_hashmap_max"] = bench::Round(vs_hm.max, 3);
+      j["ratio_rocksdb_min"] = bench::Round(vs_rk.min, 3);
+      j["ratio_rocksdb_max"] = bench::Round(vs_rk.max, 3);
+      bench::Emit(j);
     }
   }
 }

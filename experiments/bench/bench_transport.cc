@@ -571,8 +571,9 @@ int main(int argc, char** argv) {
           // The same raw client and server, the server in its own process
           // (as ps_server is): the cost of two processes is in both.
           rates(j, "raw_2proc_", raw2);
-          j["ratio_vs_raw_2proc"] = bench::Round(
-              bench::SpreadOf(bench::Ratios(metric(v), metric(raw2))).median, 3);
+          const auto vs2 = bench::SpreadOf(bench::Ratios(metric(v), metric(raw2)));
+          j["ratio_vs_raw_2proc"] = bench::Round(vs2.median, 3);
+          j["ratio_vs_raw_2proc_spread"] = bench::ToJson(vs2);
           j["cpu_ratio"] = bench::Round(
               bench::SpreadOf(bench::Ratios(field(raw, &Rate::cpu_ms_per_gb),
                                             field(v, &Rate::cpu_ms_per_gb)))
