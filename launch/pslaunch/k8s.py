@@ -15,7 +15,8 @@ Service gets a "metrics" port; --service_monitor adds a ServiceMonitor (shards) 
 PodMonitor (workers) for the Prometheus Operator.
 Shard i is reached at tcp://shard-<i>.asyncps-shards[.<ns>.svc.cluster.local]:<port>.
 YAML is written by hand (no PyYAML): strings are double-quoted JSON strings,
-which YAML reads verbatim; --format json writes a kubectl-readable List.
+which YAML reads verbatim; --format json writes one JSON object per file. Both
+are checked against the Kubernetes API schemas by launch/k8s/schema/validate.mjs.
 """
 import json
 import os

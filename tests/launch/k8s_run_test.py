@@ -1,0 +1,432 @@
+#!/usr/bin/env python3
+"""The Kubernetes manifests run for real: each pod a process tree in its own namespaces.
+
+psrun --backend k8s renders the manifests (JSON); this test plays kubelet and
+cluster DNS for them, with no cluster:
+  - every pod gets its own network namespace with an address 10.200.0.<n>/24 on
+    a veth to a bridge in a hub namespace, all of them made by this test (no
+    interface in the machine's own namespace: nothing leaves them);
+  - every container gets its own mount and UTS namespace, chrooted into an
+    "image" made of this machine's /usr read-only, the local build's binaries
+    at the rendered /opt/asyncps/bin (and build/python at /opt/asyncps/python),
+    an overlay of /etc holding the pod's /etc/hosts and /etc/hostname, its own
+    /tmp, and the manifest's volumeMounts: the ConfigMap's keys as files, a
+    per-pod folder for each volumeClaimTemplate;
+  - the container runs the manifest's command verbatim under `env -i` with
+    only what Kubernetes puts there: PATH, HOME, HOSTNAME (the pod's
+    hostname), the container's env, and JOB_COMPLETION_INDEX in an Indexed
+    Job's pods;
+  - cluster DNS is emulated by /etc/hosts: each shard pod's name under the
+    headless Service that selects it (<pod>.<service>.<ns>.svc.cluster.local
+    and the shorter forms the pod's DNS search path completes) -> its address;
+  - the StatefulSet's pods and the Job's pods start together; the shards'
+    readinessProbe runs (nsenter into the pod) until it passes; each worker pod
+    runs its init container, then its container; when the Job has completed
+    the StatefulSet is deleted: SIGTERM to each shard's main process,
+    SIGKILL after terminationGracePeriodSeconds.
+It checks that the workers trained (SUMMARY lines, accuracy, metrics CSVs in
+the pods' /tmp), that the shards' RocksDB stores landed on their volumes and
+that the shards exited 0 on SIGTERM. Needs root, ip netns, unshare, nsenter
+and overlayfs: exits 77 (skipped) without them. Every process it started is
+killed by PID, every namespace it made deleted, whatever happens.
+"""
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import unittest
+
+import launch_test_util as u
+
+from pslaunch import k8s
+from pslaunch import summary as summary_mod
+
+SUBNET = "10.200.0"  # only inside this test's own namespaces
+IMAGE = "asyncps:under-test"
+POD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def _run(argv, check=True, **kw):
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=30, **kw)
+    if check and r.returncode != 0:
+        raise RuntimeError("%s: exit %d: %s" % (" ".join(argv), r.returncode, r.stderr.strip()))
+    return r
+
+
+def missing_test_bed():
+    """Why the pods cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "needs root (network, mount and UTS namespaces)"
+    for tool in ("ip", "unshare", "nsenter", "chroot", "mount", "env"):
+        if not shutil.which(tool):
+            return "%s not installed" % tool
+    probe = "apk%d-probe" % os.getpid()
+    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if r.returncode != 0:
+        return "ip netns add failed: " + r.stderr.strip()
+    try:
+        r = subprocess.run(["ip", "-n", probe, "link", "add", "br0", "type", "bridge"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            return "no bridge in a network namespace: " + r.stderr.strip()
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    with open("/proc/filesystems") as f:
+        if "overlay" not in f.read():
+            return "no overlayfs"
+    return None
+
+
+class Cluster:
+    """The namespaces, pods and processes of one run; close() removes them all."""
+
+    def __init__(self, root, namespace):
+        self.root = root
+        self.namespace = namespace or "default"
+        self.tag = "apk%d" % os.getpid()
+        self.hub = self.tag + "-hub"
+        self.netns = []     # every namespace made, deleted by close()
+        self.procs = []     # every Popen started, killed by close()
+        self.pods = {}      # name -> dict(ip, netns, hostname, dir, ...)
+        self.dns = {}       # name -> ip: what the cluster DNS would answer
+        self._add_netns(self.hub)
+        _run(["ip", "-n", self.hub, "link", "add", "br0", "type", "bridge"])
+        _run(["ip", "-n", self.hub, "link", "set", "br0", "up"])
+
+    def _add_netns(self, name):
+        _run(["ip", "netns", "add", name])
+        self.netns.append(name)
+        _run(["ip", "-n", name, "link", "set", "lo", "up"])
+
+    def add_pod(self, name, hostname, subdomain=None):
+        n = len(self.pods) + 1
+        ns = "%s-%d" % (self.tag, n)
+        self._add_netns(ns)
+        # Both ends made inside the namespaces: no interface in the machine's own.
+        _run(["ip", "link", "add", "eth0", "netns", ns, "type", "veth",
+              "peer", "name", "v%d" % n, "netns", self.hub])
+        _run(["ip", "-n", self.hub, "link", "set", "v%d" % n, "master", "br0", "up"])
+        ip = "%s.%d" % (SUBNET, 10 + n)
+        _run(["ip", "-n", ns, "addr", "add", ip + "/24", "dev", "eth0"])
+        _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+        d = os.path.join(self.root, "pods", name)
+        os.makedirs(d)
+        pod = dict(name=name, ip=ip, netns=ns, hostname=hostname, subdomain=subdomain, dir=d)
+        self.pods[name] = pod
+        return pod
+
+    def register_dns(self, pod, service):
+        # A headless Service's pod record, and the shorter names the search
+        # path <ns>.svc.cluster.local svc.cluster.local cluster.local completes.
+        base = "%s.%s" % (pod["hostname"], service)
+        for suffix in ("", "." + self.namespace, "." + self.namespace + ".svc",
+                       "." + self.namespace + ".svc.cluster.local"):
+            self.dns[base + suffix] = pod["ip"]
+
+    def hosts_file(self, pod):
+        own = [pod["hostname"]]
+        if pod["subdomain"]:
+            own.insert(0, "%s.%s.%s.svc.cluster.local" % (pod["hostname"], pod["subdomain"],
+                                                        self.namespace))
+        lines = ["127.0.0.1 localhost", "%s %s" % (pod["ip"], " ".join(own))]
+        lines += ["%s %s" % (ip, name) for name, ip in sorted(self.dns.items())
+                  if ip != pod["ip"]]
+        return "\n".join(lines) + "\n"
+
+    def container_script(self, pod, ctr, mounts, env, argv):
+        """A shell script that, in fresh mount and UTS namespaces inside the
+        pod's network namespace, builds the container's root and execs argv."""
+        cdir = os.path.join(pod["dir"], ctr)
+        root = os.path.join(cdir, "root")
+        for sub in ("root", "etc-upper", "etc-work", "tmp"):
+            os.makedirs(os.path.join(cdir, sub))
+        os.chmod(os.path.join(cdir, "tmp"), 0o1777)
+        with open(os.path.join(cdir, "hosts"), "w") as f:
+            f.write(self.hosts_file(pod))
+        with open(os.path.join(cdir, "resolv.conf"), "w") as f:
+            # No nameserver here: names resolve through /etc/hosts alone.
+            f.write("search %s.svc.cluster.local svc.cluster.local cluster.local\n"
+                    "options ndots:5\n" % self.namespace)
+        q = shlex.quote
+        R = q(root)
+        lines = ["set -eu", "hostname %s" % q(pod["hostname"]),
+                 "mount -t tmpfs -o mode=755 pod-root %s" % R]
+        for link in ("bin", "lib", "lib32", "lib64", "sbin"):
+            if os.path.islink("/" + link):
+                lines.append("ln -s %s %s/%s" % (q(os.readlink("/" + link)), R, link))
+        binds = [("/usr", "/usr", True), ("/dev", "/dev", False), ("/proc", "/proc", False),
+                 ("/sys", "/sys", False), (os.path.join(cdir, "tmp"), "/tmp", False),
+                 (u.bin_dir(), k8s.BIN, True)]
+        python_dir = os.path.join(os.path.dirname(u.bin_dir()), "python")
+        if os.path.isdir(python_dir):
+            binds.append((python_dir, k8s.PYTHON_DIR, True))
+        binds += mounts
+        lines += ["mkdir -p %s/etc %s/root" % (R, R),
+                  "mount -t overlay pod-etc -o lowerdir=/etc,upperdir=%s,workdir=%s %s/etc" % (
+                      q(os.path.join(cdir, "etc-upper")), q(os.path.join(cdir, "etc-work")), R),
+                  "cp %s %s/etc/hosts" % (q(os.path.join(cdir, "hosts")), R),
+                  "cp %s %s/etc/resolv.conf" % (q(os.path.join(cdir, "resolv.conf")), R),
+                  "echo %s > %s/etc/hostname" % (q(pod["hostname"]), R)]
+        for src, dst, ro in binds:
+            t = R + q(dst)
+            lines.append("mkdir -p %s && mount --rbind %s %s" % (t, q(src), t))
+            if ro:
+                lines.append("mount -o remount,bind,ro %s" % t)
+        lines.append("exec chroot %s /usr/bin/env -i %s %s" % (
+            R, " ".join(q("%s=%s" % kv) for kv in env), " ".join(q(a) for a in argv)))
+        path = os.path.join(cdir, "run.sh")
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        return path
+
+    def start(self, pod, ctr, script):
+        log = os.path.join(pod["dir"], ctr + ".log")
+        with open(log, "wb") as out:
+            # ip netns exec, unshare, sh, chroot, env and the container's
+            # /bin/sh -c 'exec ...' all exec in place: p.pid is the container's
+            # main process (PID 1 in a real pod), in its own process group.
+            p = subprocess.Popen(["ip", "netns", "exec", pod["netns"], "unshare", "--mount",
+                                  "--uts", "--propagation", "private", "/bin/sh", script],
+                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True)
+        self.procs.append(p)
+        return p, log
+
+    def exec_in(self, p, env, argv, timeout):
+        """A probe: argv in the running container p's namespaces and root."""
+        cmd = ["nsenter", "-t", str(p.pid), "-n", "-m", "-u", "-r", "-w", "--",
+               "/usr/bin/env", "-i"] + ["%s=%s" % kv for kv in env] + argv
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                                  stdin=subprocess.DEVNULL).returncode
+        except subprocess.TimeoutExpired:
+            return -1
+
+    def close(self):
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        for ns in reversed(self.netns):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        self.netns = []
+
+
+class K8sRunTest(u.LaunchTestCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        why = missing_test_bed()
+        if why:
+            raise unittest.SkipTest(why)
+
+    def render(self, servers, workers, extra=()):
+        cfg = os.path.join(self.tmp.name, "exp.flags")
+        with open(cfg, "w") as f:
+            f.write("[server]\n%s\n[worker]\n%s\n" % ("\n".join(u.TINY_SERVER.split()),
+                                                     "\n".join(u.TINY_WORKER)))
+        out = os.path.join(self.tmp.name, "manifests")
+        r = subprocess.run([sys.executable, os.path.join(u.REPO, "launch", "k8s", "render.py"),
+                            "--servers", str(servers), "--workers", str(workers), "--config", cfg,
+                            "--render", out, "--format", "json", "--image", IMAGE]
+                           + list(extra) + ["--", "--max_steps=40", "--seed=3"],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        docs = []
+        for name in sorted(os.listdir(out)):
+            with open(os.path.join(out, name)) as f:
+                docs.append(json.load(f))
+        return docs
+
+    def run_manifests(self, docs, deadline_s=120):
+        by_kind = {}
+        for d in docs:
+            by_kind.setdefault(d["kind"], []).append(d)
+        self.assertEqual(sorted(by_kind), ["ConfigMap", "Job", "Service", "StatefulSet"])
+        namespace = docs[0]["metadata"].get("namespace")
+        cluster = Cluster(os.path.join(self.tmp.name, "cluster"), namespace)
+        try:
+            return self._run(cluster, by_kind, deadline_s)
+        finally:
+            cluster.close()
+            left = [n for n in _run(["ip", "netns", "list"]).stdout.split()
+                    if n.startswith(cluster.tag)]
+            self.assertEqual(left, [], "namespaces left behind")
+
+    def _volumes(self, cluster, pod_spec, claims, pod):
+        """volume name -> host folder: ConfigMaps as files, claims per pod."""
+        vols = {}
+        for v in pod_spec.get("volumes", []):
+            cm = self.configmaps[v["configMap"]["name"]]
+            d = os.path.join(pod["dir"], "volume-" + v["name"])
+            os.makedirs(d)
+            for key, text in cm["data"].items():
+                with open(os.path.join(d, key), "w") as f:
+                    f.write(text)
+            vols[v["name"]] = d
+        for c in claims:
+            # PersistentVolumeClaim <template>-<pod>, as the StatefulSet names it.
+            d = os.path.join(cluster.root, "pv", "%s-%s" % (c["metadata"]["name"], pod["name"]))
+            os.makedirs(d)
+            vols[c["metadata"]["name"]] = d
+        return vols
+
+    def _container(self, cluster, pod, vols, c, extra_env):
+        self.assertEqual(c["image"], IMAGE)
+        mounts = [(vols[m["name"]], m["mountPath"], bool(m.get("readOnly")))
+                  for m in c.get("volumeMounts", [])]
+        env = [("PATH", POD_PATH), ("HOME", "/root"), ("HOSTNAME", pod["hostname"])]
+        env += extra_env + [(e["name"], e["value"]) for e in c.get("env", [])]
+        argv = c["command"] + c.get("args", [])
+        script = cluster.container_script(pod, c["name"], mounts, env, argv)
+        return script, env
+
+    def _run(self, cluster, by_kind, deadline_s):
+        self.configmaps = {d["metadata"]["name"]: d for d in by_kind["ConfigMap"]}
+        (svc,), (sts,), (job,) = by_kind["Service"], by_kind["StatefulSet"], by_kind["Job"]
+        self.assertEqual(svc["spec"]["clusterIP"], "None")  # headless: DNS names the pods
+        # The StatefulSet's pods, under the Service that selects them.
+        spod = sts["spec"]["template"]
+        labels = spod["metadata"]["labels"]
+        self.assertTrue(all(labels.get(k) == v for k, v in svc["spec"]["selector"].items()),
+                        "the Service does not select the shard pods")
+        self.assertEqual(sts["spec"]["serviceName"], svc["metadata"]["name"])
+        shards = []
+        for i in range(sts["spec"]["replicas"]):
+            name = "%s-%d" % (sts["metadata"]["name"], i)
+            pod = cluster.add_pod(name, name, subdomain=sts["spec"]["serviceName"])
+            cluster.register_dns(pod, svc["metadata"]["name"])
+            shards.append(pod)
+        # The Indexed Job's pods: hostname <job>-<index>, JOB_COMPLETION_INDEX.
+        js = job["spec"]
+        self.assertEqual(js["completionMode"], "Indexed")
+        self.assertEqual(js["parallelism"], js["completions"])
+        workers = [cluster.add_pod("%s-%d" % (job["metadata"]["name"], i),
+                                   "%s-%d" % (job["metadata"]["name"], i))
+                   for i in range(js["completions"])]
+        # Start everything at once, as the API server would.
+        grace = spod["spec"]["terminationGracePeriodSeconds"]
+        (sc,) = spod["spec"]["containers"]
+        for pod in shards:
+            vols = self._volumes(cluster, spod["spec"], sts["spec"]["volumeClaimTemplates"], pod)
+            script, env = self._container(cluster, pod, vols, sc, [])
+            pod["env"] = env
+            pod["proc"], pod["log"] = cluster.start(pod, sc["name"], script)
+        wpod = js["template"]
+        self.assertEqual(wpod["spec"]["restartPolicy"], "Never")
+        for i, pod in enumerate(workers):
+            vols = self._volumes(cluster, wpod["spec"], [], pod)
+            extra = [("JOB_COMPLETION_INDEX", str(i))]
+            pod["steps"] = [self._container(cluster, pod, vols, c, extra)
+                            for c in wpod["spec"].get("initContainers", [])
+                            + wpod["spec"]["containers"]]
+            pod["names"] = [c["name"] for c in wpod["spec"].get("initContainers", [])
+                            + wpod["spec"]["containers"]]
+            pod["step"] = 0
+            pod["proc"], pod["log"] = cluster.start(pod, pod["names"][0], pod["steps"][0][0])
+        # kubelet: readiness probes, init containers then the container, until
+        # the Job completes (every index succeeded) or something fails.
+        probe = sc["readinessProbe"]["exec"]["command"]
+        t0 = time.time()
+        ready = {}
+        done = set()
+        while len(done) < len(workers):
+            self.assertLess(time.time() - t0, deadline_s, "the Job did not complete in time")
+            for pod in shards:
+                rc = pod["proc"].poll()
+                self.assertIsNone(rc, "shard pod %s exited %s:\n%s" % (
+                    pod["name"], rc, self.tail(pod["log"])))
+                if pod["name"] not in ready and cluster.exec_in(
+                        pod["proc"], pod["env"], probe,
+                        sc["readinessProbe"]["timeoutSeconds"]) == 0:
+                    ready[pod["name"]] = time.time() - t0
+            for pod in workers:
+                if pod["name"] in done:
+                    continue
+                rc = pod["proc"].poll()
+                if rc is None:
+                    continue
+                self.assertEqual(rc, 0, "pod %s container %s exited %d:\n%s" % (
+                    pod["name"], pod["names"][pod["step"]], rc, self.tail(pod["log"])))
+                pod["step"] += 1
+                if pod["step"] == len(pod["steps"]):
+                    done.add(pod["name"])
+                else:
+                    pod["proc"], pod["log"] = cluster.start(
+                        pod, pod["names"][pod["step"]], pod["steps"][pod["step"]][0])
+            time.sleep(0.2)
+        job_s = time.time() - t0
+        self.assertEqual(sorted(ready), sorted(p["name"] for p in shards),
+                         "readiness probe never passed")
+        # kubectl delete statefulset: SIGTERM to each main process, then the grace period.
+        for pod in shards:
+            os.kill(pod["proc"].pid, signal.SIGTERM)
+        for pod in shards:
+            try:
+                rc = pod["proc"].wait(timeout=min(grace, 60))
+            except subprocess.TimeoutExpired:
+                os.killpg(pod["proc"].pid, signal.SIGKILL)
+                self.fail("shard pod %s ignored SIGTERM for %ds" % (pod["name"], grace))
+            self.assertEqual(rc, 0, "shard pod %s exited %d on SIGTERM:\n%s" % (
+                pod["name"], rc, self.tail(pod["log"])))
+        return dict(shards=shards, workers=workers, ready=ready, job_s=job_s,
+                    total_s=time.time() - t0)
+
+    def tail(self, path, n=3000):
+        with open(path, errors="replace") as f:
+            return f.read()[-n:]
+
+    def check_trained(self, res, servers, workers):
+        accs = []
+        for i, pod in enumerate(res["workers"]):
+            with open(pod["log"], errors="replace") as f:
+                text = f.read()
+            s = summary_mod.parse_summary_line(text)
+            self.assertIsNotNone(s, "no SUMMARY line from %s:\n%s" % (pod["name"], text[-2000:]))
+            self.assertEqual(s["rank"], i)
+            self.assertEqual(s["steps"], 40)
+            self.assertGreater(s["bytes_pulled"], 0)
+            accs.append(s["final_test_acc"])
+            self.assertIn("against %d shard(s)" % servers, text)
+            csv = os.path.join(pod["dir"], pod["names"][-1], "tmp", "metrics-%d.csv" % i)
+            with open(csv) as f:
+                self.assertTrue(f.readline().startswith("wall_s,rank,step"), csv)
+        self.assertEqual(len(accs), workers)
+        self.assertGreater(accs[0], 0.3, accs)  # rank 0 evaluates; the others print -1
+        for pod in res["shards"]:
+            store = os.path.join(self.tmp.name, "cluster", "pv", "rocksdb-" + pod["name"],
+                                 "rocksdb")
+            self.assertTrue(os.path.exists(os.path.join(store, "CURRENT")),
+                            "no RocksDB store on %s's volume" % pod["name"])
+        getattr(u, "note", print)("k8s pods: %d shards, %d workers: accuracy %s, shards ready after %s s, "
+               "Job complete after %.1f s, all down after %.1f s" % (
+                   servers, workers, "%.3f" % accs[0],
+                   " ".join("%.1f" % t for _, t in sorted(res["ready"].items())),
+                   res["job_s"], res["total_s"]))
+
+    def test_two_shards_two_workers(self):
+        docs = self.render(2, 2)
+        self.check_trained(self.run_manifests(docs), 2, 2)
+
+    def test_namespace_fully_qualified_names(self):
+        # --namespace: the workers reach the shard by its
+        # shard-0.asyncps-shards.ml.svc.cluster.local name.
+        docs = self.render(1, 2, ["--namespace", "ml"])
+        wcmd = [d for d in docs if d["kind"] == "Job"][0]["spec"]["template"]["spec"][
+            "containers"][0]["command"][-1]
+        self.assertIn("shard-0.asyncps-shards.ml.svc.cluster.local", wcmd)
+        self.check_trained(self.run_manifests(docs), 1, 2)
+
+
+if __name__ == "__main__":
+    u.main()
