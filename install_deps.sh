@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Installs every build and run dependency of asyncps from Debian's archive.
-# Idempotent: packages already present are skipped, so it is cheap to call
-# from the README commands and from .ci/run. Needs root (or sudo).
+# Installs every build and run dependency of asyncps from Debian's archive;
+# with --test-beds also the test beds (TEST_PKGS). Idempotent: packages
+# already present are skipped, so it is cheap to call from the README
+# commands and from run_tests.sh. Needs root (or sudo).
 set -euo pipefail
 
 PKGS=(
@@ -19,6 +20,16 @@ PKGS=(
   # imports Debian's PyTorch (CPU) and numpy; tests run with pytest.
   python3-dev pybind11-dev python3-numpy python3-torch python3-pytest
 )
+# Test beds, not dependencies of asyncps: tests/launch/ssh_test.py and
+# slurm_real_test.py start a private sshd, munged, slurmctld and slurmd on
+# 127.0.0.1 (by PID; nothing is started by installing) and run real fleets
+# through psrun's SSH and Slurm backends. run_tests.sh passes --test-beds.
+TEST_PKGS=(openssh-server openssh-client slurmctld slurmd slurm-client munge)
+case "${1:-}" in
+  "") ;;
+  --test-beds) PKGS+=("${TEST_PKGS[@]}") ;;
+  *) echo "usage: $0 [--test-beds]" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${PKGS[@]}"; do

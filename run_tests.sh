@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds asyncps and runs every test: the README's test command and what CI
-# runs. Installs missing Debian packages first (needs root or sudo).
+# runs. Installs missing Debian packages first, the SSH and Slurm test beds
+# included (needs root or sudo). After each ctest stage it prints how many
+# tests were skipped and why (tests/ctest_skips.py).
 #
 #   ./run_tests.sh            # Release build in build/, all ctest tests,
 #                             # then unit + server integration tests under
@@ -8,14 +10,28 @@
 #   SKIP_SANITIZERS=1 ./run_tests.sh
 set -euo pipefail
 cd "$(dirname "$0")"
-./install_deps.sh
+./install_deps.sh --test-beds
+
+# ctest_stage NAME DIR [CTEST ARGS...]: ctest on DIR, then its skip report
+# (ctest's summary line stays as it is); returns ctest's exit status. Output
+# of passed tests is kept whole so that their `SKIP:` lines reach the report.
+ctest_stage() {
+  local stage=$1 dir=$2 rc=0
+  shift 2
+  rm -f "$dir/ctest-junit.xml"
+  ctest --test-dir "$dir" --output-junit ctest-junit.xml \
+    --test-output-size-passed 262144 "$@" || rc=$?
+  /usr/bin/python3 tests/ctest_skips.py "$stage" "$dir/ctest-junit.xml" || true
+  return "$rc"
+}
 
 BUILD=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release
 cmake --build "$BUILD" -j"$JOBS"
-# GPU tests skip themselves when no device is visible.
-ctest --test-dir "$BUILD" --output-on-failure -j"$JOBS" --timeout 600
+# GPU tests skip themselves (GTEST_SKIP, reported Skipped) when no device is
+# visible; launch.ssh and launch.slurm_real run real fleets on the test beds.
+ctest_stage Release "$BUILD" --output-on-failure -j"$JOBS" --timeout 600
 
 if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   # AddressSanitizer + UndefinedBehaviorSanitizer: the unit tests of common,
@@ -34,7 +50,7 @@ if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
   # The structure-aware fuzz (hostile values) against the ASan shard, short.
   ASYNCPS_HOSTILE_FUZZ_MESSAGES=4000 \
-  ctest --test-dir "$SAN" --output-on-failure -j"$JOBS" --timeout 300 \
+  ctest_stage ASan+UBSan "$SAN" --output-on-failure -j"$JOBS" --timeout 300 \
     -R '^(Codec|Spec|TopK|Compressor|Corruption|Wire|Layout|Status|Transport|Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client|NetFuzz|PushDedup|ShutdownWatchdog|Hostile|AdminAddress|Sparse|FlatIndex|RowCache|RowsPlan|Store|LrSchedule|DelayCompensation|ShmSegment|SharedMemory)'
   echo "run_tests: ASan+UBSan stage took ${SECONDS} s"
 
@@ -49,7 +65,7 @@ if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
     -DASYNCPS_SANITIZE=thread
   cmake --build "$TSAN" -j"$JOBS" --target server_test client_test sparse_test rows_plan_test
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp" \
-    ctest --test-dir "$TSAN" --output-on-failure -j"$JOBS" --timeout 300 \
+    ctest_stage TSan "$TSAN" --output-on-failure -j"$JOBS" --timeout 300 \
     -R '^(Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client|PushDedup|ShutdownWatchdog|Sparse|RowCache|RowsPlan|Store|LrSchedule|DelayCompensation)'
   echo "run_tests: TSan stage took ${SECONDS} s"
 fi

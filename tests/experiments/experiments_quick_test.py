@@ -110,10 +110,10 @@ def run(cmd, timeout):
 def main():
     for b in ("ps_server", "ps_worker", "ps_ctl"):
         if not os.access(os.path.join(BIN, b), os.X_OK):
-            print("skip: %s not built in %s" % (b, BIN))
+            print("SKIP: %s not built in %s" % (b, BIN))
             return 77
     if shutil.which("gnuplot") is None:
-        print("skip: gnuplot not installed")
+        print("SKIP: gnuplot not installed")
         return 77
     tmp = tempfile.mkdtemp(prefix="asyncps_exp_test_")
     try:

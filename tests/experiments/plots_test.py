@@ -29,7 +29,7 @@ def check(png):
 
 def main():
     if not plots.have_gnuplot():
-        print("skip: gnuplot not installed")
+        print("SKIP: gnuplot not installed")
         return 77
     tmp = tempfile.mkdtemp(prefix="asyncps_plots_test_")
     try:

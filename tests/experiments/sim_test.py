@@ -7,8 +7,10 @@ import unittest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "experiments", "sim"))
+sys.path.append(os.path.join(REPO, "tests"))
 
 import model as m  # noqa: E402
+import unittest_main  # noqa: E402
 
 FREE = dict(model_bytes=0.0, latency=0.0, header_bytes=0.0, per_request=0.0)
 
@@ -145,4 +147,4 @@ class HandComputedTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    unittest_main.main()

@@ -10,8 +10,10 @@ import unittest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 PSRUN = os.path.join(REPO, "launch", "psrun")
-SKIP = 77  # ctest SKIP_RETURN_CODE
 sys.path.insert(0, os.path.join(REPO, "launch"))
+sys.path.append(os.path.join(REPO, "tests"))
+import unittest_main  # noqa: E402  (tests/, put on the path just above)
+from unittest_main import SKIP, note  # noqa: E402,F401  (for the test scripts)
 
 
 def bin_dir():
@@ -159,9 +161,6 @@ class FleetTestCase(LaunchTestCase):
 
 
 def main():
-    """unittest.main, but exit 77 when every test was skipped (ctest SKIP_RETURN_CODE)."""
-    prog = unittest.main(exit=False, verbosity=2)
-    r = prog.result
-    if r.testsRun and len(r.skipped) == r.testsRun:
-        sys.exit(SKIP)
-    sys.exit(0 if r.wasSuccessful() else 1)
+    """Runs the calling script's tests; exit 0, 1, or 77 when nothing could run
+    (ctest SKIP_RETURN_CODE), skips printed as `SKIP: ...` (tests/unittest_main.py)."""
+    unittest_main.main()

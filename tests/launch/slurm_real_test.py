@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Opt-in (ctest label slurm): psrun --backend slurm against a real slurmctld +
-slurmd on localhost (Debian's slurmctld, slurmd, slurm-client, munge; see
-/work/shared/TESTBEDS.md). Daemons are started here and stopped by PID.
+"""psrun --backend slurm against a real slurmctld + slurmd on localhost
+(Debian's slurmctld, slurmd, slurm-client, munge, which run_tests.sh installs;
+see /work/shared/TESTBEDS.md). Daemons are started here and stopped by PID.
 Exit 77 when those packages are not installed."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -106,7 +107,9 @@ class SlurmRealTest(u.LaunchTestCase):
                 "--overcommit", "--server_flags", u.TINY_SERVER, "--start_timeout", "40",
                 "--"] + u.TINY_WORKER + ["--max_steps=30"]
         env = dict(self.env, PSRUN_BIND_HOST="127.0.0.1", PSRUN_ADVERTISE_HOST="127.0.0.1")
+        t0 = time.monotonic()
         r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=150)
+        wall = time.monotonic() - t0
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         with open(os.path.join(self.run_dir, "summary.json")) as f:
             s = json.load(f)
@@ -115,6 +118,11 @@ class SlurmRealTest(u.LaunchTestCase):
             log = f.read()
         self.assertIn("slurm job", log)
         self.assertIn("--rank=1", log)
+        job = re.search(r"slurm job [^)]*", log)
+        u.note("launch.slurm_real: trained %d steps (2 workers, 2 shards) through slurmctld + "
+               "slurmd on localhost in %.1f s, %.0f samples/s (worker-1: %s)"
+               % (s["totals"]["steps"], wall, s["totals"]["samples_per_s"],
+                  job.group(0) if job else "?"))
 
 
 def u_port():

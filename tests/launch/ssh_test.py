@@ -88,9 +88,11 @@ class SshTest(u.LaunchTestCase):
 
     def test_fleet_over_ssh(self):
         out = os.path.join(self.tmp.name, "psrun.out")
+        t0 = time.monotonic()
         with open(out, "wb") as f:
             rc = subprocess.run(self.argv(["--max_steps=30"]), stdout=f,
                                 stderr=subprocess.STDOUT, timeout=120).returncode
+        wall = time.monotonic() - t0
         text = self.output()
         self.assertEqual(rc, 0, text)
         with open(os.path.join(self.run_dir, "summary.json")) as f:
@@ -111,9 +113,15 @@ class SshTest(u.LaunchTestCase):
         for pid in self.remote_pids(doc):
             self.assertFalse(u.pid_alive(pid), pid)
         u.assert_no_orphans(self, doc)
+        u.note("launch.ssh: trained %d steps (2 workers, 2 shards) on %d hosts (%s) through "
+               "sshd on 127.0.0.1:%d in %.1f s, %.0f samples/s"
+               % (s["totals"]["steps"], len(set(hosts.values())),
+                  ", ".join(sorted(set(hosts.values()))), self.port, wall,
+                  s["totals"]["samples_per_s"]))
 
     def test_teardown_over_ssh_kills_remote_processes(self):
         out = os.path.join(self.tmp.name, "psrun.out")
+        t0 = time.monotonic()
         psrun = u.start_psrun(self.argv(["--max_steps=100000", "--slowdown=2"]), out)
         try:
             self.assertTrue(u.wait_log(os.path.join(self.run_dir, "worker-0.log"), "step 10/",
@@ -134,6 +142,8 @@ class SshTest(u.LaunchTestCase):
             time.sleep(0.2)
         self.assertEqual([p for p in pids if u.pid_alive(p)], [])
         u.assert_no_orphans(self, doc)
+        u.note("launch.ssh: SIGTERM to psrun after step 10 ended all %d remote processes "
+               "over ssh (%.1f s in all)" % (len(pids), time.monotonic() - t0))
 
 
 def unittest_skip(msg):

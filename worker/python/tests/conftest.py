@@ -87,6 +87,24 @@ def need_data():
         pytest.skip("dataset-fashion-mnist not installed")
 
 
+# ctest runs one pytest per file: a file where nothing ran exits 77, which ctest
+# (SKIP_RETURN_CODE) shows as Skipped, not Passed; every skip is printed as
+# `SKIP: <test>: <reason>` for run_tests.sh's skip report (as
+# tests/unittest_main.py does for the unittest scripts).
+def pytest_terminal_summary(terminalreporter):
+    for rep in terminalreporter.stats.get("skipped", []):
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        terminalreporter.write_line("SKIP: %s: %s" % (rep.nodeid,
+                                                       reason.replace("Skipped: ", "", 1)))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    rep = session.config.pluginmanager.get_plugin("terminalreporter")
+    stats = rep.stats if rep else {}
+    if exitstatus == 0 and stats.get("skipped") and not stats.get("passed"):
+        session.exitstatus = 77
+
+
 def python_env():
     """Environment for child Python processes: this package on the path."""
     env = dict(os.environ)
