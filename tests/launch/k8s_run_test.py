@@ -429,4 +429,10 @@ class K8sRunTest(u.LaunchTestCase):
 
 
 if __name__ == "__main__":
+    # Exit 77 (ctest: Skipped) before unittest when nothing can run here.
+    why = (None if u.have_binaries() else "ps_server/ps_worker/ps_ctl not built in " + u.bin_dir()) \
+        or (None if u.have_data() else "Fashion-MNIST not installed") or missing_test_bed()
+    if why:
+        print("SKIP: k8s_run_test: " + why)
+        sys.exit(u.SKIP)
     u.main()
