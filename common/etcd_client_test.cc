@@ -1,0 +1,580 @@
+// EtcdClient against a real etcd (tests/util/etcd_fixture.h), started per
+// test on free loopback ports. Skipped when /usr/bin/etcd is not installed.
+// The parsing and transport error paths use a fake gateway (httplib) or
+// sockets that never answer.
+#include "common/etcd_client.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "tests/util/etcd_fixture.h"
+#include "tests/util/process.h"
+
+namespace asyncps {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using testing::EtcdServer;
+using testing::TempDir;
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::unique_ptr<EtcdClient> MakeClient(
+    std::vector<std::string> endpoints,
+    milliseconds timeout = milliseconds(2000)) {
+  EtcdOptions options;
+  options.endpoints = std::move(endpoints);
+  options.request_timeout = timeout;
+  auto client = EtcdClient::Create(options);
+  EXPECT_TRUE(client.ok()) << client.status().ToString();
+  return client.ok() ? std::move(client).value() : nullptr;
+}
+
+// A TCP socket on a loopback port, bound; listening (connections queue but
+// are never answered) or not (connections are refused).
+class SilentSocket {
+ public:
+  explicit SilentSocket(bool listen_too) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+        getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+      port_ = ntohs(addr.sin_port);
+    }
+    if (listen_too) listen(fd_, 16);
+  }
+  ~SilentSocket() { close(fd_); }
+  std::string endpoint() const {
+    return "http://127.0.0.1:" + std::to_string(port_);
+  }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+TEST(EtcdClientOptionsTest, MalformedEndpointIsInvalidArgument) {
+  for (const char* bad :
+       {"", "127.0.0.1:2379", "http://127.0.0.1", "http://127.0.0.1:0",
+        "http://127.0.0.1:65536", "http://127.0.0.1:x", "https://127.0.0.1:1",
+        "http://127.0.0.1:2379/v3", "http://:2379", "http://[::1]"}) {
+    EtcdOptions options;
+    options.endpoints = {"http://127.0.0.1:2379", bad};
+    auto client = EtcdClient::Create(options);
+    ASSERT_FALSE(client.ok()) << bad;
+    EXPECT_EQ(client.status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+  EtcdOptions none;
+  EXPECT_EQ(EtcdClient::Create(none).status().code(),
+            StatusCode::kInvalidArgument);
+  EtcdOptions zero_timeout;
+  zero_timeout.endpoints = {"http://127.0.0.1:2379"};
+  zero_timeout.request_timeout = milliseconds(0);
+  EXPECT_EQ(EtcdClient::Create(zero_timeout).status().code(),
+            StatusCode::kInvalidArgument);
+  for (const char* good :
+       {"http://127.0.0.1:2379", "http://[::1]:2379", "http://localhost:1/"}) {
+    EtcdOptions options;
+    options.endpoints = {good};
+    EXPECT_TRUE(EtcdClient::Create(options).ok()) << good;
+  }
+}
+
+TEST(EtcdClientTransportTest, RefusedIsUnavailableNamingEndpoint) {
+  SilentSocket refusing(/*listen_too=*/false);
+  auto client = MakeClient({refusing.endpoint()});
+  auto got = client->Get("k");
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(got.status().message().find(refusing.endpoint()), std::string::npos)
+      << got.status().ToString();
+  int64_t next = 0;
+  EXPECT_EQ(client->Watch("p", 0, milliseconds(100), &next).status().code(),
+            StatusCode::kUnavailable);
+}
+
+TEST(EtcdClientTransportTest, NoAnswerIsUnavailableAfterTimeout) {
+  SilentSocket silent(/*listen_too=*/true);
+  auto client = MakeClient({silent.endpoint()}, milliseconds(300));
+  auto t0 = Clock::now();
+  auto got = client->Put("k", "v");
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), StatusCode::kUnavailable);
+  EXPECT_TRUE(got.status().IsRetryable());
+  EXPECT_NE(got.status().message().find(silent.endpoint()), std::string::npos)
+      << got.status().ToString();
+  EXPECT_LT(SecondsSince(t0), 2.0);
+}
+
+// A fake gateway answering what a test sets, for the parsing paths.
+class FakeGateway {
+ public:
+  FakeGateway() {
+    server_.Post(".*", [this](const httplib::Request&, httplib::Response& res) {
+      res.status = status_;
+      res.set_content(body_, "application/json");
+    });
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    // Bound and listening already: requests queue until the loop runs.
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+  }
+  ~FakeGateway() {
+    server_.stop();
+    thread_.join();
+  }
+  void Answer(int status, std::string body) {
+    status_ = status;
+    body_ = std::move(body);
+  }
+  std::string endpoint() const {
+    return "http://127.0.0.1:" + std::to_string(port_);
+  }
+
+ private:
+  httplib::Server server_;
+  std::thread thread_;
+  int port_ = 0;
+  int status_ = 200;
+  std::string body_;
+};
+
+TEST(EtcdClientTransportTest, MalformedAnswersAreErrorsNotCrashes) {
+  FakeGateway gw;
+  auto client = MakeClient({gw.endpoint()});
+  const std::vector<std::pair<int, std::string>> bad = {
+      {200, "not json"},
+      {200, "[1,2]"},
+      {200, ""},
+      {200, R"({"header":{"revision":"x"}})"},
+      {200, R"({"header":{"revision":[]}})"},
+      {200, R"({"header":"h"})"},
+      {200, R"({"header":{"revision":"3"},"kvs":[{"key":"!!!"}]})"},
+      {200, R"({"header":{"revision":"3"},"kvs":[{"key":"a2V5","value":1}]})"},
+      {200, R"({"header":{"revision":"3"},"kvs":{"key":"a2V5"}})"},
+      {200, R"({"header":{"revision":"99999999999999999999"}})"},
+  };
+  for (const auto& [status, body] : bad) {
+    gw.Answer(status, body);
+    auto got = client->Get("key", nullptr);
+    auto rev = int64_t{0};
+    auto got_rev = client->Get("key", &rev);
+    EXPECT_FALSE(got.ok() && got_rev.ok()) << body;
+    if (!got_rev.ok()) {
+      EXPECT_EQ(got_rev.status().code(), StatusCode::kCorruption)
+          << body << " -> " << got_rev.status().ToString();
+    }
+    EXPECT_FALSE(client->KeepAlive(1).ok()) << body;
+    int64_t next = 0;
+    EXPECT_FALSE(client->Watch("p", 1, milliseconds(200), &next).ok()) << body;
+  }
+  // etcd's error JSON: its message and code come through.
+  gw.Answer(
+      400,
+      R"({"error":"etcdserver: boom","message":"etcdserver: boom","code":3})");
+  auto put = client->Put("k", "v");
+  EXPECT_EQ(put.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(put.status().message().find("etcdserver: boom"), std::string::npos);
+  gw.Answer(
+      503,
+      R"({"error":"etcdserver: no leader","message":"etcdserver: no leader","code":14})");
+  EXPECT_EQ(client->Put("k", "v").status().code(), StatusCode::kUnavailable);
+  gw.Answer(404, "404 page not found");
+  EXPECT_EQ(client->Put("k", "v").status().code(), StatusCode::kUnimplemented);
+  gw.Answer(200, R"({"result":{"ID":"5"}})");
+  EXPECT_EQ(client->KeepAlive(5).code(), StatusCode::kNotFound);
+}
+
+class EtcdClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!EtcdServer::Available()) {
+      GTEST_SKIP() << EtcdServer::kBinary
+                   << " not installed (Debian package etcd-server)";
+    }
+    auto etcd = EtcdServer::Start(dir_.Sub("data"), dir_.Sub("logs"));
+    ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
+    etcd_ = std::move(etcd).value();
+    client_ = MakeClient({etcd_->endpoint()});
+    ASSERT_NE(client_, nullptr);
+  }
+
+  // Polls until `key` is gone, up to `limit`; seconds waited or -1.
+  double WaitGone(const std::string& key, seconds limit) {
+    auto t0 = Clock::now();
+    while (SecondsSince(t0) < limit.count()) {
+      auto got = client_->Get(key);
+      if (got.ok() && !got->has_value()) return SecondsSince(t0);
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    return -1;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<EtcdServer> etcd_;
+  std::unique_ptr<EtcdClient> client_;
+};
+
+TEST_F(EtcdClientTest, PutGetPrefixDelete) {
+  auto r1 = client_->Put("/a/1", "one");
+  ASSERT_TRUE(r1.ok()) << r1.status().ToString();
+  auto r2 = client_->Put("/a/2", "two");
+  ASSERT_TRUE(r2.ok());
+  EXPECT_GT(*r2, *r1);
+  ASSERT_TRUE(client_->Put("/b/1", "other").ok());
+  auto r3 = client_->Put("/a/1", "uno");
+  ASSERT_TRUE(r3.ok());
+
+  int64_t rev = 0;
+  auto got = client_->Get("/a/1", &rev);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_TRUE(got->has_value());
+  EXPECT_EQ((*got)->key, "/a/1");
+  EXPECT_EQ((*got)->value, "uno");
+  EXPECT_EQ((*got)->create_revision, *r1);
+  EXPECT_EQ((*got)->mod_revision, *r3);
+  EXPECT_EQ((*got)->version, 2);
+  EXPECT_EQ((*got)->lease, 0);
+  EXPECT_EQ(rev, *r3);
+
+  auto missing = client_->Get("/a/none");
+  ASSERT_TRUE(missing.ok());
+  EXPECT_FALSE(missing->has_value());
+
+  auto prefix = client_->GetPrefix("/a/");
+  ASSERT_TRUE(prefix.ok());
+  ASSERT_EQ(prefix->size(), 2u);
+  EXPECT_EQ((*prefix)[0].key, "/a/1");
+  EXPECT_EQ((*prefix)[1].key, "/a/2");
+  EXPECT_EQ((*prefix)[1].value, "two");
+  auto all = client_->GetPrefix("");
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->size(), 3u);
+
+  // Any bytes, every base64 padding length, empty values.
+  std::string binary("\0\xff\x01/\xfe", 5);
+  for (size_t n = 0; n <= binary.size(); ++n) {
+    std::string key = "/bin/" + binary.substr(0, n);
+    ASSERT_TRUE(client_->Put(key, binary.substr(0, n)).ok()) << n;
+    auto back = client_->Get(key);
+    ASSERT_TRUE(back.ok() && back->has_value()) << n;
+    EXPECT_EQ((*back)->key, key);
+    EXPECT_EQ((*back)->value, binary.substr(0, n));
+  }
+  // A prefix ending in 0xff bytes.
+  ASSERT_TRUE(client_->Put(std::string("/z\xff\xff", 4) + "k", "v").ok());
+  ASSERT_TRUE(client_->Put("/z\xff", "w").ok());
+  auto ff = client_->GetPrefix(std::string("/z\xff\xff", 4));
+  ASSERT_TRUE(ff.ok());
+  ASSERT_EQ(ff->size(), 1u);
+  EXPECT_EQ((*ff)[0].value, "v");
+
+  ASSERT_TRUE(client_->Delete("/a/1").ok());
+  ASSERT_TRUE(client_->Delete("/a/1").ok());  // absent: still OK
+  got = client_->Get("/a/1");
+  ASSERT_TRUE(got.ok());
+  EXPECT_FALSE(got->has_value());
+  prefix = client_->GetPrefix("/a/");
+  ASSERT_TRUE(prefix.ok());
+  EXPECT_EQ(prefix->size(), 1u);
+}
+
+TEST_F(EtcdClientTest, GrantRoundsUpToWholeSeconds) {
+  seconds granted{0};
+  auto lease = client_->GrantLease(milliseconds(1), &granted);
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  EXPECT_NE(*lease, 0);
+  EXPECT_EQ(granted, seconds(1));  // The fixture's flags allow 1 s leases.
+  ASSERT_TRUE(client_->GrantLease(milliseconds(1500), &granted).ok());
+  EXPECT_EQ(granted, seconds(2));
+  EXPECT_EQ(client_->GrantLease(milliseconds(0)).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST_F(EtcdClientTest, KeepAliveKeepsKey) {
+  auto lease = client_->GrantLease(seconds(1));
+  ASSERT_TRUE(lease.ok());
+  ASSERT_TRUE(client_->Put("/members/1", "host:1", *lease).ok());
+  auto got = client_->Get("/members/1");
+  ASSERT_TRUE(got.ok() && got->has_value());
+  EXPECT_EQ((*got)->lease, *lease);
+  auto t0 = Clock::now();
+  while (SecondsSince(t0) < 3.0) {  // three TTLs
+    milliseconds left{0};
+    Status st = client_->KeepAlive(*lease, &left);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    EXPECT_EQ(left, seconds(1));
+    std::this_thread::sleep_for(milliseconds(250));
+    got = client_->Get("/members/1");
+    ASSERT_TRUE(got.ok());
+    ASSERT_TRUE(got->has_value()) << "lost after " << SecondsSince(t0) << " s";
+  }
+}
+
+// Also the measurement quoted in common/etcd_client.h: prints each run.
+TEST_F(EtcdClientTest, LeaseExpiryDeletesKey) {
+  std::vector<double> gone;
+  for (int run = 0; run < 5; ++run) {
+    const std::string key = "/members/" + std::to_string(run);
+    auto lease = client_->GrantLease(seconds(1));
+    ASSERT_TRUE(lease.ok());
+    auto t0 = Clock::now();  // No keep-alive after the grant.
+    ASSERT_TRUE(client_->Put(key, "x", *lease).ok());
+    ASSERT_GT(WaitGone(key, seconds(5)), 0) << key << " still there after 5 s";
+    const double s = SecondsSince(t0);
+    gone.push_back(s);
+    EXPECT_GE(s, 0.8) << "a 1 s lease expired early";
+    EXPECT_LE(s, 3.0) << "a 1 s lease outlived 3 s";
+    EXPECT_EQ(client_->KeepAlive(*lease).code(), StatusCode::kNotFound);
+  }
+  std::sort(gone.begin(), gone.end());
+  std::string runs;
+  for (double s : gone) runs += std::to_string(s).substr(0, 5) + " ";
+  std::printf(
+      "1 s lease without keep-alives: key gone after %s s (median %.3f)\n",
+      runs.c_str(), gone[gone.size() / 2]);
+  RecordProperty("median_expiry_ms", int(gone[gone.size() / 2] * 1000));
+}
+
+TEST_F(EtcdClientTest, RevokeDeletesKeys) {
+  auto lease = client_->GrantLease(seconds(30));
+  ASSERT_TRUE(lease.ok());
+  ASSERT_TRUE(client_->Put("/r/1", "a", *lease).ok());
+  ASSERT_TRUE(client_->Put("/r/2", "b", *lease).ok());
+  ASSERT_TRUE(client_->RevokeLease(*lease).ok());
+  auto left = client_->GetPrefix("/r/");
+  ASSERT_TRUE(left.ok());
+  EXPECT_TRUE(left->empty());
+  EXPECT_EQ(client_->KeepAlive(*lease).code(), StatusCode::kNotFound);
+  EXPECT_EQ(client_->RevokeLease(*lease).code(), StatusCode::kNotFound);
+  auto put = client_->Put("/r/3", "c", *lease);
+  EXPECT_EQ(put.status().code(), StatusCode::kNotFound)
+      << put.status().ToString();
+  EXPECT_NE(put.status().message().find("lease not found"), std::string::npos);
+}
+
+TEST_F(EtcdClientTest, CompareAndPut) {
+  // Create-only.
+  auto created = client_->CompareAndPut("/layout", "epoch1", 0);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  EXPECT_TRUE(*created);
+  auto again = client_->CompareAndPut("/layout", "other", 0);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(*again);
+  auto got = client_->Get("/layout");
+  ASSERT_TRUE(got.ok() && got->has_value());
+  EXPECT_EQ((*got)->value, "epoch1");
+  const int64_t rev1 = (*got)->mod_revision;
+  // Swap from the revision read.
+  auto swapped = client_->CompareAndPut("/layout", "epoch2", rev1);
+  ASSERT_TRUE(swapped.ok());
+  EXPECT_TRUE(*swapped);
+  // A stale revision fails, nothing written.
+  auto stale = client_->CompareAndPut("/layout", "epoch2b", rev1);
+  ASSERT_TRUE(stale.ok());
+  EXPECT_FALSE(*stale);
+  got = client_->Get("/layout");
+  ASSERT_TRUE(got.ok() && got->has_value());
+  EXPECT_EQ((*got)->value, "epoch2");
+  EXPECT_GT((*got)->mod_revision, rev1);
+  EXPECT_EQ(client_->CompareAndPut("/layout", "x", -1).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST_F(EtcdClientTest, TxnWithSeveralCompares) {
+  using R = EtcdCompare::Result;
+  auto lease = client_->GrantLease(seconds(30));
+  ASSERT_TRUE(lease.ok());
+  ASSERT_TRUE(client_->Put("/members/0", "shard0", *lease).ok());
+  auto member = client_->Get("/members/0");
+  ASSERT_TRUE(member.ok() && member->has_value());
+  const int64_t member_created = (*member)->create_revision;
+  ASSERT_TRUE(client_->Put("/tmp", "t").ok());
+
+  // Write the layout iff the member still holds its lease and key.
+  const std::vector<EtcdCompare> holder = {
+      EtcdCompare::Lease("/members/0", R::kEqual, *lease),
+      EtcdCompare::CreateRevision("/members/0", R::kEqual, member_created),
+      EtcdCompare::Value("/members/0", R::kEqual, "shard0"),
+      EtcdCompare::Version("/layout", R::kEqual, 0),
+  };
+  int64_t rev = 0;
+  auto ok = client_->Txn(holder,
+                         {EtcdOp::Put("/layout", "L1"), EtcdOp::Delete("/tmp")},
+                         {EtcdOp::Put("/failed", "1")}, &rev);
+  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  EXPECT_TRUE(*ok);
+  EXPECT_GT(rev, member_created);
+  auto layout = client_->Get("/layout");
+  ASSERT_TRUE(layout.ok() && layout->has_value());
+  EXPECT_EQ((*layout)->value, "L1");
+  EXPECT_EQ((*layout)->mod_revision, rev);
+  auto tmp = client_->Get("/tmp");
+  ASSERT_TRUE(tmp.ok());
+  EXPECT_FALSE(tmp->has_value());
+
+  // The member is gone: the failure branch runs.
+  ASSERT_TRUE(client_->RevokeLease(*lease).ok());
+  ok = client_->Txn({EtcdCompare::Lease("/members/0", R::kEqual, *lease)},
+                    {EtcdOp::Put("/layout", "L2")},
+                    {EtcdOp::Put("/failed", "1")});
+  ASSERT_TRUE(ok.ok());
+  EXPECT_FALSE(*ok);
+  layout = client_->Get("/layout");
+  ASSERT_TRUE(layout.ok() && layout->has_value());
+  EXPECT_EQ((*layout)->value, "L1");
+  auto failed = client_->Get("/failed");
+  ASSERT_TRUE(failed.ok());
+  EXPECT_TRUE(failed->has_value());
+
+  // Greater / less / not-equal.
+  ok = client_->Txn({EtcdCompare::ModRevision("/layout", R::kGreater, 0),
+                     EtcdCompare::ModRevision("/layout", R::kLess, rev + 1),
+                     EtcdCompare::Value("/layout", R::kNotEqual, "L2")},
+                    {});
+  ASSERT_TRUE(ok.ok());
+  EXPECT_TRUE(*ok);
+
+  // etcd's own refusal comes back with its message.
+  auto dup = client_->Txn({}, {EtcdOp::Put("/d", "1"), EtcdOp::Put("/d", "2")});
+  ASSERT_FALSE(dup.ok());
+  EXPECT_EQ(dup.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(dup.status().message().find("duplicate key"), std::string::npos)
+      << dup.status().ToString();
+}
+
+TEST_F(EtcdClientTest, WatchSeesPutAndDeleteAndResumes) {
+  int64_t rev = 0;
+  ASSERT_TRUE(client_->GetPrefix("/w/", &rev).ok());
+  ASSERT_TRUE(client_->Put("/w/k", "v1").ok());
+  ASSERT_TRUE(client_->Put("/elsewhere", "x").ok());
+  ASSERT_TRUE(client_->Delete("/w/k").ok());
+
+  // History since rev + 1: the put, then the delete (maybe in two batches).
+  std::vector<EtcdWatchEvent> seen;
+  int64_t next = rev + 1;
+  for (int i = 0; i < 3 && seen.size() < 2; ++i) {
+    auto events = client_->Watch("/w/", next, seconds(2), &next);
+    ASSERT_TRUE(events.ok()) << events.status().ToString();
+    seen.insert(seen.end(), events->begin(), events->end());
+  }
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].type, EtcdWatchEvent::Type::kPut);
+  EXPECT_EQ(seen[0].kv.key, "/w/k");
+  EXPECT_EQ(seen[0].kv.value, "v1");
+  EXPECT_EQ(seen[1].type, EtcdWatchEvent::Type::kDelete);
+  EXPECT_EQ(seen[1].kv.key, "/w/k");
+  EXPECT_EQ(next, seen[1].kv.mod_revision + 1);
+
+  // Nothing new: times out with no events, next unchanged.
+  const int64_t resume = next;
+  auto t0 = Clock::now();
+  auto none = client_->Watch("/w/", next, milliseconds(300), &next);
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_TRUE(none->empty());
+  EXPECT_EQ(next, resume);
+  EXPECT_GE(SecondsSince(t0), 0.29);
+  EXPECT_LT(SecondsSince(t0), 1.5);
+
+  // A live change wakes the watch well before its timeout.
+  std::thread writer([&] {
+    std::this_thread::sleep_for(milliseconds(200));
+    EXPECT_TRUE(client_->Put("/w/live", "v2").ok());
+  });
+  t0 = Clock::now();
+  auto live = client_->Watch("/w/", next, seconds(10), &next);
+  writer.join();
+  ASSERT_TRUE(live.ok()) << live.status().ToString();
+  ASSERT_EQ(live->size(), 1u);
+  EXPECT_EQ((*live)[0].kv.key, "/w/live");
+  EXPECT_EQ((*live)[0].kv.value, "v2");
+  EXPECT_EQ((*live)[0].kv.version, 1);
+  EXPECT_LT(SecondsSince(t0), 3.0);
+  EXPECT_EQ(next, (*live)[0].kv.mod_revision + 1);
+}
+
+TEST_F(EtcdClientTest, WatchFromNowAndTimeout) {
+  ASSERT_TRUE(client_->Put("/n/old", "x").ok());
+  int64_t rev = 0;
+  ASSERT_TRUE(client_->Get("/n/old", &rev).ok());
+  int64_t next = 0;
+  auto t0 = Clock::now();
+  auto none = client_->Watch("/n/", 0, milliseconds(300), &next);
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  EXPECT_TRUE(none->empty());  // the old put is not reported
+  EXPECT_EQ(next, rev + 1);
+  EXPECT_LT(SecondsSince(t0), 1.5);
+  ASSERT_TRUE(client_->Put("/n/new", "y").ok());
+  auto events = client_->Watch("/n/", next, seconds(2), &next);
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 1u);
+  EXPECT_EQ((*events)[0].kv.key, "/n/new");
+  EXPECT_EQ(client_->Watch("/n/", 0, milliseconds(10), nullptr).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+TEST_F(EtcdClientTest, FallsBackToNextEndpoint) {
+  SilentSocket refusing(/*listen_too=*/false);
+  auto client = MakeClient({refusing.endpoint(), etcd_->endpoint()});
+  ASSERT_TRUE(client->Put("/f", "v").ok());
+  auto got = client->Get("/f");
+  ASSERT_TRUE(got.ok() && got->has_value());
+  int64_t next = 0;
+  EXPECT_TRUE(client->Watch("/f", 1, seconds(2), &next).ok());
+}
+
+TEST_F(EtcdClientTest, UnavailableWhileDownDataKeptAcrossRestart) {
+  ASSERT_TRUE(client_->Put("/persist", "kept").ok());
+  etcd_->Stop();
+  auto t0 = Clock::now();
+  auto got = client_->Get("/persist");
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(got.status().message().find(etcd_->endpoint()), std::string::npos)
+      << got.status().ToString();
+  EXPECT_EQ(client_->Put("/x", "y").status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(client_->GrantLease(seconds(1)).status().code(),
+            StatusCode::kUnavailable);
+  int64_t next = 0;
+  EXPECT_EQ(client_->Watch("/", 1, seconds(1), &next).status().code(),
+            StatusCode::kUnavailable);
+  EXPECT_LT(SecondsSince(t0), 2.0);  // refused at once, no timeouts
+
+  Status st = etcd_->Restart();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  got = client_->Get("/persist");
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_TRUE(got->has_value());
+  EXPECT_EQ((*got)->value, "kept");
+}
+
+TEST_F(EtcdClientTest, WatchEndsUnavailableWhenEtcdDies) {
+  std::thread killer([&] {
+    std::this_thread::sleep_for(milliseconds(300));
+    etcd_->Stop();
+  });
+  int64_t next = 0;
+  auto t0 = Clock::now();
+  auto events = client_->Watch("/", 1, seconds(10), &next);
+  killer.join();
+  EXPECT_FALSE(events.ok());
+  EXPECT_EQ(events.status().code(), StatusCode::kUnavailable)
+      << events.status().ToString();
+  EXPECT_LT(SecondsSince(t0), 5.0);
+}
+
+}  // namespace
+}  // namespace asyncps
