@@ -14,6 +14,8 @@ PKGS=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev zlib1g-dev
   libcpp-httplib-dev nlohmann-json3-dev prometheus
+  # etcd holds shard membership and the layout (common/etcd_client.h).
+  etcd-server etcd-client
   dataset-fashion-mnist
   gnuplot-nox python3 procps iproute2
   # The Python package (worker/python): built for Debian's python3, which

@@ -202,7 +202,7 @@ class EtcdClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!EtcdServer::Available()) {
-      GTEST_SKIP() << EtcdServer::kBinary
+      GTEST_SKIP() << EtcdServer::Binary()
                    << " not installed (Debian package etcd-server)";
     }
     auto etcd = EtcdServer::Start(dir_.Sub("data"), dir_.Sub("logs"));

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <thread>
 
@@ -47,12 +48,17 @@ bool Healthy(int port) {
 
 }  // namespace
 
-bool EtcdServer::Available() { return access(kBinary, X_OK) == 0; }
+std::string EtcdServer::Binary() {
+  const char* env = std::getenv("ASYNCPS_TEST_ETCD");
+  return env != nullptr && *env ? env : kBinary;
+}
+
+bool EtcdServer::Available() { return access(Binary().c_str(), X_OK) == 0; }
 
 StatusOr<std::unique_ptr<EtcdServer>> EtcdServer::Start(
     const std::string& data_dir, const std::string& log_dir) {
   if (!Available()) {
-    return Status::Unavailable(std::string(kBinary) +
+    return Status::Unavailable(Binary() +
                                " not installed (Debian: etcd-server)");
   }
   std::unique_ptr<EtcdServer> server(new EtcdServer());
@@ -92,7 +98,7 @@ Status EtcdServer::Launch() {
               ".log";
   ++starts_;
   std::vector<std::string> argv = {
-      kBinary,
+      Binary(),
       "--name=test",
       "--data-dir=" + data_dir_,
       "--listen-client-urls=" + client,

@@ -27,11 +27,14 @@ class EtcdServer {
  public:
   // Debian's etcd binary.
   static constexpr const char* kBinary = "/usr/bin/etcd";
+  // The binary used: $ASYNCPS_TEST_ETCD when set (another etcd, or a
+  // missing path to see the tests skip), else kBinary.
+  static std::string Binary();
   // The flags that give 1 s leases (see above).
   static constexpr int kHeartbeatMs = 50;
   static constexpr int kElectionMs = 250;
 
-  // True when kBinary exists and is executable.
+  // True when Binary() exists and is executable.
   static bool Available();
 
   // Starts etcd with its data in `data_dir` (created if missing) and its
