@@ -111,6 +111,17 @@ struct Clock {
   clock @0 :Int64;           # the worker's new clock
 }
 
+# Replication (server/replication/): a primary hands a request it applied to
+# each backup of its replica group. Data frame 1 is the applied request's
+# header, frames 2.. its data frames; the backup applies it the same way and
+# answers with this request's id. A backup takes these only from the primary
+# of the layout it holds: a lower epoch is refused (a deposed primary cannot
+# get an update acknowledged).
+struct Replicate {
+  epoch @0 :UInt64;          # the layout epoch the primary serves under
+  group @1 :Int32;           # the replica group (shard index)
+}
+
 struct Request {
   version @0 :UInt16;
   id @1 :UInt64;             # unique per (rank, incarnation); replies echo it
@@ -126,6 +137,7 @@ struct Request {
     checkpoint @10 :Void;
     shutdown @11 :Void;
     attachShm @13 :AttachShm;
+    replicate @14 :Replicate;
   }
   doneBelow @12 :UInt64;     # pushes: every earlier push (lower id) of this
                              # client to this shard has been answered or given
@@ -154,4 +166,9 @@ struct Reply {
   maxFrameBytes @13 :UInt64;    # and its largest frame (0 = not said); a
                                 # client refuses bigger requests itself
   rows @14 :List(RowsRef);   # pull: one per RowsRef of the request
+  redirect @15 :Text;        # refused because this server is not its replica
+                             # group's primary: the primary's endpoint as this
+                             # server knows it ("" = unknown)
+  epoch @16 :UInt64;         # the layout epoch this server serves under
+                             # (0 = a static fleet)
 }

@@ -385,6 +385,10 @@ class ServerSocketImpl : public ServerSocket {
     return log_->Take();
   }
 
+  void SetWakeSockets(std::vector<ClientSocket*> sockets) override {
+    wake_ = std::move(sockets);
+  }
+
   const std::string& endpoint() const override { return endpoint_; }
 
   StatusOr<bool> Receive(std::string* peer, Message* msg,
@@ -405,10 +409,13 @@ class ServerSocketImpl : public ServerSocket {
       }
       if (!r) {
         burst_ = false;
-        zmq::pollitem_t items[2] = {
-            {socket_.handle(), 0, ZMQ_POLLIN, 0},
-            {monitor_ ? monitor_->handle() : nullptr, 0, ZMQ_POLLIN, 0}};
-        if (zmq::poll(items, monitor_ ? 2 : 1, timeout) == 0) return false;
+        items_.clear();
+        items_.push_back({socket_.handle(), 0, ZMQ_POLLIN, 0});
+        if (monitor_) items_.push_back({monitor_->handle(), 0, ZMQ_POLLIN, 0});
+        for (ClientSocket* w : wake_)
+          items_.push_back({PollHandleOf(w), 0, ZMQ_POLLIN, 0});
+        zmq::pollitem_t* items = items_.data();
+        if (zmq::poll(items, items_.size(), timeout) == 0) return false;
         if (monitor_ && (items[1].revents & ZMQ_POLLIN)) DrainMonitor();
         if (!(items[0].revents & ZMQ_POLLIN)) return false;
         r = socket_.recv(id, zmq::recv_flags::dontwait);
@@ -466,6 +473,8 @@ class ServerSocketImpl : public ServerSocket {
   zmq::socket_t socket_;
   std::unique_ptr<zmq::socket_t> monitor_;  // CURVE only
   bool burst_ = false;     // the last Receive() got a message
+  std::vector<ClientSocket*> wake_;       // SetWakeSockets()
+  std::vector<zmq::pollitem_t> items_;    // reused by Receive()
   int since_monitor_ = 0;  // messages taken without reading the monitor
   std::shared_ptr<SecurityLog> log_ = std::make_shared<SecurityLog>();
   std::string zap_domain_;
@@ -637,6 +646,8 @@ StatusOr<std::unique_ptr<ClientSocket>> ClientSocket::Connect(
     return FromZmq(e, "socket");
   }
 }
+
+void* ServerSocket::PollHandleOf(ClientSocket* s) { return s->raw_handle(); }
 
 StatusOr<int> ClientSocket::PollAny(const std::vector<ClientSocket*>& sockets,
                                     std::chrono::milliseconds timeout) {

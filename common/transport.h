@@ -109,6 +109,8 @@ struct Message {
   }
 };
 
+class ClientSocket;
+
 // ROUTER socket of a server. Replies are routed by the peer identity the
 // request arrived with.
 class ServerSocket {
@@ -136,6 +138,16 @@ class ServerSocket {
   // Receive() may return false before its timeout when only such events
   // arrived.
   virtual std::vector<std::string> TakeSecurityEvents() = 0;
+
+  // Client sockets whose incoming messages also end a Receive() wait (it
+  // then returns false): a server that is itself a client of other servers
+  // (a replica group's primary waiting for its backups) waits on all of
+  // them in one poll. Not owned; each must outlive the next Receive() or
+  // the next call. Default: none.
+  virtual void SetWakeSockets(std::vector<ClientSocket*> sockets) = 0;
+
+ protected:
+  static void* PollHandleOf(ClientSocket* s);
 };
 
 // DEALER socket of a client, connected to one server. Reconnects on its own
@@ -171,6 +183,7 @@ class ClientSocket {
                                std::chrono::milliseconds timeout);
 
  protected:
+  friend class ServerSocket;
   virtual void* raw_handle() = 0;      // for PollAny
   virtual void* monitor_handle() = 0;  // for PollAny
 };

@@ -36,6 +36,8 @@ const char* RequestKindName(RequestKind kind) {
       return "shutdown";
     case RequestKind::kAttachShm:
       return "attach_shm";
+    case RequestKind::kReplicate:
+      return "replicate";
   }
   return "unknown";
 }
@@ -276,6 +278,12 @@ std::vector<uint8_t> EncodeRequest(const RequestHeader& h) {
     case RequestKind::kClock:
       body.initClock().setClock(h.clock);
       break;
+    case RequestKind::kReplicate: {
+      auto r = body.initReplicate();
+      r.setEpoch(h.replicate_epoch);
+      r.setGroup(h.replicate_group);
+      break;
+    }
     case RequestKind::kHeartbeat:
       body.setHeartbeat();
       break;
@@ -310,6 +318,8 @@ std::vector<uint8_t> EncodeReply(const ReplyHeader& h) {
   if (!h.rows.empty()) FillRowsRefs(r.initRows(h.rows.size()), h.rows);
   r.setMaxRequestBytes(h.max_request_bytes);
   r.setMaxFrameBytes(h.max_frame_bytes);
+  if (!h.redirect.empty()) r.setRedirect(h.redirect);
+  r.setEpoch(h.epoch);
   return Serialize(builder);
 }
 
@@ -431,6 +441,13 @@ Status DecodeRequest(const uint8_t* data, size_t size,
             out->shm_token = a.getToken();
             return Status::OK();
           }
+          case cw::Request::Body::REPLICATE: {
+            out->kind = RequestKind::kReplicate;
+            auto r = body.getReplicate();
+            out->replicate_epoch = r.getEpoch();
+            out->replicate_group = r.getGroup();
+            return Status::OK();
+          }
         }
         return Status::InvalidArgument(
             "unknown request kind " +
@@ -456,7 +473,7 @@ Status DecodeReply(const uint8_t* data, size_t size, const DecodeLimits& limits,
         }
         out->status =
             Status(static_cast<StatusCode>(code), r.getMessage().cStr());
-        if (r.getKind() > static_cast<uint8_t>(RequestKind::kAttachShm)) {
+        if (r.getKind() > static_cast<uint8_t>(RequestKind::kReplicate)) {
           return Status::InvalidArgument("unknown reply kind");
         }
         out->kind = static_cast<RequestKind>(r.getKind());
@@ -468,6 +485,8 @@ Status DecodeReply(const uint8_t* data, size_t size, const DecodeLimits& limits,
         out->pull_seq = r.getPullSeq();
         out->max_request_bytes = r.getMaxRequestBytes();
         out->max_frame_bytes = r.getMaxFrameBytes();
+        out->redirect = r.getRedirect().cStr();
+        out->epoch = r.getEpoch();
         RETURN_IF_ERROR(ReadChunkRefs(r.getChunks(), limits, &out->chunks));
         return ReadRowsRefs(r.getRows(), limits, &out->rows);
       });

@@ -35,6 +35,7 @@ enum class RequestKind : uint8_t {
   kCheckpoint = 6,
   kShutdown = 7,
   kAttachShm = 8,
+  kReplicate = 9,
 };
 const char* RequestKindName(RequestKind kind);
 
@@ -94,6 +95,10 @@ struct RequestHeader {
   // kPush: every push of this client to this shard with a lower id has been
   // answered or abandoned and will not be resent (0 = unknown).
   uint64_t done_below = 0;
+  // kReplicate: the primary's layout epoch and replica group; data frame 1
+  // is the replicated request's header, frames 2.. its data.
+  uint64_t replicate_epoch = 0;
+  int32_t replicate_group = 0;
 };
 
 struct ReplyHeader {
@@ -111,6 +116,10 @@ struct ReplyHeader {
   std::vector<RowsRef> rows;     // kPull replies: rows of the pull's tables
   uint64_t max_request_bytes = 0;  // the server's limits (0 = not said)
   uint64_t max_frame_bytes = 0;
+  // Not the primary of its replica group: the primary's endpoint ("" =
+  // unknown). The layout epoch this server serves under (0 = static).
+  std::string redirect;
+  uint64_t epoch = 0;
 };
 
 // Limits applied while decoding a header.

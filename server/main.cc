@@ -152,6 +152,23 @@ DEFINE_int32(apply_threads, 0,
              "threads applying a large push or BSP round (the event loop's "
              "included); 0: the cores this process may run on, at most 8. "
              "The weights are bitwise the same for any number");
+DEFINE_string(etcd, "",
+              "comma-separated etcd endpoints (http://host:port): this "
+              "process is one replica of its shard's replica group, with its "
+              "lease and the fleet's replica layout in etcd; empty: a static "
+              "fleet");
+DEFINE_string(etcd_prefix, "/asyncps/default",
+              "key prefix of this fleet in etcd (one per job)");
+DEFINE_int32(replicas, 1,
+             "processes per replica group (shard): 1 primary + replicas-1 "
+             "backups; > 1 needs --etcd");
+DEFINE_int32(replica, 0, "this process's index in its group, [0, replicas)");
+DEFINE_int32(lease_ms, 1000,
+             "etcd lease TTL, ms (etcd counts whole seconds: rounded up); a "
+             "primary whose lease ends is replaced by a backup");
+DEFINE_string(advertise_endpoint, "",
+              "endpoint other processes reach this one at (default: the "
+              "bound --endpoint, with its real port)");
 
 namespace {
 
@@ -296,6 +313,42 @@ srv::ServerOptions OptionsFromFlags() {
   s.max_park_time = std::chrono::milliseconds(
       static_cast<int64_t>(FLAGS_max_park_s * 1000));
   if (FLAGS_shutdown_timeout_s <= 0) BadFlag("--shutdown_timeout_s must be > 0");
+  if (FLAGS_replicas < 1 || FLAGS_replicas > 16)
+    BadFlag("--replicas must be in [1, 16]");
+  if (FLAGS_replica < 0 || FLAGS_replica >= FLAGS_replicas)
+    BadFlag("--replica must be in [0, --replicas)");
+  if (FLAGS_replicas > 1 && FLAGS_etcd.empty())
+    BadFlag("--replicas > 1 needs --etcd (the replica layout lives there)");
+  if (!FLAGS_etcd.empty()) {
+    // Backups see the updates, not the pulls: rules that depend on what a
+    // worker read would differ between replicas.
+    if (s.staleness_lr != srv::StalenessLr::kNone ||
+        s.delay_compensation.enabled()) {
+      BadFlag("--staleness_lr and --dc_lambda depend on pulls, which "
+              "backups do not see: not supported with --etcd");
+    }
+    if (FLAGS_lease_ms < 100 || FLAGS_lease_ms > 600000)
+      BadFlag("--lease_ms must be in [100, 600000]");
+    if (FLAGS_etcd_prefix.empty() || FLAGS_etcd_prefix[0] != '/')
+      BadFlag("--etcd_prefix must start with /");
+    std::string list = FLAGS_etcd;
+    size_t at = 0;
+    while (at <= list.size()) {
+      size_t comma = list.find(',', at);
+      if (comma == std::string::npos) comma = list.size();
+      std::string e = list.substr(at, comma - at);
+      if (!e.empty()) o.replication.etcd_endpoints.push_back(e);
+      at = comma + 1;
+    }
+    if (o.replication.etcd_endpoints.empty()) BadFlag("--etcd: no endpoint");
+    o.replication.prefix = FLAGS_etcd_prefix;
+    o.replication.replicas = FLAGS_replicas;
+    o.replication.replica = FLAGS_replica;
+    o.replication.lease_ttl = std::chrono::milliseconds(FLAGS_lease_ms);
+    o.replication.poll =
+        std::chrono::milliseconds(std::max(10, std::min(100, FLAGS_lease_ms / 5)));
+    o.replication.endpoint = FLAGS_advertise_endpoint;
+  }
   if (!FLAGS_curve_secret_key.empty()) {
     StatusOr<std::string> k = asyncps::LoadCurveKey(FLAGS_curve_secret_key);
     if (!k.ok()) BadFlag("--curve_secret_key: " + k.status().message());

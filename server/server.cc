@@ -15,7 +15,19 @@ uint64_t MessageBytes(const Message& msg) {
 
 }  // namespace
 
-Server::~Server() = default;
+Server::~Server() {
+  if (membership_) membership_->Stop(/*revoke=*/false);
+}
+
+void Server::UpdateView() {
+  replication::ReplicaView v;
+  membership_->TakeView(&v);
+  Status s = replicator_->SetView(v, &out_);
+  if (!s.ok()) {
+    LOG_EVERY_N(ERROR, 20) << "replica view: " << s.ToString();
+  }
+  socket_->SetWakeSockets(replicator_->wake_sockets());
+}
 
 StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
   std::unique_ptr<Server> s(new Server());
@@ -56,6 +68,20 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
     s->metrics_ = std::make_unique<ServerMetrics>(options.metrics,
                                                   options.shard.num_workers);
   }
+  if (!options.replication.etcd_endpoints.empty()) {
+    replication::MembershipOptions mo = options.replication;
+    mo.group = options.shard.shard_id;
+    mo.groups = options.shard.num_shards;
+    if (mo.endpoint.empty()) mo.endpoint = s->socket_->endpoint();
+    replication::ReplicatorOptions ro;
+    ro.group = mo.group;
+    ro.transport.context = options.context;
+    ro.transport.max_message_bytes = options.max_message_bytes;
+    ro.transport.max_frame_bytes = s->options_.max_frame_bytes;
+    s->replicator_ = std::make_unique<replication::Replicator>(ro);
+    ASSIGN_OR_RETURN(s->membership_, replication::Membership::Create(mo));
+    s->UpdateView();
+  }
   return s;
 }
 
@@ -69,6 +95,7 @@ Status Server::Run(const std::atomic<bool>& stop) {
   while (!stop.load(std::memory_order_relaxed) &&
          !shard_->shutdown_requested()) {
     msg.Clear();
+    if (membership_) UpdateView();
     StatusOr<bool> got = socket_->Receive(&peer, &msg, options_.tick);
     const Clock::time_point now = Clock::now();
     if (!got.ok()) {
@@ -76,6 +103,7 @@ Status Server::Run(const std::atomic<bool>& stop) {
     } else if (*got) {
       HandleMessage(peer, msg, now);
     }
+    if (replicator_) replicator_->Poll(&out_);
     for (const std::string& e : socket_->TakeSecurityEvents()) {
       LOG(WARNING) << "security: " << e;
     }
@@ -91,6 +119,8 @@ Status Server::Run(const std::atomic<bool>& stop) {
   }
   shard_->FailParked(Status::Cancelled("server shutting down"), &out_);
   SendAll();
+  // A clean stop hands the group over at once instead of after the TTL.
+  if (membership_) membership_->Stop(/*revoke=*/true);
   if (shard_->shutdown_requested())
     return Status::OK();  // checkpointed by the request
   return shard_->Checkpoint();
@@ -133,11 +163,15 @@ Status Server::CheckAdmin(const Message& msg) const {
 void Server::Reply(const std::string& peer, const Status& error,
                    RejectReason reason) {
   shard_->CountRejected(reason);
+  Answer(peer, error);
+}
+
+void Server::Answer(const std::string& peer, const Status& status) {
   OutgoingReply r;
   r.peer = peer;
   r.header.id = req_.id;
   r.header.kind = req_.kind;
-  r.header.status = error;
+  r.header.status = status;
   r.header.shard_version = shard_->shard_version();
   r.header.min_clock = shard_->min_clock();
   out_.push_back(std::move(r));
@@ -192,9 +226,24 @@ void Server::Dispatch(const std::string& peer, Message& msg,
       return Reply(peer, admin, RejectReason::kAdminDenied);
     }
   }
+  if (req_.kind == RequestKind::kReplicate) {
+    return HandleReplicate(peer, msg, now);
+  }
+  if (replicator_) {
+    std::string redirect;
+    Status admitted = replicator_->Admit(req_.kind, now, &redirect);
+    if (!admitted.ok()) {
+      Reply(peer, admitted, RejectReason::kNotPrimary);
+      out_.back().header.redirect = redirect;
+      return;
+    }
+  }
+  const size_t first = out_.size();
   data_.assign(msg.frames.begin() + 1, msg.frames.end());
   try {
     shard_->Handle(peer, req_, data_, now, &out_);
+    if (replicator_ && replicator_->Replicates(req_.kind))
+      Replicate(peer, msg, first);
   } catch (const std::bad_alloc&) {
     // Every allocation a request sizes is checked against the memory
     // budget first; this is the last line if the machine has less memory
@@ -207,12 +256,84 @@ void Server::Dispatch(const std::string& peer, Message& msg,
   data_.clear();
 }
 
+void Server::Replicate(const std::string& peer, const Message& msg,
+                       size_t first) {
+  for (size_t i = first; i < out_.size(); ++i) {
+    OutgoingReply& r = out_[i];
+    if (r.peer != peer || r.header.id != req_.id || r.header.kind != req_.kind)
+      continue;
+    if (!r.header.status.ok()) return;  // nothing applied: nothing to hand on
+    OutgoingReply hold = std::move(r);
+    out_.erase(out_.begin() + static_cast<std::ptrdiff_t>(i));
+    replicator_->Forward(msg, &hold, &out_);
+    return;
+  }
+}
+
+void Server::HandleReplicate(const std::string& peer, Message& msg,
+                             std::chrono::steady_clock::time_point now) {
+  if (!replicator_) {
+    return Reply(peer,
+                 Status::InvalidArgument(
+                     "replicate request to a server that is not a replica "
+                     "(started without --etcd)"),
+                 RejectReason::kNotPrimary);
+  }
+  Status ok = replicator_->CheckReplicate(req_);
+  if (!ok.ok()) return Reply(peer, ok, RejectReason::kNotPrimary);
+  if (msg.frames.size() < 2) {
+    return Reply(peer, Status::InvalidArgument("replicate without a request"),
+                 RejectReason::kMalformed);
+  }
+  Status decoded = DecodeRequest(msg.frames[1].data, msg.frames[1].size,
+                                 DecodeLimits(), &inner_);
+  if (decoded.ok() && inner_.kind != RequestKind::kRegister &&
+      inner_.kind != RequestKind::kPush && inner_.kind != RequestKind::kClock) {
+    decoded = Status::InvalidArgument(
+        std::string("a ") + RequestKindName(inner_.kind) +
+        " request is not replicated");
+  }
+  if (!decoded.ok()) {
+    return Reply(peer, Status::InvalidArgument("replicated request: " +
+                                               decoded.message()),
+                 RejectReason::kMalformed);
+  }
+  // The inner request's replies go to no one: the primary answers the
+  // worker. This peer name cannot be a ZeroMQ routing id (those are 5
+  // bytes starting with 0, or set by the peer; no peer sets ids here).
+  static const std::string kInnerPeer("\x01replicated", 11);
+  const size_t first = out_.size();
+  data_.assign(msg.frames.begin() + 2, msg.frames.end());
+  Status applied;
+  try {
+    shard_->Handle(kInnerPeer, inner_, data_, now, &out_);
+  } catch (const std::bad_alloc&) {
+    applied = Status::ResourceExhausted("out of memory on the backup");
+  }
+  data_.clear();
+  for (size_t i = first; i < out_.size();) {
+    if (out_[i].peer != kInnerPeer) {
+      ++i;
+      continue;
+    }
+    if (!out_[i].header.status.ok() && applied.ok()) {
+      applied = Status::Internal("backup could not apply the " +
+                                 std::string(RequestKindName(inner_.kind)) +
+                                 ": " + out_[i].header.status.ToString());
+    }
+    out_.erase(out_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  replicator_->CountApplied();
+  Answer(peer, applied);
+}
+
 void Server::SendAll() {
   for (OutgoingReply& r : out_) {
     frames_.clear();
     r.header.max_request_bytes =
         static_cast<uint64_t>(options_.max_message_bytes);
     r.header.max_frame_bytes = static_cast<uint64_t>(options_.max_frame_bytes);
+    if (replicator_) r.header.epoch = replicator_->view().epoch;
     frames_.push_back(Frame::Owned(EncodeReply(r.header)));
     for (ByteView& v : r.frames)
       frames_.push_back(Frame::Ref(v.data, v.size, std::move(v.owner)));

@@ -11,6 +11,14 @@
 // (max_request_bytes, max_frame_bytes) so clients refuse larger requests
 // themselves; a request over them is answered InvalidArgument with its id.
 //
+// Replication (server/replication/): with etcd endpoints in `replication`,
+// the server is one replica of its shard's replica group: Membership keeps
+// its lease and the group's layout in etcd, and the Replicator hands the
+// updates it applies as the primary to its backups (holding each reply until
+// they applied it), applies kReplicate requests as a backup, and refuses
+// workers' data requests when it is not the primary (Unavailable with a
+// redirect). Without etcd nothing of this runs: a static fleet.
+//
 // Ownership: the Server owns the socket, the store and the shard.
 // Thread safety: Run() is called from one thread; `stop` may be set from
 // any thread.
@@ -25,6 +33,8 @@
 #include "common/status.h"
 #include "common/transport.h"
 #include "common/wire.h"
+#include "server/replication/membership.h"
+#include "server/replication/replicator.h"
 #include "server/server_metrics.h"
 #include "server/shard.h"
 #include "server/store.h"
@@ -73,6 +83,11 @@ struct ServerOptions {
   // Without CURVE, admin requests are accepted only from loopback addresses
   // (and inproc/ipc) unless this is set. Default: false.
   bool allow_remote_admin = false;
+  // Replica group membership: empty etcd_endpoints = a static fleet (no
+  // replication). `group` is taken from shard.shard_id, `groups` from
+  // shard.num_shards, `endpoint` (when empty) from the bound endpoint.
+  // Default: static.
+  replication::MembershipOptions replication;
 };
 
 class Server {
@@ -91,6 +106,8 @@ class Server {
   Status Run(const std::atomic<bool>& stop);
 
   Shard& shard() { return *shard_; }
+  // nullptr in a static fleet.
+  const replication::Replicator* replicator() const { return replicator_.get(); }
 
  private:
   Server() = default;
@@ -104,6 +121,16 @@ class Server {
   // allow_remote_admin).
   Status CheckAdmin(const Message& msg) const;
   void Reply(const std::string& peer, const Status& error, RejectReason reason);
+  // Appends the reply to the request in req_ with `status`.
+  void Answer(const std::string& peer, const Status& status);
+  // Backup side of replication: applies the request a kReplicate carries.
+  void HandleReplicate(const std::string& peer, Message& msg,
+                       std::chrono::steady_clock::time_point now);
+  // Primary side: hands the request just applied to the backups, holding
+  // its reply (out_ from `first`) until they applied it.
+  void Replicate(const std::string& peer, const Message& msg, size_t first);
+  // Takes Membership's latest view.
+  void UpdateView();
   void SendAll();
 
   ServerOptions options_;
@@ -111,6 +138,11 @@ class Server {
   std::unique_ptr<Shard> shard_;
   std::unique_ptr<ServerSocket> socket_;
   std::unique_ptr<ServerMetrics> metrics_;  // null without a registry
+  // Both null in a static fleet. The membership's thread stops before the
+  // replicator goes.
+  std::unique_ptr<replication::Replicator> replicator_;
+  std::unique_ptr<replication::Membership> membership_;
+  RequestHeader inner_;  // a kReplicate's request, reused
   // Reused per message.
   RequestHeader req_;
   std::vector<ByteView> data_;

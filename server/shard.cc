@@ -226,6 +226,12 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
       case RequestKind::kAttachShm:
         st = HandleAttachShm(req);
         break;
+      case RequestKind::kReplicate:
+        // The server unwraps these (server/replication/replicator.h).
+        st = Reject(RejectReason::kNotPrimary,
+                    Status::InvalidArgument("replicate request reached the "
+                                            "shard itself"));
+        break;
     }
   }
   if (!st.ok()) {

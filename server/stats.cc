@@ -54,6 +54,8 @@ const char* RejectReasonName(RejectReason r) {
       return "admin_denied";
     case RejectReason::kSharedMemory:
       return "shared_memory";
+    case RejectReason::kNotPrimary:
+      return "not_primary";
     case RejectReason::kCount:
       break;
   }

@@ -39,6 +39,8 @@ enum class RejectReason : uint8_t {
   kParkExpired,      // a parked pull waited max_park_time (client resends)
   kAdminDenied,      // checkpoint/shutdown from a non-admin peer
   kSharedMemory,     // shared-memory attach refused, or a pull into it
+  kNotPrimary,       // replica that is not its group's primary (or has no
+                     // confirmed lease), or a stale replicate request
   kCount,
 };
 inline constexpr size_t kNumRejectReasons =

@@ -39,9 +39,13 @@ class Heartbeater {
   ~Heartbeater() { Stop(); }
 
   Status Start() {
-    for (const auto& e : options_.servers) {
-      ASSIGN_OR_RETURN(auto s, ClientSocket::Connect(e, options_.transport));
-      sockets_.push_back(std::move(s));
+    // Every replica of a group: a backup that takes over knows this worker
+    // is alive.
+    for (const auto& group : options_.servers) {
+      for (const auto& e : ParseReplicaGroup(group)) {
+        ASSIGN_OR_RETURN(auto s, ClientSocket::Connect(e, options_.transport));
+        sockets_.push_back(std::move(s));
+      }
     }
     thread_ = std::thread([this] { Run(); });
     return Status::OK();
@@ -121,8 +125,17 @@ class ClientImpl : public Client {
           "client needs at least one server endpoint");
     if (!options_.transport.context)
       options_.transport.context = Context::Create(1);
-    for (const auto& e : options_.servers) {
-      ASSIGN_OR_RETURN(auto s, ClientSocket::Connect(e, options_.transport));
+    for (const auto& group : options_.servers) {
+      members_.push_back(ParseReplicaGroup(group));
+      if (members_.back().empty())
+        return Status::InvalidArgument("empty replica group '" + group + "'");
+      current_.push_back(0);
+      switches_.push_back(0);
+      abandoned_.push_back(SIZE_MAX);
+      abandoned_at_.push_back(SteadyClock::time_point{});
+      reply_limit_.push_back(options_.transport.max_message_bytes);
+      ASSIGN_OR_RETURN(auto s, ClientSocket::Connect(members_.back()[0],
+                                                     options_.transport));
       sockets_.push_back(std::move(s));
       raw_sockets_.push_back(sockets_.back().get());
       connects_.push_back(0);
@@ -418,6 +431,7 @@ class ClientImpl : public Client {
     return static_cast<int>(std::count(shm_ok_.begin(), shm_ok_.end(), true));
   }
   uint64_t resends() const override { return resends_; }
+  uint64_t failovers() const override { return failovers_; }
   uint64_t incarnation() const override { return incarnation_; }
 
  private:
@@ -432,6 +446,7 @@ class ClientImpl : public Client {
     bool shm = false;      // a pull into shared memory, slot shm_slot armed
     uint32_t shm_slot = 0;
     int shm_reattach = 0;  // times the shard was sent the segment again
+    uint64_t sent_at_switch = 0;  // switches_[shard] when last sent
   };
   struct TicketState {
     int remaining = 0;
@@ -539,7 +554,49 @@ class ClientImpl : public Client {
   Status Send(Pending& p) {
     // Frames are shared, so a resend costs no copy of the payload.
     std::vector<Frame> copy = p.frames;
+    p.sent_at_switch = switches_[p.shard];
     return sockets_[p.shard]->Send(copy);
+  }
+
+  // Replica groups: the index of `endpoint` among the shard's members (added
+  // when the group grew since the list was given).
+  size_t MemberIndex(int shard, const std::string& endpoint) {
+    auto& m = members_[shard];
+    for (size_t i = 0; i < m.size(); ++i)
+      if (m[i] == endpoint) return i;
+    m.push_back(endpoint);
+    return m.size() - 1;
+  }
+  size_t NextMember(int shard) const {
+    return (current_[shard] + 1) % members_[shard].size();
+  }
+
+  // Talks to member `next` of the shard's replica group from now on: a new
+  // connection, the highest clock announced again, then every request in
+  // flight to the shard resent (the new primary applies each push once:
+  // it holds the de-duplication table the old one replicated to it).
+  void FailOver(int shard, size_t next) {
+    if (next == current_[shard]) return;
+    const std::string& to = members_[shard][next];
+    StatusOr<std::unique_ptr<ClientSocket>> s =
+        ClientSocket::Connect(to, options_.transport);
+    if (!s.ok()) {
+      LOG_EVERY_N(WARNING, 20) << "shard " << shard << ": connecting to " << to
+                               << ": " << s.status().ToString();
+      return;
+    }
+    LOG(INFO) << "shard " << shard << ": " << members_[shard][current_[shard]]
+              << " -> " << to;
+    sockets_[shard] = std::move(*s);
+    sockets_[shard]->SetMaxMessageBytes(reply_limit_[shard]);
+    raw_sockets_[shard] = sockets_[shard].get();
+    current_[shard] = next;
+    connects_[shard] = 0;  // this socket's first connection resends nothing
+    ++switches_[shard];
+    ++failovers_;
+    shm_ok_[shard] = false;  // another process: attached again if refused
+    Reannounce(shard);
+    ResendAll(shard);
   }
 
   void Abandon(Ticket t) {
@@ -562,6 +619,16 @@ class ClientImpl : public Client {
     auto now = SteadyClock::now();
     auto wake = until;
     for (auto& [id, p] : pending_) {
+      if (p.next_send <= now && members_[p.shard].size() > 1 &&
+          p.sent_at_switch == switches_[p.shard]) {
+        // No reply within an attempt: this replica may be gone. The next
+        // one of its group gets every pending request of the shard.
+        abandoned_[p.shard] = current_[p.shard];
+        abandoned_at_[p.shard] = now;
+        FailOver(p.shard, NextMember(p.shard));
+        wake = now;
+        break;
+      }
       if (p.next_send <= now) {
         if (Send(p).ok()) ++resends_;
         p.backoff = std::min(p.backoff * 2, options_.max_backoff);
@@ -668,6 +735,25 @@ class ClientImpl : public Client {
     if (pit == pending_.end() || pit->second.shard != shard)
       return;  // late duplicate
     Pending& p = pit->second;
+    if (reply_.status.code() == StatusCode::kUnavailable &&
+        reply_.epoch > 0) {
+      // A replica that is not its group's primary (or one whose group is
+      // changing): go where it says the primary is, unless that is the
+      // member this client just left for silence (its lease has not ended
+      // yet: the group is about to fail over); else ask again shortly.
+      const auto now = SteadyClock::now();
+      if (!reply_.redirect.empty() &&
+          reply_.redirect != members_[shard][current_[shard]]) {
+        const size_t to = MemberIndex(shard, reply_.redirect);
+        if (to != abandoned_[shard] ||
+            now - abandoned_at_[shard] > kAbandonedFor) {
+          FailOver(shard, to);
+          return;
+        }
+      }
+      p.next_send = now + std::min(p.backoff, kReplicaRetry);
+      return;
+    }
     if (p.shm && !reply_.status.ok() && ShmRetry(shard, p)) return;
     if (reply_.status.code() == StatusCode::kUnavailable ||
         reply_.status.code() == StatusCode::kResourceExhausted) {
@@ -945,9 +1031,10 @@ class ClientImpl : public Client {
       for (uint32_t id : layout_->shard_chunks(s)) {
         need += 2 * layout_->chunks()[id].num_elems * sizeof(float) + 128;
       }
-      sockets_[s]->SetMaxMessageBytes(std::max<int64_t>(
+      reply_limit_[s] = std::max<int64_t>(
           options_.transport.max_message_bytes,
-          static_cast<int64_t>(std::min<uint64_t>(need, INT64_MAX))));
+          static_cast<int64_t>(std::min<uint64_t>(need, INT64_MAX)));
+      sockets_[s]->SetMaxMessageBytes(reply_limit_[s]);
     }
   }
 
@@ -967,6 +1054,22 @@ class ClientImpl : public Client {
   Ticket next_ticket_ = 1;
   uint64_t resends_ = 0;
   std::vector<int> connects_;         // per shard: connections seen (1 = first)
+  // Replica groups: per shard, its members' endpoints, the one talked to,
+  // and how many times it changed (a pending request sent before the last
+  // change is not held against the new member).
+  std::vector<std::vector<std::string>> members_;
+  std::vector<size_t> current_;
+  std::vector<int64_t> reply_limit_;  // per shard: largest reply accepted
+  // Per shard: the member last left for silence, and when.
+  std::vector<size_t> abandoned_;
+  std::vector<SteadyClock::time_point> abandoned_at_;
+  // A member left for silence is not returned to on a redirect for this
+  // long (its lease, and so the group's view of it, lasts about as long).
+  static constexpr milliseconds kAbandonedFor{3000};
+  // A replica's refusal is asked again after at most this long.
+  static constexpr milliseconds kReplicaRetry{50};
+  std::vector<uint64_t> switches_;
+  uint64_t failovers_ = 0;
   int64_t announced_clock_ = -1;      // highest clock started (StartClock)
   std::vector<uint64_t> pull_seq_;    // per shard: last sparse pull applied
   std::vector<int64_t> limit_bytes_;  // per shard: its request limit
@@ -988,16 +1091,29 @@ class ClientImpl : public Client {
 
 }  // namespace
 
-std::vector<std::string> ParseEndpoints(const std::string& list) {
+namespace {
+
+// Splits `list` at `sep`, dropping empty items.
+std::vector<std::string> Split(const std::string& list, char sep) {
   std::vector<std::string> out;
   size_t pos = 0;
   while (pos <= list.size()) {
-    size_t comma = list.find(',', pos);
-    if (comma == std::string::npos) comma = list.size();
-    if (comma > pos) out.push_back(list.substr(pos, comma - pos));
-    pos = comma + 1;
+    size_t end = list.find(sep, pos);
+    if (end == std::string::npos) end = list.size();
+    if (end > pos) out.push_back(list.substr(pos, end - pos));
+    pos = end + 1;
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<std::string> ParseReplicaGroup(const std::string& group) {
+  return Split(group, '|');
+}
+
+std::vector<std::string> ParseEndpoints(const std::string& list) {
+  return Split(list, ',');
 }
 
 StatusOr<std::unique_ptr<Client>> Client::Create(const ClientOptions& options) {

@@ -34,7 +34,13 @@
 namespace asyncps::worker {
 
 struct ClientOptions {
-  // Shard endpoints; servers[i] is shard i. Required.
+  // Shard endpoints; servers[i] is shard i. Required. A replicated shard
+  // is its replica group, "ep1|ep2|...": the client talks to one member
+  // (the first, at start) and moves to another when that one redirects it
+  // (it is not the primary: the reply names the primary) or leaves a
+  // request unanswered for attempt_timeout; every request in flight to the
+  // shard is then resent there (pushes are applied once: the group's
+  // primary holds the de-duplication table its predecessor replicated).
   std::vector<std::string> servers;
   // Worker rank, 0..num_workers-1, or -1 for tools (stats, shutdown).
   // Default: -1.
@@ -125,6 +131,8 @@ struct TicketResult {
 
 // Splits a comma-separated list of shard endpoints (empty items dropped).
 std::vector<std::string> ParseEndpoints(const std::string& list);
+// Splits a replica group "ep1|ep2|..." into its members (empty dropped).
+std::vector<std::string> ParseReplicaGroup(const std::string& group);
 
 class Client {
  public:
@@ -214,6 +222,8 @@ class Client {
 
   // Requests resent so far (all shards).
   virtual uint64_t resends() const = 0;
+  // Times a shard's replica group member was changed (failover, redirect).
+  virtual uint64_t failovers() const = 0;
   // This client process's random incarnation (sent with every request).
   virtual uint64_t incarnation() const = 0;
 

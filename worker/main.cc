@@ -29,7 +29,11 @@
 
 DEFINE_string(servers, "",
               "Comma-separated shard endpoints, shard 0 first "
-              "(tcp://127.0.0.1:5555,...)");
+              "(tcp://127.0.0.1:5555,...); a replicated shard is its replica "
+              "group, members joined by '|'");
+DEFINE_int32(attempt_timeout_ms, 2000,
+             "A request unanswered this long is resent; to a replicated "
+             "shard, it goes to the next member of the group (failover)");
 DEFINE_int32(rank, 0, "This worker's rank, in [0, num_workers)");
 DEFINE_int32(num_workers, 1, "Number of workers sharing the training set");
 DEFINE_string(data_dir, "/usr/share/datasets/fashion-mnist",
@@ -84,10 +88,11 @@ DEFINE_bool(normalize, true,
             "ps_train_local does)");
 DEFINE_string(push_log, "",
               "Append one line per push request sent to a shard and per "
-              "acknowledgement ('sent|acked SHARD ID'), after a first line "
+              "acknowledgement ('sent|acked SHARD ID MICROS', MICROS the wall "
+              "clock in microseconds since the epoch), after a first line "
               "'incarnation N rank R', written through at once (survives "
               "kill -9): exact accounting of acknowledged pushes in chaos "
-              "experiments");
+              "experiments; '{rank}' in the path is replaced by the rank");
 DEFINE_string(drop_last, "auto",
               "Skip each epoch's short last batch: auto (when the shards run "
               "BSP, read from their stats: a short batch weighs as much as a "
@@ -250,6 +255,10 @@ Status Main() {
   co.servers = servers;
   co.rank = eval_role ? -1 : FLAGS_rank;
   co.deadline = std::chrono::seconds(FLAGS_timeout_s);
+  if (FLAGS_attempt_timeout_ms < 10 || FLAGS_attempt_timeout_ms > 600000)
+    return Status::InvalidArgument("--attempt_timeout_ms must be in [10, 600000]");
+  co.attempt_timeout = std::chrono::milliseconds(FLAGS_attempt_timeout_ms);
+  co.max_backoff = std::max(co.attempt_timeout, co.max_backoff);
   co.heartbeat_interval = std::chrono::milliseconds(FLAGS_heartbeat_ms);
   if (FLAGS_shared_memory_mb < 0 || FLAGS_shared_memory_mb > (1 << 20)) {
     return Status::InvalidArgument("--shared_memory_mb must be in [0, 2^20]");
@@ -258,14 +267,25 @@ Status Main() {
   RETURN_IF_ERROR(CurveClientKeysFromFlags(&co.transport));
   int push_log = -1;
   if (!FLAGS_push_log.empty()) {
-    push_log = open(FLAGS_push_log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    // "{rank}" in the path: one file per worker of a fleet sharing flags.
+    std::string path = FLAGS_push_log;
+    for (size_t at = path.find("{rank}"); at != std::string::npos;
+         at = path.find("{rank}"))
+      path.replace(at, 6, std::to_string(FLAGS_rank));
+    push_log = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     if (push_log < 0)
-      return Status::InvalidArgument("cannot open --push_log=" + FLAGS_push_log);
+      return Status::InvalidArgument("cannot open --push_log=" + path);
     co.on_push = [push_log](int shard, uint64_t id, bool acked) {
-      char line[64];
-      const int n = std::snprintf(line, sizeof(line), "%s %d %llu\n",
+      // The wall-clock time (microseconds since the epoch) lets a test put
+      // the acknowledgements beside events of other processes (a kill).
+      const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+      char line[96];
+      const int n = std::snprintf(line, sizeof(line), "%s %d %llu %lld\n",
                                   acked ? "acked" : "sent", shard,
-                                  static_cast<unsigned long long>(id));
+                                  static_cast<unsigned long long>(id),
+                                  static_cast<long long>(us));
       (void)!write(push_log, line, n);
     };
   }

@@ -60,7 +60,7 @@ def read_push_log(path):
         w = line.split()
         if len(w) == 4 and w[0] == "incarnation":
             inc, rank = int(w[1]), int(w[3])
-        elif len(w) == 3 and w[0] in ("sent", "acked"):
+        elif len(w) in (3, 4) and w[0] in ("sent", "acked"):  # 4th: time, us
             (sent if w[0] == "sent" else acked).setdefault(int(w[1]), set()).add(int(w[2]))
     return inc, rank, sent, acked
 

@@ -61,6 +61,16 @@ def make_parser():
                         "many MiB (common/shm_segment.h; at least the model's fp32 size; pages "
                         "are used only for the model). Default 1024; 0: off. Not passed to "
                         "--worker_cmd (see launch/README.md)")
+    p.add_argument("--replicas", type=int,
+                   help="processes per shard (replica group): 1 primary + R-1 backups that "
+                        "apply every update before it is acknowledged and take over when the "
+                        "primary's etcd lease ends (default 1: no replication)")
+    p.add_argument("--etcd", help="etcd endpoints for the replica layout and leases "
+                                  "(default with --replicas > 1: a local etcd started by psrun "
+                                  "in the run folder)")
+    p.add_argument("--lease_ms", type=int,
+                   help="shards' etcd lease TTL in ms (etcd rounds up to whole seconds; "
+                        "default 1000)")
     p.add_argument("--quiet", action="store_true", default=None, help="only the final summary")
     p.add_argument("--metrics", action="store_true", default=None,
                    help="every process serves Prometheus metrics on a free port; targets in "
@@ -84,7 +94,7 @@ def make_parser():
 DEFAULTS = dict(metrics_port_k8s=9400, service_monitor=False, metrics=False, prometheus=False, scrape_interval=1.0, servers=1, workers=1, backend="local", start_timeout=30.0, max_restarts=0,
                 grace=5.0, server_flags="", progress="auto", log_tail_lines=20, dry_run=False,
                 format="yaml", image="asyncps:latest", storage="1Gi", port=5555, quiet=False,
-                transport="tcp", shared_memory_mb=1024,
+                transport="tcp", shared_memory_mb=1024, replicas=1, etcd=None, lease_ms=1000,
                 ssh_opts="-o BatchMode=yes -o StrictHostKeyChecking=no "
                          "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR")
 
@@ -120,6 +130,11 @@ def parse_args(argv):
     opts.worker_extra = extra
     if opts.servers < 1 or opts.workers < 1:
         parser.error("--servers and --workers must be >= 1")
+    if opts.replicas < 1 or opts.replicas > 16:
+        parser.error("--replicas must be in [1, 16]")
+    if (opts.replicas > 1 or opts.etcd) and opts.backend not in ("local", "ssh"):
+        parser.error("--replicas / --etcd: the %s backend does not run replica groups yet "
+                     "(local and ssh do)" % opts.backend)
     if opts.worker_cmd is not None and not opts.worker_cmd.strip():
         parser.error("--worker_cmd is empty")
     if opts.prometheus:
@@ -216,7 +231,7 @@ def main(argv):
             hosts = procs_mod.parse_hostfile(f.read(), opts.hostfile)
         shutil.copyfile(opts.hostfile, os.path.join(opts.run_dir, "flags", "hostfile"))
         ssh_cmd = ["ssh"] + shlex.split(opts.ssh_opts)
-        placement = procs_mod.place(hosts, opts.servers + opts.workers)
+        placement = procs_mod.place(hosts, opts.servers * opts.replicas + opts.workers)
         remote_bin = opts.remote_bin_dir
 
         def spawn(name, argv_, log_path, index):

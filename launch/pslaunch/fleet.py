@@ -53,12 +53,17 @@ class Interrupted(Exception):
 
 
 class Member:
-    """One logical process (role, rank); `proc` is its current incarnation."""
+    """One logical process (role, rank); `proc` is its current incarnation.
+    Shards of a replicated fleet are replica `replica` of group `group`
+    (rank = group * replicas + replica, the process index)."""
 
-    def __init__(self, role, rank):
+    def __init__(self, role, rank, group=None, replica=None):
         self.role = role
         self.rank = rank
-        self.name = "%s-%d" % (role, rank)
+        self.group = rank if group is None else group
+        self.replica = replica
+        self.name = ("%s-%d" % (role, rank) if replica is None
+                     else "%s-%d-r%d" % (role, self.group, replica))
         self.proc = None
         self.endpoint = None
         self.restarts = 0
@@ -75,7 +80,14 @@ class Fleet:
         self.spawn = spawn
         self.bind_host = bind_host
         self.log = log
-        self.shards = [Member("server", i) for i in range(opts.servers)]
+        self.replicas = getattr(opts, "replicas", 1) or 1
+        if self.replicas > 1 or getattr(opts, "etcd", None):
+            self.shards = [Member("server", g * self.replicas + r, g, r)
+                           for g in range(opts.servers) for r in range(self.replicas)]
+        else:
+            self.shards = [Member("server", i) for i in range(opts.servers)]
+        self.etcd = None  # a local etcd psrun started (etcd.py)
+        self.etcd_endpoints = getattr(opts, "etcd", None)
         self.workers = [Member("worker", i) for i in range(opts.workers)]
         self.failures = []
         self.pids_pending = False
@@ -131,8 +143,24 @@ class Fleet:
         """Where workers reach shard `m` when it bound a wildcard address."""
         return m.proc.host
 
+    def replicated(self):
+        return self.shards and self.shards[0].replica is not None
+
     def endpoints(self):
-        return ",".join(m.endpoint for m in self.shards)
+        """The workers' --servers: one item per shard; a replica group is
+        its members' endpoints joined by '|' (replica 0, the first primary,
+        first)."""
+        if not self.replicated():
+            return ",".join(m.endpoint for m in self.shards)
+        groups = {}
+        for m in self.shards:
+            groups.setdefault(m.group, []).append(m.endpoint or "")
+        return ",".join("|".join(groups[g]) for g in sorted(groups))
+
+    def every_endpoint(self, alive_only=False):
+        """Every shard process, one item each (admin requests: stats, shutdown)."""
+        return ",".join(m.endpoint for m in self.shards
+                        if m.endpoint and (not alive_only or m.proc.poll() is None))
 
     def ps_ctl(self, command, endpoints=None, timeout_ms=2000):
         argv = [self.ctl, "--servers=" + (endpoints or self.endpoints()),
@@ -157,9 +185,32 @@ class Fleet:
                 "--num_workers=%d" % o.workers, "--endpoint=" + endpoint,
                 "--ready_file=" + self.path("ready", "%s.endpoint" % m.name),
                 "--db_path=" + self.path("db", m.name)]
+        if self.replicated():
+            argv[2] = "--shard_id=%d" % m.group
+            argv += ["--replicas=%d" % self.replicas, "--replica=%d" % m.replica,
+                     "--etcd=" + self.etcd_endpoints,
+                     "--etcd_prefix=/asyncps/" + self.etcd_prefix(),
+                     "--lease_ms=%d" % getattr(o, "lease_ms", 1000)]
         if self.monitor:
             argv += self.monitor.flags(m.name, "server")
         return argv + shlex.split(o.server_flags or "")
+
+    def etcd_prefix(self):
+        """One key prefix per run: runs sharing an etcd never mix layouts."""
+        return "".join(c if c.isalnum() or c in "-_." else "_"
+                       for c in os.path.basename(self.run_dir.rstrip("/")))
+
+    def start_etcd(self):
+        if not self.replicated() or self.etcd_endpoints:
+            return
+        from . import etcd as etcd_mod
+        try:
+            self.etcd = etcd_mod.start_local_etcd(self.run_dir)
+        except (RuntimeError, OSError) as e:
+            raise LaunchError(None, "--replicas needs etcd: %s (install Debian's etcd-server, or "
+                                    "give --etcd ENDPOINTS)" % e)
+        self.etcd_endpoints = self.etcd.endpoints
+        self.log("psrun: local etcd at %s (pid %d)" % (self.etcd_endpoints, self.etcd.pid))
 
     def fresh_endpoint(self, m):
         """Where shard `m` binds at its first start: an ephemeral TCP port, or
@@ -246,6 +297,7 @@ class Fleet:
             self.sleep(0.2)
 
     def start_shards(self):
+        self.start_etcd()
         for m in self.shards:
             self.start_shard(m)
         deadline = time.time() + self.o.start_timeout
@@ -306,7 +358,7 @@ class Fleet:
         header += ["  " + l for l in _read_lines(self.path("flags", "worker.flags"))]
         for m in self.workers:
             m.proc = self.spawn(m.name, self.worker_argv(m), self.log_path(m),
-                                self.o.servers + m.rank).start(header)
+                                len(self.shards) + m.rank).start(header)
         self.write_pids()
         self.log("psrun: %d worker(s) started" % len(self.workers))
 
@@ -331,6 +383,9 @@ class Fleet:
                 rc = m.proc.poll()
                 if rc is None:
                     continue
+                if self.replicated():
+                    self.replica_stopped(m, rc)
+                    continue
                 crashed = rc != 0
                 if crashed and m.restarts < self.o.max_restarts:
                     self.restart_shard(m, rc)
@@ -354,8 +409,40 @@ class Fleet:
                 progress.update()
             self.sleep(0.2)
 
+    def replica_stopped(self, m, rc):
+        """A replica that stopped is not restarted (a process that comes back
+        under its name is a spare: its group's layout no longer lists it);
+        the run fails only when a whole group is gone."""
+        if m.done:
+            return
+        m.done = True
+        m.history.append(procs_mod.describe_status(rc))
+        alive = [x for x in self.shards if x.group == m.group and x.proc.poll() is None]
+        self.log("psrun: %s %s; group %d goes on with %s" % (
+            m.name, procs_mod.describe_status(rc), m.group,
+            ", ".join(x.name for x in alive) or "nothing"))
+        self.write_pids()
+        if not alive:
+            raise LaunchError(m, "every replica of group %d stopped (last: %s)" % (
+                m.group, procs_mod.describe_status(rc)))
+
     # ---- end -----------------------------------------------------------------
     def shutdown_shards(self):
+        if self.replicated():
+            # Stats from every live replica (the primaries' are the groups'),
+            # shutdown to each of them.
+            eps = self.every_endpoint(alive_only=True)
+            code, out, _ = self.ps_ctl("stats", eps)
+            if code == 0:
+                try:
+                    summary_mod.write_json(self.path("stats.json"), json.loads(out))
+                except ValueError:
+                    pass
+            self.ps_ctl("shutdown", eps)
+            deadline = time.time() + self.o.grace
+            while time.time() < deadline and any(m.proc.poll() is None for m in self.shards):
+                time.sleep(0.05)
+            return
         code, out, _ = self.ps_ctl("stats")
         if code == 0:
             try:
@@ -449,6 +536,8 @@ class Fleet:
             self.teardown()
             if self.monitor:
                 self.monitor.stop()
+            if self.etcd is not None:
+                self.etcd.stop()
             self.remove_sockets()
             for s, h in old.items():
                 signal.signal(s, h)
@@ -476,6 +565,9 @@ class Fleet:
             "workers": self.o.workers,
             "endpoints": [m.endpoint for m in self.shards],
             "restarts": {m.name: m.restarts for m in self.shards if m.restarts},
+            "replicas": self.replicas,
+            "replicas_stopped": {m.name: m.history[-1] for m in self.shards
+                                 if self.replicated() and m.done and m.history},
             "failures": self.failures,
             "per_worker": {str(k): v for k, v in sorted(workers.items())},
             "totals": summary_mod.aggregate(workers, wall) if workers else None,

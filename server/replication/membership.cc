@@ -1,0 +1,290 @@
+#include "server/replication/membership.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "common/etcd_client.h"
+
+namespace asyncps::server::replication {
+
+using SteadyClock = std::chrono::steady_clock;
+
+namespace {
+
+struct Member {
+  std::string endpoint;
+  uint64_t incarnation = 0;
+};
+
+std::string MemberValue(const std::string& endpoint, int group, int replica,
+                        uint64_t incarnation) {
+  nlohmann::json j;
+  j["endpoint"] = endpoint;
+  j["group"] = group;
+  j["replica"] = replica;
+  j["incarnation"] = incarnation;
+  return j.dump();
+}
+
+bool ParseMember(const std::string& value, Member* m) {
+  nlohmann::json j = nlohmann::json::parse(value, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return false;
+  try {
+    m->endpoint = j.at("endpoint").get<std::string>();
+    m->incarnation = j.at("incarnation").get<uint64_t>();
+  } catch (const nlohmann::json::exception&) {
+    return false;
+  }
+  return true;
+}
+
+uint64_t RandomIncarnation() {
+  std::random_device rd;
+  uint64_t v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return v == 0 ? 1 : v;
+}
+
+}  // namespace
+
+Membership::Membership(const MembershipOptions& options)
+    : options_(options), name_(ReplicaName(options.group, options.replica)) {}
+
+Membership::~Membership() { Stop(false); }
+
+StatusOr<std::unique_ptr<Membership>> Membership::Create(
+    const MembershipOptions& options) {
+  if (options.etcd_endpoints.empty())
+    return Status::InvalidArgument("membership needs etcd endpoints");
+  if (options.groups < 1 || options.replicas < 1 || options.group < 0 ||
+      options.group >= options.groups || options.replica < 0 ||
+      options.replica >= options.replicas) {
+    return Status::InvalidArgument(
+        "replica " + std::to_string(options.replica) + " of group " +
+        std::to_string(options.group) + " out of range (" +
+        std::to_string(options.groups) + " groups x " +
+        std::to_string(options.replicas) + " replicas)");
+  }
+  if (options.endpoint.empty())
+    return Status::InvalidArgument("membership needs this process's endpoint");
+  if (options.lease_ttl.count() <= 0 || options.poll.count() <= 0 ||
+      options.poll >= options.lease_ttl) {
+    return Status::InvalidArgument(
+        "membership: poll must be positive and shorter than the lease TTL");
+  }
+  std::unique_ptr<Membership> m(new Membership(options));
+  EtcdOptions eo;
+  eo.endpoints = options.etcd_endpoints;
+  eo.request_timeout = options.request_timeout;
+  ASSIGN_OR_RETURN(m->etcd_, EtcdClient::Create(eo));
+  m->member_value_ = MemberValue(options.endpoint, options.group,
+                                 options.replica, RandomIncarnation());
+  m->started_ = SteadyClock::now();
+  // etcd may still be starting: a few tries.
+  Status s;
+  for (int i = 0; i < 20; ++i) {
+    s = m->Join();
+    if (s.ok() || !s.IsRetryable()) break;
+    std::this_thread::sleep_for(options.poll);
+  }
+  RETURN_IF_ERROR(s.WithContext("joining the fleet in etcd"));
+  RETURN_IF_ERROR(m->Step(SteadyClock::now()));
+  m->thread_ = std::thread([p = m.get()] { p->Run(); });
+  return m;
+}
+
+Status Membership::Join() {
+  const auto sent = SteadyClock::now();
+  ASSIGN_OR_RETURN(lease_, etcd_->GrantLease(options_.lease_ttl));
+  RETURN_IF_ERROR(
+      etcd_->Put(options_.prefix + "/members/" + name_, member_value_, lease_)
+          .status());
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    view_.lease_valid_until = sent + options_.lease_ttl;
+  }
+  const ReplicaLayout initial =
+      ReplicaLayout::Initial(options_.groups, options_.replicas);
+  ASSIGN_OR_RETURN(bool created,
+                   etcd_->CompareAndPut(options_.prefix + "/layout",
+                                        initial.ToJson(), 0));
+  LOG(INFO) << "member " << name_ << " joined (lease " << lease_ << ")"
+            << (created ? ", created the layout" : "");
+  return Status::OK();
+}
+
+Status Membership::KeepAlive(SteadyClock::time_point now) {
+  std::chrono::milliseconds left{0};
+  Status s = etcd_->KeepAlive(lease_, &left);
+  if (s.code() == StatusCode::kNotFound) {
+    // etcd let the lease go (we were away longer than its TTL): whatever
+    // the layout says of us now was decided without us. Join again.
+    ++counters_.lease_renewals;
+    LOG(WARNING) << "etcd lease of " << name_ << " expired; joining again";
+    return Join();
+  }
+  if (!s.ok()) {
+    ++counters_.keepalive_failures;
+    return s;
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  view_.lease_valid_until = now + std::min(left, options_.lease_ttl);
+  return Status::OK();
+}
+
+Status Membership::Step(SteadyClock::time_point now) {
+  RETURN_IF_ERROR(KeepAlive(now));
+  const std::string layout_key = options_.prefix + "/layout";
+  ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> kv, etcd_->Get(layout_key));
+  if (!kv) {
+    // Deleted by hand: put the initial layout back (create-only).
+    const ReplicaLayout initial =
+        ReplicaLayout::Initial(options_.groups, options_.replicas);
+    ASSIGN_OR_RETURN(bool created,
+                     etcd_->CompareAndPut(layout_key, initial.ToJson(), 0));
+    (void)created;
+    ASSIGN_OR_RETURN(kv, etcd_->Get(layout_key));
+    if (!kv) return Status::Unavailable("layout key vanished");
+  }
+  ASSIGN_OR_RETURN(ReplicaLayout layout, ReplicaLayout::FromJson(kv->value));
+  if (layout.groups.size() != static_cast<size_t>(options_.groups)) {
+    return Status::FailedPrecondition(
+        "layout in etcd has " + std::to_string(layout.groups.size()) +
+        " groups, this process was started for " +
+        std::to_string(options_.groups));
+  }
+  ASSIGN_OR_RETURN(std::vector<EtcdKeyValue> kvs,
+                   etcd_->GetPrefix(options_.prefix + "/members/"));
+  std::map<std::string, Member> alive;
+  const size_t cut = options_.prefix.size() + 9;  // "/members/"
+  for (const EtcdKeyValue& m : kvs) {
+    Member mem;
+    if (m.key.size() <= cut || !ParseMember(m.value, &mem)) continue;
+    alive[m.key.substr(cut)] = mem;
+  }
+  // A member is the process first seen under its name: one that came back
+  // with another incarnation lost what it held and is not that member.
+  const bool grace_over = now - started_ >= options_.startup_grace;
+  for (const auto& [n, m] : alive) seen_.emplace(n, m.incarnation);
+  auto is_alive = [&](const std::string& n) {
+    auto it = alive.find(n);
+    return it != alive.end() && seen_[n] == it->second.incarnation;
+  };
+  auto gone = [&](const std::string& n) {
+    if (n.empty()) return true;
+    if (is_alive(n)) return false;
+    return seen_.count(n) > 0 || grace_over;
+  };
+
+  GroupLayout& g = layout.groups[options_.group];
+  bool change = false;
+  if (g.primary != name_ && gone(g.primary)) {
+    std::string first;
+    for (const std::string& b : g.backups) {
+      if (is_alive(b)) {
+        first = b;
+        break;
+      }
+    }
+    if (first == name_) {
+      GroupLayout next;
+      next.primary = name_;
+      for (const std::string& b : g.backups)
+        if (b != name_ && !gone(b)) next.backups.push_back(b);
+      LOG(WARNING) << "primary " << (g.primary.empty() ? "?" : g.primary)
+                   << " of group " << options_.group << " is gone: " << name_
+                   << " takes over (epoch " << layout.epoch + 1 << ")";
+      g = next;
+      change = true;
+    }
+  } else if (g.primary == name_) {
+    std::vector<std::string> keep;
+    for (const std::string& b : g.backups) {
+      if (gone(b)) {
+        LOG(WARNING) << "backup " << b << " of group " << options_.group
+                     << " is gone: dropped (epoch " << layout.epoch + 1 << ")";
+        ++counters_.backups_dropped;
+        change = true;
+      } else {
+        keep.push_back(b);
+      }
+    }
+    g.backups = std::move(keep);
+  }
+  if (change) {
+    layout.epoch++;
+    ASSIGN_OR_RETURN(bool written,
+                     etcd_->CompareAndPut(layout_key, layout.ToJson(),
+                                          kv->mod_revision));
+    if (!written) {
+      ++counters_.cas_conflicts;
+      return Status::OK();  // someone else changed it: read again next time
+    }
+    if (g.primary == name_) ++counters_.promotions;
+  }
+
+  ReplicaView v;
+  v.epoch = layout.epoch;
+  v.primary = g.primary == name_;
+  v.backup = std::find(g.backups.begin(), g.backups.end(), name_) !=
+             g.backups.end();
+  if (is_alive(g.primary)) v.primary_endpoint = alive[g.primary].endpoint;
+  if (v.primary) {
+    for (const std::string& b : g.backups) {
+      if (is_alive(b)) {
+        v.backup_endpoints.push_back(alive[b].endpoint);
+      } else {
+        v.waiting_for_backups = true;  // listed, not seen yet, in the grace
+      }
+    }
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  v.lease_valid_until = view_.lease_valid_until;
+  if (!(v == view_)) view_changed_ = true;
+  view_ = v;
+  return Status::OK();
+}
+
+void Membership::Run() {
+  std::unique_lock<std::mutex> l(mu_);
+  while (!stop_) {
+    l.unlock();
+    const auto now = SteadyClock::now();
+    Status s = Step(now);
+    if (!s.ok()) {
+      ++counters_.etcd_errors;
+      LOG_EVERY_N(WARNING, 20) << "membership of " << name_ << ": "
+                               << s.ToString();
+    }
+    l.lock();
+    cv_.wait_until(l, now + options_.poll, [this] { return stop_; });
+  }
+}
+
+bool Membership::TakeView(ReplicaView* view) {
+  std::lock_guard<std::mutex> l(mu_);
+  *view = view_;
+  const bool changed = view_changed_;
+  view_changed_ = false;
+  return changed;
+}
+
+void Membership::Stop(bool revoke) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stop_ && !thread_.joinable()) return;
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (revoke && etcd_ && lease_ != 0) {
+    Status s = etcd_->RevokeLease(lease_);
+    if (!s.ok()) LOG(WARNING) << "revoking the lease: " << s.ToString();
+    lease_ = 0;
+  }
+}
+
+}  // namespace asyncps::server::replication

@@ -1,0 +1,135 @@
+// Membership: one replica's part in the fleet's layout, kept in etcd.
+//
+// On Create() the process takes an etcd lease (TTL lease_ttl), writes its
+// member key <prefix>/members/<name> = {"endpoint", "group", "replica"} under
+// that lease, and creates the layout key <prefix>/layout with the initial
+// layout if no one has (create-only; every replica computes the same one).
+// A thread then, every `poll`:
+//   - keeps the lease alive; a keep-alive that succeeds confirms the lease
+//     until its send time plus the TTL (ReplicaView::lease_valid_until); a
+//     lease etcd no longer has is replaced by a new one and the member key
+//     written again (the layout no longer lists a process that was dropped,
+//     so it comes back as a spare, never as the primary it was);
+//   - reads the layout and the member keys, and changes the layout of its
+//     own group, always by compare-and-swap on the layout's revision:
+//       * a backup whose primary's member key is gone (lease expired:
+//         process killed, host lost, partitioned) promotes itself when it is
+//         the first live backup in the list: new epoch, itself primary, the
+//         other live backups behind it;
+//       * a primary drops backups whose member keys are gone (new epoch), so
+//         the replies that waited for them are released;
+//     a member is judged gone only once it has been seen alive, or once
+//     `startup_grace` has passed since this process started (a fleet that
+//     is still starting is not reshuffled);
+//   - publishes the view of this process (TakeView()).
+// Without etcd (unreachable) the layout does not change: the current view
+// stays, the lease is no longer confirmed, and a primary with backups goes
+// on (see Replicator).
+//
+// Ownership: owns its etcd client and thread. Thread safety: TakeView() may
+// be called from any thread; the rest runs on the private thread.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "server/replication/replica_view.h"
+
+namespace asyncps {
+class EtcdClient;
+}
+
+namespace asyncps::server::replication {
+
+struct MembershipOptions {
+  // etcd endpoints ("http://127.0.0.1:2379"). Required.
+  std::vector<std::string> etcd_endpoints;
+  // Key prefix of this fleet in etcd (one prefix per job). Default:
+  // "/asyncps/default".
+  std::string prefix = "/asyncps/default";
+  // Replica groups (shards) and replicas per group, >= 1. Default: 1, 1.
+  int groups = 1;
+  int replicas = 1;
+  // This process: its group (shard index) and replica index in the group.
+  int group = 0;
+  int replica = 0;
+  // The endpoint workers and other replicas reach this process at.
+  // Required.
+  std::string endpoint;
+  // TTL of the lease; etcd counts whole seconds, so it is rounded up.
+  // Default: 1 s.
+  std::chrono::milliseconds lease_ttl{1000};
+  // Period of keep-alives and layout reads. Default: 100 ms.
+  std::chrono::milliseconds poll{100};
+  // Members not yet seen alive are not judged gone before this long after
+  // start. Default: 15 s.
+  std::chrono::milliseconds startup_grace{15000};
+  // Per-request timeout towards etcd. Default: 500 ms.
+  std::chrono::milliseconds request_timeout{500};
+};
+
+struct MembershipCounters {
+  std::atomic<uint64_t> keepalive_failures{0};
+  std::atomic<uint64_t> lease_renewals{0};   // a lost lease replaced
+  std::atomic<uint64_t> promotions{0};       // this process became primary
+  std::atomic<uint64_t> backups_dropped{0};  // by this process as primary
+  std::atomic<uint64_t> cas_conflicts{0};    // layout changed under it
+  std::atomic<uint64_t> etcd_errors{0};
+};
+
+class Membership {
+ public:
+  // Takes the lease, writes the member key and the initial layout, reads
+  // the first view and starts the thread. Unavailable when etcd cannot be
+  // reached within a few request timeouts.
+  static StatusOr<std::unique_ptr<Membership>> Create(
+      const MembershipOptions& options);
+  ~Membership();
+  Membership(const Membership&) = delete;
+  Membership& operator=(const Membership&) = delete;
+
+  // The latest view; true when it differs from the one the previous call
+  // returned (lease_valid_until is always the latest).
+  bool TakeView(ReplicaView* view);
+
+  const std::string& name() const { return name_; }
+  const MembershipCounters& counters() const { return counters_; }
+
+  // Stops the thread and revokes the lease (the member key goes at once, so
+  // a clean shutdown fails over without waiting for the TTL).
+  void Stop(bool revoke);
+
+ private:
+  explicit Membership(const MembershipOptions& options);
+  Status Join();
+  Status Step(std::chrono::steady_clock::time_point now);
+  Status KeepAlive(std::chrono::steady_clock::time_point now);
+  void Run();
+
+  MembershipOptions options_;
+  std::string name_;
+  std::string member_value_;
+  std::unique_ptr<EtcdClient> etcd_;  // private thread only (after Create)
+  int64_t lease_ = 0;
+  std::chrono::steady_clock::time_point started_;
+  // Member name -> the incarnation it was first seen alive with.
+  std::map<std::string, uint64_t> seen_;
+  MembershipCounters counters_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;             // GUARDED_BY(mu_)
+  ReplicaView view_;              // GUARDED_BY(mu_)
+  bool view_changed_ = false;     // GUARDED_BY(mu_)
+  std::thread thread_;
+};
+
+}  // namespace asyncps::server::replication

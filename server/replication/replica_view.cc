@@ -1,0 +1,60 @@
+#include "server/replication/replica_view.h"
+
+#include <nlohmann/json.hpp>
+
+namespace asyncps::server::replication {
+
+std::string ReplicaName(int group, int replica) {
+  return "g" + std::to_string(group) + "r" + std::to_string(replica);
+}
+
+ReplicaLayout ReplicaLayout::Initial(int groups, int replicas) {
+  ReplicaLayout l;
+  l.epoch = 1;
+  l.groups.resize(static_cast<size_t>(groups));
+  for (int g = 0; g < groups; ++g) {
+    l.groups[g].primary = ReplicaName(g, 0);
+    for (int r = 1; r < replicas; ++r)
+      l.groups[g].backups.push_back(ReplicaName(g, r));
+  }
+  return l;
+}
+
+std::string ReplicaLayout::ToJson() const {
+  nlohmann::json j;
+  j["epoch"] = epoch;
+  j["groups"] = nlohmann::json::array();
+  for (const GroupLayout& g : groups) {
+    j["groups"].push_back({{"primary", g.primary}, {"backups", g.backups}});
+  }
+  return j.dump();
+}
+
+StatusOr<ReplicaLayout> ReplicaLayout::FromJson(const std::string& json) {
+  // Bounded: a layout names at most this many groups and replicas each.
+  constexpr size_t kMaxGroups = 65536, kMaxReplicas = 64;
+  nlohmann::json j = nlohmann::json::parse(json, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    return Status::Corruption("replica layout is not a JSON object");
+  ReplicaLayout l;
+  try {
+    l.epoch = j.at("epoch").get<uint64_t>();
+    const auto& groups = j.at("groups");
+    if (!groups.is_array() || groups.size() > kMaxGroups)
+      return Status::Corruption("replica layout: bad groups list");
+    for (const auto& g : groups) {
+      GroupLayout gl;
+      gl.primary = g.at("primary").get<std::string>();
+      const auto& b = g.at("backups");
+      if (!b.is_array() || b.size() > kMaxReplicas)
+        return Status::Corruption("replica layout: bad backups list");
+      for (const auto& n : b) gl.backups.push_back(n.get<std::string>());
+      l.groups.push_back(std::move(gl));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return Status::Corruption(std::string("replica layout: ") + e.what());
+  }
+  return l;
+}
+
+}  // namespace asyncps::server::replication

@@ -1,0 +1,76 @@
+// The replica layout of a fleet (which process is the primary of each
+// replica group and which are its backups, under an epoch) and the view one
+// process takes of it.
+//
+// The layout is a JSON document kept in etcd under <prefix>/layout and
+// changed only by compare-and-swap on its revision (Membership), so every
+// change is decided once, by etcd:
+//
+//   {"epoch": 7, "groups": [{"primary": "g0r1", "backups": ["g0r0"]}, ...]}
+//
+// Processes are named by replica name ("g<group>r<replica>"); each one's
+// endpoint is in its member key, <prefix>/members/<name>, which lives as
+// long as the process's etcd lease.
+//
+// Thread safety: plain values.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace asyncps::server::replication {
+
+struct GroupLayout {
+  std::string primary;               // replica name; "" = none alive
+  std::vector<std::string> backups;  // replica names, in promotion order
+};
+
+struct ReplicaLayout {
+  uint64_t epoch = 0;
+  std::vector<GroupLayout> groups;  // index = shard index
+
+  // The layout of a new fleet: group g's primary is replica 0, its backups
+  // replicas 1..replicas-1. Epoch 1.
+  static ReplicaLayout Initial(int groups, int replicas);
+  std::string ToJson() const;
+  // InvalidArgument / Corruption for a document that is not a layout.
+  static StatusOr<ReplicaLayout> FromJson(const std::string& json);
+};
+
+// "g<group>r<replica>".
+std::string ReplicaName(int group, int replica);
+
+// What one process serves under the layout it last read.
+struct ReplicaView {
+  using TimePoint = std::chrono::steady_clock::time_point;
+  // Layout epoch; 0 = none read yet.
+  uint64_t epoch = 0;
+  // This process is its group's primary.
+  bool primary = false;
+  // Listed as a backup of its group (neither: a spare, serving nothing).
+  bool backup = false;
+  // Primary only: a listed backup has not been seen alive yet (the fleet is
+  // starting): writes wait for it.
+  bool waiting_for_backups = false;
+  // The primary's endpoint ("" = unknown): where refused workers are sent.
+  std::string primary_endpoint;
+  // Primary only: its backups' endpoints (only those with a live member key).
+  std::vector<std::string> backup_endpoints;
+  // This process's etcd lease is confirmed alive until this time (the last
+  // keep-alive that succeeded plus the lease's TTL, measured from when it
+  // was sent). A primary without backups acknowledges writes only before it.
+  TimePoint lease_valid_until{};
+
+  bool operator==(const ReplicaView& o) const {
+    return epoch == o.epoch && primary == o.primary && backup == o.backup &&
+           waiting_for_backups == o.waiting_for_backups &&
+           primary_endpoint == o.primary_endpoint &&
+           backup_endpoints == o.backup_endpoints;
+  }
+};
+
+}  // namespace asyncps::server::replication

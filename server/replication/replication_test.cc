@@ -1,0 +1,271 @@
+// Replica groups against a real etcd (tests/util/etcd_fixture.h): the layout
+// document; two servers of one group in this process (inproc sockets, one
+// ZeroMQ context), their layout and leases in etcd: the backup applies what
+// the primary acknowledged, refuses workers with a redirect, takes over when
+// the primary leaves, refuses a deposed primary's updates; a process that
+// comes back under a replaced name is a spare; a primary alone stops taking
+// writes when it cannot confirm its lease. Skipped without /usr/bin/etcd.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "server/internal/test_util.h"
+#include "server/replication/replica_view.h"
+#include "server/server.h"
+#include "tests/util/etcd_fixture.h"
+
+namespace asyncps::server::replication {
+namespace {
+
+using std::chrono::milliseconds;
+using SteadyClock = std::chrono::steady_clock;
+
+TEST(ReplicaLayoutTest, RoundTripAndInitial) {
+  ReplicaLayout l = ReplicaLayout::Initial(2, 3);
+  EXPECT_EQ(l.epoch, 1u);
+  ASSERT_EQ(l.groups.size(), 2u);
+  EXPECT_EQ(l.groups[1].primary, "g1r0");
+  EXPECT_EQ(l.groups[1].backups, (std::vector<std::string>{"g1r1", "g1r2"}));
+  auto back = ReplicaLayout::FromJson(l.ToJson());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->epoch, 1u);
+  EXPECT_EQ(back->groups[0].backups, l.groups[0].backups);
+}
+
+TEST(ReplicaLayoutTest, MalformedDocumentsAreCorruption) {
+  for (const char* bad :
+       {"", "[]", "{\"epoch\": \"x\", \"groups\": []}",
+        "{\"epoch\": 1, \"groups\": [{\"primary\": 3, \"backups\": []}]}",
+        "{\"epoch\": 1, \"groups\": {}}", "{\"epoch\": 1}"}) {
+    auto l = ReplicaLayout::FromJson(bad);
+    EXPECT_EQ(l.status().code(), StatusCode::kCorruption) << bad;
+  }
+}
+
+// One replica: a Server on inproc://<name> running on its own thread.
+struct Replica {
+  std::unique_ptr<Server> server;
+  std::thread thread;
+  std::atomic<bool> stop{false};
+  Status run_status;
+  ~Replica() { Stop(); }
+  void Stop() {
+    stop = true;
+    if (thread.joinable()) thread.join();
+  }
+};
+
+class ReplicationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!asyncps::testing::EtcdServer::Available())
+      GTEST_SKIP() << "etcd not installed (Debian's etcd-server)";
+    dir_ = std::filesystem::temp_directory_path() /
+           ("replication_test-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+    auto e = asyncps::testing::EtcdServer::Start((dir_ / "etcd").string(), dir_.string());
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    etcd_ = std::move(e).value();
+    ctx_ = Context::Create(1);
+  }
+  void TearDown() override {
+    replicas_.clear();
+    etcd_.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  std::unique_ptr<Replica> StartReplica(int replica, int replicas,
+                                        const std::string& tag = "") {
+    ServerOptions o;
+    o.endpoint = "inproc://g0r" + std::to_string(replica) + tag;
+    o.context = ctx_;
+    o.shard.num_workers = 1;
+    o.shard.num_shards = 1;
+    o.shard.optimizer.lr = 0.5f;
+    o.replication.etcd_endpoints = {etcd_->endpoint()};
+    o.replication.prefix = "/asyncps/test";
+    o.replication.replicas = replicas;
+    o.replication.replica = replica;
+    o.replication.lease_ttl = milliseconds(1000);
+    o.replication.poll = milliseconds(50);
+    o.replication.startup_grace = milliseconds(3000);
+    auto r = std::make_unique<Replica>();
+    auto s = Server::Create(o);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    if (!s.ok()) return nullptr;
+    r->server = std::move(s).value();
+    Replica* p = r.get();
+    r->thread = std::thread([p] { p->run_status = p->server->Run(p->stop); });
+    return r;
+  }
+
+  std::unique_ptr<ClientSocket> Connect(const std::string& endpoint) {
+    TransportOptions to;
+    to.context = ctx_;
+    auto c = ClientSocket::Connect(endpoint, to);
+    EXPECT_TRUE(c.ok());
+    return std::move(c).value();
+  }
+
+  // One request, its reply (5 s at most).
+  // A request with id 0 gets a new one; else it is sent with its own (a
+  // resend).
+  ReplyHeader Call(ClientSocket& c, RequestHeader req,
+                   const std::vector<ByteView>& data = {}) {
+    if (req.id == 0) req.id = ++next_id_;
+    last_id_ = req.id;
+    std::vector<Frame> frames;
+    frames.push_back(Frame::Owned(EncodeRequest(req)));
+    for (const ByteView& v : data) frames.push_back(Frame::Ref(v.data, v.size, v.owner));
+    EXPECT_TRUE(c.Send(frames).ok());
+    Message msg;
+    ReplyHeader r;
+    const auto until = SteadyClock::now() + milliseconds(5000);
+    while (SteadyClock::now() < until) {
+      auto got = c.Receive(&msg, milliseconds(100));
+      if (!got.ok() || !*got || msg.frames.empty()) continue;
+      EXPECT_TRUE(DecodeReply(msg.frames[0].data, msg.frames[0].size, {}, &r).ok());
+      if (r.id == req.id) return r;
+    }
+    r.status = Status::TimedOut("no reply");
+    return r;
+  }
+
+  // Retries `req` until it is answered OK (a group still starting or
+  // failing over answers Unavailable), at most `wait`.
+  ReplyHeader CallUntilOk(ClientSocket& c, const RequestHeader& req,
+                          const std::vector<ByteView>& data = {},
+                          milliseconds wait = milliseconds(8000)) {
+    const auto until = SteadyClock::now() + wait;
+    ReplyHeader r;
+    do {
+      r = Call(c, req, data);
+      if (r.status.ok()) return r;
+      std::this_thread::sleep_for(milliseconds(20));
+    } while (SteadyClock::now() < until);
+    return r;
+  }
+
+  uint64_t Version(ClientSocket& c) {
+    RequestHeader s;
+    s.kind = RequestKind::kStats;
+    ReplyHeader r = Call(c, s);
+    EXPECT_TRUE(r.status.ok()) << r.status.ToString();
+    auto j = nlohmann::json::parse(r.text, nullptr, false);
+    return j.is_object() ? j.value("version", uint64_t{0}) : 0;
+  }
+
+  static RequestHeader Push(uint64_t incarnation) {
+    RequestHeader p = server::testing::ShardHarness::Push(
+        0, 0, {0}, {server::testing::Floats(grad_)});
+    p.incarnation = incarnation;
+    return p;
+  }
+
+  std::filesystem::path dir_;
+  std::unique_ptr<asyncps::testing::EtcdServer> etcd_;
+  std::shared_ptr<Context> ctx_;
+  std::vector<std::unique_ptr<Replica>> replicas_;
+  uint64_t next_id_ = 0;
+  uint64_t last_id_ = 0;
+  static inline const std::vector<float> grad_ = std::vector<float>(16, 0.1f);
+};
+
+TEST_F(ReplicationTest, BackupAppliesWhatThePrimaryAcknowledgesAndTakesOver) {
+  replicas_.push_back(StartReplica(0, 2));
+  replicas_.push_back(StartReplica(1, 2));
+  ASSERT_TRUE(replicas_[0] && replicas_[1]);
+  auto c0 = Connect("inproc://g0r0");
+  auto c1 = Connect("inproc://g0r1");
+  RequestHeader reg = server::testing::ShardHarness::Register(
+      0, server::testing::SmallModel(), server::testing::SmallLayout(1));
+  ASSERT_TRUE(CallUntilOk(*c0, reg).status.ok());
+  const std::vector<ByteView> data{server::testing::Floats(grad_)};
+  RequestHeader push = Push(7);
+  for (int i = 0; i < 5; ++i) {
+    ReplyHeader r = CallUntilOk(*c0, push, data);
+    ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+    EXPECT_EQ(r.epoch, 1u);
+  }
+  const uint64_t acked_last = last_id_;
+  // Acknowledged on the primary = applied on the backup, before the reply.
+  EXPECT_EQ(Version(*c1), 5u);
+  EXPECT_EQ(Version(*c0), 5u);
+
+  // The backup refuses workers and names the primary.
+  ReplyHeader refused = Call(*c1, push, data);
+  EXPECT_EQ(refused.status.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(refused.redirect, "inproc://g0r0");
+  EXPECT_EQ(refused.epoch, 1u);
+
+  // The primary leaves (its lease is revoked): the backup takes over with
+  // everything acknowledged so far, and de-duplicates a resend.
+  const auto left = SteadyClock::now();
+  replicas_[0]->Stop();
+  RequestHeader again = push;  // the last push, resent after the failover
+  again.id = acked_last;
+  ReplyHeader r = CallUntilOk(*c1, again, data);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  const double took =
+      std::chrono::duration<double>(SteadyClock::now() - left).count();
+  EXPECT_EQ(r.epoch, 2u);
+  EXPECT_LT(took, 5.0);
+  EXPECT_EQ(Version(*c1), 5u);  // the resend was a duplicate
+  ReplyHeader fresh = CallUntilOk(*c1, Push(7), data);
+  ASSERT_TRUE(fresh.status.ok());
+  EXPECT_EQ(Version(*c1), 6u);
+
+  // A deposed primary's replicate request is refused by the new primary.
+  RequestHeader rep;
+  rep.kind = RequestKind::kReplicate;
+  rep.replicate_epoch = 1;
+  rep.replicate_group = 0;
+  ReplyHeader stale = Call(*c1, rep);
+  EXPECT_EQ(stale.status.code(), StatusCode::kFailedPrecondition)
+      << stale.status.ToString();
+  EXPECT_EQ(Version(*c1), 6u);
+
+  // A process back under the old name is a spare: not primary, not backup.
+  replicas_.push_back(StartReplica(0, 2, "-again"));
+  auto c2 = Connect("inproc://g0r0-again");
+  std::this_thread::sleep_for(milliseconds(300));
+  ReplyHeader spare = Call(*c2, Push(8), data);
+  EXPECT_EQ(spare.status.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(spare.redirect, "inproc://g0r1");
+  RequestHeader rep2 = rep;
+  rep2.replicate_epoch = 2;
+  EXPECT_EQ(Call(*c2, rep2).status.code(), StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ReplicationTest, PrimaryAloneStopsWritingWithoutItsLease) {
+  replicas_.push_back(StartReplica(0, 1));
+  ASSERT_TRUE(replicas_[0]);
+  auto c0 = Connect("inproc://g0r0");
+  RequestHeader reg = server::testing::ShardHarness::Register(
+      0, server::testing::SmallModel(), server::testing::SmallLayout(1));
+  ASSERT_TRUE(CallUntilOk(*c0, reg).status.ok());
+  const std::vector<ByteView> data{server::testing::Floats(grad_)};
+  ASSERT_TRUE(CallUntilOk(*c0, Push(9), data).status.ok());
+  // etcd gone: within the lease TTL (1 s) the primary refuses writes, as a
+  // backup may be promoted once etcd lets the lease go.
+  etcd_->Stop();
+  std::this_thread::sleep_for(milliseconds(1300));
+  ReplyHeader r = Call(*c0, Push(9), data);
+  EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.ToString();
+  EXPECT_NE(r.status.message().find("lease"), std::string::npos);
+  // Reads go on.
+  ReplyHeader pull = Call(*c0, server::testing::ShardHarness::Pull(0, 0));
+  EXPECT_TRUE(pull.status.ok()) << pull.status.ToString();
+  // etcd back: the lease is confirmed (or replaced) and writes resume.
+  ASSERT_TRUE(etcd_->Restart().ok());
+  ReplyHeader back = CallUntilOk(*c0, Push(9), data, milliseconds(10000));
+  EXPECT_TRUE(back.status.ok()) << back.status.ToString();
+}
+
+}  // namespace
+}  // namespace asyncps::server::replication

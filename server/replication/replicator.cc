@@ -1,0 +1,222 @@
+#include "server/replication/replicator.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <random>
+
+namespace asyncps::server::replication {
+
+// One backup: its connection and the highest sequence number it has
+// acknowledged (acknowledgements arrive in order: one DEALER, one
+// event loop applying in order).
+struct Replicator::Backup {
+  std::string endpoint;
+  std::unique_ptr<ClientSocket> socket;
+  uint64_t acked = 0;
+};
+
+namespace {
+
+uint64_t RandomSeqStart() {
+  std::random_device rd;
+  // Below 2^62: never wraps in a process's life.
+  return ((static_cast<uint64_t>(rd()) << 20) ^ rd()) + 1;
+}
+
+bool WorkerDataRequest(RequestKind k) {
+  return k == RequestKind::kRegister || k == RequestKind::kPush ||
+         k == RequestKind::kPull || k == RequestKind::kClock ||
+         k == RequestKind::kAttachShm;
+}
+
+bool Write(RequestKind k) {
+  return k == RequestKind::kRegister || k == RequestKind::kPush ||
+         k == RequestKind::kClock;
+}
+
+}  // namespace
+
+Replicator::Replicator(const ReplicatorOptions& options)
+    : options_(options), next_seq_(RandomSeqStart()) {}
+
+Replicator::~Replicator() = default;
+
+Status Replicator::SetView(const ReplicaView& view,
+                           std::vector<OutgoingReply>* out) {
+  const bool changed = !(view == view_);
+  const bool was_primary = view_.primary;
+  view_ = view;
+  if (!changed) return Status::OK();
+  ++counters_.view_changes;
+  LOG(INFO) << "replica view: epoch " << view.epoch
+            << (view.primary ? " primary" : " backup") << ", primary "
+            << (view.primary_endpoint.empty() ? "?" : view.primary_endpoint)
+            << ", " << view.backup_endpoints.size() << " backup(s)";
+  if (!view.primary) {
+    if (was_primary && !held_.empty()) {
+      LOG(WARNING) << "no longer primary: " << held_.size()
+                   << " unacknowledged replies dropped (workers resend them "
+                      "to the new primary)";
+    }
+    counters_.dropped_held += held_.size();
+    held_.clear();
+    backups_.clear();
+    return Status::OK();
+  }
+  // Keep the connections (and acknowledgement marks) of backups still
+  // listed; connect to new ones.
+  std::vector<std::unique_ptr<Backup>> next;
+  for (const std::string& e : view.backup_endpoints) {
+    auto it = std::find_if(backups_.begin(), backups_.end(),
+                           [&](const std::unique_ptr<Backup>& b) {
+                             return b && b->endpoint == e;
+                           });
+    if (it != backups_.end()) {
+      next.push_back(std::move(*it));
+      continue;
+    }
+    auto b = std::make_unique<Backup>();
+    b->endpoint = e;
+    ASSIGN_OR_RETURN(b->socket, ClientSocket::Connect(e, options_.transport));
+    // Everything handed on before this backup joined is not its to answer.
+    b->acked = next_seq_ - 1;
+    next.push_back(std::move(b));
+  }
+  backups_ = std::move(next);
+  Release(out);
+  return Status::OK();
+}
+
+Status Replicator::Admit(RequestKind kind, TimePoint now,
+                         std::string* redirect) {
+  if (!WorkerDataRequest(kind)) return Status::OK();
+  if (!view_.primary) {
+    ++counters_.refused_not_primary;
+    *redirect = view_.primary_endpoint;
+    return Status::Unavailable(
+        "not the primary of replica group " + std::to_string(options_.group) +
+        " (epoch " + std::to_string(view_.epoch) + "); primary: " +
+        (view_.primary_endpoint.empty() ? "unknown" : view_.primary_endpoint));
+  }
+  // Alone, a primary must know that etcd still holds its lease: otherwise a
+  // backup may have been promoted already. With backups, their refusal of a
+  // stale epoch stops it instead, so it keeps serving while etcd is away.
+  if (Write(kind) && view_.waiting_for_backups) {
+    *redirect = "";
+    return Status::Unavailable("replica group " +
+                               std::to_string(options_.group) +
+                               " is starting: its backups are not up yet");
+  }
+  if (Write(kind) && backups_.empty() && now >= view_.lease_valid_until) {
+    ++counters_.refused_no_lease;
+    *redirect = "";
+    return Status::Unavailable(
+        "primary of replica group " + std::to_string(options_.group) +
+        " without backups cannot confirm its etcd lease: writes refused");
+  }
+  return Status::OK();
+}
+
+bool Replicator::Replicates(RequestKind kind) const {
+  return view_.primary && !backups_.empty() && Write(kind);
+}
+
+void Replicator::Forward(const Message& msg, OutgoingReply* hold,
+                         std::vector<OutgoingReply>* out) {
+  if (backups_.empty()) {
+    if (hold != nullptr) out->push_back(std::move(*hold));
+    return;
+  }
+  const uint64_t seq = next_seq_++;
+  RequestHeader h;
+  h.kind = RequestKind::kReplicate;
+  h.id = seq;
+  h.rank = -1;
+  h.replicate_epoch = view_.epoch;
+  h.replicate_group = options_.group;
+  const std::vector<uint8_t> header = EncodeRequest(h);
+  for (auto& b : backups_) {
+    frames_.clear();
+    frames_.push_back(Frame::Copy(header.data(), header.size()));
+    for (const ByteView& f : msg.frames)
+      frames_.push_back(Frame::Ref(f.data, f.size, f.owner));
+    Status s = b->socket->Send(frames_);
+    if (!s.ok()) {
+      // Its queue is full: it is far behind or gone. The reply waits until
+      // it answers or the view drops it.
+      LOG_EVERY_N(WARNING, 100) << "replicate to " << b->endpoint << ": "
+                                << s.ToString();
+    }
+    ++counters_.forwarded;
+  }
+  frames_.clear();
+  if (hold != nullptr) held_.push_back(Held{seq, std::move(*hold)});
+}
+
+Status Replicator::CheckReplicate(const RequestHeader& req) {
+  if (view_.primary || !view_.backup || req.replicate_epoch < view_.epoch ||
+      req.replicate_group != options_.group) {
+    ++counters_.refused_stale;
+    return Status::FailedPrecondition(
+        "replicate from epoch " + std::to_string(req.replicate_epoch) +
+        " refused: this replica of group " + std::to_string(options_.group) +
+        " is at epoch " + std::to_string(view_.epoch) +
+        (view_.primary ? " and is the primary"
+                       : view_.backup ? "" : " and is not a backup"));
+  }
+  return Status::OK();
+}
+
+void Replicator::Poll(std::vector<OutgoingReply>* out) {
+  bool any = false;
+  for (auto& b : backups_) {
+    while (true) {
+      StatusOr<bool> got = b->socket->Receive(&msg_, std::chrono::milliseconds(0));
+      if (!got.ok() || !*got) break;
+      if (msg_.frames.empty()) continue;
+      ReplyHeader r;
+      Status d = DecodeReply(msg_.frames[0].data, msg_.frames[0].size, {}, &r);
+      if (!d.ok()) {
+        LOG_EVERY_N(WARNING, 100) << "undecodable ack from " << b->endpoint;
+        continue;
+      }
+      ++counters_.acked;
+      if (!r.status.ok()) {
+        if (r.status.code() == StatusCode::kFailedPrecondition) {
+          // A backup that is the primary now, or at a newer epoch: this
+          // process was deposed. Nothing more is acknowledged until the
+          // view says otherwise.
+          LOG_EVERY_N(WARNING, 10)
+              << "backup " << b->endpoint << " refused: "
+              << r.status.message();
+          continue;
+        }
+        ++counters_.backup_errors;
+        LOG_EVERY_N(ERROR, 10) << "backup " << b->endpoint
+                               << " failed an update the primary applied: "
+                               << r.status.ToString();
+      }
+      if (r.id > b->acked && r.id < next_seq_) b->acked = r.id;
+      any = true;
+    }
+  }
+  if (any) Release(out);
+}
+
+std::vector<ClientSocket*> Replicator::wake_sockets() const {
+  std::vector<ClientSocket*> v;
+  for (const auto& b : backups_) v.push_back(b->socket.get());
+  return v;
+}
+
+void Replicator::Release(std::vector<OutgoingReply>* out) {
+  uint64_t all = next_seq_;  // without backups everything is released
+  for (const auto& b : backups_) all = std::min(all, b->acked + 1);
+  while (!held_.empty() && held_.front().seq < all) {
+    out->push_back(std::move(held_.front().reply));
+    held_.pop_front();
+  }
+}
+
+}  // namespace asyncps::server::replication

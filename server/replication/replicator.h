@@ -1,0 +1,140 @@
+// Replicator: the event loop's side of a replica group (primary-backup
+// replication of one shard index over R processes).
+//
+// Every process of a group runs the same Shard (same shard id). The group's
+// layout (server/replication/replica_view.h), decided in etcd by Membership,
+// names one primary and its backups under an epoch. Workers talk to the
+// primary only; a backup refuses their data requests with a redirect to the
+// primary it knows.
+//
+// The primary applies each register, push and clock request as a single
+// shard does, then hands the request (its header and data frames, not
+// copied) to every backup as a kReplicate request stamped with the epoch.
+// The reply to the worker is held until every backup of the current view
+// has answered that kReplicate: an acknowledged update is applied by every
+// replica of the group ("replication after aggregation" with a fan-out of
+// the primary, not a chain: the acknowledgement waits for the slowest
+// backup either way, and one hop is shorter than R-1). Heartbeats are not
+// handed on: workers send theirs to every replica of a group. Requests that
+// failed on the primary changed nothing and
+// are not handed on; a resent push is handed on again and the backup's
+// de-duplication table, which holds what the primary's holds, applies it
+// once.
+//
+// A backup applies kReplicate requests in arrival order (one DEALER per
+// backup keeps the primary's order) and answers each with the status of
+// the applied request. It refuses one from an epoch lower than its own, or
+// any when it is itself the primary: a deposed primary can then never get
+// an update acknowledged, which is what keeps two primaries from both
+// acknowledging writes (the lease check below covers a primary alone).
+//
+// When the view drops a backup (its lease ended), replies that only waited
+// for it are released. When this process stops being primary, held replies
+// are dropped unanswered: the workers resend them to the new primary, which
+// has every update this one handed on and de-duplicates the resends.
+//
+// Ownership: owns one ClientSocket per backup. Thread safety: none; used by
+// the event loop's thread only.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "common/transport.h"
+#include "common/wire.h"
+#include "server/replication/replica_view.h"
+#include "server/shard.h"
+
+namespace asyncps::server::replication {
+
+struct ReplicatorOptions {
+  // Replica group (shard index) this process serves. Default: 0.
+  int group = 0;
+  // Socket options for the connections to backups (context, limits).
+  TransportOptions transport;
+};
+
+// Counters for stats and metrics.
+struct ReplicatorCounters {
+  uint64_t forwarded = 0;       // kReplicate requests sent, all backups
+  uint64_t acked = 0;           // their acknowledgements received
+  uint64_t applied = 0;         // kReplicate requests applied as a backup
+  uint64_t refused_stale = 0;   // kReplicate refused: stale epoch / primary
+  uint64_t backup_errors = 0;   // acknowledgements carrying an error
+  uint64_t dropped_held = 0;    // held replies dropped on losing the primary
+  uint64_t refused_not_primary = 0;  // worker requests redirected
+  uint64_t refused_no_lease = 0;     // writes refused: lease not confirmed
+  uint64_t view_changes = 0;
+};
+
+class Replicator {
+ public:
+  using TimePoint = std::chrono::steady_clock::time_point;
+
+  explicit Replicator(const ReplicatorOptions& options);
+  ~Replicator();
+  Replicator(const Replicator&) = delete;
+  Replicator& operator=(const Replicator&) = delete;
+
+  // Takes a new view (from Membership). Connects to new backups, releases
+  // replies that waited only for dropped ones (into `out`), and drops every
+  // held reply when this process is no longer the primary.
+  Status SetView(const ReplicaView& view, std::vector<OutgoingReply>* out);
+  const ReplicaView& view() const { return view_; }
+
+  // OK when a worker request of `kind` may be served by this process now;
+  // otherwise the error to answer (Unavailable, with the redirect set in
+  // *redirect). Stats, checkpoint and shutdown are always served.
+  Status Admit(RequestKind kind, TimePoint now, std::string* redirect);
+
+  // True when a request of `kind` that the shard accepted is handed on.
+  bool Replicates(RequestKind kind) const;
+
+  // Hands `msg` (a worker request the shard applied) to every backup.
+  // When `hold` is non-null, *hold (the reply to it) is kept until every
+  // backup has acknowledged; without backups it is appended to `out` at once.
+  void Forward(const Message& msg, OutgoingReply* hold,
+               std::vector<OutgoingReply>* out);
+
+  // Backup side: checks a kReplicate request against this view. OK means
+  // apply its inner request.
+  Status CheckReplicate(const RequestHeader& req);
+  // Backup side: counts an applied kReplicate request.
+  void CountApplied() { ++counters_.applied; }
+
+  // Reads the backups' acknowledgements and releases (into `out`) every held
+  // reply all of them acknowledged.
+  void Poll(std::vector<OutgoingReply>* out);
+
+  // The backups' sockets, for the event loop's poll
+  // (ServerSocket::SetWakeSockets); valid until the next SetView().
+  std::vector<ClientSocket*> wake_sockets() const;
+
+  // Replies held now.
+  size_t num_held() const { return held_.size(); }
+  const ReplicatorCounters& counters() const { return counters_; }
+
+ private:
+  struct Backup;
+  struct Held {
+    uint64_t seq = 0;
+    OutgoingReply reply;
+  };
+  void Release(std::vector<OutgoingReply>* out);
+
+  ReplicatorOptions options_;
+  ReplicaView view_;
+  std::vector<std::unique_ptr<Backup>> backups_;
+  std::deque<Held> held_;  // seq order
+  uint64_t next_seq_;      // starts random: unique across restarts
+  std::vector<Frame> frames_;
+  Message msg_;
+  ReplicatorCounters counters_;
+};
+
+}  // namespace asyncps::server::replication
