@@ -6,6 +6,7 @@
 #include <atomic>
 #include <charconv>
 #include <functional>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 // The gateway's JSON, as etcd 3.4 speaks it (grpc-gateway over the gRPC
@@ -191,34 +192,21 @@ Status HeaderRevision(const json& answer, int64_t* revision) {
 
 // gRPC status code (as the gateway reports it) -> Status.
 Status FromGrpc(int64_t code, const std::string& message) {
-  switch (code) {
-    case 1:  // CANCELLED
-      return Status::Cancelled(message);
-    case 3:  // INVALID_ARGUMENT
-      return Status::InvalidArgument(message);
-    case 4:  // DEADLINE_EXCEEDED
-      return Status::TimedOut(message);
-    case 5:  // NOT_FOUND
-      return Status::NotFound(message);
-    case 6:  // ALREADY_EXISTS
-      return Status::AlreadyExists(message);
-    case 7:   // PERMISSION_DENIED
-    case 9:   // FAILED_PRECONDITION
-    case 11:  // OUT_OF_RANGE (e.g. a compacted or future revision)
-    case 16:  // UNAUTHENTICATED
-      return Status::FailedPrecondition(message);
-    case 8:  // RESOURCE_EXHAUSTED
-      return Status::ResourceExhausted(message);
-    case 10:  // ABORTED
-    case 14:  // UNAVAILABLE
-      return Status::Unavailable(message);
-    case 12:  // UNIMPLEMENTED
-      return Status::Unimplemented(message);
-    case 15:  // DATA_LOSS
-      return Status::Corruption(message);
-    default:  // UNKNOWN, INTERNAL, anything else
-      return Status::Internal(message);
-  }
+  // Indexed by gRPC code: CANCELLED, UNKNOWN, INVALID_ARGUMENT,
+  // DEADLINE_EXCEEDED, NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED,
+  // RESOURCE_EXHAUSTED, FAILED_PRECONDITION, ABORTED, OUT_OF_RANGE (e.g. a
+  // compacted or future revision), UNIMPLEMENTED, INTERNAL, UNAVAILABLE,
+  // DATA_LOSS, UNAUTHENTICATED.
+  using C = StatusCode;
+  static constexpr C kCodes[] = {
+      C::kInternal,           C::kCancelled,          C::kInternal,
+      C::kInvalidArgument,    C::kTimedOut,           C::kNotFound,
+      C::kAlreadyExists,      C::kFailedPrecondition, C::kResourceExhausted,
+      C::kFailedPrecondition, C::kUnavailable,        C::kFailedPrecondition,
+      C::kUnimplemented,      C::kInternal,           C::kUnavailable,
+      C::kCorruption,         C::kFailedPrecondition};
+  const bool known = code > 0 && code < int64_t(std::size(kCodes));
+  return Status(known ? kCodes[code] : C::kInternal, message);
 }
 
 // An error object of the gateway, in either shape (see the top of the
@@ -260,42 +248,19 @@ void SetPrefixRange(const std::string& prefix, json* req) {
   (*req)["range_end"] = Base64Encode(PrefixEnd(prefix));
 }
 
-// The gateway's name of a compare target and the name of its operand field.
+// The gateway's names of a compare target and of its operand's field.
 struct CompareTargetJson {
   const char* target;
   const char* field;
 };
-
-CompareTargetJson TargetJson(EtcdCompare::Target t) {
-  using T = EtcdCompare::Target;
-  switch (t) {
-    case T::kVersion:
-      return {"VERSION", "version"};
-    case T::kCreateRevision:
-      return {"CREATE", "create_revision"};
-    case T::kValue:
-      return {"VALUE", "value"};
-    case T::kLease:
-      return {"LEASE", "lease"};
-    case T::kModRevision:
-      break;
-  }
-  return {"MOD", "mod_revision"};
-}
-
-const char* CompareResultName(EtcdCompare::Result r) {
-  switch (r) {
-    case EtcdCompare::Result::kEqual:
-      return "EQUAL";
-    case EtcdCompare::Result::kGreater:
-      return "GREATER";
-    case EtcdCompare::Result::kLess:
-      return "LESS";
-    case EtcdCompare::Result::kNotEqual:
-      return "NOT_EQUAL";
-  }
-  return "EQUAL";
-}
+constexpr CompareTargetJson kTargets[] = {  // Indexed by EtcdCompare::Target.
+    {"VERSION", "version"},
+    {"CREATE", "create_revision"},
+    {"MOD", "mod_revision"},
+    {"VALUE", "value"},
+    {"LEASE", "lease"}};
+constexpr const char* kResults[] = {  // Indexed by EtcdCompare::Result.
+    "EQUAL", "GREATER", "LESS", "NOT_EQUAL"};
 
 json OpToJson(const EtcdOp& op) {
   if (op.type == EtcdOp::Type::kDelete) {
@@ -671,10 +636,10 @@ StatusOr<bool> EtcdClient::Txn(const std::vector<EtcdCompare>& compares,
                                int64_t* revision) {
   json cmp = json::array();
   for (const EtcdCompare& c : compares) {
-    const CompareTargetJson t = TargetJson(c.target);
+    const CompareTargetJson& t = kTargets[size_t(c.target)];
     json j = {{"key", Base64Encode(c.key)},
               {"target", t.target},
-              {"result", CompareResultName(c.result)}};
+              {"result", kResults[size_t(c.result)]}};
     j[t.field] = c.target == EtcdCompare::Target::kValue
                      ? Base64Encode(c.value)
                      : std::to_string(c.number);

@@ -20,25 +20,26 @@
 // Unavailable, TimedOut, ResourceExhausted, ...); an answer that is not the
 // expected JSON is Corruption. No exception leaves this module.
 //
-// Leases, measured on etcd 3.4.23 (Debian), one member on loopback, 2-core
-// machine under load, with EtcdClientTest.LeaseExpiryTiming (see
-// common/etcd_client_test.cc) and by hand with curl:
+// Leases, measured on etcd 3.4.23 (Debian), one member on loopback, on a
+// loaded 2-core machine, with EtcdClientTest.LeaseExpiryDeletesKey
+// (build/bin/etcd_client_test --gtest_filter='*LeaseExpiry*') and by hand
+// over the gateway:
 //  - TTLs are whole seconds. etcd raises a TTL below its minimum, silently,
 //    to ceil(1.5 * election timeout): with the default --election-timeout
-//    of 1000 ms a 1 s lease is granted as 2 s. With --election-timeout at
+//    of 1000 ms a 1 s lease is granted as 2 s; with --election-timeout at
 //    most 666 ms the minimum is 1 s. GrantLease reports the TTL granted.
 //  - A lease is revoked (its keys deleted) between TTL and TTL + 0.5 s after
-//    its last keep-alive: etcd's lessor looks for expired leases every
-//    500 ms. 1 s leases without keep-alives, 10 runs each:
-//      --heartbeat-interval=50 --election-timeout=250: gone after 1.12 to
-//        1.51 s, median 1.50 s;
-//      --heartbeat-interval=10 --election-timeout=50: 1.41 to 1.51 s,
-//        median 1.50 s;
-//      defaults (100/1000): granted 2 s, gone after 2.37 to 2.51 s,
-//        median 2.50 s.
-//    So a holder must send keep-alives well within TTL (e.g. every TTL/3)
-//    and a watcher sees a dead holder's key vanish at most TTL + 0.5 s (plus
-//    a raft round) after its last keep-alive.
+//    its grant or last keep-alive: etcd's lessor looks for expired leases
+//    every 500 ms. With --heartbeat-interval=50 --election-timeout=250:
+//      1 s lease, key gone after the last keep-alive: 1.13 to 1.49 s,
+//        median 1.20 s (test, 2 x 5 runs) and 1.29 s (by hand, 10 runs);
+//      1 s lease, no keep-alive, gone after the put: 1.12 to 1.51 s,
+//        median 1.50 s (10 runs); the same with 10/50 ms flags.
+//    With the defaults (100/1000 ms) a 1 s lease is granted 2 s and gone
+//    2.37 to 2.51 s after the put (median 2.50 s, 5 runs).
+//    So a holder sends keep-alives well within TTL (e.g. every TTL/3), and
+//    a watcher sees a dead holder's key vanish at most TTL + 0.5 s (plus a
+//    raft round) after its last keep-alive.
 //  - Local runs and tests start etcd with --heartbeat-interval=50
 //    --election-timeout=250 (tests/util/etcd_fixture.h,
 //    launch/pslaunch/etcd.py): 1 s leases, healthy ~0.35 s after start.
@@ -46,8 +47,9 @@
 //    across hosts needs election timeouts above its round-trip times.
 //
 // Thread safety: all methods may be called concurrently from any threads
-// (each call uses its own connection). Watch blocks its caller for at most
-// its timeout (plus request_timeout to connect).
+// (each call uses its own connection). A call blocks its caller for at most
+// about request_timeout (Watch: its timeout, plus request_timeout to
+// connect).
 #pragma once
 
 #include <chrono>
@@ -90,6 +92,7 @@ struct EtcdWatchEvent {
 // A key that does not exist has version, create_revision, mod_revision and
 // lease 0 (and compares false on kValue).
 struct EtcdCompare {
+  // Both enums index tables in etcd_client.cc: append only.
   enum class Target { kVersion, kCreateRevision, kModRevision, kValue, kLease };
   enum class Result { kEqual, kGreater, kLess, kNotEqual };
   std::string key;
