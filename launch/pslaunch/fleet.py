@@ -410,21 +410,35 @@ class Fleet:
             self.sleep(0.2)
 
     def replica_stopped(self, m, rc):
-        """A replica that stopped is not restarted (a process that comes back
-        under its name is a spare: its group's layout no longer lists it);
-        the run fails only when a whole group is gone."""
+        """A replica that stopped is restarted at its endpoint while it has
+        restarts left (--max_restarts): it comes back as a spare, and its
+        group's primary copies its state over and makes it a backup again.
+        Otherwise the group goes on without it; the run fails only when a
+        whole group is gone."""
         if m.done:
             return
+        why = procs_mod.describe_status(rc)
+        alive = [x for x in self.shards if x.group == m.group and x is not m
+                 and x.proc.poll() is None]
+        if m.restarts < self.o.max_restarts:
+            m.history.append(why)
+            m.restarts += 1
+            self.log("psrun: %s %s; restarting it at %s as a spare of group %d (restart %d of %d)"
+                     % (m.name, why, m.endpoint, m.group, m.restarts, self.o.max_restarts))
+            self.start_shard(m, endpoint=m.endpoint)
+            deadline = time.time() + self.o.start_timeout
+            ep = self.wait_ready_file(m, deadline)
+            if ep != m.endpoint:
+                raise LaunchError(m, "restarted at %s instead of %s" % (ep, m.endpoint))
+            self.write_pids()
+            return
         m.done = True
-        m.history.append(procs_mod.describe_status(rc))
-        alive = [x for x in self.shards if x.group == m.group and x.proc.poll() is None]
+        m.history.append(why)
         self.log("psrun: %s %s; group %d goes on with %s" % (
-            m.name, procs_mod.describe_status(rc), m.group,
-            ", ".join(x.name for x in alive) or "nothing"))
+            m.name, why, m.group, ", ".join(x.name for x in alive) or "nothing"))
         self.write_pids()
         if not alive:
-            raise LaunchError(m, "every replica of group %d stopped (last: %s)" % (
-                m.group, procs_mod.describe_status(rc)))
+            raise LaunchError(m, "every replica of group %d stopped (last: %s)" % (m.group, why))
 
     # ---- end -----------------------------------------------------------------
     def shutdown_shards(self):
