@@ -197,6 +197,15 @@ TEST(EtcdClientTransportTest, MalformedAnswersAreErrorsNotCrashes) {
   EXPECT_EQ(client->Put("k", "v").status().code(), StatusCode::kUnimplemented);
   gw.Answer(200, R"({"result":{"ID":"5"}})");
   EXPECT_EQ(client->KeepAlive(5).code(), StatusCode::kNotFound);
+  // A watch from a compacted revision (etcd 3.4's answer, recorded).
+  gw.Answer(200,
+            "{\"result\":{\"header\":{\"revision\":\"6\"},\"created\":true}}\n"
+            "{\"result\":{\"header\":{},\"canceled\":true,"
+            "\"compact_revision\":\"4\"}}\n");
+  int64_t next = 0;
+  auto compacted = client->Watch("p", 1, seconds(2), &next);
+  EXPECT_EQ(compacted.status().code(), StatusCode::kFailedPrecondition)
+      << compacted.status().ToString();
 }
 
 class EtcdClientTest : public ::testing::Test {
