@@ -122,6 +122,21 @@ struct Replicate {
   group @1 :Int32;           # the replica group (shard index)
 }
 
+# Re-replication: a primary copies its store, a consistent checkpoint, to a
+# spare of its group, one piece of one file per request (data frame 1), in
+# order; the spare installs it as its own store after the piece marked last,
+# and from then on takes the primary's kReplicate requests. Each piece is
+# answered with this request's id.
+struct Snapshot {
+  epoch @0 :UInt64;
+  group @1 :Int32;
+  file @2 :Text;             # a plain file name of the checkpoint
+  offset @3 :UInt64;         # of this piece in the file
+  fileSize @4 :UInt64;       # the whole file
+  totalBytes @5 :UInt64;     # all files of the snapshot
+  last @6 :Bool;             # the snapshot's last piece
+}
+
 struct Request {
   version @0 :UInt16;
   id @1 :UInt64;             # unique per (rank, incarnation); replies echo it
@@ -138,6 +153,7 @@ struct Request {
     shutdown @11 :Void;
     attachShm @13 :AttachShm;
     replicate @14 :Replicate;
+    snapshot @15 :Snapshot;
   }
   doneBelow @12 :UInt64;     # pushes: every earlier push (lower id) of this
                              # client to this shard has been answered or given

@@ -38,6 +38,8 @@ const char* RequestKindName(RequestKind kind) {
       return "attach_shm";
     case RequestKind::kReplicate:
       return "replicate";
+    case RequestKind::kSnapshot:
+      return "snapshot";
   }
   return "unknown";
 }
@@ -284,6 +286,17 @@ std::vector<uint8_t> EncodeRequest(const RequestHeader& h) {
       r.setGroup(h.replicate_group);
       break;
     }
+    case RequestKind::kSnapshot: {
+      auto r = body.initSnapshot();
+      r.setEpoch(h.replicate_epoch);
+      r.setGroup(h.replicate_group);
+      r.setFile(h.snapshot_file);
+      r.setOffset(h.snapshot_offset);
+      r.setFileSize(h.snapshot_file_size);
+      r.setTotalBytes(h.snapshot_total_bytes);
+      r.setLast(h.snapshot_last);
+      break;
+    }
     case RequestKind::kHeartbeat:
       body.setHeartbeat();
       break;
@@ -448,6 +461,18 @@ Status DecodeRequest(const uint8_t* data, size_t size,
             out->replicate_group = r.getGroup();
             return Status::OK();
           }
+          case cw::Request::Body::SNAPSHOT: {
+            out->kind = RequestKind::kSnapshot;
+            auto r = body.getSnapshot();
+            out->replicate_epoch = r.getEpoch();
+            out->replicate_group = r.getGroup();
+            out->snapshot_file = r.getFile().cStr();
+            out->snapshot_offset = r.getOffset();
+            out->snapshot_file_size = r.getFileSize();
+            out->snapshot_total_bytes = r.getTotalBytes();
+            out->snapshot_last = r.getLast();
+            return Status::OK();
+          }
         }
         return Status::InvalidArgument(
             "unknown request kind " +
@@ -473,7 +498,7 @@ Status DecodeReply(const uint8_t* data, size_t size, const DecodeLimits& limits,
         }
         out->status =
             Status(static_cast<StatusCode>(code), r.getMessage().cStr());
-        if (r.getKind() > static_cast<uint8_t>(RequestKind::kReplicate)) {
+        if (r.getKind() > static_cast<uint8_t>(RequestKind::kSnapshot)) {
           return Status::InvalidArgument("unknown reply kind");
         }
         out->kind = static_cast<RequestKind>(r.getKind());

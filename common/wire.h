@@ -36,6 +36,7 @@ enum class RequestKind : uint8_t {
   kShutdown = 7,
   kAttachShm = 8,
   kReplicate = 9,
+  kSnapshot = 10,
 };
 const char* RequestKindName(RequestKind kind);
 
@@ -99,6 +100,12 @@ struct RequestHeader {
   // is the replicated request's header, frames 2.. its data.
   uint64_t replicate_epoch = 0;
   int32_t replicate_group = 0;
+  // kSnapshot (epoch and group above): one piece of a store checkpoint.
+  std::string snapshot_file;
+  uint64_t snapshot_offset = 0;
+  uint64_t snapshot_file_size = 0;
+  uint64_t snapshot_total_bytes = 0;
+  bool snapshot_last = false;
 };
 
 struct ReplyHeader {

@@ -441,6 +441,15 @@ class RocksDbStore final : public Store {
     db_.reset();
   }
 
+  Status ExportCheckpoint(const std::string& dir) override {
+    rocksdb::Checkpoint* raw = nullptr;
+    RETURN_IF_ERROR(FromRocks(rocksdb::Checkpoint::Create(db_.get(), &raw),
+                              "exporting a checkpoint"));
+    std::unique_ptr<rocksdb::Checkpoint> ck(raw);
+    return FromRocks(ck->CreateCheckpoint(dir),
+                     "exporting a checkpoint to " + dir);
+  }
+
   // Hard-links the current contents (a consistent cut) to <path>.cut.
   Status PreserveCut() {
     const std::string cut = options_.path + ".cut";

@@ -2,7 +2,11 @@
 
 #include <glog/logging.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 
 namespace asyncps::server {
 namespace {
@@ -26,7 +30,160 @@ void Server::UpdateView() {
   if (!s.ok()) {
     LOG_EVERY_N(ERROR, 20) << "replica view: " << s.ToString();
   }
+  for (const std::string& spare :
+       replicator_->TakeJoiners(std::chrono::steady_clock::now())) {
+    Status j = CopyToSpare(spare);
+    if (!j.ok()) LOG(ERROR) << "copying to spare " << spare << ": " << j.ToString();
+  }
+  for (const std::string& joined : replicator_->TakeJoined()) {
+    membership_->AddBackup(joined);
+  }
   socket_->SetWakeSockets(replicator_->wake_sockets());
+}
+
+Status Server::CopyToSpare(const std::string& endpoint) {
+  if (!store_) {
+    return Status::FailedPrecondition(
+        "re-replication needs a store (--db_path) to copy from");
+  }
+  // A cut of the whole state, then its files: what the spare opens as its
+  // store. Updates handed on from here follow the snapshot on the spare's
+  // connection, so it ends up where this shard is.
+  RETURN_IF_ERROR(shard_->Checkpoint());
+  namespace fs = std::filesystem;
+  const std::string dir = options_.db_path + ".export";
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  Status s = store_->ExportCheckpoint(dir);
+  if (s.ok()) s = replicator_->StartJoin(endpoint, dir);
+  fs::remove_all(dir, ec);
+  return s;
+}
+
+void Server::HandleSnapshot(const std::string& peer, Message& msg,
+                            std::chrono::steady_clock::time_point now) {
+  namespace fs = std::filesystem;
+  if (!replicator_) {
+    return Reply(peer,
+                 Status::InvalidArgument("snapshot to a server that is not a "
+                                         "replica (started without --etcd)"),
+                 RejectReason::kNotPrimary);
+  }
+  Status ok = replicator_->CheckSnapshot(req_);
+  if (!ok.ok()) return Reply(peer, ok, RejectReason::kNotPrimary);
+  const std::string& name = req_.snapshot_file;
+  // A plain file name: nothing a peer sends may point outside the folder.
+  const bool plain = !name.empty() && name.size() <= 255 && name != "." &&
+                     name != ".." && name.find('/') == std::string::npos &&
+                     name.find('\0') == std::string::npos;
+  const uint64_t piece = msg.frames.size() == 2 ? msg.frames[1].size : 0;
+  if (!plain || msg.frames.size() != 2 ||
+      req_.snapshot_offset > req_.snapshot_file_size ||
+      piece > req_.snapshot_file_size - req_.snapshot_offset ||
+      req_.snapshot_file_size > req_.snapshot_total_bytes ||
+      req_.snapshot_total_bytes > kMaxSnapshotBytes) {
+    return Reply(peer,
+                 Status::InvalidArgument(
+                     "malformed snapshot piece (file '" + name.substr(0, 64) +
+                     "', offset " + std::to_string(req_.snapshot_offset) +
+                     ", " + std::to_string(piece) + " bytes of " +
+                     std::to_string(req_.snapshot_file_size) + ")"),
+                 RejectReason::kMalformed);
+  }
+  if (options_.db_path.empty()) {
+    return Reply(peer,
+                 Status::FailedPrecondition(
+                     "this spare has no store (--db_path) to install into"),
+                 RejectReason::kStore);
+  }
+  const std::string staging = options_.db_path + ".incoming";
+  std::error_code ec;
+  // The pieces of one snapshot come in order with consecutive ids; any
+  // other piece starts a new one (a primary that gave up and began again).
+  if (incoming_total_ == 0 || incoming_epoch_ != req_.replicate_epoch ||
+      incoming_total_ != req_.snapshot_total_bytes ||
+      req_.id != incoming_next_id_) {
+    // A new snapshot: start from an empty folder.
+    fs::remove_all(staging, ec);
+    fs::create_directories(staging, ec);
+    incoming_epoch_ = req_.replicate_epoch;
+    incoming_total_ = req_.snapshot_total_bytes;
+    incoming_bytes_ = 0;
+  }
+  {
+    std::fstream f(staging + "/" + name,
+                   std::ios::binary | std::ios::in | std::ios::out);
+    if (!f.is_open()) {
+      f.open(staging + "/" + name, std::ios::binary | std::ios::out);
+    }
+    f.seekp(static_cast<std::streamoff>(req_.snapshot_offset));
+    if (piece > 0) {
+      f.write(reinterpret_cast<const char*>(msg.frames[1].data),
+              static_cast<std::streamsize>(piece));
+    }
+    if (!f) {
+      incoming_total_ = 0;
+      return Reply(peer, Status::Unavailable("writing " + staging + "/" + name),
+                   RejectReason::kStore);
+    }
+  }
+  incoming_bytes_ += piece;
+  incoming_next_id_ = req_.id + 1;
+  if (!req_.snapshot_last) return Answer(peer, Status::OK());
+  if (incoming_bytes_ != incoming_total_) {
+    const std::string got = std::to_string(incoming_bytes_);
+    incoming_total_ = 0;
+    return Reply(peer,
+                 Status::Corruption("snapshot incomplete: " + got + " of " +
+                                    std::to_string(req_.snapshot_total_bytes) +
+                                    " bytes"),
+                 RejectReason::kMalformed);
+  }
+  incoming_total_ = 0;
+  Status installed = InstallSnapshot(staging, now);
+  if (installed.ok()) {
+    replicator_->SetJoined(req_.replicate_epoch);
+    LOG(INFO) << "installed the primary's snapshot (" << incoming_bytes_
+              << " bytes, epoch " << req_.replicate_epoch << "): version "
+              << shard_->shard_version();
+  }
+  incoming_bytes_ = 0;
+  Answer(peer, installed);
+}
+
+Status Server::InstallSnapshot(const std::string& staging,
+                               std::chrono::steady_clock::time_point now) {
+  namespace fs = std::filesystem;
+  // This process is a spare: what it held is replaced.
+  shard_->FailParked(Status::Cancelled("state replaced by a snapshot"), &out_);
+  shard_.reset();
+  store_.reset();
+  std::error_code ec;
+  fs::remove_all(options_.db_path, ec);
+  fs::remove_all(options_.db_path + ".cut", ec);
+  fs::rename(staging, options_.db_path, ec);
+  Status s = ec ? Status::Unavailable("installing the snapshot: " + ec.message())
+                : Status::OK();
+  if (s.ok()) {
+    RocksDbStoreOptions so;
+    so.path = options_.db_path;
+    StatusOr<std::unique_ptr<Store>> store = OpenRocksDbStore(so);
+    s = store.status();
+    if (s.ok()) store_ = std::move(store).value();
+  }
+  StatusOr<std::unique_ptr<Shard>> shard =
+      Shard::Create(options_.shard, store_.get(), now);
+  if (s.ok() && !shard.ok()) {
+    s = shard.status();
+    store_.reset();
+    shard = Shard::Create(options_.shard, nullptr, now);
+  }
+  if (!shard.ok()) {
+    // Without a store a shard always builds; this is not expected.
+    LOG(FATAL) << "cannot rebuild the shard: " << shard.status().ToString();
+  }
+  shard_ = std::move(shard).value();
+  return s;
 }
 
 StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
@@ -229,6 +386,9 @@ void Server::Dispatch(const std::string& peer, Message& msg,
   if (req_.kind == RequestKind::kReplicate) {
     return HandleReplicate(peer, msg, now);
   }
+  if (req_.kind == RequestKind::kSnapshot) {
+    return HandleSnapshot(peer, msg, now);
+  }
   if (replicator_) {
     std::string redirect;
     Status admitted = replicator_->Admit(req_.kind, now, &redirect);
@@ -244,6 +404,8 @@ void Server::Dispatch(const std::string& peer, Message& msg,
     shard_->Handle(peer, req_, data_, now, &out_);
     if (replicator_ && replicator_->Replicates(req_.kind))
       Replicate(peer, msg, first);
+    if (replicator_ && req_.kind == RequestKind::kStats)
+      AddReplicationStats(peer, first);
   } catch (const std::bad_alloc&) {
     // Every allocation a request sizes is checked against the memory
     // budget first; this is the last line if the machine has less memory
@@ -254,6 +416,49 @@ void Server::Dispatch(const std::string& peer, Message& msg,
           RejectReason::kMemoryBudget);
   }
   data_.clear();
+}
+
+void Server::AddReplicationStats(const std::string& peer, size_t first) {
+  for (size_t i = first; i < out_.size(); ++i) {
+    OutgoingReply& r = out_[i];
+    if (r.peer != peer || r.header.id != req_.id || !r.header.status.ok())
+      continue;
+    nlohmann::json j = nlohmann::json::parse(r.header.text, nullptr, false);
+    if (!j.is_object()) return;
+    const replication::ReplicaView& v = replicator_->view();
+    const replication::ReplicatorCounters& c = replicator_->counters();
+    const replication::MembershipCounters& m = membership_->counters();
+    j["replication"] = {
+        {"name", membership_->name()},
+        {"epoch", v.epoch},
+        {"role", v.primary ? "primary" : v.backup ? "backup" : "spare"},
+        {"primary", v.primary_endpoint},
+        {"backups", v.backup_endpoints},
+        {"spares", v.spare_endpoints},
+        {"held_replies", replicator_->num_held()},
+        {"forwarded", c.forwarded},
+        {"acked", c.acked},
+        {"applied", c.applied},
+        {"refused_stale", c.refused_stale},
+        {"backup_errors", c.backup_errors},
+        {"dropped_held", c.dropped_held},
+        {"refused_not_primary", c.refused_not_primary},
+        {"refused_no_lease", c.refused_no_lease},
+        {"view_changes", c.view_changes},
+        {"snapshots_sent", c.snapshots_sent},
+        {"snapshot_bytes_sent", c.snapshot_bytes_sent},
+        {"spares_joined", c.spares_joined},
+        {"snapshots_failed", c.snapshots_failed},
+        {"promotions", m.promotions.load()},
+        {"backups_dropped", m.backups_dropped.load()},
+        {"backups_added", m.backups_added.load()},
+        {"keepalive_failures", m.keepalive_failures.load()},
+        {"lease_renewals", m.lease_renewals.load()},
+        {"cas_conflicts", m.cas_conflicts.load()},
+        {"etcd_errors", m.etcd_errors.load()}};
+    r.header.text = j.dump();
+    return;
+  }
 }
 
 void Server::Replicate(const std::string& peer, const Message& msg,

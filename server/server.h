@@ -129,8 +129,20 @@ class Server {
   // Primary side: hands the request just applied to the backups, holding
   // its reply (out_ from `first`) until they applied it.
   void Replicate(const std::string& peer, const Message& msg, size_t first);
-  // Takes Membership's latest view.
+  // Adds the "replication" object (role, epoch, counters) to the stats
+  // reply to the request in req_ (out_ from `first`).
+  void AddReplicationStats(const std::string& peer, size_t first);
+  // Takes Membership's latest view; copies the state to new spares and has
+  // Membership list those that installed it.
   void UpdateView();
+  // Primary: a checkpoint of the store, sent to the spare at `endpoint`.
+  Status CopyToSpare(const std::string& endpoint);
+  // Spare: writes one piece of a snapshot; after the last, installs it.
+  void HandleSnapshot(const std::string& peer, Message& msg,
+                      std::chrono::steady_clock::time_point now);
+  // Replaces the store and the shard with the checkpoint in `staging`.
+  Status InstallSnapshot(const std::string& staging,
+                         std::chrono::steady_clock::time_point now);
   void SendAll();
 
   ServerOptions options_;
@@ -143,6 +155,13 @@ class Server {
   std::unique_ptr<replication::Replicator> replicator_;
   std::unique_ptr<replication::Membership> membership_;
   RequestHeader inner_;  // a kReplicate's request, reused
+  // A snapshot being received (spare): its epoch, size and bytes so far.
+  uint64_t incoming_epoch_ = 0;
+  uint64_t incoming_total_ = 0;
+  uint64_t incoming_bytes_ = 0;
+  uint64_t incoming_next_id_ = 0;
+  // Largest snapshot a spare accepts, bytes.
+  static constexpr uint64_t kMaxSnapshotBytes = uint64_t{1} << 40;
   // Reused per message.
   RequestHeader req_;
   std::vector<ByteView> data_;

@@ -227,6 +227,7 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
         st = HandleAttachShm(req);
         break;
       case RequestKind::kReplicate:
+      case RequestKind::kSnapshot:
         // The server unwraps these (server/replication/replicator.h).
         st = Reject(RejectReason::kNotPrimary,
                     Status::InvalidArgument("replicate request reached the "

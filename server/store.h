@@ -165,6 +165,14 @@ class Store {
 
   // Figures of the whole store (RocksDB: its statistics tickers and
   // properties). Cheap enough to call a few times per second. Default: all 0.
+  // Copies the store's current contents, a consistent state, into the new
+  // directory `dir` (RocksDB: a checkpoint, hard links where it can): what
+  // another process opens as its own store (re-replication). The caller
+  // writes a cut first. Default: Unimplemented.
+  [[nodiscard]] virtual Status ExportCheckpoint(const std::string& dir) {
+    return Status::Unimplemented("this store cannot export a checkpoint (" +
+                                 dir + ")");
+  }
   virtual StoreStats GetStoreStats() { return {}; }
 
   // Expiry: from now on, compaction may delete records of `space` whose

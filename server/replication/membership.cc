@@ -18,6 +18,7 @@ namespace {
 struct Member {
   std::string endpoint;
   uint64_t incarnation = 0;
+  int group = -1;
 };
 
 std::string MemberValue(const std::string& endpoint, int group, int replica,
@@ -36,6 +37,7 @@ bool ParseMember(const std::string& value, Member* m) {
   try {
     m->endpoint = j.at("endpoint").get<std::string>();
     m->incarnation = j.at("incarnation").get<uint64_t>();
+    m->group = j.at("group").get<int>();
   } catch (const nlohmann::json::exception&) {
     return false;
   }
@@ -169,6 +171,19 @@ Status Membership::Step(SteadyClock::time_point now) {
   // with another incarnation lost what it held and is not that member.
   const bool grace_over = now - started_ >= options_.startup_grace;
   for (const auto& [n, m] : alive) seen_.emplace(n, m.incarnation);
+  // A process the layout does not list is a spare whatever it was before:
+  // its present incarnation is the one that counts from now on.
+  auto listed = [&](const std::string& n) {
+    for (const GroupLayout& gl : layout.groups) {
+      if (gl.primary == n ||
+          std::find(gl.backups.begin(), gl.backups.end(), n) != gl.backups.end())
+        return true;
+    }
+    return false;
+  };
+  for (const auto& [n, m] : alive) {
+    if (!listed(n)) seen_[n] = m.incarnation;
+  }
   auto is_alive = [&](const std::string& n) {
     auto it = alive.find(n);
     return it != alive.end() && seen_[n] == it->second.incarnation;
@@ -214,6 +229,29 @@ Status Membership::Step(SteadyClock::time_point now) {
     }
     g.backups = std::move(keep);
   }
+  std::vector<std::string> add;
+  if (g.primary == name_) {
+    // Spares whose state this primary copied: list them as backups.
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      add.swap(add_backups_);
+    }
+    for (const std::string& endpoint : add) {
+      for (const auto& [n, m] : alive) {
+        if (m.endpoint != endpoint || m.group != options_.group ||
+            n == name_ || !is_alive(n) ||
+            std::find(g.backups.begin(), g.backups.end(), n) != g.backups.end())
+          continue;
+        seen_[n] = m.incarnation;
+        LOG(INFO) << "spare " << n << " of group " << options_.group
+                  << " holds the primary's state: listed as a backup (epoch "
+                  << layout.epoch + 1 << ")";
+        g.backups.push_back(n);
+        ++counters_.backups_added;
+        change = true;
+      }
+    }
+  }
   if (change) {
     layout.epoch++;
     ASSIGN_OR_RETURN(bool written,
@@ -221,6 +259,8 @@ Status Membership::Step(SteadyClock::time_point now) {
                                           kv->mod_revision));
     if (!written) {
       ++counters_.cas_conflicts;
+      std::lock_guard<std::mutex> l(mu_);
+      add_backups_.insert(add_backups_.end(), add.begin(), add.end());
       return Status::OK();  // someone else changed it: read again next time
     }
     if (g.primary == name_) ++counters_.promotions;
@@ -239,6 +279,11 @@ Status Membership::Step(SteadyClock::time_point now) {
       } else {
         v.waiting_for_backups = true;  // listed, not seen yet, in the grace
       }
+    }
+    for (const auto& [n, m] : alive) {
+      if (m.group == options_.group && n != g.primary && is_alive(n) &&
+          std::find(g.backups.begin(), g.backups.end(), n) == g.backups.end())
+        v.spare_endpoints.push_back(m.endpoint);
     }
   }
   std::lock_guard<std::mutex> l(mu_);
@@ -262,6 +307,11 @@ void Membership::Run() {
     l.lock();
     cv_.wait_until(l, now + options_.poll, [this] { return stop_; });
   }
+}
+
+void Membership::AddBackup(const std::string& endpoint) {
+  std::lock_guard<std::mutex> l(mu_);
+  add_backups_.push_back(endpoint);
 }
 
 bool Membership::TakeView(ReplicaView* view) {

@@ -81,6 +81,7 @@ struct MembershipCounters {
   std::atomic<uint64_t> lease_renewals{0};   // a lost lease replaced
   std::atomic<uint64_t> promotions{0};       // this process became primary
   std::atomic<uint64_t> backups_dropped{0};  // by this process as primary
+  std::atomic<uint64_t> backups_added{0};    // spares listed, as primary
   std::atomic<uint64_t> cas_conflicts{0};    // layout changed under it
   std::atomic<uint64_t> etcd_errors{0};
 };
@@ -99,6 +100,10 @@ class Membership {
   // The latest view; true when it differs from the one the previous call
   // returned (lease_valid_until is always the latest).
   bool TakeView(ReplicaView* view);
+
+  // Primary: asks for the spare at `endpoint` (whose state it copied) to be
+  // listed as a backup of its group; done by the thread's next step.
+  void AddBackup(const std::string& endpoint);
 
   const std::string& name() const { return name_; }
   const MembershipCounters& counters() const { return counters_; }
@@ -129,6 +134,7 @@ class Membership {
   bool stop_ = false;             // GUARDED_BY(mu_)
   ReplicaView view_;              // GUARDED_BY(mu_)
   bool view_changed_ = false;     // GUARDED_BY(mu_)
+  std::vector<std::string> add_backups_;  // GUARDED_BY(mu_): endpoints
   std::thread thread_;
 };
 

@@ -60,6 +60,10 @@ struct ReplicaView {
   std::string primary_endpoint;
   // Primary only: its backups' endpoints (only those with a live member key).
   std::vector<std::string> backup_endpoints;
+  // Primary only: live processes of its group the layout does not list
+  // (replacements): the primary copies its state to them and asks
+  // Membership to list them as backups.
+  std::vector<std::string> spare_endpoints;
   // This process's etcd lease is confirmed alive until this time (the last
   // keep-alive that succeeded plus the lease's TTL, measured from when it
   // was sent). A primary without backups acknowledges writes only before it.
@@ -69,7 +73,8 @@ struct ReplicaView {
     return epoch == o.epoch && primary == o.primary && backup == o.backup &&
            waiting_for_backups == o.waiting_for_backups &&
            primary_endpoint == o.primary_endpoint &&
-           backup_endpoints == o.backup_endpoints;
+           backup_endpoints == o.backup_endpoints &&
+           spare_endpoints == o.spare_endpoints;
   }
 };
 

@@ -94,6 +94,7 @@ class ReplicationTest : public ::testing::Test {
     o.replication.lease_ttl = milliseconds(1000);
     o.replication.poll = milliseconds(50);
     o.replication.startup_grace = milliseconds(3000);
+    o.db_path = (dir_ / ("db-g0r" + std::to_string(replica) + tag)).string();
     auto r = std::make_unique<Replica>();
     auto s = Server::Create(o);
     EXPECT_TRUE(s.ok()) << s.status().ToString();
@@ -240,6 +241,44 @@ TEST_F(ReplicationTest, BackupAppliesWhatThePrimaryAcknowledgesAndTakesOver) {
   RequestHeader rep2 = rep;
   rep2.replicate_epoch = 2;
   EXPECT_EQ(Call(*c2, rep2).status.code(), StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ReplicationTest, ReplacementIsCopiedToAndBecomesABackup) {
+  replicas_.push_back(StartReplica(0, 2));
+  replicas_.push_back(StartReplica(1, 2));
+  auto c0 = Connect("inproc://g0r0");
+  auto c1 = Connect("inproc://g0r1");
+  RequestHeader reg = server::testing::ShardHarness::Register(
+      0, server::testing::SmallModel(), server::testing::SmallLayout(1));
+  ASSERT_TRUE(CallUntilOk(*c0, reg).status.ok());
+  const std::vector<ByteView> data{server::testing::Floats(grad_)};
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(CallUntilOk(*c0, Push(7), data).status.ok());
+  replicas_[0]->Stop();  // g0r1 takes over, alone
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(CallUntilOk(*c1, Push(7), data).status.ok());
+  EXPECT_EQ(Version(*c1), 5u);
+  // A replacement under the old name, its disk empty: a spare, copied to
+  // by the primary (a checkpoint of its store), then listed as a backup.
+  replicas_.push_back(StartReplica(0, 2, "-new"));
+  auto c2 = Connect("inproc://g0r0-new");
+  const auto until = SteadyClock::now() + milliseconds(10000);
+  uint64_t v = 0;
+  while (SteadyClock::now() < until && (v = Version(*c2)) != 5u)
+    std::this_thread::sleep_for(milliseconds(50));
+  EXPECT_EQ(v, 5u);
+  // Updates go to it before they are acknowledged: once the layout lists
+  // it (new epoch), what g0r1 acknowledges is on g0r0-new too.
+  ReplyHeader r;
+  do {
+    r = CallUntilOk(*c1, Push(7), data);
+    ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  } while (r.epoch < 3u && SteadyClock::now() < until);
+  EXPECT_GE(r.epoch, 3u);
+  const uint64_t on_primary = Version(*c1);
+  EXPECT_EQ(Version(*c2), on_primary);
+  // And it takes over with all of it when g0r1 leaves.
+  replicas_[1]->Stop();
+  ASSERT_TRUE(CallUntilOk(*c2, Push(7), data).status.ok());
+  EXPECT_EQ(Version(*c2), on_primary + 1);
 }
 
 TEST_F(ReplicationTest, PrimaryAloneStopsWritingWithoutItsLease) {

@@ -3,7 +3,11 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <random>
+
+#include "common/buffer.h"
 
 namespace asyncps::server::replication {
 
@@ -14,6 +18,10 @@ struct Replicator::Backup {
   std::string endpoint;
   std::unique_ptr<ClientSocket> socket;
   uint64_t acked = 0;
+  // A spare being copied to: its acknowledgements hold nothing until it
+  // acknowledged the snapshot's last piece, `snapshot_seq`.
+  bool joining = false;
+  uint64_t snapshot_seq = 0;
 };
 
 namespace {
@@ -50,7 +58,8 @@ Status Replicator::SetView(const ReplicaView& view,
   if (!changed) return Status::OK();
   ++counters_.view_changes;
   LOG(INFO) << "replica view: epoch " << view.epoch
-            << (view.primary ? " primary" : " backup") << ", primary "
+            << (view.primary ? " primary" : view.backup ? " backup" : " spare")
+            << ", primary "
             << (view.primary_endpoint.empty() ? "?" : view.primary_endpoint)
             << ", " << view.backup_endpoints.size() << " backup(s)";
   if (!view.primary) {
@@ -65,8 +74,14 @@ Status Replicator::SetView(const ReplicaView& view,
     return Status::OK();
   }
   // Keep the connections (and acknowledgement marks) of backups still
-  // listed; connect to new ones.
+  // listed, and of spares being (or just) copied to that are still alive;
+  // connect to new backups.
   std::vector<std::unique_ptr<Backup>> next;
+  for (auto& b : backups_) {
+    if (b && std::find(view.spare_endpoints.begin(), view.spare_endpoints.end(),
+                       b->endpoint) != view.spare_endpoints.end())
+      next.push_back(std::move(b));
+  }
   for (const std::string& e : view.backup_endpoints) {
     auto it = std::find_if(backups_.begin(), backups_.end(),
                            [&](const std::unique_ptr<Backup>& b) {
@@ -108,7 +123,10 @@ Status Replicator::Admit(RequestKind kind, TimePoint now,
                                std::to_string(options_.group) +
                                " is starting: its backups are not up yet");
   }
-  if (Write(kind) && backups_.empty() && now >= view_.lease_valid_until) {
+  const bool alone = std::none_of(
+      backups_.begin(), backups_.end(),
+      [](const std::unique_ptr<Backup>& b) { return !b->joining; });
+  if (Write(kind) && alone && now >= view_.lease_valid_until) {
     ++counters_.refused_no_lease;
     *redirect = "";
     return Status::Unavailable(
@@ -155,7 +173,11 @@ void Replicator::Forward(const Message& msg, OutgoingReply* hold,
 }
 
 Status Replicator::CheckReplicate(const RequestHeader& req) {
-  if (view_.primary || !view_.backup || req.replicate_epoch < view_.epoch ||
+  // A spare that installed a snapshot takes its primary's updates before
+  // the layout lists it.
+  const bool member =
+      view_.backup || (joined_epoch_ > 0 && req.replicate_epoch >= joined_epoch_);
+  if (view_.primary || !member || req.replicate_epoch < view_.epoch ||
       req.replicate_group != options_.group) {
     ++counters_.refused_stale;
     return Status::FailedPrecondition(
@@ -171,7 +193,7 @@ Status Replicator::CheckReplicate(const RequestHeader& req) {
 void Replicator::Poll(std::vector<OutgoingReply>* out) {
   bool any = false;
   for (auto& b : backups_) {
-    while (true) {
+    while (b->socket != nullptr) {
       StatusOr<bool> got = b->socket->Receive(&msg_, std::chrono::milliseconds(0));
       if (!got.ok() || !*got) break;
       if (msg_.frames.empty()) continue;
@@ -197,11 +219,139 @@ void Replicator::Poll(std::vector<OutgoingReply>* out) {
                                << " failed an update the primary applied: "
                                << r.status.ToString();
       }
+      if (b->joining && !r.status.ok()) {
+        // The spare could not install the snapshot: drop it; it is offered
+        // again after a pause.
+        LOG(WARNING) << "spare " << b->endpoint << " refused its snapshot: "
+                     << r.status.ToString();
+        ++counters_.snapshots_failed;
+        b->socket.reset();
+        break;
+      }
       if (r.id > b->acked && r.id < next_seq_) b->acked = r.id;
+      if (b->joining && b->acked >= b->snapshot_seq) {
+        b->joining = false;
+        ++counters_.spares_joined;
+        joined_.push_back(b->endpoint);
+        LOG(INFO) << "spare " << b->endpoint
+                  << " installed the snapshot: it is a backup now";
+      }
       any = true;
     }
   }
+  // Spares whose snapshot failed.
+  backups_.erase(std::remove_if(backups_.begin(), backups_.end(),
+                                [](const std::unique_ptr<Backup>& b) {
+                                  return b->socket == nullptr;
+                                }),
+                 backups_.end());
   if (any) Release(out);
+}
+
+std::vector<std::string> Replicator::TakeJoiners(TimePoint now) {
+  // A spare offered this long ago and still not a backup is offered again.
+  constexpr auto kRetry = std::chrono::seconds(10);
+  std::vector<std::string> out;
+  if (!view_.primary) return out;
+  for (const std::string& e : view_.spare_endpoints) {
+    const bool connected =
+        std::any_of(backups_.begin(), backups_.end(),
+                    [&](const std::unique_ptr<Backup>& b) {
+                      return b->endpoint == e;
+                    });
+    if (connected) continue;
+    auto it = std::find_if(offered_.begin(), offered_.end(),
+                           [&](const auto& o) { return o.first == e; });
+    if (it != offered_.end() && now - it->second < kRetry) continue;
+    if (it == offered_.end()) {
+      offered_.emplace_back(e, now);
+    } else {
+      it->second = now;
+    }
+    out.push_back(e);
+  }
+  return out;
+}
+
+std::vector<std::string> Replicator::TakeJoined() {
+  std::vector<std::string> out;
+  out.swap(joined_);
+  return out;
+}
+
+Status Replicator::StartJoin(const std::string& endpoint,
+                             const std::string& dir, size_t piece_bytes) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<std::pair<std::string, uint64_t>> files;
+  uint64_t total = 0;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (!entry.is_regular_file()) continue;
+    const uint64_t size = entry.file_size(ec);
+    if (ec) break;
+    files.emplace_back(entry.path().filename().string(), size);
+    total += size;
+  }
+  if (ec) return Status::Unavailable("listing " + dir + ": " + ec.message());
+  if (files.empty()) return Status::Internal("empty checkpoint in " + dir);
+  std::sort(files.begin(), files.end());
+  auto b = std::make_unique<Backup>();
+  b->endpoint = endpoint;
+  ASSIGN_OR_RETURN(b->socket, ClientSocket::Connect(endpoint, options_.transport));
+  b->joining = true;
+  b->acked = next_seq_ - 1;
+  for (size_t f = 0; f < files.size(); ++f) {
+    const auto& [name, size] = files[f];
+    std::ifstream in(dir + "/" + name, std::ios::binary);
+    if (!in) return Status::Unavailable("reading " + dir + "/" + name);
+    uint64_t offset = 0;
+    do {
+      const size_t n = static_cast<size_t>(
+          std::min<uint64_t>(piece_bytes, size - offset));
+      std::vector<uint8_t> bytes(n);
+      if (n > 0 && !in.read(reinterpret_cast<char*>(bytes.data()),
+                            static_cast<std::streamsize>(n))) {
+        return Status::Unavailable("reading " + dir + "/" + name);
+      }
+      RequestHeader h;
+      h.kind = RequestKind::kSnapshot;
+      h.id = next_seq_++;
+      h.rank = -1;
+      h.replicate_epoch = view_.epoch;
+      h.replicate_group = options_.group;
+      h.snapshot_file = name;
+      h.snapshot_offset = offset;
+      h.snapshot_file_size = size;
+      h.snapshot_total_bytes = total;
+      offset += n;
+      h.snapshot_last = f + 1 == files.size() && offset == size;
+      std::vector<Frame> frames;
+      frames.push_back(Frame::Owned(EncodeRequest(h)));
+      frames.push_back(Frame::Owned(std::move(bytes)));
+      RETURN_IF_ERROR(b->socket->Send(frames).WithContext(
+          "sending the snapshot to " + endpoint));
+      b->snapshot_seq = h.id;
+    } while (offset < size);
+  }
+  ++counters_.snapshots_sent;
+  counters_.snapshot_bytes_sent += total;
+  LOG(INFO) << "copying " << total << " bytes (" << files.size()
+            << " files) of state to spare " << endpoint;
+  backups_.push_back(std::move(b));
+  return Status::OK();
+}
+
+Status Replicator::CheckSnapshot(const RequestHeader& req) {
+  if (view_.primary || view_.backup || req.replicate_epoch < view_.epoch ||
+      req.replicate_group != options_.group) {
+    ++counters_.refused_stale;
+    return Status::FailedPrecondition(
+        "snapshot from epoch " + std::to_string(req.replicate_epoch) +
+        " refused: this process of group " + std::to_string(options_.group) +
+        " is " + (view_.primary ? "its primary" : view_.backup ? "a backup" : "") +
+        (view_.primary || view_.backup ? "" : "at epoch " + std::to_string(view_.epoch)));
+  }
+  return Status::OK();
 }
 
 std::vector<ClientSocket*> Replicator::wake_sockets() const {
@@ -212,7 +362,9 @@ std::vector<ClientSocket*> Replicator::wake_sockets() const {
 
 void Replicator::Release(std::vector<OutgoingReply>* out) {
   uint64_t all = next_seq_;  // without backups everything is released
-  for (const auto& b : backups_) all = std::min(all, b->acked + 1);
+  for (const auto& b : backups_) {
+    if (!b->joining) all = std::min(all, b->acked + 1);
+  }
   while (!held_.empty() && held_.front().seq < all) {
     out->push_back(std::move(held_.front().reply));
     held_.pop_front();

@@ -33,6 +33,16 @@
 // are dropped unanswered: the workers resend them to the new primary, which
 // has every update this one handed on and de-duplicates the resends.
 //
+// Re-replication. A spare of the group (a live process the layout does not
+// list: a replacement) is copied to: the server hands the Replicator a
+// checkpoint of its store (StartJoin), which goes to the spare as kSnapshot
+// pieces on the spare's connection, followed there by every update handed
+// on from then on. The spare installs the checkpoint as its store, and once
+// it acknowledged the last piece it counts as a backup (its acknowledgements
+// hold replies from then on) and TakeJoined() names it, for Membership to
+// list it in the layout. A spare takes kReplicate requests once it installed
+// a snapshot, from that epoch on.
+//
 // Ownership: owns one ClientSocket per backup. Thread safety: none; used by
 // the event loop's thread only.
 #pragma once
@@ -70,6 +80,10 @@ struct ReplicatorCounters {
   uint64_t refused_not_primary = 0;  // worker requests redirected
   uint64_t refused_no_lease = 0;     // writes refused: lease not confirmed
   uint64_t view_changes = 0;
+  uint64_t snapshots_sent = 0;       // spares copied to (started)
+  uint64_t snapshot_bytes_sent = 0;
+  uint64_t spares_joined = 0;        // acknowledged their snapshot
+  uint64_t snapshots_failed = 0;
 };
 
 class Replicator {
@@ -107,6 +121,22 @@ class Replicator {
   // Backup side: counts an applied kReplicate request.
   void CountApplied() { ++counters_.applied; }
 
+  // Primary side of re-replication: spares to copy to now (each once; one
+  // that failed is offered again after a pause).
+  std::vector<std::string> TakeJoiners(TimePoint now);
+  // Sends the checkpoint in `dir` (its plain files) to the spare at
+  // `endpoint` as kSnapshot pieces of at most `piece_bytes`; every update
+  // handed on later follows them.
+  Status StartJoin(const std::string& endpoint, const std::string& dir,
+                   size_t piece_bytes = size_t{16} << 20);
+  // Spares that acknowledged their whole snapshot since the last call.
+  std::vector<std::string> TakeJoined();
+  // Spare side: OK when a kSnapshot request may be installed.
+  Status CheckSnapshot(const RequestHeader& req);
+  // Spare side: a snapshot of `epoch` was installed; kReplicate requests of
+  // that epoch on are taken.
+  void SetJoined(uint64_t epoch) { joined_epoch_ = epoch; }
+
   // Reads the backups' acknowledgements and releases (into `out`) every held
   // reply all of them acknowledged.
   void Poll(std::vector<OutgoingReply>* out);
@@ -135,6 +165,10 @@ class Replicator {
   std::vector<Frame> frames_;
   Message msg_;
   ReplicatorCounters counters_;
+  // Re-replication: when each spare was last offered (TakeJoiners).
+  std::vector<std::pair<std::string, TimePoint>> offered_;
+  std::vector<std::string> joined_;  // TakeJoined()
+  uint64_t joined_epoch_ = 0;        // spare side: 0 = no snapshot installed
 };
 
 }  // namespace asyncps::server::replication
