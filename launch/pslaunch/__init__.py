@@ -7,4 +7,5 @@ Modules:
   summary  SUMMARY-line parsing, the run summary and the progress display
   slurm    srun/sbatch rendering and the Slurm backend
   k8s      Kubernetes manifest rendering
+  netns    emulated hosts: network namespaces joined by tc-shaped links (--emulate_hosts)
 """

@@ -3,6 +3,7 @@ import argparse
 import os
 import shlex
 import shutil
+import signal
 import sys
 import time
 
@@ -71,6 +72,19 @@ def make_parser():
     p.add_argument("--lease_ms", type=int,
                    help="shards' etcd lease TTL in ms (etcd rounds up to whole seconds; "
                         "default 1000)")
+    p.add_argument("--emulate_hosts", type=int,
+                   help="local backend: N emulated hosts on this machine, each a network "
+                        "namespace of its own joined to a hub by one link (root, ip, tc; "
+                        "addresses 10.213.0.0/24 only inside them); shards, then workers, "
+                        "round-robin over them (replicas of a group on different hosts)")
+    p.add_argument("--link", help="with --emulate_hosts: each host's link rate, up and down "
+                                  "(tc tbf), e.g. 100mbit, 1gbit (default: unshaped)")
+    p.add_argument("--latency", type=float,
+                   help="with --emulate_hosts: one-way delay host to host in ms (netem, half "
+                        "on each end; refused where the kernel lacks netem)")
+    p.add_argument("--shard_hosts", type=int,
+                   help="with --emulate_hosts: shards on the first M hosts only, workers on "
+                        "the others (default: all processes over all N hosts)")
     p.add_argument("--quiet", action="store_true", default=None, help="only the final summary")
     p.add_argument("--metrics", action="store_true", default=None,
                    help="every process serves Prometheus metrics on a free port; targets in "
@@ -143,12 +157,46 @@ def parse_args(argv):
         parser.error("--scrape_interval must be > 0")
     if opts.grace < 0 or opts.start_timeout <= 0:
         parser.error("--grace must be >= 0 and --start_timeout > 0")
+    check_emulation(parser, opts)
     if opts.transport == "ipc" and opts.backend != "local":
         # psrun's own ps_ctl (readiness, checkpoint, shutdown) must reach the
         # shards' sockets too, so they must be on psrun's host.
         parser.error("--transport ipc needs every shard and worker on psrun's host "
                      "(--backend local), not --backend %s" % opts.backend)
     return opts, cfg
+
+
+def check_emulation(parser, opts):
+    """--emulate_hosts and its options: consistent, the rate parsed (opts.link_bps)."""
+    opts.link_bps = None
+    if opts.emulate_hosts is None:
+        for name in ("link", "latency", "shard_hosts"):
+            if getattr(opts, name) is not None:
+                parser.error("--%s needs --emulate_hosts N" % name)
+        return
+    n = opts.emulate_hosts
+    if not 1 <= n <= 64:
+        parser.error("--emulate_hosts must be in [1, 64]")
+    if opts.backend != "local":
+        parser.error("--emulate_hosts runs every emulated host on this machine: "
+                     "--backend local, not %s" % opts.backend)
+    if opts.transport == "ipc":
+        parser.error("--emulate_hosts: hosts talk over TCP (their links), not --transport ipc")
+    if opts.metrics or opts.prometheus:
+        parser.error("--emulate_hosts: --metrics/--prometheus are not supported yet (the "
+                     "processes' metrics ports are inside the hosts' namespaces)")
+    if opts.link is not None:
+        from . import netns
+        try:
+            opts.link_bps = netns.parse_rate(opts.link)
+        except ValueError as e:
+            parser.error("--link: %s" % e)
+    if opts.latency is not None and not opts.latency > 0:
+        parser.error("--latency must be > 0 ms")
+    if opts.shard_hosts is not None and not 1 <= opts.shard_hosts <= n:
+        parser.error("--shard_hosts must be in [1, --emulate_hosts]")
+    if opts.shard_hosts is not None and opts.shard_hosts == n:
+        opts.shard_hosts = None
 
 
 def prepare_run_dir(opts, cfg):
@@ -193,12 +241,70 @@ def check_binaries(opts, names):
     return True
 
 
+def serve_between_hosts(opts, where, log):
+    """Shards bound to `where`, not loopback: ps_server refuses that without
+    CurveZMQ keys. Say so, and serve unencrypted only as an explicit choice
+    (--insecure); psrun's own ps_ctl (stats, checkpoint, shutdown) then talks
+    from another host: --allow_remote_admin (ps_server takes admin requests
+    from loopback only)."""
+    with open(os.path.join(opts.run_dir, "flags", "server.flags")) as f:
+        server_text = (opts.server_flags or "") + "\n" + f.read()
+    if "--curve_secret_key" in server_text:
+        return
+    log("psrun: warning: shards bind %s without CurveZMQ keys: traffic between hosts is "
+        "unencrypted (--insecure); give --server_flags=--curve_secret_key=FILE "
+        "(ps_ctl keygen) to encrypt it" % where)
+    opts.server_flags = ((opts.server_flags or "") + " --insecure --allow_remote_admin").strip()
+
+
+class _Stopped(Exception):
+    """SIGINT/SIGTERM while psrun sets up or removes emulated hosts."""
+
+    def __init__(self, signum):
+        super().__init__("signal %d" % signum)
+        self.signum = signum
+
+
+def emulated_hosts(opts, log):
+    """Makes the --emulate_hosts network; returns (network, spawn, bind_host).
+    Raises netns.NetnsError when it cannot be made (nothing is left then)."""
+    from . import netns
+    network = netns.Network.create(opts.emulate_hosts, rate=opts.link_bps,
+                                   latency_ms=opts.latency)
+    shards = opts.servers * opts.replicas
+    where = procs_mod.place_emulated(opts.emulate_hosts, opts.shard_hosts or opts.emulate_hosts,
+                                     shards, opts.workers)
+    shard_hosts = opts.shard_hosts or opts.emulate_hosts
+    if opts.replicas > shard_hosts:
+        log("psrun: warning: %d replicas per group on %d shard host(s): a host holds more than "
+            "one replica of a group" % (opts.replicas, shard_hosts))
+    log("psrun: %d emulated hosts (namespaces %s-h0..h%d, hub %s at %s), links %s%s" % (
+        opts.emulate_hosts, network.tag, opts.emulate_hosts - 1, network.hub,
+        network.hub_address, netns.format_rate(opts.link_bps) if opts.link_bps else "unshaped",
+        ", latency %g ms" % opts.latency if opts.latency else ""))
+
+    def spawn(name, argv_, log_path, index):
+        return netns.NetnsProc(name, argv_, log_path, network.hosts[where[index]])
+
+    def bind_host(m):
+        return network.hosts[where[m.rank]].address
+
+    return network, spawn, bind_host
+
+
 def main(argv):
     try:
         opts, cfg = parse_args(argv)
     except config_mod.ConfigError as e:
         sys.stderr.write("psrun: %s\n" % e)
         return 2
+
+    if opts.emulate_hosts:
+        from . import netns
+        why = netns.missing_tools()
+        if why:
+            sys.stderr.write("psrun: --emulate_hosts: %s\n" % why)
+            return 2
 
     if opts.backend == "k8s":
         from . import k8s
@@ -218,6 +324,8 @@ def main(argv):
     if not check_binaries(opts, needed_binaries(opts)):
         return 2
 
+    if opts.emulate_hosts:
+        return run_emulated(opts, log)
     from .fleet import Fleet
     if opts.backend == "local":
         def spawn(name, argv_, log_path, index):
@@ -245,26 +353,57 @@ def main(argv):
         bind_host = first if all(c.isdigit() or c == "." for c in first) else "*"
         if len({h for h, _ in hosts}) > 1:
             bind_host = "*"
-        # ps_server refuses a non-loopback address without CurveZMQ keys:
-        # say so, and serve unencrypted only as an explicit choice.
-        with open(os.path.join(opts.run_dir, "flags", "server.flags")) as f:
-            server_text = (opts.server_flags or "") + "\n" + f.read()
-        if not bind_host.startswith("127.") and "--curve_secret_key" not in server_text:
-            log("psrun: warning: shards bind %s without CurveZMQ keys: traffic between hosts is "
-                "unencrypted (--insecure); give --server_flags=--curve_secret_key=FILE "
-                "(ps_ctl keygen) to encrypt it" % bind_host)
-            # psrun's own ps_ctl (checkpoint, shutdown) then talks from another
-            # host: allow it (ps_server takes admin requests from loopback only).
-            opts.server_flags = ((opts.server_flags or "") +
-                                 " --insecure --allow_remote_admin").strip()
+        if not bind_host.startswith("127."):
+            serve_between_hosts(opts, bind_host, log)
 
+    return run_fleet(opts, log, spawn, bind_host)
+
+
+def run_fleet(opts, log, spawn, bind_host, network=None):
+    from .fleet import Fleet
     progress_cb = None
     want = opts.progress == "on" or (opts.progress == "auto" and sys.stdout.isatty())
     if want and not opts.quiet:
         progress_cb = lambda paths: summary_mod.Progress(paths)
     log("psrun: run folder %s" % opts.run_dir)
     fleet = Fleet(opts, opts.run_dir, spawn, bind_host=bind_host, log=log)
+    if network is not None:
+        # etcd in the hub, on its address; psrun's ps_ctl from there too.
+        fleet.ctl_prefix = network.exec_argv(network.hub)
+        fleet.etcd_options = dict(host=network.hub_address, netns=network.hub)
     code, summary = fleet.run(progress_cb)
     text = summary_mod.format_summary(summary)
     (sys.stdout if code == 0 else sys.stderr).write(text + "\n")
     return code
+
+
+def run_emulated(opts, log):
+    """--emulate_hosts: the network, the fleet in it, the network deleted in
+    every exit path (a signal before or after the fleet's own handling too)."""
+    from . import netns
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def on_signal(signum, frame):
+        raise _Stopped(signum)
+
+    network = None
+    try:
+        for s in old:
+            signal.signal(s, on_signal)
+        network, spawn, bind_host = emulated_hosts(opts, log)
+        serve_between_hosts(opts, "the emulated hosts' addresses", log)
+        return run_fleet(opts, log, spawn, bind_host, network)
+    except netns.NetnsError as e:
+        sys.stderr.write("psrun: --emulate_hosts: %s\n" % e)
+        return 2
+    except _Stopped as e:
+        log("psrun: %s: removing the emulated hosts" % signal.Signals(e.signum).name)
+        return 128 + e.signum
+    finally:
+        for s in old:
+            signal.signal(s, signal.SIG_IGN)
+        if network is not None:
+            for err in network.delete():
+                sys.stderr.write("psrun: could not delete namespace %s\n" % err)
+        for s, h in old.items():
+            signal.signal(s, h)

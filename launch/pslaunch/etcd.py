@@ -8,6 +8,10 @@ gets SIGTERM if the launcher dies. Files, under <run_dir>/etcd/:
   data/      etcd's data dir: starting again on the same run dir keeps the keys
   etcd.log   a '# psrun' header per start, then etcd's output (appended)
 
+With netns=NAME (psrun --emulate_hosts: etcd in the hub namespace, on its
+address) etcd runs under `ip netns exec NAME`, and psrun picks its ports and
+checks its health from a thread inside that namespace (netns.call_in).
+
 Flags: --heartbeat-interval=50 --election-timeout=250. etcd's smallest lease
 TTL is ceil(1.5 * election timeout) seconds, so with its default 1000 ms a 1 s
 lease is silently granted as 2 s; with 250 ms leases of 1 s work, and a 1 s
@@ -24,6 +28,7 @@ import time
 import urllib.error
 import urllib.request
 
+from . import netns as netns_mod
 from . import procs
 
 ETCD_BINARY = "/usr/bin/etcd"
@@ -63,8 +68,10 @@ def _healthy(endpoint, timeout=0.5):
 class LocalEtcd:
     """A running local etcd. endpoints: its client URL; pid: its process id."""
 
-    def __init__(self, proc, endpoints, data_dir, log_path, client_port, peer_port):
+    def __init__(self, proc, endpoints, data_dir, log_path, client_port, peer_port,
+                 netns=None):
         self._proc = proc
+        self.netns = netns
         self.endpoints = endpoints
         self.pid = proc.pid
         self.data_dir = data_dir
@@ -76,7 +83,7 @@ class LocalEtcd:
         return self._proc.poll() is None
 
     def healthy(self, timeout=0.5):
-        return self.running() and _healthy(self.endpoints, timeout)
+        return self.running() and _in(self.netns, _healthy, self.endpoints, timeout)
 
     def stop(self, timeout=10.0):
         """SIGTERM, SIGKILL after `timeout` s; waits for the exit. Idempotent."""
@@ -96,12 +103,18 @@ class LocalEtcd:
         self.stop()
 
 
+def _in(netns, fn, *args):
+    """fn(*args) here, or inside network namespace `netns`."""
+    return fn(*args) if netns is None else netns_mod.call_in(netns, fn, *args)
+
+
 def start_local_etcd(run_dir, host="127.0.0.1", port=0, peer_port=0, timeout=15.0,
-                     binary=ETCD_BINARY, name="asyncps"):
+                     binary=ETCD_BINARY, name="asyncps", netns=None):
     """Starts etcd for a run and waits until it is healthy; returns a LocalEtcd.
 
     port / peer_port: client and peer ports; 0 picks free ones (retried with
-    other ports if etcd loses one to another process). Raises EtcdError, with
+    other ports if etcd loses one to another process). netns: run it inside
+    this network namespace (`host` is then an address there). Raises EtcdError, with
     the log's tail, when the binary is missing, etcd exits, or it is not
     healthy within `timeout` seconds (it is killed then).
     """
@@ -113,8 +126,8 @@ def start_local_etcd(run_dir, host="127.0.0.1", port=0, peer_port=0, timeout=15.
     os.makedirs(etcd_dir, exist_ok=True)
     attempts = 3 if port == 0 or peer_port == 0 else 1
     for attempt in range(attempts):
-        cport = port or _free_port(host)
-        pport = peer_port or _free_port(host)
+        cport = port or _in(netns, _free_port, host)
+        pport = peer_port or _in(netns, _free_port, host)
         if cport == pport:
             continue
         client = "http://%s:%d" % (_url_host(host), cport)
@@ -125,18 +138,20 @@ def start_local_etcd(run_dir, host="127.0.0.1", port=0, peer_port=0, timeout=15.
                 "--initial-cluster=%s=%s" % (name, peer),
                 "--heartbeat-interval=%d" % HEARTBEAT_MS,
                 "--election-timeout=%d" % ELECTION_MS]
+        if netns:
+            argv = ["ip", "netns", "exec", netns] + argv  # exec()s etcd: same PID
         procs.write_header(log_path, "etcd", argv)
         log_start = os.path.getsize(log_path)
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, close_fds=True,
                                     preexec_fn=procs._die_with_parent)
-        handle = LocalEtcd(proc, client, data_dir, log_path, cport, pport)
+        handle = LocalEtcd(proc, client, data_dir, log_path, cport, pport, netns)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 break
-            if _healthy(client):
+            if _in(netns, _healthy, client):
                 return handle
             time.sleep(0.02)
         if proc.poll() is None:

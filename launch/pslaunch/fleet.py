@@ -74,7 +74,8 @@ class Member:
 class Fleet:
     def __init__(self, opts, run_dir, spawn, bind_host="127.0.0.1", log=print):
         """`spawn(name, argv, log_path, index)` returns a started-later Proc;
-        `index` is the global process index (servers first) for placement."""
+        `index` is the global process index (servers first) for placement.
+        `bind_host`: the shards' address, or a function of the shard Member."""
         self.o = opts
         self.run_dir = run_dir
         self.spawn = spawn
@@ -95,6 +96,11 @@ class Fleet:
         self.start_time = time.time()
         self.worker_start = None
         self.ctl = os.path.join(opts.bin_dir, "ps_ctl")
+        # Set by the caller when psrun's side is not the machine's own network
+        # (--emulate_hosts): the argv before ps_ctl (`ip netns exec HUB`), and
+        # start_local_etcd's keyword arguments (host, netns).
+        self.ctl_prefix = []
+        self.etcd_options = {}
         self.monitor = None
         if getattr(opts, "metrics", False):
             self.monitor = monitoring_mod.Monitor(
@@ -163,7 +169,7 @@ class Fleet:
                         if m.endpoint and (not alive_only or m.proc.poll() is None))
 
     def ps_ctl(self, command, endpoints=None, timeout_ms=2000):
-        argv = [self.ctl, "--servers=" + (endpoints or self.endpoints()),
+        argv = self.ctl_prefix + [self.ctl, "--servers=" + (endpoints or self.endpoints()),
                 "--timeout_ms=%d" % timeout_ms, command]
         try:
             r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
@@ -205,7 +211,7 @@ class Fleet:
             return
         from . import etcd as etcd_mod
         try:
-            self.etcd = etcd_mod.start_local_etcd(self.run_dir)
+            self.etcd = etcd_mod.start_local_etcd(self.run_dir, **self.etcd_options)
         except (RuntimeError, OSError) as e:
             raise LaunchError(None, "--replicas needs etcd: %s (install Debian's etcd-server, or "
                                     "give --etcd ENDPOINTS)" % e)
@@ -216,7 +222,8 @@ class Fleet:
         """Where shard `m` binds at its first start: an ephemeral TCP port, or
         with --transport ipc a Unix socket of its own (a restart reuses it)."""
         if getattr(self.o, "transport", "tcp") != "ipc":
-            return "tcp://%s:*" % self.bind_host
+            host = self.bind_host(m) if callable(self.bind_host) else self.bind_host
+            return "tcp://%s:*" % host
         return "ipc://" + self.ipc_path(m)
 
     def ipc_path(self, m):

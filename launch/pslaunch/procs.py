@@ -224,3 +224,15 @@ def place(hosts, count, start=0):
     (host by host, each host's slots in a row, then wrapping around)."""
     slots = [h for h, n in hosts for _ in range(n)]
     return [slots[(start + i) % len(slots)] for i in range(count)]
+
+
+def place_emulated(hosts, shard_hosts, shards, workers):
+    """Host indices for emulated hosts (psrun --emulate_hosts), one per
+    process index (shards first): round-robin like place(); with shard_hosts
+    < hosts, shards over hosts 0..shard_hosts-1 and workers over the rest.
+    Shard index g*R + r (replica r of group g) lands on (g*R + r) % shard_hosts:
+    the R replicas of a group on R different hosts while R <= shard_hosts."""
+    every = [(i, 1) for i in range(hosts)]
+    if shard_hosts >= hosts:
+        return place(every, shards + workers)
+    return place(every[:shard_hosts], shards) + place(every[shard_hosts:], workers)

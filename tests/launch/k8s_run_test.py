@@ -43,6 +43,7 @@ import unittest
 import launch_test_util as u
 
 from pslaunch import k8s
+from pslaunch import netns
 from pslaunch import summary as summary_mod
 
 SUBNET = "10.200.0"  # only inside this test's own namespaces
@@ -64,17 +65,9 @@ def missing_test_bed():
     for tool in ("ip", "unshare", "nsenter", "chroot", "mount", "env"):
         if not shutil.which(tool):
             return "%s not installed" % tool
-    probe = "apk%d-probe" % os.getpid()
-    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if r.returncode != 0:
-        return "ip netns add failed: " + r.stderr.strip()
-    try:
-        r = subprocess.run(["ip", "-n", probe, "link", "add", "br0", "type", "bridge"],
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            return "no bridge in a network namespace: " + r.stderr.strip()
-    finally:
-        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    why = netns.unavailable("apk%d-probe" % os.getpid())
+    if why:
+        return why
     with open("/proc/filesystems") as f:
         if "overlay" not in f.read():
             return "no overlayfs"
@@ -88,34 +81,18 @@ class Cluster:
         self.root = root
         self.namespace = namespace or "default"
         self.tag = "apk%d" % os.getpid()
-        self.hub = self.tag + "-hub"
-        self.netns = []     # every namespace made, deleted by close()
         self.procs = []     # every Popen started, killed by close()
         self.pods = {}      # name -> dict(ip, netns, hostname, dir, ...)
         self.dns = {}       # name -> ip: what the cluster DNS would answer
-        self._add_netns(self.hub)
-        _run(["ip", "-n", self.hub, "link", "add", "br0", "type", "bridge"])
-        _run(["ip", "-n", self.hub, "link", "set", "br0", "up"])
-
-    def _add_netns(self, name):
-        _run(["ip", "netns", "add", name])
-        self.netns.append(name)
-        _run(["ip", "-n", name, "link", "set", "lo", "up"])
+        # Every namespace made (a hub with a bridge, a veth per pod), deleted by close().
+        self.network = netns.Network.create(0, tag=self.tag, subnet=SUBNET)
 
     def add_pod(self, name, hostname, subdomain=None):
-        n = len(self.pods) + 1
-        ns = "%s-%d" % (self.tag, n)
-        self._add_netns(ns)
-        # Both ends made inside the namespaces: no interface in the machine's own.
-        _run(["ip", "link", "add", "eth0", "netns", ns, "type", "veth",
-              "peer", "name", "v%d" % n, "netns", self.hub])
-        _run(["ip", "-n", self.hub, "link", "set", "v%d" % n, "master", "br0", "up"])
-        ip = "%s.%d" % (SUBNET, 10 + n)
-        _run(["ip", "-n", ns, "addr", "add", ip + "/24", "dev", "eth0"])
-        _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+        host = self.network.add_host()
         d = os.path.join(self.root, "pods", name)
         os.makedirs(d)
-        pod = dict(name=name, ip=ip, netns=ns, hostname=hostname, subdomain=subdomain, dir=d)
+        pod = dict(name=name, ip=host.address, netns=host.netns, hostname=hostname,
+                   subdomain=subdomain, dir=d)
         self.pods[name] = pod
         return pod
 
@@ -217,9 +194,7 @@ class Cluster:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
-        for ns in reversed(self.netns):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
-        self.netns = []
+        self.network.delete()
 
 
 class K8sRunTest(u.LaunchTestCase):

@@ -4,7 +4,7 @@ import os
 
 import launch_test_util as u
 
-from pslaunch import cli, config, procs, summary
+from pslaunch import cli, config, netns, procs, summary
 
 
 class ConfigTest(u.LaunchTestCase):
@@ -99,6 +99,39 @@ class ConfigTest(u.LaunchTestCase):
             procs.parse_hostfile("node1 slots=x\n")
         with self.assertRaises(ValueError):
             procs.parse_hostfile("# nothing\n")
+
+    def test_emulated_placement_spreads_replicas(self):
+        # 3 groups x 2 replicas over 3 shard hosts, 4 workers on host 3.
+        where = procs.place_emulated(4, 3, 6, 4)
+        self.assertEqual(where, [0, 1, 2, 0, 1, 2, 3, 3, 3, 3])
+        for g in range(3):
+            self.assertNotEqual(where[2 * g], where[2 * g + 1])
+        # Every host shared: shards, then workers, round-robin.
+        self.assertEqual(procs.place_emulated(2, 2, 2, 3), [0, 1, 0, 1, 0])
+
+    def test_link_rates(self):
+        self.assertEqual(netns.parse_rate("100mbit"), 10 ** 8)
+        self.assertEqual(netns.parse_rate("1gbit"), 10 ** 9)
+        self.assertEqual(netns.parse_rate("1.5Gbit"), 15 * 10 ** 8)
+        self.assertEqual(netns.parse_rate("500kbit"), 5 * 10 ** 5)
+        self.assertEqual(netns.format_rate(10 ** 8), "100mbit")
+        self.assertEqual(netns.format_rate(15 * 10 ** 8), "1500mbit")
+        for text, needle in (("100mbps", "bytes per second"), ("100", "give a unit"),
+                             ("fast", "e.g. 100mbit"), ("1bit", "between 10kbit")):
+            with self.assertRaises(ValueError) as e:
+                netns.parse_rate(text)
+            self.assertIn(needle, str(e.exception))
+
+    def test_emulate_hosts_options(self):
+        opts, _ = cli.parse_args(["--emulate_hosts", "3", "--link", "20mbit"])
+        self.assertEqual(opts.link_bps, 2 * 10 ** 7)
+        for argv in (["--link", "1gbit"], ["--emulate_hosts", "2", "--link", "1gbyte"],
+                     ["--emulate_hosts", "2", "--backend", "ssh"],
+                     ["--emulate_hosts", "2", "--transport", "ipc"],
+                     ["--emulate_hosts", "2", "--shard_hosts", "3"],
+                     ["--emulate_hosts", "2", "--latency", "0"]):
+            with self.assertRaises(SystemExit, msg=argv):
+                cli.parse_args(argv)
 
     def test_summary(self):
         text = ("noise\nSUMMARY rank=0 final_test_acc=0.8100 samples_per_s=100.5 "
