@@ -34,19 +34,32 @@ constexpr std::array<uint16_t, 256> MakeSpread() {
 }
 constexpr std::array<uint16_t, 256> kSpread = MakeSpread();
 
-// Mix32 (lowbias32) of 8 lanes.
-ASYNCPS_AVX2 inline __m256i Mix32x8(__m256i x) {
-  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
-  x = _mm256_mullo_epi32(x, _mm256_set1_epi32(0x21f0aaad));
-  x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
-  x = _mm256_mullo_epi32(x, _mm256_set1_epi32(0x735a2d97));
-  return _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
+// StreamBits (format.h) of 8 lanes.
+ASYNCPS_AVX2 inline __m256i StreamBits8(__m256i w) {
+  w = _mm256_xor_si256(w, _mm256_srli_epi32(w, 16));
+  w = _mm256_mullo_epi32(w, _mm256_set1_epi32(0x21f0aaad));
+  w = _mm256_xor_si256(w, _mm256_srli_epi32(w, 15));
+  return _mm256_mullo_epi32(w, _mm256_set1_epi32(0x735a2d97));
 }
 
-// Uniform(key, i) of 8 lanes, given ctr = i + key.
-ASYNCPS_AVX2 inline __m256 Uniform8(__m256i ctr) {
-  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(Mix32x8(ctr), 8)),
-                       _mm256_set1_ps(1.0f / 16777216.0f));
+// Uniform(key, i) of 8 lanes, given w = (i + key) * kWeyl.
+ASYNCPS_AVX2 inline __m256 Uniform8(__m256i w) {
+  return _mm256_mul_ps(
+      _mm256_cvtepi32_ps(_mm256_srli_epi32(StreamBits8(w), 8)),
+      _mm256_set1_ps(1.0f / 16777216.0f));
+}
+
+// The Weyl counters (i + key) * kWeyl of elements base .. base + 7, and the
+// step that moves all 8 lanes on by 8 elements.
+ASYNCPS_AVX2 inline __m256i Weyl8(uint32_t base, uint32_t key) {
+  const __m256i w =
+      _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                       _mm256_set1_epi32(static_cast<int32_t>(base + key)));
+  return _mm256_mullo_epi32(w,
+                            _mm256_set1_epi32(static_cast<int32_t>(kWeyl)));
+}
+ASYNCPS_AVX2 inline __m256i WeylStep8() {
+  return _mm256_set1_epi32(static_cast<int32_t>(8u * kWeyl));
 }
 
 ASYNCPS_AVX2 inline __m256 Abs8(__m256 v) {
@@ -76,10 +89,10 @@ ASYNCPS_AVX2 float LaneSum(const float* x, size_t len) {
 }
 
 // QSGD levels of 8 elements as int32 lanes.
-ASYNCPS_AVX2 inline __m256i QsgdLevels8(const float* x, __m256i ctr, __m256 inv,
+ASYNCPS_AVX2 inline __m256i QsgdLevels8(const float* x, __m256i w, __m256 inv,
                                         __m256i smax) {
   const __m256 v = _mm256_loadu_ps(x);
-  const __m256 t = _mm256_add_ps(_mm256_mul_ps(Abs8(v), inv), Uniform8(ctr));
+  const __m256 t = _mm256_add_ps(_mm256_mul_ps(Abs8(v), inv), Uniform8(w));
   const __m256i l = _mm256_min_epi32(_mm256_cvttps_epi32(t), smax);
   // The sign of x (negative bit pattern: -l; zero bits (+0.0): l is 0).
   return _mm256_sign_epi32(l, _mm256_castps_si256(v));
@@ -123,18 +136,16 @@ ASYNCPS_AVX2 void QsgdLevelsAvx2(const float* x, size_t len, uint32_t base,
                                  bool nibbles, uint8_t* out) {
   const __m256 vinv = _mm256_set1_ps(inv);
   const __m256i vsmax = _mm256_set1_epi32(smax);
-  const __m256i eight = _mm256_set1_epi32(8);
+  const __m256i step = WeylStep8();
   const __m256i low4 = _mm256_set1_epi8(15);
   const __m256i pair = _mm256_set1_epi16(0x1001);  // bytes (1, 16)
-  __m256i ctr =
-      _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                       _mm256_set1_epi32(static_cast<int32_t>(base + key)));
+  __m256i w = Weyl8(base, key);
   size_t i = 0;
   for (; i + 32 <= len; i += 32) {
     __m256i l[4];
     for (int k = 0; k < 4; ++k) {
-      l[k] = QsgdLevels8(x + i + 8 * k, ctr, vinv, vsmax);
-      ctr = _mm256_add_epi32(ctr, eight);
+      l[k] = QsgdLevels8(x + i + 8 * k, w, vinv, vsmax);
+      w = _mm256_add_epi32(w, step);
     }
     __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(l[0], l[1]),
                                    _mm256_packs_epi32(l[2], l[3]));
@@ -150,8 +161,8 @@ ASYNCPS_AVX2 void QsgdLevelsAvx2(const float* x, size_t len, uint32_t base,
                      _mm256_castsi256_si128(q));
   }
   for (; i + 8 <= len; i += 8) {
-    const __m128i b = Bytes8(QsgdLevels8(x + i, ctr, vinv, vsmax));
-    ctr = _mm256_add_epi32(ctr, eight);
+    const __m128i b = Bytes8(QsgdLevels8(x + i, w, vinv, vsmax));
+    w = _mm256_add_epi32(w, step);
     if (!nibbles) {
       _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), b);
       continue;
@@ -178,21 +189,19 @@ ASYNCPS_AVX2 void QsgdLevelsAvx2(const float* x, size_t len, uint32_t base,
 ASYNCPS_AVX2 void TernCodesAvx2(const float* x, size_t len, uint32_t base,
                                 uint32_t key, float inv, uint8_t* out) {
   const __m256 vinv = _mm256_set1_ps(inv);
-  const __m256i eight = _mm256_set1_epi32(8);
-  __m256i ctr =
-      _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                       _mm256_set1_epi32(static_cast<int32_t>(base + key)));
+  const __m256i step = WeylStep8();
+  __m256i w = Weyl8(base, key);
   size_t i = 0;
   for (; i + 8 <= len; i += 8) {
     const __m256 v = _mm256_loadu_ps(x + i);
-    const __m256 nz =
-        _mm256_cmp_ps(Uniform8(ctr), _mm256_mul_ps(Abs8(v), vinv), _CMP_LT_OQ);
-    const __m256 neg =
-        _mm256_and_ps(nz, _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ));
-    ctr = _mm256_add_epi32(ctr, eight);
+    const int nz = _mm256_movemask_ps(
+        _mm256_cmp_ps(Uniform8(w), _mm256_mul_ps(Abs8(v), vinv), _CMP_LT_OQ));
+    // x < 0 is its sign bit: x is not NaN (the caller checked), and a -0.0
+    // is never non-zero (|x| * inv is 0 or NaN, and u < that is false).
+    const int neg = nz & _mm256_movemask_ps(v);
+    w = _mm256_add_epi32(w, step);
     const uint16_t codes =
-        static_cast<uint16_t>(kSpread[_mm256_movemask_ps(nz)] |
-                              (kSpread[_mm256_movemask_ps(neg)] << 1));
+        static_cast<uint16_t>(kSpread[nz] | (kSpread[neg] << 1));
     __builtin_memcpy(out + i / 4, &codes, 2);
   }
   if (i < len) {
@@ -208,6 +217,98 @@ ASYNCPS_AVX2 void TernCodesAvx2(const float* x, size_t len, uint32_t base,
           out[i / 4] | ((nz | (neg & (nz << 1))) << (2 * (i % 4))));
     }
   }
+}
+
+namespace {
+
+// The values of the TernGrad codes packed[...] times m: code 1 -> m, 3 -> -m,
+// 0 and 2 -> +0 (as 1 * m, -1 * m, 0 * m for a finite m >= 0).
+struct TernValues {
+  const uint8_t* packed;
+  float m;
+  // Elements i .. i + 7 (i a multiple of 8).
+  ASYNCPS_AVX2 __m256 Eight(size_t i) const {
+    uint16_t c16;
+    __builtin_memcpy(&c16, packed + i / 4, 2);
+    const __m256i c = _mm256_and_si256(
+        _mm256_srlv_epi32(_mm256_set1_epi32(c16),
+                          _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+        _mm256_set1_epi32(3));
+    const __m256i one = _mm256_set1_epi32(1);
+    const __m256i nz = _mm256_cmpeq_epi32(_mm256_and_si256(c, one), one);
+    const __m256i neg = _mm256_cmpeq_epi32(c, _mm256_set1_epi32(3));
+    // m or 0, then the sign bit where the code is 3.
+    return _mm256_or_ps(
+        _mm256_and_ps(_mm256_castsi256_ps(nz), _mm256_set1_ps(m)),
+        _mm256_and_ps(_mm256_castsi256_ps(neg), _mm256_set1_ps(-0.0f)));
+  }
+  float One(size_t i) const {
+    const uint32_t c = (packed[i / 4] >> (2 * (i % 4))) & 3u;
+    return ((c & 1u) ? ((c & 2u) ? -1.0f : 1.0f) : 0.0f) * m;
+  }
+};
+
+// The values of the sign bits packed[...]: s where clear, -s where set.
+struct SignValues {
+  const uint8_t* packed;
+  float s;
+  ASYNCPS_AVX2 __m256 Eight(size_t i) const {
+    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    const __m256i set = _mm256_cmpeq_epi32(
+        _mm256_and_si256(_mm256_set1_epi32(packed[i / 8]), bit), bit);
+    return _mm256_xor_ps(_mm256_set1_ps(s),
+                         _mm256_and_ps(_mm256_castsi256_ps(set),
+                                       _mm256_set1_ps(-0.0f)));
+  }
+  float One(size_t i) const {
+    return ((packed[i / 8] >> (i % 8)) & 1u) ? -s : s;
+  }
+};
+
+// dst[i] = v(i), or dst[i] += alpha * v(i) (a multiply, then an add).
+template <bool kAdd, typename Values>
+ASYNCPS_AVX2 void DecodeLoop(const Values& v, size_t len, float alpha,
+                             float* dst) {
+  const __m256 va = _mm256_set1_ps(alpha);
+  size_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    const __m256 e = v.Eight(i);
+    if constexpr (kAdd) {
+      _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_loadu_ps(dst + i),
+                                              _mm256_mul_ps(va, e)));
+    } else {
+      _mm256_storeu_ps(dst + i, e);
+    }
+  }
+  for (; i < len; ++i) {
+    if constexpr (kAdd) {
+      dst[i] += alpha * v.One(i);
+    } else {
+      dst[i] = v.One(i);
+    }
+  }
+}
+
+template <typename Values>
+ASYNCPS_AVX2 void Decode(const Values& v, size_t len, float alpha, bool add,
+                         float* dst) {
+  if (add) {
+    DecodeLoop<true>(v, len, alpha, dst);
+  } else {
+    DecodeLoop<false>(v, len, alpha, dst);
+  }
+}
+
+}  // namespace
+
+void TernDecodeAvx2(const uint8_t* packed, size_t len, float m, float alpha,
+                    bool add, float* dst) {
+  Decode(TernValues{packed, m}, len, alpha, add, dst);
+}
+
+void SignDecodeAvx2(const uint8_t* packed, size_t len, float s, float alpha,
+                    bool add, float* dst) {
+  Decode(SignValues{packed, s}, len, alpha, add, dst);
 }
 
 ASYNCPS_AVX2 void SignBitsAvx2(const float* x, size_t n, uint8_t* out) {
@@ -270,6 +371,8 @@ float LaneSumAbsAvx2(const float*, size_t) { return 0; }
 void QsgdLevelsAvx2(const float*, size_t, uint32_t, uint32_t, float, int32_t,
                     bool, uint8_t*) {}
 void TernCodesAvx2(const float*, size_t, uint32_t, uint32_t, float, uint8_t*) {}
+void TernDecodeAvx2(const uint8_t*, size_t, float, float, bool, float*) {}
+void SignDecodeAvx2(const uint8_t*, size_t, float, float, bool, float*) {}
 void SignBitsAvx2(const float*, size_t, uint8_t*) {}
 void Bf16EncodeAvx2(const float*, size_t, uint16_t*) {}
 

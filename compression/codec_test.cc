@@ -253,6 +253,40 @@ TEST(QsgdTest, UnbiasedAndBounded) {
   }
 }
 
+// The stochastic-rounding stream (format.h): over 2^20 consecutive elements
+// (the counters an encoder uses), single values and pairs at lag 1 and lag 8
+// (the AVX2 lane stride) of the top, middle and low 6 of Uniform's 24 bits
+// are uniform by a chi-square test. z = (chi2 - dof) / sqrt(2 dof); a good
+// generator gives |z| < 5 with probability > 1 - 1e-6.
+TEST(UniformStreamTest, ValuesAndPairsAreUniform) {
+  const uint32_t kN = 1u << 20;
+  auto z = [](const std::vector<double>& cells, double total) {
+    const double e = total / static_cast<double>(cells.size());
+    double chi2 = 0;
+    for (double c : cells) chi2 += (c - e) * (c - e) / e;
+    const double dof = static_cast<double>(cells.size() - 1);
+    return (chi2 - dof) / std::sqrt(2 * dof);
+  };
+  for (uint32_t key : {internal::SeedKey(0), internal::SeedKey(12345), 0u,
+                       0xfffffff0u}) {
+    for (int shift : {18, 9, 0}) {  // the top, middle and low 6 bits
+      std::vector<double> one(64, 0), lag1(4096, 0), lag8(4096, 0);
+      std::vector<uint32_t> v(kN);
+      for (uint32_t i = 0; i < kN; ++i) {
+        const float u = internal::Uniform(key, i);
+        ASSERT_TRUE(u >= 0.0f && u < 1.0f);
+        v[i] = (static_cast<uint32_t>(u * 16777216.0f) >> shift) & 63;
+        one[v[i]] += 1;
+        if (i >= 1) lag1[v[i - 1] * 64 + v[i]] += 1;
+        if (i >= 8) lag8[v[i - 8] * 64 + v[i]] += 1;
+      }
+      EXPECT_LT(std::fabs(z(one, kN)), 5) << key << " bits " << shift;
+      EXPECT_LT(std::fabs(z(lag1, kN - 1)), 5) << key << " bits " << shift;
+      EXPECT_LT(std::fabs(z(lag8, kN - 8)), 5) << key << " bits " << shift;
+    }
+  }
+}
+
 TEST(QsgdTest, PacksFourBitsUpToSevenLevels) {
   auto x = Gaussian(1024, 1);
   std::vector<uint8_t> p;

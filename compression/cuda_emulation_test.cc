@@ -304,6 +304,43 @@ TEST(Avx2KernelsTest, MatchThePortableFormulasForEveryTail) {
           want[i / 4] | ((nz | (neg & (nz << 1))) << (2 * (i % 4))));
     }
     EXPECT_EQ(got, want) << "terngrad len " << len;
+    // TernGrad decoding: every code (2 too, which encoders never write), a
+    // zero scale (code 3 gives -0.0), overwrite and add.
+    std::vector<uint8_t> codes(len / 4 + 1);
+    for (size_t j = 0; j < codes.size(); ++j)
+      codes[j] = static_cast<uint8_t>(internal::Mix32(j + len) >> 24);
+    for (float m : {0.0f, 0.75f, 3e38f}) {
+      for (bool add : {false, true}) {
+        std::vector<float> dg(len + 1), dw(len + 1);
+        for (size_t i = 0; i <= len; ++i) dg[i] = dw[i] = x[i];
+        internal::TernDecodeAvx2(codes.data(), len, m, -1.5f, add, dg.data());
+        for (size_t i = 0; i < len; ++i) {
+          const uint32_t c = (codes[i / 4] >> (2 * (i % 4))) & 3u;
+          const float t = (c & 1u) ? ((c & 2u) ? -1.0f : 1.0f) : 0.0f;
+          dw[i] = add ? dw[i] + -1.5f * (t * m) : t * m;
+        }
+        std::vector<uint32_t> bg(len + 1), bw(len + 1);
+        for (size_t i = 0; i <= len; ++i) {
+          bg[i] = internal::FloatBits(dg[i]);
+          bw[i] = internal::FloatBits(dw[i]);
+        }
+        EXPECT_EQ(bg, bw) << "terngrad decode len " << len << " m " << m
+                          << " add " << add;
+        // Sign decoding of the same bytes (one bit per element).
+        for (size_t i = 0; i <= len; ++i) dg[i] = dw[i] = x[i];
+        internal::SignDecodeAvx2(codes.data(), len, m, -1.5f, add, dg.data());
+        for (size_t i = 0; i < len; ++i) {
+          const float v = ((codes[i / 8] >> (i % 8)) & 1u) ? -m : m;
+          dw[i] = add ? dw[i] + -1.5f * v : v;
+        }
+        for (size_t i = 0; i <= len; ++i) {
+          bg[i] = internal::FloatBits(dg[i]);
+          bw[i] = internal::FloatBits(dw[i]);
+        }
+        EXPECT_EQ(bg, bw) << "sign decode len " << len << " s " << m
+                          << " add " << add;
+      }
+    }
     std::vector<uint8_t> sg(len / 8 + 8, 0xAA), sw(len / 8 + 8, 0xAA);
     internal::SignBitsAvx2(x.data(), len, sg.data());
     for (size_t i = 0; i < len; ++i) {

@@ -571,10 +571,15 @@ class TernGradCodec final : public RunDecoder<TernGradCodec, FixedBits<2>> {
     const uint8_t* scales = p + kPayloadHeaderBytes;
     const uint8_t* packed = scales + 4 * nb;
     const auto& tern = GetTables().tern;
+    const bool avx2 = HaveAvx2();
     for (uint64_t b = 0; b < nb; ++b) {
       const size_t lo = b * h.p1;
       const size_t len = std::min<size_t>(h.p1, n - lo);
       const float m = LoadF32(scales, b);
+      if (avx2) {
+        TernDecodeAvx2(packed + lo / 4, len, m, alpha, kAdd, dst + lo);
+        continue;
+      }
       // lo is a multiple of 8: whole bytes.
       const size_t full = len / 4;
       for (size_t j = 0; j < full; ++j) {
@@ -640,10 +645,15 @@ class SignCodec final : public RunDecoder<SignCodec, FixedBits<1>> {
     const uint8_t* scales = p + kPayloadHeaderBytes;
     const uint8_t* packed = scales + 4 * nb;
     const auto& sign = GetTables().sign;
+    const bool avx2 = HaveAvx2();
     for (uint64_t b = 0; b < nb; ++b) {
       const size_t lo = b * h.p1;
       const size_t len = std::min<size_t>(h.p1, n - lo);
       const float s = LoadF32(scales, b);
+      if (avx2) {
+        SignDecodeAvx2(packed + lo / 8, len, s, alpha, kAdd, dst + lo);
+        continue;
+      }
       // lo and full buckets are multiples of 8: whole bytes.
       const size_t bytes = len / 8;
       for (size_t j = 0; j < bytes; ++j) {

@@ -1,4 +1,5 @@
-// Private to compression/: hand-vectorised (AVX2) encoder loops, picked at
+// Private to compression/: hand-vectorised (AVX2) encoder loops (and the
+// TernGrad and sign decoders), picked at
 // run time on CPUs that have AVX2 (HaveAvx2()). Each one writes exactly the
 // bytes of the portable code in dense_codecs.cc (and of the CUDA kernels):
 // the same counter-based generator (Uniform() of format.h, 24 random bits
@@ -32,13 +33,26 @@ void QsgdLevelsAvx2(const float* x, size_t len, uint32_t base, uint32_t key,
                     float inv, int32_t smax, bool nibbles, uint8_t* out);
 
 // TernGrad 2-bit codes of len elements (bit0: u < |x| * inv, bit1: that and
-// x < 0), four per byte, into out[0..(len+3)/4).
+// x < 0), four per byte, into out[0..(len+3)/4). x holds no NaN.
 void TernCodesAvx2(const float* x, size_t len, uint32_t base, uint32_t key,
                    float inv, uint8_t* out);
+
+// TernGrad values of len elements from their codes (packed[0] holds elements
+// 0..3): code 1 -> m, 3 -> -m, 0 and 2 -> +0, bit-identical to the portable
+// decoder's table value times m for a finite m >= 0. Written to dst, or with
+// add, dst[i] + alpha * value (a multiply, then an add).
+void TernDecodeAvx2(const uint8_t* packed, size_t len, float m, float alpha,
+                    bool add, float* dst);
 
 // One bit per element, set when x < 0 (bit i%8 of byte i/8), into
 // out[0..(n+7)/8).
 void SignBitsAvx2(const float* x, size_t n, uint8_t* out);
+
+// Sign values of len elements from their bits (packed[0] holds elements
+// 0..7): s where the bit is clear, -s where set, written or added as
+// TernDecodeAvx2 does.
+void SignDecodeAvx2(const uint8_t* packed, size_t len, float s, float alpha,
+                    bool add, float* dst);
 
 // bfloat16 of n floats (round to nearest even, NaN stays a quiet NaN).
 void Bf16EncodeAvx2(const float* x, size_t n, uint16_t* out);
