@@ -123,6 +123,26 @@ class CheckTest(unittest.TestCase):
         self.assertIn("bench=codec row=codec=terngrad n=1048576 op=encode", missing[0])
         self.assertNotIn("FAIL", out)
 
+    def test_several_runs_of_a_row_in_one_file(self):
+        files = self.passing()
+        # Three runs: the median run (0.31) meets the goal, one run does not.
+        files[0] = self.rows("codecs.jsonl", [
+            codec("qsgd", 0.25, 0.2, 0.3), codec("qsgd", 0.33, 0.3, 0.4),
+            codec("qsgd", 0.31, 0.3, 0.35), codec("terngrad", 0.33, 0.29, 0.44)])
+        rc, out, err = self.check(*files)
+        self.assertEqual(rc, 0, out + err)
+        self.assertIn("| ok | codec | codec=qsgd n=1048576 op=encode | ratio | 0.310 | "
+                      "[0.25, 0.33] |", out)
+        # The same runs in two files are judged per file.
+        other = self.rows("codecs2.jsonl", [codec("qsgd", 0.2), codec("qsgd", 0.22),
+                                            codec("terngrad", 0.4)])
+        rc, out, _ = self.check(*files, other)
+        self.assertEqual(rc, 1)
+        fails = [l for l in out.splitlines() if l.startswith("FAIL")]
+        self.assertEqual(len(fails), 1, out)
+        self.assertIn("codec=qsgd n=1048576 op=encode ratio=0.210 < goal 0.30 (codecs2.jsonl)",
+                      fails[0])
+
     def test_row_without_the_metric_fails(self):
         files = self.passing()
         row = dict(TRANSPORT)
