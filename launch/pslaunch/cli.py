@@ -75,8 +75,8 @@ def make_parser():
     p.add_argument("--emulate_hosts", type=int,
                    help="local backend: N emulated hosts on this machine, each a network "
                         "namespace of its own joined to a hub by one link (root, ip, tc; "
-                        "addresses 10.213.0.0/24 only inside them); shards, then workers, "
-                        "round-robin over them (replicas of a group on different hosts)")
+                        "addresses 10.213.0.0/24 only inside them); replica r of group g on "
+                        "host (g + r) %% N, workers round-robin after the shards")
     p.add_argument("--link", help="with --emulate_hosts: each host's link rate, up and down "
                                   "(tc tbf), e.g. 100mbit, 1gbit (default: unshaped)")
     p.add_argument("--latency", type=float,
@@ -271,10 +271,9 @@ def emulated_hosts(opts, log):
     from . import netns
     network = netns.Network.create(opts.emulate_hosts, rate=opts.link_bps,
                                    latency_ms=opts.latency)
-    shards = opts.servers * opts.replicas
-    where = procs_mod.place_emulated(opts.emulate_hosts, opts.shard_hosts or opts.emulate_hosts,
-                                     shards, opts.workers)
     shard_hosts = opts.shard_hosts or opts.emulate_hosts
+    where = procs_mod.place_emulated(opts.emulate_hosts, shard_hosts, opts.servers,
+                                     opts.replicas, opts.workers)
     if opts.replicas > shard_hosts:
         log("psrun: warning: %d replicas per group on %d shard host(s): a host holds more than "
             "one replica of a group" % (opts.replicas, shard_hosts))

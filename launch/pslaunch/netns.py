@@ -198,9 +198,8 @@ class Network:
         return ["ip", "netns", "exec", ns]
 
     def set_link(self, host, up):
-        """Cuts a host off (up=False: its eth0 down, so its peer loses carrier
-        too) or heals it (up=True: addresses and qdiscs stay)."""
-        _run(["ip", "-n", host.netns, "link", "set", host.dev, "up" if up else "down"])
+        """set_link_state for one of this Network's hosts."""
+        set_link_state(host.netns, up, host.dev)
 
     def delete(self):
         """Deletes every namespace this Network made (idempotent); returns the
@@ -242,6 +241,12 @@ class NetnsProc(procs.LocalProc):
         r = super().record()
         r.update({"emulated_host": self.emulated.name, "netns": self.emulated.netns})
         return r
+
+
+def set_link_state(netns, up, dev="eth0"):
+    """Cuts an emulated host off (up=False: its eth0 down, so the hub's end
+    loses carrier too) or heals it (up=True: addresses and qdiscs stay)."""
+    _run(["ip", "-n", netns, "link", "set", dev, "up" if up else "down"])
 
 
 def list_namespaces(prefix=""):

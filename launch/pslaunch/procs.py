@@ -226,13 +226,15 @@ def place(hosts, count, start=0):
     return [slots[(start + i) % len(slots)] for i in range(count)]
 
 
-def place_emulated(hosts, shard_hosts, shards, workers):
+def place_emulated(hosts, shard_hosts, servers, replicas, workers):
     """Host indices for emulated hosts (psrun --emulate_hosts), one per
-    process index (shards first): round-robin like place(); with shard_hosts
-    < hosts, shards over hosts 0..shard_hosts-1 and workers over the rest.
-    Shard index g*R + r (replica r of group g) lands on (g*R + r) % shard_hosts:
-    the R replicas of a group on R different hosts while R <= shard_hosts."""
-    every = [(i, 1) for i in range(hosts)]
+    process index (shards first, shard index g*R + r for replica r of group
+    g): replica r of group g on host (g + r) % shard_hosts, so the R
+    replicas of a group sit on R different hosts while R <= shard_hosts and
+    the primaries (r = 0) are spread over the hosts; workers round-robin
+    after them like place(): over every host when shard_hosts == hosts, else
+    over hosts shard_hosts..hosts-1."""
+    where = [(g + r) % shard_hosts for g in range(servers) for r in range(replicas)]
     if shard_hosts >= hosts:
-        return place(every, shards + workers)
-    return place(every[:shard_hosts], shards) + place(every[shard_hosts:], workers)
+        return where + [(len(where) + w) % hosts for w in range(workers)]
+    return where + [shard_hosts + w % (hosts - shard_hosts) for w in range(workers)]

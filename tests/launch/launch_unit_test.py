@@ -101,13 +101,14 @@ class ConfigTest(u.LaunchTestCase):
             procs.parse_hostfile("# nothing\n")
 
     def test_emulated_placement_spreads_replicas(self):
-        # 3 groups x 2 replicas over 3 shard hosts, 4 workers on host 3.
-        where = procs.place_emulated(4, 3, 6, 4)
-        self.assertEqual(where, [0, 1, 2, 0, 1, 2, 3, 3, 3, 3])
-        for g in range(3):
-            self.assertNotEqual(where[2 * g], where[2 * g + 1])
-        # Every host shared: shards, then workers, round-robin.
-        self.assertEqual(procs.place_emulated(2, 2, 2, 3), [0, 1, 0, 1, 0])
+        # 3 groups x 2 replicas over 3 shard hosts (one primary on each, a
+        # group's replicas apart), 4 workers over hosts 3 and 4.
+        where = procs.place_emulated(5, 3, 3, 2, 4)
+        self.assertEqual(where, [0, 1, 1, 2, 2, 0, 3, 4, 3, 4])
+        # 2 groups x 2 replicas on 2 hosts: the primaries apart too.
+        self.assertEqual(procs.place_emulated(3, 2, 2, 2, 2), [0, 1, 1, 0, 2, 2])
+        # Every host shared, no replicas: shards, then workers, round-robin.
+        self.assertEqual(procs.place_emulated(2, 2, 2, 1, 3), [0, 1, 0, 1, 0])
 
     def test_link_rates(self):
         self.assertEqual(netns.parse_rate("100mbit"), 10 ** 8)
