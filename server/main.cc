@@ -166,6 +166,10 @@ DEFINE_int32(replica, 0, "this process's index in its group, [0, replicas)");
 DEFINE_int32(lease_ms, 1000,
              "etcd lease TTL, ms (etcd counts whole seconds: rounded up); a "
              "primary whose lease ends is replaced by a backup");
+DEFINE_int32(replica_suspect_ms, 500,
+             "a backup that heard nothing from its primary (which pings "
+             "when idle) for this long has etcd promote it without waiting "
+             "for the primary's lease to end; 0: leases only");
 DEFINE_string(advertise_endpoint, "",
               "endpoint other processes reach this one at (default: the "
               "bound --endpoint, with its real port)");
@@ -348,6 +352,11 @@ srv::ServerOptions OptionsFromFlags() {
     o.replication.poll =
         std::chrono::milliseconds(std::max(10, std::min(100, FLAGS_lease_ms / 5)));
     o.replication.endpoint = FLAGS_advertise_endpoint;
+    if (FLAGS_replica_suspect_ms < 0 || FLAGS_replica_suspect_ms > 600000)
+      BadFlag("--replica_suspect_ms must be in [0, 600000]");
+    if (FLAGS_replica_suspect_ms > 0 && FLAGS_replica_suspect_ms < 200)
+      BadFlag("--replica_suspect_ms below 200 would depose busy primaries");
+    o.replica_suspect_after = std::chrono::milliseconds(FLAGS_replica_suspect_ms);
   }
   if (!FLAGS_curve_secret_key.empty()) {
     StatusOr<std::string> k = asyncps::LoadCurveKey(FLAGS_curve_secret_key);

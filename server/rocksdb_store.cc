@@ -446,7 +446,9 @@ class RocksDbStore final : public Store {
     RETURN_IF_ERROR(FromRocks(rocksdb::Checkpoint::Create(db_.get(), &raw),
                               "exporting a checkpoint"));
     std::unique_ptr<rocksdb::Checkpoint> ck(raw);
-    return FromRocks(ck->CreateCheckpoint(dir),
+    // No memtable flush (it would stall the shard's loop): the write-ahead
+    // log is copied instead and replayed by whoever opens the copy.
+    return FromRocks(ck->CreateCheckpoint(dir, /*log_size_for_flush=*/UINT64_MAX),
                      "exporting a checkpoint to " + dir);
   }
 

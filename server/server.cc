@@ -38,6 +38,13 @@ void Server::UpdateView() {
   for (const std::string& joined : replicator_->TakeJoined()) {
     membership_->AddBackup(joined);
   }
+  for (const std::string& broken : replicator_->TakeBroken()) {
+    membership_->DropBackup(broken);
+  }
+  if (uint64_t epoch =
+          replicator_->PrimarySuspected(std::chrono::steady_clock::now())) {
+    membership_->SuspectPrimary(epoch);
+  }
   socket_->SetWakeSockets(replicator_->wake_sockets());
 }
 
@@ -235,6 +242,7 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
     ro.transport.context = options.context;
     ro.transport.max_message_bytes = options.max_message_bytes;
     ro.transport.max_frame_bytes = s->options_.max_frame_bytes;
+    ro.suspect_after = options.replica_suspect_after;
     s->replicator_ = std::make_unique<replication::Replicator>(ro);
     ASSIGN_OR_RETURN(s->membership_, replication::Membership::Create(mo));
     s->UpdateView();
@@ -450,6 +458,7 @@ void Server::AddReplicationStats(const std::string& peer, size_t first) {
         {"spares_joined", c.spares_joined},
         {"snapshots_failed", c.snapshots_failed},
         {"promotions", m.promotions.load()},
+        {"suspicions", m.suspicions.load()},
         {"backups_dropped", m.backups_dropped.load()},
         {"backups_added", m.backups_added.load()},
         {"keepalive_failures", m.keepalive_failures.load()},
@@ -486,10 +495,7 @@ void Server::HandleReplicate(const std::string& peer, Message& msg,
   }
   Status ok = replicator_->CheckReplicate(req_);
   if (!ok.ok()) return Reply(peer, ok, RejectReason::kNotPrimary);
-  if (msg.frames.size() < 2) {
-    return Reply(peer, Status::InvalidArgument("replicate without a request"),
-                 RejectReason::kMalformed);
-  }
+  if (msg.frames.size() < 2) return Answer(peer, Status::OK());  // a ping
   Status decoded = DecodeRequest(msg.frames[1].data, msg.frames[1].size,
                                  DecodeLimits(), &inner_);
   if (decoded.ok() && inner_.kind != RequestKind::kRegister &&

@@ -88,6 +88,10 @@ struct ServerOptions {
   // shard.num_shards, `endpoint` (when empty) from the bound endpoint.
   // Default: static.
   replication::MembershipOptions replication;
+  // A backup that heard nothing (updates or pings) from its primary for
+  // this long asks etcd to promote it; 0: only the primary's lease ending
+  // does. Default: 500 ms.
+  std::chrono::milliseconds replica_suspect_after{500};
 };
 
 class Server {

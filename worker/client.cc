@@ -447,6 +447,7 @@ class ClientImpl : public Client {
     uint32_t shm_slot = 0;
     int shm_reattach = 0;  // times the shard was sent the segment again
     uint64_t sent_at_switch = 0;  // switches_[shard] when last sent
+    bool answered = false;  // a refusal came back since it was last sent
   };
   struct TicketState {
     int remaining = 0;
@@ -555,6 +556,7 @@ class ClientImpl : public Client {
     // Frames are shared, so a resend costs no copy of the payload.
     std::vector<Frame> copy = p.frames;
     p.sent_at_switch = switches_[p.shard];
+    p.answered = false;
     return sockets_[p.shard]->Send(copy);
   }
 
@@ -620,7 +622,7 @@ class ClientImpl : public Client {
     auto wake = until;
     for (auto& [id, p] : pending_) {
       if (p.next_send <= now && members_[p.shard].size() > 1 &&
-          p.sent_at_switch == switches_[p.shard]) {
+          p.sent_at_switch == switches_[p.shard] && !p.answered) {
         // No reply within an attempt: this replica may be gone. The next
         // one of its group gets every pending request of the shard.
         abandoned_[p.shard] = current_[p.shard];
@@ -752,6 +754,7 @@ class ClientImpl : public Client {
         }
       }
       p.next_send = now + std::min(p.backoff, kReplicaRetry);
+      p.answered = true;  // the member is there: not a reason to leave it
       return;
     }
     if (p.shm && !reply_.status.ok() && ShmRetry(shard, p)) return;

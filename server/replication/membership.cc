@@ -82,8 +82,9 @@ StatusOr<std::unique_ptr<Membership>> Membership::Create(
   eo.endpoints = options.etcd_endpoints;
   eo.request_timeout = options.request_timeout;
   ASSIGN_OR_RETURN(m->etcd_, EtcdClient::Create(eo));
+  m->incarnation_ = RandomIncarnation();
   m->member_value_ = MemberValue(options.endpoint, options.group,
-                                 options.replica, RandomIncarnation());
+                                 options.replica, m->incarnation_);
   m->started_ = SteadyClock::now();
   // etcd may still be starting: a few tries.
   Status s;
@@ -167,36 +168,60 @@ Status Membership::Step(SteadyClock::time_point now) {
     if (m.key.size() <= cut || !ParseMember(m.value, &mem)) continue;
     alive[m.key.substr(cut)] = mem;
   }
-  // A member is the process first seen under its name: one that came back
-  // with another incarnation lost what it held and is not that member.
+  // Who is who. A listed name stands for the process its incarnation is
+  // bound to (before it is bound, for the first one seen under it); any
+  // other process under that name lost what it held and is a spare. An
+  // unlisted live process is a spare.
   const bool grace_over = now - started_ >= options_.startup_grace;
-  for (const auto& [n, m] : alive) seen_.emplace(n, m.incarnation);
-  // A process the layout does not list is a spare whatever it was before:
-  // its present incarnation is the one that counts from now on.
-  auto listed = [&](const std::string& n) {
-    for (const GroupLayout& gl : layout.groups) {
-      if (gl.primary == n ||
-          std::find(gl.backups.begin(), gl.backups.end(), n) != gl.backups.end())
-        return true;
-    }
-    return false;
+  GroupLayout& g = layout.groups[options_.group];
+  auto listed_in = [](const GroupLayout& gl, const std::string& n) {
+    return gl.primary == n ||
+           std::find(gl.backups.begin(), gl.backups.end(), n) != gl.backups.end();
+  };
+  auto group_of = [&](const std::string& n) -> GroupLayout* {
+    for (GroupLayout& gl : layout.groups)
+      if (listed_in(gl, n)) return &gl;
+    return nullptr;
   };
   for (const auto& [n, m] : alive) {
-    if (!listed(n)) seen_[n] = m.incarnation;
+    GroupLayout* gl = group_of(n);
+    if (gl == nullptr) {
+      seen_[n] = m.incarnation;
+    } else if (gl->incarnations.count(n)) {
+      seen_[n] = gl->incarnations.at(n);
+    } else {
+      seen_.emplace(n, m.incarnation);
+    }
   }
   auto is_alive = [&](const std::string& n) {
     auto it = alive.find(n);
-    return it != alive.end() && seen_[n] == it->second.incarnation;
+    if (it == alive.end()) return false;
+    auto s = seen_.find(n);
+    return s == seen_.end() || s->second == it->second.incarnation;
   };
   auto gone = [&](const std::string& n) {
     if (n.empty()) return true;
     if (is_alive(n)) return false;
     return seen_.count(n) > 0 || grace_over;
   };
+  const bool me_listed =
+      listed_in(g, name_) && (g.incarnations.count(name_) == 0 ||
+                              g.incarnations.at(name_) == incarnation_);
 
-  GroupLayout& g = layout.groups[options_.group];
-  bool change = false;
-  if (g.primary != name_ && gone(g.primary)) {
+  bool change = false;   // roles changed: a new epoch
+  bool bind = false;     // only incarnations bound
+  if (me_listed && g.incarnations.count(name_) == 0) {
+    g.incarnations[name_] = incarnation_;
+    seen_[name_] = incarnation_;
+    bind = true;
+  }
+  uint64_t suspect = 0;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    suspect = suspect_epoch_;
+  }
+  const bool suspected = suspect == g.epoch && suspect > 0;
+  if (me_listed && g.primary != name_ && (gone(g.primary) || suspected)) {
     std::string first;
     for (const std::string& b : g.backups) {
       if (is_alive(b)) {
@@ -210,27 +235,73 @@ Status Membership::Step(SteadyClock::time_point now) {
       for (const std::string& b : g.backups)
         if (b != name_ && !gone(b)) next.backups.push_back(b);
       LOG(WARNING) << "primary " << (g.primary.empty() ? "?" : g.primary)
-                   << " of group " << options_.group << " is gone: " << name_
+                   << " of group " << options_.group
+                   << (gone(g.primary) ? " is gone: " : " is silent: ") << name_
                    << " takes over (epoch " << layout.epoch + 1 << ")";
+      if (!gone(g.primary)) ++counters_.suspicions;
+      for (const auto& [n, i] : g.incarnations) {
+        if (n == next.primary || listed_in(next, n)) {
+          next.incarnations[n] = i;
+        } else {
+          deposed_[n] = i;  // not a spare to copy to: it is gone or deposed
+        }
+      }
       g = next;
       change = true;
     }
-  } else if (g.primary == name_) {
+  } else if (me_listed && g.primary == name_) {
     std::vector<std::string> keep;
+    std::vector<std::string> broken;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      broken.swap(drop_backups_);
+    }
     for (const std::string& b : g.backups) {
+      auto it = alive.find(b);
+      if (it != alive.end() &&
+          std::find(broken.begin(), broken.end(), it->second.endpoint) !=
+              broken.end()) {
+        // It failed an update: it is copied to afresh as a spare.
+        LOG(WARNING) << "backup " << b << " of group " << options_.group
+                     << " diverged: dropped (epoch " << layout.epoch + 1
+                     << "), to be copied to again";
+        ++counters_.backups_dropped;
+        g.incarnations.erase(b);
+        change = true;
+        continue;
+      }
       if (gone(b)) {
         LOG(WARNING) << "backup " << b << " of group " << options_.group
                      << " is gone: dropped (epoch " << layout.epoch + 1 << ")";
         ++counters_.backups_dropped;
+        if (g.incarnations.count(b)) deposed_[b] = g.incarnations.at(b);
+        g.incarnations.erase(b);
         change = true;
       } else {
         keep.push_back(b);
       }
     }
     g.backups = std::move(keep);
+  } else if (!me_listed && gone(g.primary) &&
+             std::none_of(g.backups.begin(), g.backups.end(), is_alive)) {
+    // No process of the group holds its state any more (every replica was
+    // lost, or there was only one): this spare resumes from what its own
+    // store holds, as a lone restarted shard does. Whatever was
+    // acknowledged after that store's last write is lost with the group.
+    LOG(WARNING) << "group " << options_.group
+                 << " has no live replica: " << name_
+                 << " resumes it from its own store (epoch "
+                 << layout.epoch + 1 << ")";
+    g.primary = name_;
+    g.backups.clear();
+    g.incarnations.clear();
+    g.incarnations[name_] = incarnation_;
+    seen_[name_] = incarnation_;
+    change = true;
   }
   std::vector<std::string> add;
-  if (g.primary == name_) {
+  if (g.primary == name_ && g.incarnations.count(name_) &&
+      g.incarnations.at(name_) == incarnation_) {
     // Spares whose state this primary copied: list them as backups.
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -239,10 +310,10 @@ Status Membership::Step(SteadyClock::time_point now) {
     for (const std::string& endpoint : add) {
       for (const auto& [n, m] : alive) {
         if (m.endpoint != endpoint || m.group != options_.group ||
-            n == name_ || !is_alive(n) ||
-            std::find(g.backups.begin(), g.backups.end(), n) != g.backups.end())
+            n == name_ || listed_in(g, n))
           continue;
         seen_[n] = m.incarnation;
+        g.incarnations[n] = m.incarnation;
         LOG(INFO) << "spare " << n << " of group " << options_.group
                   << " holds the primary's state: listed as a backup (epoch "
                   << layout.epoch + 1 << ")";
@@ -252,8 +323,8 @@ Status Membership::Step(SteadyClock::time_point now) {
       }
     }
   }
-  if (change) {
-    layout.epoch++;
+  if (change || bind) {
+    if (change) g.epoch = ++layout.epoch;
     ASSIGN_OR_RETURN(bool written,
                      etcd_->CompareAndPut(layout_key, layout.ToJson(),
                                           kv->mod_revision));
@@ -263,14 +334,17 @@ Status Membership::Step(SteadyClock::time_point now) {
       add_backups_.insert(add_backups_.end(), add.begin(), add.end());
       return Status::OK();  // someone else changed it: read again next time
     }
-    if (g.primary == name_) ++counters_.promotions;
+    if (change && g.primary == name_) ++counters_.promotions;
   }
+  const bool me_now = listed_in(g, name_) &&
+                      (g.incarnations.count(name_) == 0 ||
+                       g.incarnations.at(name_) == incarnation_);
 
   ReplicaView v;
-  v.epoch = layout.epoch;
-  v.primary = g.primary == name_;
-  v.backup = std::find(g.backups.begin(), g.backups.end(), name_) !=
-             g.backups.end();
+  v.epoch = g.epoch;
+  v.primary = me_now && g.primary == name_;
+  v.backup = me_now && std::find(g.backups.begin(), g.backups.end(), name_) !=
+                           g.backups.end();
   if (is_alive(g.primary)) v.primary_endpoint = alive[g.primary].endpoint;
   if (v.primary) {
     for (const std::string& b : g.backups) {
@@ -281,8 +355,9 @@ Status Membership::Step(SteadyClock::time_point now) {
       }
     }
     for (const auto& [n, m] : alive) {
-      if (m.group == options_.group && n != g.primary && is_alive(n) &&
-          std::find(g.backups.begin(), g.backups.end(), n) == g.backups.end())
+      auto d = deposed_.find(n);
+      if (m.group == options_.group && !listed_in(g, n) &&
+          (d == deposed_.end() || d->second != m.incarnation))
         v.spare_endpoints.push_back(m.endpoint);
     }
   }
@@ -307,6 +382,16 @@ void Membership::Run() {
     l.lock();
     cv_.wait_until(l, now + options_.poll, [this] { return stop_; });
   }
+}
+
+void Membership::SuspectPrimary(uint64_t epoch) {
+  std::lock_guard<std::mutex> l(mu_);
+  suspect_epoch_ = std::max(suspect_epoch_, epoch);
+}
+
+void Membership::DropBackup(const std::string& endpoint) {
+  std::lock_guard<std::mutex> l(mu_);
+  drop_backups_.push_back(endpoint);
 }
 
 void Membership::AddBackup(const std::string& endpoint) {

@@ -80,6 +80,7 @@ struct MembershipCounters {
   std::atomic<uint64_t> keepalive_failures{0};
   std::atomic<uint64_t> lease_renewals{0};   // a lost lease replaced
   std::atomic<uint64_t> promotions{0};       // this process became primary
+  std::atomic<uint64_t> suspicions{0};       // promotions on a silent primary
   std::atomic<uint64_t> backups_dropped{0};  // by this process as primary
   std::atomic<uint64_t> backups_added{0};    // spares listed, as primary
   std::atomic<uint64_t> cas_conflicts{0};    // layout changed under it
@@ -100,6 +101,15 @@ class Membership {
   // The latest view; true when it differs from the one the previous call
   // returned (lease_valid_until is always the latest).
   bool TakeView(ReplicaView* view);
+
+  // Backup: its primary at `epoch` has been silent (Replicator): it counts
+  // as gone at the next step, as if its lease had ended.
+  void SuspectPrimary(uint64_t epoch);
+
+  // Primary: the backup at `endpoint` answered an update with an error
+  // (it diverged): drop it from the layout, so it is copied to again as a
+  // spare and never promoted with what it lacks.
+  void DropBackup(const std::string& endpoint);
 
   // Primary: asks for the spare at `endpoint` (whose state it copied) to be
   // listed as a backup of its group; done by the thread's next step.
@@ -122,11 +132,15 @@ class Membership {
   MembershipOptions options_;
   std::string name_;
   std::string member_value_;
+  uint64_t incarnation_ = 0;  // random, in the member key
   std::unique_ptr<EtcdClient> etcd_;  // private thread only (after Create)
   int64_t lease_ = 0;
   std::chrono::steady_clock::time_point started_;
   // Member name -> the incarnation it was first seen alive with.
   std::map<std::string, uint64_t> seen_;
+  // Member name -> the incarnation this process dropped from the layout
+  // (dead or deposed): never taken for a spare.
+  std::map<std::string, uint64_t> deposed_;
   MembershipCounters counters_;
 
   std::mutex mu_;
@@ -135,6 +149,8 @@ class Membership {
   ReplicaView view_;              // GUARDED_BY(mu_)
   bool view_changed_ = false;     // GUARDED_BY(mu_)
   std::vector<std::string> add_backups_;  // GUARDED_BY(mu_): endpoints
+  uint64_t suspect_epoch_ = 0;            // GUARDED_BY(mu_)
+  std::vector<std::string> drop_backups_;  // GUARDED_BY(mu_): endpoints
   std::thread thread_;
 };
 

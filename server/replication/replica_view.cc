@@ -13,6 +13,7 @@ ReplicaLayout ReplicaLayout::Initial(int groups, int replicas) {
   l.epoch = 1;
   l.groups.resize(static_cast<size_t>(groups));
   for (int g = 0; g < groups; ++g) {
+    l.groups[g].epoch = 1;
     l.groups[g].primary = ReplicaName(g, 0);
     for (int r = 1; r < replicas; ++r)
       l.groups[g].backups.push_back(ReplicaName(g, r));
@@ -25,7 +26,12 @@ std::string ReplicaLayout::ToJson() const {
   j["epoch"] = epoch;
   j["groups"] = nlohmann::json::array();
   for (const GroupLayout& g : groups) {
-    j["groups"].push_back({{"primary", g.primary}, {"backups", g.backups}});
+    nlohmann::json inc = nlohmann::json::object();
+    for (const auto& [n, i] : g.incarnations) inc[n] = i;
+    j["groups"].push_back({{"epoch", g.epoch},
+                           {"primary", g.primary},
+                           {"backups", g.backups},
+                           {"incarnations", inc}});
   }
   return j.dump();
 }
@@ -44,11 +50,21 @@ StatusOr<ReplicaLayout> ReplicaLayout::FromJson(const std::string& json) {
       return Status::Corruption("replica layout: bad groups list");
     for (const auto& g : groups) {
       GroupLayout gl;
+      gl.epoch = g.contains("epoch") ? g.at("epoch").get<uint64_t>() : l.epoch;
+      if (gl.epoch > l.epoch)
+        return Status::Corruption("replica layout: a group is ahead of it");
       gl.primary = g.at("primary").get<std::string>();
       const auto& b = g.at("backups");
       if (!b.is_array() || b.size() > kMaxReplicas)
         return Status::Corruption("replica layout: bad backups list");
       for (const auto& n : b) gl.backups.push_back(n.get<std::string>());
+      if (g.contains("incarnations")) {
+        const auto& inc = g.at("incarnations");
+        if (!inc.is_object() || inc.size() > kMaxReplicas)
+          return Status::Corruption("replica layout: bad incarnations");
+        for (const auto& [n, i] : inc.items())
+          gl.incarnations[n] = i.get<uint64_t>();
+      }
       l.groups.push_back(std::move(gl));
     }
   } catch (const nlohmann::json::exception& e) {

@@ -6,7 +6,8 @@
 // changed only by compare-and-swap on its revision (Membership), so every
 // change is decided once, by etcd:
 //
-//   {"epoch": 7, "groups": [{"primary": "g0r1", "backups": ["g0r0"]}, ...]}
+//   {"epoch": 7, "groups": [{"primary": "g0r1", "backups": ["g0r0"],
+//                            "incarnations": {"g0r0": 81, "g0r1": 23}}, ...]}
 //
 // Processes are named by replica name ("g<group>r<replica>"); each one's
 // endpoint is in its member key, <prefix>/members/<name>, which lives as
@@ -17,6 +18,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -25,8 +27,17 @@
 namespace asyncps::server::replication {
 
 struct GroupLayout {
+  // The layout epoch of this group's last change: what its replicas stamp
+  // and check (a change in another group does not touch it).
+  uint64_t epoch = 0;
   std::string primary;               // replica name; "" = none alive
   std::vector<std::string> backups;  // replica names, in promotion order
+  // The process each listed name stands for: its incarnation (random per
+  // process start), bound by the process itself when it first finds its
+  // name listed unbound, or by the primary when it lists a spare. A process
+  // whose name is bound to another incarnation is a spare: it came back
+  // after losing what it held.
+  std::map<std::string, uint64_t> incarnations;
 };
 
 struct ReplicaLayout {
@@ -47,7 +58,7 @@ std::string ReplicaName(int group, int replica);
 // What one process serves under the layout it last read.
 struct ReplicaView {
   using TimePoint = std::chrono::steady_clock::time_point;
-  // Layout epoch; 0 = none read yet.
+  // The epoch of this process's group (GroupLayout::epoch); 0 = none read.
   uint64_t epoch = 0;
   // This process is its group's primary.
   bool primary = false;

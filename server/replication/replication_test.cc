@@ -14,6 +14,7 @@
 
 #include "server/internal/test_util.h"
 #include "server/replication/replica_view.h"
+#include "server/replication/replicator.h"
 #include "server/server.h"
 #include "tests/util/etcd_fixture.h"
 
@@ -43,6 +44,90 @@ TEST(ReplicaLayoutTest, MalformedDocumentsAreCorruption) {
     auto l = ReplicaLayout::FromJson(bad);
     EXPECT_EQ(l.status().code(), StatusCode::kCorruption) << bad;
   }
+}
+
+// The primary's side alone, against a backup the test plays: a reply is
+// released only once every backup acknowledged it and everything before
+// it; a refusal stops a backup from counting (its later acknowledgements
+// release nothing) until the view drops it.
+TEST(ReplicatorTest, RepliesWaitForEveryUpdateBeforeThemOnTheBackup) {
+  auto ctx = Context::Create(1);
+  TransportOptions to;
+  to.context = ctx;
+  auto backup = ServerSocket::Bind("inproc://fake-backup", to);
+  ASSERT_TRUE(backup.ok());
+  ReplicatorOptions ro;
+  ro.transport.context = ctx;
+  ro.ping_every = milliseconds(100000);  // no pings in this test
+  Replicator rep(ro);
+  ReplicaView v;
+  v.epoch = 3;
+  v.primary = true;
+  v.backup_endpoints = {"inproc://fake-backup"};
+  v.lease_valid_until = SteadyClock::now() + std::chrono::hours(1);
+  std::vector<OutgoingReply> out;
+  ASSERT_TRUE(rep.SetView(v, &out).ok());
+  ASSERT_TRUE(rep.Replicates(RequestKind::kPush));
+  Message worker_msg;  // what a worker sent: one header frame
+  auto bytes = std::make_shared<std::vector<uint8_t>>(EncodeRequest(RequestHeader{}));
+  worker_msg.frames.push_back({bytes->data(), bytes->size(), bytes});
+  for (uint64_t id = 1; id <= 3; ++id) {
+    OutgoingReply r;
+    r.peer = "worker";
+    r.header.id = id;
+    rep.Forward(worker_msg, &r, &out);
+  }
+  EXPECT_TRUE(out.empty());
+  EXPECT_EQ(rep.num_held(), 3u);
+  // The backup receives three kReplicate requests, in order, stamped with
+  // the epoch, and answers: OK, refused, OK.
+  std::vector<uint64_t> seqs;
+  for (int i = 0; i < 3; ++i) {
+    std::string peer;
+    Message m;
+    auto got = (*backup)->Receive(&peer, &m, milliseconds(2000));
+    ASSERT_TRUE(got.ok() && *got);
+    RequestHeader h;
+    ASSERT_TRUE(DecodeRequest(m.frames[0].data, m.frames[0].size, {}, &h).ok());
+    EXPECT_EQ(h.kind, RequestKind::kReplicate);
+    EXPECT_EQ(h.replicate_epoch, 3u);
+    EXPECT_EQ(m.frames.size(), 2u);
+    seqs.push_back(h.id);
+    ReplyHeader a;
+    a.id = h.id;
+    a.kind = RequestKind::kReplicate;
+    if (i == 1) a.status = Status::FailedPrecondition("stale epoch");
+    std::vector<Frame> f{Frame::Owned(EncodeReply(a))};
+    ASSERT_TRUE((*backup)->Send(peer, f).ok());
+  }
+  EXPECT_LT(seqs[0], seqs[1]);
+  EXPECT_LT(seqs[1], seqs[2]);
+  const auto until = SteadyClock::now() + milliseconds(2000);
+  while (out.empty() && SteadyClock::now() < until) rep.Poll(&out);
+  std::this_thread::sleep_for(milliseconds(100));
+  rep.Poll(&out);
+  ASSERT_EQ(out.size(), 1u);  // only the first: the second was refused
+  EXPECT_EQ(out[0].header.id, 1u);
+  EXPECT_EQ(rep.num_held(), 2u);
+  // The view drops the backup: this primary alone holds the group now.
+  v.epoch = 4;
+  v.backup_endpoints.clear();
+  ASSERT_TRUE(rep.SetView(v, &out).ok());
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[2].header.id, 3u);
+  // Deposed: held replies are dropped unanswered.
+  OutgoingReply r;
+  r.header.id = 9;
+  v.backup_endpoints = {"inproc://fake-backup"};
+  v.epoch = 5;
+  ASSERT_TRUE(rep.SetView(v, &out).ok());
+  rep.Forward(worker_msg, &r, &out);
+  EXPECT_EQ(rep.num_held(), 1u);
+  v.primary = false;
+  v.epoch = 6;
+  ASSERT_TRUE(rep.SetView(v, &out).ok());
+  EXPECT_EQ(rep.num_held(), 0u);
+  EXPECT_EQ(out.size(), 3u);
 }
 
 // One replica: a Server on inproc://<name> running on its own thread.

@@ -22,6 +22,8 @@ struct Replicator::Backup {
   // acknowledged the snapshot's last piece, `snapshot_seq`.
   bool joining = false;
   uint64_t snapshot_seq = 0;
+  bool broken = false;  // left an update unapplied: holds until dropped
+  std::chrono::steady_clock::time_point sent_at{};  // last message sent
 };
 
 namespace {
@@ -78,8 +80,9 @@ Status Replicator::SetView(const ReplicaView& view,
   // connect to new backups.
   std::vector<std::unique_ptr<Backup>> next;
   for (auto& b : backups_) {
-    if (b && std::find(view.spare_endpoints.begin(), view.spare_endpoints.end(),
-                       b->endpoint) != view.spare_endpoints.end())
+    if (b && !b->broken &&
+        std::find(view.spare_endpoints.begin(), view.spare_endpoints.end(),
+                  b->endpoint) != view.spare_endpoints.end())
       next.push_back(std::move(b));
   }
   for (const std::string& e : view.backup_endpoints) {
@@ -88,7 +91,7 @@ Status Replicator::SetView(const ReplicaView& view,
                              return b && b->endpoint == e;
                            });
     if (it != backups_.end()) {
-      next.push_back(std::move(*it));
+      next.push_back(std::move(*it));  // broken ones too: they hold
       continue;
     }
     auto b = std::make_unique<Backup>();
@@ -160,6 +163,7 @@ void Replicator::Forward(const Message& msg, OutgoingReply* hold,
     for (const ByteView& f : msg.frames)
       frames_.push_back(Frame::Ref(f.data, f.size, f.owner));
     Status s = b->socket->Send(frames_);
+    b->sent_at = std::chrono::steady_clock::now();
     if (!s.ok()) {
       // Its queue is full: it is far behind or gone. The reply waits until
       // it answers or the view drops it.
@@ -187,11 +191,38 @@ Status Replicator::CheckReplicate(const RequestHeader& req) {
         (view_.primary ? " and is the primary"
                        : view_.backup ? "" : " and is not a backup"));
   }
+  heard_at_ = std::chrono::steady_clock::now();
+  heard_epoch_ = std::max(heard_epoch_, req.replicate_epoch);
   return Status::OK();
+}
+
+uint64_t Replicator::PrimarySuspected(TimePoint now) const {
+  if (options_.suspect_after.count() == 0 || !view_.backup ||
+      heard_epoch_ < view_.epoch || now - heard_at_ < options_.suspect_after)
+    return 0;
+  return view_.epoch;
 }
 
 void Replicator::Poll(std::vector<OutgoingReply>* out) {
   bool any = false;
+  const auto now = std::chrono::steady_clock::now();
+  if (view_.primary) {
+    for (auto& b : backups_) {
+      if (b->joining || b->socket == nullptr || now - b->sent_at < options_.ping_every)
+        continue;
+      RequestHeader h;
+      h.kind = RequestKind::kReplicate;
+      h.id = next_seq_++;
+      h.rank = -1;
+      h.replicate_epoch = view_.epoch;
+      h.replicate_group = options_.group;
+      frames_.clear();
+      frames_.push_back(Frame::Owned(EncodeRequest(h)));
+      (void)b->socket->Send(frames_);  // a full queue: the backup is far behind
+      frames_.clear();
+      b->sent_at = now;
+    }
+  }
   for (auto& b : backups_) {
     while (b->socket != nullptr) {
       StatusOr<bool> got = b->socket->Receive(&msg_, std::chrono::milliseconds(0));
@@ -204,21 +235,6 @@ void Replicator::Poll(std::vector<OutgoingReply>* out) {
         continue;
       }
       ++counters_.acked;
-      if (!r.status.ok()) {
-        if (r.status.code() == StatusCode::kFailedPrecondition) {
-          // A backup that is the primary now, or at a newer epoch: this
-          // process was deposed. Nothing more is acknowledged until the
-          // view says otherwise.
-          LOG_EVERY_N(WARNING, 10)
-              << "backup " << b->endpoint << " refused: "
-              << r.status.message();
-          continue;
-        }
-        ++counters_.backup_errors;
-        LOG_EVERY_N(ERROR, 10) << "backup " << b->endpoint
-                               << " failed an update the primary applied: "
-                               << r.status.ToString();
-      }
       if (b->joining && !r.status.ok()) {
         // The spare could not install the snapshot: drop it; it is offered
         // again after a pause.
@@ -227,6 +243,22 @@ void Replicator::Poll(std::vector<OutgoingReply>* out) {
         ++counters_.snapshots_failed;
         b->socket.reset();
         break;
+      }
+      if (!r.status.ok() || b->broken) {
+        // The backup did not apply something this primary handed it (it
+        // refused a stale epoch: this process was deposed; or it failed
+        // the update): nothing after it counts either. Its acknowledgement
+        // mark stays, so the replies wait until the view drops it.
+        if (!b->broken) {
+          b->broken = true;
+          LOG(WARNING) << "backup " << b->endpoint << " did not apply update "
+                       << r.id << ": " << r.status.ToString();
+          if (r.status.code() != StatusCode::kFailedPrecondition) {
+            ++counters_.backup_errors;
+            broken_.push_back(b->endpoint);
+          }
+        }
+        continue;
       }
       if (r.id > b->acked && r.id < next_seq_) b->acked = r.id;
       if (b->joining && b->acked >= b->snapshot_seq) {
@@ -270,6 +302,12 @@ std::vector<std::string> Replicator::TakeJoiners(TimePoint now) {
     }
     out.push_back(e);
   }
+  return out;
+}
+
+std::vector<std::string> Replicator::TakeBroken() {
+  std::vector<std::string> out;
+  out.swap(broken_);
   return out;
 }
 

@@ -67,6 +67,13 @@ struct ReplicatorOptions {
   int group = 0;
   // Socket options for the connections to backups (context, limits).
   TransportOptions transport;
+  // A primary sends each backup a ping (a kReplicate carrying no request)
+  // when it sent it nothing for this long. Default: 100 ms.
+  std::chrono::milliseconds ping_every{100};
+  // A backup that heard nothing from its primary for this long (after it
+  // heard from it at least once in the epoch) suspects it is gone
+  // (PrimarySuspected()); 0: only its etcd lease tells. Default: 500 ms.
+  std::chrono::milliseconds suspect_after{500};
 };
 
 // Counters for stats and metrics.
@@ -120,6 +127,12 @@ class Replicator {
   Status CheckReplicate(const RequestHeader& req);
   // Backup side: counts an applied kReplicate request.
   void CountApplied() { ++counters_.applied; }
+  // Backup side: the epoch whose primary has been silent for
+  // suspect_after (it sends pings when idle, so it is probably gone), or 0.
+  // Promotion still goes through etcd (Membership), and is safe without
+  // waiting for the primary's lease: the promoted backup refuses the old
+  // primary's updates, which then cannot be acknowledged.
+  uint64_t PrimarySuspected(TimePoint now) const;
 
   // Primary side of re-replication: spares to copy to now (each once; one
   // that failed is offered again after a pause).
@@ -131,6 +144,9 @@ class Replicator {
                    size_t piece_bytes = size_t{16} << 20);
   // Spares that acknowledged their whole snapshot since the last call.
   std::vector<std::string> TakeJoined();
+  // Backups that failed an update since the last call (for Membership to
+  // drop: until then the replies wait).
+  std::vector<std::string> TakeBroken();
   // Spare side: OK when a kSnapshot request may be installed.
   Status CheckSnapshot(const RequestHeader& req);
   // Spare side: a snapshot of `epoch` was installed; kReplicate requests of
@@ -139,6 +155,7 @@ class Replicator {
 
   // Reads the backups' acknowledgements and releases (into `out`) every held
   // reply all of them acknowledged.
+  // Also sends pings to backups idle for ping_every.
   void Poll(std::vector<OutgoingReply>* out);
 
   // The backups' sockets, for the event loop's poll
@@ -168,7 +185,11 @@ class Replicator {
   // Re-replication: when each spare was last offered (TakeJoiners).
   std::vector<std::pair<std::string, TimePoint>> offered_;
   std::vector<std::string> joined_;  // TakeJoined()
+  std::vector<std::string> broken_;  // TakeBroken()
   uint64_t joined_epoch_ = 0;        // spare side: 0 = no snapshot installed
+  // Backup side: when the primary of `heard_epoch_` was last heard from.
+  TimePoint heard_at_{};
+  uint64_t heard_epoch_ = 0;
 };
 
 }  // namespace asyncps::server::replication
