@@ -331,6 +331,11 @@ srv::ServerOptions OptionsFromFlags() {
       BadFlag("--staleness_lr and --dc_lambda depend on pulls, which "
               "backups do not see: not supported with --etcd");
     }
+    if (!FLAGS_curve_secret_key.empty()) {
+      BadFlag("--etcd with --curve_secret_key: replicas do not yet connect "
+              "to each other with CurveZMQ keys; run replicated fleets on "
+              "a trusted network");
+    }
     if (FLAGS_lease_ms < 100 || FLAGS_lease_ms > 600000)
       BadFlag("--lease_ms must be in [100, 600000]");
     if (FLAGS_etcd_prefix.empty() || FLAGS_etcd_prefix[0] != '/')

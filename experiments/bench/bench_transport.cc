@@ -21,6 +21,13 @@
 // warm destination (one JSON line per size and in-flight count, op
 // "pull", mode "shm"; ratio = shm / memcpy, ratio_ipc = ipc / memcpy).
 //
+// --replicas=2 measures replication's cost: pushes (SGD applied) and pulls
+// through a replica group of 2 (primary + backup, a local etcd started by
+// this benchmark: /usr/bin/etcd) against the same through one ps_server
+// (--replicas=1 of the same group code), alternating; one JSON line per
+// (size, in flight, op), mode "replicas2", baseline "replicas1", ratio =
+// replicated / single. Needs Debian's etcd-server.
+//
 // Usage: ps_bench_transport [--sizes=4096,1048576,16777216,67108864]
 //        [--inflight=1,8] [--seconds=0.7] [--repeats=5] [--server=PATH]
 //        [--transport=tcp|ipc|shm] [--quick]
@@ -30,6 +37,9 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -60,6 +70,9 @@ DEFINE_bool(baseline, true,
             "measure the raw ZeroMQ baseline (false: ours only, e.g. under a "
             "profiler; no ratios)");
 DEFINE_string(transport, "tcp", "tcp (127.0.0.1) or ipc (Unix domain socket)");
+DEFINE_int32(replicas, 0,
+             "2: measure a replica group of 2 against one replica (see the "
+             "file comment); 0: the ordinary rows");
 
 namespace {
 
@@ -280,7 +293,8 @@ struct CurveKeys {
 };
 
 StatusOr<std::unique_ptr<ServerProcess>> StartServer(const std::string& bin, bool transport_only,
-                                                     const CurveKeys* curve = nullptr) {
+                                                     const CurveKeys* curve = nullptr,
+                                                     const std::vector<std::string>& extra = {}) {
   auto p = std::make_unique<ServerProcess>();
   char tmpl[] = "/tmp/ps_bench_transport.XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return Status::Internal("mkdtemp failed");
@@ -298,6 +312,7 @@ StatusOr<std::unique_ptr<ServerProcess>> StartServer(const std::string& bin, boo
                                    "--checkpoint_every_s=0",
                                    "--db_path=" + (p->dir / "db").string(),
                                    std::string("--transport_only=") + (transport_only ? "true" : "false")};
+  args.insert(args.end(), extra.begin(), extra.end());
   if (curve != nullptr) {
     std::ofstream allowed(p->dir / "allowed");
     allowed << curve->client_public << "\n";
@@ -328,11 +343,21 @@ StatusOr<std::unique_ptr<ServerProcess>> StartServer(const std::string& bin, boo
   return Status::TimedOut("ps_server did not write its ready file within 10 s");
 }
 
+// Pushes or pulls through the shard at `endpoint` ("ep1|ep2" for a replica
+// group) whose server processes are `pids`.
+StatusOr<Rate> MeasureAt(const std::string& endpoint, const std::vector<pid_t>& pids, bool push,
+                         size_t bytes, int inflight, const CurveKeys* curve, bool shm);
+
 StatusOr<Rate> OursMeasure(const std::string& bin, bool transport_only, bool push, size_t bytes, int inflight,
                            const CurveKeys* curve = nullptr, bool shm = false) {
   ASSIGN_OR_RETURN(auto server, StartServer(bin, transport_only, curve));
+  return MeasureAt(server->endpoint, {server->pid}, push, bytes, inflight, curve, shm);
+}
+
+StatusOr<Rate> MeasureAt(const std::string& endpoint, const std::vector<pid_t>& pids, bool push,
+                         size_t bytes, int inflight, const CurveKeys* curve, bool shm) {
   ClientOptions co;
-  co.servers = {server->endpoint};
+  co.servers = {endpoint};
   co.rank = 0;
   if (shm) co.shared_memory_bytes = static_cast<size_t>(inflight) * bytes + (1 << 20);
   if (curve != nullptr) {
@@ -384,9 +409,10 @@ StatusOr<Rate> OursMeasure(const std::string& bin, bool transport_only, bool pus
     Status s = client->Wait(tk, std::chrono::seconds(30));
     if (!s.ok() && failure.ok()) failure = s;
   };
-  const pid_t pid = server->pid;
-  Rate r = Measure(inflight, bytes, start, wait, [pid] {
-    return bench::ProcessCpuSeconds() + bench::ProcessCpuSeconds(pid);
+  Rate r = Measure(inflight, bytes, start, wait, [&pids] {
+    double cpu = bench::ProcessCpuSeconds();
+    for (pid_t pid : pids) cpu += bench::ProcessCpuSeconds(pid);
+    return cpu;
   });
   RETURN_IF_ERROR(failure);
   return r;
@@ -403,6 +429,146 @@ Rate MemcpyMeasure(size_t bytes, int inflight) {
     return n++;
   };
   return Measure(inflight, bytes, start, [](uint64_t) {}, [] { return bench::ProcessCpuSeconds(); });
+}
+
+// ---- --replicas ------------------------------------------------------------
+// A local etcd (one member, 1 s leases as psrun starts it) for the groups.
+struct EtcdProcess {
+  pid_t pid = -1;
+  std::string endpoint;
+  std::filesystem::path dir;
+  ~EtcdProcess() {
+    if (pid > 0) {
+      kill(pid, SIGTERM);
+      int st;
+      waitpid(pid, &st, 0);
+    }
+    std::error_code ec;
+    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+  }
+};
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  socklen_t len = sizeof(a);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0)
+    port = ntohs(a.sin_port);
+  close(fd);
+  return port;
+}
+
+StatusOr<std::unique_ptr<EtcdProcess>> StartEtcd() {
+  const char* bin = "/usr/bin/etcd";
+  if (access(bin, X_OK) != 0) return Status::Unavailable("no /usr/bin/etcd (etcd-server)");
+  auto e = std::make_unique<EtcdProcess>();
+  char tmpl[] = "/tmp/ps_bench_etcd.XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return Status::Internal("mkdtemp failed");
+  e->dir = tmpl;
+  const int client = FreePort(), peer = FreePort();
+  e->endpoint = "http://127.0.0.1:" + std::to_string(client);
+  std::vector<std::string> args = {bin,
+                                   "--data-dir=" + (e->dir / "data").string(),
+                                   "--listen-client-urls=" + e->endpoint,
+                                   "--advertise-client-urls=" + e->endpoint,
+                                   "--listen-peer-urls=http://127.0.0.1:" + std::to_string(peer),
+                                   "--initial-advertise-peer-urls=http://127.0.0.1:" +
+                                       std::to_string(peer),
+                                   "--initial-cluster=default=http://127.0.0.1:" +
+                                       std::to_string(peer),
+                                   "--heartbeat-interval=50", "--election-timeout=250"};
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::string log = (e->dir / "etcd.log").string();
+    freopen(log.c_str(), "w", stderr);
+    freopen(log.c_str(), "a", stdout);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(bin, argv.data());
+    _exit(127);
+  }
+  e->pid = pid;
+  return e;  // the servers retry until it answers
+}
+
+// One row per (size, in flight, op): a replica group of 2 against 1.
+int ReplicaRows(const std::string& bin) {
+  auto fail = [](const Status& s) {
+    bench::Json e;
+    e["bench"] = "transport";
+    e["error"] = s.ToString();
+    bench::Emit(e);
+    return 1;
+  };
+  auto etcd = StartEtcd();
+  if (!etcd.ok()) return fail(etcd.status());
+  int prefix = 0;
+  // A fresh group of `replicas` per measurement (as OursMeasure starts a
+  // fresh server), under its own key prefix.
+  auto measure = [&](int replicas, bool push, size_t bytes, int inflight) -> StatusOr<Rate> {
+    const std::string pre = "/bench/" + std::to_string(getpid()) + "-" + std::to_string(prefix++);
+    std::vector<std::unique_ptr<ServerProcess>> group;
+    std::string endpoint;
+    std::vector<pid_t> pids;
+    for (int r = 0; r < replicas; ++r) {
+      ASSIGN_OR_RETURN(auto s, StartServer(bin, false, nullptr,
+                                           {"--etcd=" + (*etcd)->endpoint, "--etcd_prefix=" + pre,
+                                            "--replicas=" + std::to_string(replicas),
+                                            "--replica=" + std::to_string(r)}));
+      endpoint += (r ? "|" : "") + s->endpoint;
+      pids.push_back(s->pid);
+      group.push_back(std::move(s));
+    }
+    return MeasureAt(endpoint, pids, push, bytes, inflight, nullptr, false);
+  };
+  for (int64_t bytes : ParseList(FLAGS_sizes)) {
+    for (int64_t inflight : ParseList(FLAGS_inflight)) {
+      for (bool push : {true, false}) {
+        std::vector<Rate> one, two;
+        for (int rep = 0; rep < std::max(1, FLAGS_repeats); ++rep) {
+          auto a = measure(1, push, bytes, inflight);
+          if (!a.ok()) return fail(a.status());
+          auto b = measure(2, push, bytes, inflight);
+          if (!b.ok()) return fail(b.status());
+          one.push_back(*a);
+          two.push_back(*b);
+        }
+        const bool small = bytes < (1 << 20);
+        auto metric = [small](const std::vector<Rate>& v) {
+          std::vector<double> out;
+          for (const Rate& r : v) out.push_back(small ? r.ops_per_s : r.mb_per_s);
+          return out;
+        };
+        auto mbs = [](const std::vector<Rate>& v) {
+          std::vector<double> out;
+          for (const Rate& r : v) out.push_back(r.mb_per_s);
+          return out;
+        };
+        bench::Json j;
+        j["bench"] = "transport";
+        j["op"] = push ? "push" : "pull";
+        j["mode"] = "replicas2";
+        j["transport"] = "tcp";
+        j["bytes"] = bytes;
+        j["inflight"] = inflight;
+        j["mb_per_s"] = bench::Round(bench::SpreadOf(mbs(two)).median, 1);
+        j["baseline"] = "replicas1";
+        j["baseline_mb_per_s"] = bench::Round(bench::SpreadOf(mbs(one)).median, 1);
+        j["ratio_metric"] = small ? "ops_per_s" : "mb_per_s";
+        const auto r = bench::SpreadOf(bench::Ratios(metric(two), metric(one)));
+        j["ratio"] = bench::Round(r.median, 3);
+        j["ratio_spread"] = bench::ToJson(r);
+        bench::Emit(j);
+      }
+    }
+  }
+  return 0;
 }
 
 // --transport=shm: see the file comment.
@@ -496,6 +662,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (FLAGS_transport == "shm") return ShmRows(bin);
+  if (FLAGS_replicas == 2) return ReplicaRows(bin);
+  if (FLAGS_replicas != 0) {
+    std::fprintf(stderr, "ps_bench_transport: --replicas must be 0 or 2\n");
+    return 2;
+  }
   const std::vector<std::string> modes = ParseNames(FLAGS_modes);
   for (int64_t bytes : ParseList(FLAGS_sizes)) {
     for (int64_t inflight : ParseList(FLAGS_inflight)) {

@@ -426,6 +426,31 @@ void HostileGenerator::Next(HostileMessage* m) {
   } else if (pick < 88) {
     h.kind = RequestKind::kHeartbeat;
     m->shape = "heartbeat";
+  } else if (pick < 90 && OneIn(4)) {
+    // Replication requests to a server that is no replica (or from no
+    // primary of its): a replicate wrapping anything, a snapshot piece
+    // naming any file at any offset; every one refused, nothing written.
+    if (OneIn(2)) {
+      h.kind = RequestKind::kReplicate;
+      m->shape = "replicate";
+    } else {
+      h.kind = RequestKind::kSnapshot;
+      static const char* kNames[] = {"../../etc/passwd", "CURRENT", "", ".",
+                                     "MANIFEST-000001", "a/b"};
+      h.snapshot_file = kNames[Uniform(0, 5)];
+      h.snapshot_offset = OneIn(2) ? Count() : rng_();
+      h.snapshot_file_size = OneIn(2) ? Count() : rng_();
+      h.snapshot_total_bytes = OneIn(2) ? Count() : rng_();
+      h.snapshot_last = OneIn(2);
+      m->shape = "snapshot";
+    }
+    h.replicate_epoch = OneIn(2) ? Uniform(0, 4) : rng_();
+    h.replicate_group = static_cast<int32_t>(OneIn(2) ? Uniform(-1, 2) : rng_());
+    const int64_t frames = Uniform(0, 3);
+    for (int64_t f = 0; f < frames; ++f) {
+      m->frames.push_back(std::vector<uint8_t>(
+          static_cast<size_t>(Uniform(0, 64)), static_cast<uint8_t>(rng_())));
+    }
   } else if (pick < 90) {
     // Someone else's memory, files that are not sealed memfds, sizes and
     // descriptors of any value: every attach must be refused.
