@@ -5,6 +5,13 @@ disk; psrun waits for them and for `ps_ctl stats`, then starts the worker step w
 --servers. Per-task logs: srun --output=RUN_DIR/<role>-%t.log. Teardown signals the
 srun steps (srun forwards SIGTERM to its tasks; SIGKILL makes slurmd end the step).
 No --max_restarts here: a failed shard task fails the run.
+
+With --replicas R (replica groups, server/replication/): an etcd step of one
+task comes first (task.sh etcd; its endpoint in RUN_DIR/ready/etcd.endpoint),
+unless --etcd names one; the server step has S x R tasks, task r being
+replica r % R of shard r / R; the workers get each shard as its replica
+group, 'ep1|ep2'. The server step then runs with --kill-on-bad-exit=0: a
+replica that dies does not end its group.
 """
 import os
 import shlex
@@ -27,8 +34,19 @@ def srun_argv(opts, role, tasks, task_args):
                    str(opts.workers)] + task_args
 
 
-def server_step(opts):
-    return srun_argv(opts, "server", opts.servers, shlex.split(opts.server_flags or ""))
+def server_step(opts, etcd=None, prefix=None):
+    replicas = getattr(opts, "replicas", 1) or 1
+    if replicas == 1 and not etcd:
+        return srun_argv(opts, "server", opts.servers, shlex.split(opts.server_flags or ""))
+    argv = srun_argv(opts, "server", opts.servers * replicas, shlex.split(opts.server_flags or "") + [
+        "--etcd=" + etcd, "--etcd_prefix=/asyncps/" + prefix,
+        "--lease_ms=%d" % getattr(opts, "lease_ms", 1000)])
+    # A replica that dies must not end the step: its group goes on.
+    return [("--kill-on-bad-exit=0" if a == "--kill-on-bad-exit=1" else a) for a in argv]
+
+
+def etcd_step(opts, client_port, peer_port):
+    return srun_argv(opts, "etcd", 1, [str(client_port), str(peer_port)])
 
 
 def worker_step(opts, servers):
@@ -62,9 +80,43 @@ class SlurmFleet(fleet_mod.Fleet):
         except OSError:
             return m.proc.host
 
+    def start_etcd(self):
+        """Replicated fleets without --etcd: etcd as a step of its own."""
+        if not self.replicated() or self.etcd_endpoints:
+            return
+        import socket
+        import time as time_mod
+
+        def free_port():
+            with socket.socket() as s:
+                s.bind(("", 0))
+                return s.getsockname()[1]
+        self.etcd_step = procs_mod.LocalProc(
+            "etcd-step", etcd_step(self.o, free_port(), free_port()),
+            self.path("srun-etcd.log"), env=self.replica_env()).start()
+        ready = self.path("ready", "etcd.endpoint")
+        deadline = time_mod.time() + self.o.start_timeout
+        while True:
+            text = self.etcd_step.read_file(ready)
+            if text and text.strip():
+                self.etcd_endpoints = text.strip()
+                break
+            if self.etcd_step.poll() is not None or time_mod.time() > deadline:
+                raise fleet_mod.LaunchError(None, "the etcd step did not serve (see %s)" %
+                                            self.path("etcd-0.log"))
+            self.sleep(0.1)
+        self.log("psrun: etcd step serving at %s" % self.etcd_endpoints)
+
+    def replica_env(self):
+        return dict(os.environ, PSRUN_REPLICAS=str(self.replicas))
+
     def start_shards(self):
+        self.start_etcd()
+        step = (server_step(self.o, self.etcd_endpoints, self.etcd_prefix())
+                if self.replicated() else server_step(self.o))
         self.server_step = procs_mod.LocalProc(
-            "server-step", server_step(self.o), self.path("srun-server.log")).start()
+            "server-step", step, self.path("srun-server.log"),
+            env=self.replica_env() if self.replicated() else None).start()
         for m in self.shards:
             m.proc = self.server_step
         self.write_pids()
@@ -91,6 +143,12 @@ class SlurmFleet(fleet_mod.Fleet):
             rec["srun_log_tail"] = procs_mod.tail(m.proc.log_path, 10)
         return rec
 
+    def replica_stopped(self, m, rc):
+        # The tasks share one step: its end is every replica's.
+        if rc is not None:
+            raise fleet_mod.LaunchError(m, "the server step ended (%s)" %
+                                        procs_mod.describe_status(rc))
+
     def teardown(self):
         # One signal per srun step, not one per member.
         seen = {}
@@ -104,6 +162,14 @@ class SlurmFleet(fleet_mod.Fleet):
             super().teardown()
         finally:
             self.workers, self.shards = members
+            step = getattr(self, "etcd_step", None)
+            if step is not None and step.poll() is None:
+                import signal
+                step.signal(signal.SIGTERM)
+                try:
+                    step.popen.wait(timeout=10)
+                except Exception:
+                    step.signal(signal.SIGKILL)
 
 
 def main_from_psrun(opts, log):

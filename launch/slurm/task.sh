@@ -2,6 +2,9 @@
 # One srun task of an asyncps fleet; its rank is SLURM_PROCID.
 #   task.sh server RUN_DIR BIN_DIR NUM_SHARDS NUM_WORKERS [extra ps_server flags]
 #   task.sh worker RUN_DIR BIN_DIR NUM_SHARDS NUM_WORKERS SERVERS [extra ps_worker flags]
+#   task.sh etcd RUN_DIR BIN_DIR NUM_SHARDS NUM_WORKERS CLIENT_PORT PEER_PORT
+#     (replicated fleets: the etcd holding the replica layout and leases; it
+#     writes RUN_DIR/ready/etcd.endpoint once it serves)
 #   task.sh cmd RUN_DIR BIN_DIR NUM_SHARDS NUM_WORKERS SERVERS COMMAND [args]
 #     (psrun --worker_cmd: COMMAND, a shell command line, runs with the args
 #     appended and the ASYNCPS_* environment contract, launch/pslaunch/workercmd.py)
@@ -9,15 +12,53 @@
 # RUN_DIR/ready/server-<rank>.endpoint (and the host to reach it at to .host),
 # psrun reads them and passes SERVERS to the worker step.
 # Environment: PSRUN_BIND_HOST (address shards bind, default *),
-# PSRUN_ADVERTISE_HOST (address workers use, default `hostname`).
+# PSRUN_ADVERTISE_HOST (address workers use, default `hostname`),
+# PSRUN_REPLICAS (replicated fleets: processes per shard; server task rank
+# r is replica r % R of shard r / R, named server-<shard>-r<replica>).
 set -eu
 role=$1 run=$2 bin=$3 shards=$4 workers=$5
 shift 5
 rank=${SLURM_PROCID:?task.sh runs under srun (SLURM_PROCID unset)}
 name=$role-$rank
+replicas=${PSRUN_REPLICAS:-1}
 case $role in
+  etcd)
+    host=${PSRUN_ADVERTISE_HOST:-$(hostname)}
+    client="http://$host:$1" peer="http://$host:$2"
+    mkdir -p "$run/ready" "$run/etcd"
+    # Short leases as psrun's local etcd (launch/pslaunch/etcd.py).
+    set -- /usr/bin/etcd --name=asyncps --data-dir="$run/etcd/data" \
+      --listen-client-urls="$client" --advertise-client-urls="$client" \
+      --listen-peer-urls="$peer" --initial-advertise-peer-urls="$peer" \
+      --initial-cluster="asyncps=$peer" --heartbeat-interval=50 --election-timeout=250
+    echo "# psrun: etcd-$rank started $(date '+%Y-%m-%d %H:%M:%S') on $(hostname) (slurm job ${SLURM_JOB_ID:-?}, step ${SLURM_STEP_ID:-?})"
+    echo "# psrun: command: $*"
+    "$@" &
+    pid=$!
+    trap 'kill -TERM $pid 2>/dev/null' TERM INT
+    i=0
+    while ! curl -fs "$client/health" >/dev/null 2>&1 &&
+          ! python3 -c "import urllib.request,sys; urllib.request.urlopen(sys.argv[1], timeout=1)" "$client/health" >/dev/null 2>&1; do
+      i=$((i + 1))
+      if [ $i -gt 150 ] || ! kill -0 $pid 2>/dev/null; then
+        echo "task.sh: etcd did not become healthy at $client" >&2
+        kill -TERM $pid 2>/dev/null
+        exit 1
+      fi
+      sleep 0.1
+    done
+    printf '%s\n' "$client" > "$run/ready/etcd.endpoint.tmp"
+    mv "$run/ready/etcd.endpoint.tmp" "$run/ready/etcd.endpoint"
+    wait $pid
+    exit $? ;;
   server)
     mkdir -p "$run/ready" "$run/db"
+    shard=$rank
+    if [ "$replicas" -gt 1 ]; then
+      shard=$((rank / replicas))
+      name=server-$shard-r$((rank % replicas))
+      set -- "$@" --replicas="$replicas" --replica=$((rank % replicas))
+    fi
     printf '%s\n' "${PSRUN_ADVERTISE_HOST:-$(hostname)}" > "$run/ready/$name.host"
     bind=${PSRUN_BIND_HOST:-*}
     # ps_server refuses a non-loopback bind without CurveZMQ keys: without
@@ -30,7 +71,7 @@ case $role in
            set -- "$@" --insecure --allow_remote_admin
          fi ;;
     esac
-    set -- "$bin/ps_server" --flagfile="$run/flags/server.flags" --shard_id="$rank" \
+    set -- "$bin/ps_server" --flagfile="$run/flags/server.flags" --shard_id="$shard" \
       --num_shards="$shards" --num_workers="$workers" --endpoint="tcp://$bind:*" \
       --ready_file="$run/ready/$name.endpoint" --db_path="$run/db/$name" "$@" ;;
   worker)
@@ -48,7 +89,7 @@ case $role in
     name=worker-$rank
     set -- /bin/sh -c "$command \"\$@\"" "$name" "$@" ;;
   *)
-    echo "task.sh: unknown role '$role' (server, worker, cmd)" >&2
+    echo "task.sh: unknown role '$role' (etcd, server, worker, cmd)" >&2
     exit 2 ;;
 esac
 echo "# psrun: $name started $(date '+%Y-%m-%d %H:%M:%S') on $(hostname) (slurm job ${SLURM_JOB_ID:-?}, step ${SLURM_STEP_ID:-?}, task $rank of ${SLURM_NTASKS:-?})"

@@ -124,6 +124,38 @@ class SlurmRealTest(u.LaunchTestCase):
                % (s["totals"]["steps"], wall, s["totals"]["samples_per_s"],
                   job.group(0) if job else "?"))
 
+    def test_replicated_fleet_on_slurm(self):
+        """--replicas 2: an etcd step, then 2 shards x 2 replicas as one step
+        of 4 tasks; the workers train through the primaries, every update
+        reaches the backups."""
+        if not os.access("/usr/bin/etcd", os.X_OK):
+            self.skipTest("etcd not installed (Debian's etcd-server)")
+        run_dir = self.run_dir + "-replicated"
+        argv = [sys.executable, u.PSRUN, "--backend", "slurm", "--servers", "2", "--workers", "2",
+                "--replicas", "2", "--run_dir", run_dir, "--bin_dir", u.bin_dir(),
+                "--srun_opts", "--overcommit", "--server_flags", u.TINY_SERVER,
+                "--start_timeout", "60", "--"] + u.TINY_WORKER + ["--max_steps=30"]
+        env = dict(self.env, PSRUN_BIND_HOST="127.0.0.1", PSRUN_ADVERTISE_HOST="127.0.0.1")
+        t0 = time.monotonic()
+        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=170)
+        wall = time.monotonic() - t0
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            s = json.load(f)
+        self.assertEqual(s["totals"]["steps"], 60)
+        with open(os.path.join(run_dir, "stats.json")) as f:
+            stats = [sh["stats"] for sh in json.load(f)["shards"]]
+        roles = sorted(st["replication"]["role"] for st in stats)
+        self.assertEqual(roles, ["backup", "backup", "primary", "primary"])
+        for g in (0, 1):
+            versions = {st["version"] for st in stats if st["shard"] == g}
+            self.assertEqual(len(versions), 1, stats)  # the backup holds what the primary does
+        with open(os.path.join(run_dir, "etcd-0.log")) as f:
+            self.assertIn("slurm job", f.read())
+        u.note("launch.slurm_real: 2 shards x 2 replicas (an etcd step, 4 server tasks) trained "
+               "%d steps through slurm in %.1f s; each backup at its primary's version"
+               % (s["totals"]["steps"], wall))
+
 
 def u_port():
     import socket
