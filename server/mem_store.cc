@@ -105,6 +105,19 @@ Status MemStore::MultiGet(
   return Status::OK();
 }
 
+Status MemStore::ScanSpace(
+    SpaceId space,
+    const std::function<Status(std::string_view, std::string_view)>& fn) {
+  if (space >= spaces_.size())
+    return Status::InvalidArgument("MemStore: unknown space");
+  const std::string& name = spaces_[space];
+  for (auto it = kv_.lower_bound({name, std::string()});
+       it != kv_.end() && it->first.first == name; ++it) {
+    RETURN_IF_ERROR(fn(it->first.second, it->second));
+  }
+  return Status::OK();
+}
+
 SpaceStats MemStore::GetSpaceStats(SpaceId space) {
   SpaceStats s;
   if (space >= spaces_.size()) return s;

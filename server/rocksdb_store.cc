@@ -282,6 +282,22 @@ class RocksDbStore final : public Store {
     return first;
   }
 
+  Status ScanSpace(SpaceId space,
+                   const std::function<Status(std::string_view,
+                                              std::string_view)>& fn) override {
+    if (space >= spaces_.size())
+      return Status::InvalidArgument("unknown key space");
+    rocksdb::ReadOptions ro;
+    ro.verify_checksums = true;
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, spaces_[space]));
+    for (it->SeekToFirst(); it->Valid(); it->Next()) {
+      RETURN_IF_ERROR(
+          fn(std::string_view(it->key().data(), it->key().size()),
+             std::string_view(it->value().data(), it->value().size())));
+    }
+    return FromRocks(it->status(), "rocksdb scan of a key space");
+  }
+
   SpaceStats GetSpaceStats(SpaceId space) override {
     SpaceStats st;
     if (space >= spaces_.size()) return st;

@@ -32,22 +32,22 @@
 #include <cstring>
 
 #include "server/internal/push_dedup.h"
+#include "server/internal/shard_records.h"
 #include "server/internal/shard_types.h"
 #include "server/shard.h"
 
 namespace asyncps::server {
 namespace {
 
+using internal::kChunkMagic;
+using internal::kChunkPrefix;
+using internal::kLayoutKey;
+using internal::kLayoutMagic;
+using internal::kStateKey;
+using internal::kStateMagic;
+using internal::kStateMagicV1;
 using internal::Put;
 using internal::Reader;
-
-constexpr uint32_t kLayoutMagic = 0x3159414c;   // "LAY1"
-constexpr uint32_t kStateMagicV1 = 0x31415453;  // "STA1"
-constexpr uint32_t kStateMagic = 0x32415453;    // "STA2"
-constexpr uint32_t kChunkMagic = 0x314b4843;    // "CHK1"
-constexpr std::string_view kLayoutKey = "0layout";
-constexpr std::string_view kStateKey = "1state";
-constexpr std::string_view kChunkPrefix = "2chunk/";
 
 std::string ChunkKey(uint32_t id) {
   std::string k(kChunkPrefix);

@@ -20,6 +20,7 @@ namespace asyncps::server {
 namespace {
 
 using testing::Floats;
+using testing::Keys;
 using testing::ShardHarness;
 using testing::SmallLayout;
 using testing::SmallModel;
@@ -34,12 +35,6 @@ TableSpec Emb(uint32_t dim = 4) {
   t.optimizer.kind = RowOptimizerKind::kSgd;
   t.optimizer.lr = 0.5f;
   return t;
-}
-
-ByteView Keys(const std::vector<uint64_t>& k) {
-  BufferPtr b = Buffer::Allocate(k.size() * 8);
-  if (!k.empty()) std::memcpy(b->data(), k.data(), k.size() * 8);
-  return ByteView{b->data(), b->size(), b};
 }
 
 std::vector<float> Init(const TableSpec& t, uint64_t key) {

@@ -160,6 +160,18 @@ class Store {
       SpaceId space, const std::string_view* keys, size_t n,
       const std::function<void(size_t i, std::string_view value)>& found) = 0;
 
+  // Calls fn(key, value) for every record of `space` in key order (offline
+  // tools: resharding); stops at the first non-OK status fn returns and
+  // returns it. fn must not write to the store. Default: Unimplemented.
+  [[nodiscard]] virtual Status ScanSpace(
+      SpaceId space,
+      const std::function<Status(std::string_view key, std::string_view value)>&
+          fn) {
+    (void)fn;
+    return Status::Unimplemented("this store cannot scan key space " +
+                                 std::to_string(space));
+  }
+
   // Size of a space (estimates, for stats).
   virtual SpaceStats GetSpaceStats(SpaceId space) = 0;
 
@@ -229,6 +241,9 @@ class MemStore final : public Store {
   Status MultiGet(SpaceId space, const std::string_view* keys, size_t n,
                   const std::function<void(size_t, std::string_view)>& found)
       override;
+  Status ScanSpace(SpaceId space,
+                   const std::function<Status(std::string_view,
+                                              std::string_view)>& fn) override;
   SpaceStats GetSpaceStats(SpaceId space) override;
 
   // Rolls back to the preserved cut if a partial write happened since the

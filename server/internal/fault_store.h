@@ -44,6 +44,11 @@ class FaultInjectionStore final : public Store {
       override {
     return base_->MultiGet(space, keys, n, found);
   }
+  Status ScanSpace(SpaceId space,
+                   const std::function<Status(std::string_view,
+                                              std::string_view)>& fn) override {
+    return base_->ScanSpace(space, fn);
+  }
   SpaceStats GetSpaceStats(SpaceId space) override {
     return base_->GetSpaceStats(space);
   }

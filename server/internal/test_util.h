@@ -43,6 +43,13 @@ inline std::vector<float> Fill(size_t n, float v) {
   return std::vector<float>(n, v);
 }
 
+// `k` as a keys frame of sparse rows (little-endian uint64).
+inline ByteView Keys(const std::vector<uint64_t>& k) {
+  BufferPtr b = Buffer::Allocate(k.size() * 8);
+  if (!k.empty()) std::memcpy(b->data(), k.data(), k.size() * 8);
+  return ByteView{b->data(), b->size(), b};
+}
+
 inline ByteView Floats(const std::vector<float>& v) {
   BufferPtr b = Buffer::Allocate(v.size() * sizeof(float));
   if (!v.empty()) std::memcpy(b->data(), v.data(), v.size() * sizeof(float));

@@ -35,19 +35,19 @@ constexpr uint32_t kTablesMagic = 0x314c4254;  // "TBL1"
 constexpr uint32_t kStateMagic = 0x31535053;   // "SPS1"
 constexpr size_t kNumCounters = sizeof(TableCounters) / sizeof(uint64_t);
 
-std::string SpaceName(size_t index, const TableSpec& spec) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "table/%zu/%016" PRIx64, index,
-                HashName(spec.name));
-  return buf;
-}
-
 Status Damaged(std::string_view what) {
   return Status::Corruption("store record " + std::string(what) +
                             " is damaged");
 }
 
 }  // namespace
+
+std::string SparseTables::SpaceName(size_t index, const TableSpec& spec) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "table/%zu/%016" PRIx64, index,
+                HashName(spec.name));
+  return buf;
+}
 
 StatusOr<std::unique_ptr<SparseTables>> SparseTables::Create(
     const SparseOptions& options, const std::vector<TableSpec>& specs,

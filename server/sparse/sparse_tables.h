@@ -160,6 +160,9 @@ class SparseTables {
   void AddSpecsEntry(std::vector<StoreEntry>* entries) const;
   void AddStateEntry(std::vector<StoreEntry>* entries) const;
   static StatusOr<std::vector<TableSpec>> ParseSpecs(std::string_view value);
+  // Name of the key space holding the rows of table `index` (its place in
+  // the model's table list) defined by `spec`.
+  static std::string SpaceName(size_t index, const TableSpec& spec);
   [[nodiscard]] Status RestoreState(std::string_view value);
 
   // --- Clocks ---
