@@ -7,7 +7,7 @@
 // --from: the RocksDB stores of every shard, in shard order (stop the
 // fleet first: each is opened as ps_server opens it, rolled back to its
 // last checkpoint). --to: new directories, missing or empty. Then start S'
-// servers with --num_shards=S' and --db=new/shard<i>.db.
+// servers with --num_shards=S' and --db_path=new/shard<j>.db (shard j).
 //
 // Prints one JSON line: {"ok":..,"from_shards":..,"to_shards":..,
 // "chunks":..,"chunk_records":..,"rows":..,"expired_rows":..,
