@@ -119,11 +119,14 @@ def wait_pushing(fleet, workers, kill_after_bytes, out_path, timeout=90):
 
 def run_once(bin_dir, run_dir, servers=2, workers=2, epochs=3, victim_group=0,
              lease_ms=1000, attempt_timeout_ms=300, kill_after_bytes=20000, timeout_s=240,
-             hosts=None, shard_hosts=None, link=None, partition_s=None):
+             hosts=None, shard_hosts=None, link=None, partition_s=None, etcd=None,
+             disrupt=None):
     """One fleet, one kill (or cut); returns the repeat's record (see the
     module doc). hosts: psrun --emulate_hosts (shard_hosts, link): the victim
     is the host of group victim_group's primary, every process on it killed,
-    or with partition_s its link cut for that many seconds."""
+    or with partition_s its link cut for that many seconds. etcd: the fleet's
+    etcd endpoints (psrun --etcd) instead of a local one psrun starts;
+    disrupt: called instead of the kill (e.g. an etcd outage), nothing killed."""
     os.makedirs(run_dir, exist_ok=True)
     fleet = os.path.join(run_dir, "run")
     argv = [sys.executable, PSRUN, "--servers", str(servers), "--workers", str(workers),
@@ -134,6 +137,8 @@ def run_once(bin_dir, run_dir, servers=2, workers=2, epochs=3, victim_group=0,
         argv += ["--emulate_hosts", str(hosts)] + (
             ["--shard_hosts", str(shard_hosts)] if shard_hosts else []) + (
             ["--link", link] if link else [])
+    if etcd:
+        argv += ["--etcd", etcd]
     argv += ["--", "--layers=784,32,10", "--batch=32", "--epochs=%d" % epochs,
              "--log_every=200", "--threads=1", "--timeout_s=60",
              "--attempt_timeout_ms=%d" % attempt_timeout_ms,
@@ -157,7 +162,11 @@ def run_once(bin_dir, run_dir, servers=2, workers=2, epochs=3, victim_group=0,
         # The groups whose primary was there (no failover happened before).
         victim_groups = sorted({int(p["name"].split("-")[1]) for p in on_host
                                 if p["role"] == "server" and p["name"].endswith("-r0")})
-        if partition_s:
+        if disrupt is not None:
+            t_kill = time.time()
+            disrupt()
+            victim_groups = []
+        elif partition_s:
             cut = primary["netns"]
             t_kill = time.time()
             netns.set_link_state(cut, up=False)
@@ -200,6 +209,7 @@ def run_once(bin_dir, run_dir, servers=2, workers=2, epochs=3, victim_group=0,
         name = by_endpoint.get(sh["endpoint"], sh["endpoint"])
         names[name] = (st["shard"], st["pushes"])
         repl = st.get("replication")
+        rec["promotions"] = rec.get("promotions", 0) + (repl or {}).get("promotions", 0)
         if repl and "role" in repl:
             views[name] = (int(repl["epoch"]), repl["role"])
     if len(views) < len(names):  # a ps_server whose stats say no role: its log does
