@@ -146,9 +146,6 @@ def parse_args(argv):
         parser.error("--servers and --workers must be >= 1")
     if opts.replicas < 1 or opts.replicas > 16:
         parser.error("--replicas must be in [1, 16]")
-    if (opts.replicas > 1 or opts.etcd) and opts.backend not in ("local", "ssh", "slurm"):
-        parser.error("--replicas / --etcd: the %s backend does not run replica groups yet "
-                     "(local, ssh and slurm do)" % opts.backend)
     if opts.worker_cmd is not None and not opts.worker_cmd.strip():
         parser.error("--worker_cmd is empty")
     if opts.prometheus:

@@ -164,6 +164,96 @@ class K8sRenderTest(u.LaunchTestCase):
         self.assertNotIn("--metrics_port", plain["Job"]["spec"]["template"]["spec"][
             "containers"][0]["command"][-1])
 
+    def render_list(self, name, extra):
+        """The JSON manifests of `render.py --servers 2 --workers 3 EXTRA`, in apply order."""
+        out = os.path.join(self.tmp.name, name)
+        r = subprocess.run([sys.executable, os.path.join(u.REPO, "launch", "k8s", "render.py"),
+                            "--servers", "2", "--workers", "3", "--render", out, "--format",
+                            "json"] + list(extra), capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        docs = []
+        for path in sorted(glob.glob(os.path.join(out, "*.json"))):
+            with open(path) as f:
+                docs.append(json.load(f))
+        return docs
+
+    def test_replica_groups(self):
+        docs = self.render_list("replicas", ["--replicas", "2", "--lease_ms", "2000"])
+        self.assertEqual([(d["kind"], d["metadata"]["name"]) for d in docs], [
+            ("ConfigMap", "asyncps-flags"), ("Service", "asyncps-etcd"),
+            ("StatefulSet", "asyncps-etcd"), ("Service", "asyncps-shards"),
+            ("StatefulSet", "shard"), ("Job", "asyncps-workers")])
+        _, esvc, ests, _, sts, job = docs
+        # etcd: headless (its DNS name exists before it is ready: it resolves
+        # its own peer URL), one pod, 1 s leases, data on its claim.
+        self.assertEqual(esvc["spec"]["clusterIP"], "None")
+        self.assertTrue(esvc["spec"]["publishNotReadyAddresses"])
+        self.assertEqual([(p["name"], p["port"]) for p in esvc["spec"]["ports"]],
+                         [("client", 2379), ("peer", 2380)])
+        self.assertEqual(ests["spec"]["replicas"], 1)
+        self.assertEqual(ests["spec"]["serviceName"], "asyncps-etcd")
+        ec = ests["spec"]["template"]["spec"]["containers"][0]
+        self.assertEqual(ec["image"], "asyncps:latest")
+        self.assertEqual(ec["command"][0], "/usr/bin/etcd")
+        for flag in ("--heartbeat-interval=50", "--election-timeout=250",
+                     "--listen-client-urls=http://0.0.0.0:2379",
+                     "--advertise-client-urls=http://asyncps-etcd-0.asyncps-etcd:2379",
+                     "--initial-cluster=asyncps-etcd-0=http://asyncps-etcd-0.asyncps-etcd:2380",
+                     "--data-dir=/var/lib/etcd/data"):
+            self.assertIn(flag, ec["command"])
+        self.assertEqual(ec["readinessProbe"]["httpGet"], {"path": "/health", "port": 2379})
+        self.assertEqual(ec["volumeMounts"], [{"name": "etcd-data", "mountPath": "/var/lib/etcd"}])
+        self.assertEqual(ests["spec"]["volumeClaimTemplates"][0]["metadata"]["name"], "etcd-data")
+        # Shards: S x R pods; pod shard-<o> is replica o % R of shard o / R.
+        self.assertEqual(sts["spec"]["replicas"], 4)
+        spec = sts["spec"]["template"]["spec"]
+        (init,) = spec["initContainers"]
+        self.assertIn("until /usr/bin/etcdctl --endpoints=http://asyncps-etcd-0.asyncps-etcd:2379",
+                      init["command"][-1])
+        cmd = spec["containers"][0]["command"][-1]
+        self.assertTrue(cmd.startswith("exec "), cmd)
+        for o in range(4):
+            r = subprocess.run(["sh", "-c", "HOSTNAME=shard-%d; for a in %s; do echo $a; done"
+                                % (o, cmd[len("exec "):])], capture_output=True, text=True)
+            argv = r.stdout.split()
+            for flag in ("--shard_id=%d" % (o // 2), "--replica=%d" % (o % 2), "--replicas=2",
+                         "--num_shards=2", "--etcd=http://asyncps-etcd-0.asyncps-etcd:2379",
+                         "--etcd_prefix=/asyncps/asyncps", "--lease_ms=2000",
+                         "--advertise_endpoint=tcp://shard-%d.asyncps-shards:5555" % o,
+                         "--endpoint=tcp://0.0.0.0:5555", "--insecure"):
+                self.assertIn(flag, argv, (o, argv))
+        # Workers: each shard as its replica group; they wait for every pod.
+        groups = ("tcp://shard-0.asyncps-shards:5555|tcp://shard-1.asyncps-shards:5555,"
+                  "tcp://shard-2.asyncps-shards:5555|tcp://shard-3.asyncps-shards:5555")
+        js = job["spec"]["template"]["spec"]
+        self.assertIn("'--servers=%s'" % groups, js["containers"][0]["command"][-1])
+        self.assertIn("--servers=" + groups.replace("|", ","), js["initContainers"][0][
+            "command"][-1])
+        # --worker_cmd: the same groups in ASYNCPS_SERVERS; --namespace: full names.
+        docs = self.render_list("cmd", ["--replicas", "2", "--namespace", "ml",
+                                        "--worker_cmd", "python3 t.py"])
+        env = {e["name"]: e["value"] for e in docs[-1]["spec"]["template"]["spec"][
+            "containers"][0]["env"]}
+        full = groups.replace(".asyncps-shards:", ".asyncps-shards.ml.svc.cluster.local:")
+        self.assertEqual(env["ASYNCPS_SERVERS"], full)
+        self.assertIn("--etcd=http://asyncps-etcd-0.asyncps-etcd.ml.svc.cluster.local:2379",
+                      docs[4]["spec"]["template"]["spec"]["containers"][0]["command"][-1])
+
+    def test_replica_groups_with_given_etcd(self):
+        docs = self.render_list("etcd", ["--replicas", "3", "--etcd", "http://etcd.infra:2379"])
+        self.assertEqual([d["kind"] for d in docs], ["ConfigMap", "Service", "StatefulSet", "Job"])
+        spec = docs[2]["spec"]["template"]["spec"]
+        self.assertEqual(docs[2]["spec"]["replicas"], 6)
+        self.assertIn("--etcd=http://etcd.infra:2379", spec["containers"][0]["command"][-1])
+        self.assertIn("--endpoints=http://etcd.infra:2379", spec["initContainers"][0]["command"][-1])
+        # ps_server's replicas do not connect with CurveZMQ keys yet: refused.
+        r = subprocess.run([sys.executable, os.path.join(u.REPO, "launch", "k8s", "render.py"),
+                            "--replicas", "2", "--server_flags=--curve_secret_key=/k",
+                            "--render", os.path.join(self.tmp.name, "curve")],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--curve_secret_key", r.stderr)
+
 
 if __name__ == "__main__":
     u.main()

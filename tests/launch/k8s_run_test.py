@@ -19,16 +19,21 @@ cluster DNS for them, with no cluster:
   - cluster DNS is emulated by /etc/hosts: each shard pod's name under the
     headless Service that selects it (<pod>.<service>.<ns>.svc.cluster.local
     and the shorter forms the pod's DNS search path completes) -> its address;
-  - the StatefulSet's pods and the Job's pods start together; the shards'
-    readinessProbe runs (nsenter into the pod) until it passes; each worker pod
-    runs its init container, then its container; when the Job has completed
-    the StatefulSet is deleted: SIGTERM to each shard's main process,
-    SIGKILL after terminationGracePeriodSeconds.
+  - every StatefulSet's pods (the shards', and with --replicas etcd's) and the
+    Job's pods start together; each pod runs its init containers, then its
+    container; a readinessProbe (exec: nsenter into the container; httpGet:
+    from the pod's network namespace) runs in the background until it passes;
+    when the Job has completed the StatefulSets are deleted in reverse apply
+    order: SIGTERM to each pod's main process, SIGKILL after
+    terminationGracePeriodSeconds.
 It checks that the workers trained (SUMMARY lines, accuracy, metrics CSVs in
 the pods' /tmp), that the shards' RocksDB stores landed on their volumes and
-that the shards exited 0 on SIGTERM. Needs root, ip netns, unshare, nsenter
-and overlayfs: exits 77 (skipped) without them. Every process it started is
-killed by PID, every namespace it made deleted, whatever happens.
+that the shards exited 0 on SIGTERM; with --replicas 2, that `ps_ctl stats`
+from inside a shard pod shows each group's backup at its primary's version.
+Needs root, ip netns, unshare, nsenter and overlayfs: exits 77 (skipped)
+without them (the replicated case also needs /usr/bin/etcd and etcdctl).
+Every process it started is killed by PID, every namespace it made deleted,
+whatever happens.
 """
 import json
 import os
@@ -109,6 +114,9 @@ class Cluster:
         if pod["subdomain"]:
             own.insert(0, "%s.%s.%s.svc.cluster.local" % (pod["hostname"], pod["subdomain"],
                                                         self.namespace))
+        # Its own DNS names too (etcd resolves its own peer URL).
+        own += [name for name, ip in sorted(self.dns.items())
+                if ip == pod["ip"] and name not in own]
         lines = ["127.0.0.1 localhost", "%s %s" % (pod["ip"], " ".join(own))]
         lines += ["%s %s" % (ip, name) for name, ip in sorted(self.dns.items())
                   if ip != pod["ip"]]
@@ -173,15 +181,36 @@ class Cluster:
         self.procs.append(p)
         return p, log
 
+    def exec_argv(self, p, env, argv):
+        """kubectl exec: argv in the running container p's namespaces and root."""
+        return ["nsenter", "-t", str(p.pid), "-n", "-m", "-u", "-r", "-w", "--",
+                "/usr/bin/env", "-i"] + ["%s=%s" % kv for kv in env] + argv
+
     def exec_in(self, p, env, argv, timeout):
-        """A probe: argv in the running container p's namespaces and root."""
-        cmd = ["nsenter", "-t", str(p.pid), "-n", "-m", "-u", "-r", "-w", "--",
-               "/usr/bin/env", "-i"] + ["%s=%s" % kv for kv in env] + argv
+        """argv in container p (exec_argv); (exit status, stdout), -1 on timeout."""
         try:
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                                  stdin=subprocess.DEVNULL).returncode
+            r = subprocess.run(self.exec_argv(p, env, argv), capture_output=True, text=True,
+                               timeout=timeout, stdin=subprocess.DEVNULL)
+            return r.returncode, r.stdout
         except subprocess.TimeoutExpired:
-            return -1
+            return -1, ""
+
+    def http_get_argv(self, pod, p, port, path, timeout):
+        """An httpGet probe: kubelet's GET http://<pod ip>:port/path, from the
+        pod's network namespace (the node reaches pods there); 200-399 passes."""
+        code = ("import sys, urllib.request\n"
+                "try:\n    s = urllib.request.urlopen(sys.argv[1], timeout=%g).status\n"
+                "except Exception:\n    s = 0\n"
+                "sys.exit(0 if 200 <= s < 400 else 1)" % timeout)
+        return ["nsenter", "-t", str(p.pid), "-n", "--", sys.executable, "-c", code,
+                "http://%s:%d%s" % (pod["ip"], port, path)]
+
+    def spawn(self, argv):
+        """A probe in the background, killed by close() if still running."""
+        p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             stdin=subprocess.DEVNULL, start_new_session=True)
+        self.procs.append(p)
+        return p
 
     def close(self):
         for p in self.procs:
@@ -223,7 +252,9 @@ class K8sRunTest(u.LaunchTestCase):
                 docs.append(json.load(f))
         return docs
 
-    def run_manifests(self, docs, deadline_s=120):
+    def run_manifests(self, docs, deadline_s=120, before_delete=None):
+        """Runs the pods until the Job completed, then before_delete(cluster,
+        shard pods) (its result in the returned dict), then deletes them."""
         by_kind = {}
         for d in docs:
             by_kind.setdefault(d["kind"], []).append(d)
@@ -231,7 +262,7 @@ class K8sRunTest(u.LaunchTestCase):
         namespace = docs[0]["metadata"].get("namespace")
         cluster = Cluster(os.path.join(self.tmp.name, "cluster"), namespace)
         try:
-            return self._run(cluster, by_kind, deadline_s)
+            return self._run(cluster, by_kind, deadline_s, before_delete)
         finally:
             cluster.close()
             left = [n for n in _run(["ip", "netns", "list"]).stdout.split()
@@ -266,22 +297,30 @@ class K8sRunTest(u.LaunchTestCase):
         script = cluster.container_script(pod, c["name"], mounts, env, argv)
         return script, env
 
-    def _run(self, cluster, by_kind, deadline_s):
+    def _run(self, cluster, by_kind, deadline_s, before_delete):
         self.configmaps = {d["metadata"]["name"]: d for d in by_kind["ConfigMap"]}
-        (svc,), (sts,), (job,) = by_kind["Service"], by_kind["StatefulSet"], by_kind["Job"]
-        self.assertEqual(svc["spec"]["clusterIP"], "None")  # headless: DNS names the pods
-        # The StatefulSet's pods, under the Service that selects them.
-        spod = sts["spec"]["template"]
-        labels = spod["metadata"]["labels"]
-        self.assertTrue(all(labels.get(k) == v for k, v in svc["spec"]["selector"].items()),
-                        "the Service does not select the shard pods")
-        self.assertEqual(sts["spec"]["serviceName"], svc["metadata"]["name"])
-        shards = []
-        for i in range(sts["spec"]["replicas"]):
-            name = "%s-%d" % (sts["metadata"]["name"], i)
-            pod = cluster.add_pod(name, name, subdomain=sts["spec"]["serviceName"])
-            cluster.register_dns(pod, svc["metadata"]["name"])
-            shards.append(pod)
+        services = {d["metadata"]["name"]: d for d in by_kind["Service"]}
+        (job,) = by_kind["Job"]
+        # Every StatefulSet's pods, under the headless Service that selects them
+        # (apply order: etcd's before the shards').
+        sets = []
+        for sts in by_kind["StatefulSet"]:
+            svc = services[sts["spec"]["serviceName"]]
+            self.assertEqual(svc["spec"]["clusterIP"], "None")  # headless: DNS names the pods
+            labels = sts["spec"]["template"]["metadata"]["labels"]
+            self.assertTrue(all(labels.get(k) == v for k, v in svc["spec"]["selector"].items()),
+                            "Service %s does not select its pods" % svc["metadata"]["name"])
+            pods = []
+            for i in range(sts["spec"]["replicas"]):
+                name = "%s-%d" % (sts["metadata"]["name"], i)
+                pod = cluster.add_pod(name, name, subdomain=svc["metadata"]["name"])
+                cluster.register_dns(pod, svc["metadata"]["name"])
+                pod["set"] = sts
+                pods.append(pod)
+            sets.append((sts, pods))
+        self.assertEqual(len(sets), len(services), "a Service without its StatefulSet")
+        (shards,) = [pods for sts, pods in sets if sts["spec"]["template"]["metadata"][
+            "labels"].get("app.kubernetes.io/component") == "shard"]
         # The Indexed Job's pods: hostname <job>-<index>, JOB_COMPLETION_INDEX.
         js = job["spec"]
         self.assertEqual(js["completionMode"], "Indexed")
@@ -289,41 +328,39 @@ class K8sRunTest(u.LaunchTestCase):
         workers = [cluster.add_pod("%s-%d" % (job["metadata"]["name"], i),
                                    "%s-%d" % (job["metadata"]["name"], i))
                    for i in range(js["completions"])]
-        # Start everything at once, as the API server would.
-        grace = spod["spec"]["terminationGracePeriodSeconds"]
-        (sc,) = spod["spec"]["containers"]
-        for pod in shards:
-            vols = self._volumes(cluster, spod["spec"], sts["spec"]["volumeClaimTemplates"], pod)
-            script, env = self._container(cluster, pod, vols, sc, [])
-            pod["env"] = env
-            pod["proc"], pod["log"] = cluster.start(pod, sc["name"], script)
         wpod = js["template"]
         self.assertEqual(wpod["spec"]["restartPolicy"], "Never")
+        # Each pod's containers in order (init containers, then its one
+        # container); every name is in the DNS by now, so the hosts files are whole.
+        for sts, pods in sets:
+            for pod in pods:
+                vols = self._volumes(cluster, sts["spec"]["template"]["spec"],
+                                     sts["spec"].get("volumeClaimTemplates", []), pod)
+                self._steps(cluster, pod, sts["spec"]["template"], vols, [])
         for i, pod in enumerate(workers):
             vols = self._volumes(cluster, wpod["spec"], [], pod)
-            extra = [("JOB_COMPLETION_INDEX", str(i))]
-            pod["steps"] = [self._container(cluster, pod, vols, c, extra)
-                            for c in wpod["spec"].get("initContainers", [])
-                            + wpod["spec"]["containers"]]
-            pod["names"] = [c["name"] for c in wpod["spec"].get("initContainers", [])
-                            + wpod["spec"]["containers"]]
-            pod["step"] = 0
+            self._steps(cluster, pod, wpod, vols, [("JOB_COMPLETION_INDEX", str(i))])
+        # Start everything at once, as the API server would.
+        stateful = [pod for _, pods in sets for pod in pods]
+        for pod in stateful + workers:
             pod["proc"], pod["log"] = cluster.start(pod, pod["names"][0], pod["steps"][0][0])
-        # kubelet: readiness probes, init containers then the container, until
-        # the Job completes (every index succeeded) or something fails.
-        probe = sc["readinessProbe"]["exec"]["command"]
+        # kubelet: init containers then the container, readiness probes (each
+        # every periodSeconds, in the background), until the Job completes
+        # (every index succeeded) or something fails.
         t0 = time.time()
         ready = {}
         done = set()
         while len(done) < len(workers):
             self.assertLess(time.time() - t0, deadline_s, "the Job did not complete in time")
-            for pod in shards:
+            for pod in stateful:
                 rc = pod["proc"].poll()
-                self.assertIsNone(rc, "shard pod %s exited %s:\n%s" % (
-                    pod["name"], rc, self.tail(pod["log"])))
-                if pod["name"] not in ready and cluster.exec_in(
-                        pod["proc"], pod["env"], probe,
-                        sc["readinessProbe"]["timeoutSeconds"]) == 0:
+                main = pod["step"] == len(pod["steps"]) - 1
+                if rc is not None:
+                    self.assertTrue(rc == 0 and not main, "pod %s container %s exited %s:\n%s"
+                                    % (pod["name"], pod["names"][pod["step"]], rc,
+                                       self.tail(pod["log"])))
+                    self._next_step(cluster, pod)
+                elif main and pod["name"] not in ready and self._probe(cluster, pod):
                     ready[pod["name"]] = time.time() - t0
             for pod in workers:
                 if pod["name"] in done:
@@ -333,29 +370,83 @@ class K8sRunTest(u.LaunchTestCase):
                     continue
                 self.assertEqual(rc, 0, "pod %s container %s exited %d:\n%s" % (
                     pod["name"], pod["names"][pod["step"]], rc, self.tail(pod["log"])))
-                pod["step"] += 1
-                if pod["step"] == len(pod["steps"]):
+                if pod["step"] == len(pod["steps"]) - 1:
                     done.add(pod["name"])
                 else:
-                    pod["proc"], pod["log"] = cluster.start(
-                        pod, pod["names"][pod["step"]], pod["steps"][pod["step"]][0])
+                    self._next_step(cluster, pod)
             time.sleep(0.2)
         job_s = time.time() - t0
-        self.assertEqual(sorted(ready), sorted(p["name"] for p in shards),
+        self.assertEqual(sorted(ready), sorted(p["name"] for p in stateful),
                          "readiness probe never passed")
-        # kubectl delete statefulset: SIGTERM to each main process, then the grace period.
-        for pod in shards:
-            os.kill(pod["proc"].pid, signal.SIGTERM)
-        for pod in shards:
-            try:
-                rc = pod["proc"].wait(timeout=min(grace, 60))
-            except subprocess.TimeoutExpired:
-                os.killpg(pod["proc"].pid, signal.SIGKILL)
-                self.fail("shard pod %s ignored SIGTERM for %ds" % (pod["name"], grace))
-            self.assertEqual(rc, 0, "shard pod %s exited %d on SIGTERM:\n%s" % (
-                pod["name"], rc, self.tail(pod["log"])))
+        seen = before_delete(cluster, shards) if before_delete else None
+        # kubectl delete, in reverse apply order (the shards before etcd):
+        # SIGTERM to each main process, then the grace period.
+        for sts, pods in reversed(sets):
+            grace = sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+            for pod in pods:
+                os.kill(pod["proc"].pid, signal.SIGTERM)
+            for pod in pods:
+                try:
+                    rc = pod["proc"].wait(timeout=min(grace, 60))
+                except subprocess.TimeoutExpired:
+                    os.killpg(pod["proc"].pid, signal.SIGKILL)
+                    self.fail("pod %s ignored SIGTERM for %ds" % (pod["name"], grace))
+                # etcd ends by the signal it got (after shutting down cleanly).
+                ok = (0,) if pods is shards else (0, -signal.SIGTERM)
+                self.assertIn(rc, ok, "pod %s exited %d on SIGTERM:\n%s" % (
+                    pod["name"], rc, self.tail(pod["log"])))
         return dict(shards=shards, workers=workers, ready=ready, job_s=job_s,
-                    total_s=time.time() - t0)
+                    total_s=time.time() - t0, pods=stateful, before_delete=seen)
+
+    def _steps(self, cluster, pod, template, vols, extra_env):
+        ctrs = template["spec"].get("initContainers", []) + template["spec"]["containers"]
+        self.assertEqual(len(template["spec"]["containers"]), 1)
+        pod["steps"] = [self._container(cluster, pod, vols, c, extra_env) for c in ctrs]
+        pod["names"] = [c["name"] for c in ctrs]
+        pod["main"] = ctrs[-1]
+        pod["step"] = 0
+        pod["probe"] = None
+        pod["next_probe"] = 0.0
+
+    def _next_step(self, cluster, pod):
+        pod["step"] += 1
+        pod["proc"], pod["log"] = cluster.start(pod, pod["names"][pod["step"]],
+                                                pod["steps"][pod["step"]][0])
+
+    def _probe(self, cluster, pod):
+        """The main container's readinessProbe (exec or httpGet), run in the
+        background every periodSeconds; True once one attempt passed."""
+        spec = pod["main"].get("readinessProbe")
+        if spec is None:
+            return True
+        p = pod["probe"]
+        if p is not None:
+            rc = p.poll()
+            if rc is None:
+                if time.time() - pod["probe_t"] > spec.get("timeoutSeconds", 1) + 5:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+                    pod["probe"] = None
+                return False
+            pod["probe"] = None
+            if rc == 0:
+                return True
+        if time.time() < pod["next_probe"]:
+            return False
+        # Kubernetes' default period is 10 s; sooner here to keep the test short.
+        pod["next_probe"] = time.time() + min(spec.get("periodSeconds", 10), 1)
+        timeout = spec.get("timeoutSeconds", 1)
+        if "exec" in spec:
+            argv = cluster.exec_argv(pod["proc"], pod["steps"][-1][1], spec["exec"]["command"])
+        else:
+            get = spec["httpGet"]
+            port = get["port"]
+            if not isinstance(port, int):
+                (port,) = [q["containerPort"] for q in pod["main"]["ports"] if q["name"] == port]
+            argv = cluster.http_get_argv(pod, pod["proc"], port, get.get("path", "/"), timeout)
+        pod["probe"] = cluster.spawn(argv)
+        pod["probe_t"] = time.time()
+        return False
 
     def tail(self, path, n=3000):
         with open(path, errors="replace") as f:
@@ -386,7 +477,7 @@ class K8sRunTest(u.LaunchTestCase):
         getattr(u, "note", print)("k8s pods: %d shards, %d workers: accuracy %s, shards ready after %s s, "
                "Job complete after %.1f s, all down after %.1f s" % (
                    servers, workers, "%.3f" % accs[0],
-                   " ".join("%.1f" % t for _, t in sorted(res["ready"].items())),
+                   " ".join("%.1f" % res["ready"][p["name"]] for p in res["shards"]),
                    res["job_s"], res["total_s"]))
 
     def test_two_shards_two_workers(self):
@@ -401,6 +492,61 @@ class K8sRunTest(u.LaunchTestCase):
             "containers"][0]["command"][-1]
         self.assertIn("shard-0.asyncps-shards.ml.svc.cluster.local", wcmd)
         self.check_trained(self.run_manifests(docs), 1, 2)
+
+    def test_replica_groups(self):
+        """--replicas 2: etcd's StatefulSet and Service beside the shards', 2
+        shards x 2 replicas whose init containers wait for etcd, 2 workers
+        training through the primaries; every backup at its primary's version."""
+        for tool in ("etcd", "etcdctl"):
+            if not os.access("/usr/bin/" + tool, os.X_OK):
+                self.skipTest("/usr/bin/%s not installed (Debian's etcd-server, etcd-client)"
+                              % tool)
+        docs = self.render(2, 2, ["--replicas", "2"])
+        names = [(d["kind"], d["metadata"]["name"]) for d in docs]
+        self.assertEqual(names[1:3], [("Service", "asyncps-etcd"),
+                                      ("StatefulSet", "asyncps-etcd")])
+        wcmd = docs[-1]["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+        self.assertIn("tcp://shard-0.asyncps-shards:5555|tcp://shard-1.asyncps-shards:5555,"
+                      "tcp://shard-2.asyncps-shards:5555|tcp://shard-3.asyncps-shards:5555", wcmd)
+
+        def stats(cluster, shards):
+            # kubectl exec shard-0 -- ps_ctl stats, to every shard pod.
+            eps = ",".join("tcp://%s.%s:5555" % (p["hostname"], p["subdomain"]) for p in shards)
+            rc, out = cluster.exec_in(shards[0]["proc"], shards[0]["steps"][-1][1],
+                                      [k8s.BIN + "/ps_ctl", "--servers=" + eps,
+                                       "--timeout_ms=3000", "stats"], 30)
+            self.assertEqual(rc, 0, out)
+            return [sh["stats"] for sh in json.loads(out)["shards"]]
+
+        res = self.run_manifests(docs, before_delete=stats)
+        self.check_trained(res, 2, 2)
+        self.assertEqual([p["name"] for p in res["shards"]], ["shard-%d" % o for o in range(4)])
+        st = res["before_delete"]
+        self.assertEqual(sorted(x["replication"]["role"] for x in st),
+                         ["backup", "backup", "primary", "primary"], st)
+        for g in (0, 1):
+            group = [x for x in st if x["shard"] == g]
+            self.assertEqual(len(group), 2, st)
+            # The backup holds what its primary does: every update reached it.
+            self.assertEqual(len({x["version"] for x in group}), 1, group)
+            self.assertGreater(group[0]["version"], 0, group)
+        # Pod shard-<o> was replica o % 2 of shard o / 2; etcd kept its data on its volume.
+        for o, pod in enumerate(res["shards"]):
+            with open(pod["log"], errors="replace") as f:
+                head = f.read(200000)
+            self.assertIn("ps_server shard %d/2" % (o // 2), head)
+            self.assertIn("member g%dr%d joined" % (o // 2, o % 2), head)
+        member = os.path.join(self.tmp.name, "cluster", "pv", "etcd-data-asyncps-etcd-0",
+                              "data", "member")
+        self.assertTrue(os.path.isdir(member), "no etcd data on its volume")
+        ready = res["ready"]
+        getattr(u, "note", print)(
+            "k8s pods, --replicas 2: etcd ready after %.1f s, 4 shard pods (2 groups) after "
+            "%s s, Job (2 workers) complete after %.1f s; roles %s, versions %s" % (
+                ready["asyncps-etcd-0"],
+                " ".join("%.1f" % ready["shard-%d" % o] for o in range(4)), res["job_s"],
+                " ".join(x["replication"]["role"] for x in st),
+                " ".join(str(x["version"]) for x in st)))
 
 
 if __name__ == "__main__":

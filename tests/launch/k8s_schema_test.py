@@ -102,6 +102,10 @@ class K8sSchemaTest(u.LaunchTestCase):
             "metrics": ["--metrics", "--service_monitor", "--metrics_port_k8s", "9555"],
             "worker_cmd": ["--worker_cmd", "python3 /opt/train.py --lr 0.1", "--metrics"],
             "curve": ["--server_flags", "--curve_secret_key=/keys/s --optimizer=adam"],
+            # Replica groups: etcd's Service and StatefulSet beside the shards'.
+            "replicas": ["--replicas", "2", "--namespace", "ml", "--worker_cmd", "python3 t.py"],
+            "replicas_etcd": ["--replicas", "3", "--etcd", "http://etcd.infra:2379",
+                              "--metrics"],
         }
         kinds = set()
         for name, extra in variants.items():
@@ -114,6 +118,9 @@ class K8sSchemaTest(u.LaunchTestCase):
                 self.assertEqual(len(lines), len(os.listdir(d)), text)
                 self.assertTrue(all(line.startswith("ok ") for line in lines), text)
                 kinds.update(line.split()[1] for line in lines)
+                if name == "replicas":
+                    self.assertIn("ok StatefulSet asyncps-etcd", lines)
+                    self.assertIn("ok Service asyncps-etcd", lines)
         self.assertEqual(kinds, {"ConfigMap", "Service", "StatefulSet", "Job",
                                  "ServiceMonitor", "PodMonitor"})
 
@@ -171,6 +178,21 @@ class K8sSchemaTest(u.LaunchTestCase):
                 rc, text = self.validate(path)
                 self.assertEqual(rc, 1, text)
                 self.assertIn(want, text)
+        # etcd's StatefulSet (--replicas) is checked as closely.
+        rdir = self.render("replicas-broken", extra=["--replicas", "2"])
+        (etcd,) = [p for p in glob.glob(os.path.join(rdir, "*.json")) if "statefulset-asyncps-etcd"
+                   in p]
+        with open(etcd) as f:
+            d = json.load(f)
+        d["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"].pop("port")
+        d["spec"]["persistentVolumeClaimRetentionPolicy"]["whenDelete"] = "Delete"
+        path = os.path.join(bdir, "etcd.json")
+        with open(path, "w") as f:
+            json.dump(d, f)
+        rc, text = self.validate(path)
+        self.assertEqual(rc, 1, text)
+        self.assertIn("/readinessProbe/httpGet must have required property port", text)
+        self.assertIn("/persistentVolumeClaimRetentionPolicy/whenDelete is not a field", text)
         # A kind with no schema is not waved through.
         path = os.path.join(bdir, "unknown-kind.json")
         with open(path, "w") as f:
