@@ -26,6 +26,7 @@
 #include "common/layout.h"
 #include "common/sparse_table.h"
 #include "server/internal/binary_io.h"
+#include "server/internal/chunk_recut.h"
 #include "server/internal/push_dedup.h"
 #include "server/internal/shard_records.h"
 #include "server/sparse/row_format.h"
@@ -230,29 +231,6 @@ Status ParseSparseState(std::string_view value,
     }
   }
   if (r.remaining() != 0) return Status::Corruption("trailing bytes");
-  return Status::OK();
-}
-
-// Checks a chunk record against its chunk; returns its state floats per
-// element.
-Status CheckChunk(std::string_view value, const ChunkSpec& c, uint32_t* spe) {
-  Reader r(value);
-  uint32_t magic = 0, contributors = 0;
-  uint64_t n = 0, version = 0, step = 0;
-  uint8_t has_acc = 0;
-  if (!r.Get(&magic) || magic != kChunkMagic || !r.Get(&n) || !r.Get(spe) ||
-      !r.Get(&version) || !r.Get(&step) || !r.Get(&contributors) ||
-      !r.Get(&has_acc)) {
-    return Status::Corruption("header");
-  }
-  if (n != c.num_elems) {
-    return Status::Corruption("holds " + std::to_string(n) +
-                              " elements, the chunk has " +
-                              std::to_string(c.num_elems));
-  }
-  if (*spe > 64 || has_acc > 1) return Status::Corruption("header");
-  const uint64_t want = n * sizeof(float) * (1 + *spe + has_acc);
-  if (r.remaining() != want) return Status::Corruption("size");
   return Status::OK();
 }
 
@@ -587,7 +565,8 @@ Status Reshard(const std::vector<Store*>& from, const std::vector<Store*>& to,
     src.sparse = std::move(ss);
   }
 
-  // 2. The layouts for S and T shards; the chunking must be the same.
+  // 2. The layouts for S and T shards: the same chunks (records copied), or
+  // the tensors cut differently (records re-cut).
   lo.num_shards = S;
   StatusOr<Layout> old_layout = Layout::Create(tensors, lo);
   if (!old_layout.ok()) {
@@ -604,17 +583,12 @@ Status Reshard(const std::vector<Store*>& from, const std::vector<Store*>& to,
     same = a.tensor == b.tensor && a.offset == b.offset &&
            a.num_elems == b.num_elems;
   }
-  if (!same) {
-    return Status::FailedPrecondition(
-        "the model is cut differently for " + std::to_string(T) +
-        " shards (" + ChunkingSummary(new_layout) + ") than for " +
-        std::to_string(S) + " (" + ChunkingSummary(*old_layout) +
-        "): chunk records cannot be copied. The layout cuts tensors into "
-        "pieces of about total/(8 x shards) floats within [min_chunk_elems, "
-        "chunk_elems] (chunk_elems " +
-        std::to_string(lo.chunk_elems) + ", min_chunk_elems " +
-        std::to_string(lo.min_chunk_elems) +
-        "); choose a shard count with the same chunking");
+  report.recut = !same;
+  if (report.recut) {
+    LOG(INFO) << "the model is cut differently for " << T << " shards ("
+              << ChunkingSummary(new_layout) << ") than for " << S << " ("
+              << ChunkingSummary(*old_layout)
+              << "): chunk records are re-cut element by element";
   }
   report.chunks = new_layout.chunks().size();
 
@@ -628,15 +602,47 @@ Status Reshard(const std::vector<Store*>& from, const std::vector<Store*>& to,
                        "chunk " + std::to_string(id) +
                            " is not one of this shard's");
       }
-      uint32_t chunk_spe = 0;
-      Status s = CheckChunk(kv.second, old_layout->chunks()[id], &chunk_spe);
+      internal::ChunkRecord rec;
+      Status s = internal::ParseChunkRecord(
+          kv.second, old_layout->chunks()[id].num_elems, &rec);
       if (!s.ok()) return Damaged(i, kv.first, s.message());
+      const uint32_t chunk_spe = rec.state_per_elem;
       if (spe == ~uint32_t{0}) spe = chunk_spe;
       if (chunk_spe != spe) {
         LOG(WARNING) << SourceName(i) << ": chunk " << id << " holds "
                      << chunk_spe << " state floats per element, others "
                      << spe << " (copied as they are)";
       }
+    }
+  }
+
+  // Re-cut chunk records, built before anything is written (a refusal
+  // leaves the destinations untouched).
+  std::vector<std::optional<std::string>> recut(
+      report.recut ? new_layout.chunks().size() : 0);
+  if (report.recut) {
+    internal::RecutStats stats;
+    auto record = [&](uint32_t id) -> const std::string* {
+      const Source& src = sources[old_layout->chunks()[id].shard];
+      auto it = src.chunks.find(id);
+      return it == src.chunks.end() ? nullptr : &it->second.second;
+    };
+    for (const ChunkSpec& c : new_layout.chunks()) {
+      std::string value;
+      bool has = false;
+      RETURN_IF_ERROR(
+          internal::RecutChunk(*old_layout, c, record, &value, &has, &stats)
+              .WithContext("re-cutting chunk " + std::to_string(c.id) +
+                           " of the layout for " + std::to_string(T) +
+                           " shards"));
+      if (has) recut[c.id] = std::move(value);
+    }
+    report.recut_chunks = stats.recut_chunks;
+    report.step_mismatches = stats.step_mismatches;
+    if (stats.step_mismatches > 0) {
+      LOG(WARNING) << stats.step_mismatches
+                   << " re-cut chunks are made of pieces with different "
+                      "optimizer steps: each takes the largest";
     }
   }
 
@@ -755,6 +761,15 @@ Status Reshard(const std::vector<Store*>& from, const std::vector<Store*>& to,
                          {}});
     }
     for (uint32_t id : new_layout.shard_chunks(j)) {
+      if (report.recut) {
+        if (!recut[id]) continue;  // never written: initial value
+        StoreEntry e;
+        e.key = internal::ChunkKey(id);
+        e.parts.push_back({recut[id]->data(), recut[id]->size()});
+        entries.push_back(std::move(e));
+        ++report.chunk_records;
+        continue;
+      }
       const Source& src = sources[old_layout->chunks()[id].shard];
       auto it = src.chunks.find(id);
       if (it == src.chunks.end()) continue;  // never written: initial value

@@ -9,12 +9,14 @@
 //     min_chunk_elems unchanged);
 //   - every chunk the layout for S' gives shard j: its record (weights,
 //     optimizer state, version, step, BSP accumulator) copied byte for byte
-//     from the source shard that held it. The chunking itself must not
-//     change with the shard count (Layout cuts tensors into pieces of about
-//     total / (8 S) floats between min_chunk_elems and chunk_elems, so it
-//     does change for models above 8 S min_chunk_elems floats unless
-//     chunk_elems caps it): otherwise FailedPrecondition naming the chunk
-//     counts and sizes, and nothing is written;
+//     from the source shard that held it. Layout cuts tensors into pieces
+//     of about total / (8 S) floats within [min_chunk_elems, chunk_elems],
+//     so the chunks of a model above 8 S min_chunk_elems floats change with
+//     the shard count: then every new chunk is re-cut from the old chunks it
+//     overlaps, element by element (server/internal/chunk_recut.h: weights
+//     and optimizer state still bitwise; a chunk's version and Adam step
+//     are the largest of its pieces'; a checkpoint taken in the middle of a
+//     BSP round whose pieces summed different pushes is refused);
 //   - the sparse tables' definitions, and every stored row and admission
 //     counter, re-routed by ShardOfKey(spec, key, S'), byte for byte; a
 //     record already expired at its source (by that source's expiry clock)
@@ -55,8 +57,8 @@
 // Refusals (nothing written to any destination): S' < 1; no source; a
 // source with no model or whose layout, table definitions, worker count,
 // shard id or shard count disagree with the others (source i must be shard
-// i of S); a destination that holds any record; a chunking that differs
-// (above). A damaged record is Corruption naming the store and the key; the
+// i of S); a destination that holds any record; re-cut chunks that cannot
+// be merged (above). A damaged record is Corruption naming the store and the key; the
 // sources are read completely (validated) before anything is written, and
 // each destination's default-space records go in one final cut, after its
 // rows (written as partial writes: a destination interrupted mid-way rolls
@@ -91,6 +93,9 @@ struct ReshardReport {
   uint64_t rows = 0;            // sparse rows and admission counters copied
   uint64_t expired_rows = 0;    // dropped: expired at their source
   uint64_t unknown_keys = 0;    // default-space keys not understood, skipped
+  bool recut = false;           // the chunking differs: chunks re-cut
+  uint64_t recut_chunks = 0;    // chunk records built from pieces
+  uint64_t step_mismatches = 0;  // of which had pieces of different steps
   std::vector<uint64_t> chunks_per_shard;  // per destination
   std::vector<uint64_t> rows_per_shard;    // per destination
   std::vector<uint64_t> bytes_per_shard;   // fp32 weight bytes per destination

@@ -175,6 +175,9 @@ int main(int argc, char** argv) {
   j["rows"] = r.rows;
   j["expired_rows"] = r.expired_rows;
   j["unknown_keys"] = r.unknown_keys;
+  j["recut"] = r.recut;
+  j["recut_chunks"] = r.recut_chunks;
+  j["step_mismatches"] = r.step_mismatches;
   j["chunks_per_shard"] = r.chunks_per_shard;
   j["rows_per_shard"] = r.rows_per_shard;
   j["bytes_per_shard"] = r.bytes_per_shard;

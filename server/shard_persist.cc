@@ -39,6 +39,7 @@
 namespace asyncps::server {
 namespace {
 
+using internal::ChunkKey;
 using internal::kChunkMagic;
 using internal::kChunkPrefix;
 using internal::kLayoutKey;
@@ -48,13 +49,6 @@ using internal::kStateMagic;
 using internal::kStateMagicV1;
 using internal::Put;
 using internal::Reader;
-
-std::string ChunkKey(uint32_t id) {
-  std::string k(kChunkPrefix);
-  for (int shift = 24; shift >= 0; shift -= 8)
-    k.push_back(static_cast<char>((id >> shift) & 0xff));
-  return k;
-}
 
 Status Damaged(std::string_view what) {
   return Status::Corruption("store record " + std::string(what) +

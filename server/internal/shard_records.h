@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace asyncps::server::internal {
@@ -15,5 +16,13 @@ inline constexpr uint32_t kChunkMagic = 0x314b4843;    // "CHK1"
 inline constexpr std::string_view kLayoutKey = "0layout";
 inline constexpr std::string_view kStateKey = "1state";
 inline constexpr std::string_view kChunkPrefix = "2chunk/";
+
+// The key of chunk `id`: kChunkPrefix + u32 big-endian id (keys sort by id).
+inline std::string ChunkKey(uint32_t id) {
+  std::string k(kChunkPrefix);
+  for (int shift = 24; shift >= 0; shift -= 8)
+    k.push_back(static_cast<char>((id >> shift) & 0xff));
+  return k;
+}
 
 }  // namespace asyncps::server::internal

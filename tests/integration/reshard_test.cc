@@ -44,11 +44,12 @@ std::vector<TensorSpec> Model() {
           TensorSpec{"b", {100}, InitKind::kZeros, 0, 4}};
 }
 
-// 256-float pieces whatever the shard count: the chunking stays.
-LayoutOptions Chunking() {
+// 256-float pieces whatever the shard count (the chunks stay); or pieces of
+// total / (8 S) floats: 129 on 3 shards, 193 on 2 (the chunks are re-cut).
+LayoutOptions Chunking(bool recut) {
   LayoutOptions lo;
   lo.chunk_elems = 256;
-  lo.min_chunk_elems = 256;
+  lo.min_chunk_elems = recut ? 16 : 256;
   return lo;
 }
 
@@ -139,14 +140,17 @@ nlohmann::json Result(const std::string& log) {
                                nullptr, false);
 }
 
-TEST(ReshardIntegrationTest, ThreeShardsRestoredOnTwo) {
+class ReshardIntegrationTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ReshardIntegrationTest, ThreeShardsRestoredOnTwo) {
+  const bool recut = GetParam();
   TempDir dir;
   Snapshot before;
   {
     auto servers = StartShards(dir, 3, "old");
     ASSERT_EQ(servers.size(), 3u);
     auto c = Connect(servers);
-    ASSERT_TRUE(c->RegisterModel(Model(), Chunking(), {Emb()}).ok());
+    ASSERT_TRUE(c->RegisterModel(Model(), Chunking(recut), {Emb()}).ok());
     std::mt19937 rng(7);
     std::normal_distribution<float> g(0.0f, 1.0f);
     for (int step = 0; step < 8; ++step) {
@@ -200,6 +204,7 @@ TEST(ReshardIntegrationTest, ThreeShardsRestoredOnTwo) {
   nlohmann::json r = Result(log);
   EXPECT_EQ(r["ok"], true) << log;
   EXPECT_EQ(r["to_shards"], 2) << log;
+  EXPECT_EQ(r["recut"], recut) << log;
   EXPECT_GT(r["rows"].get<uint64_t>(), 0u) << log;
 
   // Refused: the destinations now hold a model.
@@ -211,7 +216,7 @@ TEST(ReshardIntegrationTest, ThreeShardsRestoredOnTwo) {
   auto servers = StartShards(dir, 2, "new");
   ASSERT_EQ(servers.size(), 2u);
   auto c = Connect(servers);
-  ASSERT_TRUE(c->RegisterModel(Model(), Chunking(), {Emb()}).ok());
+  ASSERT_TRUE(c->RegisterModel(Model(), Chunking(recut), {Emb()}).ok());
   Snapshot after = PullAll(*c, 8);
   ASSERT_EQ(after.tensors.size(), before.tensors.size());
   for (size_t t = 0; t < before.tensors.size(); ++t)
@@ -232,6 +237,12 @@ TEST(ReshardIntegrationTest, ThreeShardsRestoredOnTwo) {
   ASSERT_TRUE(c->Shutdown(seconds(30)).ok());
   for (auto& s : servers) (void)s.process->Wait(seconds(30));
 }
+
+INSTANTIATE_TEST_SUITE_P(Chunking, ReshardIntegrationTest,
+                         ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& i) {
+                           return i.param ? "Recut" : "SameChunks";
+                         });
 
 }  // namespace
 }  // namespace asyncps::testing
