@@ -65,14 +65,15 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
 class Fleet {
  public:
   Fleet(const std::vector<Store*>& stores, bool register_model = true,
-        std::vector<TensorSpec> model = SmallModel()) {
+        std::vector<TensorSpec> model = SmallModel(), TableSpec t = Emb())
+      : table(std::move(t)) {
     const int n = static_cast<int>(stores.size());
     for (int s = 0; s < n; ++s) {
       shards.push_back(
           std::make_unique<ShardHarness>(Options(s, n), stores[s]));
       if (!register_model || shards.back()->shard->registered()) continue;
       RequestHeader r = ShardHarness::Register(0, model, SmallLayout(n));
-      r.tables = {Emb()};
+      r.tables = {table};
       ReplyHeader h = shards.back()->Call(r);
       EXPECT_TRUE(h.status.ok()) << h.status.ToString();
     }
@@ -82,7 +83,7 @@ class Fleet {
     return *shards[shards[0]->shard->layout()->chunks()[chunk].shard];
   }
   ShardHarness& OwnerOfKey(uint64_t key) {
-    return *shards[ShardOfKey(Emb(), key, size())];
+    return *shards[ShardOfKey(table, key, size())];
   }
 
   // Rank `rank` pushes step `clock` to every shard: a gradient for each of
@@ -103,11 +104,11 @@ class Fleet {
       RequestHeader r = ShardHarness::Push(rank, clock, ids, data);
       std::vector<uint64_t> keys;
       for (uint64_t k = (clock + rank) % 3; k < kNumKeys; k += 3) {
-        if (ShardOfKey(Emb(), k, size()) == s) keys.push_back(k);
+        if (ShardOfKey(table, k, size()) == s) keys.push_back(k);
       }
       std::vector<float> grads;
       for (uint64_t k : keys) {
-        for (uint32_t d = 0; d < Emb().dim; ++d)
+        for (uint32_t d = 0; d < table.dim; ++d)
           grads.push_back(std::cos(0.5f * clock + 0.07f * k + d + rank));
       }
       if (!keys.empty()) {
@@ -159,6 +160,7 @@ class Fleet {
     return all;
   }
 
+  TableSpec table;
   std::vector<std::unique_ptr<ShardHarness>> shards;
   uint64_t next_id[kWorkers] = {1, 1001};
   std::map<int, std::map<int, uint64_t>> last_id;  // shard -> rank -> id
@@ -244,6 +246,28 @@ TEST(ReshardTest, ThreeToTwoBitwise) {
     r.tables = {Emb()};
     EXPECT_TRUE(new_fleet.shards[j]->Call(r).status.ok());
   }
+}
+
+// Rows expired at their source (by its expiry clock) read as their initial
+// value there, and on the new shards although the merged clock is lower.
+TEST(ReshardTest, ExpiredRowsStayExpired) {
+  TableSpec t = Emb();
+  t.expire_after_clocks = 3;
+  std::vector<MemStore> old_stores(3), new_stores(2);
+  Fleet old_fleet(Ptrs(old_stores), true, SmallModel(), t);
+  old_fleet.Train(5);  // keys pushed at clocks 0..4
+  // Shard 0's clock (and expiry clock) moves to 10: its rows expire there.
+  for (int rank = 0; rank < kWorkers; ++rank)
+    old_fleet.shards[0]->Call(ShardHarness::Clock(rank, 10));
+  ASSERT_EQ(old_fleet.shards[0]->shard->sparse_tables()->clock(), 10);
+  old_fleet.Checkpoint();
+  const std::vector<float> rows = old_fleet.Rows();
+  ReshardReport report;
+  ASSERT_TRUE(Reshard(Ptrs(old_stores), Ptrs(new_stores), {}, &report).ok());
+  EXPECT_GT(report.expired_rows, 0u);
+  Fleet new_fleet(Ptrs(new_stores), false, SmallModel(), t);
+  EXPECT_EQ(new_fleet.shards[0]->shard->sparse_tables()->clock(), 5);
+  EXPECT_TRUE(SameBits(rows, new_fleet.Rows()));
 }
 
 TEST(ReshardTest, ResentPushIsNotAppliedAgain) {
