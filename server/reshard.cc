@@ -47,6 +47,9 @@ using internal::Put;
 using internal::Reader;
 
 constexpr uint32_t kSparseMagic = 0x31535053;  // "SPS1" (sparse_tables.cc)
+// Most chunks of a model this tool builds a layout for (a shard needs a
+// record per chunk it owns; 2^26 chunks are 256 TiB of fp32 at 1 Mi floats).
+constexpr uint64_t kMaxChunks = uint64_t{1} << 26;
 // Byte offset of num_shards in the layout record.
 constexpr size_t kLayoutShardsOffset = 4;
 
@@ -568,6 +571,14 @@ Status Reshard(const std::vector<Store*>& from, const std::vector<Store*>& to,
   // 2. The layouts for S and T shards: the same chunks (records copied), or
   // the tensors cut differently (records re-cut).
   lo.num_shards = S;
+  // A damaged record could still parse into a layout of billions of chunks:
+  // measured first, and refused past what the shards themselves accept.
+  StatusOr<LayoutSize> size = Layout::Measure(tensors, lo);
+  if (!size.ok() || size->num_chunks > kMaxChunks) {
+    return Damaged(0, kLayoutKey,
+                   size.ok() ? std::to_string(size->num_chunks) + " chunks"
+                             : "invalid layout: " + size.status().message());
+  }
   StatusOr<Layout> old_layout = Layout::Create(tensors, lo);
   if (!old_layout.ok()) {
     return Damaged(0, kLayoutKey,

@@ -122,7 +122,11 @@ int main(int argc, char** argv) {
     RocksDbStoreOptions o;
     o.path = from[i];
     auto s = OpenRocksDbStore(o);
-    if (!s.ok()) return Fail(s.status().WithContext("opening " + from[i]));
+    if (!s.ok()) {
+      return Fail(s.status().WithContext(
+          "opening source " + std::to_string(i) + " (" + from[i] +
+          "; is its server still running? stop the fleet first)"));
+    }
     src.push_back(s.value().get());
     stores.push_back(std::move(s).value());
   }
