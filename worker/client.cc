@@ -130,9 +130,10 @@ class ClientImpl : public Client {
       if (members_.back().empty())
         return Status::InvalidArgument("empty replica group '" + group + "'");
       current_.push_back(0);
-      switches_.push_back(0);
       abandoned_.push_back(SIZE_MAX);
       abandoned_at_.push_back(SteadyClock::time_point{});
+      last_reply_at_.push_back(SteadyClock::now());
+      probed_at_.push_back(SteadyClock::time_point{});
       reply_limit_.push_back(options_.transport.max_message_bytes);
       ASSIGN_OR_RETURN(auto s, ClientSocket::Connect(members_.back()[0],
                                                      options_.transport));
@@ -446,7 +447,6 @@ class ClientImpl : public Client {
     bool shm = false;      // a pull into shared memory, slot shm_slot armed
     uint32_t shm_slot = 0;
     int shm_reattach = 0;  // times the shard was sent the segment again
-    uint64_t sent_at_switch = 0;  // switches_[shard] when last sent
     bool answered = false;  // a refusal came back since it was last sent
   };
   struct TicketState {
@@ -555,9 +555,19 @@ class ClientImpl : public Client {
   Status Send(Pending& p) {
     // Frames are shared, so a resend costs no copy of the payload.
     std::vector<Frame> copy = p.frames;
-    p.sent_at_switch = switches_[p.shard];
     p.answered = false;
     return sockets_[p.shard]->Send(copy);
+  }
+
+  // A heartbeat on the shard's own connection, at most once per attempt:
+  // its answer (dropped as a late reply) shows the member is alive.
+  void Probe(int shard, SteadyClock::time_point now) {
+    if (probed_at_[shard] > last_reply_at_[shard]) return;  // one unanswered
+    probed_at_[shard] = now;
+    RequestHeader h = NewHeader(RequestKind::kHeartbeat);
+    h.id = kProbeIds | next_id_++;
+    std::vector<Frame> frames{Frame::Owned(EncodeRequest(h))};
+    (void)sockets_[shard]->Send(frames);
   }
 
   // Replica groups: the index of `endpoint` among the shard's members (added
@@ -593,8 +603,8 @@ class ClientImpl : public Client {
     sockets_[shard]->SetMaxMessageBytes(reply_limit_[shard]);
     raw_sockets_[shard] = sockets_[shard].get();
     current_[shard] = next;
+    last_reply_at_[shard] = SteadyClock::now();  // a new member's own chance
     connects_[shard] = 0;  // this socket's first connection resends nothing
-    ++switches_[shard];
     ++failovers_;
     shm_ok_[shard] = false;  // another process: attached again if refused
     Reannounce(shard);
@@ -620,17 +630,28 @@ class ClientImpl : public Client {
   Status Pump(SteadyClock::time_point until) {
     auto now = SteadyClock::now();
     auto wake = until;
+    // Replica groups: a member that has answered nothing for half an
+    // attempt while requests wait on it is probed (a pull may just be
+    // parked, waiting for the consistency bound); one that leaves its probe
+    // unanswered for another half is gone: the next member of its group
+    // gets every pending request of the shard.
+    const auto half = options_.attempt_timeout / 2;
     for (auto& [id, p] : pending_) {
-      if (p.next_send <= now && members_[p.shard].size() > 1 &&
-          p.sent_at_switch == switches_[p.shard] && !p.answered) {
-        // No reply within an attempt: this replica may be gone. The next
-        // one of its group gets every pending request of the shard.
-        abandoned_[p.shard] = current_[p.shard];
-        abandoned_at_[p.shard] = now;
-        FailOver(p.shard, NextMember(p.shard));
+      const int s = p.shard;
+      if (members_[s].size() < 2 || p.answered) continue;
+      if (probed_at_[s] > last_reply_at_[s] && now - probed_at_[s] >= half) {
+        abandoned_[s] = current_[s];
+        abandoned_at_[s] = now;
+        FailOver(s, NextMember(s));
         wake = now;
         break;
       }
+      if (now - last_reply_at_[s] >= half) Probe(s, now);
+      wake = std::min(wake, (probed_at_[s] > last_reply_at_[s] ? probed_at_[s]
+                                                               : last_reply_at_[s]) +
+                                half);
+    }
+    for (auto& [id, p] : pending_) {
       if (p.next_send <= now) {
         if (Send(p).ok()) ++resends_;
         p.backoff = std::min(p.backoff * 2, options_.max_backoff);
@@ -725,6 +746,7 @@ class ClientImpl : public Client {
                    << st.ToString();
       return;
     }
+    last_reply_at_[shard] = SteadyClock::now();
     if (reply_.max_request_bytes > 0) {
       limit_bytes_[shard] = static_cast<int64_t>(
           std::min<uint64_t>(reply_.max_request_bytes, INT64_MAX));
@@ -1071,7 +1093,11 @@ class ClientImpl : public Client {
   static constexpr milliseconds kAbandonedFor{3000};
   // A replica's refusal is asked again after at most this long.
   static constexpr milliseconds kReplicaRetry{50};
-  std::vector<uint64_t> switches_;
+  // Per shard: when its member last answered anything, and was last probed.
+  std::vector<SteadyClock::time_point> last_reply_at_;
+  std::vector<SteadyClock::time_point> probed_at_;
+  // Ids of probes (heartbeats on a shard's connection): apart from requests'.
+  static constexpr uint64_t kProbeIds = uint64_t{1} << 62;
   uint64_t failovers_ = 0;
   int64_t announced_clock_ = -1;      // highest clock started (StartClock)
   std::vector<uint64_t> pull_seq_;    // per shard: last sparse pull applied

@@ -117,9 +117,11 @@ Status Replicator::Admit(RequestKind kind, TimePoint now,
         " (epoch " + std::to_string(view_.epoch) + "); primary: " +
         (view_.primary_endpoint.empty() ? "unknown" : view_.primary_endpoint));
   }
-  // Alone, a primary must know that etcd still holds its lease: otherwise a
-  // backup may have been promoted already. With backups, their refusal of a
-  // stale epoch stops it instead, so it keeps serving while etcd is away.
+  // A primary must know that etcd still holds its lease, or hear from its
+  // backups: otherwise one of them may have been promoted already. With
+  // backups answering it keeps serving while etcd is away (their refusal
+  // of a stale epoch fences it); cut off from both (partitioned), it stops
+  // taking writes once its lease may have ended.
   if (Write(kind) && view_.waiting_for_backups) {
     *redirect = "";
     return Status::Unavailable("replica group " +
@@ -129,12 +131,16 @@ Status Replicator::Admit(RequestKind kind, TimePoint now,
   const bool alone = std::none_of(
       backups_.begin(), backups_.end(),
       [](const std::unique_ptr<Backup>& b) { return !b->joining; });
-  if (Write(kind) && alone && now >= view_.lease_valid_until) {
+  const bool backups_heard =
+      !alone && now - last_ack_at_ < std::max(options_.suspect_after,
+                                               std::chrono::milliseconds(500));
+  if (Write(kind) && now >= view_.lease_valid_until && !backups_heard) {
     ++counters_.refused_no_lease;
     *redirect = "";
     return Status::Unavailable(
         "primary of replica group " + std::to_string(options_.group) +
-        " without backups cannot confirm its etcd lease: writes refused");
+        " cannot confirm its etcd lease" +
+        (alone ? "" : " nor hear from its backups") + ": writes refused");
   }
   return Status::OK();
 }
@@ -235,6 +241,7 @@ void Replicator::Poll(std::vector<OutgoingReply>* out) {
         continue;
       }
       ++counters_.acked;
+      if (!b->joining) last_ack_at_ = now;
       if (b->joining && !r.status.ok()) {
         // The spare could not install the snapshot: drop it; it is offered
         // again after a pause.

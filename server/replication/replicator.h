@@ -26,7 +26,9 @@
 // the applied request. It refuses one from an epoch lower than its own, or
 // any when it is itself the primary: a deposed primary can then never get
 // an update acknowledged, which is what keeps two primaries from both
-// acknowledging writes (the lease check below covers a primary alone).
+// acknowledging writes. A primary also refuses writes (applies nothing)
+// once its etcd lease is unconfirmed and no backup answered it lately:
+// alone, or cut off from its group (Admit).
 //
 // When the view drops a backup (its lease ended), replies that only waited
 // for it are released. When this process stops being primary, held replies
@@ -190,6 +192,8 @@ class Replicator {
   // Backup side: when the primary of `heard_epoch_` was last heard from.
   TimePoint heard_at_{};
   uint64_t heard_epoch_ = 0;
+  // Primary side: when a backup last acknowledged anything (pings too).
+  TimePoint last_ack_at_{};
 };
 
 }  // namespace asyncps::server::replication
