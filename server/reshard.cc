@@ -306,8 +306,12 @@ Status ForEachRow(Store* store, size_t i, int num_shards, size_t t,
           return Status::Corruption(where + ": key " + std::to_string(k) +
                                     " belongs to another shard");
         }
-        if (spec.expire_after_clocks > 0 &&
-            expiry_clock - rec.header.clock > spec.expire_after_clocks) {
+        // expiry_clock - clock > expire_after_clocks, without overflow on
+        // any stored clock.
+        const int64_t last = rec.header.clock;
+        if (spec.expire_after_clocks > 0 && last < expiry_clock &&
+            static_cast<uint64_t>(expiry_clock) - static_cast<uint64_t>(last) >
+                static_cast<uint64_t>(spec.expire_after_clocks)) {
           ++*expired;
           return Status::OK();
         }
