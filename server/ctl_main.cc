@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <algorithm>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -33,7 +34,9 @@
 #include "common/wire.h"
 #include "server/ctl_top.h"
 
-DEFINE_string(servers, "", "comma-separated shard endpoints, in shard order");
+DEFINE_string(servers, "",
+              "comma-separated shard endpoints, in shard order; a replica "
+              "group 'ep1|ep2' is asked member by member");
 DEFINE_int32(timeout_ms, 5000, "deadline for each shard's reply, milliseconds");
 DEFINE_string(out, "", "keygen: write PREFIX.key and PREFIX.pub");
 DEFINE_int32(interval_ms, 1000, "top: milliseconds between frames");
@@ -196,8 +199,12 @@ int main(int argc, char** argv) {
         cmd.c_str());
     return 2;
   }
+  // A replicated shard is its replica group "ep1|ep2": every member is
+  // asked (each answers for itself; stats say which is the primary).
   std::vector<std::string> endpoints;
-  std::stringstream ss(FLAGS_servers);
+  std::string list = FLAGS_servers;
+  std::replace(list.begin(), list.end(), '|', ',');
+  std::stringstream ss(list);
   for (std::string ep; std::getline(ss, ep, ',');) {
     if (!ep.empty()) endpoints.push_back(ep);
   }
