@@ -76,8 +76,7 @@ Status RecutChunk(const Layout& from, const ChunkSpec& c,
   bool steps_differ = false;
   for (size_t k = 0; k < pieces.size(); ++k) {
     const ChunkRecord& r = pieces[k].rec;  // zeros when not stored
-    if (pieces[k].stored &&
-        (r.state_per_elem != spe || r.has_acc != has_acc)) {
+    if (pieces[k].stored && (r.state_per_elem != spe || r.has_acc != has_acc)) {
       return Status::FailedPrecondition(
           "chunks " + std::to_string(pieces[0].spec->id) + ".." +
           std::to_string(pieces.back().spec->id) +
@@ -104,8 +103,8 @@ Status RecutChunk(const Layout& from, const ChunkSpec& c,
   std::vector<float> init;
   for (const Piece& p : pieces) {
     const uint64_t lo = std::max(p.spec->offset, c.offset);
-    const uint64_t hi = std::min(p.spec->offset + p.spec->num_elems,
-                                 c.offset + c.num_elems);
+    const uint64_t hi =
+        std::min(p.spec->offset + p.spec->num_elems, c.offset + c.num_elems);
     const uint64_t count = hi - lo;
     const uint64_t at_src = lo - p.spec->offset;
     const uint64_t at_dst = lo - c.offset;
@@ -117,10 +116,10 @@ Status RecutChunk(const Layout& from, const ChunkSpec& c,
       continue;
     }
     for (size_t a = 0; a < arrays; ++a) {
-      std::memcpy(dst.data() + a * c.num_elems + at_dst,
-                  p.rec.floats + (a * p.spec->num_elems + at_src) *
-                                     sizeof(float),
-                  count * sizeof(float));
+      std::memcpy(
+          dst.data() + a * c.num_elems + at_dst,
+          p.rec.floats + (a * p.spec->num_elems + at_src) * sizeof(float),
+          count * sizeof(float));
     }
   }
   out->clear();

@@ -160,8 +160,8 @@ Status ParseState(std::string_view value, ShardState* st, int32_t* shard_id,
   const bool v1 = magic == kStateMagicV1;
   const uint32_t nw = st->num_workers;
   if (nw < 1 || nw > r.remaining() / 16) return Status::Corruption("workers");
-  st->dedup = std::make_unique<PushDedup>(
-      PushDedup::Options{static_cast<int>(nw)});
+  st->dedup =
+      std::make_unique<PushDedup>(PushDedup::Options{static_cast<int>(nw)});
   st->clock.resize(nw);
   st->last_read.resize(nw);
   st->pushed_round.assign(nw, -1);
@@ -239,51 +239,50 @@ Status ParseSparseState(std::string_view value,
 
 // Reads every default-space record of source i.
 Status ReadSource(Store* store, size_t i, Source* src, ReshardReport* report) {
-  return store->Scan([&](std::string_view key,
-                         std::string_view value) -> Status {
-    if (key == kLayoutKey) {
-      src->layout.emplace(value);
-    } else if (key == sparse::SparseTables::kTablesKey) {
-      src->tables.emplace(value);
-    } else if (key == sparse::SparseTables::kStateKey) {
-      src->sparse_value.assign(value);
-      src->has_sparse = true;
-    } else if (key == kStateKey) {
-      ShardState st;
-      int32_t shard_id = 0, num_shards = 0;
-      Status s = ParseState(value, &st, &shard_id, &num_shards);
-      if (!s.ok()) return Damaged(i, key, s.message());
-      if (shard_id != static_cast<int32_t>(i)) {
-        return Status::FailedPrecondition(
-            SourceName(i) + " holds the state of shard " +
-            std::to_string(shard_id) + ": give the stores in shard order");
-      }
-      src->state = std::move(st);
-      src->state_num_shards = num_shards;  // checked by the caller
-    } else if (key.size() == kChunkPrefix.size() + 4 &&
-               key.substr(0, kChunkPrefix.size()) == kChunkPrefix) {
-      uint32_t id = 0;
-      for (size_t k = kChunkPrefix.size(); k < key.size(); ++k)
-        id = (id << 8) | static_cast<uint8_t>(key[k]);
-      src->chunks.emplace(id, std::make_pair(std::string(key),
-                                             std::string(value)));
-    } else {
-      LOG(WARNING) << SourceName(i) << ": skipping unknown record \""
-                   << Printable(key) << "\"";
-      ++report->unknown_keys;
-    }
-    return Status::OK();
-  });
+  return store->Scan(
+      [&](std::string_view key, std::string_view value) -> Status {
+        if (key == kLayoutKey) {
+          src->layout.emplace(value);
+        } else if (key == sparse::SparseTables::kTablesKey) {
+          src->tables.emplace(value);
+        } else if (key == sparse::SparseTables::kStateKey) {
+          src->sparse_value.assign(value);
+          src->has_sparse = true;
+        } else if (key == kStateKey) {
+          ShardState st;
+          int32_t shard_id = 0, num_shards = 0;
+          Status s = ParseState(value, &st, &shard_id, &num_shards);
+          if (!s.ok()) return Damaged(i, key, s.message());
+          if (shard_id != static_cast<int32_t>(i)) {
+            return Status::FailedPrecondition(
+                SourceName(i) + " holds the state of shard " +
+                std::to_string(shard_id) + ": give the stores in shard order");
+          }
+          src->state = std::move(st);
+          src->state_num_shards = num_shards;  // checked by the caller
+        } else if (key.size() == kChunkPrefix.size() + 4 &&
+                   key.substr(0, kChunkPrefix.size()) == kChunkPrefix) {
+          uint32_t id = 0;
+          for (size_t k = kChunkPrefix.size(); k < key.size(); ++k)
+            id = (id << 8) | static_cast<uint8_t>(key[k]);
+          src->chunks.emplace(
+              id, std::make_pair(std::string(key), std::string(value)));
+        } else {
+          LOG(WARNING) << SourceName(i) << ": skipping unknown record \""
+                       << Printable(key) << "\"";
+          ++report->unknown_keys;
+        }
+        return Status::OK();
+      });
 }
 
 // Calls fn(source key, value) for every row record of table t in source i,
 // after checking it (key size, record format, owner shard, expiry); expired
 // records are counted and skipped.
-Status ForEachRow(Store* store, size_t i, int num_shards, size_t t,
-                  const TableSpec& spec, int64_t expiry_clock,
-                  uint64_t* expired,
-                  const std::function<Status(std::string_view,
-                                             std::string_view)>& fn) {
+Status ForEachRow(
+    Store* store, size_t i, int num_shards, size_t t, const TableSpec& spec,
+    int64_t expiry_clock, uint64_t* expired,
+    const std::function<Status(std::string_view, std::string_view)>& fn) {
   const std::string name = sparse::SparseTables::SpaceName(t, spec);
   StatusOr<SpaceId> space = store->OpenSpace(name);
   if (!space.ok())
@@ -309,9 +308,10 @@ Status ForEachRow(Store* store, size_t i, int num_shards, size_t t,
         // expiry_clock - clock > expire_after_clocks, without overflow on
         // any stored clock.
         const int64_t last = rec.header.clock;
-        if (spec.expire_after_clocks > 0 && last < expiry_clock &&
-            static_cast<uint64_t>(expiry_clock) - static_cast<uint64_t>(last) >
-                static_cast<uint64_t>(spec.expire_after_clocks)) {
+        if (spec.expire_after_clocks > 0 &&
+            last<expiry_clock&& static_cast<uint64_t>(expiry_clock) -
+                 static_cast<uint64_t>(
+                     last)> static_cast<uint64_t>(spec.expire_after_clocks)) {
           ++*expired;
           return Status::OK();
         }
@@ -331,10 +331,10 @@ void MergeDedup(const std::vector<const ShardState*>& sources,
   std::map<std::pair<int, uint64_t>, Client> clients;
   for (const ShardState* st : sources) {
     std::vector<std::vector<uint64_t>> order(num_workers);
-    st->dedup->ForEach([&](int rank, uint64_t inc, uint64_t,
-                           const std::vector<uint64_t>&) {
-      order[rank].push_back(inc);
-    });
+    st->dedup->ForEach(
+        [&](int rank, uint64_t inc, uint64_t, const std::vector<uint64_t>&) {
+          order[rank].push_back(inc);
+        });
     st->dedup->ForEach([&](int rank, uint64_t inc, uint64_t floor,
                            const std::vector<uint64_t>& ids) {
       Client& c = clients[{rank, inc}];
@@ -342,8 +342,8 @@ void MergeDedup(const std::vector<const ShardState*>& sources,
       c.ids.insert(ids.begin(), ids.end());
       const auto& o = order[rank];
       const int64_t pos = std::find(o.begin(), o.end(), inc) - o.begin();
-      c.recency = std::max<int64_t>(c.recency,
-                                    pos - static_cast<int64_t>(o.size()));
+      c.recency =
+          std::max<int64_t>(c.recency, pos - static_cast<int64_t>(o.size()));
     });
   }
   PushDedup::Options options{static_cast<int>(num_workers)};
@@ -471,7 +471,8 @@ std::string MergedSparseState(const std::vector<Source>& sources,
 
 std::string ChunkingSummary(const Layout& l) {
   uint64_t largest = 0;
-  for (const ChunkSpec& c : l.chunks()) largest = std::max(largest, c.num_elems);
+  for (const ChunkSpec& c : l.chunks())
+    largest = std::max(largest, c.num_elems);
   return std::to_string(l.chunks().size()) + " chunks of up to " +
          std::to_string(largest) + " floats";
 }
@@ -503,8 +504,9 @@ Status Reshard(const std::vector<Store*>& from, const std::vector<Store*>& to,
     RETURN_IF_ERROR(ReadSource(from[i], i, &sources[i], &report));
     if (!sources[i].layout) {
       return Status::FailedPrecondition(
-          SourceName(i) + " holds no registered model (no layout record): "
-                          "is it a shard's store, and was a model registered?");
+          SourceName(i) +
+          " holds no registered model (no layout record): "
+          "is it a shard's store, and was a model registered?");
     }
   }
   std::vector<TensorSpec> tensors;
@@ -522,8 +524,9 @@ Status Reshard(const std::vector<Store*>& from, const std::vector<Store*>& to,
   for (int i = 1; i < S; ++i) {
     if (*sources[i].layout != *sources[0].layout) {
       return Status::FailedPrecondition(
-          SourceName(i) + " holds another model (its layout record differs "
-                          "from source 0's)");
+          SourceName(i) +
+          " holds another model (its layout record differs "
+          "from source 0's)");
     }
   }
   uint32_t num_workers = 0;
@@ -568,7 +571,8 @@ Status Reshard(const std::vector<Store*>& from, const std::vector<Store*>& to,
     }
     SparseState ss;
     Status s = ParseSparseState(src.sparse_value, specs, i, S, &ss);
-    if (!s.ok()) return Damaged(i, sparse::SparseTables::kStateKey, s.message());
+    if (!s.ok())
+      return Damaged(i, sparse::SparseTables::kStateKey, s.message());
     src.sparse = std::move(ss);
   }
 
@@ -613,9 +617,9 @@ Status Reshard(const std::vector<Store*>& from, const std::vector<Store*>& to,
     for (const auto& [id, kv] : sources[i].chunks) {
       if (id >= old_layout->chunks().size() ||
           old_layout->chunks()[id].shard != i) {
-        return Damaged(i, kv.first,
-                       "chunk " + std::to_string(id) +
-                           " is not one of this shard's");
+        return Damaged(
+            i, kv.first,
+            "chunk " + std::to_string(id) + " is not one of this shard's");
       }
       internal::ChunkRecord rec;
       Status s = internal::ParseChunkRecord(
@@ -625,8 +629,8 @@ Status Reshard(const std::vector<Store*>& from, const std::vector<Store*>& to,
       if (spe == ~uint32_t{0}) spe = chunk_spe;
       if (chunk_spe != spe) {
         LOG(WARNING) << SourceName(i) << ": chunk " << id << " holds "
-                     << chunk_spe << " state floats per element, others "
-                     << spe << " (copied as they are)";
+                     << chunk_spe << " state floats per element, others " << spe
+                     << " (copied as they are)";
       }
     }
   }
@@ -695,11 +699,11 @@ Status Reshard(const std::vector<Store*>& from, const std::vector<Store*>& to,
       const std::string name = sparse::SparseTables::SpaceName(t, specs[t]);
       ASSIGN_OR_RETURN(SpaceId space, to[j]->OpenSpace(name));
       bool any = false;
-      Status s = to[j]->ScanSpace(space, [&](std::string_view,
-                                             std::string_view) -> Status {
-        any = true;
-        return Status::Cancelled("found");
-      });
+      Status s = to[j]->ScanSpace(
+          space, [&](std::string_view, std::string_view) -> Status {
+            any = true;
+            return Status::Cancelled("found");
+          });
       if (any) {
         return Status::FailedPrecondition(
             "destination " + std::to_string(j) + " is not empty (key space " +
@@ -740,11 +744,12 @@ Status Reshard(const std::vector<Store*>& from, const std::vector<Store*>& to,
             ++report.rows;
             ++report.rows_per_shard[j];
             if (batches[j]->bytes() >= options.batch_bytes) {
-              RETURN_IF_ERROR(
-                  to[j]->Write({}, batches[j].get(), SyncMode::kNoSync,
-                               WriteKind::kPartial)
-                      .WithContext("writing rows to destination " +
-                                   std::to_string(j)));
+              RETURN_IF_ERROR(to[j]
+                                  ->Write({}, batches[j].get(),
+                                          SyncMode::kNoSync,
+                                          WriteKind::kPartial)
+                                  .WithContext("writing rows to destination " +
+                                               std::to_string(j)));
               batches[j]->Clear();
             }
             return Status::OK();
@@ -794,11 +799,10 @@ Status Reshard(const std::vector<Store*>& from, const std::vector<Store*>& to,
       entries.push_back(std::move(e));
       ++report.chunk_records;
     }
-    RETURN_IF_ERROR(to[j]
-                        ->Write(entries, batches[j].get(), SyncMode::kSync,
-                                WriteKind::kCut)
-                        .WithContext("writing destination " +
-                                     std::to_string(j)));
+    RETURN_IF_ERROR(
+        to[j]
+            ->Write(entries, batches[j].get(), SyncMode::kSync, WriteKind::kCut)
+            .WithContext("writing destination " + std::to_string(j)));
   }
   if (report_out != nullptr) *report_out = std::move(report);
   return Status::OK();

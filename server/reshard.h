@@ -58,11 +58,11 @@
 // source with no model or whose layout, table definitions, worker count,
 // shard id or shard count disagree with the others (source i must be shard
 // i of S); a destination that holds any record; re-cut chunks that cannot
-// be merged (above). A damaged record is Corruption naming the store and the key; the
-// sources are read completely (validated) before anything is written, and
-// each destination's default-space records go in one final cut, after its
-// rows (written as partial writes: a destination interrupted mid-way rolls
-// back to empty when opened).
+// be merged (above). A damaged record is Corruption naming the store and
+// the key. The sources are read completely (validated) before anything is
+// written, and each destination's default-space records go in one final
+// cut, after its rows (written as partial writes: a destination
+// interrupted mid-way rolls back to empty when opened).
 //
 // Thread safety: none; the stores are used by the calling thread only.
 #pragma once
@@ -88,13 +88,13 @@ struct ReshardOptions {
 struct ReshardReport {
   int from_shards = 0;
   int to_shards = 0;
-  uint64_t chunks = 0;          // chunks of the model
-  uint64_t chunk_records = 0;   // chunk records copied
-  uint64_t rows = 0;            // sparse rows and admission counters copied
-  uint64_t expired_rows = 0;    // dropped: expired at their source
-  uint64_t unknown_keys = 0;    // default-space keys not understood, skipped
-  bool recut = false;           // the chunking differs: chunks re-cut
-  uint64_t recut_chunks = 0;    // chunk records built from pieces
+  uint64_t chunks = 0;           // chunks of the model
+  uint64_t chunk_records = 0;    // chunk records copied
+  uint64_t rows = 0;             // sparse rows and admission counters copied
+  uint64_t expired_rows = 0;     // dropped: expired at their source
+  uint64_t unknown_keys = 0;     // default-space keys not understood, skipped
+  bool recut = false;            // the chunking differs: chunks re-cut
+  uint64_t recut_chunks = 0;     // chunk records built from pieces
   uint64_t step_mismatches = 0;  // of which had pieces of different steps
   std::vector<uint64_t> chunks_per_shard;  // per destination
   std::vector<uint64_t> rows_per_shard;    // per destination

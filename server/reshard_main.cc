@@ -75,7 +75,8 @@ Status CheckDestination(const std::string& dir) {
     if (!fs::exists(p, ec)) continue;
     if (p != dir || !fs::is_directory(p, ec) || !fs::is_empty(p, ec)) {
       return Status::FailedPrecondition(
-          "destination " + p + " exists and is not an empty directory: give "
+          "destination " + p +
+          " exists and is not an empty directory: give "
           "new directories");
     }
   }
@@ -107,8 +108,8 @@ int main(int argc, char** argv) {
     }
     for (size_t k = 0; k < i; ++k) {
       if (to[k] == to[i])
-        return Fail(Status::InvalidArgument("destination " + to[i] +
-                                            " given twice"));
+        return Fail(
+            Status::InvalidArgument("destination " + to[i] + " given twice"));
     }
   }
   std::vector<std::unique_ptr<Store>> stores;

@@ -91,14 +91,12 @@ class Fleet {
   void Step(int rank, int64_t clock) {
     for (int s = 0; s < size(); ++s) {
       ShardHarness& h = *shards[s];
-      std::vector<uint32_t> ids =
-          h.shard->layout()->shard_chunks(s);
+      std::vector<uint32_t> ids = h.shard->layout()->shard_chunks(s);
       std::vector<ByteView> data;
       for (uint32_t id : ids) {
         std::vector<float> g(h.ChunkElems(id));
         for (size_t i = 0; i < g.size(); ++i)
-          g[i] = std::sin(0.37f * (clock + 1) + 0.11f * id + 0.013f * i +
-                          rank);
+          g[i] = std::sin(0.37f * (clock + 1) + 0.11f * id + 0.013f * i + rank);
         data.push_back(Floats(g));
       }
       RequestHeader r = ShardHarness::Push(rank, clock, ids, data);
@@ -149,8 +147,7 @@ class Fleet {
       auto out = OwnerOfKey(k).Send(r, {Keys({k})});
       EXPECT_EQ(out.size(), 1u);
       if (out.empty()) return {};
-      EXPECT_TRUE(out[0].header.status.ok())
-          << out[0].header.status.ToString();
+      EXPECT_TRUE(out[0].header.status.ok()) << out[0].header.status.ToString();
       if (out[0].header.rows.empty()) return {};
       const ByteView& f = out[0].frames[out[0].header.rows[0].rows_frame - 1];
       std::vector<float> v(f.size / 4);
@@ -410,13 +407,12 @@ TEST(ReshardTest, RefusalsLeaveDestinationsUntouched) {
   EXPECT_EQ(Contents(&to[1]).size(), 1u);
   // Rows in a destination's key space count too.
   std::vector<MemStore> to2(2);
-  auto space =
-      to2[0].OpenSpace(sparse::SparseTables::SpaceName(0, Emb()));
+  auto space = to2[0].OpenSpace(sparse::SparseTables::SpaceName(0, Emb()));
   ASSERT_TRUE(space.ok());
   auto batch = to2[0].NewBatch();
   batch->Put(*space, "12345678", "row", "");
-  ASSERT_TRUE(to2[0].Write({}, batch.get(), SyncMode::kSync, WriteKind::kCut)
-                  .ok());
+  ASSERT_TRUE(
+      to2[0].Write({}, batch.get(), SyncMode::kSync, WriteKind::kCut).ok());
   s = Reshard(Ptrs(a), Ptrs(to2), {}, nullptr);
   EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
   EXPECT_EQ(to2[1].writes(), 0u);
@@ -579,7 +575,8 @@ TEST(ReshardTest, DamagedRecordsAreCorruptionNamingTheKey) {
                       value.assign(v);
                     }
                     return Status::OK();
-                  }).ok());
+                  })
+                  .ok());
   ASSERT_FALSE(chunk_key.empty());
   std::vector<MemStore> damaged = a;  // copies
   ASSERT_TRUE(damaged[1]
@@ -599,8 +596,8 @@ TEST(ReshardTest, DamagedRecordsAreCorruptionNamingTheKey) {
     ASSERT_FALSE(v.empty()) << key;
     for (size_t cut = 0; cut < v.size(); cut += 1 + v.size() / 40) {
       std::vector<MemStore> d = a;
-      ASSERT_TRUE(d[2].Write({{key, v.substr(0, cut), {}}}, SyncMode::kSync)
-                      .ok());
+      ASSERT_TRUE(
+          d[2].Write({{key, v.substr(0, cut), {}}}, SyncMode::kSync).ok());
       std::vector<MemStore> t(2);
       Status r = Reshard(Ptrs(d), Ptrs(t), {}, nullptr);
       EXPECT_FALSE(r.ok()) << key << " cut at " << cut;

@@ -42,7 +42,7 @@ Status ParseChunkRecord(std::string_view value, uint64_t num_elems,
                         ChunkRecord* out);
 
 struct RecutStats {
-  uint64_t recut_chunks = 0;    // new chunks built from pieces
+  uint64_t recut_chunks = 0;     // new chunks built from pieces
   uint64_t step_mismatches = 0;  // of which had pieces of different steps
 };
 

@@ -65,8 +65,8 @@ std::vector<ServerHandle> StartShards(const TempDir& dir, int shards,
     std::vector<std::string> f = Flags();
     f.push_back("--shard_id=" + std::to_string(s));
     f.push_back("--num_shards=" + std::to_string(shards));
-    auto h = StartServer(dir, prefix + std::to_string(s), f,
-                         "tcp://127.0.0.1:*");
+    auto h =
+        StartServer(dir, prefix + std::to_string(s), f, "tcp://127.0.0.1:*");
     EXPECT_TRUE(h.ok()) << h.status().ToString();
     if (h.ok()) out.push_back(std::move(h).value());
   }
@@ -115,7 +115,8 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
          std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-StatusOr<int> RunReshard(const TempDir& dir, const std::vector<std::string>& from,
+StatusOr<int> RunReshard(const TempDir& dir,
+                         const std::vector<std::string>& from,
                          const std::vector<std::string>& to,
                          const std::string& log, std::string* out) {
   auto join = [&](const std::vector<std::string>& v) {
@@ -124,8 +125,8 @@ StatusOr<int> RunReshard(const TempDir& dir, const std::vector<std::string>& fro
     return s;
   };
   ASSIGN_OR_RETURN(std::unique_ptr<Process> p,
-                   Process::Start({BinPath("ps_reshard"), "--from=" + join(from),
-                                   "--to=" + join(to)},
+                   Process::Start({BinPath("ps_reshard"),
+                                   "--from=" + join(from), "--to=" + join(to)},
                                   dir.Sub(log)));
   ASSIGN_OR_RETURN(int code, p->Wait(seconds(60)));
   *out = p->Log();
@@ -136,8 +137,8 @@ StatusOr<int> RunReshard(const TempDir& dir, const std::vector<std::string>& fro
 nlohmann::json Result(const std::string& log) {
   size_t at = log.rfind("{\"");
   if (at == std::string::npos) return nlohmann::json();
-  return nlohmann::json::parse(log.substr(at, log.find('\n', at) - at),
-                               nullptr, false);
+  return nlohmann::json::parse(log.substr(at, log.find('\n', at) - at), nullptr,
+                               false);
 }
 
 class ReshardIntegrationTest : public ::testing::TestWithParam<bool> {};
@@ -220,7 +221,8 @@ TEST_P(ReshardIntegrationTest, ThreeShardsRestoredOnTwo) {
   Snapshot after = PullAll(*c, 8);
   ASSERT_EQ(after.tensors.size(), before.tensors.size());
   for (size_t t = 0; t < before.tensors.size(); ++t)
-    EXPECT_TRUE(SameBits(before.tensors[t], after.tensors[t])) << "tensor " << t;
+    EXPECT_TRUE(SameBits(before.tensors[t], after.tensors[t]))
+        << "tensor " << t;
   EXPECT_TRUE(SameBits(before.rows, after.rows));
   // Training continues on the 2 shards.
   std::vector<ChunkPayload> chunks;
