@@ -153,6 +153,14 @@ int main(int argc, char** argv) {
   }
   if (!FLAGS_dry_run) {
     for (const std::string& dir : to) {
+      // Parents as psrun lays them out (<run_dir>/db/server-<j>).
+      std::error_code ec;
+      const fs::path parent = fs::path(dir).parent_path();
+      if (!parent.empty()) fs::create_directories(parent, ec);
+      if (ec) {
+        return Fail(Status::Unavailable("creating " + parent.string() + ": " +
+                                        ec.message()));
+      }
       RocksDbStoreOptions o;
       o.path = dir;
       auto s = OpenRocksDbStore(o);
