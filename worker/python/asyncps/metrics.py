@@ -15,16 +15,99 @@ Python workers exactly like C++ ones:
     (asyncps_worker_*, see worker/worker_metrics.h), fed after every step;
     its port is written to ASYNCPS_METRICS_PORT_FILE when set, and it stays
     up ASYNCPS_METRICS_LINGER_S seconds after finish() for a last scrape.
+
+Evaluations and any other named metric, in one call:
+
+    asyncps.metrics.report(step=1200, test_acc=0.91, test_loss=0.27, bleu=31.2)
+
+appends one row per value (EVAL_COLUMNS: wall_s,rank,step,name,value) to
+the rank's evals CSV, `evals-<rank>.csv` beside ASYNCPS_METRICS_CSV (the
+psrun run folder; ASYNCPS_EVALS_CSV or path= choose another file), and
+prints `EVAL rank=R step=S name=value ...` on stderr. launch/psstudy reads
+these rows as the run's curves (a study's `metric` names one of them).
+TrainingLog.report() does the same on the log's clock, and a test_acc (or
+accuracy) value also fills the test_acc column of ps_worker's metrics CSV
+and the progress line, as evaluated() does.
 """
+import math
 import os
+import re
 import sys
 import time
 
 COLUMNS = ("wall_s,rank,step,epoch,samples,train_loss,test_acc,bytes_pushed_raw,"
            "bytes_pushed_wire,bytes_pulled,pull_wait_ms,compute_ms,staleness")
 
+EVAL_COLUMNS = "wall_s,rank,step,name,value"
+_ACC_NAMES = ("test_acc", "accuracy")
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
+_IMPORTED = time.perf_counter()  # report()'s clock: seconds since this import
+
 _EMPTY_TRAFFIC = {"bytes_pushed_raw": 0, "bytes_pushed_wire": 0, "bytes_pulled": 0,
                   "pull_wait_ns": 0, "last_staleness": -1}
+
+
+def evals_path(environ=None):
+    """The evals CSV of this process: ASYNCPS_EVALS_CSV, else evals-<rank>.csv
+    in the folder of ASYNCPS_METRICS_CSV (psrun sets it), else None."""
+    environ = os.environ if environ is None else environ
+    if environ.get("ASYNCPS_EVALS_CSV"):
+        return environ["ASYNCPS_EVALS_CSV"]
+    metrics_csv = environ.get("ASYNCPS_METRICS_CSV")
+    if not metrics_csv:
+        return None
+    return os.path.join(os.path.dirname(metrics_csv),
+                        "evals-%s.csv" % environ.get("ASYNCPS_RANK", "0"))
+
+
+def _eval_rows(step, values):
+    """[(name, float)] of report()'s keyword values; InvalidArgument naming a
+    bad one (a name that is not an identifier, a value that is not a number)."""
+    from .errors import InvalidArgument
+    if not values:
+        raise InvalidArgument("report() needs at least one name=value (e.g. test_acc=0.91)")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise InvalidArgument("report(): step must be an integer >= 0, got %r" % (step,))
+    rows = []
+    for name, v in values.items():
+        if not _NAME_RE.match(name):
+            raise InvalidArgument("report(): metric name %r is not [A-Za-z_][A-Za-z0-9_.]*" % name)
+        try:
+            x = float(v)
+        except (TypeError, ValueError):
+            raise InvalidArgument("report(): %s=%r is not a number" % (name, v)) from None
+        rows.append((name, x))
+    return rows
+
+
+def _append_evals(path, wall_s, rank, step, rows, stream):
+    stream.write("EVAL rank=%s step=%d %s\n" % (rank, step, " ".join(
+        "%s=%.6g" % (n, x) for n, x in rows)))
+    stream.flush()
+    if not path:
+        return
+    new = not os.path.exists(path) or os.path.getsize(path) == 0
+    with open(path, "a") as f:
+        if new:
+            f.write(EVAL_COLUMNS + "\n")
+        for n, x in rows:
+            f.write("%.3f,%s,%d,%s,%s\n" % (wall_s, rank, step, n,
+                                           repr(x) if math.isfinite(x) else "nan"))
+
+
+def report(step, wall_s=None, rank=None, path=None, stream=None, environ=None, **values):
+    """Records an evaluation, or any named metric, at training step `step`:
+    report(step=s, test_acc=0.91, test_loss=0.27). One row per value in the
+    evals CSV (evals_path(), or `path`), wall_s = seconds since asyncps.metrics
+    was imported unless given; rank from ASYNCPS_RANK unless given. Raises
+    asyncps.InvalidArgument naming a bad name or value; returns the rows."""
+    environ = os.environ if environ is None else environ
+    rows = _eval_rows(step, values)
+    wall = time.perf_counter() - _IMPORTED if wall_s is None else float(wall_s)
+    rank = environ.get("ASYNCPS_RANK", "0") if rank is None else rank
+    _append_evals(path or evals_path(environ), wall, rank, step, rows,
+                  sys.stderr if stream is None else stream)
+    return rows
 
 
 class TrainingLog:
@@ -71,6 +154,20 @@ class TrainingLog:
         self.eval_s += seconds
         if self.exporter:
             self.exporter.on_eval(accuracy)
+
+    def report(self, step, eval_s=0.0, path=None, environ=None, **values):
+        """report() on this log's clock (wall_s from its start) and rank; a
+        test_acc (or accuracy) value is also recorded as evaluated(value,
+        eval_s) for the metrics CSV's test_acc column."""
+        rows = _eval_rows(step, values)
+        environ = os.environ if environ is None else environ
+        _append_evals(path or evals_path(environ), time.perf_counter() - self.start, self.rank,
+                      step, rows, self.stream)
+        for name in _ACC_NAMES:
+            if name in values:
+                self.evaluated(float(values[name]), eval_s)
+                break
+        return rows
 
     def step(self, step, epoch, batch_size, loss, compute_s, traffic=None):
         """After step `step` (0-based) of `epoch`: loss of the minibatch,

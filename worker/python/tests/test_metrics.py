@@ -81,3 +81,35 @@ def test_psrun_metrics_reaches_python_workers(tmp_path):
     assert jobs == ["asyncps_server", "asyncps_worker"], groups
     log = open(os.path.join(run, "worker-0.log")).read()
     assert "ASYNCPS_METRICS_PORT_FILE=" in log  # the contract, on the command line
+
+
+def test_report_writes_named_metrics(tmp_path):
+    """asyncps.metrics.report: one call per evaluation, rows in the evals CSV
+    beside the metrics CSV (what launch/psstudy reads), bad names refused."""
+    import io
+
+    import asyncps
+    from asyncps import metrics
+    env = {"ASYNCPS_METRICS_CSV": str(tmp_path / "metrics-2.csv"), "ASYNCPS_RANK": "2"}
+    out = io.StringIO()
+    metrics.report(step=10, test_acc=0.5, test_loss=1.25, environ=env, stream=out)
+    metrics.report(step=20, wall_s=3.0, perplexity=7, environ=env, stream=out)
+    assert "EVAL rank=2 step=10 test_acc=0.5 test_loss=1.25" in out.getvalue()
+    lines = open(tmp_path / "evals-2.csv").read().splitlines()
+    assert lines[0] == metrics.EVAL_COLUMNS
+    assert [l.split(",")[1:] for l in lines[1:]] == [
+        ["2", "10", "test_acc", "0.5"], ["2", "10", "test_loss", "1.25"],
+        ["2", "20", "perplexity", "7.0"]]
+    assert lines[3].startswith("3.000,")
+    with pytest.raises(asyncps.InvalidArgument, match="acc"):
+        metrics.report(step=1, acc="high", environ=env, stream=out)
+    with pytest.raises(asyncps.InvalidArgument, match="at least one"):
+        metrics.report(step=1, environ=env, stream=out)
+    # TrainingLog.report: the same rows, and test_acc in ps_worker's CSV column.
+    log = TrainingLog(2, 2, str(tmp_path / "metrics-2.csv"), log_every=1, stream=out)
+    log.report(0, test_acc=0.75, environ=env)
+    log.step(0, 0, 32, 0.4, 0.01)
+    log.finish(1, out=out)
+    rows = open(tmp_path / "metrics-2.csv").read().splitlines()
+    assert rows[1].split(",")[6] == "0.7500"
+    assert open(tmp_path / "evals-2.csv").read().splitlines()[-1].endswith(",2,0,test_acc,0.75")

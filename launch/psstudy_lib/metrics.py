@@ -1,4 +1,5 @@
-"""Turns a finished job (expkit.fleet.run_job) into numbers.
+"""Turns a finished job (expkit.fleet.run_job, or a psrun run folder read by
+psstudy_lib.collect) into numbers.
 
 Definitions (used by every table in the report):
   time_to_target_s  rank 0's wall time (from its start) at its first

@@ -98,10 +98,13 @@ def band_plot(png, title, xlabel, ylabel, series, logx=False, yrange=None,
 
 
 def errorbar_plot(png, title, xlabel, ylabel, series, logx=False,
-                  yrange=None, key="top right", logy=False, lines_too=True):
+                  yrange=None, key="top right", logy=False, lines_too=True,
+                  extra=()):
     """series: [(label, [(x, y, lo, hi), ...])]: points with error bars
-    (joined by lines when lines_too)."""
+    (joined by lines when lines_too). extra: more gnuplot set commands
+    (e.g. 'set xrange [0.5:3.5]')."""
     lines = _header(png, title, xlabel, ylabel, logx, yrange, key, logy)
+    lines += list(extra)
     plots = []
     for i, (label, pts) in enumerate(series):
         if not _block(lines, i, [p[:4] for p in pts], logx):
