@@ -8,6 +8,7 @@ its own, joined to a hub by a link shaped with tc tbf (launch/pslaunch/netns.py)
     address; no namespace is left after psrun exits;
   - SIGTERM to psrun while the workers train: exit 143, no process and no
     namespace left;
+  - --latency where the kernel has no netem: a clear error, exit 2;
   - psrun not run as root: a clear error, exit 2.
 Needs root, ip and tc (exit 77 without them, or where namespaces cannot be made)."""
 import json
@@ -33,10 +34,10 @@ class EmulateHostsTest(u.FleetTestCase):
         if why:
             raise unittest.SkipTest(why)
 
-    def psrun_argv(self, hosts=2, workers=2, worker_flags=(), server_flags=u.TINY_SERVER):
+    def psrun_argv(self, hosts=2, workers=2, worker_flags=(), extra=()):
         return u.psrun_argv(self.run_dir, servers=2, workers=workers,
-                            extra=["--emulate_hosts", str(hosts), "--link", "100mbit"],
-                            worker_flags=worker_flags, server_flags=server_flags)
+                            extra=["--emulate_hosts", str(hosts), "--link", "100mbit"]
+                            + list(extra), worker_flags=worker_flags)
 
     def assert_no_namespaces(self, psrun_pid):
         left = netns.list_namespaces("psrun%d-" % psrun_pid)
@@ -90,6 +91,21 @@ class EmulateHostsTest(u.FleetTestCase):
         self.assertEqual(rc, 128 + signal.SIGTERM, self.output())
         self.assert_no_namespaces(self.psrun.pid)
         u.assert_no_orphans(self, u.read_pids(self.run_dir, want=4, timeout=1))
+
+    def test_latency_needs_netem(self):
+        """--latency: trained where the kernel has netem, else a clear error
+        (tbf cannot delay) and nothing left behind."""
+        out = os.path.join(self.tmp.name, "psrun.out")
+        self.psrun = u.start_psrun(self.psrun_argv(worker_flags=["--max_steps=20"],
+                                                   extra=["--latency", "10"]), out)
+        rc = self.psrun.wait(timeout=120)
+        self.assert_no_namespaces(self.psrun.pid)
+        if rc == 2:
+            self.assertIn("latency cannot be emulated on this kernel", self.output())
+            u.note("launch.emulate_hosts: --latency refused here (no netem in this kernel)")
+        else:
+            self.assertEqual(rc, 0, self.output())
+            self.assertIn("latency 10 ms", self.output())
 
     def test_not_root_is_refused(self):
         if not shutil.which("runuser") or not os.access("/usr/bin/python3", os.X_OK):
