@@ -243,7 +243,7 @@ Status Membership::Step(SteadyClock::time_point now) {
         if (n == next.primary || listed_in(next, n)) {
           next.incarnations[n] = i;
         } else {
-          deposed_[n] = i;  // not a spare to copy to: it is gone or deposed
+          deposed_[n] = {i, now};  // not a spare to copy to while its key lingers
         }
       }
       g = next;
@@ -274,7 +274,7 @@ Status Membership::Step(SteadyClock::time_point now) {
         LOG(WARNING) << "backup " << b << " of group " << options_.group
                      << " is gone: dropped (epoch " << layout.epoch + 1 << ")";
         ++counters_.backups_dropped;
-        if (g.incarnations.count(b)) deposed_[b] = g.incarnations.at(b);
+        if (g.incarnations.count(b)) deposed_[b] = {g.incarnations.at(b), now};
         g.incarnations.erase(b);
         change = true;
       } else {
@@ -355,9 +355,14 @@ Status Membership::Step(SteadyClock::time_point now) {
       }
     }
     for (const auto& [n, m] : alive) {
+      // A dropped process's key lingers until its lease ends (a dead one)
+      // or stays (one that was cut off and is back: a spare to copy to).
       auto d = deposed_.find(n);
-      if (m.group == options_.group && !listed_in(g, n) &&
-          (d == deposed_.end() || d->second != m.incarnation))
+      const bool lingering = d != deposed_.end() &&
+                             d->second.first == m.incarnation &&
+                             now - d->second.second < 2 * options_.lease_ttl +
+                                                          std::chrono::seconds(1);
+      if (m.group == options_.group && !listed_in(g, n) && !lingering)
         v.spare_endpoints.push_back(m.endpoint);
     }
   }

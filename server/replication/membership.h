@@ -139,8 +139,11 @@ class Membership {
   // Member name -> the incarnation it was first seen alive with.
   std::map<std::string, uint64_t> seen_;
   // Member name -> the incarnation this process dropped from the layout
-  // (dead or deposed): never taken for a spare.
-  std::map<std::string, uint64_t> deposed_;
+  // (dead or deposed) and when: not taken for a spare while its member key
+  // may still be the dead process's (its lease has not ended).
+  std::map<std::string,
+           std::pair<uint64_t, std::chrono::steady_clock::time_point>>
+      deposed_;
   MembershipCounters counters_;
 
   std::mutex mu_;

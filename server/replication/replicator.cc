@@ -184,9 +184,14 @@ void Replicator::Forward(const Message& msg, OutgoingReply* hold,
 
 Status Replicator::CheckReplicate(const RequestHeader& req) {
   // A spare that installed a snapshot takes its primary's updates before
-  // the layout lists it.
+  // the layout lists it. A request from a newer epoch than this process has
+  // read comes from a primary that read a layout listing it (a primary hands
+  // updates only to the backups its layout lists): this process has not
+  // caught up yet (it is starting, say) and takes it.
   const bool member =
-      view_.backup || (joined_epoch_ > 0 && req.replicate_epoch >= joined_epoch_);
+      view_.backup ||
+      (!view_.primary && req.replicate_epoch > view_.epoch) ||
+      (joined_epoch_ > 0 && req.replicate_epoch >= joined_epoch_);
   if (view_.primary || !member || req.replicate_epoch < view_.epoch ||
       req.replicate_group != options_.group) {
     ++counters_.refused_stale;
@@ -260,10 +265,11 @@ void Replicator::Poll(std::vector<OutgoingReply>* out) {
           b->broken = true;
           LOG(WARNING) << "backup " << b->endpoint << " did not apply update "
                        << r.id << ": " << r.status.ToString();
-          if (r.status.code() != StatusCode::kFailedPrecondition) {
+          if (r.status.code() != StatusCode::kFailedPrecondition)
             ++counters_.backup_errors;
-            broken_.push_back(b->endpoint);
-          }
+          // Drop it from the layout (as primary; a deposed process's request
+          // changes nothing): it comes back as a spare and is copied to.
+          broken_.push_back(b->endpoint);
         }
         continue;
       }
