@@ -97,7 +97,9 @@ def main(argv):
                 c, seed, execute.run_dir(out, c, seed), bin_dir)))
         return 0
     os.makedirs(out, exist_ok=True)
-    shutil.copyfile(args.study, os.path.join(out, "study.json"))
+    copy = os.path.join(out, "study.json")
+    if not (os.path.exists(copy) and os.path.samefile(args.study, copy)):
+        shutil.copyfile(args.study, copy)  # the study as run (re-runnable from OUT)
     log = lambda msg: print("[psstudy %s] %s" % (time.strftime("%H:%M:%S"), msg), flush=True)
     results, pending = [], []
     for c, seed in todo:

@@ -312,9 +312,12 @@ def write(out, res, curves, header):
             "%s / %s" % (res.est(c, "staleness_p50").fmt(1),
                          res.est(c, "staleness_p99").fmt(1))]) + " |")
     detail, table = comparisons(res)
+    cells = (len(table) - 3) * len(_figures(study)) if table else 0
     lines += ["", "## Verdicts at a glance", "",
               "A's verdict against B per figure (details and intervals below): where the "
-              "95% Welch interval of the difference of means A - B over seeds lies.", ""]
+              "95%% Welch interval of the difference of means A - B over seeds lies. Each "
+              "interval holds at 95%% on its own: of these %d, about %.1f may exclude 0 by "
+              "chance alone when nothing differs." % (cells, cells / 20.0), ""]
     lines += table or ["(nothing compared)", ""]
     lines += ["## Comparisons (95% Welch intervals of A - B over seeds)", "",
               "Each value of a key against the first value listed for it, everything else "
