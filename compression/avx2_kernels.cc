@@ -131,6 +131,25 @@ float LaneSumAbsAvx2(const float* x, size_t len) {
   return LaneSum<false>(x, len);
 }
 
+ASYNCPS_AVX2 void LaneSumSquares4Avx2(const float* x, size_t len,
+                                      float out[4]) {
+  // One add chain is latency-bound (an add every 4 cycles); four
+  // independent ones keep the adder busy.
+  __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                 _mm256_setzero_ps()};
+  for (size_t i = 0; i < len; i += 8) {
+    for (int k = 0; k < 4; ++k) {
+      const __m256 v = _mm256_loadu_ps(x + k * len + i);
+      a[k] = _mm256_add_ps(a[k], _mm256_mul_ps(v, v));
+    }
+  }
+  alignas(32) float l[8];
+  for (int k = 0; k < 4; ++k) {
+    _mm256_store_ps(l, a[k]);
+    out[k] = Combine(l);
+  }
+}
+
 ASYNCPS_AVX2 void QsgdLevelsAvx2(const float* x, size_t len, uint32_t base,
                                  uint32_t key, float inv, int32_t smax,
                                  bool nibbles, uint8_t* out) {
@@ -368,6 +387,7 @@ ASYNCPS_AVX2 void Bf16EncodeAvx2(const float* x, size_t n, uint16_t* out) {
 bool HaveAvx2() { return false; }
 float LaneSumSquaresAvx2(const float*, size_t) { return 0; }
 float LaneSumAbsAvx2(const float*, size_t) { return 0; }
+void LaneSumSquares4Avx2(const float*, size_t, float*) {}
 void QsgdLevelsAvx2(const float*, size_t, uint32_t, uint32_t, float, int32_t,
                     bool, uint8_t*) {}
 void TernCodesAvx2(const float*, size_t, uint32_t, uint32_t, float, uint8_t*) {}

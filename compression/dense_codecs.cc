@@ -428,12 +428,23 @@ class QsgdCodec final : public RunDecoder<QsgdCodec, BucketCodec> {
     const int32_t smax = static_cast<int32_t>(levels_);
     const bool avx2 = HaveAvx2();
     int8_t tile[kTile];
+    // AVX2: the norms of 4 full buckets at a time (4 independent sums,
+    // each in the format's order), then their levels while in cache.
+    float sums[4];
+    uint64_t sums_from = nb;  // first bucket of sums[]
     for (uint64_t b = 0; b < nb; ++b) {
       const size_t lo = b * bucket_;
       const size_t len = std::min<size_t>(bucket_, n - lo);
-      const float norm =
-          std::sqrt(avx2 ? LaneSumSquaresAvx2(x + lo, len)
-                         : LaneSum(x + lo, len, [](float v) { return v * v; }));
+      if (avx2 && b % 4 == 0 && bucket_ % 8 == 0 && (b + 4) * bucket_ <= n) {
+        LaneSumSquares4Avx2(x + lo, bucket_, sums);
+        sums_from = b;
+      }
+      const float sum2 =
+          b >= sums_from && b < sums_from + 4
+              ? sums[b - sums_from]
+              : (avx2 ? LaneSumSquaresAvx2(x + lo, len)
+                      : LaneSum(x + lo, len, [](float v) { return v * v; }));
+      const float norm = std::sqrt(sum2);
       if (!(norm <= std::numeric_limits<float>::max())) return NonFinite();
       StoreF32(body, b, norm);
       const float inv = norm > 0.0f ? s / norm : 0.0f;

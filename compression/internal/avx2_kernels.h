@@ -25,6 +25,11 @@ bool HaveAvx2();
 // elements j, j+8, ... in order, combined as format.h specifies.
 float LaneSumSquaresAvx2(const float* x, size_t len);
 float LaneSumAbsAvx2(const float* x, size_t len);
+// LaneSumSquaresAvx2 of the 4 consecutive runs x[k*len, (k+1)*len),
+// k = 0..3, into out[k]; bitwise the same as 4 calls (each run is summed in
+// the same order), with the 4 dependency chains interleaved.
+// REQUIRES: len % 8 == 0.
+void LaneSumSquares4Avx2(const float* x, size_t len, float out[4]);
 
 // QSGD levels of len elements: l = min(int(|x| * inv + u), smax) with the
 // sign of x; 4-bit nibbles (low nibble = even element) into out[0..(len+1)/2)
