@@ -56,16 +56,18 @@ if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
 
 fi
 if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
-  # ThreadSanitizer: the server's event loop and the client's threads. The
+  # ThreadSanitizer: the server's event loop and the client's threads, and
+  # replica groups (the membership thread beside the event loop). The
   # hand-over of bytes through (uninstrumented) libzmq is annotated in
   # common/transport.cc; tests/tsan.supp silences reports inside libzmq.
   SECONDS=0
   TSAN="$BUILD-tsan"
   cmake -S . -B "$TSAN" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DASYNCPS_ENABLE_CUDA=OFF \
     -DASYNCPS_SANITIZE=thread
-  cmake --build "$TSAN" -j"$JOBS" --target server_test client_test sparse_test rows_plan_test
+  cmake --build "$TSAN" -j"$JOBS" --target server_test client_test sparse_test rows_plan_test \
+    replication_test etcd_client_test
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp" \
     ctest_stage TSan "$TSAN" --output-on-failure -j"$JOBS" --timeout 300 \
-    -R '^(Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client|PushDedup|ShutdownWatchdog|Sparse|RowCache|RowsPlan|Store|LrSchedule|DelayCompensation)'
+    -R '^(Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client|PushDedup|ShutdownWatchdog|Sparse|RowCache|RowsPlan|Store|LrSchedule|DelayCompensation|Replica|Replication|EtcdClient)'
   echo "run_tests: TSan stage took ${SECONDS} s"
 fi
