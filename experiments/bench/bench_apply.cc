@@ -27,8 +27,8 @@
 
 #include "common/buffer.h"
 #include "experiments/bench/bench_util.h"
-#include "server/optimizer.h"
-#include "server/shard.h"
+#include "server/optimizer/optimizer.h"
+#include "server/shard/shard.h"
 
 DEFINE_string(sizes, "262144,4194304",
               "comma-separated gradient sizes in floats");

@@ -54,10 +54,10 @@
 #include "common/hash.h"
 #include "experiments/bench/bench_util.h"
 #include "common/sparse_table.h"
-#include "server/optimizer.h"
+#include "server/optimizer/optimizer.h"
 #include "server/sparse/row_format.h"
 #include "server/sparse/sparse_tables.h"
-#include "server/store.h"
+#include "server/store/store.h"
 
 DEFINE_string(dims, "16,64", "row dimensions");
 DEFINE_uint64(vocab, 2000000, "distinct keys (rows stored beforehand)");

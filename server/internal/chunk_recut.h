@@ -1,5 +1,5 @@
-// Chunk records (server/shard_persist.cc, "2chunk/<id>") parsed and re-cut:
-// the offline resharding tool (server/reshard.h) rebuilds the chunks of a
+// Chunk records (server/shard/shard_persist.cc, "2chunk/<id>") parsed and re-cut:
+// the offline resharding tool (server/reshard/reshard.h) rebuilds the chunks of a
 // layout for S' shards from those of the layout for S when the two cut the
 // tensors differently. Not part of the server API.
 //

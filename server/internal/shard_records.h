@@ -1,6 +1,6 @@
 // Keys and magic numbers of a shard's default-space store records, shared by
-// the shard (server/shard_persist.cc, which documents the formats) and the
-// offline resharding tool (server/reshard.cc). Not part of the server API.
+// the shard (server/shard/shard_persist.cc, which documents the formats) and the
+// offline resharding tool (server/reshard/reshard.cc). Not part of the server API.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Private types of server/shard.h shared by the shard_*.cc files. Not part of
+// Private types of server/shard/shard.h shared by the shard_*.cc files. Not part of
 // the server API.
 #pragma once
 
@@ -12,9 +12,9 @@
 #include "common/buffer.h"
 #include "common/shm_segment.h"
 #include "common/wire.h"
-#include "server/memory_budget.h"
+#include "server/shard/memory_budget.h"
 #include "server/internal/binary_io.h"
-#include "server/shard.h"
+#include "server/shard/shard.h"
 
 namespace asyncps::server {
 
@@ -86,7 +86,7 @@ struct ReplyPin {
 };
 
 // Delay compensation: the pull snapshots one worker read at its last
-// kDcReadSlots clocks (server/staleness_rules.h). The buffers are the shared
+// kDcReadSlots clocks (server/optimizer/staleness_rules.h). The buffers are the shared
 // pull snapshots, charged to the budget when they were made.
 struct Shard::DcReads {
   struct Slot {

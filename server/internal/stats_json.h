@@ -5,7 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "server/stats.h"
+#include "server/shard/stats.h"
 
 namespace asyncps::server::internal {
 

@@ -9,7 +9,7 @@
 
 #include "common/buffer.h"
 #include "common/wire.h"
-#include "server/shard.h"
+#include "server/shard/shard.h"
 
 namespace asyncps::server::testing {
 

@@ -15,7 +15,7 @@
 #include "server/internal/test_util.h"
 #include "server/replication/replica_view.h"
 #include "server/replication/replicator.h"
-#include "server/server.h"
+#include "server/loop/server.h"
 #include "tests/util/etcd_fixture.h"
 
 namespace asyncps::server::replication {

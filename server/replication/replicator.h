@@ -60,7 +60,7 @@
 #include "common/transport.h"
 #include "common/wire.h"
 #include "server/replication/replica_view.h"
-#include "server/shard.h"
+#include "server/shard/shard.h"
 
 namespace asyncps::server::replication {
 

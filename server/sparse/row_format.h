@@ -1,5 +1,5 @@
 // The stored form of sparse rows: one record per key in the table's key
-// space (server/store.h), little-endian.
+// space (server/store/store.h), little-endian.
 //
 //   key     u64 big-endian row key (records sort by key)
 //   value   u32 magic   'ROW1' a row, 'ADM1' an admission counter

@@ -39,10 +39,10 @@
 
 #include "common/sparse_table.h"
 #include "common/status.h"
-#include "server/optimizer.h"
+#include "server/optimizer/optimizer.h"
 #include "server/sparse/row_cache.h"
 #include "server/sparse/row_format.h"
-#include "server/store.h"
+#include "server/store/store.h"
 
 namespace asyncps::server::sparse {
 

@@ -28,7 +28,7 @@
 // a failed store read leaves the push, and every other table of it, not
 // applied at all.
 //
-// Checkpoints and durability (see server/store.h on cuts): a checkpoint
+// Checkpoints and durability (see server/store/store.h on cuts): a checkpoint
 // puts every dirty entry into batches (full ones written as kPartial,
 // the last one returned to the caller, who adds the dense state and writes
 // it as the kCut), then CommitCheckpoint() marks the cache clean. A durable
@@ -53,7 +53,7 @@
 #include "common/status.h"
 #include "common/flat_index.h"
 #include "server/sparse/sparse_table.h"
-#include "server/store.h"
+#include "server/store/store.h"
 
 namespace asyncps::server::sparse {
 

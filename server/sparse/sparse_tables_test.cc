@@ -13,7 +13,7 @@
 #include <random>
 #include <unordered_map>
 
-#include "server/optimizer.h"
+#include "server/optimizer/optimizer.h"
 #include "tests/util/process.h"
 
 namespace asyncps::server::sparse {
@@ -34,7 +34,7 @@ TableSpec Table(const std::string& name, uint32_t dim, RowOptimizerKind kind) {
   return t;
 }
 
-// The reference: a std::map of rows, updated with server/optimizer.h on the
+// The reference: a std::map of rows, updated with server/optimizer/optimizer.h on the
 // same gradients, written independently of the cache and the store.
 class Reference {
  public:

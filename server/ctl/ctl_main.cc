@@ -1,0 +1,245 @@
+// ps_ctl: admin client for ps_server shards.
+//
+//   ps_ctl --servers=tcp://127.0.0.1:5000,tcp://127.0.0.1:5001 stats
+//   ps_ctl --servers=... checkpoint | shutdown [--timeout_ms=5000]
+//   ps_ctl keygen [--out=PREFIX]     # CurveZMQ key pair
+//   ps_ctl --servers=... top [--interval_ms=1000] [--iterations=N]
+//                                    # live view until Ctrl-C (ctl_top.h)
+//
+// keygen writes PREFIX.key (the secret key, mode 0600) and PREFIX.pub (the
+// public key), Z85 text on one line each after a comment; without --out it
+// prints both. A server takes --curve_secret_key=server.key; its clients
+// --curve_server_key=server.pub plus their own --curve_secret_key; the
+// server's --curve_allowed_clients file lists the clients' .pub lines.
+//
+// Prints one JSON document: {"command":..,"ok":..,"shards":[{"endpoint":..,
+// "ok":..,"code":..,"message":..,"version":..,"min_clock":..,"stats":{..}}]}.
+// Exit status 0 if every shard answered OK, 1 otherwise, 2 on bad usage.
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <algorithm>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/curve_flags.h"
+#include "common/transport.h"
+#include "common/wire.h"
+#include "server/ctl/ctl_top.h"
+
+DEFINE_string(servers, "",
+              "comma-separated shard endpoints, in shard order; a replica "
+              "group 'ep1|ep2' is asked member by member");
+DEFINE_int32(timeout_ms, 5000, "deadline for each shard's reply, milliseconds");
+DEFINE_string(out, "", "keygen: write PREFIX.key and PREFIX.pub");
+DEFINE_int32(interval_ms, 1000, "top: milliseconds between frames");
+DEFINE_int32(iterations, 0, "top: frames to draw, 0: until Ctrl-C");
+DEFINE_string(clear, "auto",
+              "top: clear the screen between frames: auto (when stdout is a "
+              "terminal) | true | false");
+
+namespace {
+
+using namespace asyncps;  // NOLINT: tool main
+
+using Json = nlohmann::ordered_json;
+
+// Sends one admin request to `endpoint`, waits for the reply.
+Status Call(const std::shared_ptr<Context>& ctx, const std::string& endpoint,
+            RequestKind kind, ReplyHeader* reply) {
+  TransportOptions to;
+  to.context = ctx;
+  RETURN_IF_ERROR(CurveClientKeysFromFlags(&to));
+  ASSIGN_OR_RETURN(std::unique_ptr<ClientSocket> sock,
+                   ClientSocket::Connect(endpoint, to));
+  RequestHeader req;
+  req.id = 1;
+  req.rank = -1;
+  req.kind = kind;
+  std::vector<Frame> frames;
+  frames.push_back(Frame::Owned(EncodeRequest(req)));
+  RETURN_IF_ERROR(sock->Send(frames));
+  Message msg;
+  ASSIGN_OR_RETURN(
+      bool got,
+      sock->Receive(&msg, std::chrono::milliseconds(FLAGS_timeout_ms)));
+  if (!got)
+    return Status::TimedOut("no reply within " +
+                            std::to_string(FLAGS_timeout_ms) + " ms");
+  RETURN_IF_ERROR(msg.error);
+  if (msg.frames.empty()) return Status::Corruption("empty reply");
+  return DecodeReply(msg.frames[0].data, msg.frames[0].size, DecodeLimits(),
+                     reply);
+}
+
+// Writes `text` to `path` with permissions `mode` (created fresh).
+bool WriteKeyFile(const std::string& path, const std::string& text,
+                  mode_t mode) {
+  std::remove(path.c_str());
+  {
+    std::ofstream f(path, std::ios::trunc);
+    f << text;
+    if (!f.flush()) return false;
+  }
+  return chmod(path.c_str(), mode) == 0;
+}
+
+int KeyGen() {
+  std::string pub, sec;
+  Status s = GenerateCurveKeyPair(&pub, &sec);
+  if (!s.ok()) {
+    std::fprintf(stderr, "ps_ctl keygen: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  if (FLAGS_out.empty()) {
+    std::printf("public=%s\nsecret=%s\n", pub.c_str(), sec.c_str());
+    return 0;
+  }
+  const std::string key = FLAGS_out + ".key", pubf = FLAGS_out + ".pub";
+  if (!WriteKeyFile(
+          key,
+          "# asyncps CurveZMQ secret key (Z85); keep private\n" + sec + "\n",
+          0600) ||
+      !WriteKeyFile(pubf, "# asyncps CurveZMQ public key (Z85)\n" + pub + "\n",
+                    0644)) {
+    std::fprintf(stderr, "ps_ctl keygen: cannot write %s / %s\n", key.c_str(),
+                 pubf.c_str());
+    return 1;
+  }
+  const Json out = {{"command", "keygen"},
+                    {"ok", true},
+                    {"secret_key_file", key},
+                    {"public_key_file", pubf},
+                    {"public_key", pub}};
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
+// ps_ctl top: frames until Ctrl-C (SIGINT/SIGTERM are blocked and polled,
+// so the loop ends within its 50 ms polling step and the terminal is left
+// clean).
+int Top(const std::shared_ptr<Context>& ctx,
+        const std::vector<std::string>& endpoints) {
+  if (FLAGS_interval_ms < 1 || FLAGS_iterations < 0) {
+    std::fprintf(stderr,
+                 "ps_ctl top: --interval_ms must be >= 1, --iterations >= 0\n");
+    return 2;
+  }
+  if (FLAGS_clear != "auto" && FLAGS_clear != "true" &&
+      FLAGS_clear != "false") {
+    std::fprintf(stderr, "ps_ctl top: --clear must be auto, true or false\n");
+    return 2;
+  }
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  server::TopOptions o;
+  o.interval = std::chrono::milliseconds(FLAGS_interval_ms);
+  o.iterations = FLAGS_iterations;
+  o.clear_screen = FLAGS_clear == "true" ||
+                   (FLAGS_clear == "auto" && isatty(fileno(stdout)));
+  auto fetch = [&](size_t i) -> StatusOr<std::string> {
+    ReplyHeader reply;
+    RETURN_IF_ERROR(Call(ctx, endpoints[i], RequestKind::kStats, &reply));
+    RETURN_IF_ERROR(reply.status);
+    return reply.text;
+  };
+  auto stop = [&sigs] {
+    sigset_t pending;
+    sigpending(&pending);
+    return sigismember(&pending, SIGINT) == 1 ||
+           sigismember(&pending, SIGTERM) == 1;
+  };
+  Status s = server::RunTop(endpoints, fetch, stop, o);
+  if (!s.ok()) {
+    std::fprintf(stderr, "ps_ctl top: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage(
+      "ps_ctl --servers=EP[,EP...] stats|checkpoint|shutdown | ps_ctl keygen "
+      "[--out=PREFIX]");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
+  if (argc != 2) {
+    std::fprintf(
+        stderr,
+        "usage: ps_ctl --servers=EP[,EP...] stats|checkpoint|shutdown\n"
+        "       ps_ctl keygen [--out=PREFIX]\n");
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "keygen") return KeyGen();
+  RequestKind kind = RequestKind::kStats;
+  if (cmd == "stats" || cmd == "top") {
+    kind = RequestKind::kStats;
+  } else if (cmd == "checkpoint") {
+    kind = RequestKind::kCheckpoint;
+  } else if (cmd == "shutdown") {
+    kind = RequestKind::kShutdown;
+  } else {
+    std::fprintf(
+        stderr,
+        "ps_ctl: unknown command '%s' (stats, checkpoint, shutdown, top)\n",
+        cmd.c_str());
+    return 2;
+  }
+  // A replicated shard is its replica group "ep1|ep2": every member is
+  // asked (each answers for itself; stats say which is the primary).
+  std::vector<std::string> endpoints;
+  std::string list = FLAGS_servers;
+  std::replace(list.begin(), list.end(), '|', ',');
+  std::stringstream ss(list);
+  for (std::string ep; std::getline(ss, ep, ',');) {
+    if (!ep.empty()) endpoints.push_back(ep);
+  }
+  if (endpoints.empty()) {
+    std::fprintf(stderr, "ps_ctl: --servers is required\n");
+    return 2;
+  }
+  if (FLAGS_timeout_ms < 1) {
+    std::fprintf(stderr, "ps_ctl: --timeout_ms must be >= 1\n");
+    return 2;
+  }
+  std::shared_ptr<Context> ctx = Context::Create(1);
+  if (cmd == "top") return Top(ctx, endpoints);
+  bool all_ok = true;
+  Json shards = Json::array();
+  for (const std::string& endpoint : endpoints) {
+    ReplyHeader reply;
+    Status st = Call(ctx, endpoint, kind, &reply);
+    if (st.ok()) st = reply.status;
+    all_ok = all_ok && st.ok();
+    Json shard = {{"endpoint", endpoint},
+                  {"ok", st.ok()},
+                  {"code", StatusCodeName(st.code())},
+                  {"message", st.message()},
+                  {"version", reply.shard_version},
+                  {"min_clock", reply.min_clock}};
+    if (kind == RequestKind::kStats && st.ok() && !reply.text.empty()) {
+      // The shard's own document, embedded as JSON (a damaged one as text).
+      Json stats = Json::parse(reply.text, nullptr, /*allow_exceptions=*/false);
+      shard["stats"] = stats.is_discarded() ? Json(reply.text) : stats;
+    }
+    shards.push_back(std::move(shard));
+  }
+  const Json out = {{"command", cmd}, {"shards", std::move(shards)},
+                    {"ok", all_ok}};
+  std::printf("%s\n", out.dump().c_str());
+  return all_ok ? 0 : 1;
+}

@@ -1,0 +1,567 @@
+#include "server/loop/server.h"
+
+#include <glog/logging.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+namespace asyncps::server {
+namespace {
+
+uint64_t MessageBytes(const Message& msg) {
+  uint64_t bytes = 0;
+  for (const ByteView& f : msg.frames) bytes += f.size;
+  return bytes;
+}
+
+}  // namespace
+
+Server::~Server() {
+  if (membership_) membership_->Stop(/*revoke=*/false);
+}
+
+void Server::UpdateView() {
+  replication::ReplicaView v;
+  membership_->TakeView(&v);
+  Status s = replicator_->SetView(v, &out_);
+  if (!s.ok()) {
+    LOG_EVERY_N(ERROR, 20) << "replica view: " << s.ToString();
+  }
+  for (const std::string& spare :
+       replicator_->TakeJoiners(std::chrono::steady_clock::now())) {
+    Status j = CopyToSpare(spare);
+    if (!j.ok()) LOG(ERROR) << "copying to spare " << spare << ": " << j.ToString();
+  }
+  for (const std::string& joined : replicator_->TakeJoined()) {
+    membership_->AddBackup(joined);
+  }
+  for (const std::string& broken : replicator_->TakeBroken()) {
+    membership_->DropBackup(broken);
+  }
+  if (uint64_t epoch =
+          replicator_->PrimarySuspected(std::chrono::steady_clock::now())) {
+    membership_->SuspectPrimary(epoch);
+  }
+  socket_->SetWakeSockets(replicator_->wake_sockets());
+}
+
+Status Server::CopyToSpare(const std::string& endpoint) {
+  if (!store_) {
+    return Status::FailedPrecondition(
+        "re-replication needs a store (--db_path) to copy from");
+  }
+  // A cut of the whole state, then its files: what the spare opens as its
+  // store. Updates handed on from here follow the snapshot on the spare's
+  // connection, so it ends up where this shard is.
+  RETURN_IF_ERROR(shard_->Checkpoint());
+  namespace fs = std::filesystem;
+  const std::string dir = options_.db_path + ".export";
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  Status s = store_->ExportCheckpoint(dir);
+  if (s.ok()) s = replicator_->StartJoin(endpoint, dir);
+  fs::remove_all(dir, ec);
+  return s;
+}
+
+void Server::HandleSnapshot(const std::string& peer, Message& msg,
+                            std::chrono::steady_clock::time_point now) {
+  namespace fs = std::filesystem;
+  if (!replicator_) {
+    return Reply(peer,
+                 Status::InvalidArgument("snapshot to a server that is not a "
+                                         "replica (started without --etcd)"),
+                 RejectReason::kNotPrimary);
+  }
+  Status ok = replicator_->CheckSnapshot(req_);
+  if (!ok.ok()) return Reply(peer, ok, RejectReason::kNotPrimary);
+  const std::string& name = req_.snapshot_file;
+  // A plain file name: nothing a peer sends may point outside the folder.
+  const bool plain = !name.empty() && name.size() <= 255 && name != "." &&
+                     name != ".." && name.find('/') == std::string::npos &&
+                     name.find('\0') == std::string::npos;
+  const uint64_t piece = msg.frames.size() == 2 ? msg.frames[1].size : 0;
+  if (!plain || msg.frames.size() != 2 ||
+      req_.snapshot_offset > req_.snapshot_file_size ||
+      piece > req_.snapshot_file_size - req_.snapshot_offset ||
+      req_.snapshot_file_size > req_.snapshot_total_bytes ||
+      req_.snapshot_total_bytes > kMaxSnapshotBytes) {
+    return Reply(peer,
+                 Status::InvalidArgument(
+                     "malformed snapshot piece (file '" + name.substr(0, 64) +
+                     "', offset " + std::to_string(req_.snapshot_offset) +
+                     ", " + std::to_string(piece) + " bytes of " +
+                     std::to_string(req_.snapshot_file_size) + ")"),
+                 RejectReason::kMalformed);
+  }
+  if (options_.db_path.empty()) {
+    return Reply(peer,
+                 Status::FailedPrecondition(
+                     "this spare has no store (--db_path) to install into"),
+                 RejectReason::kStore);
+  }
+  const std::string staging = options_.db_path + ".incoming";
+  std::error_code ec;
+  // The pieces of one snapshot come in order with consecutive ids; any
+  // other piece starts a new one (a primary that gave up and began again).
+  if (incoming_total_ == 0 || incoming_epoch_ != req_.replicate_epoch ||
+      incoming_total_ != req_.snapshot_total_bytes ||
+      req_.id != incoming_next_id_) {
+    // A new snapshot: start from an empty folder.
+    fs::remove_all(staging, ec);
+    fs::create_directories(staging, ec);
+    incoming_epoch_ = req_.replicate_epoch;
+    incoming_total_ = req_.snapshot_total_bytes;
+    incoming_bytes_ = 0;
+  }
+  {
+    std::fstream f(staging + "/" + name,
+                   std::ios::binary | std::ios::in | std::ios::out);
+    if (!f.is_open()) {
+      f.open(staging + "/" + name, std::ios::binary | std::ios::out);
+    }
+    f.seekp(static_cast<std::streamoff>(req_.snapshot_offset));
+    if (piece > 0) {
+      f.write(reinterpret_cast<const char*>(msg.frames[1].data),
+              static_cast<std::streamsize>(piece));
+    }
+    if (!f) {
+      incoming_total_ = 0;
+      return Reply(peer, Status::Unavailable("writing " + staging + "/" + name),
+                   RejectReason::kStore);
+    }
+  }
+  incoming_bytes_ += piece;
+  incoming_next_id_ = req_.id + 1;
+  if (!req_.snapshot_last) return Answer(peer, Status::OK());
+  if (incoming_bytes_ != incoming_total_) {
+    const std::string got = std::to_string(incoming_bytes_);
+    incoming_total_ = 0;
+    return Reply(peer,
+                 Status::Corruption("snapshot incomplete: " + got + " of " +
+                                    std::to_string(req_.snapshot_total_bytes) +
+                                    " bytes"),
+                 RejectReason::kMalformed);
+  }
+  incoming_total_ = 0;
+  Status installed = InstallSnapshot(staging, now);
+  if (installed.ok()) {
+    replicator_->SetJoined(req_.replicate_epoch);
+    LOG(INFO) << "installed the primary's snapshot (" << incoming_bytes_
+              << " bytes, epoch " << req_.replicate_epoch << "): version "
+              << shard_->shard_version();
+  }
+  incoming_bytes_ = 0;
+  Answer(peer, installed);
+}
+
+Status Server::InstallSnapshot(const std::string& staging,
+                               std::chrono::steady_clock::time_point now) {
+  namespace fs = std::filesystem;
+  // This process is a spare: what it held is replaced.
+  shard_->FailParked(Status::Cancelled("state replaced by a snapshot"), &out_);
+  shard_.reset();
+  store_.reset();
+  std::error_code ec;
+  fs::remove_all(options_.db_path, ec);
+  fs::remove_all(options_.db_path + ".cut", ec);
+  fs::rename(staging, options_.db_path, ec);
+  Status s = ec ? Status::Unavailable("installing the snapshot: " + ec.message())
+                : Status::OK();
+  if (s.ok()) {
+    RocksDbStoreOptions so;
+    so.path = options_.db_path;
+    StatusOr<std::unique_ptr<Store>> store = OpenRocksDbStore(so);
+    s = store.status();
+    if (s.ok()) store_ = std::move(store).value();
+  }
+  StatusOr<std::unique_ptr<Shard>> shard =
+      Shard::Create(options_.shard, store_.get(), now);
+  if (s.ok() && !shard.ok()) {
+    s = shard.status();
+    store_.reset();
+    shard = Shard::Create(options_.shard, nullptr, now);
+  }
+  if (!shard.ok()) {
+    // Without a store a shard always builds; this is not expected.
+    LOG(FATAL) << "cannot rebuild the shard: " << shard.status().ToString();
+  }
+  shard_ = std::move(shard).value();
+  return s;
+}
+
+StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
+  std::unique_ptr<Server> s(new Server());
+  s->options_ = options;
+  if (options.max_message_bytes < 1024) {
+    return Status::InvalidArgument("max_message_bytes must be >= 1024");
+  }
+  if (options.max_frame_bytes < 1024) {
+    return Status::InvalidArgument("max_frame_bytes must be >= 1024");
+  }
+  s->options_.max_frame_bytes =
+      std::min(options.max_frame_bytes, options.max_message_bytes);
+  s->options_.shard.max_frame_bytes =
+      static_cast<uint64_t>(s->options_.max_frame_bytes);
+  if (!options.db_path.empty()) {
+    RocksDbStoreOptions so;
+    so.path = options.db_path;
+    ASSIGN_OR_RETURN(s->store_, OpenRocksDbStore(so));
+  }
+  ASSIGN_OR_RETURN(s->shard_,
+                   Shard::Create(s->options_.shard, s->store_.get(),
+                                 std::chrono::steady_clock::now()));
+  TransportOptions to;
+  to.context = options.context;
+  to.max_message_bytes = options.max_message_bytes;
+  to.max_frame_bytes = s->options_.max_frame_bytes;
+  to.curve_secret_key = options.curve_secret_key;
+  to.curve_allowed_client_keys = options.curve_allowed_client_keys;
+  if (!to.curve_allowed_client_keys.empty()) {
+    // Admins connect too.
+    to.curve_allowed_client_keys.insert(to.curve_allowed_client_keys.end(),
+                                        options.curve_admin_keys.begin(),
+                                        options.curve_admin_keys.end());
+  }
+  to.curve_identify_clients = !options.curve_secret_key.empty();
+  ASSIGN_OR_RETURN(s->socket_, ServerSocket::Bind(options.endpoint, to));
+  if (options.metrics != nullptr) {
+    s->metrics_ = std::make_unique<ServerMetrics>(options.metrics,
+                                                  options.shard.num_workers);
+  }
+  if (!options.replication.etcd_endpoints.empty()) {
+    replication::MembershipOptions mo = options.replication;
+    mo.group = options.shard.shard_id;
+    mo.groups = options.shard.num_shards;
+    if (mo.endpoint.empty()) mo.endpoint = s->socket_->endpoint();
+    replication::ReplicatorOptions ro;
+    ro.group = mo.group;
+    ro.transport.context = options.context;
+    ro.transport.max_message_bytes = options.max_message_bytes;
+    ro.transport.max_frame_bytes = s->options_.max_frame_bytes;
+    ro.suspect_after = options.replica_suspect_after;
+    s->replicator_ = std::make_unique<replication::Replicator>(ro);
+    ASSIGN_OR_RETURN(s->membership_, replication::Membership::Create(mo));
+    s->UpdateView();
+  }
+  return s;
+}
+
+const std::string& Server::endpoint() const { return socket_->endpoint(); }
+
+Status Server::Run(const std::atomic<bool>& stop) {
+  using Clock = std::chrono::steady_clock;
+  std::string peer;
+  Message msg;
+  Clock::time_point last_checkpoint = Clock::now();
+  while (!stop.load(std::memory_order_relaxed) &&
+         !shard_->shutdown_requested()) {
+    msg.Clear();
+    if (membership_) UpdateView();
+    StatusOr<bool> got = socket_->Receive(&peer, &msg, options_.tick);
+    const Clock::time_point now = Clock::now();
+    if (!got.ok()) {
+      LOG_EVERY_N(ERROR, 100) << "receive: " << got.status().ToString();
+    } else if (*got) {
+      HandleMessage(peer, msg, now);
+    }
+    if (replicator_) replicator_->Poll(&out_);
+    for (const std::string& e : socket_->TakeSecurityEvents()) {
+      LOG(WARNING) << "security: " << e;
+    }
+    shard_->Tick(now, &out_);
+    SendAll();
+    if (metrics_) metrics_->Publish(*shard_, now);
+    if (options_.checkpoint_every.count() > 0 && store_ &&
+        now - last_checkpoint >= options_.checkpoint_every) {
+      Status s = shard_->Checkpoint();
+      if (!s.ok()) LOG(ERROR) << s.ToString();
+      last_checkpoint = now;
+    }
+  }
+  shard_->FailParked(Status::Cancelled("server shutting down"), &out_);
+  SendAll();
+  // A clean stop hands the group over at once instead of after the TTL.
+  if (membership_) membership_->Stop(/*revoke=*/true);
+  if (shard_->shutdown_requested())
+    return Status::OK();  // checkpointed by the request
+  return shard_->Checkpoint();
+}
+
+namespace {
+
+// Loopback as ZeroMQ reports it ("127.x.y.z", "::1", "::ffff:127.x.y.z"),
+// or no address at all (inproc, ipc: this machine).
+bool IsLoopback(const std::string& address) {
+  if (address.empty() || address == "::1") return true;
+  // ipc:// peers are on this machine by definition; ZeroMQ names them
+  // "localhost:<uid>:<gid>:<pid>"-style (a TCP peer is always numeric).
+  if (address.rfind("localhost:", 0) == 0) return true;
+  std::string a = address;
+  if (a.rfind("::ffff:", 0) == 0) a = a.substr(7);
+  return a.rfind("127.", 0) == 0;
+}
+
+}  // namespace
+
+Status Server::CheckAdmin(const Message& msg) const {
+  if (!options_.curve_secret_key.empty()) {
+    for (const std::string& k : options_.curve_admin_keys) {
+      if (k == msg.client_key) return Status::OK();
+    }
+    return Status::InvalidArgument(
+        "admin requests (checkpoint, shutdown) need an admin key: this "
+        "client's CURVE key is not in the server's --curve_admin_clients");
+  }
+  if (options_.allow_remote_admin || IsLoopback(msg.peer_address)) {
+    return Status::OK();
+  }
+  return Status::InvalidArgument(
+      "admin requests (checkpoint, shutdown) are accepted only from this "
+      "machine (peer " + msg.peer_address +
+      "); start the server with --allow_remote_admin or CURVE admin keys");
+}
+
+void Server::Reply(const std::string& peer, const Status& error,
+                   RejectReason reason) {
+  shard_->CountRejected(reason);
+  Answer(peer, error);
+}
+
+void Server::Answer(const std::string& peer, const Status& status) {
+  OutgoingReply r;
+  r.peer = peer;
+  r.header.id = req_.id;
+  r.header.kind = req_.kind;
+  r.header.status = status;
+  r.header.shard_version = shard_->shard_version();
+  r.header.min_clock = shard_->min_clock();
+  out_.push_back(std::move(r));
+}
+
+void Server::HandleMessage(const std::string& peer, Message& msg,
+                           std::chrono::steady_clock::time_point now) {
+  Dispatch(peer, msg, now);
+  if (metrics_) {
+    // Rejected requests count under the kind their header claimed
+    // (heartbeat when it did not decode).
+    const double handle_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - now)
+            .count();
+    metrics_->OnRequest(req_.kind, peer, req_.id, MessageBytes(msg), now,
+                        handle_s);
+  }
+}
+
+void Server::Dispatch(const std::string& peer, Message& msg,
+                      std::chrono::steady_clock::time_point now) {
+  req_.id = 0;
+  req_.kind = RequestKind::kHeartbeat;
+  if (msg.frames.empty()) {
+    return Reply(peer, Status::InvalidArgument("empty message"),
+                 RejectReason::kMalformed);
+  }
+  Status decoded = DecodeRequest(msg.frames[0].data, msg.frames[0].size,
+                                 DecodeLimits(), &req_);
+  if (!msg.error.ok()) {
+    // Too large or too many frames: the frames are gone, the header (when it
+    // decodes) names the request, so its sender gets a final answer instead
+    // of resending something that can never be accepted.
+    return Reply(peer,
+                 Status::InvalidArgument(
+                     msg.error.message() +
+                     " (this server's --max_message_bytes / frame limits)"),
+                 RejectReason::kOversize);
+  }
+  if (!decoded.ok()) {
+    return Reply(peer, decoded,
+                 decoded.code() == StatusCode::kFailedPrecondition
+                     ? RejectReason::kVersion
+                     : RejectReason::kMalformed);
+  }
+  if (req_.kind == RequestKind::kCheckpoint ||
+      req_.kind == RequestKind::kShutdown) {
+    Status admin = CheckAdmin(msg);
+    if (!admin.ok()) {
+      LOG_EVERY_N(WARNING, 100) << RequestKindName(req_.kind) << " refused: "
+                                << admin.message();
+      return Reply(peer, admin, RejectReason::kAdminDenied);
+    }
+  }
+  if (req_.kind == RequestKind::kReplicate) {
+    return HandleReplicate(peer, msg, now);
+  }
+  if (req_.kind == RequestKind::kSnapshot) {
+    return HandleSnapshot(peer, msg, now);
+  }
+  if (replicator_) {
+    std::string redirect;
+    Status admitted = replicator_->Admit(req_.kind, now, &redirect);
+    if (!admitted.ok()) {
+      Reply(peer, admitted, RejectReason::kNotPrimary);
+      out_.back().header.redirect = redirect;
+      return;
+    }
+  }
+  const size_t first = out_.size();
+  data_.assign(msg.frames.begin() + 1, msg.frames.end());
+  try {
+    shard_->Handle(peer, req_, data_, now, &out_);
+    if (replicator_ && replicator_->Replicates(req_.kind))
+      Replicate(peer, msg, first);
+    if (replicator_ && req_.kind == RequestKind::kStats)
+      AddReplicationStats(peer, first);
+  } catch (const std::bad_alloc&) {
+    // Every allocation a request sizes is checked against the memory
+    // budget first; this is the last line if the machine has less memory
+    // than the budget assumes.
+    LOG(ERROR) << "out of memory handling " << RequestKindName(req_.kind)
+               << " " << req_.id << " (lower --memory_budget_mb)";
+    Reply(peer, Status::ResourceExhausted("out of memory on the server"),
+          RejectReason::kMemoryBudget);
+  }
+  data_.clear();
+}
+
+void Server::AddReplicationStats(const std::string& peer, size_t first) {
+  for (size_t i = first; i < out_.size(); ++i) {
+    OutgoingReply& r = out_[i];
+    if (r.peer != peer || r.header.id != req_.id || !r.header.status.ok())
+      continue;
+    nlohmann::json j = nlohmann::json::parse(r.header.text, nullptr, false);
+    if (!j.is_object()) return;
+    const replication::ReplicaView& v = replicator_->view();
+    const replication::ReplicatorCounters& c = replicator_->counters();
+    const replication::MembershipCounters& m = membership_->counters();
+    j["replication"] = {
+        {"name", membership_->name()},
+        {"epoch", v.epoch},
+        {"role", v.primary ? "primary" : v.backup ? "backup" : "spare"},
+        {"primary", v.primary_endpoint},
+        {"backups", v.backup_endpoints},
+        {"spares", v.spare_endpoints},
+        {"held_replies", replicator_->num_held()},
+        {"forwarded", c.forwarded},
+        {"acked", c.acked},
+        {"applied", c.applied},
+        {"refused_stale", c.refused_stale},
+        {"backup_errors", c.backup_errors},
+        {"dropped_held", c.dropped_held},
+        {"refused_not_primary", c.refused_not_primary},
+        {"refused_no_lease", c.refused_no_lease},
+        {"view_changes", c.view_changes},
+        {"snapshots_sent", c.snapshots_sent},
+        {"snapshot_bytes_sent", c.snapshot_bytes_sent},
+        {"spares_joined", c.spares_joined},
+        {"snapshots_failed", c.snapshots_failed},
+        {"promotions", m.promotions.load()},
+        {"suspicions", m.suspicions.load()},
+        {"backups_dropped", m.backups_dropped.load()},
+        {"backups_added", m.backups_added.load()},
+        {"keepalive_failures", m.keepalive_failures.load()},
+        {"lease_renewals", m.lease_renewals.load()},
+        {"cas_conflicts", m.cas_conflicts.load()},
+        {"etcd_errors", m.etcd_errors.load()}};
+    r.header.text = j.dump();
+    return;
+  }
+}
+
+void Server::Replicate(const std::string& peer, const Message& msg,
+                       size_t first) {
+  for (size_t i = first; i < out_.size(); ++i) {
+    OutgoingReply& r = out_[i];
+    if (r.peer != peer || r.header.id != req_.id || r.header.kind != req_.kind)
+      continue;
+    if (!r.header.status.ok()) return;  // nothing applied: nothing to hand on
+    OutgoingReply hold = std::move(r);
+    out_.erase(out_.begin() + static_cast<std::ptrdiff_t>(i));
+    replicator_->Forward(msg, &hold, &out_);
+    return;
+  }
+}
+
+void Server::HandleReplicate(const std::string& peer, Message& msg,
+                             std::chrono::steady_clock::time_point now) {
+  if (!replicator_) {
+    return Reply(peer,
+                 Status::InvalidArgument(
+                     "replicate request to a server that is not a replica "
+                     "(started without --etcd)"),
+                 RejectReason::kNotPrimary);
+  }
+  Status ok = replicator_->CheckReplicate(req_);
+  if (!ok.ok()) return Reply(peer, ok, RejectReason::kNotPrimary);
+  if (msg.frames.size() < 2) return Answer(peer, Status::OK());  // a ping
+  Status decoded = DecodeRequest(msg.frames[1].data, msg.frames[1].size,
+                                 DecodeLimits(), &inner_);
+  if (decoded.ok() && inner_.kind != RequestKind::kRegister &&
+      inner_.kind != RequestKind::kPush && inner_.kind != RequestKind::kClock) {
+    decoded = Status::InvalidArgument(
+        std::string("a ") + RequestKindName(inner_.kind) +
+        " request is not replicated");
+  }
+  if (!decoded.ok()) {
+    return Reply(peer, Status::InvalidArgument("replicated request: " +
+                                               decoded.message()),
+                 RejectReason::kMalformed);
+  }
+  // The inner request's replies go to no one: the primary answers the
+  // worker. This peer name cannot be a ZeroMQ routing id (those are 5
+  // bytes starting with 0, or set by the peer; no peer sets ids here).
+  static const std::string kInnerPeer("\x01replicated", 11);
+  const size_t first = out_.size();
+  data_.assign(msg.frames.begin() + 2, msg.frames.end());
+  Status applied;
+  try {
+    shard_->Handle(kInnerPeer, inner_, data_, now, &out_);
+  } catch (const std::bad_alloc&) {
+    applied = Status::ResourceExhausted("out of memory on the backup");
+  }
+  data_.clear();
+  for (size_t i = first; i < out_.size();) {
+    if (out_[i].peer != kInnerPeer) {
+      ++i;
+      continue;
+    }
+    if (!out_[i].header.status.ok() && applied.ok()) {
+      applied = Status::Internal("backup could not apply the " +
+                                 std::string(RequestKindName(inner_.kind)) +
+                                 ": " + out_[i].header.status.ToString());
+    }
+    out_.erase(out_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
+  replicator_->CountApplied();
+  Answer(peer, applied);
+}
+
+void Server::SendAll() {
+  for (OutgoingReply& r : out_) {
+    frames_.clear();
+    r.header.max_request_bytes =
+        static_cast<uint64_t>(options_.max_message_bytes);
+    r.header.max_frame_bytes = static_cast<uint64_t>(options_.max_frame_bytes);
+    if (replicator_) r.header.epoch = replicator_->view().epoch;
+    frames_.push_back(Frame::Owned(EncodeReply(r.header)));
+    for (ByteView& v : r.frames)
+      frames_.push_back(Frame::Ref(v.data, v.size, std::move(v.owner)));
+    if (metrics_) {
+      uint64_t bytes = 0;
+      for (const Frame& f : frames_) bytes += f.size;
+      metrics_->OnReply(r.peer, r.header, bytes,
+                        std::chrono::steady_clock::now());
+    }
+    Status s = socket_->Send(r.peer, frames_);
+    if (!s.ok()) {
+      LOG_EVERY_N(WARNING, 100)
+          << "reply " << r.header.id << ": " << s.ToString();
+    }
+  }
+  out_.clear();
+  frames_.clear();
+}
+
+}  // namespace asyncps::server

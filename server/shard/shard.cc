@@ -1,0 +1,425 @@
+// Shard: options, dispatch, clocks and timers. Registration is in
+// shard_register.cc, pulls in shard_pull.cc, pushes in shard_push.cc,
+// persistence in shard_persist.cc, the stats document in shard_stats.cc.
+#include "server/shard/shard.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "server/internal/push_dedup.h"
+#include "server/internal/shard_types.h"
+#include "server/internal/task_pool.h"
+
+namespace asyncps::server {
+
+const char* ConsistencyName(Consistency c) {
+  switch (c) {
+    case Consistency::kBsp:
+      return "bsp";
+    case Consistency::kSsp:
+      return "ssp";
+    case Consistency::kAsp:
+      return "asp";
+  }
+  return "invalid";
+}
+
+StatusOr<Consistency> ParseConsistency(std::string_view name) {
+  if (name == "bsp") return Consistency::kBsp;
+  if (name == "ssp") return Consistency::kSsp;
+  if (name == "asp") return Consistency::kAsp;
+  return Status::InvalidArgument("unknown consistency '" + std::string(name) +
+                                 "' (valid: bsp, ssp, asp)");
+}
+
+Status ShardOptions::Validate() const {
+  if (num_shards < 1 || num_shards > 4096) {
+    return Status::InvalidArgument("num_shards must be in [1, 4096]");
+  }
+  if (shard_id < 0 || shard_id >= num_shards) {
+    return Status::InvalidArgument("shard_id must be in [0, num_shards)");
+  }
+  if (num_workers < 1 || num_workers > (1 << 20)) {
+    return Status::InvalidArgument("num_workers must be in [1, 2^20]");
+  }
+  if (staleness < 0) return Status::InvalidArgument("staleness must be >= 0");
+  if (worker_timeout.count() < 0)
+    return Status::InvalidArgument("worker_timeout must be >= 0");
+  if (max_shm_bytes < (uint64_t{1} << 20))
+    return Status::InvalidArgument("max_shm_bytes must be >= 1 MiB");
+  if (max_parked_pulls < 1)
+    return Status::InvalidArgument("max_parked_pulls must be >= 1");
+  if (max_inflight_per_client < 1)
+    return Status::InvalidArgument("max_inflight_per_client must be >= 1");
+  if (sparse.max_keys_per_request < 1 || sparse.max_reply_bytes < 1)
+    return Status::InvalidArgument(
+        "sparse max_keys_per_request and max_reply_bytes must be >= 1");
+  if (staleness > kMaxClock)
+    return Status::InvalidArgument("staleness must be <= 2^62");
+  if (max_park_time.count() < 1)
+    return Status::InvalidArgument("max_park_time must be >= 1 ms");
+  if (memory_budget_bytes < (uint64_t{1} << 20))
+    return Status::InvalidArgument("memory_budget_bytes must be >= 1 MiB");
+  if (max_unsent_bytes_per_client < 1)
+    return Status::InvalidArgument("max_unsent_bytes_per_client must be >= 1");
+  if (max_frame_bytes < 1024)
+    return Status::InvalidArgument("max_frame_bytes must be >= 1024");
+  if (max_clock_jump < 1 || max_clock_jump > kMaxClock)
+    return Status::InvalidArgument("max_clock_jump must be in [1, 2^62]");
+  if (apply_threads < 1 || apply_threads > 256)
+    return Status::InvalidArgument("apply_threads must be in [1, 256]");
+  RETURN_IF_ERROR(lr_schedule().Validate());
+  RETURN_IF_ERROR(delay_compensation.Validate());
+  if (delay_compensation.enabled() && consistency == Consistency::kBsp) {
+    return Status::InvalidArgument(
+        "delay compensation corrects stale gradients: it needs ssp or asp "
+        "(BSP gradients are never stale)");
+  }
+  if (static_cast<int>(staleness_lr) > 2)
+    return Status::InvalidArgument("unknown staleness_lr rule");
+  return optimizer.Validate();
+}
+
+LrScheduleOptions ShardOptions::lr_schedule() const {
+  LrScheduleOptions o;
+  o.warmup_updates = lr_warmup_updates;
+  o.warmup_start = lr_warmup_start;
+  o.decay_updates = lr_decay_updates;
+  o.final_fraction = lr_final;
+  return o;
+}
+
+Shard::Shard(const ShardOptions& options, Store* store,
+             std::unique_ptr<Optimizer> optimizer, TimePoint now)
+    : options_(options),
+      store_(store),
+      optimizer_(std::move(optimizer)),
+      schedule_(options.lr_schedule()),
+      state_per_elem_(optimizer_->state_per_elem() +
+                      options.delay_compensation.state_per_elem()),
+      budget_(MemoryBudget::Create(options.memory_budget_bytes)),
+      bsp_pushed_round_(options.num_workers, -1),
+      clocks_(options.num_workers, options.worker_timeout, now),
+      last_read_(options.num_workers, 0),
+      dedup_(std::make_unique<internal::PushDedup>(
+          internal::PushDedup::Options{options.num_workers})),
+      replicas_(options.num_workers),
+      dc_reads_(options.delay_compensation.enabled() ? options.num_workers
+                                                     : 0),
+      next_pull_seq_(
+          1 +
+          (static_cast<uint64_t>(
+               std::chrono::system_clock::now().time_since_epoch().count()) &
+           ((uint64_t{1} << 62) - 1))),
+      unsent_total_(std::make_shared<UnsentBytes>(0)) {
+  unsent_by_rank_.reserve(options.num_workers);
+  for (int r = 0; r < options.num_workers; ++r)
+    unsent_by_rank_.push_back(std::make_shared<UnsentBytes>(0));
+}
+
+Shard::~Shard() = default;
+
+StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardOptions& options,
+                                               Store* store, TimePoint now) {
+  RETURN_IF_ERROR(options.Validate());
+  ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> opt,
+                   Optimizer::Create(options.optimizer));
+  std::unique_ptr<Shard> shard(new Shard(options, store, std::move(opt), now));
+  if (options.apply_threads > 1) {
+    shard->apply_pool_ =
+        std::make_unique<internal::TaskPool>(options.apply_threads);
+  }
+  // Per-worker tables sized by the options, not by peers: charged once.
+  const uint64_t fixed =
+      shard->dedup_->MaxBytes() +
+      static_cast<uint64_t>(options.num_workers) *
+          (sizeof(PullReplica) + sizeof(DcReads) + 4 * sizeof(int64_t) +
+           64 /* counters */);
+  ASSIGN_OR_RETURN(
+      shard->fixed_charge_,
+      shard->budget_->Reserve(
+          fixed, "the per-worker tables of " +
+                     std::to_string(options.num_workers) + " workers"));
+  if (store != nullptr) RETURN_IF_ERROR(shard->Recover());
+  return shard;
+}
+
+Status Shard::Reject(RejectReason reason, Status s) {
+  reject_reason_ = reason;
+  return s;
+}
+
+void Shard::CountRejected(RejectReason reason) {
+  ++counters_.rejected[static_cast<size_t>(reason)];
+}
+
+const std::vector<float>* Shard::weights(uint32_t chunk) const {
+  if (chunk >= local_index_.size() || local_index_[chunk] < 0) return nullptr;
+  return &chunks_[local_index_[chunk]]->w;
+}
+
+const std::vector<float>* Shard::optimizer_state(uint32_t chunk) const {
+  if (chunk >= local_index_.size() || local_index_[chunk] < 0) return nullptr;
+  return &chunks_[local_index_[chunk]]->state;
+}
+
+uint64_t Shard::chunk_version(uint32_t chunk) const {
+  if (chunk >= local_index_.size() || local_index_[chunk] < 0) return 0;
+  return chunks_[local_index_[chunk]]->version;
+}
+
+uint64_t Shard::unsent_reply_bytes() const {
+  return unsent_total_->load(std::memory_order_relaxed);
+}
+
+void Shard::FillCommon(const RequestHeader& req, ReplyHeader* reply) const {
+  reply->id = req.id;
+  reply->kind = req.kind;
+  reply->shard_version = shard_version_;
+  reply->min_clock = clocks_.MinLiveClock();
+}
+
+void Shard::Handle(const std::string& peer, const RequestHeader& req,
+                   const std::vector<ByteView>& data, TimePoint now,
+                   std::vector<OutgoingReply>* out) {
+  OutgoingReply r;
+  r.peer = peer;
+  reject_reason_ = RejectReason::kOther;
+  const int rank = req.rank;
+  bool parked = false;
+  Status st = Admit(req, !data.empty());
+  if (st.ok()) {
+    if (rank >= 0) clocks_.Touch(rank, now);
+    switch (req.kind) {
+      case RequestKind::kRegister:
+        st = HandleRegister(req, &r.header);
+        break;
+      case RequestKind::kPush:
+        st = HandlePush(req, data, &r.header);
+        break;
+      case RequestKind::kPull:
+        st = HandlePull(peer, req, data, now, &r, &parked);
+        break;
+      case RequestKind::kClock:
+        st = HandleClock(req);
+        break;
+      case RequestKind::kHeartbeat:
+        break;
+      case RequestKind::kStats:
+        r.header.text = StatsJson();
+        break;
+      case RequestKind::kCheckpoint:
+        st = Checkpoint();
+        if (!st.ok()) reject_reason_ = RejectReason::kStore;
+        break;
+      case RequestKind::kShutdown:
+        st = Checkpoint();
+        if (!st.ok()) {
+          reject_reason_ = RejectReason::kStore;
+          LOG(ERROR) << "final checkpoint failed: " << st.ToString();
+        }
+        shutdown_requested_ = true;
+        break;
+      case RequestKind::kAttachShm:
+        st = HandleAttachShm(req);
+        break;
+      case RequestKind::kReplicate:
+      case RequestKind::kSnapshot:
+        // The server unwraps these (server/replication/replicator.h).
+        st = Reject(RejectReason::kNotPrimary,
+                    Status::InvalidArgument("replicate request reached the "
+                                            "shard itself"));
+        break;
+    }
+  }
+  if (!st.ok()) {
+    CountRejected(reject_reason_);
+    r.header.chunks.clear();
+    r.frames.clear();
+    r.header.staleness = -1;
+    r.header.created = false;
+    r.header.status = st;
+  }
+  // Clocks may have moved: BSP rounds complete before this reply reports
+  // min_clock, and parked pulls released go out after it.
+  OnClocksChanged(nullptr);
+  if (!parked) {
+    FillCommon(req, &r.header);
+    out->push_back(std::move(r));
+  }
+  ReleaseParked(out);
+}
+
+Status Shard::Admit(const RequestHeader& req, bool has_data) {
+  const int rank = req.rank;
+  if (req.version != kProtocolVersion) {
+    return Reject(RejectReason::kVersion,
+                  Status::FailedPrecondition(
+                      "protocol version " + std::to_string(req.version) +
+                      ", this server speaks " +
+                      std::to_string(kProtocolVersion)));
+  }
+  if (rank < -1 || rank >= options_.num_workers) {
+    return Reject(RejectReason::kRank,
+                  Status::InvalidArgument(
+                      "rank " + std::to_string(rank) + " out of range [0, " +
+                      std::to_string(options_.num_workers) + ") for " +
+                      RequestKindName(req.kind)));
+  }
+  // Observers (rank -1: tools, a dedicated evaluator) may pull (read-only)
+  // and ask for stats; only workers register, push and move clocks.
+  const bool worker_only = req.kind == RequestKind::kPush ||
+                           req.kind == RequestKind::kClock ||
+                           req.kind == RequestKind::kRegister;
+  if (rank == -1 && worker_only) {
+    return Reject(
+        RejectReason::kRank,
+        Status::InvalidArgument(
+            std::string("rank -1 (tools and observers) may not ") +
+            RequestKindName(req.kind) +
+            (req.kind == RequestKind::kRegister
+                 ? ": the workers register the model; an observer computes "
+                   "its layout and waits for them"
+                 : ": only workers (rank >= 0) do")));
+  }
+  // Pushes carry chunks and rows; pulls may carry the keys of rows.
+  if (req.kind != RequestKind::kPush &&
+      !(req.kind == RequestKind::kPull && !req.rows.empty()) && has_data) {
+    return Reject(
+        RejectReason::kSizeMismatch,
+        Status::InvalidArgument(std::string(RequestKindName(req.kind)) +
+                                " request carries unexpected data frames"));
+  }
+  const bool clocked = req.kind == RequestKind::kPush ||
+                       req.kind == RequestKind::kClock ||
+                       req.kind == RequestKind::kPull;
+  if (rank >= 0 && clocked) return CheckClock(rank, req.clock);
+  return Status::OK();
+}
+
+Status Shard::CheckClock(int rank, int64_t clock) {
+  if (clock < 0 || clock > kMaxClock) {
+    return Reject(RejectReason::kBadClock,
+                  Status::InvalidArgument("clock " + std::to_string(clock) +
+                                          " out of range [0, 2^62]"));
+  }
+  const int64_t have = clocks_.clock(rank);
+  if (clock > have && clock - have > options_.max_clock_jump) {
+    return Reject(RejectReason::kBadClock,
+                  Status::InvalidArgument(
+                      "rank " + std::to_string(rank) + " moves its clock from " +
+                      std::to_string(have) + " to " + std::to_string(clock) +
+                      ", more than max_clock_jump (" +
+                      std::to_string(options_.max_clock_jump) + ") at once"));
+  }
+  return Status::OK();
+}
+
+Status Shard::HandleClock(const RequestHeader& req) {
+  const bool durable = options_.durable && store_ != nullptr;
+  if (durable && degraded_) {
+    return Reject(RejectReason::kStore,
+                  Status::Unavailable("the store is failing: clocks wait "
+                                      "until a checkpoint succeeds; retry"));
+  }
+  clocks_.Advance(req.rank, req.clock);
+  if (!durable) return Status::OK();
+  // Clocks survive kill -9 too (BSP round membership, SSP bounds).
+  touched_.clear();
+  Status s = WriteDurable(options_.durable_sync == SyncMode::kSync);
+  if (s.ok()) return s;
+  EnterDegraded(s);
+  return Reject(RejectReason::kStore,
+                Status::Unavailable("clock not persisted: " + s.ToString()));
+}
+
+void Shard::EnterDegraded(const Status& cause) {
+  if (!degraded_) {
+    LOG(ERROR) << "durable write failed (" << cause.ToString()
+               << "): refusing pushes until a checkpoint succeeds";
+  }
+  degraded_ = true;
+  repair_backoff_ = std::chrono::milliseconds(100);
+  next_repair_ = TimePoint{};  // try at the next Tick
+}
+
+void Shard::TryRepair(TimePoint now) {
+  if (!degraded_ || now < next_repair_) return;
+  Status s = Checkpoint();  // ends the degraded state when it succeeds
+  if (s.ok()) return;
+  LOG_EVERY_N(ERROR, 10) << "repair checkpoint failed: " << s.ToString();
+  next_repair_ = now + repair_backoff_;
+  repair_backoff_ = std::min(repair_backoff_ * 2, std::chrono::milliseconds(5000));
+}
+
+void Shard::Tick(TimePoint now, std::vector<OutgoingReply>* out) {
+  // A worker whose pull this shard is holding is waiting on us, not dead:
+  // its silence does not count until the pull is answered.
+  for (const auto& p : parked_) {
+    if (p->req.rank >= 0) clocks_.Touch(p->req.rank, now);
+  }
+  if (clocks_.Expire(now) > 0) {
+    // An evicted worker's replica is a copy of the shard it may never ask
+    // for again: it resyncs with whole weights if it comes back.
+    for (int r = 0; r < clocks_.num_workers(); ++r) {
+      if (!clocks_.live(r)) {
+        FreeReplica(r);
+        FreeDcReads(r);
+        DropShm(r);
+      }
+    }
+    OnClocksChanged(out);
+  }
+  TryRepair(now);
+  if (bsp_round_retry_) OnClocksChanged(out);
+  ReleaseParked(out);
+  ExpireParked(now, out);
+  PruneUnsent();
+}
+
+void Shard::OnClocksChanged(std::vector<OutgoingReply>* out) {
+  if (sparse_) sparse_->AdvanceClock(clocks_.MinLiveClock());
+  if (options_.consistency == Consistency::kBsp) {
+    const int64_t min = clocks_.MinLiveClock();
+    if (min > bsp_round_) {
+      // One apply for the round that has contributions, then straight to the
+      // minimum: rounds nobody pushed for are not walked one by one.
+      if (min > bsp_round_ + 1) {
+        LOG(INFO) << "BSP: every live worker is past round " << bsp_round_
+                  << ": the round moves to " << min;
+      }
+      bool applied = false;
+      Status s = ApplyBspRound(min, &applied);
+      bsp_round_retry_ = !applied;
+      if (!applied) {
+        // Nothing of the round applied: its pulls wait, Tick tries again.
+        LOG_EVERY_N(ERROR, 10) << "BSP round not applied, retrying: "
+                               << s.ToString();
+        CountRejected(RejectReason::kStore);
+      } else if (!s.ok()) {
+        // The round is applied in memory; only its durable write failed.
+        LOG(ERROR) << "BSP round applied, not persisted: " << s.ToString();
+        CountRejected(RejectReason::kStore);
+        EnterDegraded(s);
+      }
+    }
+  }
+  if (out != nullptr) ReleaseParked(out);
+}
+bool Shard::PullReady(int64_t clock) const {
+  const int64_t min = clocks_.MinLiveClock();
+  switch (options_.consistency) {
+    case Consistency::kBsp:
+      return min >= clock && bsp_round_ >= clock;
+    case Consistency::kSsp:
+      return min >= clock - options_.staleness;
+    case Consistency::kAsp:
+      return true;
+  }
+  return true;
+}
+
+}  // namespace asyncps::server

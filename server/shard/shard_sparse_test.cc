@@ -1,0 +1,911 @@
+// Sparse tables through Shard::Handle: rows in the same pushes, pulls and
+// clocks as chunks; bad input; SSP and BSP; durable and checkpointed
+// recovery.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "compression/codec.h"
+#include "server/internal/test_util.h"
+#include "server/loop/server_metrics.h"
+#include "server/sparse/sparse_table.h"
+#include "server/shard/shard.h"
+
+namespace asyncps::server {
+namespace {
+
+using testing::Floats;
+using testing::Keys;
+using testing::ShardHarness;
+using testing::SmallLayout;
+using testing::SmallModel;
+
+TableSpec Emb(uint32_t dim = 4) {
+  TableSpec t;
+  t.name = "emb";
+  t.dim = dim;
+  t.init = InitKind::kUniform;
+  t.init_param = 0.1f;
+  t.seed = 3;
+  t.optimizer.kind = RowOptimizerKind::kSgd;
+  t.optimizer.lr = 0.5f;
+  return t;
+}
+
+std::vector<float> Init(const TableSpec& t, uint64_t key) {
+  std::vector<float> v(t.dim);
+  InitializeRow(t, key, v.data());
+  return v;
+}
+
+std::vector<float> Init(const std::vector<uint64_t>& keys) {
+  std::vector<float> v;
+  for (uint64_t k : keys) {
+    const std::vector<float> r = Init(Emb(), k);
+    v.insert(v.end(), r.begin(), r.end());
+  }
+  return v;
+}
+
+struct Sparse : ShardHarness {
+  explicit Sparse(ShardOptions o, Store* store = nullptr,
+                  std::vector<TableSpec> tables = {Emb()})
+      : ShardHarness(o, store), tables(std::move(tables)) {
+    RequestHeader r = Register(0, SmallModel(), SmallLayout(o.num_shards));
+    r.tables = this->tables;
+    ReplyHeader h = Call(r);
+    EXPECT_TRUE(h.status.ok()) << h.status.ToString();
+  }
+  // A push of rows of table 0 (plus, optionally, one dense chunk).
+  ReplyHeader PushRows(int rank, int64_t clock,
+                       const std::vector<uint64_t>& keys,
+                       const std::vector<float>& grads, uint8_t codec = 0,
+                       bool with_chunk = false, uint64_t id = 0,
+                       uint64_t done_below = 0) {
+    std::vector<ByteView> data;
+    RequestHeader r;
+    if (with_chunk) {
+      const uint32_t c = FirstChunk();
+      data.push_back(Floats(std::vector<float>(ChunkElems(c), 1.0f)));
+      r = Push(rank, clock, {c}, data);
+    } else {
+      r = Push(rank, clock, {}, {});
+    }
+    data.push_back(Keys(keys));
+    if (codec == 0) {
+      data.push_back(Floats(grads));
+    } else {
+      auto c = compression::CreateCodec(
+          compression::CodecSpec{static_cast<compression::CodecId>(codec)});
+      std::vector<uint8_t> p;
+      EXPECT_TRUE((*c)->Encode(grads.data(), grads.size(), 0, &p).ok());
+      BufferPtr b = Buffer::FromVector(std::move(p));
+      data.push_back(ByteView{b->data(), b->size(), b});
+    }
+    RowsRef ref;
+    ref.table = 0;
+    ref.keys_frame = static_cast<uint32_t>(data.size() - 1);
+    ref.rows_frame = static_cast<uint32_t>(data.size());
+    ref.num_keys = keys.size();
+    ref.codec = codec;
+    r.rows = {ref};
+    r.id = id;
+    r.done_below = done_below;
+    return Call(r, data);
+  }
+  RequestHeader PullRows(int rank, int64_t clock,
+                         const std::vector<uint64_t>& keys, uint8_t codec = 0,
+                         bool dense = false) {
+    RequestHeader r = Pull(rank, clock);
+    r.pull_dense = dense;
+    RowsRef ref;
+    ref.keys_frame = 1;
+    ref.num_keys = keys.size();
+    ref.codec = codec;
+    r.rows = {ref};
+    return r;
+  }
+  // Rows of a pull answered now.
+  std::vector<float> Read(int rank, int64_t clock,
+                          const std::vector<uint64_t>& keys) {
+    auto out = Send(PullRows(rank, clock, keys), {Keys(keys)});
+    EXPECT_EQ(out.size(), 1u);
+    if (out.empty()) return {};
+    return RowsOf(out[0]);
+  }
+  static std::vector<float> RowsOf(const OutgoingReply& r) {
+    EXPECT_TRUE(r.header.status.ok()) << r.header.status.ToString();
+    EXPECT_EQ(r.header.rows.size(), 1u);
+    if (r.header.rows.empty()) return {};
+    const ByteView& f = r.frames[r.header.rows[0].rows_frame - 1];
+    std::vector<float> v(f.size / 4);
+    std::memcpy(v.data(), f.data, f.size);
+    return v;
+  }
+  std::vector<TableSpec> tables;
+};
+
+ShardOptions Opts(Consistency c = Consistency::kAsp, int workers = 1) {
+  ShardOptions o;
+  o.consistency = c;
+  o.num_workers = workers;
+  o.worker_timeout = std::chrono::milliseconds(0);
+  return o;
+}
+
+TEST(ShardSparseTest, RowsAndChunksTravelInOnePushAndPull) {
+  Sparse s(Opts());
+  const TableSpec t = Emb();
+  std::vector<uint64_t> keys = {5, 1ull << 40, 99};
+  EXPECT_EQ(s.Read(0, 0, keys).size(), 12u);
+  std::vector<float> g(12);
+  for (int i = 0; i < 12; ++i) g[i] = 0.01f * i;
+  const uint32_t chunk = s.FirstChunk();
+  const std::vector<float> w0 = *s.shard->weights(chunk);
+  ReplyHeader h = s.PushRows(0, 0, keys, g, 0, /*with_chunk=*/true);
+  ASSERT_TRUE(h.status.ok()) << h.status.ToString();
+  EXPECT_EQ(s.shard->shard_version(), 1u);
+  // The chunk and the rows moved.
+  EXPECT_NE(*s.shard->weights(chunk), w0);
+  std::vector<float> got = s.Read(0, 1, keys);
+  for (size_t k = 0; k < keys.size(); ++k) {
+    std::vector<float> want = Init(t, keys[k]);
+    for (int j = 0; j < 4; ++j) want[j] -= 0.5f * g[k * 4 + j];
+    for (int j = 0; j < 4; ++j) EXPECT_EQ(got[k * 4 + j], want[j]);
+  }
+  // Unseen keys are their initial value; a dense+rows pull carries both.
+  auto out = s.Send(s.PullRows(0, 1, {7}, 0, /*dense=*/true), {Keys({7})});
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].header.chunks.size(),
+            s.shard->layout()->shard_chunks(0).size());
+  EXPECT_EQ(Sparse::RowsOf(out[0]), Init(t, 7));
+  // Sparse-only pushes count in the staleness histogram like dense ones.
+  EXPECT_EQ(s.shard->staleness().count(), 1u);
+  ASSERT_TRUE(s.PushRows(0, 1, {7}, {1, 1, 1, 1}).status.ok());
+  EXPECT_EQ(s.shard->staleness().count(), 2u);
+  std::string stats = s.shard->StatsJson();
+  EXPECT_NE(stats.find("\"sparse\":{"), std::string::npos);
+  EXPECT_NE(stats.find("\"name\":\"emb\""), std::string::npos);
+}
+
+TEST(ShardSparseTest, Fp16RowsBothWays) {
+  Sparse s(Opts());
+  std::vector<uint64_t> keys = {1, 2};
+  std::vector<float> g = {0.5f, -0.25f, 1, 2, 0.125f, 4, -8, 0.0625f};
+  ASSERT_TRUE(s.PushRows(0, 0, keys, g, /*fp16*/ 1).status.ok());
+  auto out = s.Send(s.PullRows(0, 1, keys, /*fp16*/ 1), {Keys(keys)});
+  ASSERT_EQ(out.size(), 1u);
+  ASSERT_TRUE(out[0].header.status.ok());
+  ASSERT_EQ(out[0].header.rows[0].codec, 1);
+  const ByteView& f = out[0].frames[out[0].header.rows[0].rows_frame - 1];
+  std::vector<float> got(8);
+  ASSERT_TRUE(compression::CodecForId(compression::CodecId::kFp16)
+                  .Decode(f.data, f.size, 8, got.data())
+                  .ok());
+  std::vector<float> exact = s.Read(0, 1, keys);
+  for (int i = 0; i < 8; ++i)
+    EXPECT_NEAR(got[i], exact[i], 1e-3 * std::max(1.0f, std::abs(exact[i])));
+  // The gradients were exact in fp16: the rows equal an fp32 push's.
+  for (int k = 0; k < 2; ++k) {
+    std::vector<float> want = Init(Emb(), keys[k]);
+    for (int j = 0; j < 4; ++j) EXPECT_EQ(exact[k * 4 + j], want[j] - 0.5f * g[k * 4 + j]);
+  }
+}
+
+class SparseBadInputTest : public ::testing::Test {
+ protected:
+  SparseBadInputTest() : s(Opts2()) {
+    for (uint64_t k = 0; mine.size() < 8 || theirs.empty(); ++k)
+      (ShardOfKey(Emb(), k, 2) == 1 ? mine : theirs).push_back(k);
+    before = s.Read(0, 0, {mine.begin(), mine.begin() + 6});
+    chunk_before = *s.shard->weights(s.FirstChunk());
+  }
+  static ShardOptions Opts2() {
+    ShardOptions o = Opts();
+    o.shard_id = 1;
+    o.num_shards = 2;
+    o.sparse.max_keys_per_request = 6;
+    return o;
+  }
+  void ExpectRejected(const ReplyHeader& h, const std::string& text,
+                      RejectReason reason) {
+    EXPECT_FALSE(h.status.ok());
+    EXPECT_NE(h.status.message().find(text), std::string::npos)
+        << h.status.ToString();
+    EXPECT_GE(s.shard->counters().rejected[static_cast<size_t>(reason)], 1u)
+        << h.status.ToString();
+    // Nothing changed: rows, the chunk pushed with them, the version.
+    EXPECT_EQ(s.Read(0, 0, {mine.begin(), mine.begin() + 6}),
+              std::vector<float>(before.begin(), before.begin() + 24));
+    EXPECT_EQ(*s.shard->weights(s.FirstChunk()), chunk_before);
+    EXPECT_EQ(s.shard->shard_version(), 0u);
+  }
+  std::vector<float> Grads(size_t n, float v = 0.5f) {
+    return std::vector<float>(n * 4, v);
+  }
+  Sparse s;
+  std::vector<uint64_t> mine, theirs;
+  std::vector<float> before, chunk_before;
+};
+
+TEST_F(SparseBadInputTest, UnknownTable) {
+  RequestHeader r = s.Push(0, 0, {}, {});
+  r.rows = {{3, 1, 2, 2, 0}};
+  ExpectRejected(s.Call(r, {Keys({mine[0], mine[1]}), Floats(Grads(2))}),
+                 "unknown table 3", RejectReason::kUnknownChunk);
+}
+
+TEST_F(SparseBadInputTest, WrongRowDimension) {
+  // Rows of 3 floats for a table of 4.
+  RequestHeader r = s.Push(0, 0, {}, {});
+  r.rows = {{0, 1, 2, 2, 0}};
+  ExpectRejected(s.Call(r, {Keys({mine[0], mine[1]}),
+                            Floats(std::vector<float>(6, 0.5f))}),
+                 "expected 2 rows of 4 floats", RejectReason::kSizeMismatch);
+  // A keys frame that disagrees with num_keys.
+  r.rows = {{0, 1, 2, 3, 0}};
+  ExpectRejected(s.Call(r, {Keys({mine[0], mine[1]}), Floats(Grads(3))}),
+                 "keys frame of 16 bytes for 3 keys",
+                 RejectReason::kSizeMismatch);
+}
+
+TEST_F(SparseBadInputTest, DuplicateKeysInOnePush) {
+  ExpectRejected(s.PushRows(0, 0, {mine[0], mine[1], mine[0]}, Grads(3), 0,
+                            /*with_chunk=*/true),
+                 "appears twice", RejectReason::kOther);
+  // The same table twice in one push.
+  RequestHeader r = s.Push(0, 0, {}, {});
+  r.rows = {{0, 1, 2, 1, 0}, {0, 3, 4, 1, 0}};
+  ExpectRejected(s.Call(r, {Keys({mine[0]}), Floats(Grads(1)), Keys({mine[1]}),
+                            Floats(Grads(1))}),
+                 "named twice", RejectReason::kOther);
+}
+
+TEST_F(SparseBadInputTest, KeysOwnedByAnotherShard) {
+  ExpectRejected(s.PushRows(0, 0, {mine[0], theirs[0]}, Grads(2), 0, true),
+                 "belongs to shard 0, not 1", RejectReason::kWrongShard);
+  auto out = s.Send(s.PullRows(0, 0, {theirs[0]}), {Keys({theirs[0]})});
+  EXPECT_NE(out[0].header.status.message().find("belongs to shard 0"),
+            std::string::npos);
+}
+
+TEST_F(SparseBadInputTest, NanAndInfRows) {
+  for (float bad : {NAN, INFINITY, -INFINITY}) {
+    std::vector<float> g = Grads(3);
+    g[9] = bad;
+    ExpectRejected(s.PushRows(0, 0, {mine[0], mine[1], mine[2]}, g, 0, true),
+                   "key " + std::to_string(mine[2]) + " contains NaN or Inf",
+                   RejectReason::kNonFinite);
+  }
+  // NaN inside an fp16 payload too.
+  std::vector<float> g = Grads(2);
+  g[0] = NAN;
+  ExpectRejected(s.PushRows(0, 0, {mine[0], mine[1]}, g, 1, true), "NaN",
+                 RejectReason::kNonFinite);
+}
+
+TEST_F(SparseBadInputTest, MoreKeysThanTheLimit) {
+  ExpectRejected(s.PushRows(0, 0, {mine.begin(), mine.begin() + 7}, Grads(7),
+                            0, true),
+                 "more than the 6 one request may name",
+                 RejectReason::kOversize);
+  std::vector<uint64_t> seven(mine.begin(), mine.begin() + 7);
+  auto out = s.Send(s.PullRows(0, 0, seven), {Keys(seven)});
+  EXPECT_NE(out[0].header.status.message().find("split it"),
+            std::string::npos);
+}
+
+TEST_F(SparseBadInputTest, FramesThatDoNotAddUp) {
+  RequestHeader r = s.Push(0, 0, {}, {});
+  r.rows = {{0, 1, 2, 1, 0}};
+  ExpectRejected(s.Call(r, {Keys({mine[0]})}), "row refs (2 frames each)",
+                 RejectReason::kSizeMismatch);
+  r.rows = {{0, 1, 1, 1, 0}};
+  ExpectRejected(s.Call(r, {Keys({mine[0]}), Floats(Grads(1))}),
+                 "referenced twice", RejectReason::kSizeMismatch);
+  r.rows = {{0, 0, 2, 1, 0}};
+  ExpectRejected(s.Call(r, {Keys({mine[0]}), Floats(Grads(1))}),
+                 "out of range", RejectReason::kSizeMismatch);
+  // A sparse codec (top-k) for rows.
+  r.rows = {{0, 1, 2, 1, 7}};
+  ExpectRejected(s.Call(r, {Keys({mine[0]}), Floats(Grads(1))}),
+                 "dense codec", RejectReason::kBadCodec);
+  // Huge counts are refused before anything is allocated.
+  r.rows = {{0, 1, 2, uint64_t{1} << 60, 0}};
+  ExpectRejected(s.Call(r, {Keys({mine[0]}), Floats(Grads(1))}),
+                 "split it", RejectReason::kOversize);
+}
+
+TEST(ShardSparseTest, MismatchingTableDefinitionIsRejected) {
+  Sparse s(Opts());
+  RequestHeader r = s.Register(0, SmallModel(), SmallLayout(1));
+  r.tables = {Emb()};
+  EXPECT_TRUE(s.Call(r).status.ok());  // idempotent
+  r.tables[0].optimizer.kind = RowOptimizerKind::kAdaGrad;
+  ReplyHeader h = s.Call(r);
+  EXPECT_EQ(h.status.code(), StatusCode::kAlreadyExists);
+  EXPECT_NE(h.status.message().find("table 'emb' (index 0) does not match"),
+            std::string::npos)
+      << h.status.ToString();
+  r.tables = {};
+  h = s.Call(r);
+  EXPECT_NE(h.status.message().find("(missing)"), std::string::npos);
+  EXPECT_EQ(s.shard->counters().rejected[static_cast<size_t>(
+                RejectReason::kRegistrationMismatch)],
+            2u);
+  // An invalid definition at first registration.
+  ShardHarness fresh(Opts());
+  RequestHeader bad = fresh.Register(0, SmallModel(), SmallLayout(1));
+  bad.tables = {Emb()};
+  bad.tables[0].dim = 0;
+  h = fresh.Call(bad);
+  EXPECT_FALSE(h.status.ok());
+  EXPECT_NE(h.status.message().find("dim 0"), std::string::npos);
+  EXPECT_FALSE(fresh.shard->registered());
+}
+
+// SSP with bound 1: a pull of rows at clock c waits until every worker's
+// clock is >= c - 1, and then holds every push of steps < c - 1.
+TEST(ShardSparseTest, SspBoundHoldsForSparsePulls) {
+  ShardOptions o = Opts(Consistency::kSsp, 2);
+  o.staleness = 1;
+  Sparse s(o);
+  const std::vector<uint64_t> key = {11};
+  const std::vector<float> one = {1, 1, 1, 1};
+  // Worker 1 pushes step 0 and reaches clock 1; worker 0 races ahead.
+  for (int64_t c = 0; c < 3; ++c) {
+    ASSERT_TRUE(s.PushRows(0, c, key, one).status.ok());
+    s.Call(s.Clock(0, c + 1));
+  }
+  ASSERT_TRUE(s.PushRows(1, 0, key, one).status.ok());
+  s.Call(s.Clock(1, 1));
+  // Worker 0 at clock 3 may not see rows older than clock 2 from anyone:
+  // worker 1 is at 1 < 3 - 1, so the pull parks.
+  auto out = s.Send(s.PullRows(0, 3, key), {Keys(key)});
+  EXPECT_TRUE(out.empty());
+  EXPECT_EQ(s.shard->num_parked(), 1u);
+  // Worker 1's step 1 arrives, then its clock 2: the pull is answered with
+  // every push of steps < 2 (3 of worker 0, 2 of worker 1).
+  ASSERT_TRUE(s.PushRows(1, 1, key, one).status.ok());
+  out = s.Send(s.Clock(1, 2));
+  ASSERT_EQ(out.size(), 2u);
+  const OutgoingReply& pull = out[1];
+  std::vector<float> want = Init(Emb(), 11);
+  for (int push = 0; push < 5; ++push) {
+    for (float& v : want) v -= 0.5f * 1.0f;
+  }
+  EXPECT_EQ(Sparse::RowsOf(pull), want);
+  EXPECT_GE(pull.header.min_clock, 2);
+}
+
+TEST(ShardSparseTest, BspAppliesTheRowsOfARoundOnce) {
+  Sparse s(Opts(Consistency::kBsp, 2));
+  ASSERT_TRUE(s.PushRows(0, 0, {1, 2}, {1, 1, 1, 1, 2, 2, 2, 2}).status.ok());
+  ASSERT_TRUE(s.PushRows(1, 0, {2, 3}, {4, 4, 4, 4, 6, 6, 6, 6}).status.ok());
+  // Not applied before the round closes.
+  EXPECT_EQ(s.Read(0, 0, {2}), Init(Emb(), 2));
+  s.Call(s.Clock(0, 1));
+  s.Call(s.Clock(1, 1));
+  EXPECT_EQ(s.shard->bsp_round(), 1);
+  auto row = [](uint64_t k, float g) {
+    std::vector<float> v = Init(Emb(), k);
+    for (float& x : v) x -= 0.5f * g;
+    return v;
+  };
+  EXPECT_EQ(s.Read(0, 1, {1}), row(1, 0.5f));  // (1 + 0) / 2 pushes
+  EXPECT_EQ(s.Read(0, 1, {2}), row(2, 3.0f));  // (2 + 4) / 2
+  EXPECT_EQ(s.Read(0, 1, {3}), row(3, 3.0f));  // (0 + 6) / 2
+  EXPECT_EQ(s.shard->shard_version(), 1u);
+}
+
+// The sums of a BSP round grow with every key pushed: they come from the
+// memory budget, reserved before anything of the push (its chunk included)
+// is applied or counted.
+TEST(ShardSparseTest, BspRoundSumsComeFromTheBudget) {
+  ShardOptions o = Opts(Consistency::kBsp, 1);
+  o.memory_budget_bytes = 4 << 20;
+  o.sparse.cache_bytes = 64 << 10;
+  MemStore store;
+  Sparse s(o, &store);
+  std::vector<uint64_t> many(60000);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = i;
+  ReplyHeader r = s.PushRows(0, 0, many, std::vector<float>(many.size() * 4, 1.0f),
+                             0, /*with_chunk=*/true);
+  EXPECT_EQ(r.status.code(), StatusCode::kResourceExhausted) << r.status.ToString();
+  EXPECT_NE(r.status.message().find("BSP sums"), std::string::npos)
+      << r.status.ToString();
+  EXPECT_EQ(s.shard->counters().pushes, 0u);
+  // A push that fits is the round's only contribution.
+  const uint32_t chunk = s.FirstChunk();
+  const std::vector<float> w0 = *s.shard->weights(chunk);
+  ASSERT_TRUE(s.PushRows(0, 0, {1, 2}, std::vector<float>(8, 1.0f), 0, true)
+                  .status.ok());
+  s.Call(s.Clock(0, 1));
+  ASSERT_EQ(s.shard->bsp_round(), 1);
+  EXPECT_EQ(s.shard->shard_version(), 1u);
+  std::vector<float> once = Init(Emb(), 7);
+  EXPECT_EQ(s.Read(0, 1, {7}), once);  // in the refused push only
+  std::vector<float> row1 = Init(Emb(), 1);
+  for (float& x : row1) x -= 0.5f;
+  EXPECT_EQ(s.Read(0, 1, {1}), row1);
+  EXPECT_NE(*s.shard->weights(chunk), w0);
+}
+
+TEST(ShardSparseTest, DurableRowsSurviveARestartCheckpointedOnesToo) {
+  for (bool durable : {false, true}) {
+    MemStore store;
+    ShardOptions o = Opts();
+    o.durable = durable;
+    o.sparse.cache_bytes = 1024;  // a few rows: evictions write back
+    std::vector<uint64_t> keys;
+    for (uint64_t k = 0; k < 64; ++k) keys.push_back(k * 1000003);
+    std::vector<float> g(64 * 4, 0.25f);
+    std::vector<float> at_checkpoint, last;
+    {
+      Sparse s(o, &store);
+      ASSERT_TRUE(s.PushRows(0, 0, keys, g).status.ok());
+      ASSERT_TRUE(s.shard->Checkpoint().ok());
+      at_checkpoint = s.Read(0, 1, keys);
+      ASSERT_TRUE(s.PushRows(0, 1, keys, g).status.ok());
+      last = s.Read(0, 2, keys);
+      EXPECT_NE(last, at_checkpoint);
+    }
+    store.Reopen();  // kill -9: nothing else written
+    Sparse again(o, &store);
+    EXPECT_EQ(again.Read(0, 2, keys), durable ? last : at_checkpoint)
+        << "durable " << durable;
+  }
+}
+
+}  // namespace
+}  // namespace asyncps::server
+
+namespace asyncps::server {
+namespace {
+
+// A store that fails while rows are written: the push gets an error, and
+// its rows are not left pinned (they are evicted once writes work again).
+TEST(ShardSparseTest, FailedWritesLeaveNoRowPinned) {
+  MemStore store;
+  ShardOptions o = Opts();
+  o.durable = true;
+  o.sparse.cache_bytes = 4096;
+  Sparse s(o, &store);
+  auto keys = [](uint64_t from, uint64_t n) {
+    std::vector<uint64_t> k;
+    for (uint64_t i = 0; i < n; ++i) k.push_back((from + i) * 7919);
+    return k;
+  };
+  std::vector<float> g(64 * 4, 0.5f);
+  store.FailWrites(true);
+  // The durable write fails: rows stay dirty, unpinned.
+  EXPECT_FALSE(s.PushRows(0, 0, keys(0, 64), g).status.ok());
+  // Evicting those dirty rows fails: this push's rows must not stay pinned.
+  EXPECT_FALSE(s.PushRows(0, 1, keys(1000, 64), g).status.ok());
+  store.FailWrites(false);
+  ASSERT_TRUE(s.shard->Checkpoint().ok());
+  for (int i = 0; i < 4; ++i)
+    ASSERT_TRUE(s.PushRows(0, 2 + i, keys(5000 + 64 * i, 64), g).status.ok());
+  // Only the last push's rows (pinned while it ran) may exceed the budget;
+  // rows left pinned by the failed push would still be here.
+  EXPECT_LE(s.shard->sparse_tables()->table(0).cache_rows(), 64u);
+}
+
+}  // namespace
+}  // namespace asyncps::server
+
+namespace asyncps::server {
+namespace {
+
+// Hostile row refs: valid pushes and pulls of rows with one random mutation
+// (table, frame index, count, codec, frame size, a repeated key, NaN, huge
+// counts) never crash the shard, and a push changes rows only when it is
+// accepted whole.
+TEST(ShardSparseTest, MutatedRowRefsNeverCrashOrHalfApply) {
+  Sparse s(Opts());
+  std::mt19937_64 rng(99);
+  std::vector<uint64_t> probe = {0, 1, 2, 3, 4, 5, 6, 7};
+  int applied = 0, rejected = 0;
+  for (int it = 0; it < 3000; ++it) {
+    const bool push = rng() % 3 != 0;
+    std::vector<uint64_t> keys;
+    for (uint64_t k = 0; k < 8; ++k) {
+      if (rng() % 2) keys.push_back(k);
+    }
+    if (keys.empty()) keys.push_back(rng() % 8);
+    std::vector<float> rows(keys.size() * 4);
+    for (float& x : rows) x = 0.001f * static_cast<float>(rng() % 100);
+    RequestHeader r = push ? s.Push(0, it, {}, {}) : s.PullRows(0, it, keys);
+    std::vector<ByteView> data = {Keys(keys)};
+    RowsRef ref;
+    ref.keys_frame = 1;
+    ref.num_keys = keys.size();
+    if (push) {
+      data.push_back(Floats(rows));
+      ref.rows_frame = 2;
+    }
+    const bool mutate = rng() % 4 != 0;
+    if (mutate) {
+      switch (rng() % 9) {
+        case 0: ref.table = 1 + rng() % 5; break;
+        case 1: ref.keys_frame = static_cast<uint32_t>(rng() % 4); break;
+        case 2: ref.rows_frame = static_cast<uint32_t>(rng() % 4); break;
+        case 3: ref.num_keys = rng() % 2 ? rng() : ref.num_keys + 1; break;
+        case 4: ref.codec = static_cast<uint8_t>(1 + rng() % 12); break;
+        case 5: data.push_back(Floats({1.0f})); break;  // a frame too many
+        case 6:  // a repeated key
+          keys.push_back(keys[0]);
+          rows.resize(keys.size() * 4, 0.5f);
+          data[0] = Keys(keys);
+          if (push) data[1] = Floats(rows);
+          ref.num_keys = keys.size();
+          break;
+        case 7:  // NaN (pushes), or a truncated keys frame
+          if (push) {
+            rows[rng() % rows.size()] = NAN;
+            data[1] = Floats(rows);
+          } else {
+            data[0].size -= 1 + rng() % 8;
+          }
+          break;
+        case 8: ref.rows_frame = ref.keys_frame; break;
+      }
+    }
+    r.rows = {ref};
+    const std::vector<float> before = s.Read(0, it, probe);
+    auto out = s.Send(r, data);
+    ASSERT_EQ(out.size(), 1u);
+    const bool ok = out[0].header.status.ok();
+    // A codec byte of 0..2 may still make a valid payload-less request
+    // fail; a valid request with no mutation always succeeds.
+    if (!mutate) {
+      EXPECT_TRUE(ok) << out[0].header.status.ToString();
+    }
+    if (ok && push) ++applied;
+    if (!ok) {
+      ++rejected;
+      EXPECT_EQ(s.Read(0, it, probe), before) << "iteration " << it;
+      EXPECT_TRUE(out[0].frames.empty());
+    }
+  }
+  EXPECT_GT(applied, 300);
+  EXPECT_GT(rejected, 1000);
+}
+
+}  // namespace
+}  // namespace asyncps::server
+
+namespace asyncps::server {
+namespace {
+
+// Exact de-duplication covers rows as it covers chunks (issue 13 item 1
+// after the merge of issues 12 and 13): a push with rows is applied once,
+// whatever resends and late copies follow, also across a restart.
+std::vector<float> MinusOnce(std::vector<float> v, float step) {
+  for (float& x : v) x -= step;
+  return v;
+}
+
+// A write-back of evicted dirty rows that fails keeps them in the cache: no
+// acknowledged row is lost, the push that needed the room is applied whole
+// (in memory, not acknowledged: Unavailable, the shard degraded), and once
+// the repair checkpoint has stored everything its resend is acknowledged as
+// a duplicate: applied exactly once.
+TEST(ShardSparseTest, FailedWriteBackOfEvictedRowsLosesNothing) {
+  MemStore store;
+  ShardOptions o = Opts();
+  o.sparse.cache_bytes = 16 << 10;  // about 300 rows of 4 floats
+  Sparse s(o, &store);
+  auto keys = [](uint64_t from, uint64_t n) {
+    std::vector<uint64_t> k;
+    for (uint64_t i = 0; i < n; ++i) k.push_back((from + i) * 6151);
+    return k;
+  };
+  const std::vector<float> g(200 * 4, 0.5f);
+  const std::vector<uint64_t> a = keys(0, 200), b = keys(5000, 200);
+  const std::vector<float> acked = MinusOnce(s.Read(0, 0, a), 0.25f);
+  const std::vector<float> b_once = MinusOnce(s.Read(0, 0, b), 0.25f);
+  ASSERT_TRUE(s.PushRows(0, 0, a, g).status.ok());
+  ASSERT_EQ(s.Read(0, 0, a), acked);
+  store.FailWrites(true);
+  for (int i = 0; i < 2; ++i) {  // the push, then its resend
+    ReplyHeader r = s.PushRows(0, 0, b, g, 0, false, /*id=*/77);
+    EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.ToString();
+  }
+  EXPECT_TRUE(s.shard->degraded());
+  store.FailWrites(false);
+  std::vector<OutgoingReply> out;
+  s.now += std::chrono::seconds(10);
+  s.shard->Tick(s.now, &out);
+  ASSERT_FALSE(s.shard->degraded());
+  EXPECT_EQ(s.Read(0, 0, a), acked);
+  ASSERT_TRUE(s.PushRows(0, 0, b, g, 0, false, 77).status.ok());
+  EXPECT_EQ(s.Read(0, 0, b), b_once);
+  store.Reopen();
+  Sparse again(o, &store);
+  EXPECT_EQ(again.Read(0, 0, a), acked);
+  EXPECT_EQ(again.Read(0, 0, b), b_once);
+}
+
+// A store read that fails in the middle of a push (its rows span three
+// slices, most of them only in the store) leaves nothing of the push
+// applied: not the slices read before the failure, not its dense chunk.
+// The push is refused as retryable, not recorded, so its resend (same id)
+// is applied, once; and no row stays held in the cache.
+TEST(ShardSparseTest, FailedReadMidPushAppliesNothing) {
+  MemStore store;
+  ShardOptions o = Opts();
+  o.sparse.cache_bytes = 64 << 10;
+  Sparse s(o, &store);
+  std::vector<uint64_t> keys(3 * sparse::SparseTable::kSliceKeys - 100);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = i * 7919 + 1;
+  const std::vector<float> g(keys.size() * 4, 0.5f);
+  ASSERT_TRUE(s.PushRows(0, 0, keys, g).status.ok());  // rows into the store
+  const std::vector<float> before = s.Read(0, 0, keys);
+  ASSERT_EQ(before, MinusOnce(Init(keys), 0.25f));
+  const uint32_t chunk = s.FirstChunk();
+  const std::vector<float> w0 = *s.shard->weights(chunk);
+  const uint64_t version = s.shard->shard_version();
+
+  store.FailReadsAfter(1);
+  ReplyHeader r = s.PushRows(0, 1, keys, g, 0, /*with_chunk=*/true, /*id=*/9);
+  EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.ToString();
+  EXPECT_NE(r.status.message().find("nothing of it was applied"),
+            std::string::npos)
+      << r.status.ToString();
+  store.FailReadsAfter(-1);
+  EXPECT_FALSE(s.shard->degraded());
+  EXPECT_EQ(s.shard->shard_version(), version);
+  EXPECT_EQ(*s.shard->weights(chunk), w0);
+  EXPECT_EQ(s.Read(0, 1, keys), before);
+  // Nothing held: reading other rows evicts the push's rows down to what
+  // the budget holds (the index keeps its capacity, so count rows).
+  std::vector<uint64_t> other(2000);
+  for (size_t i = 0; i < other.size(); ++i) other[i] = i * 7919 + 2;
+  s.Read(0, 1, other);
+  const sparse::SparseTable& t = s.shard->sparse_tables()->table(0);
+  EXPECT_LE(t.cache_rows() * t.entry_bytes(), o.sparse.cache_bytes);
+
+  // The resend is applied, whole and once.
+  ASSERT_TRUE(s.PushRows(0, 1, keys, g, 0, true, 9).status.ok());
+  ASSERT_TRUE(s.PushRows(0, 1, keys, g, 0, true, 9).status.ok());
+  EXPECT_EQ(s.Read(0, 1, keys), MinusOnce(before, 0.25f));
+  EXPECT_NE(*s.shard->weights(chunk), w0);
+  EXPECT_EQ(s.shard->shard_version(), version + 1);
+}
+
+// BSP: when the rows of a round cannot be read, nothing of the round is
+// applied (its sums are kept, its pulls wait) and the shard applies it,
+// once, at a Tick after the store reads again.
+TEST(ShardSparseTest, FailedReadOfABspRoundIsRetriedWhole) {
+  MemStore store;
+  ShardOptions o = Opts(Consistency::kBsp, 1);
+  o.sparse.cache_bytes = 64 << 10;
+  Sparse s(o, &store);
+  std::vector<uint64_t> keys(2 * sparse::SparseTable::kSliceKeys + 100);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = i * 7919 + 1;
+  const std::vector<float> g(keys.size() * 4, 0.5f);
+  ASSERT_TRUE(s.PushRows(0, 0, keys, g).status.ok());
+  s.Call(s.Clock(0, 1));
+  ASSERT_EQ(s.shard->bsp_round(), 1);
+  const std::vector<float> before = s.Read(0, 1, keys);
+  ASSERT_EQ(before, MinusOnce(Init(keys), 0.25f));
+
+  ASSERT_TRUE(s.PushRows(0, 1, keys, g, 0, /*with_chunk=*/true).status.ok());
+  const uint32_t chunk = s.FirstChunk();
+  const std::vector<float> w0 = *s.shard->weights(chunk);
+  store.FailReadsAfter(1);
+  s.Call(s.Clock(0, 2));
+  EXPECT_EQ(s.shard->bsp_round(), 1);  // not applied
+  std::vector<OutgoingReply> out;
+  s.now += std::chrono::seconds(1);
+  s.shard->Tick(s.now, &out);  // still failing
+  EXPECT_EQ(s.shard->bsp_round(), 1);
+  store.FailReadsAfter(-1);
+  EXPECT_EQ(*s.shard->weights(chunk), w0);
+  EXPECT_EQ(s.Read(0, 1, keys), before);
+  s.now += std::chrono::seconds(1);
+  s.shard->Tick(s.now, &out);
+  ASSERT_EQ(s.shard->bsp_round(), 2);
+  EXPECT_EQ(s.Read(0, 2, keys), MinusOnce(before, 0.25f));
+  EXPECT_NE(*s.shard->weights(chunk), w0);
+  s.now += std::chrono::seconds(1);
+  s.shard->Tick(s.now, &out);  // applied once
+  EXPECT_EQ(s.Read(0, 2, keys), MinusOnce(before, 0.25f));
+}
+
+// Without a store the cache is all the shard has: pushes of ever new keys
+// stop at its budget (ResourceExhausted, nothing applied) instead of growing
+// the shard without limit; rows it holds still take pushes.
+TEST(ShardSparseTest, MemoryOnlyTablesStopAtTheCacheBudget) {
+  ShardOptions o = Opts();
+  o.sparse.cache_bytes = 64 << 10;
+  Sparse s(o);  // no store
+  const std::vector<float> g(64 * 4, 0.5f);
+  std::vector<uint64_t> first;
+  int accepted = 0;
+  ReplyHeader r;
+  for (uint64_t b = 0; b < 100; ++b) {
+    std::vector<uint64_t> keys;
+    for (uint64_t i = 0; i < 64; ++i) keys.push_back(b * 64 + i);
+    r = s.PushRows(0, 0, keys, g);
+    if (!r.status.ok()) break;
+    if (first.empty()) first = keys;
+    ++accepted;
+  }
+  EXPECT_EQ(r.status.code(), StatusCode::kResourceExhausted)
+      << r.status.ToString();
+  EXPECT_GT(accepted, 5);
+  EXPECT_LE(s.shard->sparse_tables()->cache_bytes(), o.sparse.cache_bytes);
+  const std::vector<float> held = s.Read(0, 0, first);
+  ASSERT_TRUE(s.PushRows(0, 0, first, g).status.ok());
+  EXPECT_EQ(s.Read(0, 0, first), MinusOnce(held, 0.25f));
+}
+
+TEST(ShardSparseDedupTest, ResentAndLateRowPushesAreAppliedOnce) {
+  Sparse s(Opts());
+  const std::vector<uint64_t> keys = {3, 1ull << 33, 77};
+  const std::vector<float> g(keys.size() * 4, 0.25f);
+  const std::vector<float> before = s.Read(0, 0, keys);
+  ASSERT_TRUE(s.PushRows(0, 0, keys, g, 0, false, /*id=*/10).status.ok());
+  const std::vector<float> once = s.Read(0, 0, keys);
+  EXPECT_EQ(once, MinusOnce(before, 0.5f * 0.25f));  // SGD, lr 0.5
+  // A resend (same id) and another arrival of it: acknowledged, not applied.
+  for (int i = 0; i < 2; ++i) {
+    ReplyHeader r = s.PushRows(0, 0, keys, g, 0, false, 10);
+    ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  }
+  EXPECT_EQ(s.Read(0, 0, keys), once);
+  EXPECT_EQ(s.shard->counters().duplicate_pushes, 2u);
+  // A push the client has finished with (below done_below) is never applied.
+  ASSERT_TRUE(s.PushRows(0, 0, keys, g, 0, false, 13, /*done_below=*/13)
+                  .status.ok());
+  const std::vector<float> twice = s.Read(0, 0, keys);
+  EXPECT_EQ(twice, MinusOnce(once, 0.5f * 0.25f));
+  ASSERT_TRUE(s.PushRows(0, 0, keys, g, 0, false, 12).status.ok());
+  EXPECT_EQ(s.Read(0, 0, keys), twice);
+  EXPECT_EQ(s.shard->counters().duplicate_pushes, 3u);
+}
+
+TEST(ShardSparseDedupTest, AckedRowPushIsAppliedOnceAfterARestart) {
+  // Durable: every acknowledged push; checkpointed: what the checkpoint
+  // holds. Either way a resend after the restart is a duplicate.
+  for (bool durable : {true, false}) {
+    MemStore store;
+    ShardOptions o = Opts();
+    o.durable = durable;
+    o.sparse.cache_bytes = 1024;  // evictions write rows back meanwhile
+    std::vector<uint64_t> keys;
+    for (uint64_t k = 0; k < 40; ++k) keys.push_back(k * 104729 + 1);
+    const std::vector<float> g(keys.size() * 4, 0.125f);
+    std::vector<float> acked;
+    {
+      Sparse s(o, &store);
+      ASSERT_TRUE(s.PushRows(0, 0, keys, g, 0, false, 10).status.ok());
+      ASSERT_TRUE(s.PushRows(0, 0, keys, g, 0, false, 11).status.ok());
+      if (!durable) {
+        ASSERT_TRUE(s.shard->Checkpoint().ok());
+      }
+      acked = s.Read(0, 0, keys);
+    }
+    store.Reopen();  // kill -9
+    Sparse again(o, &store);
+    ASSERT_EQ(again.Read(0, 0, keys), acked) << "durable " << durable;
+    for (uint64_t id : {11, 10}) {
+      ReplyHeader r = again.PushRows(0, 0, keys, g, 0, false, id);
+      ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+    }
+    EXPECT_EQ(again.Read(0, 0, keys), acked) << "durable " << durable;
+    EXPECT_EQ(again.shard->counters().duplicate_pushes, 2u);
+  }
+}
+
+TEST(ShardSparseDedupTest, RowPushWhoseWriteFailedIsAckedOnlyOnceStored) {
+  MemStore store;
+  ShardOptions o = Opts();
+  o.durable = true;
+  const std::vector<uint64_t> keys = {8, 9, 10, 11};
+  const std::vector<float> g(keys.size() * 4, 0.5f);
+  Sparse s(o, &store);
+  const std::vector<float> before = s.Read(0, 0, keys);
+  store.FailWrites(true);
+  ReplyHeader r = s.PushRows(0, 0, keys, g, 0, false, 20);
+  EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.ToString();
+  // Retries while nothing can be stored: no acknowledgement.
+  r = s.PushRows(0, 0, keys, g, 0, false, 20);
+  EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.ToString();
+  EXPECT_TRUE(s.shard->degraded());
+  std::vector<OutgoingReply> out;
+  store.FailWrites(false);
+  s.now += std::chrono::seconds(10);
+  s.shard->Tick(s.now, &out);  // the repair checkpoint stores the rows
+  ASSERT_FALSE(s.shard->degraded());
+  r = s.PushRows(0, 0, keys, g, 0, false, 20);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  const std::vector<float> once = MinusOnce(before, 0.5f * 0.5f);
+  EXPECT_EQ(s.Read(0, 0, keys), once);
+  store.Reopen();
+  Sparse again(o, &store);
+  EXPECT_EQ(again.Read(0, 0, keys), once);
+  ASSERT_TRUE(again.PushRows(0, 0, keys, g, 0, false, 20).status.ok());
+  EXPECT_EQ(again.Read(0, 0, keys), once);
+}
+
+}  // namespace
+}  // namespace asyncps::server
+
+namespace asyncps::server {
+namespace {
+
+double Sample(const std::string& text, const std::string& series) {
+  const size_t at = text.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::atof(text.c_str() + at + series.size() + 2);
+}
+
+// The shard's metrics carry each table's counters and RocksDB's own
+// figures (a real RocksDB in a temporary folder).
+TEST(ShardSparseTest, MetricsFollowTheTablesAndRocksDb) {
+  char tmpl[] = "/tmp/asyncps_sparse_metrics_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  {
+    RocksDbStoreOptions so;
+    so.path = dir + "/db";
+    auto store = OpenRocksDbStore(so);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    ShardOptions o = Opts();
+    o.durable = true;
+    o.sparse.cache_bytes = 1024;  // a few rows: evictions write back
+    Sparse s(o, store->get());
+    std::vector<uint64_t> keys;
+    for (uint64_t k = 0; k < 64; ++k) keys.push_back(k * 1000003);
+    std::vector<float> g(64 * 4, 0.25f);
+    ASSERT_TRUE(s.PushRows(0, 0, keys, g).status.ok());
+    ASSERT_TRUE(s.PushRows(0, 1, keys, g).status.ok());
+    EXPECT_EQ(s.Read(0, 2, keys).size(), 64u * 4);
+    ASSERT_TRUE(s.shard->Checkpoint().ok());
+
+    metrics::Registry registry;
+    ServerMetricsOptions mo;
+    mo.publish_every = std::chrono::milliseconds(0);
+    ServerMetrics m(&registry, 1, mo);
+    m.Publish(*s.shard, s.now);
+    const std::string text = registry.Render();
+    const sparse::SparseTable& t = s.shard->sparse_tables()->table(0);
+    const sparse::TableCounters& c = t.counters();
+    const std::string emb = "{table=\"emb\"}";
+    EXPECT_EQ(c.rows_pushed, 128u);
+    EXPECT_EQ(Sample(text, "asyncps_shard_table_pushed_rows_total" + emb), 128);
+    EXPECT_EQ(Sample(text, "asyncps_shard_table_pulled_rows_total" + emb), 64);
+    EXPECT_GT(c.evictions, 0u);
+    EXPECT_EQ(Sample(text, "asyncps_shard_table_evictions_total" + emb),
+              static_cast<double>(c.evictions));
+    EXPECT_EQ(Sample(text, "asyncps_shard_table_cache_hits_total" + emb) +
+                  Sample(text, "asyncps_shard_table_cache_misses_total" + emb),
+              static_cast<double>(c.hits + c.misses));
+    EXPECT_EQ(Sample(text, "asyncps_shard_table_cache_rows" + emb),
+              static_cast<double>(t.cache_rows()));
+    EXPECT_EQ(Sample(text, "asyncps_shard_row_cache_budget_bytes"), 1024);
+    // RocksDB's own counters: the durable pushes went through its WAL.
+    const StoreStats st = (*store)->GetStoreStats();
+    EXPECT_GT(st.bytes_written, 64u * 4 * 4);
+    EXPECT_GT(st.wal_bytes, 0u);
+    EXPECT_EQ(Sample(text, "asyncps_shard_rocksdb_written_bytes_total"),
+              static_cast<double>(st.bytes_written));
+    EXPECT_EQ(Sample(text, "asyncps_shard_rocksdb_wal_bytes_total"),
+              static_cast<double>(st.wal_bytes));
+    EXPECT_GE(Sample(text, "asyncps_shard_rocksdb_memtable_bytes"), 0);
+    EXPECT_GE(Sample(text, "asyncps_shard_rocksdb_compaction_write_bytes_total"),
+              0);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace asyncps::server

@@ -1,0 +1,163 @@
+// Store: key spaces, MultiGet, batches and preserved cuts, on RocksDB in a
+// temp dir and on MemStore (same contract).
+#include "server/store/store.h"
+#include "tests/util/process.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+namespace asyncps::server {
+namespace {
+
+using asyncps::testing::TempDir;
+
+std::map<std::string, std::string> Get(Store& s, SpaceId space,
+                                       const std::vector<std::string>& keys) {
+  std::vector<std::string_view> views(keys.begin(), keys.end());
+  std::map<std::string, std::string> out;
+  Status st = s.MultiGet(space, views.data(), views.size(),
+                         [&](size_t i, std::string_view v) {
+                           out[keys[i]] = std::string(v);
+                         });
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return out;
+}
+
+std::map<std::string, std::string> ScanAll(Store& s) {
+  std::map<std::string, std::string> out;
+  EXPECT_TRUE(s.Scan([&](std::string_view k, std::string_view v) {
+                 out[std::string(k)] = std::string(v);
+                 return Status::OK();
+               }).ok());
+  return out;
+}
+
+// Puts key -> value into `space` and the default-space entry d -> value in
+// one atomic write.
+Status Put(Store& s, SpaceId space, const std::string& key,
+           const std::string& value, WriteKind kind) {
+  auto b = s.NewBatch();
+  b->Put(space, key, value.substr(0, 2), value.substr(2));
+  StoreEntry e;
+  e.key = "d";
+  e.head = value;
+  return s.Write({e}, b.get(), SyncMode::kNoSync, kind);
+}
+
+TEST(StoreTest, RocksDbSpacesMultiGetAndCutsSurviveReopen) {
+  TempDir dir;
+  RocksDbStoreOptions o;
+  o.path = dir.Sub("db");
+  SpaceId a, b;
+  {
+    auto s = std::move(OpenRocksDbStore(o)).value();
+    a = *s->OpenSpace("rows/a");
+    b = *s->OpenSpace("rows/b");
+    EXPECT_NE(a, b);
+    EXPECT_EQ(*s->OpenSpace("rows/a"), a);
+    ASSERT_TRUE(Put(*s, a, "k1", "cut-1", WriteKind::kCut).ok());
+    ASSERT_TRUE(Put(*s, b, "k1", "other", WriteKind::kCut).ok());
+    auto got = Get(*s, a, {"k1", "k2"});
+    EXPECT_EQ(got.size(), 1u);
+    EXPECT_EQ(got["k1"], "cut-1");
+    EXPECT_EQ(Get(*s, b, {"k1"})["k1"], "other");
+    // The default space does not see the key spaces.
+    EXPECT_EQ(ScanAll(*s).size(), 1u);
+    // Deletes in a batch.
+    auto batch = s->NewBatch();
+    batch->Delete(b, "k1");
+    ASSERT_TRUE(s->Write({}, batch.get(), SyncMode::kNoSync, WriteKind::kCut)
+                    .ok());
+    EXPECT_TRUE(Get(*s, b, {"k1"}).empty());
+    // A partial write after the cut: preserved, and then "kill -9".
+    ASSERT_TRUE(Put(*s, a, "k1", "partial", WriteKind::kPartial).ok());
+    ASSERT_TRUE(Put(*s, a, "k2", "partial", WriteKind::kPartial).ok());
+    EXPECT_EQ(Get(*s, a, {"k1"})["k1"], "partial");
+    EXPECT_TRUE(std::filesystem::exists(o.path + ".cut"));
+  }
+  {
+    // Reopening rolls back to the cut: the partial writes are gone.
+    auto s = std::move(OpenRocksDbStore(o)).value();
+    a = *s->OpenSpace("rows/a");
+    auto got = Get(*s, a, {"k1", "k2"});
+    EXPECT_EQ(got.size(), 1u);
+    EXPECT_EQ(got["k1"], "cut-1");
+    EXPECT_EQ(ScanAll(*s)["d"], "other");  // the last cut's
+    EXPECT_FALSE(std::filesystem::exists(o.path + ".cut"));
+    // Partial, then a cut: the cut wins and the preserved copy goes.
+    ASSERT_TRUE(Put(*s, a, "k1", "partial-2", WriteKind::kPartial).ok());
+    ASSERT_TRUE(Put(*s, a, "k2", "cut-2", WriteKind::kCut).ok());
+    EXPECT_FALSE(std::filesystem::exists(o.path + ".cut"));
+  }
+  {
+    auto s = std::move(OpenRocksDbStore(o)).value();
+    a = *s->OpenSpace("rows/a");
+    auto got = Get(*s, a, {"k1", "k2"});
+    EXPECT_EQ(got["k1"], "partial-2");
+    EXPECT_EQ(got["k2"], "cut-2");
+  }
+}
+
+TEST(StoreTest, MarkedStoreWithoutItsCutIsCorruption) {
+  TempDir dir;
+  RocksDbStoreOptions o;
+  o.path = dir.Sub("db");
+  {
+    auto s = std::move(OpenRocksDbStore(o)).value();
+    SpaceId a = *s->OpenSpace("x");
+    ASSERT_TRUE(Put(*s, a, "k", "v1", WriteKind::kCut).ok());
+    ASSERT_TRUE(Put(*s, a, "k", "v2", WriteKind::kPartial).ok());
+  }
+  std::filesystem::remove_all(o.path + ".cut");
+  auto s = OpenRocksDbStore(o);
+  EXPECT_EQ(s.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(s.status().message().find("preserved cut"), std::string::npos);
+}
+
+TEST(StoreTest, ExpiryDropsOldRecordsOnCompaction) {
+  TempDir dir;
+  RocksDbStoreOptions o;
+  o.path = dir.Sub("db");
+  auto s = std::move(OpenRocksDbStore(o)).value();
+  SpaceId a = *s->OpenSpace("x");
+  auto batch = s->NewBatch();
+  for (int64_t clock = 0; clock < 10; ++clock) {
+    std::string head(8, '\0');
+    std::memcpy(head.data(), &clock, 8);
+    batch->Put(a, "key" + std::to_string(clock), head, "body");
+  }
+  ASSERT_TRUE(s->Write({}, batch.get(), SyncMode::kNoSync, WriteKind::kCut).ok());
+  s->SetSpaceExpiry(a, 0, 6);
+  ASSERT_TRUE(s->CompactSpace(a).ok());
+  std::vector<std::string> keys;
+  for (int i = 0; i < 10; ++i) keys.push_back("key" + std::to_string(i));
+  auto got = Get(*s, a, keys);
+  EXPECT_EQ(got.size(), 4u);
+  EXPECT_EQ(got.count("key5"), 0u);
+  EXPECT_EQ(got.count("key6"), 1u);
+  SpaceStats st = s->GetSpaceStats(a);
+  EXPECT_EQ(st.estimated_keys, 4u);
+  EXPECT_GT(st.disk_bytes, 0u);
+}
+
+TEST(StoreTest, MemStoreHasTheSameCutSemantics) {
+  MemStore s;
+  SpaceId a = *s.OpenSpace("a");
+  ASSERT_TRUE(Put(s, a, "k", "cut-1", WriteKind::kCut).ok());
+  ASSERT_TRUE(Put(s, a, "k", "partial", WriteKind::kPartial).ok());
+  EXPECT_EQ(Get(s, a, {"k"})["k"], "partial");
+  s.Reopen();
+  EXPECT_EQ(Get(s, a, {"k"})["k"], "cut-1");
+  EXPECT_EQ(ScanAll(s)["d"], "cut-1");
+  ASSERT_TRUE(Put(s, a, "k", "partial", WriteKind::kPartial).ok());
+  ASSERT_TRUE(Put(s, a, "j", "cut-2", WriteKind::kCut).ok());
+  s.Reopen();
+  EXPECT_EQ(Get(s, a, {"k"})["k"], "partial");
+  EXPECT_EQ(s.GetSpaceStats(a).estimated_keys, 2u);
+}
+
+}  // namespace
+}  // namespace asyncps::server
