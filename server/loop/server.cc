@@ -39,7 +39,10 @@ void Server::UpdateView() {
     membership_->AddBackup(joined);
   }
   for (const std::string& broken : replicator_->TakeBroken()) {
-    membership_->DropBackup(broken);
+    membership_->DropBackup(broken, /*silent=*/false);
+  }
+  for (const std::string& silent : replicator_->TakeSilent()) {
+    membership_->DropBackup(silent, /*silent=*/true);
   }
   if (uint64_t epoch =
           replicator_->PrimarySuspected(std::chrono::steady_clock::now())) {

@@ -208,6 +208,7 @@ Status Membership::Step(SteadyClock::time_point now) {
       listed_in(g, name_) && (g.incarnations.count(name_) == 0 ||
                               g.incarnations.at(name_) == incarnation_);
 
+  const bool was_primary = g.primary == name_ && me_listed;
   bool change = false;   // roles changed: a new epoch
   bool bind = false;     // only incarnations bound
   if (me_listed && g.incarnations.count(name_) == 0) {
@@ -251,21 +252,26 @@ Status Membership::Step(SteadyClock::time_point now) {
     }
   } else if (me_listed && g.primary == name_) {
     std::vector<std::string> keep;
-    std::vector<std::string> broken;
+    std::vector<std::pair<std::string, bool>> broken;
     {
       std::lock_guard<std::mutex> l(mu_);
       broken.swap(drop_backups_);
     }
     for (const std::string& b : g.backups) {
       auto it = alive.find(b);
-      if (it != alive.end() &&
-          std::find(broken.begin(), broken.end(), it->second.endpoint) !=
-              broken.end()) {
-        // It failed an update: it is copied to afresh as a spare.
+      auto drop = it == alive.end()
+                      ? broken.end()
+                      : std::find_if(broken.begin(), broken.end(),
+                                     [&](const auto& d) {
+                                       return d.first == it->second.endpoint;
+                                     });
+      if (drop != broken.end()) {
         LOG(WARNING) << "backup " << b << " of group " << options_.group
-                     << " diverged: dropped (epoch " << layout.epoch + 1
-                     << "), to be copied to again";
+                     << (drop->second ? " is silent" : " diverged")
+                     << ": dropped (epoch " << layout.epoch + 1 << ")";
         ++counters_.backups_dropped;
+        if (drop->second && g.incarnations.count(b))
+          deposed_[b] = {g.incarnations.at(b), now};
         g.incarnations.erase(b);
         change = true;
         continue;
@@ -334,7 +340,7 @@ Status Membership::Step(SteadyClock::time_point now) {
       add_backups_.insert(add_backups_.end(), add.begin(), add.end());
       return Status::OK();  // someone else changed it: read again next time
     }
-    if (change && g.primary == name_) ++counters_.promotions;
+    if (change && g.primary == name_ && !was_primary) ++counters_.promotions;
   }
   const bool me_now = listed_in(g, name_) &&
                       (g.incarnations.count(name_) == 0 ||
@@ -394,9 +400,9 @@ void Membership::SuspectPrimary(uint64_t epoch) {
   suspect_epoch_ = std::max(suspect_epoch_, epoch);
 }
 
-void Membership::DropBackup(const std::string& endpoint) {
+void Membership::DropBackup(const std::string& endpoint, bool silent) {
   std::lock_guard<std::mutex> l(mu_);
-  drop_backups_.push_back(endpoint);
+  drop_backups_.emplace_back(endpoint, silent);
 }
 
 void Membership::AddBackup(const std::string& endpoint) {

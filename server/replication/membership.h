@@ -106,10 +106,12 @@ class Membership {
   // as gone at the next step, as if its lease had ended.
   void SuspectPrimary(uint64_t epoch);
 
-  // Primary: the backup at `endpoint` answered an update with an error
-  // (it diverged): drop it from the layout, so it is copied to again as a
-  // spare and never promoted with what it lacks.
-  void DropBackup(const std::string& endpoint);
+  // Primary: the backup at `endpoint` answered an update with an error (it
+  // diverged), or answered nothing for a while (`silent`: gone or cut off):
+  // drop it from the layout, so it is never promoted with what it lacks. A
+  // diverged one is copied to again as a spare at once, a silent one once
+  // its member key has outlived its lease (it is alive after all).
+  void DropBackup(const std::string& endpoint, bool silent);
 
   // Primary: asks for the spare at `endpoint` (whose state it copied) to be
   // listed as a backup of its group; done by the thread's next step.
@@ -153,7 +155,8 @@ class Membership {
   bool view_changed_ = false;     // GUARDED_BY(mu_)
   std::vector<std::string> add_backups_;  // GUARDED_BY(mu_): endpoints
   uint64_t suspect_epoch_ = 0;            // GUARDED_BY(mu_)
-  std::vector<std::string> drop_backups_;  // GUARDED_BY(mu_): endpoints
+  // GUARDED_BY(mu_): endpoints to drop, and whether each was silent.
+  std::vector<std::pair<std::string, bool>> drop_backups_;
   std::thread thread_;
 };
 

@@ -24,6 +24,9 @@ struct Replicator::Backup {
   uint64_t snapshot_seq = 0;
   bool broken = false;  // left an update unapplied: holds until dropped
   std::chrono::steady_clock::time_point sent_at{};  // last message sent
+  // When it last acknowledged anything; set when it is connected.
+  std::chrono::steady_clock::time_point acked_at = std::chrono::steady_clock::now();
+  bool silent = false;  // reported (broken_) for not answering
 };
 
 namespace {
@@ -80,7 +83,7 @@ Status Replicator::SetView(const ReplicaView& view,
   // connect to new backups.
   std::vector<std::unique_ptr<Backup>> next;
   for (auto& b : backups_) {
-    if (b && !b->broken &&
+    if (b && !b->broken && !b->silent &&
         std::find(view.spare_endpoints.begin(), view.spare_endpoints.end(),
                   b->endpoint) != view.spare_endpoints.end())
       next.push_back(std::move(b));
@@ -274,6 +277,7 @@ void Replicator::Poll(std::vector<OutgoingReply>* out) {
         continue;
       }
       if (r.id > b->acked && r.id < next_seq_) b->acked = r.id;
+      b->acked_at = now;
       if (b->joining && b->acked >= b->snapshot_seq) {
         b->joining = false;
         ++counters_.spares_joined;
@@ -282,6 +286,24 @@ void Replicator::Poll(std::vector<OutgoingReply>* out) {
                   << " installed the snapshot: it is a backup now";
       }
       any = true;
+    }
+  }
+  // A backup that answered nothing (it is pinged every ping_every) for
+  // suspect_after while updates wait on it is gone or cut off: the layout
+  // drops it (it comes back as a spare), so the replies it holds are
+  // released without waiting for its etcd lease to end.
+  if (view_.primary && options_.suspect_after.count() > 0) {
+    for (auto& b : backups_) {
+      if (b->joining || b->broken || b->silent || b->socket == nullptr ||
+          b->acked + 1 >= next_seq_ || now - b->acked_at < options_.suspect_after)
+        continue;
+      b->silent = true;
+      LOG(WARNING) << "backup " << b->endpoint << " silent for "
+                   << std::chrono::duration_cast<std::chrono::milliseconds>(
+                          now - b->acked_at)
+                          .count()
+                   << " ms: asking etcd to drop it";
+      silent_.push_back(b->endpoint);
     }
   }
   // Spares whose snapshot failed.
@@ -321,6 +343,12 @@ std::vector<std::string> Replicator::TakeJoiners(TimePoint now) {
 std::vector<std::string> Replicator::TakeBroken() {
   std::vector<std::string> out;
   out.swap(broken_);
+  return out;
+}
+
+std::vector<std::string> Replicator::TakeSilent() {
+  std::vector<std::string> out;
+  out.swap(silent_);
   return out;
 }
 

@@ -149,6 +149,10 @@ class Replicator {
   // Backups that failed an update since the last call (for Membership to
   // drop: until then the replies wait).
   std::vector<std::string> TakeBroken();
+  // Backups that answered nothing, pings included, for suspect_after while
+  // updates waited on them (gone or cut off), since the last call: for
+  // Membership to drop without waiting for their leases.
+  std::vector<std::string> TakeSilent();
   // Spare side: OK when a kSnapshot request may be installed.
   Status CheckSnapshot(const RequestHeader& req);
   // Spare side: a snapshot of `epoch` was installed; kReplicate requests of
@@ -188,6 +192,7 @@ class Replicator {
   std::vector<std::pair<std::string, TimePoint>> offered_;
   std::vector<std::string> joined_;  // TakeJoined()
   std::vector<std::string> broken_;  // TakeBroken()
+  std::vector<std::string> silent_;  // TakeSilent()
   uint64_t joined_epoch_ = 0;        // spare side: 0 = no snapshot installed
   // Backup side: when the primary of `heard_epoch_` was last heard from.
   TimePoint heard_at_{};
