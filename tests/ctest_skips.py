@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Skip report of one ctest run, from its JUnit file (ctest --output-junit):
 how many tests ctest counted as Skipped, and why, then the test cases that were
-skipped inside tests that otherwise ran. run_tests.sh prints it after each
+skipped inside tests that otherwise ran, then what the fleet tests that passed
+say they ran (their `launch.<name>: ...` lines: steps, hosts, seconds). run_tests.sh prints it after each
 ctest stage, below ctest's own summary line (which it leaves alone).
 
 The reason is what the test printed: `SKIP: <test>: <reason>` lines (the Python
@@ -15,6 +16,7 @@ import sys
 import xml.etree.ElementTree as ET
 
 GTEST_SKIP = re.compile(r": Skipped\n(.*)")
+RAN = re.compile(r"^launch\.\w+: .*")  # tests/unittest_main.py note() lines
 SHOW_NAMES = 4  # names listed per reason before "+N more"
 
 
@@ -41,7 +43,7 @@ def main(stage, path):
     except (OSError, ET.ParseError) as e:
         print("run_tests: %s: no skip report (%s)" % (stage, e))
         return 0
-    total, skipped, inner = 0, {}, []
+    total, skipped, inner, ran = 0, {}, [], []
     for case in cases:
         total += 1
         out = case.findtext("system-out") or ""
@@ -50,6 +52,7 @@ def main(stage, path):
             skipped.setdefault(reason(case, out), []).append(name)
         elif case.get("status") == "run":
             inner += ["%s: %s" % (name, l) for l in skip_lines(out)]
+            ran += [l.strip() for l in out.splitlines() if RAN.match(l)]
     n = sum(len(v) for v in skipped.values())
     print("run_tests: %s: %d of %d tests skipped%s" % (stage, n, total, ":" if n else ""))
     for why, names in sorted(skipped.items(), key=lambda kv: -len(kv[1])):
@@ -61,6 +64,10 @@ def main(stage, path):
         print("run_tests: %s: %d test case%s skipped inside tests that ran:"
               % (stage, len(inner), "" if len(inner) == 1 else "s"))
         for line in inner:
+            print("  " + line)
+    if ran:
+        print("run_tests: %s: what the fleet tests ran:" % stage)
+        for line in ran:
             print("  " + line)
     return 0
 
