@@ -272,6 +272,8 @@ Rate RawMeasure(bool push, size_t bytes, int inflight, bool two_processes) {
 }
 
 // ---- ps_server ------------------------------------------------------------
+// A child process (ps_server, etcd) with its temp folder: SIGTERM, reaped
+// and the folder removed when it goes.
 struct ServerProcess {
   pid_t pid = -1;
   std::string endpoint;
@@ -291,6 +293,21 @@ struct ServerProcess {
 struct CurveKeys {
   std::string server_public, server_secret, client_public, client_secret;
 };
+
+// Forks and execs args[0] with its stderr and stdout in `log`.
+pid_t Spawn(std::vector<std::string> args, const std::string& log) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    freopen(log.c_str(), "w", stderr);
+    freopen(log.c_str(), "a", stdout);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
 
 StatusOr<std::unique_ptr<ServerProcess>> StartServer(const std::string& bin, bool transport_only,
                                                      const CurveKeys* curve = nullptr,
@@ -319,16 +336,7 @@ StatusOr<std::unique_ptr<ServerProcess>> StartServer(const std::string& bin, boo
     args.push_back("--curve_secret_key=" + curve->server_secret);
     args.push_back("--curve_allowed_clients=" + (p->dir / "allowed").string());
   }
-  pid_t pid = fork();
-  if (pid == 0) {
-    std::string log = (p->dir / "server.log").string();
-    freopen(log.c_str(), "w", stderr);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(bin.c_str(), argv.data());
-    _exit(127);
-  }
+  const pid_t pid = Spawn(args, (p->dir / "server.log").string());
   p->pid = pid;
   for (int i = 0; i < 1000; ++i) {
     std::ifstream f(ready);
@@ -433,20 +441,7 @@ Rate MemcpyMeasure(size_t bytes, int inflight) {
 
 // ---- --replicas ------------------------------------------------------------
 // A local etcd (one member, 1 s leases as psrun starts it) for the groups.
-struct EtcdProcess {
-  pid_t pid = -1;
-  std::string endpoint;
-  std::filesystem::path dir;
-  ~EtcdProcess() {
-    if (pid > 0) {
-      kill(pid, SIGTERM);
-      int st;
-      waitpid(pid, &st, 0);
-    }
-    std::error_code ec;
-    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
-  }
-};
+using EtcdProcess = ServerProcess;
 
 int FreePort() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -482,18 +477,7 @@ StatusOr<std::unique_ptr<EtcdProcess>> StartEtcd() {
                                    "--initial-cluster=default=http://127.0.0.1:" +
                                        std::to_string(peer),
                                    "--heartbeat-interval=50", "--election-timeout=250"};
-  pid_t pid = fork();
-  if (pid == 0) {
-    std::string log = (e->dir / "etcd.log").string();
-    freopen(log.c_str(), "w", stderr);
-    freopen(log.c_str(), "a", stdout);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(bin, argv.data());
-    _exit(127);
-  }
-  e->pid = pid;
+  e->pid = Spawn(args, (e->dir / "etcd.log").string());
   return e;  // the servers retry until it answers
 }
 
