@@ -483,6 +483,8 @@ class Fleet:
             self.log("psrun: stopping %s" % ", ".join(m.name for m in running))
         for m in running:
             m.proc.signal(signal.SIGTERM)
+        if self.pids_pending:
+            self.write_pids()  # remote PIDs that signal() waited for
         deadline = time.time() + self.o.grace
         while time.time() < deadline and any(
                 m.proc.poll() is None or m.proc.group_alive() for m in running):

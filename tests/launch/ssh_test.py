@@ -126,7 +126,13 @@ class SshTest(u.LaunchTestCase):
         try:
             self.assertTrue(u.wait_log(os.path.join(self.run_dir, "worker-0.log"), "step 10/",
                                        timeout=60), self.output())
+            # Every ssh client has reported its remote PID (worker-1 may start later
+            # than worker-0 reaches step 10 on a slow machine).
+            deadline = time.time() + 30
             doc = u.read_pids(self.run_dir, want=4)
+            while len(self.remote_pids(doc)) < 4 and time.time() < deadline:
+                time.sleep(0.1)
+                doc = u.read_pids(self.run_dir, want=4)
             os.kill(psrun.pid, signal.SIGTERM)
             rc = psrun.wait(timeout=60)
         finally:
