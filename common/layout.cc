@@ -162,13 +162,48 @@ StatusOr<Layout> Layout::Create(std::vector<TensorSpec> tensors,
     l.chunks_[id].shard = best.second;
     least.push({best.first + l.chunks_[id].num_elems, best.second});
   }
+  l.num_shards_ = S;
   l.shard_chunks_.resize(S);
   for (const ChunkSpec& c : l.chunks_) l.shard_chunks_[c.shard].push_back(c.id);
   return l;
 }
 
+StatusOr<Layout> Layout::WithOwners(const std::vector<int>& owners,
+                                    int num_shards) const {
+  if (num_shards < 1 || num_shards > 4096) {
+    return Status::InvalidArgument("num_shards " + std::to_string(num_shards) +
+                                   " not in [1, 4096]");
+  }
+  if (owners.size() != chunks_.size()) {
+    return Status::InvalidArgument(
+        "owners name " + std::to_string(owners.size()) + " chunks, the layout has " +
+        std::to_string(chunks_.size()));
+  }
+  for (size_t i = 0; i < owners.size(); ++i) {
+    if (owners[i] < 0 || owners[i] >= num_shards) {
+      return Status::InvalidArgument("chunk " + std::to_string(i) + " owned by shard " +
+                                     std::to_string(owners[i]) + ", not in [0, " +
+                                     std::to_string(num_shards) + ")");
+    }
+  }
+  Layout l = *this;
+  l.num_shards_ = num_shards;
+  l.shard_chunks_.assign(num_shards, {});
+  for (ChunkSpec& c : l.chunks_) {
+    c.shard = owners[c.id];
+    l.shard_chunks_[c.shard].push_back(c.id);
+  }
+  return l;
+}
+
+std::vector<int> Layout::Owners() const {
+  std::vector<int> owners(chunks_.size());
+  for (const ChunkSpec& c : chunks_) owners[c.id] = c.shard;
+  return owners;
+}
+
 std::vector<uint64_t> Layout::ShardBytes() const {
-  std::vector<uint64_t> bytes(options_.num_shards, 0);
+  std::vector<uint64_t> bytes(num_shards_, 0);
   for (const ChunkSpec& c : chunks_)
     bytes[c.shard] += c.num_elems * sizeof(float);
   return bytes;

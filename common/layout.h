@@ -89,8 +89,17 @@ class Layout {
 
   const std::vector<TensorSpec>& tensors() const { return tensors_; }
   const std::vector<ChunkSpec>& chunks() const { return chunks_; }
+  // The options the chunks were cut by (options().num_shards is the shard
+  // count of the first layout, which fixed the cut; num_shards() is now's).
   const LayoutOptions& options() const { return options_; }
-  int num_shards() const { return options_.num_shards; }
+  int num_shards() const { return num_shards_; }
+  // Elastic shards (server/elastic/): the same chunks, owned as `owners`
+  // says (one shard index per chunk id, each in [0, num_shards)).
+  // InvalidArgument when the sizes or an index do not fit.
+  StatusOr<Layout> WithOwners(const std::vector<int>& owners,
+                              int num_shards) const;
+  // The owner of every chunk, by chunk id.
+  std::vector<int> Owners() const;
 
   // Chunks of one tensor, in offset order.
   const std::vector<uint32_t>& tensor_chunks(uint32_t tensor) const {
@@ -113,6 +122,7 @@ class Layout {
   std::vector<std::vector<uint32_t>> tensor_chunks_;
   std::vector<std::vector<uint32_t>> shard_chunks_;
   LayoutOptions options_;
+  int num_shards_ = 1;
   uint64_t total_elems_ = 0;
 };
 

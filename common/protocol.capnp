@@ -79,6 +79,11 @@ struct Push {
   clock @0 :Int64;           # the pushing worker's clock (iterations done)
   chunks @1 :List(ChunkRef);
   rows @2 :List(RowsRef);    # row gradients, at most one entry per table
+  lr @3 :Float32;            # > 0: the learning rate the worker sets (e.g. a
+                             # torch.optim.lr_scheduler's), used by this and
+                             # later updates in place of the server's --lr and
+                             # schedule; at most the server's --max_lr, else
+                             # refused. 0 = not set (the server's schedule).
 }
 
 struct Pull {
@@ -109,6 +114,25 @@ struct AttachShm {
 
 struct Clock {
   clock @0 :Int64;           # the worker's new clock
+  lr @1 :Float32;            # as Push.lr (BSP: the lr of the round applied
+                             # when this clock completes it)
+}
+
+# Upload of values (server/shard/shard_assign.cc): fine-tuning from a
+# worker's weights, ps.load_state_dict(). Per shard: a `begin` claims the
+# shard's upload for (rank, incarnation, upload); the reply's `created` is
+# true when the sender holds the claim (it sends its values), false when the
+# shard's values are final (an upload was committed, or updates applied:
+# the sender pulls them); Unavailable while another live claimant uploads
+# (the client retries: it waits). `values` requests of the claimant carry
+# raw fp32 weights of whole chunks owned by the shard (codec 0); `commit`
+# makes them final (optimizer state of every chunk reset). A claim whose
+# worker stops talking (worker timeout) or restarts may be taken over.
+struct Assign {
+  upload @0 :UInt64;         # random, != 0: one per upload
+  phase @1 :UInt8;           # 0 begin, 1 values, 2 commit
+  chunks @2 :List(ChunkRef); # values: one per data frame
+  overwrite @3 :Bool;        # begin: claim even final values (a restore)
 }
 
 # Replication (server/replication/): a primary hands a request it applied to
@@ -137,6 +161,33 @@ struct Snapshot {
   last @6 :Bool;             # the snapshot's last piece
 }
 
+# Elastic shards (server/elastic/): ps_ctl moves chunks between shards while
+# training runs: copy, then flip ownership by epoch, with etcd the record of
+# the flip. Tools only (rank -1, from loopback or the admin address). Ops
+# (asyncps::MigrateOp):
+#   describe: text = the shard's elastic state as JSON (epoch, owners, chunk
+#             sizes, clocks, frozen, drained).
+#   freeze:   toward layout `epoch`: pushes of clock >= atClock and clocks
+#             > atClock are refused (retry shortly) until adopt or abort, or
+#             until deadlineMs passes (then etcd decides); atClock -1 refuses
+#             every push and clock. FailedPrecondition when a worker is
+#             already past atClock.
+#   export:   frozen and drained only: frame 1 the layout record, frame 2
+#             the shard state record, frames 3.. the records of `chunks`.
+#   import:   the same frames: stages the chunks (registers the layout on an
+#             empty shard) for layout `epoch`.
+#   adopt:    `doc` (epoch, servers, owners) becomes the layout: staged
+#             chunks are installed, others dropped, pushes flow again.
+#   abort:    staged chunks dropped, pushes flow again under the old layout.
+struct Migrate {
+  op @0 :UInt8;              # asyncps::MigrateOp
+  epoch @1 :UInt64;          # the layout epoch proposed
+  atClock @2 :Int64;         # freeze
+  deadlineMs @3 :UInt32;     # freeze
+  chunks @4 :List(UInt32);   # export, import: chunk ids
+  doc @5 :Text;              # adopt: the elastic layout document (JSON)
+}
+
 struct Request {
   version @0 :UInt16;
   id @1 :UInt64;             # unique per (rank, incarnation); replies echo it
@@ -154,11 +205,15 @@ struct Request {
     attachShm @13 :AttachShm;
     replicate @14 :Replicate;
     snapshot @15 :Snapshot;
+    assign @17 :Assign;
+    migrate @16 :Migrate;
   }
   doneBelow @12 :UInt64;     # pushes: every earlier push (lower id) of this
                              # client to this shard has been answered or given
                              # up and will not be sent again; 0 = unknown.
                              # Lets the shard apply each push exactly once.
+  layoutEpoch @18 :UInt64;   # push, pull: the elastic layout epoch the
+                             # client routed it by (0 = static)
 }
 
 struct Reply {
@@ -187,4 +242,9 @@ struct Reply {
                              # server knows it ("" = unknown)
   epoch @16 :UInt64;         # the layout epoch this server serves under
                              # (0 = a static fleet)
+  layoutDoc @17 :Text;       # refused because the request's layoutEpoch is
+                             # not this shard's: its layout document (JSON:
+                             # epoch, servers, owners), to route by and resend
+  retryMs @18 :UInt32;       # Unavailable: ask again after this many ms
+                             # (0: the client's own backoff)
 }

@@ -40,6 +40,10 @@ const char* RequestKindName(RequestKind kind) {
       return "replicate";
     case RequestKind::kSnapshot:
       return "snapshot";
+    case RequestKind::kMigrate:
+      return "migrate";
+    case RequestKind::kAssign:
+      return "assign";
   }
   return "unknown";
 }
@@ -222,6 +226,7 @@ std::vector<uint8_t> EncodeRequest(const RequestHeader& h) {
   r.setRank(h.rank);
   r.setIncarnation(h.incarnation);
   r.setDoneBelow(h.done_below);
+  r.setLayoutEpoch(h.layout_epoch);
   auto body = r.initBody();
   switch (h.kind) {
     case RequestKind::kRegister: {
@@ -247,6 +252,7 @@ std::vector<uint8_t> EncodeRequest(const RequestHeader& h) {
     case RequestKind::kPush: {
       auto p = body.initPush();
       p.setClock(h.clock);
+      p.setLr(h.lr);
       FillChunkRefs(p.initChunks(h.chunks.size()), h.chunks);
       if (!h.rows.empty()) FillRowsRefs(p.initRows(h.rows.size()), h.rows);
       break;
@@ -277,9 +283,20 @@ std::vector<uint8_t> EncodeRequest(const RequestHeader& h) {
       a.setToken(h.shm_token);
       break;
     }
-    case RequestKind::kClock:
-      body.initClock().setClock(h.clock);
+    case RequestKind::kClock: {
+      auto c = body.initClock();
+      c.setClock(h.clock);
+      c.setLr(h.lr);
       break;
+    }
+    case RequestKind::kAssign: {
+      auto a = body.initAssign();
+      a.setUpload(h.assign_upload);
+      a.setPhase(h.assign_phase);
+      FillChunkRefs(a.initChunks(h.chunks.size()), h.chunks);
+      a.setOverwrite(h.assign_overwrite);
+      break;
+    }
     case RequestKind::kReplicate: {
       auto r = body.initReplicate();
       r.setEpoch(h.replicate_epoch);
@@ -295,6 +312,18 @@ std::vector<uint8_t> EncodeRequest(const RequestHeader& h) {
       r.setFileSize(h.snapshot_file_size);
       r.setTotalBytes(h.snapshot_total_bytes);
       r.setLast(h.snapshot_last);
+      break;
+    }
+    case RequestKind::kMigrate: {
+      auto m = body.initMigrate();
+      m.setOp(static_cast<uint8_t>(h.migrate_op));
+      m.setEpoch(h.migrate_epoch);
+      m.setAtClock(h.migrate_at_clock);
+      m.setDeadlineMs(h.migrate_deadline_ms);
+      auto ids = m.initChunks(h.migrate_chunks.size());
+      for (size_t i = 0; i < h.migrate_chunks.size(); ++i)
+        ids.set(i, h.migrate_chunks[i]);
+      if (!h.migrate_doc.empty()) m.setDoc(h.migrate_doc);
       break;
     }
     case RequestKind::kHeartbeat:
@@ -333,6 +362,8 @@ std::vector<uint8_t> EncodeReply(const ReplyHeader& h) {
   r.setMaxFrameBytes(h.max_frame_bytes);
   if (!h.redirect.empty()) r.setRedirect(h.redirect);
   r.setEpoch(h.epoch);
+  if (!h.layout_doc.empty()) r.setLayoutDoc(h.layout_doc);
+  r.setRetryMs(h.retry_ms);
   return Serialize(builder);
 }
 
@@ -344,6 +375,7 @@ Status DecodeRequest(const uint8_t* data, size_t size,
         out->version = r.getVersion();
         out->rank = r.getRank();
         out->incarnation = r.getIncarnation();
+        out->layout_epoch = r.getLayoutEpoch();
         if (out->version != kProtocolVersion) {
           return Status::FailedPrecondition(
               "protocol version " + std::to_string(out->version) +
@@ -356,6 +388,10 @@ Status DecodeRequest(const uint8_t* data, size_t size,
         out->pull_codec.clear();
         out->pull_base_seq = 0;
         out->clock = 0;
+        out->lr = 0.0f;
+        out->assign_upload = 0;
+        out->assign_phase = 0;
+        out->assign_overwrite = false;
         out->tables.clear();
         out->rows.clear();
         out->pull_dense = true;
@@ -404,6 +440,7 @@ Status DecodeRequest(const uint8_t* data, size_t size,
             out->kind = RequestKind::kPush;
             auto p = body.getPush();
             out->clock = p.getClock();
+            out->lr = p.getLr();
             RETURN_IF_ERROR(ReadChunkRefs(p.getChunks(), limits, &out->chunks));
             return ReadRowsRefs(p.getRows(), limits, &out->rows);
           }
@@ -432,7 +469,16 @@ Status DecodeRequest(const uint8_t* data, size_t size,
           case cw::Request::Body::CLOCK:
             out->kind = RequestKind::kClock;
             out->clock = body.getClock().getClock();
+            out->lr = body.getClock().getLr();
             return Status::OK();
+          case cw::Request::Body::ASSIGN: {
+            out->kind = RequestKind::kAssign;
+            auto a = body.getAssign();
+            out->assign_upload = a.getUpload();
+            out->assign_phase = a.getPhase();
+            out->assign_overwrite = a.getOverwrite();
+            return ReadChunkRefs(a.getChunks(), limits, &out->chunks);
+          }
           case cw::Request::Body::HEARTBEAT:
             out->kind = RequestKind::kHeartbeat;
             return Status::OK();
@@ -473,6 +519,26 @@ Status DecodeRequest(const uint8_t* data, size_t size,
             out->snapshot_last = r.getLast();
             return Status::OK();
           }
+          case cw::Request::Body::MIGRATE: {
+            out->kind = RequestKind::kMigrate;
+            auto m = body.getMigrate();
+            if (m.getOp() > static_cast<uint8_t>(MigrateOp::kAbort)) {
+              return Status::InvalidArgument("unknown migrate op " +
+                                             std::to_string(m.getOp()));
+            }
+            out->migrate_op = static_cast<MigrateOp>(m.getOp());
+            out->migrate_epoch = m.getEpoch();
+            out->migrate_at_clock = m.getAtClock();
+            out->migrate_deadline_ms = m.getDeadlineMs();
+            auto ids = m.getChunks();
+            if (ids.size() > limits.max_list_entries)
+              return Status::ResourceExhausted("too many chunk ids");
+            out->migrate_chunks.resize(ids.size());
+            for (uint32_t i = 0; i < ids.size(); ++i)
+              out->migrate_chunks[i] = ids[i];
+            out->migrate_doc = m.getDoc().cStr();
+            return Status::OK();
+          }
         }
         return Status::InvalidArgument(
             "unknown request kind " +
@@ -498,7 +564,7 @@ Status DecodeReply(const uint8_t* data, size_t size, const DecodeLimits& limits,
         }
         out->status =
             Status(static_cast<StatusCode>(code), r.getMessage().cStr());
-        if (r.getKind() > static_cast<uint8_t>(RequestKind::kSnapshot)) {
+        if (r.getKind() > static_cast<uint8_t>(RequestKind::kAssign)) {
           return Status::InvalidArgument("unknown reply kind");
         }
         out->kind = static_cast<RequestKind>(r.getKind());
@@ -512,6 +578,8 @@ Status DecodeReply(const uint8_t* data, size_t size, const DecodeLimits& limits,
         out->max_frame_bytes = r.getMaxFrameBytes();
         out->redirect = r.getRedirect().cStr();
         out->epoch = r.getEpoch();
+        out->layout_doc = r.getLayoutDoc().cStr();
+        out->retry_ms = r.getRetryMs();
         RETURN_IF_ERROR(ReadChunkRefs(r.getChunks(), limits, &out->chunks));
         return ReadRowsRefs(r.getRows(), limits, &out->rows);
       });

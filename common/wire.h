@@ -37,6 +37,18 @@ enum class RequestKind : uint8_t {
   kAttachShm = 8,
   kReplicate = 9,
   kSnapshot = 10,
+  kMigrate = 11,
+  kAssign = 12,
+};
+
+// kMigrate operations (server/elastic/). Travels on the wire: never renumber.
+enum class MigrateOp : uint8_t {
+  kDescribe = 0,
+  kFreeze = 1,
+  kExport = 2,
+  kImport = 3,
+  kAdopt = 4,
+  kAbort = 5,
 };
 const char* RequestKindName(RequestKind kind);
 
@@ -72,6 +84,13 @@ struct RequestHeader {
   std::vector<TableSpec> tables;
   // kPush, kPull, kClock
   int64_t clock = 0;
+  // kPush, kClock: the learning rate set by the worker (> 0), 0 = not set.
+  float lr = 0.0f;
+  // kAssign (common/protocol.capnp): upload id, phase (0 begin, 1 values,
+  // 2 commit), begin's overwrite; values carry their chunks in `chunks`.
+  uint64_t assign_upload = 0;
+  uint8_t assign_phase = 0;
+  bool assign_overwrite = false;
   // kPush: one per data frame.
   std::vector<ChunkRef> chunks;
   // kPull: chunk ids wanted (empty = all of the shard's), pull codec spec.
@@ -106,6 +125,15 @@ struct RequestHeader {
   uint64_t snapshot_file_size = 0;
   uint64_t snapshot_total_bytes = 0;
   bool snapshot_last = false;
+  // kPush, kPull: the elastic layout epoch the client routed by (0 = static).
+  uint64_t layout_epoch = 0;
+  // kMigrate (server/elastic/): see common/protocol.capnp.
+  MigrateOp migrate_op = MigrateOp::kDescribe;
+  uint64_t migrate_epoch = 0;
+  int64_t migrate_at_clock = 0;
+  uint32_t migrate_deadline_ms = 0;
+  std::vector<uint32_t> migrate_chunks;
+  std::string migrate_doc;
 };
 
 struct ReplyHeader {
@@ -127,6 +155,10 @@ struct ReplyHeader {
   // unknown). The layout epoch this server serves under (0 = static).
   std::string redirect;
   uint64_t epoch = 0;
+  // Refused for a stale elastic layout epoch: the shard's layout document.
+  std::string layout_doc;
+  // Unavailable: ask again after this many ms (0: the client's backoff).
+  uint32_t retry_ms = 0;
 };
 
 // Limits applied while decoding a header.

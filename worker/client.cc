@@ -12,6 +12,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "common/elastic_doc.h"
 #include "common/shm_segment.h"
 #include "common/wire.h"
 #include "compression/codec.h"
@@ -51,6 +52,14 @@ class Heartbeater {
     return Status::OK();
   }
 
+  // A shard that joined the fleet (elastic layouts) gets heartbeats too.
+  Status Add(const std::string& endpoint) {
+    ASSIGN_OR_RETURN(auto s, ClientSocket::Connect(endpoint, options_.transport));
+    std::lock_guard<std::mutex> l(mu_);
+    added_.push_back(std::move(s));
+    return Status::OK();
+  }
+
   void Stop() {
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -65,6 +74,8 @@ class Heartbeater {
     uint64_t id = uint64_t{1} << 63;
     std::unique_lock<std::mutex> l(mu_);
     while (!stop_) {
+      for (auto& s : added_) sockets_.push_back(std::move(s));
+      added_.clear();
       l.unlock();
       RequestHeader h;
       h.kind = RequestKind::kHeartbeat;
@@ -94,6 +105,7 @@ class Heartbeater {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;  // GUARDED_BY(mu_)
+  std::vector<std::unique_ptr<ClientSocket>> added_;  // GUARDED_BY(mu_)
 };
 
 internal::RowsInput Input(const RowsPush& r) {
@@ -126,24 +138,7 @@ class ClientImpl : public Client {
     if (!options_.transport.context)
       options_.transport.context = Context::Create(1);
     for (const auto& group : options_.servers) {
-      members_.push_back(ParseReplicaGroup(group));
-      if (members_.back().empty())
-        return Status::InvalidArgument("empty replica group '" + group + "'");
-      current_.push_back(0);
-      abandoned_.push_back(SIZE_MAX);
-      abandoned_at_.push_back(SteadyClock::time_point{});
-      last_reply_at_.push_back(SteadyClock::now());
-      probed_at_.push_back(SteadyClock::time_point{});
-      reply_limit_.push_back(options_.transport.max_message_bytes);
-      ASSIGN_OR_RETURN(auto s, ClientSocket::Connect(members_.back()[0],
-                                                     options_.transport));
-      sockets_.push_back(std::move(s));
-      raw_sockets_.push_back(sockets_.back().get());
-      connects_.push_back(0);
-      pull_seq_.push_back(0);
-      limit_bytes_.push_back(options_.max_request_bytes);
-      limit_frame_.push_back(options_.max_request_frame_bytes);
-      shm_ok_.push_back(false);
+      RETURN_IF_ERROR(AddShardState(group));
     }
     if (options_.shared_memory_bytes > 0) {
       ASSIGN_OR_RETURN(
@@ -347,6 +342,41 @@ class ClientImpl : public Client {
     return t;
   }
 
+  StatusOr<Ticket> StartPullChunks(int64_t clock,
+                                   const std::vector<uint32_t>& chunks,
+                                   const std::vector<float*>& tensors) override {
+    if (!layout_) return Status::FailedPrecondition("pull before Register()");
+    if (tensors.size() != layout_->tensors().size()) {
+      return Status::InvalidArgument(
+          "pull needs " + std::to_string(layout_->tensors().size()) +
+          " buffers, got " + std::to_string(tensors.size()));
+    }
+    std::vector<std::vector<uint32_t>> by_shard(num_shards());
+    std::vector<bool> seen(layout_->chunks().size());
+    for (uint32_t id : chunks) {
+      if (id >= seen.size() || seen[id]) {
+        return Status::InvalidArgument(
+            "pull of chunk " + std::to_string(id) +
+            (id >= seen.size() ? ", not in the layout" : ", listed twice"));
+      }
+      seen[id] = true;
+      by_shard[layout_->chunks()[id].shard].push_back(id);
+    }
+    RequestHeader h = NewHeader(RequestKind::kPull);
+    h.clock = clock;
+    h.pull_dense = true;
+    Ticket t = NewTicket();
+    tickets_[t].pull_dst = tensors;
+    tickets_[t].pull_subset = by_shard;
+    for (int s = 0; s < num_shards(); ++s) {
+      if (by_shard[s].empty()) continue;
+      h.pull_base_seq = pull_seq_[s];
+      h.pull_chunks = by_shard[s];
+      RETURN_IF_ERROR(Enqueue(t, s, h, std::vector<Frame>(1)));
+    }
+    return t;
+  }
+
   StatusOr<Ticket> StartClock(int64_t clock) override {
     RequestHeader h = NewHeader(RequestKind::kClock);
     h.clock = clock;
@@ -431,6 +461,40 @@ class ClientImpl : public Client {
   int shared_memory_shards() const override {
     return static_cast<int>(std::count(shm_ok_.begin(), shm_ok_.end(), true));
   }
+  Status Assign(int shard, AssignRequest a, bool* claimed,
+                milliseconds timeout) override {
+    if (!layout_) return Status::FailedPrecondition("assign before Register()");
+    if (shard < 0 || shard >= num_shards())
+      return Status::InvalidArgument("assign to unknown shard " +
+                                     std::to_string(shard));
+    RequestHeader h = NewHeader(RequestKind::kAssign);
+    h.assign_upload = a.upload;
+    h.assign_phase = a.phase;
+    h.assign_overwrite = a.overwrite;
+    std::vector<Frame> frames(1);
+    for (ChunkPayload& p : a.chunks) {
+      if (p.chunk >= layout_->chunks().size() ||
+          layout_->chunks()[p.chunk].shard != shard) {
+        return Status::InvalidArgument("assign of chunk " +
+                                       std::to_string(p.chunk) +
+                                       ", not held by shard " +
+                                       std::to_string(shard));
+      }
+      ChunkRef ref;
+      ref.chunk = p.chunk;
+      ref.frame = static_cast<uint32_t>(frames.size());
+      ref.num_elems = layout_->chunks()[p.chunk].num_elems;
+      ref.byte_size = p.data.size;
+      h.chunks.push_back(ref);
+      frames.push_back(std::move(p.data));
+    }
+    Ticket t = NewTicket();
+    RETURN_IF_ERROR(Enqueue(t, shard, h, std::move(frames)));
+    TicketResult r;
+    RETURN_IF_ERROR(Wait(t, timeout, &r));
+    if (claimed != nullptr) *claimed = r.created;
+    return Status::OK();
+  }
   uint64_t resends() const override { return resends_; }
   uint64_t failovers() const override { return failovers_; }
   uint64_t incarnation() const override { return incarnation_; }
@@ -448,6 +512,13 @@ class ClientImpl : public Client {
     uint32_t shm_slot = 0;
     int shm_reattach = 0;  // times the shard was sent the segment again
     bool answered = false;  // a refusal came back since it was last sent
+    // What a stale-layout refusal needs to send it again (Reroute): a
+    // push's chunk refs (into frames), a pull's chunk ids, clock, codec.
+    std::vector<ChunkRef> refs;
+    std::vector<uint32_t> ids;
+    int64_t clock = 0;
+    std::string codec;
+    bool has_rows = false;
   };
   struct TicketState {
     int remaining = 0;
@@ -456,6 +527,8 @@ class ClientImpl : public Client {
     SteadyClock::time_point deadline;
     std::vector<float*> pull_dst;
     std::shared_ptr<internal::RowsPlan> rows;  // pulls of sparse rows
+    // StartPullChunks: the chunks asked of each shard (else empty: all).
+    std::vector<std::vector<uint32_t>> pull_subset;
   };
 
   // A push part's gradients as sent: fp32, or encoded with rows_codec.
@@ -477,10 +550,13 @@ class ClientImpl : public Client {
     h.kind = kind;
     h.rank = options_.rank;
     h.incarnation = incarnation_;
+    if (kind == RequestKind::kPush || kind == RequestKind::kClock) h.lr = lr_;
+    h.layout_epoch = layout_epoch_;
     return h;
   }
 
   std::vector<int> AllShards() const {
+    if (layout_epoch_ > 0) return active_;  // shards that left get nothing
     std::vector<int> v(num_shards());
     for (int i = 0; i < num_shards(); ++i) v[i] = i;
     return v;
@@ -531,6 +607,19 @@ class ClientImpl : public Client {
     p.ticket = t;
     p.shard = shard;
     p.kind = h.kind;
+    p.clock = h.clock;
+    p.has_rows = !h.rows.empty();
+    if (h.kind == RequestKind::kPush) {
+      p.refs = h.chunks;
+    } else if (h.kind == RequestKind::kPull && h.pull_dense) {
+      p.codec = h.pull_codec;
+      if (h.pull_chunks.empty() && layout_) {
+        const auto& ids = layout_->shard_chunks(shard);
+        p.ids.assign(ids.begin(), ids.end());
+      } else {
+        p.ids = h.pull_chunks;
+      }
+    }
     p.frames = std::move(frames);
     p.backoff = options_.attempt_timeout;
     p.next_send = SteadyClock::now() + p.backoff;
@@ -779,6 +868,18 @@ class ClientImpl : public Client {
       p.answered = true;  // the member is there: not a reason to leave it
       return;
     }
+    if (reply_.status.code() == StatusCode::kFailedPrecondition &&
+        !reply_.layout_doc.empty()) {
+      Reroute(pit);
+      return;
+    }
+    if (reply_.status.code() == StatusCode::kUnavailable && reply_.retry_ms > 0) {
+      // The shard asks again shortly (chunks are moving): not a failure.
+      p.next_send = SteadyClock::now() +
+                    std::min<milliseconds>(p.backoff, milliseconds(reply_.retry_ms));
+      p.answered = true;
+      return;
+    }
     if (p.shm && !reply_.status.ok() && ShmRetry(shard, p)) return;
     if (reply_.status.code() == StatusCode::kUnavailable ||
         reply_.status.code() == StatusCode::kResourceExhausted) {
@@ -820,17 +921,20 @@ class ClientImpl : public Client {
     // Validate every chunk ref and rows ref before writing anything.
     RETURN_IF_ERROR(CheckPulledRows(shard, t));
     static const std::vector<uint32_t> kNoChunks;
-    const auto& owned =
-        t.pull_dst.empty() && t.rows ? kNoChunks : layout_->shard_chunks(shard);
+    // The chunks asked for when it was sent (the layout may have changed
+    // since: elastic shards), each answered once.
+    const auto& owned = t.pull_dst.empty() && t.rows ? kNoChunks : p.ids;
     if (reply_.chunks.size() != owned.size()) {
       return Status::Corruption(
           "pull reply has " + std::to_string(reply_.chunks.size()) +
           " chunks, expected " + std::to_string(owned.size()));
     }
-    if (p.shm) return AbsorbShm(shard, t);
+    if (p.shm) return AbsorbShm(shard, p, t);
+    chunk_mark_.resize(layout_->chunks().size(), 0);
+    mark_ += 2;
+    for (uint32_t id : owned) chunk_mark_[id] = mark_;
     for (const ChunkRef& c : reply_.chunks) {
-      if (c.chunk >= layout_->chunks().size() ||
-          layout_->chunks()[c.chunk].shard != shard ||
+      if (c.chunk >= layout_->chunks().size() || chunk_mark_[c.chunk] != mark_ ||
           c.num_elems != layout_->chunks()[c.chunk].num_elems || c.frame == 0 ||
           c.frame >= msg_.frames.size() ||
           c.byte_size != msg_.frames[c.frame].size) {
@@ -838,6 +942,7 @@ class ClientImpl : public Client {
             "pull reply has an inconsistent chunk ref for chunk " +
             std::to_string(c.chunk));
       }
+      chunk_mark_[c.chunk] = mark_ + 1;  // a second ref to it fails above
       if (c.codec == 0 && c.byte_size != c.num_elems * sizeof(float)) {
         return Status::Corruption("raw chunk " + std::to_string(c.chunk) +
                                   " has the wrong size");
@@ -900,8 +1005,9 @@ class ClientImpl : public Client {
 
   // A pull answered in shared memory: the shard wrote every chunk of the
   // shard where the request said; check that the reply says so.
-  Status AbsorbShm(int shard, TicketState& t) {
-    const auto& owned = layout_->shard_chunks(shard);
+  Status AbsorbShm(int shard, const Pending& p, TicketState& t) {
+    (void)shard;
+    const auto& owned = p.ids;
     if (reply_.chunks.size() != owned.size() || !reply_.rows.empty()) {
       return Status::Corruption("shared-memory pull reply has " +
                                 std::to_string(reply_.chunks.size()) +
@@ -1049,6 +1155,110 @@ class ClientImpl : public Client {
   // Keeps `l` and lets every socket receive the largest reply a pull of it
   // can bring: each chunk once, through the widest pull codec (top-k with
   // ratio 1: an index and a value per element), plus headers.
+  // The per-shard state of one more shard (a replica group's members
+  // joined by '|'), connected to its first member.
+  Status AddShardState(const std::string& group) {
+    members_.push_back(ParseReplicaGroup(group));
+    if (members_.back().empty())
+      return Status::InvalidArgument("empty replica group '" + group + "'");
+    current_.push_back(0);
+    abandoned_.push_back(SIZE_MAX);
+    abandoned_at_.push_back(SteadyClock::time_point{});
+    last_reply_at_.push_back(SteadyClock::now());
+    probed_at_.push_back(SteadyClock::time_point{});
+    reply_limit_.push_back(options_.transport.max_message_bytes);
+    ASSIGN_OR_RETURN(auto s, ClientSocket::Connect(members_.back()[0],
+                                                   options_.transport));
+    sockets_.push_back(std::move(s));
+    raw_sockets_.push_back(sockets_.back().get());
+    connects_.push_back(0);
+    pull_seq_.push_back(0);
+    limit_bytes_.push_back(options_.max_request_bytes);
+    limit_frame_.push_back(options_.max_request_frame_bytes);
+    shm_ok_.push_back(false);
+    return Status::OK();
+  }
+
+  // Elastic layouts (common/elastic_doc.h): a shard refused a request routed
+  // by an older epoch and sent its layout document. From now on requests go
+  // by it: shards that joined are connected (and told this worker's clock),
+  // shards that left get nothing more.
+  Status AdoptLayout(const std::string& text) {
+    ASSIGN_OR_RETURN(ElasticDoc doc, ElasticDoc::FromJson(text));
+    if (doc.epoch <= layout_epoch_) return Status::OK();  // known already
+    if (!layout_) return Status::FailedPrecondition("elastic layout before Register()");
+    if (doc.owners.size() != layout_->chunks().size() ||
+        doc.servers.size() < options_.servers.size()) {
+      return Status::Corruption("elastic layout of epoch " + std::to_string(doc.epoch) +
+                                " lists " + std::to_string(doc.owners.size()) +
+                                " chunks and " + std::to_string(doc.servers.size()) +
+                                " shards; this client has " +
+                                std::to_string(layout_->chunks().size()) + " and " +
+                                std::to_string(options_.servers.size()));
+    }
+    const int before = num_shards();
+    for (size_t i = options_.servers.size(); i < doc.servers.size(); ++i) {
+      RETURN_IF_ERROR(AddShardState(doc.servers[i]));
+      options_.servers.push_back(doc.servers[i]);
+      if (heartbeater_) RETURN_IF_ERROR(heartbeater_->Add(doc.servers[i]));
+    }
+    ASSIGN_OR_RETURN(Layout l, layout_->WithOwners(doc.owners, num_shards()));
+    SetLayout(std::move(l));
+    layout_epoch_ = doc.epoch;
+    active_ = doc.Active();
+    LOG(INFO) << "elastic layout epoch " << doc.epoch << ": " << active_.size()
+              << " shards own chunks";
+    for (int s = before; s < num_shards(); ++s) Reannounce(s);
+    return Status::OK();
+  }
+
+  // Sends what shard `shard` refused for a stale layout again, split by the
+  // layout adopted since: the chunks of a push (the same payload frames, no
+  // copy; nothing of it was applied) or of a pull go to their new owners,
+  // under the same ticket.
+  void Reroute(std::map<uint64_t, Pending>::iterator pit) {
+    Pending p = std::move(pit->second);
+    pending_.erase(pit);
+    if (p.shm) DisarmShm(p.shm_slot, reply_.id);
+    TicketState& t = tickets_[p.ticket];
+    t.remaining--;
+    Status s = AdoptLayout(reply_.layout_doc);
+    if (s.ok() && p.kind != RequestKind::kPush && p.kind != RequestKind::kPull) {
+      s = Status::FailedPrecondition(std::string(RequestKindName(p.kind)) +
+                                     " refused for a stale layout");
+    }
+    if (s.ok() && p.has_rows) {
+      s = Status::Unimplemented("sparse rows with elastic shards");
+    }
+    std::map<int, std::vector<size_t>> by_shard;
+    const size_t n = p.kind == RequestKind::kPush ? p.refs.size() : p.ids.size();
+    for (size_t i = 0; s.ok() && i < n; ++i) {
+      const uint32_t id = p.kind == RequestKind::kPush ? p.refs[i].chunk : p.ids[i];
+      by_shard[layout_->chunks()[id].shard].push_back(i);
+    }
+    for (const auto& [shard, items] : by_shard) {
+      if (!s.ok()) break;
+      RequestHeader h = NewHeader(p.kind);
+      h.clock = p.clock;
+      std::vector<Frame> frames(1);
+      if (p.kind == RequestKind::kPush) {
+        for (size_t i : items) {
+          ChunkRef ref = p.refs[i];
+          frames.push_back(p.frames[ref.frame]);
+          ref.frame = static_cast<uint32_t>(frames.size() - 1);
+          h.chunks.push_back(ref);
+        }
+      } else {
+        h.pull_codec = p.codec;
+        h.pull_base_seq = pull_seq_[shard];
+        for (size_t i : items) h.pull_chunks.push_back(p.ids[i]);
+      }
+      s = Enqueue(p.ticket, shard, h, std::move(frames));
+      if (!s.ok()) return;  // Enqueue abandoned the ticket
+    }
+    if (!s.ok() && t.status.ok()) t.status = s;
+  }
+
   void SetLayout(Layout l) {
     layout_ = std::make_unique<Layout>(std::move(l));
     for (int s = 0; s < num_shards(); ++s) {
@@ -1073,6 +1283,10 @@ class ClientImpl : public Client {
   std::vector<ClientSocket*> raw_sockets_;
   std::unique_ptr<Heartbeater> heartbeater_;
   std::unique_ptr<Layout> layout_;
+  uint64_t layout_epoch_ = 0;  // elastic layouts: the epoch routed by
+  std::vector<uint64_t> chunk_mark_;  // Absorb: chunks asked for / answered
+  uint64_t mark_ = 0;
+  std::vector<int> active_;    // elastic layouts: shards that own chunks
   std::map<uint64_t, Pending> pending_;  // by request id: resends go in order
   std::unordered_map<Ticket, TicketState> tickets_;
   uint64_t next_id_ = 1;

@@ -14,6 +14,7 @@ inline constexpr uint32_t kStateMagicV1 = 0x31415453;  // "STA1"
 inline constexpr uint32_t kStateMagic = 0x32415453;    // "STA2"
 inline constexpr uint32_t kChunkMagic = 0x314b4843;    // "CHK1"
 inline constexpr std::string_view kLayoutKey = "0layout";
+inline constexpr std::string_view kElasticKey = "0elastic";  // sorts first
 inline constexpr std::string_view kStateKey = "1state";
 inline constexpr std::string_view kChunkPrefix = "2chunk/";
 

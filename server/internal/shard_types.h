@@ -6,6 +6,8 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -103,6 +105,25 @@ struct Shard::PullReplica {
   uint64_t seq = 0;   // pull_seq of the last reply sent; 0: none
   std::vector<std::vector<float>> chunks;  // by local chunk index
   MemoryBudget::Charge charge;
+};
+
+// Elastic shards (shard_migrate.cc): the layout epoch adopted, the freeze
+// toward the next one, and the chunks copied here for it.
+struct Shard::ElasticState {
+  uint64_t epoch = 0;  // 0: the static layout
+  std::string doc;     // the adopted document (server/elastic/elastic_doc.h)
+  std::vector<int> owners;  // of the adopted document, by chunk id
+  size_t num_servers = 0;
+  bool frozen = false;
+  uint64_t freeze_epoch = 0;
+  int64_t freeze_clock = -1;  // -1: every push and clock waits
+  TimePoint freeze_until{};
+  TimePoint next_overdue_log{};
+  struct Staged {
+    std::unique_ptr<Chunk> chunk;
+    MemoryBudget::Charge charge;
+  };
+  std::map<uint32_t, Staged> staged;  // by chunk id
 };
 
 // A client's shared-memory segment, mapped by this shard (shard_shm.cc).

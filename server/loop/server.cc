@@ -386,7 +386,8 @@ void Server::Dispatch(const std::string& peer, Message& msg,
                      : RejectReason::kMalformed);
   }
   if (req_.kind == RequestKind::kCheckpoint ||
-      req_.kind == RequestKind::kShutdown) {
+      req_.kind == RequestKind::kShutdown ||
+      req_.kind == RequestKind::kMigrate) {
     Status admin = CheckAdmin(msg);
     if (!admin.ok()) {
       LOG_EVERY_N(WARNING, 100) << RequestKindName(req_.kind) << " refused: "
@@ -399,6 +400,12 @@ void Server::Dispatch(const std::string& peer, Message& msg,
   }
   if (req_.kind == RequestKind::kSnapshot) {
     return HandleSnapshot(peer, msg, now);
+  }
+  if (replicator_ && req_.kind == RequestKind::kMigrate) {
+    return Reply(peer,
+                 Status::Unimplemented("elastic shards (add-shard, remove-shard) "
+                                       "with replica groups are not supported yet"),
+                 RejectReason::kOther);
   }
   if (replicator_) {
     std::string redirect;
@@ -502,7 +509,8 @@ void Server::HandleReplicate(const std::string& peer, Message& msg,
   Status decoded = DecodeRequest(msg.frames[1].data, msg.frames[1].size,
                                  DecodeLimits(), &inner_);
   if (decoded.ok() && inner_.kind != RequestKind::kRegister &&
-      inner_.kind != RequestKind::kPush && inner_.kind != RequestKind::kClock) {
+      inner_.kind != RequestKind::kPush && inner_.kind != RequestKind::kClock &&
+      inner_.kind != RequestKind::kAssign) {
     decoded = Status::InvalidArgument(
         std::string("a ") + RequestKindName(inner_.kind) +
         " request is not replicated");

@@ -54,7 +54,7 @@ constexpr RequestKind kKinds[] = {
     RequestKind::kRegister,   RequestKind::kPush,      RequestKind::kPull,
     RequestKind::kClock,      RequestKind::kHeartbeat, RequestKind::kStats,
     RequestKind::kCheckpoint, RequestKind::kShutdown,   RequestKind::kAttachShm,
-    RequestKind::kReplicate, RequestKind::kSnapshot};
+    RequestKind::kReplicate, RequestKind::kSnapshot, RequestKind::kMigrate};
 
 // Exact for small staleness, then the upper ends of the shard's own
 // power-of-two buckets ([64, 128) is <= 127).

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 
 #include "server/internal/push_dedup.h"
@@ -80,6 +81,8 @@ Status ShardOptions::Validate() const {
   }
   if (static_cast<int>(staleness_lr) > 2)
     return Status::InvalidArgument("unknown staleness_lr rule");
+  if (!(max_lr >= 0.0f) || !std::isfinite(max_lr))
+    return Status::InvalidArgument("max_lr must be finite and >= 0");
   return optimizer.Validate();
 }
 
@@ -118,6 +121,7 @@ Shard::Shard(const ShardOptions& options, Store* store,
   unsent_by_rank_.reserve(options.num_workers);
   for (int r = 0; r < options.num_workers; ++r)
     unsent_by_rank_.push_back(std::make_shared<UnsentBytes>(0));
+  elastic_ = std::make_unique<ElasticState>();
 }
 
 Shard::~Shard() = default;
@@ -204,7 +208,8 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
         st = HandlePull(peer, req, data, now, &r, &parked);
         break;
       case RequestKind::kClock:
-        st = HandleClock(req);
+        st = CheckFrozen(req, &r.header);
+        if (st.ok()) st = HandleClock(req);
         break;
       case RequestKind::kHeartbeat:
         break;
@@ -225,6 +230,12 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
         break;
       case RequestKind::kAttachShm:
         st = HandleAttachShm(req);
+        break;
+      case RequestKind::kAssign:
+        st = HandleAssign(req, data, now, &r.header);
+        break;
+      case RequestKind::kMigrate:
+        st = HandleMigrate(req, data, &r, out);
         break;
       case RequestKind::kReplicate:
       case RequestKind::kSnapshot:
@@ -273,7 +284,8 @@ Status Shard::Admit(const RequestHeader& req, bool has_data) {
   // and ask for stats; only workers register, push and move clocks.
   const bool worker_only = req.kind == RequestKind::kPush ||
                            req.kind == RequestKind::kClock ||
-                           req.kind == RequestKind::kRegister;
+                           req.kind == RequestKind::kRegister ||
+                           req.kind == RequestKind::kAssign;
   if (rank == -1 && worker_only) {
     return Reject(
         RejectReason::kRank,
@@ -285,8 +297,15 @@ Status Shard::Admit(const RequestHeader& req, bool has_data) {
                    "its layout and waits for them"
                  : ": only workers (rank >= 0) do")));
   }
-  // Pushes carry chunks and rows; pulls may carry the keys of rows.
-  if (req.kind != RequestKind::kPush &&
+  if (req.kind == RequestKind::kMigrate && rank != -1) {
+    return Reject(RejectReason::kRank,
+                  Status::InvalidArgument("migrate requests come from tools (rank -1), "
+                                          "not from worker " + std::to_string(rank)));
+  }
+  // Pushes carry chunks and rows; pulls may carry the keys of rows;
+  // uploads carry values; imports (kMigrate) chunk records.
+  if (req.kind != RequestKind::kPush && req.kind != RequestKind::kAssign &&
+      req.kind != RequestKind::kMigrate &&
       !(req.kind == RequestKind::kPull && !req.rows.empty()) && has_data) {
     return Reject(
         RejectReason::kSizeMismatch,
@@ -325,6 +344,8 @@ Status Shard::HandleClock(const RequestHeader& req) {
                   Status::Unavailable("the store is failing: clocks wait "
                                       "until a checkpoint succeeds; retry"));
   }
+  RETURN_IF_ERROR(CheckWorkerLr(req));
+  TakeWorkerLr(req);
   clocks_.Advance(req.rank, req.clock);
   if (!durable) return Status::OK();
   // Clocks survive kill -9 too (BSP round membership, SSP bounds).

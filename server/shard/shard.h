@@ -142,6 +142,14 @@ struct ShardOptions {
   float lr_final = 0.0f;
   // Update rule. Default: SGD, lr 0.01.
   OptimizerOptions optimizer;
+  // Largest learning rate a worker may set with a push or clock (their lr
+  // field, e.g. from torch.optim.lr_scheduler); the latest one set replaces
+  // optimizer.lr and the schedule above for every later update, dense
+  // chunks and (scaled by lr / optimizer.lr) sparse rows alike. A larger
+  // one, a negative or a non-finite one is refused (InvalidArgument, the
+  // request changes nothing), never clamped; 0 refuses every one.
+  // Default: 1.0.
+  float max_lr = 1.0f;
   // A worker silent this long is dropped from the clock minimum; 0 disables
   // eviction. Default: 30 s.
   std::chrono::milliseconds worker_timeout{30000};
@@ -284,6 +292,9 @@ class Shard {
   // Weights / optimizer state / version of an owned chunk (nullptr / 0 if
   // not owned).
   const std::vector<float>* weights(uint32_t chunk) const;
+  // The elastic layout epoch this shard serves under (0: static).
+  uint64_t layout_epoch() const;
+  bool frozen() const;
   // The shard's sparse tables, or nullptr when none are registered.
   sparse::SparseTables* sparse_tables() { return sparse_.get(); }
   const sparse::SparseTables* sparse_tables() const { return sparse_.get(); }
@@ -306,6 +317,7 @@ class Shard {
   struct WorkPiece;
   struct DcReads;
   struct ShmAttachment;
+  struct ElasticState;
   // Reply bytes handed to the transport and not yet released by it.
   using UnsentBytes = std::atomic<uint64_t>;
 
@@ -371,6 +383,15 @@ class Shard {
   UnsentBytes& UnsentOf(const std::string& peer);
   void PruneUnsent();
 
+  // shard_assign.cc: uploads of values (kAssign) and worker-set lr.
+  Status HandleAssign(const RequestHeader& req,
+                      const std::vector<ByteView>& data, TimePoint now,
+                      ReplyHeader* reply);
+  // Checks a push's or clock's lr (0 = not set) against max_lr.
+  Status CheckWorkerLr(const RequestHeader& req);
+  // Makes a checked lr (if set) the rate of later updates.
+  void TakeWorkerLr(const RequestHeader& req);
+
   // shard_shm.cc: clients' shared memory (common/shm_segment.h).
   Status HandleAttachShm(const RequestHeader& req);
   // Unmaps the segments of a worker rank (evicted: if it comes back, its
@@ -387,6 +408,31 @@ class Shard {
   // awaits this pull (answered already, or abandoned): nothing written.
   Status AnswerShmPull(const RequestHeader& req,
                        const std::vector<uint32_t>& ids, OutgoingReply* reply);
+
+  // shard_migrate.cc: elastic shards (server/elastic/): chunks that move
+  // between shards while training runs (kMigrate), the layout epoch a push
+  // or pull was routed by, and the freeze that holds pushes back meanwhile.
+  Status HandleMigrate(const RequestHeader& req,
+                       const std::vector<ByteView>& data, OutgoingReply* r,
+                       std::vector<OutgoingReply>* out);
+  // A push or pull routed by another epoch than this shard's: refused with
+  // this shard's layout document (older) or asked again shortly (newer).
+  Status CheckRoute(const RequestHeader& req, ReplyHeader* reply);
+  // A push (or clock) the freeze holds back: Unavailable, retry shortly.
+  Status CheckFrozen(const RequestHeader& req, ReplyHeader* reply);
+  bool Drained() const;
+  std::string DescribeJson() const;
+  Status ExportChunks(const RequestHeader& req, OutgoingReply* r);
+  Status ImportChunks(const RequestHeader& req,
+                      const std::vector<ByteView>& data);
+  Status Adopt(const RequestHeader& req, std::vector<OutgoingReply>* out);
+  void EndFreeze(const char* why);
+  // Parses a layout record ("0layout", shard_persist.cc).
+  static Status ParseLayoutRecord(std::string_view value,
+                                  std::vector<TensorSpec>* tensors,
+                                  LayoutOptions* options);
+  // Applies the adopted elastic owners to layout_ (recovery, import).
+  Status ApplyElasticOwners();
 
   // shard_push.cc: validation and apply.
   Status HandlePush(const RequestHeader& req, const std::vector<ByteView>& data,
@@ -516,6 +562,18 @@ class Shard {
   ShardCounters counters_;
   StalenessHistogram staleness_;
   bool shutdown_requested_ = false;
+  // shard_assign.cc: the upload claim (rank -1: none), whether the values
+  // are final (an upload committed), and the lr a worker set (0: none).
+  struct UploadClaim {
+    int rank = -1;
+    uint64_t incarnation = 0;
+    uint64_t upload = 0;
+    TimePoint last{};
+  };
+  UploadClaim upload_claim_;
+  uint64_t committed_upload_ = 0;
+  bool values_final_ = false;
+  float worker_lr_ = 0.0f;
   RejectReason reject_reason_ =
       RejectReason::kOther;  // of the request being handled
 
@@ -530,6 +588,11 @@ class Shard {
   std::vector<uint32_t> sparse_idx_;
   std::vector<float> sparse_val_;
   std::vector<StoreEntry> entries_;
+
+  // Elastic shards: the adopted epoch and document, the freeze, staged
+  // chunks (shard_migrate.cc).
+  std::unique_ptr<ElasticState> elastic_;
+  std::vector<MemoryBudget::Charge> elastic_charges_;  // installed chunks
 
   // Sparse tables (nullptr until a model with tables is registered).
   std::unique_ptr<sparse::SparseTables> sparse_;

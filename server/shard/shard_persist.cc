@@ -22,6 +22,10 @@
 //                      u64 step, u32 contributors, u8 has_acc,
 //                      f32 w[n], f32 state[n * state_per_elem], f32 acc[n]?
 //                      (state: the optimizer's, then DC-ASGD-a's mean square)
+//   "0elastic"         the adopted elastic layout document (JSON,
+//                      server/elastic/elastic_doc.h); only once a shard
+//                      joined or left (epoch > 0). Chunks it gives to other
+//                      shards may still have records here: skipped.
 //   "0tables", "1sparse"  sparse tables (server/sparse/sparse_tables.cc)
 // Keys sort in that order, so recovery sees the layout before the chunks
 // and the tables before their state. The tables' rows are in key spaces of
@@ -31,6 +35,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "server/elastic/elastic_doc.h"
 #include "server/internal/push_dedup.h"
 #include "server/internal/shard_records.h"
 #include "server/internal/shard_types.h"
@@ -42,6 +47,7 @@ namespace {
 using internal::ChunkKey;
 using internal::kChunkMagic;
 using internal::kChunkPrefix;
+using internal::kElasticKey;
 using internal::kLayoutKey;
 using internal::kLayoutMagic;
 using internal::kStateKey;
@@ -60,6 +66,12 @@ Status Damaged(std::string_view what) {
 Status Shard::Checkpoint() {
   if (store_ == nullptr) return Status::OK();
   entries_.clear();
+  if (elastic_->epoch > 0) {
+    StoreEntry e;
+    e.key = std::string(kElasticKey);
+    e.head = elastic_->doc;
+    entries_.push_back(std::move(e));
+  }
   if (layout_) AddLayoutEntry(&entries_);
   ++counters_.checkpoints;
   AddStateEntry(&entries_);
@@ -110,7 +122,7 @@ void Shard::AddLayoutEntry(std::vector<StoreEntry>* entries) const {
   std::string& h = e.head;
   const Layout& l = *layout_;
   Put<uint32_t>(&h, kLayoutMagic);
-  Put<uint32_t>(&h, static_cast<uint32_t>(l.num_shards()));
+  Put<uint32_t>(&h, static_cast<uint32_t>(l.options().num_shards));  // the cut's
   Put<uint64_t>(&h, l.options().chunk_elems);
   Put<uint64_t>(&h, l.options().min_chunk_elems);
   Put<uint32_t>(&h, static_cast<uint32_t>(l.tensors().size()));
@@ -181,6 +193,17 @@ Status Shard::Recover() {
   Status s =
       store_->Scan([&](std::string_view key, std::string_view value) -> Status {
         found = true;
+        if (key == kElasticKey) {
+          StatusOr<elastic::ElasticDoc> doc =
+              elastic::ElasticDoc::FromJson(std::string(value));
+          if (!doc.ok()) return Damaged("elastic layout");
+          if (doc->epoch == 0) return Status::OK();
+          elastic_->epoch = doc->epoch;
+          elastic_->doc = std::string(value);
+          elastic_->owners = doc->owners;
+          elastic_->num_servers = doc->servers.size();
+          return Status::OK();
+        }
         if (key == kLayoutKey) return RestoreLayout(value);
         if (key == kStateKey) return RestoreState(value);
         if (key == sparse::SparseTables::kTablesKey) {
@@ -226,7 +249,8 @@ Status Shard::RestoreLayout(std::string_view value) {
       !r.Get(&ce) || !r.Get(&mce) || !r.Get(&nt) || nt > (1u << 24)) {
     return Damaged("layout");
   }
-  if (static_cast<int>(num_shards) != options_.num_shards) {
+  // An elastic fleet's layout was cut for its first shard count.
+  if (elastic_->epoch == 0 && static_cast<int>(num_shards) != options_.num_shards) {
     return Status::FailedPrecondition("store holds a layout for " +
                                       std::to_string(num_shards) +
                                       " shards, this server is one of " +
@@ -257,6 +281,7 @@ Status Shard::RestoreLayout(std::string_view value) {
     return Status::Corruption("stored layout is invalid: " +
                               l.status().message());
   layout_ = std::move(l).value();
+  RETURN_IF_ERROR(ApplyElasticOwners());
   return AllocateChunks().WithContext("stored layout");
 }
 
@@ -270,7 +295,8 @@ Status Shard::RestoreState(std::string_view value) {
     return Damaged("state");
   }
   const bool v1 = magic == kStateMagicV1;
-  if (shard_id != options_.shard_id || num_shards != options_.num_shards) {
+  if (shard_id != options_.shard_id ||
+      (num_shards != options_.num_shards && elastic_->epoch == 0)) {
     return Status::FailedPrecondition(
         "store belongs to shard " + std::to_string(shard_id) + " of " +
         std::to_string(num_shards) + ", this server is shard " +
@@ -329,6 +355,9 @@ Status Shard::RestoreState(std::string_view value) {
 
 Status Shard::RestoreChunk(uint32_t id, std::string_view value) {
   if (!layout_) return Status::Corruption("store holds chunks but no layout");
+  if (elastic_->epoch > 0 && id < local_index_.size() && local_index_[id] < 0) {
+    return Status::OK();  // moved to another shard since it was written
+  }
   if (id >= local_index_.size() || local_index_[id] < 0) {
     return Status::Corruption("store holds chunk " + std::to_string(id) +
                               " that this shard does not own");

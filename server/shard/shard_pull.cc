@@ -44,6 +44,7 @@ bool Shard::IsParked(const std::string& peer, uint64_t id) const {
 Status Shard::HandlePull(const std::string& peer, const RequestHeader& req,
                          const std::vector<ByteView>& data, TimePoint now,
                          OutgoingReply* r, bool* parked) {
+  RETURN_IF_ERROR(CheckRoute(req, &r->header));
   RETURN_IF_ERROR(ValidatePullRequest(req));
   RETURN_IF_ERROR(ValidateSparsePull(req, data));
   // Rank -1 (an observer, such as a dedicated evaluator) reads the current

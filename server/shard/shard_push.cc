@@ -71,6 +71,10 @@ Status Shard::HandlePush(const RequestHeader& req,
     ++counters_.duplicate_pushes;
     return Status::OK();
   }
+  // Elastic shards: routed by this layout, and not held back by a move.
+  RETURN_IF_ERROR(CheckRoute(req, reply));
+  RETURN_IF_ERROR(CheckFrozen(req, reply));
+  RETURN_IF_ERROR(CheckWorkerLr(req));
   const auto decode_start = std::chrono::steady_clock::now();
   RETURN_IF_ERROR(ValidatePush(req, data));
   counters_.validate_decode_ns += static_cast<uint64_t>(
@@ -133,6 +137,7 @@ Status Shard::HandlePush(const RequestHeader& req,
     });
     bsp_pushed_round_[rank] = bsp_round_;
   }
+  TakeWorkerLr(req);
   const float lr_scale =
       ScheduleScale() * StalenessLrScale(options_.staleness_lr, staleness);
   if (!bsp) {
@@ -401,7 +406,11 @@ void Shard::ApplyPending(int rank, float lr_scale) {
   });
 }
 
-float Shard::ScheduleScale() const { return schedule_.Scale(shard_version_); }
+float Shard::ScheduleScale() const {
+  // A worker-set lr (shard_assign.cc) replaces the flags' lr and schedule.
+  if (worker_lr_ > 0.0f) return worker_lr_ / options_.optimizer.lr;
+  return schedule_.Scale(shard_version_);
+}
 
 Status Shard::ApplyBspRound(int64_t next, bool* applied) {
   *applied = false;

@@ -56,6 +56,12 @@ const char* RejectReasonName(RejectReason r) {
       return "shared_memory";
     case RejectReason::kNotPrimary:
       return "not_primary";
+    case RejectReason::kLrOutOfRange:
+      return "lr_out_of_range";
+    case RejectReason::kUploadClaim:
+      return "upload_claim";
+    case RejectReason::kStaleLayout:
+      return "stale_layout";
     case RejectReason::kCount:
       break;
   }

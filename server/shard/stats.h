@@ -41,6 +41,10 @@ enum class RejectReason : uint8_t {
   kSharedMemory,     // shared-memory attach refused, or a pull into it
   kNotPrimary,       // replica that is not its group's primary (or has no
                      // confirmed lease), or a stale replicate request
+  kLrOutOfRange,     // a push's or clock's lr not in (0, max_lr], or NaN
+  kUploadClaim,      // an upload (kAssign) without the shard's claim, or bad
+  kStaleLayout,      // a push or pull routed by another elastic layout
+                     // epoch, or held back while chunks move
   kCount,
 };
 inline constexpr size_t kNumRejectReasons =
