@@ -121,6 +121,15 @@ struct ChunkPayload {
   Frame data;
 };
 
+// One request of an upload of values to one shard (kAssign; the protocol is
+// in common/protocol.capnp, the whole upload in worker/upload.h).
+struct AssignRequest {
+  uint64_t upload = 0;  // random, != 0
+  uint8_t phase = 0;    // 0 begin, 1 values, 2 commit
+  bool overwrite = false;  // begin: claim even final values
+  std::vector<ChunkPayload> chunks;  // values: raw fp32 chunks of the shard
+};
+
 // What a completed request reports (aggregated over shards).
 struct TicketResult {
   int64_t max_staleness = -1;   // pushes: largest staleness recorded by a shard
@@ -229,7 +238,21 @@ class Client {
 
  protected:
   explicit Client(const ClientOptions& o) : options_(o) {}
+  // One upload request to `shard` (see AssignRequest); *claimed gets the
+  // reply's verdict for a begin (true: this client holds the claim).
+  // Unavailable replies (another worker uploads) are retried until
+  // `timeout`. REQUIRES: Register() succeeded.
+  virtual Status Assign(int shard, AssignRequest request, bool* claimed,
+                        std::chrono::milliseconds timeout) = 0;
+
+  // The learning rate every later push and clock carries (> 0: the shards
+  // use it in place of their --lr and schedule, up to their --max_lr; 0: not
+  // carried). Default: 0.
+  void set_lr(float lr) { lr_ = lr; }
+  float lr() const { return lr_; }
+
   ClientOptions options_;
 };
 
 }  // namespace asyncps::worker
+  float lr_ = 0.0f;  // carried by pushes and clocks when > 0

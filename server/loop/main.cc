@@ -68,6 +68,10 @@ DEFINE_uint64(lr_decay_updates, 0,
 DEFINE_double(lr_final, 0.0, "final fraction of --lr for the decay, [0, 1]");
 DEFINE_string(optimizer, "sgd", "sgd | momentum | nesterov | adam | adagrad");
 DEFINE_double(lr, 0.01, "learning rate");
+DEFINE_double(max_lr, 1.0,
+              "largest learning rate a worker may set with its pushes and "
+              "clocks (asyncps.torch lr schedules; worker-side optimizers "
+              "set 1): a larger one is refused, not clamped; 0 refuses all");
 DEFINE_double(momentum, 0.9, "momentum coefficient (momentum, nesterov)");
 DEFINE_double(weight_decay, 0.0, "L2 weight decay");
 DEFINE_double(beta1, 0.9, "Adam beta1");
@@ -287,6 +291,7 @@ srv::ServerOptions OptionsFromFlags() {
   s.optimizer.eps = static_cast<float>(FLAGS_eps);
   if (FLAGS_worker_timeout_s < 0) BadFlag("--worker_timeout_s must be >= 0");
   s.worker_timeout = std::chrono::milliseconds(
+  s.max_lr = static_cast<float>(FLAGS_max_lr);
       static_cast<int64_t>(FLAGS_worker_timeout_s * 1000));
   if (FLAGS_max_parked_pulls < 1) BadFlag("--max_parked_pulls must be >= 1");
   s.max_parked_pulls = static_cast<size_t>(FLAGS_max_parked_pulls);

@@ -40,12 +40,13 @@ uint64_t RandomSeqStart() {
 bool WorkerDataRequest(RequestKind k) {
   return k == RequestKind::kRegister || k == RequestKind::kPush ||
          k == RequestKind::kPull || k == RequestKind::kClock ||
-         k == RequestKind::kAttachShm;
+         k == RequestKind::kAttachShm || k == RequestKind::kAssign;
 }
 
+// An upload (kAssign) is handed on like a push: backups hold the values.
 bool Write(RequestKind k) {
   return k == RequestKind::kRegister || k == RequestKind::kPush ||
-         k == RequestKind::kClock;
+         k == RequestKind::kClock || k == RequestKind::kAssign;
 }
 
 }  // namespace

@@ -40,6 +40,10 @@ std::string Shard::StatsJson() const {
   j["consistency"] = ConsistencyName(options_.consistency);
   j["staleness_bound"] = options_.staleness;
   j["optimizer"] = OptimizerKindName(options_.optimizer.kind);
+  j["lr"] = options_.optimizer.lr;
+  j["weight_decay"] = options_.optimizer.weight_decay;
+  j["max_lr"] = options_.max_lr;
+  j["worker_lr"] = worker_lr_;  // 0: none set (shard_assign.cc)
   j["num_workers"] = options_.num_workers;
   j["worker_clocks"] = std::move(clocks);
   j["worker_live"] = std::move(live);

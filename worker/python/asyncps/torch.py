@@ -20,8 +20,10 @@ What lives where
     Embedding: N(0, 1); RNN: U(+-1/sqrt(hidden_size))), so every worker
     starts from the same weights; pass init={name: (kind, param)} to choose
     another (kinds of asyncps.TensorSpec). The constructor pulls them into
-    the model. Initial values chosen on the worker (a pretrained
-    checkpoint) are not sent: registration carries initialisers, not values.
+    the model. init="model" (fine-tuning) uploads the worker's current
+    values instead: exactly one worker's upload wins (the first to claim
+    shard 0), the others wait until it is complete and pull it; shards that
+    were already trained keep their weights (worker/upload.h).
   - The update rule runs on the shards (ps_server --optimizer, --lr,
     --momentum, --lr_decay_updates, ...): the worker only computes
     gradients. DistributedOptimizer is a torch.optim.Optimizer whose step()
@@ -67,6 +69,7 @@ import numpy as np
 import torch
 
 from . import _asyncps
+from . import torch_update as _update
 from .env import worker_env
 from .errors import FailedPrecondition, InvalidArgument
 
@@ -181,7 +184,12 @@ class ParameterServer:
         self.num_workers = env.num_workers
         self.servers = env.servers
         self.model = model
-        self.names, self.params, self.specs = tensor_specs(model, seed, init)
+        upload = isinstance(init, str) and init == "model"
+        if isinstance(init, str) and not upload:
+            raise InvalidArgument("init must be a dict of initialisers or \"model\", got %r"
+                                  % init)
+        self.names, self.params, self.specs = tensor_specs(model, seed,
+                                                           None if upload else init)
         self.embeddings = [m for m in model.modules() if isinstance(m, SparseEmbedding)]
         self._shapes = [tuple(p.shape) for p in self.params]
         self._structure = _structure(model)
@@ -219,6 +227,8 @@ class ParameterServer:
         self._grads = [None] * len(self.params)  # (grad tensor, its array)
         self._zeros = {}
         self.clock = 0
+        self.uploaded = upload and self.client.upload(
+            [p.detach().to("cpu").contiguous().numpy() for p in self.params])
         self.pull()
 
     # ---- the step ----------------------------------------------------------
@@ -251,6 +261,17 @@ class ParameterServer:
         """push() then pull(): the weights for the next step are in the model."""
         self.push()
         self.pull()
+
+    # ---- saving (asyncps.torch_update) --------------------------------------
+    def state_dict(self):
+        """The model's state_dict with the shards' weights (PyTorch format:
+        torch.save of it loads into a plain model)."""
+        return _update.pulled_state_dict(self)
+
+    def load_state_dict(self, state_dict, strict=True):
+        """Loads `state_dict` into the model and uploads its parameters to
+        the shards (overwriting them; their optimizer state restarts)."""
+        return _update.load_and_upload(self, state_dict, strict)
 
     # ---- counters and lifetime ---------------------------------------------
     def traffic(self):
@@ -423,15 +444,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
     """A torch.optim.Optimizer for a ParameterServer (Horovod style): step()
     pushes this worker's gradients (then clock + 1) and pulls fresh weights
     into the model; the update itself runs on the shards. zero_grad() works
-    as usual. There is no local learning rate: set it on ps_server."""
+    as usual. Without lr the rate is ps_server's; with lr, param_groups[0]
+    ['lr'] (which torch.optim.lr_scheduler schedules set) travels with every
+    push and clock and the shards apply it (up to ps_server --max_lr). A
+    torch.optim optimizer on the worker instead: WorkerOptimizer."""
 
-    def __init__(self, ps):
+    def __init__(self, ps, lr=None):
         if not isinstance(ps, ParameterServer):
             raise InvalidArgument(
                 "DistributedOptimizer wraps a ParameterServer (the update rule runs on the "
                 "shards: ps_server --optimizer/--lr), got %s" % type(ps).__name__)
-        super().__init__(ps.params, {})
+        if lr is not None and not lr > 0:
+            raise InvalidArgument("lr must be > 0 (None: ps_server's --lr)")
+        super().__init__(ps.params, {} if lr is None else {"lr": float(lr)})
         self.ps = ps
+        self._carry_lr = lr is not None
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -439,6 +466,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self._carry_lr:
+            self.ps.client.lr = float(self.param_groups[0]["lr"])
         self.ps.step()
         return loss
 
@@ -459,3 +488,6 @@ def evaluate(model, images, labels, batch=1000):
             correct += (out.argmax(1) == y).sum().item()
     model.train(was)
     return correct / len(labels), loss / len(labels), time.perf_counter() - t0
+
+
+WorkerOptimizer = _update.WorkerOptimizer

@@ -386,6 +386,7 @@ pull(c, bufs) -> compute -> push(c, grads) -> clock(c + 1).)doc")
       .def("pull", &PyStore::Pull, py::arg("clock"), py::arg("buffers"),
            "Writes weights at least as fresh as the consistency mode requires "
            "for clock `clock` into `buffers` (float32, C-contiguous, one per "
+  AddAssignMethods(client);
            "tensor).")
       .def("push", &PyStore::Push, py::arg("clock"), py::arg("grads"),
            "Compresses and sends the gradients of the weights pulled at "

@@ -116,5 +116,7 @@ class PyClient {
 // push_rows.
 void BindTables(pybind11::module_& m);
 void AddRowMethods(pybind11::class_<PyClient, std::shared_ptr<PyClient>>& c);
+// assign_binding.cc: Client.upload and Client.lr.
+void AddAssignMethods(pybind11::class_<PyClient, std::shared_ptr<PyClient>>& c);
 
 }  // namespace asyncps::python

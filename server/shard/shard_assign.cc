@@ -1,0 +1,231 @@
+// Shard: uploads of values (kAssign: fine-tuning from a worker's weights,
+// ps.load_state_dict()) and the learning rate a worker sets with its pushes
+// and clocks. The request is described in common/protocol.capnp (Assign).
+//
+// The upload claim. One (rank, incarnation, upload id) at a time may upload
+// this shard's values. `begin` takes the claim when nobody holds a live one
+// and the values are not final (no upload committed, no update applied) or
+// the begin says overwrite; it answers created = true to the claimant, and
+// created = false (pull the values) once they are final. While another
+// worker holds a live claim a begin is answered Unavailable, which the
+// client retries: the other ranks wait there until the values are final.
+// A claim is live while its worker is live and its last upload request is
+// younger than worker_timeout; a restarted process of the same rank (new
+// incarnation) takes its predecessor's claim at once. `values` requests of
+// the claimant write whole chunks (each validated -- owned by this shard,
+// codec 0, sizes, finite -- before any is written), `commit` resets the
+// optimizer state of every chunk, marks the values final and checkpoints
+// them (with a store). Resends are harmless: a begin or commit of an upload
+// already committed answers OK (created = false), values are idempotent.
+// Every write happens before a commit, and no rank trains from the shard
+// before its begin answers created = false, so nobody reads half an upload;
+// a claimant that dies mid-upload is replaced and the next claimant writes
+// every chunk again.
+//
+// Worker-set lr: a push or clock whose lr is > 0 must have lr <= max_lr
+// (else it is refused, nothing of it applied); it then replaces the flags'
+// lr and schedule for that update and every later one (ScheduleScale()).
+#include <glog/logging.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "server/internal/shard_types.h"
+#include "server/shard/shard.h"
+
+namespace asyncps::server {
+
+namespace {
+
+enum AssignPhase : uint8_t { kBegin = 0, kValues = 1, kCommit = 2 };
+
+bool FiniteFloats(const uint8_t* p, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    float v;
+    std::memcpy(&v, p + i * sizeof(float), sizeof(float));
+    if (!std::isfinite(v)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Status Shard::CheckWorkerLr(const RequestHeader& req) {
+  if (req.lr == 0.0f) return Status::OK();
+  if (!(req.lr > 0.0f) || !std::isfinite(req.lr) || req.lr > options_.max_lr) {
+    return Reject(
+        RejectReason::kLrOutOfRange,
+        Status::InvalidArgument(
+            std::string(RequestKindName(req.kind)) + " of rank " +
+            std::to_string(req.rank) + " sets lr " + std::to_string(req.lr) +
+            ", outside (0, max_lr = " + std::to_string(options_.max_lr) +
+            "] (ps_server --max_lr): refused, not clamped"));
+  }
+  return Status::OK();
+}
+
+void Shard::TakeWorkerLr(const RequestHeader& req) {
+  if (req.lr > 0.0f) worker_lr_ = req.lr;
+}
+
+Status Shard::HandleAssign(const RequestHeader& req,
+                           const std::vector<ByteView>& data, TimePoint now,
+                           ReplyHeader* reply) {
+  reply->created = false;
+  if (!layout_) {
+    return Reject(
+        RejectReason::kNotRegistered,
+        Status::FailedPrecondition("no layout registered: register first"));
+  }
+  if (req.assign_upload == 0 || req.assign_phase > kCommit) {
+    return Reject(RejectReason::kUploadClaim,
+                  Status::InvalidArgument(
+                      "assign needs an upload id != 0 and a phase in "
+                      "{0 begin, 1 values, 2 commit}, got phase " +
+                      std::to_string(req.assign_phase)));
+  }
+  if (req.assign_phase != kValues && (!req.chunks.empty() || !data.empty())) {
+    return Reject(RejectReason::kSizeMismatch,
+                  Status::InvalidArgument(
+                      "only an assign of phase 1 (values) carries chunks"));
+  }
+  const UploadClaim& c = upload_claim_;
+  const bool live =
+      c.rank >= 0 && clocks_.live(c.rank) &&
+      (options_.worker_timeout.count() == 0 ||
+       now - c.last <= options_.worker_timeout);
+  const bool mine = c.rank == req.rank && c.incarnation == req.incarnation &&
+                    c.upload == req.assign_upload;
+  const std::string who = "upload " + std::to_string(req.assign_upload) +
+                          " of rank " + std::to_string(req.rank);
+  if (req.assign_phase == kBegin) {
+    if (mine) {
+      upload_claim_.last = now;
+      reply->created = true;
+      return Status::OK();
+    }
+    if (committed_upload_ == req.assign_upload) return Status::OK();
+    const bool final = values_final_ || shard_version_ > 0;
+    if (final && !req.assign_overwrite) return Status::OK();
+    if (live && c.rank != req.rank) {
+      return Reject(RejectReason::kUploadClaim,
+                    Status::Unavailable(
+                        "rank " + std::to_string(c.rank) +
+                        " is uploading this shard's values: retry until it "
+                        "commits"));
+    }
+    if (c.rank >= 0) {
+      LOG(INFO) << who << " takes the upload claim of rank " << c.rank
+                << (live ? " (a new incarnation)" : " (silent)");
+    }
+    upload_claim_ = UploadClaim{req.rank, req.incarnation, req.assign_upload,
+                                now};
+    reply->created = true;
+    return Status::OK();
+  }
+  if (req.assign_phase == kCommit && committed_upload_ == req.assign_upload)
+    return Status::OK();  // a resent commit
+  if (!mine) {
+    return Reject(RejectReason::kUploadClaim,
+                  Status::FailedPrecondition(
+                      who + " does not hold this shard's upload claim (" +
+                      (c.rank < 0 ? std::string("none is held")
+                                  : "rank " + std::to_string(c.rank) +
+                                        " holds it") +
+                      "): begin first"));
+  }
+  if (req.assign_phase == kCommit) {
+    for (auto& chunk : chunks_) {
+      std::fill(chunk->state.begin(), chunk->state.end(), 0.0f);
+      chunk->step = 0;
+    }
+    if (store_ != nullptr) {
+      Status s = Checkpoint();
+      if (!s.ok()) {
+        return Reject(RejectReason::kStore,
+                      Status::Unavailable("upload not stored: " +
+                                          s.ToString() + "; retry"));
+      }
+    }
+    values_final_ = true;
+    committed_upload_ = req.assign_upload;
+    upload_claim_ = UploadClaim{};
+    LOG(INFO) << who << " committed: " << chunks_.size()
+              << " chunks hold its values";
+    return Status::OK();
+  }
+  // Values: every chunk checked before any is written.
+  if (req.chunks.size() != data.size()) {
+    return Reject(RejectReason::kSizeMismatch,
+                  Status::InvalidArgument(
+                      "assign names " + std::to_string(req.chunks.size()) +
+                      " chunks in " + std::to_string(data.size()) +
+                      " data frames: one chunk per frame"));
+  }
+  ++stamp_;
+  for (const ChunkRef& ref : req.chunks) {
+    const std::string what = "assign of chunk " + std::to_string(ref.chunk);
+    if (ref.chunk >= local_index_.size()) {
+      return Reject(RejectReason::kUnknownChunk,
+                    Status::InvalidArgument(what + ": not in the layout"));
+    }
+    if (local_index_[ref.chunk] < 0) {
+      return Reject(RejectReason::kWrongShard,
+                    Status::InvalidArgument(what + ": held by another shard"));
+    }
+    Chunk& chunk = *chunks_[local_index_[ref.chunk]];
+    if (chunk.stamp == stamp_) {
+      return Reject(RejectReason::kRepeatedChunk,
+                    Status::InvalidArgument(what + ": named twice"));
+    }
+    chunk.stamp = stamp_;
+    if (ref.codec != 0) {
+      return Reject(RejectReason::kBadCodec,
+                    Status::InvalidArgument(what + ": values travel as raw "
+                                                   "fp32 (codec 0)"));
+    }
+    if (ref.frame < 1 || ref.frame > data.size()) {
+      return Reject(RejectReason::kUnknownChunk,
+                    Status::InvalidArgument(what + ": frame " +
+                                            std::to_string(ref.frame) +
+                                            " out of range"));
+    }
+    const ByteView& f = data[ref.frame - 1];
+    if (ref.num_elems != chunk.n || ref.byte_size != f.size ||
+        f.size != chunk.n * sizeof(float)) {
+      return Reject(
+          RejectReason::kSizeMismatch,
+          Status::InvalidArgument(
+              what + ": " + std::to_string(ref.num_elems) + " elements in " +
+              std::to_string(f.size) + " bytes (ref says " +
+              std::to_string(ref.byte_size) + "), the chunk has " +
+              std::to_string(chunk.n) + " floats"));
+    }
+    if (!FiniteFloats(f.data, chunk.n)) {
+      return Reject(RejectReason::kNonFinite,
+                    Status::InvalidArgument(what + ": NaN or Inf"));
+    }
+  }
+  // Frames used once each: the chunks are distinct and as many as frames,
+  // so a repeated frame leaves another unnamed.
+  std::vector<bool> used(data.size(), false);
+  for (const ChunkRef& ref : req.chunks) {
+    if (used[ref.frame - 1]) {
+      return Reject(RejectReason::kUnknownChunk,
+                    Status::InvalidArgument(
+                        "assign names data frame " +
+                        std::to_string(ref.frame) + " twice"));
+    }
+    used[ref.frame - 1] = true;
+  }
+  for (const ChunkRef& ref : req.chunks) {
+    Chunk& chunk = *chunks_[local_index_[ref.chunk]];
+    std::memcpy(chunk.w.data(), data[ref.frame - 1].data,
+                chunk.n * sizeof(float));
+    chunk.snapshot_version = ~uint64_t{0};  // pulls copy the new values
+  }
+  upload_claim_.last = now;
+  return Status::OK();
+}
+
+}  // namespace asyncps::server

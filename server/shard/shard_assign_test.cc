@@ -1,0 +1,242 @@
+// Issue 22 items 2-3 at the shard: the upload claim (kAssign), a hostile
+// upload validated whole before any chunk is written, and the lr a worker
+// carries in pushes and clocks, bounded by max_lr.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+
+#include "server/internal/test_util.h"
+#include "server/shard/shard.h"
+
+namespace asyncps::server {
+namespace {
+
+using testing::Fill;
+using testing::Floats;
+using testing::ShardHarness;
+using testing::SmallLayout;
+using testing::SmallModel;
+
+uint64_t Rejected(const ShardHarness& h, RejectReason r) {
+  return h.shard->counters().rejected[static_cast<size_t>(r)];
+}
+
+void Register(ShardHarness& h) {
+  ReplyHeader r =
+      h.Call(ShardHarness::Register(0, SmallModel(), SmallLayout(2)));
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+}
+
+RequestHeader Assign(int rank, uint64_t incarnation, uint64_t upload,
+                     uint8_t phase) {
+  RequestHeader r;
+  r.kind = RequestKind::kAssign;
+  r.rank = rank;
+  r.incarnation = incarnation;
+  r.assign_upload = upload;
+  r.assign_phase = phase;
+  return r;
+}
+
+// Values `v` for each of `chunks` (sized as the layout says).
+RequestHeader Values(const ShardHarness& h, int rank, uint64_t inc,
+                     uint64_t upload, const std::vector<uint32_t>& chunks,
+                     float v, std::vector<ByteView>* data) {
+  RequestHeader r = Assign(rank, inc, upload, 1);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const uint64_t n = h.shard->layout()->chunks()[chunks[i]].num_elems;
+    data->push_back(Floats(Fill(n, v)));
+    ChunkRef c;
+    c.chunk = chunks[i];
+    c.frame = static_cast<uint32_t>(i + 1);
+    c.num_elems = n;
+    c.byte_size = n * sizeof(float);
+    r.chunks.push_back(c);
+  }
+  return r;
+}
+
+TEST(ShardAssignTest, OneClaimAtATimeOthersWaitThenReadFinalValues) {
+  ShardHarness h(testing::TestOptions(Consistency::kBsp));
+  Register(h);
+  const auto& mine = h.shard->layout()->shard_chunks(0);
+  ReplyHeader r = h.Call(Assign(0, 7, 100, 0));
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_TRUE(r.created);  // rank 0 holds the claim
+  r = h.Call(Assign(1, 8, 200, 0));
+  EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.ToString();
+  EXPECT_FALSE(r.created);
+  // Rank 1's values without the claim: refused, nothing written.
+  const auto before = h.AllWeights();
+  std::vector<ByteView> d1;
+  RequestHeader v1 = Values(h, 1, 8, 200, mine, 9.0f, &d1);
+  r = h.Call(v1, d1);
+  EXPECT_EQ(r.status.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(h.AllWeights(), before);
+  // The claimant uploads (in two requests) and commits.
+  std::vector<ByteView> a, b;
+  RequestHeader va = Values(h, 0, 7, 100, {mine[0]}, 3.0f, &a);
+  ASSERT_TRUE(h.Call(va, a).status.ok());
+  RequestHeader vb =
+      Values(h, 0, 7, 100, {mine.begin() + 1, mine.end()}, 3.0f, &b);
+  ASSERT_TRUE(h.Call(vb, b).status.ok());
+  ASSERT_TRUE(h.Call(Assign(0, 7, 100, 2)).status.ok());
+  ASSERT_TRUE(h.Call(Assign(0, 7, 100, 2)).status.ok());  // a resent commit
+  for (uint32_t id : mine) EXPECT_EQ((*h.shard->weights(id))[0], 3.0f);
+  // Final: rank 1's begin answers "pull" (created false), and a pull sees
+  // the values, not the initialisers' snapshot.
+  r = h.Call(Assign(1, 8, 200, 0));
+  ASSERT_TRUE(r.status.ok());
+  EXPECT_FALSE(r.created);
+  // Overwrite (a restore) claims it again.
+  RequestHeader over = Assign(1, 8, 201, 0);
+  over.assign_overwrite = true;
+  r = h.Call(over);
+  ASSERT_TRUE(r.status.ok());
+  EXPECT_TRUE(r.created);
+  EXPECT_EQ(Rejected(h, RejectReason::kUploadClaim), 2u);
+}
+
+TEST(ShardAssignTest, SilentOrRestartedClaimantIsReplaced) {
+  ShardOptions o = testing::TestOptions(Consistency::kAsp);
+  o.worker_timeout = std::chrono::milliseconds(1000);
+  ShardHarness h(o);
+  Register(h);
+  ASSERT_TRUE(h.Call(Assign(0, 7, 100, 0)).created);
+  // Rank 0 restarted (new incarnation): takes its own claim at once.
+  ReplyHeader r = h.Call(Assign(0, 9, 101, 0));
+  ASSERT_TRUE(r.status.ok());
+  EXPECT_TRUE(r.created);
+  // The old process's values are refused.
+  std::vector<ByteView> d;
+  RequestHeader old = Values(h, 0, 7, 100, {h.FirstChunk()}, 1.0f, &d);
+  EXPECT_FALSE(h.Call(old, d).status.ok());
+  // Rank 0 goes silent: after the worker timeout rank 1 takes over.
+  EXPECT_EQ(h.Call(Assign(1, 8, 200, 0)).status.code(),
+            StatusCode::kUnavailable);
+  h.now += std::chrono::milliseconds(1500);
+  r = h.Call(Assign(1, 8, 200, 0));
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_TRUE(r.created);
+}
+
+TEST(ShardAssignTest, HostileValuesAreRefusedWholeBeforeAnyWrite) {
+  ShardHarness h(testing::TestOptions(Consistency::kAsp));
+  Register(h);
+  const auto& mine = h.shard->layout()->shard_chunks(0);
+  ASSERT_GE(mine.size(), 2u);
+  uint32_t theirs = 0;
+  while (h.shard->weights(theirs) != nullptr) ++theirs;
+  ASSERT_TRUE(h.Call(Assign(0, 7, 100, 0)).created);
+  const auto before = h.AllWeights();
+  auto expect_refused = [&](RequestHeader req, std::vector<ByteView> data,
+                            RejectReason why) {
+    const uint64_t was = Rejected(h, why);
+    ReplyHeader r = h.Call(req, data);
+    EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument)
+        << r.status.ToString();
+    EXPECT_EQ(Rejected(h, why), was + 1) << r.status.ToString();
+    EXPECT_EQ(h.AllWeights(), before);  // the good first chunk untouched too
+  };
+  std::vector<ByteView> d;
+  // The last chunk is another shard's.
+  RequestHeader req = Values(h, 0, 7, 100, {mine[0], theirs}, 2.0f, &d);
+  expect_refused(req, d, RejectReason::kWrongShard);
+  // Named twice.
+  d.clear();
+  req = Values(h, 0, 7, 100, {mine[0], mine[0]}, 2.0f, &d);
+  expect_refused(req, d, RejectReason::kRepeatedChunk);
+  // A short frame.
+  d.clear();
+  req = Values(h, 0, 7, 100, {mine[0], mine[1]}, 2.0f, &d);
+  d[1] = Floats(Fill(3, 2.0f));
+  req.chunks[1].byte_size = 3 * sizeof(float);
+  expect_refused(req, d, RejectReason::kSizeMismatch);
+  // NaN in the last chunk.
+  d.clear();
+  req = Values(h, 0, 7, 100, {mine[0], mine[1]}, 2.0f, &d);
+  std::vector<float> bad(req.chunks[1].num_elems, 1.0f);
+  bad.back() = std::numeric_limits<float>::quiet_NaN();
+  d[1] = Floats(bad);
+  expect_refused(req, d, RejectReason::kNonFinite);
+  // A compressed payload.
+  d.clear();
+  req = Values(h, 0, 7, 100, {mine[0], mine[1]}, 2.0f, &d);
+  req.chunks[1].codec = 1;
+  expect_refused(req, d, RejectReason::kBadCodec);
+  // Frame index out of range; frames and refs that disagree.
+  d.clear();
+  req = Values(h, 0, 7, 100, {mine[0], mine[1]}, 2.0f, &d);
+  req.chunks[1].frame = 5;
+  expect_refused(req, d, RejectReason::kUnknownChunk);
+  d.pop_back();
+  expect_refused(req, d, RejectReason::kSizeMismatch);
+  // Begin and commit carry no values; phase and upload id are checked.
+  d.clear();
+  RequestHeader begin = Values(h, 0, 7, 100, {mine[0]}, 2.0f, &d);
+  begin.assign_phase = 0;
+  expect_refused(begin, d, RejectReason::kSizeMismatch);
+  expect_refused(Assign(0, 7, 100, 3), {}, RejectReason::kUploadClaim);
+  expect_refused(Assign(0, 7, 0, 0), {}, RejectReason::kUploadClaim);
+  // Observers may not upload.
+  ReplyHeader r = h.Call(Assign(-1, 7, 100, 0));
+  EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument);
+}
+
+TEST(ShardAssignTest, CarriedLrReplacesTheFlagsAndIsBoundedByMaxLr) {
+  ShardOptions o = testing::TestOptions(Consistency::kAsp, 1);
+  o.max_lr = 0.25f;
+  ShardHarness h(o);
+  Register(h);
+  const uint32_t c = h.FirstChunk();
+  const uint64_t n = h.shard->layout()->chunks()[c].num_elems;
+  const float w0 = (*h.shard->weights(c))[0];
+  auto push = [&](float lr, int64_t clock) {
+    RequestHeader req =
+        ShardHarness::Push(0, clock, {c}, {Floats(Fill(n, 1.0f))});
+    req.lr = lr;
+    return h.Call(req, {Floats(Fill(n, 1.0f))});
+  };
+  ASSERT_TRUE(push(0.0f, 0).status.ok());  // not carried: --lr 0.5
+  EXPECT_FLOAT_EQ((*h.shard->weights(c))[0], w0 - 0.5f);
+  ASSERT_TRUE(push(0.125f, 1).status.ok());
+  EXPECT_FLOAT_EQ((*h.shard->weights(c))[0], w0 - 0.625f);
+  ASSERT_TRUE(push(0.0f, 2).status.ok());  // the last one set stays
+  EXPECT_FLOAT_EQ((*h.shard->weights(c))[0], w0 - 0.75f);
+  const auto before = h.AllWeights();
+  const uint64_t version = h.shard->shard_version();
+  for (float bad : {0.26f, -0.1f, std::numeric_limits<float>::quiet_NaN(),
+                    std::numeric_limits<float>::infinity()}) {
+    ReplyHeader r = push(bad, 3);
+    EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status.message().find("max_lr"), std::string::npos);
+    RequestHeader clock = ShardHarness::Clock(0, 4);
+    clock.lr = bad;
+    EXPECT_EQ(h.Call(clock).status.code(), StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(h.AllWeights(), before);
+  EXPECT_EQ(h.shard->shard_version(), version);
+  EXPECT_EQ(h.shard->clocks().clock(0), 2);  // refused clocks did not move
+  EXPECT_EQ(Rejected(h, RejectReason::kLrOutOfRange), 8u);
+  // A clock sets it too.
+  RequestHeader clock = ShardHarness::Clock(0, 4);
+  clock.lr = 0.25f;
+  ASSERT_TRUE(h.Call(clock).status.ok());
+  ASSERT_TRUE(push(0.0f, 4).status.ok());
+  EXPECT_FLOAT_EQ((*h.shard->weights(c))[0], w0 - 1.0f);
+}
+
+TEST(ShardAssignTest, MaxLrIsValidated) {
+  ShardOptions o = testing::TestOptions(Consistency::kAsp);
+  o.max_lr = -1.0f;
+  EXPECT_FALSE(o.Validate().ok());
+  o.max_lr = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(o.Validate().ok());
+  o.max_lr = 0.0f;  // refuses every carried lr
+  EXPECT_TRUE(o.Validate().ok());
+}
+
+}  // namespace
+}  // namespace asyncps::server

@@ -1,0 +1,94 @@
+// UploadValues (worker/upload.h): the client side of kAssign.
+#include "worker/upload.h"
+
+#include <random>
+#include <string>
+
+namespace asyncps::worker {
+
+namespace {
+
+uint64_t RandomUploadId() {
+  std::random_device rd;
+  uint64_t id = 0;
+  while (id == 0) id = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return id;
+}
+
+// Sends every chunk of `shard` in requests of at most max_request_bytes.
+Status SendShardValues(Client* client, int shard, uint64_t upload,
+                       const std::vector<const float*>& tensors,
+                       const UploadOptions& o) {
+  const Layout& l = client->layout();
+  AssignRequest req;
+  uint64_t bytes = 0;
+  auto flush = [&]() -> Status {
+    if (req.chunks.empty()) return Status::OK();
+    req.upload = upload;
+    req.phase = 1;
+    Status s = client->Assign(shard, std::move(req), nullptr, o.timeout);
+    req = AssignRequest{};
+    bytes = 0;
+    return s.WithContext("upload to shard " + std::to_string(shard));
+  };
+  for (uint32_t id : l.shard_chunks(shard)) {
+    const ChunkSpec& c = l.chunks()[id];
+    const uint64_t n = c.num_elems * sizeof(float);
+    if (bytes > 0 && bytes + n > o.max_request_bytes) RETURN_IF_ERROR(flush());
+    ChunkPayload p;
+    p.chunk = id;
+    p.codec = 0;
+    p.data = Frame::Copy(tensors[c.tensor] + c.offset, n);
+    req.chunks.push_back(std::move(p));
+    bytes += n;
+  }
+  return flush();
+}
+
+Status Phase(Client* client, int shard, uint64_t upload, uint8_t phase,
+             bool overwrite, const UploadOptions& o, bool* claimed) {
+  AssignRequest req;
+  req.upload = upload;
+  req.phase = phase;
+  req.overwrite = overwrite;
+  return client->Assign(shard, std::move(req), claimed, o.timeout)
+      .WithContext(std::string(phase == 0 ? "upload begin" : "upload commit") +
+                   " on shard " + std::to_string(shard));
+}
+
+}  // namespace
+
+Status UploadValues(Client* client, const std::vector<const float*>& tensors,
+                    const UploadOptions& o, bool* uploaded) {
+  *uploaded = false;
+  const Layout& l = client->layout();
+  if (tensors.size() != l.tensors().size()) {
+    return Status::InvalidArgument(
+        "upload needs " + std::to_string(l.tensors().size()) +
+        " buffers, got " + std::to_string(tensors.size()));
+  }
+  if (o.max_request_bytes < 1) {
+    return Status::InvalidArgument("max_request_bytes must be >= 1");
+  }
+  const uint64_t upload = RandomUploadId();
+  bool claimed = false;
+  // Shard 0 is the lock: a caller that does not get it waits in this call
+  // until the winner has committed every shard.
+  RETURN_IF_ERROR(Phase(client, 0, upload, 0, o.overwrite, o, &claimed));
+  if (!claimed) return Status::OK();
+  std::vector<int> mine;
+  for (int s = 1; s < client->num_shards(); ++s) {
+    bool got = false;
+    RETURN_IF_ERROR(Phase(client, s, upload, 0, o.overwrite, o, &got));
+    if (got) mine.push_back(s);  // else final there: kept
+  }
+  for (int s : mine)
+    RETURN_IF_ERROR(SendShardValues(client, s, upload, tensors, o));
+  RETURN_IF_ERROR(SendShardValues(client, 0, upload, tensors, o));
+  for (int s : mine) RETURN_IF_ERROR(Phase(client, s, upload, 2, false, o, nullptr));
+  RETURN_IF_ERROR(Phase(client, 0, upload, 2, false, o, nullptr));
+  *uploaded = true;
+  return Status::OK();
+}
+
+}  // namespace asyncps::worker

@@ -1,0 +1,50 @@
+// UploadValues: a worker's own values become the model held by the shards
+// (fine-tuning from pretrained weights, restoring a saved state), through
+// the kAssign requests of common/protocol.capnp.
+//
+// Race rule, so that exactly one worker's values win when several call this
+// at once: shard 0 is the lock. Every caller first sends shard 0 a begin;
+// the shard grants one claim at a time and answers the others Unavailable,
+// which their clients retry: they wait there. The claimant then claims
+// shards 1..S-1, sends each shard its chunks in requests of at most
+// max_request_bytes, commits shards 1..S-1 and shard 0 last. Only then does
+// shard 0 answer a waiting caller's begin, with "final" (created = false):
+// every caller that returns reads one worker's complete upload. If the
+// claimant dies, its claim lapses (the shard's worker timeout) and a
+// waiting caller takes it and uploads its own values from the start.
+// A shard whose values are already final (an upload committed, or updates
+// applied) keeps them unless `overwrite`: so a worker restarted mid-training
+// with init="model" pulls the trained weights instead of resetting them.
+//
+// Thread safety: as the Client (one thread at a time).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+#include "worker/client.h"
+
+namespace asyncps::worker {
+
+struct UploadOptions {
+  // Claim shards whose values are final too (a restore: load_state_dict).
+  // Default: false.
+  bool overwrite = false;
+  // Largest upload request, in bytes of values (a chunk is never split, so
+  // one larger chunk goes alone). Default: 16 MiB.
+  uint64_t max_request_bytes = uint64_t{16} << 20;
+  // Longest wait for one request, including a wait for another uploader.
+  // Default: 600 s.
+  std::chrono::milliseconds timeout{600000};
+};
+
+// Uploads `tensors` (one buffer per registered tensor, in layout order, each
+// num_elements floats) unless another caller's upload wins or the values
+// are final; *uploaded says whether this call's values were written.
+// REQUIRES: client->Register() succeeded.
+Status UploadValues(Client* client, const std::vector<const float*>& tensors,
+                    const UploadOptions& options, bool* uploaded);
+
+}  // namespace asyncps::worker
