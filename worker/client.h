@@ -229,15 +229,6 @@ class Client {
   // Shards that accepted this client's shared memory (0 when it is off).
   virtual int shared_memory_shards() const = 0;
 
-  // Requests resent so far (all shards).
-  virtual uint64_t resends() const = 0;
-  // Times a shard's replica group member was changed (failover, redirect).
-  virtual uint64_t failovers() const = 0;
-  // This client process's random incarnation (sent with every request).
-  virtual uint64_t incarnation() const = 0;
-
- protected:
-  explicit Client(const ClientOptions& o) : options_(o) {}
   // One upload request to `shard` (see AssignRequest); *claimed gets the
   // reply's verdict for a begin (true: this client holds the claim).
   // Unavailable replies (another worker uploads) are retried until
@@ -251,8 +242,17 @@ class Client {
   void set_lr(float lr) { lr_ = lr; }
   float lr() const { return lr_; }
 
+  // Requests resent so far (all shards).
+  virtual uint64_t resends() const = 0;
+  // Times a shard's replica group member was changed (failover, redirect).
+  virtual uint64_t failovers() const = 0;
+  // This client process's random incarnation (sent with every request).
+  virtual uint64_t incarnation() const = 0;
+
+ protected:
+  explicit Client(const ClientOptions& o) : options_(o) {}
   ClientOptions options_;
+  float lr_ = 0.0f;  // carried by pushes and clocks when > 0
 };
 
 }  // namespace asyncps::worker
-  float lr_ = 0.0f;  // carried by pushes and clocks when > 0

@@ -284,6 +284,7 @@ srv::ServerOptions OptionsFromFlags() {
   if (!k.ok()) BadFlag("--optimizer: " + k.status().message());
   s.optimizer.kind = *k;
   s.optimizer.lr = static_cast<float>(FLAGS_lr);
+  s.max_lr = static_cast<float>(FLAGS_max_lr);
   s.optimizer.momentum = static_cast<float>(FLAGS_momentum);
   s.optimizer.weight_decay = static_cast<float>(FLAGS_weight_decay);
   s.optimizer.beta1 = static_cast<float>(FLAGS_beta1);
@@ -291,7 +292,6 @@ srv::ServerOptions OptionsFromFlags() {
   s.optimizer.eps = static_cast<float>(FLAGS_eps);
   if (FLAGS_worker_timeout_s < 0) BadFlag("--worker_timeout_s must be >= 0");
   s.worker_timeout = std::chrono::milliseconds(
-  s.max_lr = static_cast<float>(FLAGS_max_lr);
       static_cast<int64_t>(FLAGS_worker_timeout_s * 1000));
   if (FLAGS_max_parked_pulls < 1) BadFlag("--max_parked_pulls must be >= 1");
   s.max_parked_pulls = static_cast<size_t>(FLAGS_max_parked_pulls);

@@ -348,6 +348,7 @@ write pulled weights (a ParameterStore's) into shared memory of that many MiB
           },
           py::arg("timeout_s") = 10.0);
   AddRowMethods(client);
+  AddAssignMethods(client);
 
   py::class_<PyStore>(m, "Store", R"doc(
 The parameter-server store of one worker (worker/ps_store.h): per step c,
@@ -386,7 +387,6 @@ pull(c, bufs) -> compute -> push(c, grads) -> clock(c + 1).)doc")
       .def("pull", &PyStore::Pull, py::arg("clock"), py::arg("buffers"),
            "Writes weights at least as fresh as the consistency mode requires "
            "for clock `clock` into `buffers` (float32, C-contiguous, one per "
-  AddAssignMethods(client);
            "tensor).")
       .def("push", &PyStore::Push, py::arg("clock"), py::arg("grads"),
            "Compresses and sends the gradients of the weights pulled at "
