@@ -161,6 +161,13 @@ DEFINE_string(etcd, "",
               "process is one replica of its shard's replica group, with its "
               "lease and the fleet's replica layout in etcd; empty: a static "
               "fleet");
+DEFINE_string(elastic_etcd, "",
+              "elastic shards (ps_ctl add-shard / remove-shard): comma-"
+              "separated etcd endpoints where the fleet's changes are "
+              "committed (<--etcd_prefix>/elastic); a shard frozen for a "
+              "change whose coordinator went away asks etcd whether it "
+              "committed (adopt) or not (abort). Empty: it stays frozen "
+              "until ps_ctl ends the change");
 DEFINE_string(etcd_prefix, "/asyncps/default",
               "key prefix of this fleet in etcd (one per job)");
 DEFINE_int32(replicas, 1,
@@ -328,6 +335,24 @@ srv::ServerOptions OptionsFromFlags() {
     BadFlag("--replica must be in [0, --replicas)");
   if (FLAGS_replicas > 1 && FLAGS_etcd.empty())
     BadFlag("--replicas > 1 needs --etcd (the replica layout lives there)");
+  if (!FLAGS_elastic_etcd.empty()) {
+    if (!FLAGS_etcd.empty())
+      BadFlag("--elastic_etcd with --etcd: elastic shards with replica groups "
+              "are not supported yet");
+    if (FLAGS_etcd_prefix.empty() || FLAGS_etcd_prefix[0] != '/')
+      BadFlag("--etcd_prefix must start with /");
+    std::string list = FLAGS_elastic_etcd;
+    size_t at = 0;
+    while (at <= list.size()) {
+      size_t comma = list.find(',', at);
+      if (comma == std::string::npos) comma = list.size();
+      std::string e = list.substr(at, comma - at);
+      if (!e.empty()) o.elastic_etcd_endpoints.push_back(e);
+      at = comma + 1;
+    }
+    if (o.elastic_etcd_endpoints.empty()) BadFlag("--elastic_etcd: no endpoint");
+    o.elastic_prefix = FLAGS_etcd_prefix;
+  }
   if (!FLAGS_etcd.empty()) {
     // Backups see the updates, not the pulls: rules that depend on what a
     // worker read would differ between replicas.

@@ -1,5 +1,7 @@
 #include "server/loop/server.h"
 
+#include "common/elastic_doc.h"
+
 #include <glog/logging.h>
 
 #include <nlohmann/json.hpp>
@@ -235,6 +237,12 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
     s->metrics_ = std::make_unique<ServerMetrics>(options.metrics,
                                                   options.shard.num_workers);
   }
+  if (!options.elastic_etcd_endpoints.empty()) {
+    EtcdOptions eo;
+    eo.endpoints = options.elastic_etcd_endpoints;
+    eo.request_timeout = std::chrono::milliseconds(300);
+    ASSIGN_OR_RETURN(s->elastic_etcd_, EtcdClient::Create(eo));
+  }
   if (!options.replication.etcd_endpoints.empty()) {
     replication::MembershipOptions mo = options.replication;
     mo.group = options.shard.shard_id;
@@ -254,6 +262,62 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
 }
 
 const std::string& Server::endpoint() const { return socket_->endpoint(); }
+
+void Server::ResolveOverdueFreeze(std::chrono::steady_clock::time_point now) {
+  if (!shard_->FreezeOverdue(now) || now < next_freeze_check_) return;
+  next_freeze_check_ = now + std::chrono::milliseconds(500);
+  const uint64_t toward = shard_->freeze_epoch();
+  if (!elastic_etcd_) {
+    LOG_EVERY_N(ERROR, 20) << "elastic: frozen toward epoch " << toward
+                           << " past the deadline and no etcd to ask "
+                              "(--elastic_etcd): staying frozen; end the "
+                              "change with ps_ctl";
+    return;
+  }
+  StatusOr<std::optional<EtcdKeyValue>> kv =
+      elastic_etcd_->Get(options_.elastic_prefix + "/elastic");
+  if (!kv.ok()) {
+    LOG_EVERY_N(WARNING, 20) << "elastic: frozen past the deadline, etcd "
+                                "unreachable (staying frozen): "
+                             << kv.status().ToString();
+    return;
+  }
+  RequestHeader req;
+  req.kind = RequestKind::kMigrate;
+  req.rank = -1;
+  req.id = 1;
+  uint64_t committed = 0;
+  if (kv->has_value()) {
+    StatusOr<ElasticDoc> doc = ElasticDoc::FromJson((*kv)->value);
+    if (!doc.ok()) {
+      LOG_EVERY_N(ERROR, 20) << "elastic: the document in etcd is not one: "
+                             << doc.status().ToString();
+      return;
+    }
+    committed = doc->epoch;
+    if (committed >= toward) {
+      req.migrate_op = MigrateOp::kAdopt;
+      req.migrate_epoch = committed;
+      req.migrate_doc = (*kv)->value;
+    }
+  }
+  if (committed < toward) {
+    req.migrate_op = MigrateOp::kAbort;
+    req.migrate_epoch = toward;
+  }
+  LOG(WARNING) << "elastic: no adopt or abort before the deadline; etcd holds epoch "
+               << committed << ": " << (committed >= toward ? "adopting it" : "aborting");
+  std::vector<OutgoingReply> replies;
+  shard_->Handle(std::string(), req, {}, now, &replies);
+  for (OutgoingReply& r : replies) {
+    if (r.peer.empty()) {
+      if (!r.header.status.ok())
+        LOG(ERROR) << "elastic: " << r.header.status.ToString();
+      continue;  // our own request's reply
+    }
+    out_.push_back(std::move(r));
+  }
+}
 
 Status Server::Run(const std::atomic<bool>& stop) {
   using Clock = std::chrono::steady_clock;
@@ -276,6 +340,7 @@ Status Server::Run(const std::atomic<bool>& stop) {
       LOG(WARNING) << "security: " << e;
     }
     shard_->Tick(now, &out_);
+    ResolveOverdueFreeze(now);
     SendAll();
     if (metrics_) metrics_->Publish(*shard_, now);
     if (options_.checkpoint_every.count() > 0 && store_ &&

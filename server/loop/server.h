@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "common/etcd_client.h"
 #include "common/status.h"
 #include "common/transport.h"
 #include "common/wire.h"
@@ -92,6 +93,14 @@ struct ServerOptions {
   // this long asks etcd to promote it; 0: only the primary's lease ending
   // does. Default: 500 ms.
   std::chrono::milliseconds replica_suspect_after{500};
+  // Elastic shards (server/elastic/): etcd endpoints and the fleet's prefix,
+  // where ps_ctl add-shard / remove-shard commit each change. A shard frozen
+  // for a change past its deadline reads <prefix>/elastic there: the change
+  // committed -> adopt it; not -> abort it; etcd unreachable -> stay frozen
+  // (never two owners of a chunk). Empty: stay frozen until ps_ctl ends it.
+  // Default: empty.
+  std::vector<std::string> elastic_etcd_endpoints;
+  std::string elastic_prefix = "/asyncps/default";
 };
 
 class Server {
@@ -148,6 +157,9 @@ class Server {
   Status InstallSnapshot(const std::string& staging,
                          std::chrono::steady_clock::time_point now);
   void SendAll();
+  // A freeze past its deadline: adopt or abort as etcd says (see
+  // ServerOptions::elastic_etcd_endpoints).
+  void ResolveOverdueFreeze(std::chrono::steady_clock::time_point now);
 
   ServerOptions options_;
   std::unique_ptr<Store> store_;
@@ -159,6 +171,8 @@ class Server {
   std::unique_ptr<replication::Replicator> replicator_;
   std::unique_ptr<replication::Membership> membership_;
   RequestHeader inner_;  // a kReplicate's request, reused
+  std::unique_ptr<EtcdClient> elastic_etcd_;  // null without endpoints
+  std::chrono::steady_clock::time_point next_freeze_check_{};
   // A snapshot being received (spare): its epoch, size and bytes so far.
   uint64_t incoming_epoch_ = 0;
   uint64_t incoming_total_ = 0;

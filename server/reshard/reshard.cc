@@ -241,6 +241,13 @@ Status ParseSparseState(std::string_view value,
 Status ReadSource(Store* store, size_t i, Source* src, ReshardReport* report) {
   return store->Scan(
       [&](std::string_view key, std::string_view value) -> Status {
+        if (key == internal::kElasticKey) {
+          return Status::Unimplemented(
+              SourceName(i) + " belongs to an elastic fleet (shards joined or "
+              "left while it trained: chunks are not where the layout puts "
+              "them); restore it onto its own shards, or change the shard "
+              "count live with ps_ctl add-shard / remove-shard");
+        }
         if (key == kLayoutKey) {
           src->layout.emplace(value);
         } else if (key == sparse::SparseTables::kTablesKey) {

@@ -295,6 +295,11 @@ class Shard {
   // The elastic layout epoch this shard serves under (0: static).
   uint64_t layout_epoch() const;
   bool frozen() const;
+  // The epoch a freeze is toward (0: not frozen), and whether neither adopt
+  // nor abort came before its deadline (the server then asks etcd, where
+  // the coordinator commits a change, whether it happened).
+  uint64_t freeze_epoch() const;
+  bool FreezeOverdue(TimePoint now) const;
   // The shard's sparse tables, or nullptr when none are registered.
   sparse::SparseTables* sparse_tables() { return sparse_.get(); }
   const sparse::SparseTables* sparse_tables() const { return sparse_.get(); }

@@ -43,6 +43,10 @@ using internal::Reader;
 
 uint64_t Shard::layout_epoch() const { return elastic_->epoch; }
 bool Shard::frozen() const { return elastic_->frozen; }
+uint64_t Shard::freeze_epoch() const { return elastic_->frozen ? elastic_->freeze_epoch : 0; }
+bool Shard::FreezeOverdue(TimePoint now) const {
+  return elastic_->frozen && now >= elastic_->freeze_until;
+}
 
 Status Shard::CheckRoute(const RequestHeader& req, ReplyHeader* reply) {
   const ElasticState& e = *elastic_;
