@@ -181,6 +181,11 @@ class ClientImpl : public Client {
     RETURN_IF_ERROR(Wait(t, options_.deadline, &r));
     SetLayout(std::move(l));
     tables_ = tables;
+    if (!register_doc_.empty()) {
+      // Shards joined or left since the fleet started: route by their
+      // layout from the start.
+      RETURN_IF_ERROR(AdoptLayout(register_doc_));
+    }
     AttachShared();
     return Status::OK();
   }
@@ -900,6 +905,9 @@ class ClientImpl : public Client {
       s = reply_.status.ok() ? Absorb(shard, p, t) : reply_.status;
     }
     if (p.shm) DisarmShm(p.shm_slot, reply_.id);
+    if (s.ok() && p.kind == RequestKind::kRegister && !reply_.layout_doc.empty()) {
+      register_doc_ = reply_.layout_doc;
+    }
     if (s.ok() && p.kind == RequestKind::kPush && options_.on_push) {
       options_.on_push(shard, reply_.id, true);
     }
@@ -1285,6 +1293,7 @@ class ClientImpl : public Client {
   std::unique_ptr<Layout> layout_;
   uint64_t layout_epoch_ = 0;  // elastic layouts: the epoch routed by
   std::vector<uint64_t> chunk_mark_;  // Absorb: chunks asked for / answered
+  std::string register_doc_;  // an elastic layout sent with a registration
   uint64_t mark_ = 0;
   std::vector<int> active_;    // elastic layouts: shards that own chunks
   std::map<uint64_t, Pending> pending_;  // by request id: resends go in order

@@ -207,6 +207,11 @@ TEST_F(MigrateTest, MoveUnderBspIsBitwiseTheSameAsNoMove) {
   r = a.Call(held, {g});
   EXPECT_EQ(r.status.code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(r.layout_doc, Doc());
+  // A worker that starts again registers with the first shard count and is
+  // told the layout to route by.
+  r = a.Call(ShardHarness::Register(1, SmallModel(), SmallLayout(2)));
+  EXPECT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_EQ(r.layout_doc, Doc());
   // A pull routed by an epoch the shard has not adopted is asked again.
   RequestHeader ahead = ShardHarness::Pull(0, 4);
   ahead.layout_epoch = 2;

@@ -10,13 +10,19 @@
 namespace asyncps::server {
 
 Status Shard::HandleRegister(const RequestHeader& req, ReplyHeader* reply) {
-  if (req.layout.num_shards != options_.num_shards) {
+  // After shards joined or left (elastic), a worker that starts again
+  // registers with the shard count that cut the chunks, and is told the
+  // layout it must route by.
+  const bool elastic = elastic_->epoch > 0 && layout_;
+  const int expect = elastic ? layout_->options().num_shards : options_.num_shards;
+  if (elastic) reply->layout_doc = elastic_->doc;
+  if (req.layout.num_shards != expect) {
     return Reject(
         RejectReason::kRegistrationMismatch,
         Status::InvalidArgument("registration is for " +
                                 std::to_string(req.layout.num_shards) +
                                 " shards, this server is one of " +
-                                std::to_string(options_.num_shards)));
+                                std::to_string(expect)));
   }
   if (layout_) {
     const auto& have = layout_->tensors();
