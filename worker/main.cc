@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <fstream>
 #include <sstream>
 #include <thread>
 
@@ -102,6 +103,12 @@ DEFINE_bool(prefetch_ahead, false,
             "network overlaps compute, and the weights lack this worker's "
             "own latest update (for ASP, or SSP with s >= 1)");
 
+DEFINE_string(weights_out, "",
+              "After training, pull the final weights (at the last clock) "
+              "and write them to this file: every tensor's fp32 values in "
+              "model order, raw little-endian bytes (bitwise comparisons of "
+              "runs); '{rank}' is replaced by the rank");
+
 DEFINE_double(metrics_linger_s, 0,
               "Keep serving metrics this long after training, so a scraper "
               "sees the final values");
@@ -159,6 +166,30 @@ StatusOr<bool> ResolveDropLast(Client* client) {
         "--drop_last=auto: shard 0's stats do not name its consistency");
   }
   return j["consistency"].get<std::string>() == "bsp";
+}
+
+// --weights_out: the weights after the last update, pulled at `clock`.
+Status WriteFinalWeights(PsParameterStore* store,
+                         const std::vector<int>& layers, int64_t clock) {
+  std::vector<std::vector<float>> weights;
+  std::vector<float*> ptrs;
+  for (const TensorSpec& t : MlpTensorSpecs(layers, FLAGS_seed)) {
+    weights.emplace_back(static_cast<size_t>(t.num_elements()));
+  }
+  for (std::vector<float>& w : weights) ptrs.push_back(w.data());
+  RETURN_IF_ERROR(store->Pull(clock, ptrs));
+  std::string path = FLAGS_weights_out;
+  for (size_t at = path.find("{rank}"); at != std::string::npos;
+       at = path.find("{rank}"))
+    path.replace(at, 6, std::to_string(FLAGS_rank));
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  for (const std::vector<float>& w : weights) {
+    f.write(reinterpret_cast<const char*>(w.data()),
+            static_cast<std::streamsize>(w.size() * sizeof(float)));
+  }
+  if (!f.flush()) return Status::Internal("cannot write " + path);
+  LOG(INFO) << "final weights at clock " << clock << " written to " << path;
+  return Status::OK();
 }
 
 Status Main() {
@@ -378,6 +409,11 @@ Status Main() {
             << backend->name() << " against " << servers.size() << " shard(s)";
   ASSIGN_OR_RETURN(TrainResult r, trainer->Run());
   RETURN_IF_ERROR(store->Flush());
+  if (!FLAGS_weights_out.empty()) {
+    RETURN_IF_ERROR(
+        WriteFinalWeights(store.get(), layers, trainer->total_steps())
+            .WithContext("--weights_out"));
+  }
   LOG(INFO) << "done: test accuracy " << r.final_test_acc << ", "
             << r.samples_per_s << " samples/s, " << client->resends()
             << " resends";

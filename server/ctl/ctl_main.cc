@@ -5,6 +5,18 @@
 //   ps_ctl keygen [--out=PREFIX]     # CurveZMQ key pair
 //   ps_ctl --servers=... top [--interval_ms=1000] [--iterations=N]
 //                                    # live view until Ctrl-C (ctl_top.h)
+//   ps_ctl --etcd=http://127.0.0.1:2379 [--etcd_prefix=/asyncps/JOB]
+//          [--servers=...] add-shard|remove-shard ENDPOINT
+//                                    # elastic shards while training
+//                                    # (server/elastic/coordinator.h)
+//
+// add-shard / remove-shard move chunks onto / off the shard at ENDPOINT and
+// print one JSON line {"command", "ok", "epoch", "moved_chunks",
+// "moved_bytes", "frozen_ms", "imbalance_before", "imbalance_after", ...};
+// --servers (the fleet's endpoints in shard order) is needed for the first
+// change of a fleet only (later ones read the layout from etcd). A shard
+// added must run with --shard_id=N --num_shards=N+1, N the fleet's shard
+// count so far. Errors: {"command", "ok": false, "code", "message"}, exit 1.
 //
 // keygen writes PREFIX.key (the secret key, mode 0600) and PREFIX.pub (the
 // public key), Z85 text on one line each after a comment; without --out it
@@ -33,6 +45,7 @@
 #include "common/transport.h"
 #include "common/wire.h"
 #include "server/ctl/ctl_top.h"
+#include "server/elastic/coordinator.h"
 
 DEFINE_string(servers, "",
               "comma-separated shard endpoints, in shard order; a replica "
@@ -41,6 +54,18 @@ DEFINE_int32(timeout_ms, 5000, "deadline for each shard's reply, milliseconds");
 DEFINE_string(out, "", "keygen: write PREFIX.key and PREFIX.pub");
 DEFINE_int32(interval_ms, 1000, "top: milliseconds between frames");
 DEFINE_int32(iterations, 0, "top: frames to draw, 0: until Ctrl-C");
+DEFINE_string(etcd, "",
+              "add-shard/remove-shard: comma-separated etcd endpoints "
+              "(http://host:port) holding the fleet's elastic layout");
+DEFINE_string(etcd_prefix, "/asyncps/default",
+              "add-shard/remove-shard: the fleet's key prefix in etcd (the "
+              "layout is <prefix>/elastic)");
+DEFINE_int32(freeze_deadline_ms, 10000,
+             "add-shard/remove-shard: a frozen shard aborts the change by "
+             "itself when it hears nothing for this long, ms");
+DEFINE_int32(drain_timeout_ms, 5000,
+             "add-shard/remove-shard: longest wait for the frozen shards to "
+             "finish the round under way, ms");
 DEFINE_string(clear, "auto",
               "top: clear the screen between frames: auto (when stdout is a "
               "terminal) | true | false");
@@ -167,6 +192,61 @@ int Top(const std::shared_ptr<Context>& ctx,
   return 0;
 }
 
+std::vector<std::string> SplitList(std::string list) {
+  std::replace(list.begin(), list.end(), '|', ',');
+  std::vector<std::string> out;
+  std::stringstream ss(list);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+// add-shard / remove-shard ENDPOINT (server/elastic/coordinator.h).
+int Elastic(const std::string& cmd, const std::string& endpoint) {
+  auto fail = [&](const Status& s, int code) {
+    const Json out = {{"command", cmd},
+                      {"ok", false},
+                      {"endpoint", endpoint},
+                      {"code", StatusCodeName(s.code())},
+                      {"message", s.message()}};
+    std::printf("%s\n", out.dump().c_str());
+    std::fprintf(stderr, "ps_ctl %s: %s\n", cmd.c_str(), s.ToString().c_str());
+    return code;
+  };
+  if (FLAGS_etcd.empty()) {
+    return fail(Status::InvalidArgument(
+                    "--etcd is required: the fleet's elastic layout lives in "
+                    "etcd (psrun starts one with elastic flags)"),
+                2);
+  }
+  if (FLAGS_timeout_ms < 1 || FLAGS_freeze_deadline_ms < 1 ||
+      FLAGS_drain_timeout_ms < 1) {
+    return fail(
+        Status::InvalidArgument("--timeout_ms, --freeze_deadline_ms and "
+                                "--drain_timeout_ms must be >= 1"),
+        2);
+  }
+  server::elastic::CoordinatorOptions o;
+  o.etcd_endpoints = SplitList(FLAGS_etcd);
+  o.etcd_prefix = FLAGS_etcd_prefix;
+  o.servers = SplitList(FLAGS_servers);
+  o.request_timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
+  o.drain_timeout = std::chrono::milliseconds(FLAGS_drain_timeout_ms);
+  o.freeze_deadline_ms = static_cast<uint32_t>(FLAGS_freeze_deadline_ms);
+  Status keys = CurveClientKeysFromFlags(&o.transport);
+  if (!keys.ok()) return fail(keys, 2);
+  StatusOr<std::unique_ptr<server::elastic::Coordinator>> c =
+      server::elastic::Coordinator::Create(o);
+  if (!c.ok()) return fail(c.status(), 2);
+  StatusOr<server::elastic::ChangeReport> r = cmd == "add-shard"
+                                                  ? (*c)->AddShard(endpoint)
+                                                  : (*c)->RemoveShard(endpoint);
+  if (!r.ok()) return fail(r.status(), 1);
+  std::printf("%s\n", r->ToJson().c_str());
+  return r->adopt_failures.empty() ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -176,11 +256,24 @@ int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
+  if (argc >= 2 && (std::string(argv[1]) == "add-shard" ||
+                    std::string(argv[1]) == "remove-shard")) {
+    if (argc != 3) {
+      std::fprintf(stderr,
+                   "usage: ps_ctl --etcd=EP [--etcd_prefix=P] "
+                   "[--servers=...] %s ENDPOINT\n",
+                   argv[1]);
+      return 2;
+    }
+    return Elastic(argv[1], argv[2]);
+  }
   if (argc != 2) {
     std::fprintf(
         stderr,
         "usage: ps_ctl --servers=EP[,EP...] stats|checkpoint|shutdown\n"
-        "       ps_ctl keygen [--out=PREFIX]\n");
+        "       ps_ctl keygen [--out=PREFIX]\n"
+        "       ps_ctl --etcd=EP [--servers=...] add-shard|remove-shard "
+        "ENDPOINT\n");
     return 2;
   }
   const std::string cmd = argv[1];
@@ -193,10 +286,10 @@ int main(int argc, char** argv) {
   } else if (cmd == "shutdown") {
     kind = RequestKind::kShutdown;
   } else {
-    std::fprintf(
-        stderr,
-        "ps_ctl: unknown command '%s' (stats, checkpoint, shutdown, top)\n",
-        cmd.c_str());
+    std::fprintf(stderr,
+                 "ps_ctl: unknown command '%s' (stats, checkpoint, shutdown, "
+                 "top, add-shard, remove-shard)\n",
+                 cmd.c_str());
     return 2;
   }
   // A replicated shard is its replica group "ep1|ep2": every member is
