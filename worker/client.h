@@ -185,6 +185,15 @@ class Client {
   virtual StatusOr<Ticket> StartPull(int64_t clock,
                                      const std::vector<float*>& tensors,
                                      const std::string& codec = "") = 0;
+  // Starts a pull of only the chunks `chunks` (layout ids, each at most
+  // once) into `tensors` (as StartPull; only those chunks are written), raw
+  // fp32, one request per shard that holds any of them. Requests leave for
+  // each shard in the order they were started and a shard answers those it
+  // can answer in that order, so pulls started in the order of first use
+  // arrive in it (the layered pulls of worker/ps_store.h).
+  virtual StatusOr<Ticket> StartPullChunks(
+      int64_t clock, const std::vector<uint32_t>& chunks,
+      const std::vector<float*>& tensors) = 0;
   // Starts a push of chunks and rows of sparse tables in one message per
   // shard (at most one RowsPush per table). The key and gradient buffers
   // may be reused as soon as this returns.

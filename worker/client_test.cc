@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <thread>
 
 #include "common/wire.h"
@@ -418,6 +419,89 @@ TEST(PsStoreTest, DeviceCompressionFallsBackToHostPushes) {
   EXPECT_GE(t.push_ns, t.encode_ns + t.push_copy_ns);
   EXPECT_EQ(t.pull_wait_ns, 0);
   EXPECT_EQ(t.pull_copy_ns, 0);
+}
+
+// PushSubset sends only the listed chunks; a layered pull asks for each
+// group in order and writes only the group it waits for.
+TEST(PsStoreTest, PushSubsetAndPullGroupsTouchOnlyTheirChunks) {
+  LayoutOptions lo;
+  lo.num_shards = 1;
+  lo.chunk_elems = 1024;
+  lo.min_chunk_elems = 256;
+  auto layout = Layout::Create(Model(), lo);
+  ASSERT_TRUE(layout.ok());
+  std::mutex mu;
+  std::vector<std::vector<uint32_t>> pushed, pulled;  // GUARDED_BY(mu)
+  FakeShard s0([&](const RequestHeader& req, const Message&, ReplyHeader* rep,
+                   std::vector<Frame>* data) {
+    std::lock_guard<std::mutex> l(mu);
+    if (req.kind == RequestKind::kPush) {
+      pushed.emplace_back();
+      for (const ChunkRef& c : req.chunks) pushed.back().push_back(c.chunk);
+    }
+    if (req.kind != RequestKind::kPull) return true;
+    pulled.push_back(req.pull_chunks);
+    for (uint32_t id : req.pull_chunks) {
+      const ChunkSpec& c = layout->chunks()[id];
+      std::vector<float> v(c.num_elems, c.tensor * 1000.0f + id);
+      rep->chunks.push_back({id, static_cast<uint32_t>(data->size() + 1), 0,
+                             c.num_elems, c.num_elems * 4, 1});
+      data->push_back(Frame::Copy(v.data(), v.size() * 4));
+    }
+    return true;
+  });
+  ClientOptions o;
+  o.servers = {s0.endpoint()};
+  o.rank = 0;
+  o.attempt_timeout = std::chrono::seconds(60);
+  auto client = Client::Create(o);
+  ASSERT_TRUE(client.ok());
+  PsStoreOptions so;
+  so.layout = lo;
+  so.timeout = milliseconds(5000);
+  auto store = PsParameterStore::Create(client->get(), Model(), so);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  const Layout& l = (*client)->layout();
+  ASSERT_GE(l.chunks().size(), 3u);
+  std::vector<uint32_t> w_ids, b_ids;
+  for (const ChunkSpec& c : l.chunks())
+    (c.tensor == 0 ? w_ids : b_ids).push_back(c.id);
+
+  std::vector<float> gw(5000, 1.0f), gb(50, 1.0f);
+  ASSERT_TRUE((*store)->PushSubset(0, {w_ids[1]}, {gw.data(), gb.data()}).ok());
+  ASSERT_TRUE((*store)->PushSubset(0, b_ids, {nullptr, gb.data()}).ok());
+  EXPECT_EQ((*store)
+                ->PushSubset(0, {b_ids[0], b_ids[0]}, {gw.data(), gb.data()})
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ((*store)->PushSubset(0, {w_ids[0]}, {nullptr, gb.data()}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ((*store)->traffic().bytes_pushed_raw,
+            (l.chunks()[w_ids[1]].num_elems + 50) * 4);
+
+  // Groups in forward order: b first, then w.
+  ASSERT_TRUE((*store)->ClockAndPullGroups(1, {b_ids, w_ids}).ok());
+  EXPECT_EQ((*store)->pull_groups_pending(), 2u);
+  std::vector<float> w(5000, -1), b(50, -1);
+  EXPECT_EQ((*store)->Pull(1, {w.data(), b.data()}).code(),
+            StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*store)->WaitPullGroup(1, {w.data(), b.data()}).ok());
+  for (uint32_t id : w_ids) {
+    ASSERT_EQ(w[l.chunks()[id].offset], static_cast<float>(id));
+  }
+  EXPECT_EQ(b[0], -1.0f);  // not yet
+  EXPECT_EQ((*store)->WaitPullGroup(1, {w.data(), b.data()}).code(),
+            StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*store)->WaitPullGroup(0, {w.data(), b.data()}).ok());
+  EXPECT_EQ(b[49], 1000.0f + b_ids.back());
+  EXPECT_EQ((*store)->pull_groups_pending(), 0u);
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(pushed.size(), 2u);
+  EXPECT_EQ(pushed[0], std::vector<uint32_t>{w_ids[1]});
+  EXPECT_EQ(pushed[1], b_ids);
+  ASSERT_EQ(pulled.size(), 2u);
+  EXPECT_EQ(pulled[0], b_ids);
+  EXPECT_EQ(pulled[1], w_ids);
 }
 
 }  // namespace

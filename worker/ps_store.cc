@@ -89,6 +89,15 @@ Status PsParameterStore::Flush() {
     if (first.ok()) first = s;
     prefetch_.reset();
   }
+  // A layered pull's groups not waited for (their chunks are dropped): the
+  // client must not write into pulled_ once the store is gone.
+  for (std::optional<Client::Ticket>& t : group_tickets_) {
+    if (!t) continue;
+    Status s = client_->Wait(*t, options_.timeout);
+    if (first.ok()) first = s;
+    t.reset();
+  }
+  groups_pending_ = 0;
   return first;
 }
 
@@ -96,6 +105,10 @@ Status PsParameterStore::Pull(int64_t clock,
                               const std::vector<float*>& tensors) {
   if (tensors.size() != specs_.size())
     return Status::InvalidArgument("pull: wrong number of tensors");
+  if (groups_pending_ > 0) {
+    return Status::FailedPrecondition(
+        "pull while a pull by groups is in flight (WaitPullGroup each group)");
+  }
   const auto start = SteadyClock::now();
   if (!prefetch_ || prefetch_clock_ != clock) {
     if (prefetch_)
@@ -109,35 +122,13 @@ Status PsParameterStore::Pull(int64_t clock,
   TicketResult r;
   Status s = client_->Wait(*prefetch_, options_.timeout, &r);
   prefetch_.reset();
-  if (s.ok() && r.min_clock != INT64_MAX && r.min_clock > WireClock(clock)) {
-    // Every live worker, this one included as the shards see it, is past
-    // the clock this pull was for: this worker was evicted, started late or
-    // is a restarted process, and the others went on (a BSP round it can no
-    // longer contribute to). Skip ahead to them.
-    LOG(WARNING) << "rank " << client_->options().rank << ": the shards are "
-                 << "at clock " << r.min_clock << ", this worker at "
-                 << WireClock(clock) << ": skipping ahead "
-                 << r.min_clock - WireClock(clock) << " clocks";
-    clock_offset_ = r.min_clock - clock;
-  }
-  // The step's push and clock were sent before the pull on every connection,
-  // so their acknowledgements have arrived by now.
-  int64_t staleness = -1;
+  if (s.ok()) SkipAheadIfBehind(clock, r);
   // With prefetch_ahead the pull left before the latest push: that push's
   // acknowledgement is collected one step later, off the critical path.
-  const int64_t ack_horizon = options_.prefetch_ahead ? clock - 1 : clock + 1;
-  size_t kept = 0;
-  for (auto& [t, sent_at] : acks_) {
-    if (sent_at >= ack_horizon) {
-      acks_[kept++] = {t, sent_at};
-      continue;
-    }
-    TicketResult ar;
-    Status as = client_->Wait(t, options_.timeout, &ar);
-    if (s.ok() && !as.ok()) s = as;
-    staleness = std::max(staleness, ar.max_staleness);
-  }
-  acks_.resize(kept);
+  int64_t staleness = -1;
+  Status as =
+      CollectAcks(options_.prefetch_ahead ? clock - 1 : clock + 1, &staleness);
+  if (s.ok()) s = as;
   RETURN_IF_ERROR(s);
   const auto copy_start = SteadyClock::now();
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -153,11 +144,118 @@ Status PsParameterStore::Pull(int64_t clock,
     prefetch_ = next;
     prefetch_clock_ = clock + 1;
   }
+  CountPull(r, staleness, start, copy_start, copy_end);
+  return Status::OK();
+}
+
+void PsParameterStore::CountPull(const TicketResult& r, int64_t staleness,
+                                 SteadyClock::time_point start,
+                                 SteadyClock::time_point copy_start,
+                                 SteadyClock::time_point copy_end) {
   std::lock_guard<std::mutex> l(mu_);
   traffic_.bytes_pulled += r.bytes_received;
   traffic_.pull_wait_ns += Nanos(start, SteadyClock::now());
   traffic_.pull_copy_ns += Nanos(copy_start, copy_end);
   if (staleness >= 0) traffic_.last_staleness = staleness;
+}
+
+void PsParameterStore::SkipAheadIfBehind(int64_t clock, const TicketResult& r) {
+  if (r.min_clock == INT64_MAX || r.min_clock <= WireClock(clock)) return;
+  // Every live worker, this one included as the shards see it, is past
+  // the clock this pull was for: this worker was evicted, started late or
+  // is a restarted process, and the others went on (a BSP round it can no
+  // longer contribute to). Skip ahead to them.
+  LOG(WARNING) << "rank " << client_->options().rank << ": the shards are "
+               << "at clock " << r.min_clock << ", this worker at "
+               << WireClock(clock) << ": skipping ahead "
+               << r.min_clock - WireClock(clock) << " clocks";
+  clock_offset_ = r.min_clock - clock;
+}
+
+Status PsParameterStore::CollectAcks(int64_t horizon, int64_t* staleness) {
+  // The step's push and clock were sent before the pull on every connection,
+  // so their acknowledgements have arrived by now.
+  Status first;
+  size_t kept = 0;
+  for (auto& [t, sent_at] : acks_) {
+    if (sent_at >= horizon) {
+      acks_[kept++] = {t, sent_at};
+      continue;
+    }
+    TicketResult ar;
+    Status as = client_->Wait(t, options_.timeout, &ar);
+    if (first.ok() && !as.ok()) first = as;
+    *staleness = std::max(*staleness, ar.max_staleness);
+  }
+  acks_.resize(kept);
+  return first;
+}
+
+Status PsParameterStore::ClockAndPullGroups(
+    int64_t new_clock, const std::vector<std::vector<uint32_t>>& groups) {
+  if (options_.prefetch_ahead ||
+      !(options_.pull_codec.empty() || options_.pull_codec == "none")) {
+    return Status::FailedPrecondition(
+        "pulls by group need raw pulls (no pull codec) and prefetch_ahead off");
+  }
+  if (groups_pending_ > 0) {
+    return Status::FailedPrecondition(
+        "the previous pull by groups was not waited for");
+  }
+  const auto start = SteadyClock::now();
+  ASSIGN_OR_RETURN(Client::Ticket t, client_->StartClock(WireClock(new_clock)));
+  acks_.push_back({t, new_clock - 1});
+  if (prefetch_) {
+    (void)client_->Wait(*prefetch_, options_.timeout);
+    prefetch_.reset();
+  }
+  group_tickets_.clear();
+  group_chunks_ = groups;
+  group_clock_ = new_clock;
+  group_acks_done_ = false;
+  for (const std::vector<uint32_t>& g : groups) {
+    ASSIGN_OR_RETURN(
+        Client::Ticket p,
+        client_->StartPullChunks(WireClock(new_clock), g, pulled_ptrs_));
+    group_tickets_.push_back(p);
+    ++groups_pending_;
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  traffic_.clock_ns += Nanos(start, SteadyClock::now());
+  return Status::OK();
+}
+
+Status PsParameterStore::WaitPullGroup(size_t group,
+                                       const std::vector<float*>& tensors) {
+  if (tensors.size() != specs_.size())
+    return Status::InvalidArgument("pull: wrong number of tensors");
+  if (group >= group_tickets_.size() || !group_tickets_[group]) {
+    return Status::FailedPrecondition(
+        "pull group " + std::to_string(group) +
+        " is not in flight (ClockAndPullGroups first, each group once)");
+  }
+  const auto start = SteadyClock::now();
+  TicketResult r;
+  Status s = client_->Wait(*group_tickets_[group], options_.timeout, &r);
+  group_tickets_[group].reset();
+  --groups_pending_;
+  if (s.ok()) SkipAheadIfBehind(group_clock_, r);
+  int64_t staleness = -1;
+  if (!group_acks_done_) {
+    group_acks_done_ = true;
+    Status as = CollectAcks(group_clock_ + 1, &staleness);
+    if (s.ok()) s = as;
+  }
+  RETURN_IF_ERROR(s);
+  const auto copy_start = SteadyClock::now();
+  const Layout& layout = client_->layout();
+  for (uint32_t id : group_chunks_[group]) {
+    const ChunkSpec& c = layout.chunks()[id];
+    std::memcpy(tensors[c.tensor] + c.offset, pulled_ptrs_[c.tensor] + c.offset,
+                c.num_elems * sizeof(float));
+  }
+  const auto copy_end = SteadyClock::now();
+  CountPull(r, staleness, start, copy_start, copy_end);
   return Status::OK();
 }
 
@@ -175,24 +273,50 @@ Status PsParameterStore::PushDevice(
   return PushChunks(clock, device_grads, /*on_device=*/true);
 }
 
+Status PsParameterStore::PushSubset(int64_t clock,
+                                    const std::vector<uint32_t>& chunk_ids,
+                                    const std::vector<const float*>& grads) {
+  const Layout& layout = client_->layout();
+  std::vector<bool> seen(layout.chunks().size());
+  for (uint32_t id : chunk_ids) {
+    if (id >= seen.size() || seen[id]) {
+      return Status::InvalidArgument(
+          "push: chunk " + std::to_string(id) +
+          (id >= seen.size() ? " is not in the layout" : " listed twice"));
+    }
+    seen[id] = true;
+    if (grads.size() == specs_.size() &&
+        grads[layout.chunks()[id].tensor] == nullptr) {
+      return Status::InvalidArgument("push: no gradient for tensor " +
+                                     specs_[layout.chunks()[id].tensor].name);
+    }
+  }
+  return PushChunks(clock, grads, /*on_device=*/false, &chunk_ids);
+}
+
 Status PsParameterStore::PushChunks(int64_t clock,
                                     const std::vector<const float*>& grads,
-                                    bool on_device) {
+                                    bool on_device,
+                                    const std::vector<uint32_t>* subset) {
   if (grads.size() != specs_.size())
     return Status::InvalidArgument("push: wrong number of tensors");
   const auto start = SteadyClock::now();
   int64_t copy_ns = 0;
   const Layout& layout = client_->layout();
   std::vector<ChunkPayload> payloads;
-  payloads.reserve(layout.chunks().size());
+  const size_t count = subset ? subset->size() : layout.chunks().size();
+  payloads.reserve(count);
   uint64_t raw = 0, wire = 0;
   step_wire_.assign(specs_.size(), 0);
+  step_raw_.assign(specs_.size(), 0);
   const double epoch = static_cast<double>(clock) /
                        std::max<int64_t>(1, options_.steps_per_epoch);
-  for (const ChunkSpec& c : layout.chunks()) {
+  for (size_t k = 0; k < count; ++k) {
+    const ChunkSpec& c = layout.chunks()[subset ? (*subset)[k] : k];
     const float* g = grads[c.tensor] + c.offset;
     const size_t bytes = c.num_elems * sizeof(float);
     raw += bytes;
+    step_raw_[c.tensor] += bytes;
     ChunkPayload p;
     p.chunk = c.id;
     if (raw_push_ || c.num_elems < min_elems_) {
@@ -230,8 +354,7 @@ Status PsParameterStore::PushChunks(int64_t clock,
   traffic_.bytes_pushed_raw += raw;
   traffic_.bytes_pushed_wire += wire;
   for (size_t t = 0; t < specs_.size(); ++t) {
-    tensor_bytes_[t].raw +=
-        static_cast<uint64_t>(specs_[t].num_elements()) * sizeof(float);
+    tensor_bytes_[t].raw += step_raw_[t];
     tensor_bytes_[t].wire += step_wire_[t];
   }
   uint64_t encode_ns = compressor_ ? compressor_->stats().encode_ns : 0;

@@ -91,6 +91,32 @@ class PsParameterStore : public ParameterStore {
   Status Clock(int64_t new_clock) override;
   TrafficStats traffic() const override;
 
+  // As Push, for only the chunks `chunk_ids` (layout ids, each at most
+  // once); `grads` holds one pointer per tensor, read only for the tensors
+  // of those chunks. Several calls at one clock send a step's gradient in
+  // parts as it becomes ready (the overlap scheduler,
+  // worker/python/asyncps/overlap.py); under BSP a shard counts one push per
+  // worker and round, so all chunks of one shard must go in one call.
+  Status PushSubset(int64_t clock, const std::vector<uint32_t>& chunk_ids,
+                    const std::vector<const float*>& grads);
+
+  // Layered pulls (the overlap scheduler): Clock(new_clock), then the pull
+  // of new_clock's weights as one request per group of chunks (and shard),
+  // sent in group order -- list the groups in the order the forward pass
+  // needs them, and the first layers' weights arrive first (P3). Replaces
+  // the pull Clock() would prefetch. Raw pulls and prefetch_ahead off only
+  // (else FailedPrecondition). Every group must then be waited for with
+  // WaitPullGroup before the next Pull or ClockAndPullGroups.
+  Status ClockAndPullGroups(int64_t new_clock,
+                            const std::vector<std::vector<uint32_t>>& groups);
+  // Waits for group `group` of the layered pull and writes its chunks into
+  // `tensors` (one pointer per tensor; only the group's chunks are
+  // written). The first group waited for also collects the step's push and
+  // clock acknowledgements, and skips ahead as Pull does.
+  Status WaitPullGroup(size_t group, const std::vector<float*>& tensors);
+  // Groups of the layered pull not yet waited for.
+  size_t pull_groups_pending() const { return groups_pending_; }
+
   // Pushed bytes per tensor, dense fp32 vs on the wire (payload headers and
   // sparse indices included), in layout order.
   struct TensorBytes {
@@ -104,9 +130,23 @@ class PsParameterStore : public ParameterStore {
   Status Flush();
 
  private:
-  // Push and PushDevice: grads are device pointers when on_device.
+  // Push, PushDevice and PushSubset: grads are device pointers when
+  // on_device; `subset` (chunk ids) or null for every chunk.
   Status PushChunks(int64_t clock, const std::vector<const float*>& grads,
-                    bool on_device);
+                    bool on_device,
+                    const std::vector<uint32_t>* subset = nullptr);
+  // After a pull for trainer step `clock` returned `r`: moves the clock
+  // offset when the shards are past that clock (see the file comment).
+  void SkipAheadIfBehind(int64_t clock, const TicketResult& r);
+  // Waits for the acknowledgements of pushes and clocks sent at steps before
+  // `horizon`; raises *staleness to the largest reported. First error.
+  Status CollectAcks(int64_t horizon, int64_t* staleness);
+  // Adds a completed pull (started at `start`, copied out between
+  // copy_start and copy_end) to traffic_.
+  void CountPull(const TicketResult& r, int64_t staleness,
+                 std::chrono::steady_clock::time_point start,
+                 std::chrono::steady_clock::time_point copy_start,
+                 std::chrono::steady_clock::time_point copy_end);
   // Clock() without its timing.
   Status StartClockAndPrefetch(int64_t new_clock);
   // The clock sent to the shards for trainer step `clock`.
@@ -135,6 +175,14 @@ class PsParameterStore : public ParameterStore {
   // has released it (no allocation or page faults per push).
   std::vector<BufferPtr> push_buffers_;
   std::vector<uint64_t> step_wire_;  // wire bytes per tensor of one push
+  std::vector<uint64_t> step_raw_;   // fp32 bytes per tensor of one push
+  // The layered pull in flight: its clock, a ticket (unset once waited for)
+  // and the chunks of each group.
+  int64_t group_clock_ = -1;
+  std::vector<std::optional<Client::Ticket>> group_tickets_;
+  std::vector<std::vector<uint32_t>> group_chunks_;
+  size_t groups_pending_ = 0;
+  bool group_acks_done_ = false;
   mutable std::mutex mu_;
   TrafficStats traffic_;                   // GUARDED_BY(mu_)
   std::vector<TensorBytes> tensor_bytes_;  // GUARDED_BY(mu_)

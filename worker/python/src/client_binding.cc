@@ -91,6 +91,44 @@ class PyStore {
     }));
   }
 
+  void PushChunks(int64_t clock, const std::vector<uint32_t>& chunk_ids,
+                  const py::sequence& arrays) {
+    std::vector<float*> ptrs = CheckedBuffers(arrays, specs_, false, "push");
+    std::vector<const float*> cptrs(ptrs.begin(), ptrs.end());
+    ThrowIfError(client_->Run([&] {
+      return WithStore([&](PsParameterStore& st) {
+        return st.PushSubset(clock, chunk_ids, cptrs)
+            .WithContext("push of " + std::to_string(chunk_ids.size()) +
+                         " chunks at clock " + std::to_string(clock));
+      });
+    }));
+  }
+
+  void ClockAndPullGroups(int64_t new_clock,
+                          const std::vector<std::vector<uint32_t>>& groups) {
+    ThrowIfError(client_->Run([&] {
+      return WithStore([&](PsParameterStore& st) {
+        return st.ClockAndPullGroups(new_clock, groups)
+            .WithContext("clock " + std::to_string(new_clock) +
+                         " and pull by groups");
+      });
+    }));
+  }
+
+  void WaitPullGroup(size_t group, const py::sequence& arrays) {
+    std::vector<float*> ptrs = CheckedBuffers(arrays, specs_, true, "pull");
+    ThrowIfError(client_->Run([&] {
+      return WithStore([&](PsParameterStore& st) {
+        return st.WaitPullGroup(group, ptrs).WithContext(
+            "pull group " + std::to_string(group));
+      });
+    }));
+  }
+
+  size_t PullGroupsPending() {
+    return store_ ? store_->pull_groups_pending() : 0;
+  }
+
   // Device pointers (one per tensor, num_elements floats each, complete):
   // FailedPrecondition unless the store compresses on the device.
   void PushDevice(int64_t clock, const std::vector<uintptr_t>& pointers) {
@@ -391,6 +429,25 @@ pull(c, bufs) -> compute -> push(c, grads) -> clock(c + 1).)doc")
       .def("push", &PyStore::Push, py::arg("clock"), py::arg("grads"),
            "Compresses and sends the gradients of the weights pulled at "
            "`clock`; the buffers may be reused once it returns.")
+      .def("push_chunks", &PyStore::PushChunks, py::arg("clock"),
+           py::arg("chunk_ids"), py::arg("grads"),
+           "As push, for only the chunks `chunk_ids` (Client.chunks() ids); "
+           "`grads` holds every tensor's buffer, read only for those chunks. "
+           "Several calls at one clock send a step's gradient in parts; under "
+           "BSP a shard counts one push per worker and round, so each shard's "
+           "chunks must go in one call.")
+      .def("clock_and_pull_groups", &PyStore::ClockAndPullGroups,
+           py::arg("new_clock"), py::arg("groups"),
+           "clock(new_clock), then the pull of new_clock's weights as one "
+           "request per group of chunk ids, sent in group order (list them "
+           "in the order the forward pass needs them). Raw pulls without "
+           "prefetch_ahead only. Wait for every group with wait_pull_group.")
+      .def("wait_pull_group", &PyStore::WaitPullGroup, py::arg("group"),
+           py::arg("buffers"),
+           "Waits for one group of clock_and_pull_groups and writes its "
+           "chunks into `buffers` (one per tensor; only those chunks).")
+      .def_property_readonly("pull_groups_pending", &PyStore::PullGroupsPending,
+                             "Groups of the pull by groups not waited for.")
       .def("push_device", &PyStore::PushDevice, py::arg("clock"),
            py::arg("pointers"),
            "As push, with CUDA device pointers (compressed on the device); "
