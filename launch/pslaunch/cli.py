@@ -69,6 +69,12 @@ def make_parser():
     p.add_argument("--etcd", help="etcd endpoints for the replica layout and leases "
                                   "(default with --replicas > 1: a local etcd started by psrun "
                                   "in the run folder)")
+    p.add_argument("--elastic", metavar="PLAN",
+                   help="shards join and leave while the workers train: steps '+N@SECONDS' "
+                        "(start N shards and move chunks onto them), '-N@SECONDS' (move every "
+                        "chunk off the N newest, then stop them), '-#K@SECONDS' (shard K), "
+                        "seconds after the workers started, e.g. '+1@20s,-1@40s' "
+                        "(launch/README.md; uses etcd: --etcd, or a local one)")
     p.add_argument("--lease_ms", type=int,
                    help="shards' etcd lease TTL in ms (etcd rounds up to whole seconds; "
                         "default 1000)")
@@ -122,7 +128,8 @@ def parse_args(argv):
     # "--server_flags --lr=0.1": argparse would take the value for an option.
     joined = []
     for a in own:
-        if joined and joined[-1] in ("--server_flags", "--srun_opts", "--ssh_opts"):
+        if joined and joined[-1] in ("--server_flags", "--srun_opts", "--ssh_opts",
+                                     "--elastic"):
             joined[-1] = joined[-1] + "=" + a
         else:
             joined.append(a)
@@ -155,6 +162,16 @@ def parse_args(argv):
     if opts.grace < 0 or opts.start_timeout <= 0:
         parser.error("--grace must be >= 0 and --start_timeout > 0")
     check_emulation(parser, opts)
+    opts.elastic_plan = []
+    if opts.elastic:
+        from . import elastic as elastic_mod
+        try:
+            opts.elastic_plan = elastic_mod.parse_plan(opts.elastic, opts.servers)
+        except ValueError as e:
+            parser.error("--elastic: %s" % e)
+        why = elastic_mod.check_opts(opts)
+        if why:
+            parser.error(why)
     if opts.transport == "ipc" and opts.backend != "local":
         # psrun's own ps_ctl (readiness, checkpoint, shutdown) must reach the
         # shards' sockets too, so they must be on psrun's host.

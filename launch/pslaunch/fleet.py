@@ -82,7 +82,12 @@ class Fleet:
         self.bind_host = bind_host
         self.log = log
         self.replicas = getattr(opts, "replicas", 1) or 1
-        if self.replicas > 1 or getattr(opts, "etcd", None):
+        # psrun --elastic (elastic.py): shards join and leave while training.
+        self.elastic = None
+        if getattr(opts, "elastic_plan", None):
+            from . import elastic as elastic_mod
+            self.elastic = elastic_mod.Elastic(self, opts.elastic_plan)
+        if (self.replicas > 1 or getattr(opts, "etcd", None)) and not self.elastic:
             self.shards = [Member("server", g * self.replicas + r, g, r)
                            for g in range(opts.servers) for r in range(self.replicas)]
         else:
@@ -157,7 +162,8 @@ class Fleet:
         its members' endpoints joined by '|' (replica 0, the first primary,
         first)."""
         if not self.replicated():
-            return ",".join(m.endpoint for m in self.shards)
+            # Shards removed by --elastic (done) are not asked any more.
+            return ",".join(m.endpoint for m in self.shards if not m.done)
         groups = {}
         for m in self.shards:
             groups.setdefault(m.group, []).append(m.endpoint or "")
@@ -187,7 +193,8 @@ class Fleet:
         o = self.o
         argv = [os.path.join(o.bin_dir, "ps_server"),
                 "--flagfile=" + self.path("flags", "server.flags"),
-                "--shard_id=%d" % m.rank, "--num_shards=%d" % o.servers,
+                "--shard_id=%d" % m.rank,
+                "--num_shards=%d" % (getattr(m, "num_shards", None) or o.servers),
                 "--num_workers=%d" % o.workers, "--endpoint=" + endpoint,
                 "--ready_file=" + self.path("ready", "%s.endpoint" % m.name),
                 "--db_path=" + self.path("db", m.name)]
@@ -197,6 +204,11 @@ class Fleet:
                      "--etcd=" + self.etcd_endpoints,
                      "--etcd_prefix=/asyncps/" + self.etcd_prefix(),
                      "--lease_ms=%d" % getattr(o, "lease_ms", 1000)]
+        if self.elastic:
+            # A shard frozen by a change whose ps_ctl went away asks etcd
+            # whether it committed (ps_server --elastic_etcd).
+            argv += ["--elastic_etcd=" + self.etcd_endpoints,
+                     "--etcd_prefix=/asyncps/" + self.etcd_prefix()]
         if self.monitor:
             argv += self.monitor.flags(m.name, "server")
         return argv + shlex.split(o.server_flags or "")
@@ -207,14 +219,15 @@ class Fleet:
                        for c in os.path.basename(self.run_dir.rstrip("/")))
 
     def start_etcd(self):
-        if not self.replicated() or self.etcd_endpoints:
+        if not (self.replicated() or self.elastic) or self.etcd_endpoints:
             return
         from . import etcd as etcd_mod
         try:
             self.etcd = etcd_mod.start_local_etcd(self.run_dir, **self.etcd_options)
         except (RuntimeError, OSError) as e:
-            raise LaunchError(None, "--replicas needs etcd: %s (install Debian's etcd-server, or "
-                                    "give --etcd ENDPOINTS)" % e)
+            raise LaunchError(None, "%s needs etcd: %s (install Debian's etcd-server, or "
+                                    "give --etcd ENDPOINTS)" % (
+                                        "--elastic" if self.elastic else "--replicas", e))
         self.etcd_endpoints = self.etcd.endpoints
         self.log("psrun: local etcd at %s (pid %d)" % (self.etcd_endpoints, self.etcd.pid))
 
@@ -386,10 +399,14 @@ class Fleet:
             self.update_targets()
             if self.pids_pending:
                 self.write_pids()
+            if self.elastic:
+                self.elastic.tick()
             for m in self.shards:
                 rc = m.proc.poll()
                 if rc is None:
                     continue
+                if m.done and not self.replicated():
+                    continue  # removed by --elastic
                 if self.replicated():
                     self.replica_stopped(m, rc)
                     continue
@@ -533,6 +550,8 @@ class Fleet:
             if progress_cb:
                 progress = progress_cb([self.log_path(m) for m in self.workers])
             self.watch(progress)
+            if self.elastic:
+                self.elastic.finish()
             if progress:
                 progress.update(force=True)
                 progress.finish()
@@ -597,6 +616,8 @@ class Fleet:
         }
         if self.monitor:
             summary["monitoring"] = self.monitor.summary()
+        if self.elastic:
+            summary["elastic"] = self.elastic.records
         summary_mod.write_json(self.path("summary.json"), summary)
         return summary
 

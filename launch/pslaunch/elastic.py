@@ -1,0 +1,237 @@
+"""psrun --elastic PLAN: shards that join and leave while the workers train.
+
+A plan is a comma-separated list of steps, each at a time in seconds after
+the workers started:
+  +N@T     start N new shards (one at a time) and move chunks onto each:
+           ps_server --shard_id=K --num_shards=K+1 (K: the next shard index),
+           then `ps_ctl add-shard ENDPOINT`
+  -N@T     move every chunk off the N newest shards still holding chunks
+           (`ps_ctl remove-shard ENDPOINT`), then stop them
+  -#K@T    the same for shard K
+e.g. "+1@20s,-1@40s" (2 -> 3 -> 2 shards with --servers 2). The fleet's
+elastic layout lives in etcd (psrun starts a local one, or --etcd) under
+/asyncps/<run folder name>/elastic. A removed shard keeps answering clients
+that still route by the old layout (with the new one) for LINGER_S seconds,
+then gets `ps_ctl shutdown`. A step whose time comes after the workers
+finished is skipped (recorded as such). Every step's ps_ctl report is in
+RUN_DIR/elastic.json and in summary.json ("elastic"); a step that fails
+fails the run (the shards are back on the layout they had).
+
+Not supported yet (refused by psrun): --replicas > 1, backends other than
+local, --emulate_hosts. Sparse tables are refused by the shards (ps_ctl
+reports their error and the run fails).
+"""
+import json
+import re
+import signal
+import time
+
+from . import summary as summary_mod
+
+LINGER_S = 2.0
+_STEP = re.compile(r"([+-])(#?)(\d+)@(\d+(?:\.\d*)?)s?")
+
+
+class Step:
+    def __init__(self, text, at_s, op, count=1, shard=None):
+        self.text = text
+        self.at_s = at_s
+        self.op = op  # "add" | "remove"
+        self.count = count
+        self.shard = shard  # remove: an explicit shard index
+
+    def __repr__(self):
+        return "Step(%r)" % self.text
+
+
+def parse_plan(text, servers):
+    """The steps of `text` in time order; ValueError naming the bad step
+    (syntax, or a plan that would leave no shard)."""
+    steps = []
+    for item in (text or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        m = _STEP.fullmatch(item)
+        if not m:
+            raise ValueError("step %r is not +N@SECONDS, -N@SECONDS or -#SHARD@SECONDS "
+                             "(e.g. '+1@20s,-1@40s')" % item)
+        sign, explicit, n, at = m.groups()
+        n = int(n)
+        if sign == "+" and explicit:
+            raise ValueError("step %r: '+#K' makes no sense; +N adds N new shards" % item)
+        if not explicit and n < 1:
+            raise ValueError("step %r: N must be >= 1" % item)
+        if explicit:
+            steps.append(Step(item, float(at), "remove", 1, n))
+        else:
+            steps.append(Step(item, float(at), "add" if sign == "+" else "remove", n))
+    if not steps:
+        raise ValueError("no step in %r" % text)
+    steps.sort(key=lambda s: s.at_s)
+    active, total = set(range(servers)), servers
+    for s in steps:
+        if s.op == "add":
+            active |= set(range(total, total + s.count))
+            total += s.count
+        elif s.shard is not None:
+            if s.shard not in active:
+                raise ValueError("step %r: shard %d is not in the fleet then" % (s.text, s.shard))
+            active.discard(s.shard)
+        else:
+            for k in sorted(active, reverse=True)[:s.count]:
+                active.discard(k)
+        if not active:
+            raise ValueError("step %r leaves no shard" % s.text)
+    return steps
+
+
+def check_opts(opts):
+    """Why psrun cannot run this plan with these options, or None."""
+    if opts.replicas > 1:
+        return ("--elastic with --replicas > 1 is not supported yet (replica groups do "
+                "not move chunks): use one or the other")
+    if opts.backend != "local":
+        return "--elastic needs --backend local for now, not --backend %s" % opts.backend
+    if getattr(opts, "emulate_hosts", None):
+        return "--elastic with --emulate_hosts is not supported yet"
+    return None
+
+
+class Elastic:
+    """Runs a plan against a Fleet (fleet.py) from its watch loop."""
+
+    def __init__(self, fleet, steps):
+        self.fleet = fleet
+        self.steps = list(steps)
+        self.records = []
+        self.stops = []  # (time, member): removed shards to shut down
+        self.initial = None
+
+    def prefix(self):
+        return "/asyncps/" + self.fleet.etcd_prefix()
+
+    def tick(self):
+        """Due steps and stops, now. Raises fleet.LaunchError on a failure."""
+        f = self.fleet
+        if self.initial is None:
+            self.initial = ",".join(m.endpoint for m in f.shards)
+        now = time.time()
+        for due, m in list(self.stops):
+            if now >= due:
+                self.stops.remove((due, m))
+                self.stop(m)
+        while self.steps and now - f.worker_start >= self.steps[0].at_s:
+            step = self.steps.pop(0)
+            for _ in range(step.count):
+                self.run_step(step)
+
+    def finish(self):
+        """The workers are done: steps not run are recorded as skipped,
+        removed shards still lingering are stopped."""
+        for step in self.steps:
+            self.fleet.log("psrun: elastic step %s skipped: the workers finished first" %
+                           step.text)
+            self.records.append({"step": step.text, "skipped": True})
+        self.steps = []
+        for _, m in self.stops:
+            self.stop(m)
+        self.stops = []
+        self.write()
+
+    def ctl(self, command, endpoint):
+        f = self.fleet
+        argv = f.ctl_prefix + [f.ctl, "--etcd=" + f.etcd_endpoints,
+                               "--etcd_prefix=" + self.prefix(),
+                               "--servers=" + self.initial, "--timeout_ms=5000",
+                               command, endpoint]
+        import subprocess
+        try:
+            r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
+                               timeout=60, check=False)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return None, str(e)
+        out = r.stdout.decode("utf-8", "replace").strip().splitlines()
+        err = r.stderr.decode("utf-8", "replace").strip()
+        try:
+            rec = json.loads(out[-1]) if out else None
+        except ValueError:
+            rec = None
+        if r.returncode != 0 or not rec or not rec.get("ok"):
+            why = (rec or {}).get("message") or (err.splitlines()[-1:] or ["exit %d" %
+                                                                           r.returncode])[0]
+            return rec, why
+        return rec, None
+
+    def run_step(self, step):
+        from .fleet import LaunchError, Member
+        f = self.fleet
+        t0 = time.time()
+        at = t0 - f.worker_start
+        if step.op == "add":
+            m = Member("server", len(f.shards))
+            m.num_shards = m.rank + 1
+            f.shards.append(m)
+            f.start_shard(m)
+            deadline = time.time() + f.o.start_timeout
+            m.endpoint = f.wait_ready_file(m, deadline)
+            f.wait_stats(m, deadline)
+            f.write_pids()
+            rec, why = self.ctl("add-shard", m.endpoint)
+            while why and "no model yet" in why and time.time() < deadline:
+                f.sleep(0.25)  # the workers have not registered the model yet
+                rec, why = self.ctl("add-shard", m.endpoint)
+            if why:
+                m.done = True
+                m.proc.signal(signal.SIGTERM)
+                self.record(step, at, m, rec, why, t0)
+                raise LaunchError(m, "elastic step %s: ps_ctl add-shard %s failed: %s" %
+                                  (step.text, m.endpoint, why))
+        else:
+            live = [m for m in f.shards if not m.done and not getattr(m, "removed", False)]
+            if step.shard is not None:
+                live = [m for m in live if m.rank == step.shard]
+                if not live:
+                    raise LaunchError(None, "elastic step %s: shard %d is not in the fleet" %
+                                      (step.text, step.shard))
+            m = max(live, key=lambda x: x.rank)
+            rec, why = self.ctl("remove-shard", m.endpoint)
+            deadline = time.time() + f.o.start_timeout
+            while why and "no model yet" in why and time.time() < deadline:
+                f.sleep(0.25)
+                rec, why = self.ctl("remove-shard", m.endpoint)
+            if why:
+                self.record(step, at, m, rec, why, t0)
+                raise LaunchError(m, "elastic step %s: ps_ctl remove-shard %s failed: %s" %
+                                  (step.text, m.endpoint, why))
+            m.removed = True
+            self.stops.append((time.time() + LINGER_S, m))
+        self.record(step, at, m, rec, None, t0)
+        f.log("psrun: elastic %s %s (shard %d, %s): epoch %s, %s chunk(s) / %.2f MiB moved, "
+              "workers frozen %.0f ms, imbalance %.3f -> %.3f, step took %.1f s" % (
+                  step.text, "added" if step.op == "add" else "removed", m.rank, m.endpoint,
+                  rec.get("epoch"), rec.get("moved_chunks"), rec.get("moved_bytes", 0) / 2**20,
+                  rec.get("frozen_ms", 0), rec.get("imbalance_before", 0),
+                  rec.get("imbalance_after", 0), time.time() - t0))
+
+    def stop(self, m):
+        """A removed shard: shut down (its final checkpoint), not a failure."""
+        m.done = True
+        self.fleet.ps_ctl("shutdown", m.endpoint)
+        self.fleet.log("psrun: %s (removed from the fleet) shut down" % m.name)
+
+    def record(self, step, at, m, rec, why, t0):
+        """at: seconds after the workers started; t0/t1 (wall clock, s since
+        the epoch): when the step began and ended (a new shard's start
+        included)."""
+        t1 = time.time()
+        r = {"step": step.text, "at_s": round(at, 3), "shard": m.rank,
+             "endpoint": m.endpoint, "ok": why is None, "report": rec,
+             "t0": t0, "t1": t1, "took_s": round(t1 - t0, 3)}
+        if why:
+            r["error"] = why
+        self.records.append(r)
+        self.write()
+
+    def write(self):
+        summary_mod.write_json(self.fleet.path("elastic.json"), {"steps": self.records})
