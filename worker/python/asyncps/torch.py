@@ -173,12 +173,15 @@ class ParameterServer:
     SSP with s >= 1). steps_per_epoch drives the codec's sparsity warm-up.
     timeout_s bounds every wait (a shard restart must finish within it);
     heartbeat_s keeps this worker in the shards' clock minimum. CURVE keys
-    default from ASYNCPS_CURVE_* (file paths or Z85 text)."""
+    default from ASYNCPS_CURVE_* (file paths or Z85 text). overlap=True:
+    gradients are pushed in buckets of bucket_mb MiB while backward runs and
+    the next forward waits for the pull on first use (asyncps.overlap)."""
 
     def __init__(self, model, servers=None, rank=None, num_workers=None, codec="none",
                  pull_codec="", prefetch_ahead=False, seed=1, steps_per_epoch=1000,
                  timeout_s=120.0, heartbeat_s=1.0, chunk_elems=1 << 20, init=None,
-                 curve_server_key=None, curve_secret_key=None, curve_public_key=None):
+                 curve_server_key=None, curve_secret_key=None, curve_public_key=None,
+                 overlap=False, bucket_mb=25.0):
         env = worker_env(servers, rank, num_workers)
         self.rank = env.rank
         self.num_workers = env.num_workers
@@ -227,14 +230,20 @@ class ParameterServer:
         self._grads = [None] * len(self.params)  # (grad tensor, its array)
         self._zeros = {}
         self.clock = 0
+        self._overlap = None
         self.uploaded = upload and self.client.upload(
             [p.detach().to("cpu").contiguous().numpy() for p in self.params])
         self.pull()
+        if overlap:
+            from .overlap import OverlapScheduler
+            self._overlap = OverlapScheduler(self, bucket_mb)
 
     # ---- the step ----------------------------------------------------------
     def pull(self):
         """Writes the shards' weights for this worker's clock into the model
         (blocking as the consistency mode requires)."""
+        if self._overlap is not None and self._overlap.finish_pull():
+            return  # the layered pull of asyncps.overlap, now complete
         self._check_model(structure=False)  # push() checked it (step: push then pull)
         with torch.no_grad():
             self.store.pull(self.clock, self._pull_bufs)
@@ -252,15 +261,24 @@ class ParameterServer:
             torch.cuda.synchronize()
             self.store.push_device(self.clock, [self._grad_tensor(i).data_ptr()
                                                 for i in range(len(self.params))])
+        elif self._overlap is not None:
+            self._overlap.push_rest()  # most buckets went during backward
         else:
             self.store.push(self.clock, [self._grad_array(i) for i in range(len(self.params))])
-        self.store.clock(self.clock + 1)
+        if self._overlap is not None:
+            self._overlap.clock(self.clock + 1)  # and the pull, layer by layer
+        else:
+            self.store.clock(self.clock + 1)
         self.clock += 1
 
     def step(self):
-        """push() then pull(): the weights for the next step are in the model."""
+        """push() then pull(): the weights for the next step are in the model
+        (overlap=True: by the next forward pass, which waits for them)."""
         self.push()
-        self.pull()
+        if self._overlap is not None:
+            self._overlap.pull_pending = True
+        else:
+            self.pull()
 
     # ---- saving (asyncps.torch_update) --------------------------------------
     def state_dict(self):
@@ -288,6 +306,8 @@ class ParameterServer:
 
     def close(self):
         """Waits for outstanding acknowledgements and releases the store."""
+        if self._overlap is not None:
+            self._overlap.close()
         if not self.store.closed:
             self.store.close()
 

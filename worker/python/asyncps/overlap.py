@@ -1,0 +1,365 @@
+"""Overlap of communication with backward for asyncps.torch (issue 22).
+
+ParameterServer(model, overlap=True, bucket_mb=25) attaches an
+OverlapScheduler: a per-step scheduler above the existing Store calls
+(DESIGN.md "Overlap in the worker"):
+
+  - Push while backward runs. A hook on each parameter's gradient
+    accumulator (the AccumulateGrad node: it fires once p.grad holds this
+    backward's gradient; torch >= 2.1's register_post_accumulate_grad_hook is
+    used instead where it exists) marks the parameter ready. Ready gradients
+    are grouped into buckets of about bucket_mb MiB in the order backward
+    produces them (DDP's default: 25 MiB) and each full bucket is handed to a
+    sender thread, which encodes (compresses) it and starts its push
+    (Store.push_chunks: the GIL is released around the encode and the send),
+    while the main thread goes on with backward. ParameterServer.push() sends
+    what is left, waits until the sender has handed every bucket to the
+    client, and only then sends the clock: on each shard's connection the
+    step's pushes precede its clock, so BSP rounds and the SSP bound see
+    them all.
+  - BSP: a shard counts one push per worker and round (server/shard/shard.h),
+    so under BSP a bucket is one shard's chunks, sent as soon as every tensor
+    with a chunk on that shard is ready (with 2+ shards the shard holding the
+    last layers' chunks goes out during backward). The values pushed are the
+    same as without overlap, so BSP results are bitwise equal.
+  - Priority (P3 / ByteScheduler): when several buckets wait for the sender,
+    the one holding the earliest layer (registration order, which is forward
+    order for nn.Sequential-style models) goes first.
+  - Pulls in forward order, waited for on first use (P3). The first step
+    records the order in which modules holding parameters run (forward
+    pre-hooks); the parameters are then cut into pull groups in that order
+    (whole modules, each group at least min_pull_group_kb KiB). From then
+    on step() sends the clock and, right behind it on each connection, one
+    pull request per group in forward order (Store.clock_and_pull_groups),
+    and returns; each module's forward pre-hook waits only for the groups up
+    to its own (Store.wait_pull_group), so the first layers compute while
+    the later layers' weights are still on the wire, and the first layers'
+    weights, asked for first, arrive first. Parameters of modules the first
+    step did not run are in a group of their own, waited for when the
+    model's forward starts. With a pull codec or prefetch_ahead the pull is
+    one request (Store.clock), waited for when the model's forward starts.
+
+One backward per step: a parameter whose gradient arrives twice in one step
+(gradient accumulation over micro-batches) raises FailedPrecondition, since
+its first gradient was already sent; use overlap=False there. CPU
+parameters only (CUDA models: overlap=False, which compresses on the
+device). Reading the weights between step() and the next forward (for
+example to save them) needs ParameterServer.pull() first, and so does a
+parameter read in forward outside the module that holds it before that
+module runs (weights tied across modules): use overlap=False there.
+
+Threads: hooks run on the thread that runs backward (with the GIL); the
+sender thread only calls Store.push_chunks; the step's other calls stay on
+the training thread. The asyncps Client serialises the calls of both.
+"""
+import heapq
+import json
+import threading
+
+import numpy as np
+
+from .errors import FailedPrecondition, InvalidArgument
+
+DEFAULT_BUCKET_MB = 25.0
+
+
+class _Sender(threading.Thread):
+    """Pushes the buckets it is given, highest priority (lowest number)
+    first. drain() waits until every bucket given so far was pushed and
+    raises the first error of any of them."""
+
+    def __init__(self, store):
+        super().__init__(name="asyncps-overlap-sender", daemon=True)
+        self._store = store
+        self._cv = threading.Condition()
+        self._heap = []     # (priority, seq, clock, chunk_ids, arrays)
+        self._seq = 0
+        self._busy = False
+        self._stopping = False
+        self._error = None
+        self.pushes = 0     # push_chunks calls made
+
+    def put(self, priority, clock, chunk_ids, arrays):
+        with self._cv:
+            heapq.heappush(self._heap, (priority, self._seq, clock, chunk_ids, arrays))
+            self._seq += 1
+            self._cv.notify_all()
+
+    def drain(self):
+        with self._cv:
+            while self._heap or self._busy:
+                self._cv.wait()
+            error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def stop(self):
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        self.join()
+
+    def run(self):
+        while True:
+            with self._cv:
+                while not self._heap and not self._stopping:
+                    self._cv.wait()
+                if not self._heap:
+                    return
+                _, _, clock, ids, arrays = heapq.heappop(self._heap)
+                skip = self._error is not None
+                self._busy = True
+            try:
+                if not skip:
+                    self._store.push_chunks(clock, ids, arrays)
+                    self.pushes += 1
+            except BaseException as e:  # noqa: BLE001 - raised by drain()
+                with self._cv:
+                    self._error = self._error or e
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
+
+
+class OverlapScheduler:
+    """The overlap of one ParameterServer (see the module doc). Made by
+    ParameterServer(overlap=True); bucket_mb: bucket size in MiB (> 0;
+    BSP shards: one bucket per shard whatever the size)."""
+
+    def __init__(self, ps, bucket_mb=DEFAULT_BUCKET_MB, min_pull_group_kb=64.0):
+        if not bucket_mb > 0:
+            raise InvalidArgument("bucket_mb must be > 0, got %r" % (bucket_mb,))
+        if ps._on_cuda:
+            raise InvalidArgument(
+                "overlap=True takes CPU parameters; a CUDA model uses overlap=False (its "
+                "gradients are compressed on the device)")
+        self.ps = ps
+        self.bucket_bytes = int(bucket_mb * (1 << 20))
+        n = len(ps.params)
+        self.bsp = any(json.loads(t).get("consistency") == "bsp" for t in ps.client.stats())
+        # Chunks of each tensor and, per shard, the tensors it holds chunks of.
+        self.tensor_chunks = [[] for _ in range(n)]
+        shard_tensors = {}
+        for cid, tensor, _off, _n, shard in ps.client.chunks():
+            self.tensor_chunks[tensor].append(cid)
+            shard_tensors.setdefault(shard, set()).add(tensor)
+        chunk_shard = {cid: shard for cid, _t, _o, _n, shard in ps.client.chunks()}
+        self.shard_chunks = {s: sorted(c for t in ts for c in self.tensor_chunks[t]
+                                       if chunk_shard[c] == s)
+                             for s, ts in shard_tensors.items()}
+        self.shard_tensors = {s: sorted(ts) for s, ts in shard_tensors.items()}
+        self.tensor_shards = [sorted({chunk_shard[c] for c in self.tensor_chunks[i]})
+                              for i in range(n)]
+        self.nbytes = [int(p.numel()) * 4 for p in ps.params]
+        self._placeholders = {}
+        self._sender = _Sender(ps.store)
+        self._sender.start()
+        self._handles = []
+        self._accumulators = []  # keeps each AccumulateGrad node (and its hook) alive
+        for i, p in enumerate(ps.params):
+            self._hook(i, p)
+        # Layered pulls: a forward pre-hook on every module holding
+        # parameters; the groups follow the first step's order of first use.
+        self.layered = True
+        self.min_group_bytes = int(min_pull_group_kb * 1024)
+        index = {id(p): i for i, p in enumerate(ps.params)}
+        self._module_params = {}
+        for mod in ps.model.modules():
+            mine = sorted({index[id(p)] for p in mod.parameters(recurse=False)
+                           if id(p) in index})
+            if mine:
+                self._module_params[mod] = mine
+                self._handles.append(mod.register_forward_pre_hook(self._before_module))
+        self._handles.append(ps.model.register_forward_pre_hook(self._before_forward))
+        self._first_use = []          # modules in the order the first step ran them
+        self.groups = None            # [(tensor indices, chunk ids)] in forward order
+        self._module_group = {}       # module -> index of its last group
+        self._root_group = -1         # group of parameters no observed module holds
+        self._waited = 0              # groups of this step's pull written so far
+        self.pull_pending = False
+        self.stats = {"buckets": 0, "steps": 0, "pull_groups": 0}
+        self._new_step()
+
+    # ---- hooks -------------------------------------------------------------
+    def _hook(self, i, p):
+        if hasattr(p, "register_post_accumulate_grad_hook"):
+            self._handles.append(p.register_post_accumulate_grad_hook(
+                lambda _p, i=i: self._ready(i)))
+            return
+        acc = p.expand_as(p).grad_fn.next_functions[0][0]
+        self._accumulators.append(acc)
+        self._handles.append(acc.register_hook(lambda *_, i=i: self._ready(i)))
+
+    def _before_forward(self, module, inputs):
+        """The model's forward starts: without layered pulls, wait for the
+        whole pull; with them, for the parameters no module's hook covers."""
+        if not self.pull_pending:
+            return
+        if not self._layered_pending():
+            self.pull_pending = False
+            self.ps.pull()
+        elif self._root_group >= 0:
+            self._wait_groups(self._root_group)
+
+    def _before_module(self, module, inputs):
+        if self.groups is None and module not in self._first_use:
+            self._first_use.append(module)
+        if self.pull_pending and self._layered_pending():
+            self._wait_groups(self._module_group.get(module, len(self.groups) - 1))
+
+    def _layered_pending(self):
+        return self.groups is not None and self.ps.store.pull_groups_pending > 0
+
+    def _wait_groups(self, last):
+        """Writes groups up to `last` of this step's layered pull into the
+        model, in order (they arrive in that order)."""
+        if self._waited == 0:
+            self.ps._check_tensors()  # p.data replaced: write into the new one
+        while self._waited <= last:
+            self.ps.store.wait_pull_group(self._waited, self.ps._pull_bufs)
+            self._waited += 1
+        if self._waited == len(self.groups):
+            self.pull_pending = False
+
+    def finish_pull(self):
+        """ParameterServer.pull(): completes a layered pull in flight (True)
+        or leaves the pull to the caller (False)."""
+        if self._layered_pending():
+            self._wait_groups(len(self.groups) - 1)
+            return True
+        self.pull_pending = False
+        return False
+
+    def _build_groups(self):
+        """Pull groups in the order of first use: parameters of modules the
+        first step did not run (or ran without a hook) first, then each
+        module's, merged until a group holds min_group_bytes."""
+        seen, order = set(), []
+        for mod in self._first_use:
+            mine = [i for i in self._module_params[mod] if i not in seen]
+            seen.update(mine)
+            order.append((mod, mine))
+        rest = [i for i in range(len(self.ps.params)) if i not in seen]
+        groups, current, size = [], [], 0
+        if rest:
+            groups.append(rest)
+            self._root_group = 0
+        for mod, mine in order:
+            current += mine
+            size += sum(self.nbytes[i] for i in mine)
+            self._module_group[mod] = len(groups)
+            if size >= self.min_group_bytes:
+                groups.append(current)
+                current, size = [], 0
+        if current:
+            groups.append(current)
+        self._module_group = {m: min(g, len(groups) - 1) for m, g in self._module_group.items()}
+        self.groups = [(g, sorted(c for t in g for c in self.tensor_chunks[t]))
+                       for g in groups if g]
+
+    def clock(self, new_clock):
+        """ParameterServer.push(): announces new_clock and starts the pull
+        of its weights, by groups in forward order when the store can (raw
+        pulls, no prefetch_ahead)."""
+        if self.layered:
+            if self.groups is None:
+                self._build_groups()
+            try:
+                self.ps.store.clock_and_pull_groups(new_clock, [c for _, c in self.groups])
+                self._waited = 0
+                self.stats["pull_groups"] += len(self.groups)
+                return
+            except FailedPrecondition:
+                if self.ps.store.pull_groups_pending:
+                    raise
+                self.layered = False  # a pull codec or prefetch_ahead: whole pulls
+        self.ps.store.clock(new_clock)
+
+    def _new_step(self):
+        n = len(self.ps.params)
+        self.ready = [False] * n
+        self.arrays = [None] * n
+        self.shard_sent = set()          # BSP: shards whose push was handed over
+        self.pending = []                # ready, not yet in a bucket (non-BSP)
+        self.pending_bytes = 0
+        self.shard_left = {s: len(ts) for s, ts in self.shard_tensors.items()}
+
+    def _ready(self, i):
+        """Parameter i's gradient for this step is complete (training thread)."""
+        if self.ready[i]:
+            raise FailedPrecondition(
+                "parameter '%s' got a second gradient in one step: overlap=True pushes each "
+                "gradient as backward produces it (one backward per step); use "
+                "overlap=False to accumulate gradients" % self.ps.names[i])
+        self.ready[i] = True
+        self.arrays[i] = self.ps._grad_array(i)
+        if self.bsp:
+            for s in self.tensor_shards[i]:
+                self.shard_left[s] -= 1
+                if self.shard_left[s] == 0:
+                    self._send_shard(s)
+            return
+        self.pending.append(i)
+        self.pending_bytes += self.nbytes[i]
+        if self.pending_bytes >= self.bucket_bytes:
+            self._flush_pending()
+
+    def _flush_pending(self):
+        if self.pending:
+            tensors, self.pending, self.pending_bytes = self.pending, [], 0
+            self._send(tensors, sorted(c for t in tensors for c in self.tensor_chunks[t]))
+
+    def _send_shard(self, s):
+        self.shard_sent.add(s)
+        self._send(self.shard_tensors[s], self.shard_chunks[s])
+
+    def _send(self, tensors, chunk_ids):
+        arrays = [a if a is not None else self._placeholder(t)
+                  for t, a in enumerate(self.arrays)]
+        self.stats["buckets"] += 1
+        self._sender.put(min(tensors), self.ps.clock, chunk_ids, arrays)
+
+    def _placeholder(self, t):
+        """A buffer of tensor t's shape that push_chunks will not read."""
+        z = self._placeholders.get(t)
+        if z is None:
+            z = self._placeholders[t] = np.zeros(self.ps._shapes[t], np.float32)
+        return z
+
+    # ---- the step ----------------------------------------------------------
+    def push_rest(self):
+        """ParameterServer.push(): sends what backward has not (parameters
+        without a gradient this step go as their .grad or zeros, as without
+        overlap) and waits until every bucket of the step was handed to the
+        client; the caller then sends the clock."""
+        if self._layered_pending():  # layers the forward pass did not reach
+            self._wait_groups(len(self.groups) - 1)
+        try:
+            for i in range(len(self.ready)):
+                if not self.ready[i]:
+                    self.ready[i] = True
+                    self.arrays[i] = self.ps._grad_array(i)
+                    if self.bsp:
+                        for s in self.tensor_shards[i]:
+                            self.shard_left[s] -= 1
+                    else:
+                        self.pending.append(i)
+            if self.bsp:
+                for s in sorted(self.shard_left):
+                    if s not in self.shard_sent:
+                        self._send_shard(s)
+            else:
+                self._flush_pending()
+            self._sender.drain()
+        finally:
+            self._new_step()
+        self.stats["steps"] += 1
+
+    def close(self):
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self._accumulators = []
+        if self._sender.is_alive():
+            self._sender.stop()
