@@ -35,6 +35,10 @@ DEFINE_int32(shard_id, 0, "this shard's index in [0, num_shards)");
 DEFINE_int32(num_shards, 1, "number of shards in the deployment");
 DEFINE_int32(num_workers, 1, "number of workers (ranks 0..num_workers-1)");
 DEFINE_string(consistency, "asp", "bsp | ssp | asp");
+DEFINE_string(sparse_consistency, "",
+              "consistency of sparse-table rows: empty (as --consistency) or "
+              "asp with --consistency=bsp (hybrid, as Persia: rows applied "
+              "on arrival, dense chunks in BSP rounds)");
 DEFINE_int64(staleness, 0, "SSP staleness bound s (clocks)");
 DEFINE_string(staleness_lr, "none",
               "learning rate by the staleness s of each push (ASP/SSP): none "
@@ -242,6 +246,15 @@ srv::ServerOptions OptionsFromFlags() {
   if (!c.ok()) BadFlag("--consistency: " + c.status().message());
   s.consistency = *c;
   s.staleness = FLAGS_staleness;
+  if (!FLAGS_sparse_consistency.empty() &&
+      FLAGS_sparse_consistency != FLAGS_consistency) {
+    if (FLAGS_sparse_consistency != "asp" ||
+        s.consistency != srv::Consistency::kBsp) {
+      BadFlag("--sparse_consistency: only asp with --consistency=bsp (or "
+              "the same as --consistency)");
+    }
+    s.sparse_async = true;
+  }
   if (s.consistency != srv::Consistency::kSsp && FLAGS_staleness != 0) {
     BadFlag("--staleness only applies to --consistency=ssp");
   }

@@ -120,6 +120,14 @@ struct ShardOptions {
   Consistency consistency = Consistency::kAsp;
   // SSP bound s, in clocks, >= 0. Default: 0.
   int64_t staleness = 0;
+  // Hybrid consistency (Persia) under kBsp: sparse-table rows are applied
+  // when their push arrives, as under kAsp, instead of summed into the
+  // round, while dense chunks keep BSP; a push of rows only then does not
+  // count as the worker's push of the round (its chunks may come in another
+  // push). A push with chunks skipped by BSP (late, or the rank's second of
+  // the round) still drops its rows. No effect under kSsp / kAsp.
+  // Default: false.
+  bool sparse_async = false;
   // Learning rate by the staleness of each push (ASP/SSP; BSP pushes have
   // staleness 0): lr / (1 + s) or lr / s (server/optimizer/staleness_rules.h).
   // Default: kNone.

@@ -88,7 +88,9 @@ Status Shard::HandlePush(const RequestHeader& req,
     return FinishPush(req);
   }
   const bool bsp = options_.consistency == Consistency::kBsp;
-  if (bsp && !options_.transport_only &&
+  // Hybrid (sparse_async): rows arrive on their own and are applied now.
+  const bool rows_only_async = bsp && options_.sparse_async && pending_.empty();
+  if (bsp && !options_.transport_only && !rows_only_async &&
       (req.clock < bsp_round_ || bsp_pushed_round_[rank] == bsp_round_)) {
     // A worker that fell behind the round (evicted, late, restarted), or a
     // second push of one rank for this round: acknowledged, not counted.
@@ -104,7 +106,8 @@ Status Shard::HandlePush(const RequestHeader& req,
   }
   // Refused before anything of the push is applied or counted.
   if (bsp && !options_.transport_only) RETURN_IF_ERROR(ChargeSparseRound());
-  if (!bsp && !options_.transport_only) RETURN_IF_ERROR(HoldSparsePush());
+  if ((!bsp || options_.sparse_async) && !options_.transport_only)
+    RETURN_IF_ERROR(HoldSparsePush());
 
   uint64_t bytes = 0;
   for (const ByteView& f : data) bytes += f.size;
@@ -135,7 +138,7 @@ Status Shard::HandlePush(const RequestHeader& req,
     RunWork([](WorkPiece& w) {
       AddInto(w.chunk->acc.data() + w.begin, w.g + w.begin, w.end - w.begin);
     });
-    bsp_pushed_round_[rank] = bsp_round_;
+    if (!rows_only_async) bsp_pushed_round_[rank] = bsp_round_;
   }
   TakeWorkerLr(req);
   const float lr_scale =

@@ -250,7 +250,8 @@ Status Shard::ValidateSparsePush(const RequestHeader& req,
 }
 
 Status Shard::ChargeSparseRound() {
-  if (pending_rows_.empty() || options_.consistency != Consistency::kBsp)
+  if (pending_rows_.empty() || options_.consistency != Consistency::kBsp ||
+      options_.sparse_async)
     return Status::OK();
   // This round's sums may grow by a row (and its index entry) per key.
   uint64_t grow = 0;
@@ -286,7 +287,7 @@ Status Shard::ApplySparsePush(int64_t clock, float lr_scale) {
   for (const PendingRows& p : pending_rows_) {
     const uint64_t* keys = sparse_keys_.data() + p.keys_at;
     const float* grads = sparse_rows_.data() + p.rows_at;
-    if (options_.consistency == Consistency::kBsp) {
+    if (options_.consistency == Consistency::kBsp && !options_.sparse_async) {
       sparse_->Accumulate(p.table, keys, grads, p.n);  // charged before
       continue;
     }

@@ -44,6 +44,7 @@ std::string Shard::StatsJson() const {
   j["weight_decay"] = options_.optimizer.weight_decay;
   j["max_lr"] = options_.max_lr;
   j["worker_lr"] = worker_lr_;  // 0: none set (shard_assign.cc)
+  j["sparse_async"] = options_.sparse_async;
   j["num_workers"] = options_.num_workers;
   j["worker_clocks"] = std::move(clocks);
   j["worker_live"] = std::move(live);

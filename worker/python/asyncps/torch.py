@@ -204,13 +204,17 @@ class ParameterServer:
             curve_public_key=env.curve_public_key if curve_public_key is None else curve_public_key)
         if self.embeddings:
             # Under BSP a shard counts one push per worker and round: rows
-            # and chunks travel in two pushes here, so BSP would drop one.
+            # and chunks travel in two pushes here, so BSP would drop one,
+            # unless the shards apply rows on arrival (hybrid: BSP dense,
+            # ASP sparse, ps_server --sparse_consistency=asp).
             for text in self.client.stats():
-                if json.loads(text).get("consistency") == "bsp":
+                st = json.loads(text)
+                if st.get("consistency") == "bsp" and not st.get("sparse_async"):
                     raise FailedPrecondition(
-                        "SparseEmbedding needs ps_server --consistency=ssp or asp (under bsp "
-                        "the shards count one push per worker and round; ps_ctr_worker sends "
-                        "rows and chunks in one push)")
+                        "SparseEmbedding needs ps_server --consistency=ssp or asp, or bsp with "
+                        "--sparse_consistency=asp (hybrid: dense BSP, sparse ASP; under plain "
+                        "bsp the shards count one push per worker and round; ps_ctr_worker "
+                        "sends rows and chunks in one push)")
             self.client.register(self.specs, chunk_elems=chunk_elems,
                                  tables=[e.spec for e in self.embeddings])
             for i, e in enumerate(self.embeddings):
@@ -407,7 +411,8 @@ class SparseEmbedding(torch.nn.Module):
     grad, and ParameterServer.push() sends their gradients (one push of the
     unique ids of the step's forward passes) at its clock. The table's
     optimizer runs on the shards: sgd, adagrad or adam with its own lr
-    (asyncps.TableSpec). Needs ps_server --consistency=ssp or asp."""
+    (asyncps.TableSpec). Needs ps_server --consistency=ssp or asp, or bsp with
+    --sparse_consistency=asp (hybrid: dense BSP, rows applied on arrival)."""
 
     def __init__(self, name, dim, init="normal", param=1.0, seed=1, optimizer="adagrad",
                  lr=0.01, **table_options):

@@ -4,6 +4,7 @@ Binaries come from $ASYNCPS_BIN_DIR (ctest sets it) or build/bin."""
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -80,6 +81,27 @@ def shards(tmp_path):
 
 def endpoints(group):
     return [s.endpoint for s in group]
+
+
+def on_threads(n, fn, timeout=120):
+    """fn(r) for r in range(n), each on its own thread; returns their results
+    and raises the first exception one of them raised."""
+    out, errors = [None] * n, []
+
+    def run(r):
+        try:
+            out[r] = fn(r)
+        except Exception as e:  # noqa: BLE001 (raised below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    if errors:
+        raise errors[0]
+    return out
 
 
 def need_data():

@@ -13,7 +13,7 @@ import torch
 
 import asyncps
 import asyncps.torch as apt
-from conftest import endpoints
+from conftest import endpoints, on_threads
 
 SPECS = [("w", [120, 100], "he_normal", 0.0, 7), ("b", [100], "zeros", 0.0, 7),
          ("v", [9000], "uniform", 0.1, 7)]
@@ -33,27 +33,6 @@ def pulled(client, clock=0):
     out = [np.zeros(s[1], np.float32) for s in SPECS]
     store.pull(clock, out)
     store.close()
-    return out
-
-
-def on_threads(n, fn, timeout=120):
-    """fn(r) for r in range(n), each on its own thread; returns their results
-    and raises the first exception one of them raised."""
-    out, errors = [None] * n, []
-
-    def run(r):
-        try:
-            out[r] = fn(r)
-        except Exception as e:  # noqa: BLE001 (raised below)
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-    if errors:
-        raise errors[0]
     return out
 
 
