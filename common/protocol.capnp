@@ -133,6 +133,9 @@ struct Assign {
   phase @1 :UInt8;           # 0 begin, 1 values, 2 commit
   chunks @2 :List(ChunkRef); # values: one per data frame
   overwrite @3 :Bool;        # begin: claim even final values (a restore)
+  rows @4 :List(RowsRef);    # values: rows of sparse tables set to the
+                             # given values (raw fp32, codec 0; keys owned
+                             # by the shard, each once), optimizer state 0
 }
 
 # Replication (server/replication/): a primary hands a request it applied to

@@ -295,6 +295,7 @@ std::vector<uint8_t> EncodeRequest(const RequestHeader& h) {
       a.setPhase(h.assign_phase);
       FillChunkRefs(a.initChunks(h.chunks.size()), h.chunks);
       a.setOverwrite(h.assign_overwrite);
+      if (!h.rows.empty()) FillRowsRefs(a.initRows(h.rows.size()), h.rows);
       break;
     }
     case RequestKind::kReplicate: {
@@ -477,7 +478,8 @@ Status DecodeRequest(const uint8_t* data, size_t size,
             out->assign_upload = a.getUpload();
             out->assign_phase = a.getPhase();
             out->assign_overwrite = a.getOverwrite();
-            return ReadChunkRefs(a.getChunks(), limits, &out->chunks);
+            RETURN_IF_ERROR(ReadChunkRefs(a.getChunks(), limits, &out->chunks));
+            return ReadRowsRefs(a.getRows(), limits, &out->rows);
           }
           case cw::Request::Body::HEARTBEAT:
             out->kind = RequestKind::kHeartbeat;

@@ -87,7 +87,8 @@ struct RequestHeader {
   // kPush, kClock: the learning rate set by the worker (> 0), 0 = not set.
   float lr = 0.0f;
   // kAssign (common/protocol.capnp): upload id, phase (0 begin, 1 values,
-  // 2 commit), begin's overwrite; values carry their chunks in `chunks`.
+  // 2 commit), begin's overwrite; values carry their chunks in `chunks` and
+  // rows of sparse tables in `rows`.
   uint64_t assign_upload = 0;
   uint8_t assign_phase = 0;
   bool assign_overwrite = false;

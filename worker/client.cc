@@ -493,6 +493,21 @@ class ClientImpl : public Client {
       h.chunks.push_back(ref);
       frames.push_back(std::move(p.data));
     }
+    for (const RowsPush& rows : a.rows) {
+      if (rows.table >= tables_.size()) {
+        return Status::InvalidArgument("assign of rows of unknown table " +
+                                       std::to_string(rows.table));
+      }
+      RowsRef ref;
+      ref.table = rows.table;
+      ref.num_keys = rows.n;
+      ref.keys_frame = static_cast<uint32_t>(frames.size());
+      frames.push_back(Frame::Copy(rows.keys, rows.n * sizeof(uint64_t)));
+      ref.rows_frame = static_cast<uint32_t>(frames.size());
+      frames.push_back(Frame::Copy(
+          rows.grads, rows.n * tables_[rows.table].dim * sizeof(float)));
+      h.rows.push_back(ref);
+    }
     Ticket t = NewTicket();
     RETURN_IF_ERROR(Enqueue(t, shard, h, std::move(frames)));
     TicketResult r;

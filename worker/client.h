@@ -128,6 +128,9 @@ struct AssignRequest {
   uint8_t phase = 0;    // 0 begin, 1 values, 2 commit
   bool overwrite = false;  // begin: claim even final values
   std::vector<ChunkPayload> chunks;  // values: raw fp32 chunks of the shard
+  // values: rows of sparse tables (keys owned by the shard, each once; the
+  // `grads` field holds the values, n x dim), copied when sent.
+  std::vector<RowsPush> rows;
 };
 
 // What a completed request reports (aggregated over shards).

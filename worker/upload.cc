@@ -1,8 +1,11 @@
 // UploadValues (worker/upload.h): the client side of kAssign.
 #include "worker/upload.h"
 
+#include <algorithm>
 #include <random>
 #include <string>
+
+#include "common/sparse_table.h"
 
 namespace asyncps::worker {
 
@@ -45,6 +48,43 @@ Status SendShardValues(Client* client, int shard, uint64_t upload,
   return flush();
 }
 
+// Sends the rows `shard` owns, at most kUploadMaxKeys keys and about
+// max_request_bytes of values per request.
+Status SendShardRows(Client* client, int shard, uint64_t upload,
+                     const std::vector<RowsValues>& rows,
+                     const UploadOptions& o) {
+  for (const RowsValues& r : rows) {
+    const TableSpec& spec = client->tables()[r.table];
+    const size_t dim = spec.dim;
+    const size_t per_request = std::max<size_t>(
+        1, std::min<uint64_t>(kUploadMaxKeys,
+                              o.max_request_bytes / (dim * sizeof(float))));
+    std::vector<uint64_t> keys;
+    std::vector<float> values;
+    auto flush = [&]() -> Status {
+      if (keys.empty()) return Status::OK();
+      AssignRequest req;
+      req.upload = upload;
+      req.phase = 1;
+      req.rows.push_back(RowsPush{r.table, keys.data(), keys.size(),
+                                  values.data()});
+      Status s = client->Assign(shard, std::move(req), nullptr, o.timeout);
+      keys.clear();
+      values.clear();
+      return s.WithContext("upload of rows of '" + spec.name +
+                           "' to shard " + std::to_string(shard));
+    };
+    for (size_t i = 0; i < r.n; ++i) {
+      if (ShardOfKey(spec, r.keys[i], client->num_shards()) != shard) continue;
+      keys.push_back(r.keys[i]);
+      values.insert(values.end(), r.values + i * dim, r.values + (i + 1) * dim);
+      if (keys.size() == per_request) RETURN_IF_ERROR(flush());
+    }
+    RETURN_IF_ERROR(flush());
+  }
+  return Status::OK();
+}
+
 Status Phase(Client* client, int shard, uint64_t upload, uint8_t phase,
              bool overwrite, const UploadOptions& o, bool* claimed) {
   AssignRequest req;
@@ -59,7 +99,8 @@ Status Phase(Client* client, int shard, uint64_t upload, uint8_t phase,
 }  // namespace
 
 Status UploadValues(Client* client, const std::vector<const float*>& tensors,
-                    const UploadOptions& o, bool* uploaded) {
+                    const UploadOptions& o, bool* uploaded,
+                    const std::vector<RowsValues>& rows) {
   *uploaded = false;
   const Layout& l = client->layout();
   if (tensors.size() != l.tensors().size()) {
@@ -69,6 +110,16 @@ Status UploadValues(Client* client, const std::vector<const float*>& tensors,
   }
   if (o.max_request_bytes < 1) {
     return Status::InvalidArgument("max_request_bytes must be >= 1");
+  }
+  std::vector<bool> table_seen(client->tables().size(), false);
+  for (const RowsValues& r : rows) {
+    if (r.table >= client->tables().size() || table_seen[r.table]) {
+      return Status::InvalidArgument(
+          "upload of rows: table " + std::to_string(r.table) +
+          " unknown or named twice (" +
+          std::to_string(client->tables().size()) + " registered)");
+    }
+    table_seen[r.table] = true;
   }
   const uint64_t upload = RandomUploadId();
   bool claimed = false;
@@ -82,9 +133,12 @@ Status UploadValues(Client* client, const std::vector<const float*>& tensors,
     RETURN_IF_ERROR(Phase(client, s, upload, 0, o.overwrite, o, &got));
     if (got) mine.push_back(s);  // else final there: kept
   }
-  for (int s : mine)
+  for (int s : mine) {
     RETURN_IF_ERROR(SendShardValues(client, s, upload, tensors, o));
+    RETURN_IF_ERROR(SendShardRows(client, s, upload, rows, o));
+  }
   RETURN_IF_ERROR(SendShardValues(client, 0, upload, tensors, o));
+  RETURN_IF_ERROR(SendShardRows(client, 0, upload, rows, o));
   for (int s : mine) RETURN_IF_ERROR(Phase(client, s, upload, 2, false, o, nullptr));
   RETURN_IF_ERROR(Phase(client, 0, upload, 2, false, o, nullptr));
   *uploaded = true;

@@ -40,11 +40,26 @@ struct UploadOptions {
   std::chrono::milliseconds timeout{600000};
 };
 
+// Rows of one sparse table to upload: `n` keys (each once) and their values
+// (n x dim floats); each row is set with zero optimizer state.
+struct RowsValues {
+  uint32_t table = 0;  // index in the registered table list
+  const uint64_t* keys = nullptr;
+  size_t n = 0;
+  const float* values = nullptr;
+};
+
+// Most keys of one table in one upload request (a shard refuses more than
+// its --max_sparse_keys, 262144 by default).
+inline constexpr size_t kUploadMaxKeys = 65536;
+
 // Uploads `tensors` (one buffer per registered tensor, in layout order, each
-// num_elements floats) unless another caller's upload wins or the values
-// are final; *uploaded says whether this call's values were written.
-// REQUIRES: client->Register() succeeded.
+// num_elements floats) and `rows` (at most one entry per table) unless
+// another caller's upload wins or the values are final; *uploaded says
+// whether this call's values were written. REQUIRES: client->Register()
+// (RegisterModel with the tables of `rows`) succeeded.
 Status UploadValues(Client* client, const std::vector<const float*>& tensors,
-                    const UploadOptions& options, bool* uploaded);
+                    const UploadOptions& options, bool* uploaded,
+                    const std::vector<RowsValues>& rows = {});
 
 }  // namespace asyncps::worker

@@ -12,8 +12,9 @@
 // A claim is live while its worker is live and its last upload request is
 // younger than worker_timeout; a restarted process of the same rank (new
 // incarnation) takes its predecessor's claim at once. `values` requests of
-// the claimant write whole chunks (each validated -- owned by this shard,
-// codec 0, sizes, finite -- before any is written), `commit` resets the
+// the claimant write whole chunks and rows of sparse tables (each
+// validated -- owned by this shard, codec 0, sizes, finite, keys unique --
+// before any is written; rows get zero optimizer state), `commit` resets the
 // optimizer state of every chunk, marks the values final and checkpoints
 // them (with a store). Resends are harmless: a begin or commit of an upload
 // already committed answers OK (created = false), values are idempotent.
@@ -84,7 +85,8 @@ Status Shard::HandleAssign(const RequestHeader& req,
                       "{0 begin, 1 values, 2 commit}, got phase " +
                       std::to_string(req.assign_phase)));
   }
-  if (req.assign_phase != kValues && (!req.chunks.empty() || !data.empty())) {
+  if (req.assign_phase != kValues &&
+      (!req.chunks.empty() || !req.rows.empty() || !data.empty())) {
     return Reject(RejectReason::kSizeMismatch,
                   Status::InvalidArgument(
                       "only an assign of phase 1 (values) carries chunks"));
@@ -154,15 +156,17 @@ Status Shard::HandleAssign(const RequestHeader& req,
               << " chunks hold its values";
     return Status::OK();
   }
-  // Values: every chunk checked before any is written.
-  if (req.chunks.size() != data.size()) {
+  // Values: every chunk and row checked before any is written.
+  if (req.chunks.size() + 2 * req.rows.size() != data.size()) {
     return Reject(RejectReason::kSizeMismatch,
                   Status::InvalidArgument(
                       "assign names " + std::to_string(req.chunks.size()) +
-                      " chunks in " + std::to_string(data.size()) +
-                      " data frames: one chunk per frame"));
+                      " chunks and " + std::to_string(req.rows.size()) +
+                      " row refs (2 frames each) in " +
+                      std::to_string(data.size()) + " data frames"));
   }
   ++stamp_;
+  if (frame_stamp_.size() < data.size()) frame_stamp_.resize(data.size(), 0);
   for (const ChunkRef& ref : req.chunks) {
     const std::string what = "assign of chunk " + std::to_string(ref.chunk);
     if (ref.chunk >= local_index_.size()) {
@@ -190,6 +194,13 @@ Status Shard::HandleAssign(const RequestHeader& req,
                                             std::to_string(ref.frame) +
                                             " out of range"));
     }
+    if (frame_stamp_[ref.frame - 1] == stamp_) {
+      return Reject(RejectReason::kUnknownChunk,
+                    Status::InvalidArgument(what + ": frame " +
+                                            std::to_string(ref.frame) +
+                                            " named twice"));
+    }
+    frame_stamp_[ref.frame - 1] = stamp_;
     const ByteView& f = data[ref.frame - 1];
     if (ref.num_elems != chunk.n || ref.byte_size != f.size ||
         f.size != chunk.n * sizeof(float)) {
@@ -206,18 +217,9 @@ Status Shard::HandleAssign(const RequestHeader& req,
                     Status::InvalidArgument(what + ": NaN or Inf"));
     }
   }
-  // Frames used once each: the chunks are distinct and as many as frames,
-  // so a repeated frame leaves another unnamed.
-  std::vector<bool> used(data.size(), false);
-  for (const ChunkRef& ref : req.chunks) {
-    if (used[ref.frame - 1]) {
-      return Reject(RejectReason::kUnknownChunk,
-                    Status::InvalidArgument(
-                        "assign names data frame " +
-                        std::to_string(ref.frame) + " twice"));
-    }
-    used[ref.frame - 1] = true;
-  }
+  // Rows: tables, frames, sizes, keys owned and unique, values finite, the
+  // cache budget (shard_sparse.cc), decoded into pending_rows_.
+  RETURN_IF_ERROR(ValidateSparsePush(req, data));
   for (const ChunkRef& ref : req.chunks) {
     Chunk& chunk = *chunks_[local_index_[ref.chunk]];
     std::memcpy(chunk.w.data(), data[ref.frame - 1].data,
@@ -225,6 +227,21 @@ Status Shard::HandleAssign(const RequestHeader& req,
     chunk.snapshot_version = ~uint64_t{0};  // pulls copy the new values
   }
   upload_claim_.last = now;
+  // Set rows are dirty in the cache; the commit's checkpoint stores them.
+  Status rows;
+  for (const PendingRows& p : pending_rows_) {
+    Status s = sparse_->Assign(p.table, sparse_keys_.data() + p.keys_at,
+                               sparse_rows_.data() + p.rows_at, p.n,
+                               clocks_.clock(req.rank), /*durable=*/false);
+    if (rows.ok()) rows = s;
+  }
+  pending_rows_.clear();
+  if (!rows.ok()) {
+    // Values are idempotent: the client resends the request.
+    return Reject(RejectReason::kStore,
+                  Status::Unavailable("upload of rows: " + rows.ToString() +
+                                      "; retry"));
+  }
   return Status::OK();
 }
 

@@ -96,7 +96,9 @@ Status Shard::ValidateSparsePush(const RequestHeader& req,
                                    " tables, but no sparse table is "
                                    "registered"));
   }
-  const bool push = req.kind == RequestKind::kPush;
+  // Pushes and uploads (kAssign) carry rows; pulls carry keys only.
+  const bool push =
+      req.kind == RequestKind::kPush || req.kind == RequestKind::kAssign;
   const sparse::SparseOptions& limits = sparse_->options();
   if (frame_stamp_.size() < data.size()) frame_stamp_.resize(data.size(), 0);
   sparse_->BeginRequest();

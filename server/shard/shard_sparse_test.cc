@@ -8,7 +8,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <random>
+#include <utility>
 
 #include "compression/codec.h"
 #include "server/internal/test_util.h"
@@ -905,6 +907,63 @@ TEST(ShardSparseTest, MetricsFollowTheTablesAndRocksDb) {
               0);
   }
   std::filesystem::remove_all(dir);
+}
+
+// Issue 22 item 2: an upload (kAssign) sets rows with fresh optimizer state;
+// a hostile row refuses the whole request, its chunk included.
+TEST(ShardSparseTest, AssignSetsRowsAndRefusesHostileRowsWhole) {
+  Sparse s(testing::TestOptions(Consistency::kAsp));
+  std::vector<uint64_t> mine, theirs;
+  for (uint64_t k = 1; mine.size() < 2 || theirs.empty(); ++k)
+    (ShardOfKey(Emb(), k, 2) == 0 ? mine : theirs).push_back(k);
+  RequestHeader begin;
+  begin.kind = RequestKind::kAssign;
+  begin.rank = 0;
+  begin.incarnation = 7;
+  begin.assign_upload = 5;
+  ASSERT_TRUE(s.Call(begin).created);
+  const uint32_t c = s.FirstChunk();
+  // Chunk values `v`, then rows of `keys` with values `rows`.
+  auto values = [&](float v, const std::vector<uint64_t>& keys,
+                    const std::vector<float>& rows) {
+    RequestHeader r = begin;
+    r.assign_phase = 1;
+    std::vector<ByteView> data = {
+        Floats(std::vector<float>(s.ChunkElems(c), v)), Keys(keys),
+        Floats(rows)};
+    ChunkRef ref;
+    ref.chunk = c;
+    ref.frame = 1;
+    ref.num_elems = s.ChunkElems(c);
+    ref.byte_size = data[0].size;
+    r.chunks = {ref};
+    RowsRef rr;
+    rr.keys_frame = 2;
+    rr.rows_frame = 3;
+    rr.num_keys = keys.size();
+    r.rows = {rr};
+    return s.Call(r, data);
+  };
+  ASSERT_TRUE(values(2.0f, mine, std::vector<float>(8, 7.0f)).status.ok());
+  EXPECT_EQ((*s.shard->weights(c))[0], 2.0f);
+  EXPECT_EQ(s.Read(0, 0, mine), std::vector<float>(8, 7.0f));
+  const auto before = s.AllWeights();
+  std::vector<float> nan_row(8, 1.0f);
+  nan_row[5] = std::numeric_limits<float>::quiet_NaN();
+  for (const auto& [keys, rows] :
+       std::vector<std::pair<std::vector<uint64_t>, std::vector<float>>>{
+           {{mine[0], theirs[0]}, std::vector<float>(8, 3.0f)},  // not ours
+           {{mine[0], mine[0]}, std::vector<float>(8, 3.0f)},    // repeated
+           {mine, nan_row},                                      // NaN
+           {mine, std::vector<float>(5, 3.0f)}}) {               // short
+    EXPECT_FALSE(values(3.0f, keys, rows).status.ok());
+    EXPECT_EQ(s.AllWeights(), before);
+    EXPECT_EQ(s.Read(0, 0, mine), std::vector<float>(8, 7.0f));
+  }
+  // The rows train from the uploaded values (SGD lr 0.5).
+  ASSERT_TRUE(s.PushRows(0, 0, {mine[0]}, std::vector<float>(4, 1.0f))
+                  .status.ok());
+  EXPECT_EQ(s.Read(0, 1, {mine[0]}), std::vector<float>(4, 6.5f));
 }
 
 }  // namespace

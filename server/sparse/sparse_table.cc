@@ -239,15 +239,7 @@ Status SparseTable::ApplySlice(const uint64_t* keys, const float* grads,
         }
         // The N-th push: the row replaces the counter (same key, so its
         // record overwrites the counter's in the store).
-        if (c != RowCache::kNone) {
-          if (admission_->meta(c).flags & EntryMeta::kPinned) {
-            // Counted earlier in this durable push; drop it from the list.
-            for (uint32_t& t : *touched_counters) {
-              if (t == c) t = RowCache::kNone;
-            }
-          }
-          admission_->Remove(c);
-        }
+        if (c != RowCache::kNone) DropCounter(c, touched_counters);
       }
       slot = CreateRow(keys[i]);
     }
@@ -261,6 +253,46 @@ Status SparseTable::ApplySlice(const uint64_t* keys, const float* grads,
     if (pin && !was_pinned) touched->push_back(slot);
   }
   counters_stats_.rows_pushed += n;
+  return Status::OK();
+}
+
+void SparseTable::DropCounter(uint32_t c,
+                              std::vector<uint32_t>* touched_counters) {
+  if (admission_->meta(c).flags & EntryMeta::kPinned) {
+    // Counted earlier in this durable request; drop it from the list.
+    for (uint32_t& t : *touched_counters) {
+      if (t == c) t = RowCache::kNone;
+    }
+  }
+  admission_->Remove(c);
+}
+
+Status SparseTable::AssignSlice(const uint64_t* keys, const float* values,
+                                size_t n, int64_t clock, int64_t now,
+                                bool pin, std::vector<uint32_t>* touched,
+                                std::vector<uint32_t>* touched_counters) {
+  RETURN_IF_ERROR(Resolve(keys, n, now, /*read_store=*/true));
+  const uint32_t dim = spec_.dim;
+  const size_t per = rows_.floats_per_entry();
+  const uint8_t mark = EntryMeta::kDirty | (pin ? EntryMeta::kPinned : 0);
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t slot = slot_[i];
+    if (slot == RowCache::kNone) {
+      // The row replaces an admission counter, as on the admitting push.
+      const uint32_t c = counter_slot_[i];
+      if (admission_ && c != RowCache::kNone) DropCounter(c, touched_counters);
+      slot = CreateRow(keys[i]);
+    }
+    float* w = rows_.floats(slot);
+    std::memcpy(w, values + i * dim, dim * sizeof(float));
+    std::fill(w + dim, w + per, 0.0f);
+    EntryMeta& m = rows_.meta(slot);
+    m.count = 0;
+    m.last_clock = clock;
+    const bool was_pinned = m.flags & EntryMeta::kPinned;
+    m.flags |= mark;
+    if (pin && !was_pinned) touched->push_back(slot);
+  }
   return Status::OK();
 }
 

@@ -118,6 +118,17 @@ class SparseTable {
                                   std::vector<uint32_t>* touched,
                                   std::vector<uint32_t>* touched_counters);
 
+  // Sets keys[0..n) (unique, n <= kSliceKeys) to `values` (n x dim), their
+  // optimizer state and step count to zero (an upload: kAssign), as rows
+  // (an admission counter of the key is dropped), at worker clock `clock`.
+  // Reads the store first (a failed read fails the slice before anything
+  // of it is set). Entries become dirty, pinned when `pin`; slots appended
+  // to *touched.
+  [[nodiscard]] Status AssignSlice(const uint64_t* keys, const float* values,
+                                   size_t n, int64_t clock, int64_t now,
+                                   bool pin, std::vector<uint32_t>* touched,
+                                   std::vector<uint32_t>* touched_counters);
+
   // Puts the record of an entry into `batch`.
   void AddRecord(bool counter, uint32_t slot, StoreBatch* batch);
   // Puts the records of several entries into `batch` in key order (RocksDB
@@ -193,6 +204,10 @@ class SparseTable {
                     uint32_t* counter);
   // A new row from the initial value.
   uint32_t CreateRow(uint64_t key);
+  // Removes admission counter `c` (a row replaces it: same key, so the
+  // row's record overwrites the counter's in the store), and its slot from
+  // *touched_counters when it was pinned there.
+  void DropCounter(uint32_t c, std::vector<uint32_t>* touched_counters);
 
   const TableSpec spec_;
   const uint64_t name_hash_;

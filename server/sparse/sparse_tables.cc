@@ -259,6 +259,23 @@ Status SparseTables::Apply(uint32_t table, const uint64_t* keys,
   return written;
 }
 
+Status SparseTables::Assign(uint32_t table, const uint64_t* keys,
+                            const float* values, size_t n, int64_t clock,
+                            bool durable) {
+  SparseTable& t = *tables_[table];
+  const size_t dim = t.spec().dim;
+  Status written;  // the first failed write-back: the rest is still set
+  for (size_t off = 0; off < n; off += SparseTable::kSliceKeys) {
+    const size_t m = std::min(SparseTable::kSliceKeys, n - off);
+    RETURN_IF_ERROR(t.AssignSlice(keys + off, values + off * dim, m, clock,
+                                  clock_, durable, &touched_[table],
+                                  &touched_counters_[table]));
+    Status s = Enforce();
+    if (written.ok()) written = s;
+  }
+  return written;
+}
+
 void SparseTables::Accumulate(uint32_t table, const uint64_t* keys,
                               const float* grads, size_t n) {
   RoundSums& r = round_[table];

@@ -135,6 +135,13 @@ class SparseTables {
   [[nodiscard]] Status Apply(uint32_t table, const uint64_t* keys,
                              const float* grads, size_t n, int64_t clock,
                              float lr_scale, bool durable);
+  // Sets rows (checked) to `values` with zero optimizer state (an upload:
+  // server/shard/shard_assign.cc), at worker clock `clock`; pins them when
+  // `durable`. A failed store read stops it at the slice that needed it; a
+  // failed write-back of evicted rows is returned after every row is set.
+  [[nodiscard]] Status Assign(uint32_t table, const uint64_t* keys,
+                              const float* values, size_t n, int64_t clock,
+                              bool durable);
   // BSP: adds gradients (checked) to this round's sums.
   void Accumulate(uint32_t table, const uint64_t* keys, const float* grads,
                   size_t n);

@@ -235,8 +235,12 @@ class ParameterServer:
         self._zeros = {}
         self.clock = 0
         self._overlap = None
+        rows = [(i, np.arange(len(e.rows), dtype=np.uint64), e.rows.numpy())
+                for i, e in enumerate(self.embeddings) if e.rows is not None]
+        if rows and not upload:
+            raise InvalidArgument("SparseEmbedding rows= are uploaded with init=\"model\"")
         self.uploaded = upload and self.client.upload(
-            [p.detach().to("cpu").contiguous().numpy() for p in self.params])
+            [p.detach().to("cpu").contiguous().numpy() for p in self.params], rows=rows)
         self.pull()
         if overlap:
             from .overlap import OverlapScheduler
@@ -415,10 +419,19 @@ class SparseEmbedding(torch.nn.Module):
     --sparse_consistency=asp (hybrid: dense BSP, rows applied on arrival)."""
 
     def __init__(self, name, dim, init="normal", param=1.0, seed=1, optimizer="adagrad",
-                 lr=0.01, **table_options):
+                 lr=0.01, rows=None, **table_options):
         super().__init__()
         self.spec = _asyncps.TableSpec(name, dim, init, param, seed, optimizer, lr,
                                        **table_options)
+        # rows: a (N, dim) tensor of initial rows for ids 0..N-1, uploaded
+        # with ParameterServer(init="model") (other ids keep `init`).
+        self.rows = None
+        if rows is not None:
+            rows = torch.as_tensor(rows).detach().to("cpu", torch.float32).contiguous()
+            if rows.dim() != 2 or rows.shape[1] != dim:
+                raise InvalidArgument("SparseEmbedding '%s': rows must be (N, %d), got %s"
+                                      % (name, dim, tuple(rows.shape)))
+            self.rows = rows
         self._ps = None
         self._index = None
         self._pending = []  # (keys, rows) of this step's forward passes

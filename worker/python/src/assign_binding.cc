@@ -15,11 +15,66 @@ namespace py = pybind11;
 
 namespace asyncps::python {
 
+namespace {
+
+using KeysArray = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
+using RowsArray = py::array_t<float, py::array::c_style>;
+
+// (table index or name, keys, values) -> RowsValues pointing into the
+// arrays, kept alive in `keep`.
+std::vector<worker::RowsValues> CheckedRows(PyClient& self,
+                                            const py::sequence& rows,
+                                            std::vector<py::object>* keep) {
+  std::vector<worker::RowsValues> out;
+  const std::vector<TableSpec>& tables = self.tables();
+  for (py::handle item : rows) {
+    py::tuple t = py::reinterpret_borrow<py::object>(item).cast<py::tuple>();
+    if (t.size() != 3) {
+      Raise(Status::InvalidArgument(
+          "rows: each entry is (table, keys, values)"));
+    }
+    uint32_t table = 0;
+    if (py::isinstance<py::str>(t[0])) {
+      const std::string name = t[0].cast<std::string>();
+      size_t i = 0;
+      while (i < tables.size() && tables[i].name != name) ++i;
+      if (i == tables.size())
+        Raise(Status::NotFound("rows: no registered table '" + name + "'"));
+      table = static_cast<uint32_t>(i);
+    } else {
+      table = t[0].cast<uint32_t>();
+      if (table >= tables.size())
+        Raise(Status::NotFound("rows: no table " + std::to_string(table)));
+    }
+    KeysArray keys = KeysArray::ensure(t[1]);
+    if (!keys || keys.ndim() != 1)
+      Raise(Status::InvalidArgument("rows of '" + tables[table].name +
+                                    "': keys must be a 1-d uint64 array"));
+    py::array values = py::reinterpret_borrow<py::array>(t[2]);
+    RowsArray v = RowsArray::ensure(values);
+    const size_t n = static_cast<size_t>(keys.shape(0));
+    if (!v || !values.dtype().is(py::dtype::of<float>()) || v.ndim() != 2 ||
+        static_cast<size_t>(v.shape(0)) != n ||
+        static_cast<size_t>(v.shape(1)) != tables[table].dim) {
+      Raise(Status::InvalidArgument(
+          "rows of '" + tables[table].name + "': values must be float32 (" +
+          std::to_string(n) + ", " + std::to_string(tables[table].dim) + ")"));
+    }
+    keep->push_back(keys);
+    keep->push_back(v);
+    out.push_back(worker::RowsValues{table, keys.data(), n, v.data()});
+  }
+  return out;
+}
+
+}  // namespace
+
 void AddAssignMethods(py::class_<PyClient, std::shared_ptr<PyClient>>& c) {
   c.def(
        "upload",
        [](PyClient& self, const py::sequence& arrays, bool overwrite,
-          uint64_t max_request_bytes, double timeout_s) {
+          uint64_t max_request_bytes, double timeout_s,
+          const py::sequence& rows) {
          if (!self.registered()) {
            Raise(Status::FailedPrecondition(
                "upload before register(): register the model first"));
@@ -27,6 +82,9 @@ void AddAssignMethods(py::class_<PyClient, std::shared_ptr<PyClient>>& c) {
          std::vector<float*> ptrs =
              CheckedBuffers(arrays, self.specs(), false, "upload");
          std::vector<const float*> values(ptrs.begin(), ptrs.end());
+         std::vector<py::object> keep;
+         std::vector<worker::RowsValues> row_values =
+             CheckedRows(self, rows, &keep);
          worker::UploadOptions o;
          o.overwrite = overwrite;
          o.max_request_bytes = max_request_bytes;
@@ -34,19 +92,22 @@ void AddAssignMethods(py::class_<PyClient, std::shared_ptr<PyClient>>& c) {
              static_cast<int64_t>(timeout_s * 1000.0));
          bool uploaded = false;
          ThrowIfError(self.Run([&] {
-           return worker::UploadValues(self.get(), values, o, &uploaded);
+           return worker::UploadValues(self.get(), values, o, &uploaded,
+                                       row_values);
          }));
          return uploaded;
        },
        py::arg("values"), py::arg("overwrite") = false,
        py::arg("max_request_bytes") = uint64_t{16} << 20,
-       py::arg("timeout_s") = 600.0,
+       py::arg("timeout_s") = 600.0, py::arg("rows") = py::list(),
        "Makes `values` (float32 arrays, one per registered tensor) the "
        "shards' weights, unless another worker's upload wins the race or "
        "the shards' values are final (trained or uploaded) and not "
        "`overwrite`: then waits until that upload is complete. Returns True "
-       "when these values were written (worker/upload.h). Resets the "
-       "shards' optimizer state.")
+       "when these values were written (worker/upload.h). `rows`: "
+       "(table index or name, uint64 keys, float32 (n, dim) values) per "
+       "sparse table, set in the same upload. Resets the shards' optimizer "
+       "state.")
       .def_property(
           "lr", [](PyClient& self) { return self.get()->lr(); },
           [](PyClient& self, float lr) {

@@ -289,3 +289,57 @@ def test_distributed_optimizer_lr_follows_a_torch_scheduler(shards):
         assert json.loads(ps.client.stats()[0])["worker_lr"] == pytest.approx(0.2 * 0.5 ** i)
         sched.step()
     ps.close()
+
+
+def test_upload_of_sparse_rows_race_one_table_wins(shards):
+    eps = endpoints(shards(2, ["--consistency=asp"], num_workers=2))
+    table = asyncps.TableSpec("emb", 3, "zeros", 0.0, 1, "sgd", 0.1)
+    keys = np.arange(1000, dtype=np.uint64)
+    clients = [asyncps.Client(eps, rank=r, timeout_s=30) for r in range(2)]
+    for c in clients:
+        c.register(specs(), chunk_elems=4096, tables=[table])
+    barrier = threading.Barrier(2)
+
+    def run(r):
+        barrier.wait()
+        rows = np.full((1000, 3), r + 1.0, np.float32) + keys[:, None].astype(np.float32)
+        return clients[r].upload(values(r + 1.0), rows=[("emb", keys, rows)],
+                                 max_request_bytes=6000)  # several requests per shard
+
+    won = on_threads(2, run)
+    assert sorted(won) == [False, True]
+    w = won.index(True) + 1.0
+    for c in clients:
+        got = c.pull_rows("emb", np.concatenate([keys, [5000]]).astype(np.uint64), 0)
+        np.testing.assert_array_equal(got[:1000], np.full((1000, 3), w, np.float32)
+                                      + keys[:, None].astype(np.float32))
+        np.testing.assert_array_equal(got[1000], 0.0)  # not uploaded: its initialiser
+        for a, b in zip(pulled(c), values(w)):
+            np.testing.assert_array_equal(a, b)
+    with pytest.raises(asyncps.InvalidArgument, match="float32"):
+        clients[0].upload(values(1.0), rows=[("emb", keys, np.zeros((1000, 2), np.float32))])
+    with pytest.raises(asyncps.NotFound, match="nope"):
+        clients[0].upload(values(1.0), rows=[("nope", keys, np.zeros((1000, 3), np.float32))])
+
+
+def test_sparse_embedding_rows_uploaded_with_init_model(shards):
+    eps = endpoints(shards(2, ["--consistency=asp"]))
+    pretrained = torch.randn(50, 4)
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = apt.SparseEmbedding("e", 4, rows=pretrained)
+            self.fc = torch.nn.Linear(4, 2)
+
+        def forward(self, ids):
+            return self.fc(self.emb(ids))
+
+    m = M()
+    with pytest.raises(asyncps.InvalidArgument, match="init=\"model\""):
+        apt.ParameterServer(m, servers=eps)
+    ps = apt.ParameterServer(m, servers=eps, init="model")
+    assert ps.uploaded
+    with torch.no_grad():
+        assert torch.equal(m.emb(torch.arange(50)), pretrained)
+    ps.close()
