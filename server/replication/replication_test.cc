@@ -68,6 +68,7 @@ TEST(ReplicatorTest, RepliesWaitForEveryUpdateBeforeThemOnTheBackup) {
   std::vector<OutgoingReply> out;
   ASSERT_TRUE(rep.SetView(v, &out).ok());
   ASSERT_TRUE(rep.Replicates(RequestKind::kPush));
+  ASSERT_TRUE(rep.Replicates(RequestKind::kAssign));  // uploads (issue 22)
   Message worker_msg;  // what a worker sent: one header frame
   auto bytes = std::make_shared<std::vector<uint8_t>>(EncodeRequest(RequestHeader{}));
   worker_msg.frames.push_back({bytes->data(), bytes->size(), bytes});
