@@ -498,6 +498,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.ps = ps
         self._carry_lr = lr is not None
 
+    def zero_grad(self, set_to_none=True):
+        # Set before backward: with overlap=True buckets are pushed during it.
+        if self._carry_lr:
+            self.ps.client.lr = float(self.param_groups[0]["lr"])
+        super().zero_grad(set_to_none=set_to_none)
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None

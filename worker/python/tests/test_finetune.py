@@ -343,3 +343,23 @@ def test_sparse_embedding_rows_uploaded_with_init_model(shards):
     with torch.no_grad():
         assert torch.equal(m.emb(torch.arange(50)), pretrained)
     ps.close()
+
+
+def test_worker_optimizer_under_asp_one_worker_is_local_sgd(shards):
+    eps = endpoints(shards(1, ["--consistency=asp", "--optimizer=sgd", "--lr=0.01"]))
+    torch.manual_seed(3)
+    init = Net().state_dict()
+    m, ref = Net(), Net()
+    m.load_state_dict(init)
+    ref.load_state_dict(init)
+    ps = apt.ParameterServer(m, servers=eps, init="model", chunk_elems=4096)
+    opt = apt.WorkerOptimizer(ps, torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9))
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    for x, y in batches(5, seed=4):
+        for model, o in ((m, opt), (ref, ref_opt)):
+            o.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            o.step()
+    for (k, a), b in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=k)
+    ps.close()
