@@ -130,7 +130,12 @@ struct Clock {
 # worker stops talking (worker timeout) or restarts may be taken over.
 struct Assign {
   upload @0 :UInt64;         # random, != 0: one per upload
-  phase @1 :UInt8;           # 0 begin, 1 values, 2 commit
+  phase @1 :UInt8;           # 0 begin, 1 values, 2 commit, 3 read the
+                             # optimizer state: the reply's chunks, one per
+                             # chunk of the shard (numElems = k x the chunk's
+                             # elements for k floats of state per weight,
+                             # stored [slot 0 | slot 1 ...]; version = the
+                             # chunk's optimizer steps); no claim needed
   chunks @2 :List(ChunkRef); # values: one per data frame
   overwrite @3 :Bool;        # begin: claim even final values (a restore)
   rows @4 :List(RowsRef);    # values: rows of sparse tables set to the

@@ -515,6 +515,23 @@ class ClientImpl : public Client {
     if (claimed != nullptr) *claimed = r.created;
     return Status::OK();
   }
+  Status ReadOptimizerState(OptimizerState* out,
+                            milliseconds timeout) override {
+    if (!layout_) return Status::FailedPrecondition("read before Register()");
+    *out = OptimizerState{};
+    out->per_weight = -1;  // set by the first reply
+    RequestHeader h = NewHeader(RequestKind::kAssign);
+    h.assign_upload = 1;
+    h.assign_phase = 3;
+    state_sink_ = out;
+    Status s = [&]() -> Status {
+      ASSIGN_OR_RETURN(Ticket t, StartOnShards(h, AllShards()));
+      return Wait(t, timeout, nullptr);
+    }();
+    state_sink_ = nullptr;
+    if (out->per_weight < 0) out->per_weight = 0;
+    return s;
+  }
   uint64_t resends() const override { return resends_; }
   uint64_t failovers() const override { return failovers_; }
   uint64_t incarnation() const override { return incarnation_; }
@@ -932,6 +949,53 @@ class ClientImpl : public Client {
     pending_.erase(pit);
   }
 
+  // A shard's optimizer state (ReadOptimizerState): every chunk ref checked
+  // against the layout before anything is written into state_sink_.
+  Status AbsorbState(int shard) {
+    const auto& owned = layout_->shard_chunks(shard);
+    if (reply_.chunks.size() != owned.size()) {
+      return Status::Corruption("optimizer state of " +
+                                std::to_string(reply_.chunks.size()) +
+                                " chunks, expected " +
+                                std::to_string(owned.size()));
+    }
+    int k = state_sink_->per_weight;
+    for (size_t i = 0; i < owned.size(); ++i) {
+      const ChunkRef& c = reply_.chunks[i];
+      const uint64_t n = layout_->chunks()[owned[i]].num_elems;
+      if (c.chunk != owned[i] || c.frame < 1 || c.frame >= msg_.frames.size() ||
+          n == 0 || c.num_elems % n != 0 || c.num_elems / n > 64 ||
+          (k >= 0 && c.num_elems / n != static_cast<uint64_t>(k)) ||
+          c.byte_size != c.num_elems * sizeof(float) ||
+          c.byte_size != msg_.frames[c.frame].size) {
+        return Status::Corruption("bad optimizer state ref for chunk " +
+                                  std::to_string(c.chunk));
+      }
+      k = static_cast<int>(c.num_elems / n);
+    }
+    if (k < 0) return Status::OK();  // a shard without chunks
+    OptimizerState& st = *state_sink_;
+    if (st.per_weight < 0) {
+      st.per_weight = k;
+      st.slots.assign(k, {});
+      for (auto& slot : st.slots) {
+        for (const TensorSpec& t : layout_->tensors())
+          slot.emplace_back(t.num_elements(), 0.0f);
+      }
+    }
+    for (const ChunkRef& c : reply_.chunks) {
+      const ChunkSpec& spec = layout_->chunks()[c.chunk];
+      const uint8_t* src = msg_.frames[c.frame].data;
+      for (int j = 0; j < k; ++j) {
+        std::memcpy(st.slots[j][spec.tensor].data() + spec.offset,
+                    src + j * spec.num_elems * sizeof(float),
+                    spec.num_elems * sizeof(float));
+      }
+      st.steps = std::max(st.steps, c.version);
+    }
+    return Status::OK();
+  }
+
   // Folds a successful reply into its ticket.
   Status Absorb(int shard, const Pending& p, TicketState& t) {
     t.result.max_staleness = std::max(t.result.max_staleness, reply_.staleness);
@@ -940,6 +1004,8 @@ class ClientImpl : public Client {
     if (p.kind == RequestKind::kStats && stats_sink_ != nullptr) {
       (*stats_sink_)[shard] = reply_.text;
     }
+    if (p.kind == RequestKind::kAssign && state_sink_ != nullptr)
+      return AbsorbState(shard);
     if (p.kind != RequestKind::kPull) return Status::OK();
     // Validate every chunk ref and rows ref before writing anything.
     RETURN_IF_ERROR(CheckPulledRows(shard, t));
@@ -1342,6 +1408,7 @@ class ClientImpl : public Client {
   std::vector<int64_t> limit_bytes_;  // per shard: its request limit
   std::vector<int64_t> limit_frame_;  // per shard: its frame limit
   std::vector<std::string>* stats_sink_ = nullptr;
+  OptimizerState* state_sink_ = nullptr;  // during ReadOptimizerState
   std::unique_ptr<ShmSegment> shm_;  // shared_memory_bytes > 0
   std::vector<bool> shm_ok_;         // per shard: the segment is attached
   std::vector<TableSpec> tables_;

@@ -133,6 +133,16 @@ struct AssignRequest {
   std::vector<RowsPush> rows;
 };
 
+// The shards' optimizer state (Client::ReadOptimizerState).
+struct OptimizerState {
+  // Floats of state per weight (Adam 2: m, v; momentum and AdaGrad 1; SGD 0).
+  int per_weight = 0;
+  // slots[j][t]: state slot j of tensor t (layout order), num_elements floats.
+  std::vector<std::vector<std::vector<float>>> slots;
+  // The most optimizer steps any chunk has taken (Adam's bias correction).
+  uint64_t steps = 0;
+};
+
 // What a completed request reports (aggregated over shards).
 struct TicketResult {
   int64_t max_staleness = -1;   // pushes: largest staleness recorded by a shard
@@ -247,6 +257,11 @@ class Client {
   // `timeout`. REQUIRES: Register() succeeded.
   virtual Status Assign(int shard, AssignRequest request, bool* claimed,
                         std::chrono::milliseconds timeout) = 0;
+
+  // Reads every shard's optimizer state (kAssign phase 3) into *out.
+  // REQUIRES: Register() succeeded.
+  virtual Status ReadOptimizerState(OptimizerState* out,
+                                    std::chrono::milliseconds timeout) = 0;
 
   // The learning rate every later push and clock carries (> 0: the shards
   // use it in place of their --lr and schedule, up to their --max_lr; 0: not

@@ -232,7 +232,7 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
         st = HandleAttachShm(req);
         break;
       case RequestKind::kAssign:
-        st = HandleAssign(req, data, now, &r.header);
+        st = HandleAssign(peer, req, data, now, &r);
         break;
       case RequestKind::kMigrate:
         st = HandleMigrate(req, data, &r, out);

@@ -397,9 +397,12 @@ class Shard {
   void PruneUnsent();
 
   // shard_assign.cc: uploads of values (kAssign) and worker-set lr.
-  Status HandleAssign(const RequestHeader& req,
+  Status HandleAssign(const std::string& peer, const RequestHeader& req,
                       const std::vector<ByteView>& data, TimePoint now,
-                      ReplyHeader* reply);
+                      OutgoingReply* reply);
+  // Phase 3 of kAssign: the optimizer state of every owned chunk.
+  Status ReadOptimizerState(const std::string& peer, const RequestHeader& req,
+                            OutgoingReply* reply);
   // Checks a push's or clock's lr (0 = not set) against max_lr.
   Status CheckWorkerLr(const RequestHeader& req);
   // Makes a checked lr (if set) the rate of later updates.

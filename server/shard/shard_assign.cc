@@ -38,7 +38,7 @@ namespace asyncps::server {
 
 namespace {
 
-enum AssignPhase : uint8_t { kBegin = 0, kValues = 1, kCommit = 2 };
+enum AssignPhase : uint8_t { kBegin = 0, kValues = 1, kCommit = 2, kRead = 3 };
 
 bool FiniteFloats(const uint8_t* p, size_t n) {
   for (size_t i = 0; i < n; ++i) {
@@ -69,20 +69,52 @@ void Shard::TakeWorkerLr(const RequestHeader& req) {
   if (req.lr > 0.0f) worker_lr_ = req.lr;
 }
 
-Status Shard::HandleAssign(const RequestHeader& req,
+Status Shard::ReadOptimizerState(const std::string& peer,
+                                 const RequestHeader& req,
+                                 OutgoingReply* reply) {
+  const size_t k = optimizer_->state_per_elem();  // dc state not included
+  uint64_t bytes = 0;
+  for (const auto& c : chunks_) bytes += c->n * k * sizeof(float);
+  StatusOr<MemoryBudget::Charge> charge =
+      budget_->Reserve(bytes, "a copy of the optimizer state of " +
+                                  std::to_string(chunks_.size()) + " chunks");
+  if (!charge.ok()) return Reject(RejectReason::kMemoryBudget, charge.status());
+  auto held = std::make_shared<ChargedBuffer>();
+  held->charge = std::move(charge).value();
+  held->buffer = Buffer::Allocate(bytes);
+  uint8_t* at = held->buffer->data();
+  for (const auto& c : chunks_) {
+    const size_t size = c->n * k * sizeof(float);
+    if (size > 0) std::memcpy(at, c->state.data(), size);
+    ChunkRef ref;
+    ref.chunk = c->id;
+    ref.frame = static_cast<uint32_t>(reply->frames.size() + 1);
+    ref.num_elems = c->n * k;
+    ref.byte_size = size;
+    ref.version = c->step;
+    reply->header.chunks.push_back(ref);
+    reply->frames.push_back(ByteView{at, size, held});
+    at += size;
+  }
+  PinUnsent(peer, req.rank, bytes, reply);
+  return Status::OK();
+}
+
+Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
                            const std::vector<ByteView>& data, TimePoint now,
-                           ReplyHeader* reply) {
+                           OutgoingReply* out) {
+  ReplyHeader* reply = &out->header;
   reply->created = false;
   if (!layout_) {
     return Reject(
         RejectReason::kNotRegistered,
         Status::FailedPrecondition("no layout registered: register first"));
   }
-  if (req.assign_upload == 0 || req.assign_phase > kCommit) {
+  if (req.assign_upload == 0 || req.assign_phase > kRead) {
     return Reject(RejectReason::kUploadClaim,
                   Status::InvalidArgument(
                       "assign needs an upload id != 0 and a phase in "
-                      "{0 begin, 1 values, 2 commit}, got phase " +
+                      "{0 begin, 1 values, 2 commit, 3 read}, got phase " +
                       std::to_string(req.assign_phase)));
   }
   if (req.assign_phase != kValues &&
@@ -91,6 +123,7 @@ Status Shard::HandleAssign(const RequestHeader& req,
                   Status::InvalidArgument(
                       "only an assign of phase 1 (values) carries chunks"));
   }
+  if (req.assign_phase == kRead) return ReadOptimizerState(peer, req, out);
   const UploadClaim& c = upload_claim_;
   const bool live =
       c.rank >= 0 && clocks_.live(c.rank) &&

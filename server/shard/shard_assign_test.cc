@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "server/internal/test_util.h"
@@ -178,7 +179,7 @@ TEST(ShardAssignTest, HostileValuesAreRefusedWholeBeforeAnyWrite) {
   RequestHeader begin = Values(h, 0, 7, 100, {mine[0]}, 2.0f, &d);
   begin.assign_phase = 0;
   expect_refused(begin, d, RejectReason::kSizeMismatch);
-  expect_refused(Assign(0, 7, 100, 3), {}, RejectReason::kUploadClaim);
+  expect_refused(Assign(0, 7, 100, 4), {}, RejectReason::kUploadClaim);
   expect_refused(Assign(0, 7, 0, 0), {}, RejectReason::kUploadClaim);
   // Observers may not upload.
   ReplyHeader r = h.Call(Assign(-1, 7, 100, 0));
@@ -236,6 +237,38 @@ TEST(ShardAssignTest, MaxLrIsValidated) {
   EXPECT_FALSE(o.Validate().ok());
   o.max_lr = 0.0f;  // refuses every carried lr
   EXPECT_TRUE(o.Validate().ok());
+}
+
+TEST(ShardAssignTest, ReadsTheOptimizerStateOfEveryChunk) {
+  ShardOptions o = testing::TestOptions(Consistency::kAsp, 1);
+  o.optimizer.kind = OptimizerKind::kAdam;
+  ShardHarness h(o);
+  Register(h);
+  const uint32_t c = h.FirstChunk();
+  const uint64_t n = h.shard->layout()->chunks()[c].num_elems;
+  ASSERT_TRUE(h.Call(ShardHarness::Push(0, 0, {c}, {Floats(Fill(n, 1.0f))}),
+                     {Floats(Fill(n, 1.0f))})
+                  .status.ok());
+  auto out = h.Send(Assign(0, 7, 1, 3));
+  ASSERT_EQ(out.size(), 1u);
+  const OutgoingReply& r = out[0];
+  ASSERT_TRUE(r.header.status.ok()) << r.header.status.ToString();
+  const auto& mine = h.shard->layout()->shard_chunks(0);
+  ASSERT_EQ(r.header.chunks.size(), mine.size());
+  ASSERT_EQ(r.frames.size(), mine.size());
+  for (size_t i = 0; i < mine.size(); ++i) {
+    const ChunkRef& ref = r.header.chunks[i];
+    EXPECT_EQ(ref.chunk, mine[i]);
+    const std::vector<float>& state = *h.shard->optimizer_state(mine[i]);
+    ASSERT_EQ(ref.num_elems, state.size());  // Adam: [m | v]
+    ASSERT_EQ(r.frames[ref.frame - 1].size, state.size() * sizeof(float));
+    EXPECT_EQ(std::memcmp(r.frames[ref.frame - 1].data, state.data(),
+                          state.size() * sizeof(float)),
+              0);
+    EXPECT_EQ(ref.version, mine[i] == c ? 1u : 0u);  // optimizer steps
+  }
+  // Observers may not read it (a worker-only request), nothing changes.
+  EXPECT_FALSE(h.Call(Assign(-1, 7, 1, 3)).status.ok());
 }
 
 }  // namespace

@@ -294,6 +294,14 @@ class ParameterServer:
         torch.save of it loads into a plain model)."""
         return _update.pulled_state_dict(self)
 
+    def optimizer_state_dict(self):
+        """The shards' optimizer state: {"optimizer": ps_server --optimizer,
+        "step": the most steps of any chunk, "state": {parameter name: {slot:
+        tensor}}} with torch.optim's slot names (adam: exp_avg, exp_avg_sq;
+        momentum/nesterov: momentum_buffer; adagrad: sum; sgd: none). Read
+        only: load_state_dict restarts the shards' optimizer state."""
+        return _update.shard_optimizer_state(self)
+
     def load_state_dict(self, state_dict, strict=True):
         """Loads `state_dict` into the model and uploads its parameters to
         the shards (overwriting them; their optimizer state restarts)."""

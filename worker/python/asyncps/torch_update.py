@@ -37,9 +37,10 @@ parameters freshly pulled from the shards (worker-side update: the worker's
 own weights, which are the model); buffers (BatchNorm statistics) are this
 worker's. ps.load_state_dict(sd) loads it into the model and uploads the
 parameters to the shards (overwrite: the shards' optimizer state restarts).
-Optimizer state: WorkerOptimizer.state_dict() is the torch optimizer's; the
-shards' optimizer state (server-side update) is not exported (it restarts
-from zero after load_state_dict, as after init="model").
+Optimizer state: WorkerOptimizer.state_dict() is the torch optimizer's;
+ps.optimizer_state_dict() reads the shards' (server-side update) with
+torch.optim's slot names, read only (it restarts from zero after
+load_state_dict, as after init="model").
 """
 import collections
 import json
@@ -57,6 +58,27 @@ def pulled_state_dict(ps):
     for k, v in ps.model.state_dict().items():
         out[k] = v.detach().clone()
     return out
+
+
+# The shards' optimizer state slots under torch.optim's names.
+_SLOTS = {"adam": ("exp_avg", "exp_avg_sq"), "momentum": ("momentum_buffer",),
+          "nesterov": ("momentum_buffer",), "adagrad": ("sum",), "sgd": ()}
+
+
+def shard_optimizer_state(ps):
+    """ps.optimizer_state_dict(): see ParameterServer.optimizer_state_dict."""
+    name = json.loads(ps.client.stats()[0]).get("optimizer", "sgd")
+    k, slots, steps = ps.client.optimizer_state()
+    names = _SLOTS.get(name, tuple("slot%d" % j for j in range(k)))
+    if len(names) != k:
+        names = tuple("slot%d" % j for j in range(k))
+    state = collections.OrderedDict()
+    for i, pname in enumerate(ps.names):
+        entry = {"step": torch.tensor(float(steps))} if k else {}
+        for j, slot in enumerate(names):
+            entry[slot] = torch.from_numpy(slots[j][i])
+        state[pname] = entry
+    return {"optimizer": name, "step": int(steps), "state": state}
 
 
 def load_and_upload(ps, state_dict, strict=True):

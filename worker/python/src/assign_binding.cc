@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 
 #include <chrono>
+#include <cstring>
 #include <vector>
 
 #include "worker/python/src/arrays.h"
@@ -108,6 +109,39 @@ void AddAssignMethods(py::class_<PyClient, std::shared_ptr<PyClient>>& c) {
        "(table index or name, uint64 keys, float32 (n, dim) values) per "
        "sparse table, set in the same upload. Resets the shards' optimizer "
        "state.")
+      .def(
+          "optimizer_state",
+          [](PyClient& self, double timeout_s) {
+            if (!self.registered()) {
+              Raise(Status::FailedPrecondition(
+                  "optimizer_state before register()"));
+            }
+            worker::OptimizerState st;
+            ThrowIfError(self.Run([&] {
+              return self.get()->ReadOptimizerState(
+                  &st, std::chrono::milliseconds(
+                           static_cast<int64_t>(timeout_s * 1000.0)));
+            }));
+            py::list slots;
+            for (auto& slot : st.slots) {
+              py::list tensors;
+              for (size_t t = 0; t < slot.size(); ++t) {
+                const auto& shape = self.specs()[t].shape;
+                std::vector<py::ssize_t> dims(shape.begin(), shape.end());
+                py::array_t<float> a(dims);
+                std::memcpy(a.mutable_data(), slot[t].data(),
+                            slot[t].size() * sizeof(float));
+                tensors.append(a);
+              }
+              slots.append(tensors);
+            }
+            return py::make_tuple(st.per_weight, slots, st.steps);
+          },
+          py::arg("timeout_s") = 120.0,
+          "The shards' optimizer state: (floats per weight k, k lists of "
+          "one float32 array per registered tensor -- Adam: m then v; "
+          "momentum and AdaGrad: one --, the most optimizer steps of any "
+          "chunk).")
       .def_property(
           "lr", [](PyClient& self) { return self.get()->lr(); },
           [](PyClient& self, float lr) {

@@ -363,3 +363,27 @@ def test_worker_optimizer_under_asp_one_worker_is_local_sgd(shards):
     for (k, a), b in zip(m.named_parameters(), ref.parameters()):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=k)
     ps.close()
+
+
+def test_shard_adam_state_is_read_with_torch_names(shards):
+    eps = endpoints(shards(2, ["--consistency=asp", "--optimizer=adam", "--lr=0.01"]))
+    torch.manual_seed(0)
+    m = Net()
+    ps = apt.ParameterServer(m, servers=eps, chunk_elems=4096)
+    opt = apt.DistributedOptimizer(ps)
+    ref = Net()
+    ref.load_state_dict(m.state_dict())
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.01)
+    for x, y in batches(3):
+        for model, o in ((m, opt), (ref, ref_opt)):
+            o.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            o.step()
+    sd = ps.optimizer_state_dict()
+    assert sd["optimizer"] == "adam" and sd["step"] == 3
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        st, want = sd["state"][name], ref_opt.state[q]
+        assert st["exp_avg"].shape == p.shape
+        torch.testing.assert_close(st["exp_avg"], want["exp_avg"], atol=1e-6, rtol=1e-4)
+        torch.testing.assert_close(st["exp_avg_sq"], want["exp_avg_sq"], atol=1e-8, rtol=1e-3)
+    ps.close()
