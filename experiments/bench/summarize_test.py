@@ -202,6 +202,7 @@ class ShippedGoalsTest(unittest.TestCase):
         "sparse": {"op", "dim", "regime"},
         "metrics_overhead": {"variant"},
         "pytorch": {"model", "baseline"},
+        "overlap": {"setting", "consistency", "batch", "prefetch_ahead", "baseline"},
     }
 
     def test_goals_file(self):

@@ -1,0 +1,315 @@
+#!/usr/bin/env python3
+"""bench_overlap: asyncps.torch with overlap=True (asyncps.overlap: pushes in
+buckets during backward, pulls by layer in forward order) against the same
+fleet without it, and against PyTorch DDP (gloo) on the same links and
+processes. One JSON object per line; each figure is the median of --repeats
+runs with its spread (min, max), runs interleaved.
+
+Fleet: 2 shards (ps_server, --consistency as given, SGD) + 2 workers, each
+worker one process with one thread training the CNN of
+worker/python/examples/cnn.py on fixed random batches (Fashion-MNIST shapes;
+the data does not change the speed), --warmup steps then --steps timed;
+samples/s = the workers' sum. DDP: the same 2 worker processes' model, batch
+and steps, torch.optim.SGD, DistributedDataParallel over gloo (25 MiB
+buckets).
+
+Settings:
+  loopback  every process on 127.0.0.1, unshaped (ratio goal >= 0.97);
+  link      4 emulated hosts (launch/pslaunch/netns.py; root): shards on h0,
+            h1, workers (and the DDP ranks) on h2, h3, each host's link shaped
+            to --rate both ways (ratio goals >= 1.3 vs no overlap, >= 1.0 vs
+            DDP).
+
+Usage (as root for `link`):
+  PYTHONPATH=build/python /usr/bin/python3 experiments/bench/bench_overlap.py \\
+      [--bin_dir build/bin] [--repeats 5] [--settings loopback,link] \\
+      [--rate 100mbit] [--batches 64,256] [--consistency bsp] [--quick]
+--quick (CI): loopback only, few steps, one repeat: figures only indicative.
+--chunk_elems / --prefetch_ahead apply to both asyncps paths. With
+BENCH_OVERLAP_TRAFFIC=1 each asyncps worker prints its Store.traffic()
+counters (JSON, stderr). Results and analysis: experiments/results/overlap/.
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+EXAMPLES = os.path.join(REPO, "worker", "python", "examples")
+sys.path.insert(0, os.path.join(REPO, "launch"))
+sys.path.insert(0, HERE)
+import bench_worker  # noqa: E402  (stop)
+PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+WORKERS = 2
+SHARDS = 2
+
+
+# ---- the processes ----------------------------------------------------------
+def make_model(batch):
+    import torch
+    sys.path.insert(0, EXAMPLES)
+    import cnn
+    torch.manual_seed(1)
+    gen = torch.Generator().manual_seed(2)
+    data = [(torch.randn(batch, 1, 28, 28, generator=gen),
+             torch.randint(0, 10, (batch,), generator=gen)) for _ in range(4)]
+    return cnn.make_cnn(), data
+
+
+def timed_loop(model, opt, data, a):
+    """--warmup steps, then --steps timed; returns samples/s."""
+    import torch
+
+    def step(i):
+        x, y = data[i % len(data)]
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    for i in range(a.warmup):
+        step(i)
+    t0 = time.perf_counter()
+    for i in range(a.warmup, a.warmup + a.steps):
+        step(i)
+    return a.steps * a.batch / (time.perf_counter() - t0)
+
+
+def worker_main(a):
+    """One asyncps worker: prints samples_per_s=X."""
+    import torch
+    import asyncps.torch as apt
+    torch.set_num_threads(1)
+    model, data = make_model(a.batch)
+    ps = apt.ParameterServer(model, servers=a.servers.split(","), rank=a.rank,
+                             num_workers=a.num_workers, overlap=a.overlap == 1,
+                             bucket_mb=a.bucket_mb, chunk_elems=a.chunk_elems,
+                             prefetch_ahead=a.prefetch_ahead)
+    rate = timed_loop(model, apt.DistributedOptimizer(ps), data, a)
+    if os.environ.get("BENCH_OVERLAP_TRAFFIC"):  # where the time went (ns, summed)
+        print(json.dumps(dict(ps.traffic(), rank=a.rank, overlap=a.overlap)), file=sys.stderr)
+    ps.close()
+    print("samples_per_s=%.3f" % rate, flush=True)
+
+
+def ddp_main(a):
+    """One DDP rank: prints samples_per_s=X."""
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    host, port = a.master.rsplit(":", 1)
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = host, port
+    dist.init_process_group("gloo", rank=a.rank, world_size=a.num_workers)
+    model, data = make_model(a.batch)
+    model = torch.nn.parallel.DistributedDataParallel(model)
+    rate = timed_loop(model, torch.optim.SGD(model.parameters(), lr=0.05), data, a)
+    dist.barrier()
+    dist.destroy_process_group()
+    print("samples_per_s=%.3f" % rate, flush=True)
+
+
+# ---- the fleet ----------------------------------------------------------------
+def child_env():
+    e = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=os.environ.get(
+        "GLOO_SOCKET_IFNAME", "lo"))
+    pkg = os.path.join(REPO, "build", "python")
+    if "PYTHONPATH" not in e and os.path.isdir(pkg):
+        e["PYTHONPATH"] = pkg
+    return e
+
+
+class Fleet:
+    """Where the processes run: `prefix(i)` is the argv prefix of host i
+    (None: this namespace), `address(i)` its address."""
+
+    def __init__(self, net=None):
+        self.net = net
+
+    def prefix(self, i):
+        return self.net.exec_argv(self.net.hosts[i]) if self.net else []
+
+    def address(self, i):
+        return self.net.hosts[i].address if self.net else "127.0.0.1"
+
+    def env(self):
+        e = child_env()
+        if self.net:
+            e["GLOO_SOCKET_IFNAME"] = "eth0"
+        return e
+
+
+def start_shards(fleet, tmp, bin_dir, consistency):
+    procs, eps = [], []
+    for i in range(SHARDS):
+        ready = os.path.join(tmp, "ready-%d-%d" % (i, time.monotonic_ns()))
+        log = open(os.path.join(tmp, "shard%d.log" % i), "a")
+        argv = fleet.prefix(i) + [
+            os.path.join(bin_dir, "ps_server"), "--endpoint=tcp://%s:0" % fleet.address(i),
+            "--ready_file=" + ready, "--shard_id=%d" % i, "--num_shards=%d" % SHARDS,
+            "--num_workers=%d" % WORKERS, "--consistency=" + consistency,
+            "--optimizer=sgd", "--lr=0.05", "--checkpoint_every_s=0"]
+        if fleet.net:  # an address other than loopback, inside our own namespaces
+            argv += ["--insecure", "--allow_remote_admin"]
+        p = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        procs.append(p)
+        for _ in range(2000):
+            if os.path.exists(ready) and open(ready).read().strip():
+                eps.append(open(ready).read().strip())
+                break
+            if p.poll() is not None:
+                stop_all(procs)
+                raise RuntimeError("ps_server exited: see " + log.name)
+            time.sleep(0.01)
+        else:
+            stop_all(procs)
+            raise RuntimeError("ps_server not ready")
+    return procs, eps
+
+
+def stop_all(procs):
+    for p in procs:
+        if p.poll() is None:
+            bench_worker.stop(p)
+
+
+def run_children(fleet, argvs):
+    """Runs one child per worker host (h2, h3 / local) and returns the sum
+    of their samples/s."""
+    procs = [subprocess.Popen(fleet.prefix(SHARDS + r if fleet.net else 0) + argv,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=fleet.env()) for r, argv in enumerate(argvs)]
+    total, errors = 0.0, []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=900)
+        except subprocess.TimeoutExpired:
+            stop_all(procs)
+            raise
+        if p.returncode != 0:
+            errors.append(err[-3000:])
+            continue
+        total += float(out.strip().rsplit("samples_per_s=", 1)[1])
+    if errors:
+        raise RuntimeError("a child failed:\n" + "\n".join(errors))
+    return total
+
+
+def run_ps(fleet, tmp, bin_dir, consistency, overlap, a, batch):
+    shards, eps = start_shards(fleet, tmp, bin_dir, consistency)
+    try:
+        return run_children(fleet, [[
+            PY, os.path.abspath(__file__), "--worker", "--servers", ",".join(eps),
+            "--rank", str(r), "--num_workers", str(WORKERS), "--overlap", str(int(overlap)),
+            "--bucket_mb", str(a.bucket_mb), "--batch", str(batch), "--steps", str(a.steps),
+            "--warmup", str(a.warmup), "--chunk_elems", str(a.chunk_elems)] +
+            (["--prefetch_ahead"] if a.prefetch_ahead else []) for r in range(WORKERS)])
+    finally:
+        stop_all(shards)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ddp(fleet, a, batch):
+    master = "%s:%d" % (fleet.address(SHARDS) if fleet.net else "127.0.0.1", free_port())
+    return run_children(fleet, [[
+        PY, os.path.abspath(__file__), "--ddp", "--master", master, "--rank", str(r),
+        "--num_workers", str(WORKERS), "--batch", str(batch), "--steps", str(a.steps),
+        "--warmup", str(a.warmup)] for r in range(WORKERS)])
+
+
+def spread(values, digits=1):
+    return {"median": round(statistics.median(values), digits),
+            "min": round(min(values), digits), "max": round(max(values), digits),
+            "repeats": len(values)}
+
+
+def emit(obj):
+    print(json.dumps(obj), flush=True)
+
+
+def bench_setting(setting, fleet, tmp, a):
+    for batch in [int(b) for b in a.batches.split(",")]:
+        plain, over, ddp = [], [], []
+        for _ in range(a.repeats):  # interleaved: load drifts hit all three alike
+            plain.append(run_ps(fleet, tmp, a.bin_dir, a.consistency, False, a, batch))
+            over.append(run_ps(fleet, tmp, a.bin_dir, a.consistency, True, a, batch))
+            if setting == "link" or a.ddp_on_loopback:
+                ddp.append(run_ddp(fleet, a, batch))
+        common = {"bench": "overlap", "model": "cnn", "setting": setting,
+                  "link": a.rate if setting == "link" else "loopback",
+                  "consistency": a.consistency, "shards": SHARDS, "workers": WORKERS,
+                  "batch": batch, "threads": 1, "bucket_mb": a.bucket_mb,
+                  "chunk_elems": a.chunk_elems, "prefetch_ahead": a.prefetch_ahead,
+                  "steps_per_worker": a.steps, "warmup_steps": a.warmup,
+                  "samples_per_s": spread(over)}
+        emit(dict(common, baseline="asyncps_no_overlap", baseline_samples_per_s=spread(plain),
+                  ratio=spread([o / p for o, p in zip(over, plain)], 3),
+                  target=0.97 if setting == "loopback" else 1.3))
+        if ddp:
+            emit(dict(common, baseline="pytorch_ddp_gloo_2proc",
+                      baseline_samples_per_s=spread(ddp),
+                      ratio=spread([o / d for o, d in zip(over, ddp)], 3), target=1.0))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bin_dir", default=os.path.join(REPO, "build", "bin"))
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--settings", default="loopback,link")
+    ap.add_argument("--rate", default="100mbit")
+    ap.add_argument("--batches", default="64,256")
+    ap.add_argument("--consistency", default="bsp", choices=["bsp", "ssp", "asp"])
+    ap.add_argument("--bucket_mb", type=float, default=25.0)
+    ap.add_argument("--chunk_elems", type=int, default=1 << 20,
+                    help="layout chunk size (ParameterServer chunk_elems); smaller spreads "
+                    "the CNN's large layer over both shards")
+    ap.add_argument("--prefetch_ahead", action="store_true",
+                    help="both asyncps paths pull ahead (ASP/SSP)")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--ddp_on_loopback", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="CI: loopback, few steps, 1 repeat")
+    # child modes
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--ddp", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--servers", help=argparse.SUPPRESS)
+    ap.add_argument("--master", help=argparse.SUPPRESS)
+    ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--num_workers", type=int, default=WORKERS, help=argparse.SUPPRESS)
+    ap.add_argument("--overlap", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--batch", type=int, default=64, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        return worker_main(a)
+    if a.ddp:
+        return ddp_main(a)
+    if a.quick:
+        a.settings, a.repeats, a.steps, a.warmup, a.batches = "loopback", 1, 8, 2, "64"
+    with tempfile.TemporaryDirectory(prefix="bench_overlap.") as tmp:
+        for setting in a.settings.split(","):
+            if setting == "loopback":
+                bench_setting(setting, Fleet(), tmp, a)
+            elif setting == "link":
+                from pslaunch import netns
+                missing = netns.unavailable("ovb%d" % os.getpid())
+                if missing:
+                    print("SKIP link: %s" % missing, file=sys.stderr)
+                    continue
+                with netns.Network.create(SHARDS + WORKERS, rate=netns.parse_rate(a.rate),
+                                          tag="ovb%d" % os.getpid()) as net:
+                    bench_setting(setting, Fleet(net), tmp, a)
+            else:
+                ap.error("unknown setting " + setting)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
