@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""Elastic shards, for real (issue 21 item 4): psrun --elastic trains the MLP
+(ps_worker, Fashion-MNIST, BSP, 2 workers) on 2 shards, adds a third while
+the workers train (ps_server --shard_id=2 --num_shards=3, ps_ctl add-shard),
+then removes shard 0 (ps_ctl remove-shard, then its shutdown): 2 -> 3 -> 2.
+The final weights (ps_worker --weights_out) must be bitwise those of a run
+with fixed membership (2 shards, same seeds), and the longest pause of any
+worker around each change (the gap between consecutive acknowledged pushes
+in its --push_log) is measured against the 1 s goal. A local etcd holds the
+layout; exit 77 without etcd or the binaries. Plan parsing and psrun's
+refusals are checked without starting anything."""
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import launch_test_util as u
+from pslaunch import elastic as elastic_mod
+
+ETCD = "/usr/bin/etcd"
+SERVER = ("--consistency=bsp --optimizer=momentum --lr=0.05 --worker_timeout_s=10 "
+          "--checkpoint_every_s=0")
+# 784-64-10: 50,890 floats in 8+ chunks (4,096 floats and up) over 2-3 shards.
+WORKER = ["--layers=784,64,10", "--batch=32", "--epochs=0", "--log_every=500",
+          "--threads=1", "--timeout_s=30", "--seed=11", "--eval=false"]
+STEPS = 3000
+PLAN = "+1@3s,-#0@6s"
+PAUSE_GOAL_S = 1.0  # issue 21: longest pause of any worker per change
+
+
+def acked_times(path):
+    """Acknowledgement times (s since the epoch) of one --push_log, sorted."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            p = line.split()
+            if len(p) == 4 and p[0] == "acked":
+                out.append(int(p[3]) / 1e6)
+    return sorted(out)
+
+
+def longest_gap(times, lo=None, hi=None):
+    """Longest gap between consecutive times; with [lo, hi], only gaps that
+    overlap that window. (gap, start) or (0, None)."""
+    best = (0.0, None)
+    for a, b in zip(times, times[1:]):
+        if lo is not None and (b < lo or a > hi):
+            continue
+        if b - a > best[0]:
+            best = (b - a, a)
+    return best
+
+
+class PlanTest(u.LaunchTestCase):
+    needs_binaries = False
+
+    def test_plan_parsing(self):
+        steps = elastic_mod.parse_plan("-1@40s, +1@20", 2)
+        self.assertEqual([(s.op, s.at_s, s.count, s.shard) for s in steps],
+                         [("add", 20.0, 1, None), ("remove", 40.0, 1, None)])
+        steps = elastic_mod.parse_plan("+2@1.5s,-#0@3", 1)
+        self.assertEqual([(s.op, s.count, s.shard) for s in steps],
+                         [("add", 2, None), ("remove", 1, 0)])
+        for bad, why in (("+1", "is not"), ("x@3", "is not"), ("+0@1", ">= 1"),
+                         ("-1@1", "leaves no shard"), ("-#3@1", "not in the fleet"),
+                         ("+#1@2", "makes no sense"), ("", "no step")):
+            with self.assertRaises(ValueError) as cm:
+                elastic_mod.parse_plan(bad, 1)
+            self.assertIn(why, str(cm.exception), bad)
+
+    def test_refusals(self):
+        for extra, why in ((["--replicas", "2"], "--replicas > 1 is not supported"),
+                           (["--backend", "ssh"], "--backend local"),
+                           ([], "leaves no shard")):
+            argv = [sys.executable, u.PSRUN, "--servers", "1" if not extra else "2",
+                    "--workers", "1", "--run_dir", os.path.join(self.tmp.name, "r"),
+                    "--elastic", "-1@1" if not extra else "+1@1"] + extra + ["--", "--max_steps=1"]
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+            self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+            self.assertIn(why, r.stderr)
+
+
+class EtcdTestCase(u.LaunchTestCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        if not os.access(ETCD, os.X_OK):
+            raise u.unittest.SkipTest("etcd not installed (Debian's etcd-server)")
+
+
+class CtlTest(EtcdTestCase):
+    """ps_ctl add-shard / remove-shard refusing bad input, against a real etcd
+    and real (idle) shards: nothing is frozen or written to etcd."""
+
+    def setUp(self):
+        super().setUp()
+        from pslaunch import etcd as etcd_mod
+        self.procs = []
+        self.etcd = etcd_mod.start_local_etcd(self.tmp.name)
+        self.eps = [self.shard(i, n) for i, n in ((0, 2), (1, 2), (5, 6))]
+
+    def tearDown(self):
+        for p in self.procs:
+            p.kill()
+            p.wait()
+        self.etcd.stop()
+        super().tearDown()
+
+    def shard(self, shard_id, num_shards):
+        ready = os.path.join(self.tmp.name, "ready-%d" % shard_id)
+        log = open(os.path.join(self.tmp.name, "server-%d.log" % shard_id), "wb")
+        self.procs.append(subprocess.Popen(
+            [os.path.join(u.bin_dir(), "ps_server"), "--shard_id=%d" % shard_id,
+             "--num_shards=%d" % num_shards, "--num_workers=1", "--endpoint=tcp://127.0.0.1:*",
+             "--ready_file=" + ready, "--db_path="], stdout=log, stderr=subprocess.STDOUT))
+        log.close()
+        self.assertTrue(u.wait_log(ready, "tcp://", timeout=20), "shard %d not ready" % shard_id)
+        with open(ready) as f:
+            return f.read().strip()
+
+    def ctl(self, *args, etcd=None):
+        argv = [os.path.join(u.bin_dir(), "ps_ctl"), "--timeout_ms=1000",
+                "--etcd_prefix=/asyncps/ctltest"] + (
+                    ["--etcd=" + etcd] if etcd is not None else []) + list(args)
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        out = r.stdout.strip().splitlines()
+        return r.returncode, (json.loads(out[-1]) if out else {}), r.stderr
+
+    def test_bad_input(self):
+        e = self.etcd.endpoints
+        servers = "--servers=%s,%s" % (self.eps[0], self.eps[1])
+        code, rep, err = self.ctl(servers, "add-shard", self.eps[2])
+        self.assertEqual(code, 2, err)  # no --etcd
+        self.assertIn("--etcd is required", rep["message"])
+        code, rep, err = self.ctl(servers, "add-shard", self.eps[2], etcd=e)
+        self.assertEqual((code, rep["code"]), (1, "InvalidArgument"), err)
+        self.assertIn("--shard_id=2 --num_shards=3", rep["message"])  # started as shard 5
+        code, rep, err = self.ctl(servers, "remove-shard", "tcp://127.0.0.1:9", etcd=e)
+        self.assertEqual((code, rep["code"]), (1, "InvalidArgument"), err)
+        self.assertIn("not a shard of the fleet", rep["message"])
+        code, rep, err = self.ctl(servers, "add-shard", self.eps[0], etcd=e)
+        self.assertIn("already shard 0", rep["message"])
+        code, rep, err = self.ctl("add-shard", self.eps[2], etcd=e)  # first change: --servers
+        self.assertIn("--servers", rep["message"])
+        code, rep, err = self.ctl(servers, "remove-shard", self.eps[1], etcd=e)
+        self.assertEqual((code, rep["code"]), (1, "FailedPrecondition"), err)
+        self.assertIn("no model yet", rep["message"])
+        code, rep, err = self.ctl(servers, "remove-shard", self.eps[1],
+                                  etcd="http://127.0.0.1:9")
+        self.assertEqual((code, rep["code"]), (1, "Unavailable"), err)
+        code, _, err = self.ctl(servers, "remove-shard", etcd=e)
+        self.assertEqual(code, 2, err)
+        from urllib import request
+        body = json.dumps({"key": "L2FzeW5jcHMvY3RsdGVzdC9lbGFzdGlj"}).encode()  # base64
+        with request.urlopen(request.Request(e + "/v3/kv/range", data=body), timeout=5) as r:
+            self.assertNotIn("kvs", json.loads(r.read()))  # nothing written
+
+
+class ElasticTest(EtcdTestCase):
+    def psrun(self, name, plan):
+        run_dir = os.path.join(self.tmp.name, name)
+        argv = [sys.executable, u.PSRUN, "--servers", "2", "--workers", "2",
+                "--run_dir", run_dir, "--bin_dir", u.bin_dir(), "--grace", "3",
+                "--start_timeout", "20", "--progress", "off", "--server_flags", SERVER]
+        if plan:
+            argv += ["--elastic", plan]
+        argv += ["--"] + WORKER + [
+            "--max_steps=%d" % STEPS,
+            "--weights_out=" + os.path.join(run_dir, "weights-{rank}.bin"),
+            "--push_log=" + os.path.join(run_dir, "push-{rank}.log")]
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, "%s failed:\n%s\n%s\n%s" % (
+            name, r.stdout[-4000:], r.stderr[-4000:], self.logs(run_dir)))
+        return run_dir
+
+    def logs(self, run_dir):
+        text = []
+        for p in sorted(glob.glob(os.path.join(run_dir, "*.log"))):
+            with open(p, errors="replace") as f:
+                lines = f.read().splitlines()
+            text.append("== %s\n%s" % (os.path.basename(p), "\n".join(lines[-15:])))
+        return "\n".join(text)
+
+    def weights(self, run_dir):
+        with open(os.path.join(run_dir, "weights-0.bin"), "rb") as f:
+            w0 = f.read()
+        with open(os.path.join(run_dir, "weights-1.bin"), "rb") as f:
+            self.assertEqual(f.read(), w0, "the two workers pulled different final weights")
+        return w0
+
+    def test_two_three_two_bitwise_equal_to_fixed(self):
+        elastic = self.psrun("elastic", PLAN)
+        fixed = self.psrun("fixed", None)
+
+        with open(os.path.join(elastic, "elastic.json")) as f:
+            steps = json.load(f)["steps"]
+        self.assertEqual([s.get("ok") for s in steps], [True, True], steps)
+        add, remove = steps[0]["report"], steps[1]["report"]
+        self.assertEqual((add["epoch"], remove["epoch"]), (1, 2))
+        self.assertEqual(add["active"], [0, 1, 2])
+        self.assertEqual(remove["active"], [1, 2])
+        for r in (add, remove):
+            self.assertGreater(r["moved_chunks"], 0, r)
+            self.assertLessEqual(r["imbalance_after"], 1.15, r)
+        with open(os.path.join(elastic, "summary.json")) as f:
+            self.assertEqual(len(json.load(f)["elastic"]), 2)
+
+        w_elastic, w_fixed = self.weights(elastic), self.weights(fixed)
+        self.assertEqual(len(w_elastic), (784 * 64 + 64 + 64 * 10 + 10) * 4)
+        same = w_elastic == w_fixed
+
+        # Pauses: every worker's longest gap between acknowledged pushes
+        # that overlaps each change (its start to 1 s after its end).
+        pauses = []
+        for s in steps:
+            worst = 0.0
+            for rank in (0, 1):
+                t = acked_times(os.path.join(elastic, "push-%d.log" % rank))
+                worst = max(worst, longest_gap(t, s["t0"], s["t1"] + 1.0)[0])
+            pauses.append(worst)
+        base = max(longest_gap(acked_times(os.path.join(fixed, "push-%d.log" % r)))[0]
+                   for r in (0, 1))
+        u.note("launch.elastic: 2 -> 3 -> 2 shards under BSP (%s), 2 ps_workers x %d steps: "
+               "final weights %s; add: %d chunks / %.2f MiB, "
+               "frozen %.0f ms, imbalance %.2f -> %.2f; remove shard 0: %d chunks / %.2f MiB, "
+               "frozen %.0f ms, imbalance %.2f -> %.2f; longest worker pause %.3f s (add), "
+               "%.3f s (remove), goal %.1f s; fixed run's longest %.3f s" % (
+                   PLAN, STEPS, "bitwise equal to fixed membership's" if same else
+                   "DIFFER from fixed membership's", add["moved_chunks"], add["moved_bytes"] / 2**20,
+                   add["frozen_ms"], add["imbalance_before"], add["imbalance_after"],
+                   remove["moved_chunks"], remove["moved_bytes"] / 2**20, remove["frozen_ms"],
+                   remove["imbalance_before"], remove["imbalance_after"], pauses[0], pauses[1],
+                   PAUSE_GOAL_S, base))
+        self.assertTrue(same, "final weights differ from the fixed-membership run's")
+        for p in pauses:
+            self.assertLessEqual(p, PAUSE_GOAL_S)
+
+
+if __name__ == "__main__":
+    u.main()
