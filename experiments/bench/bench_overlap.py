@@ -69,7 +69,10 @@ def timed_loop(model, opt, data, a):
     def step(i):
         x, y = data[i % len(data)]
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        t = time.perf_counter()
+        loss.backward()
+        a.backward_s = getattr(a, "backward_s", 0.0) + time.perf_counter() - t
         opt.step()
 
     for i in range(a.warmup):
@@ -92,7 +95,8 @@ def worker_main(a):
                              prefetch_ahead=a.prefetch_ahead)
     rate = timed_loop(model, apt.DistributedOptimizer(ps), data, a)
     if os.environ.get("BENCH_OVERLAP_TRAFFIC"):  # where the time went (ns, summed)
-        print(json.dumps(dict(ps.traffic(), rank=a.rank, overlap=a.overlap)), file=sys.stderr)
+        print(json.dumps(dict(ps.traffic(), rank=a.rank, overlap=a.overlap,
+                              backward_ns=int(a.backward_s * 1e9))), file=sys.stderr)
     ps.close()
     print("samples_per_s=%.3f" % rate, flush=True)
 
