@@ -140,11 +140,11 @@ class OverlapScheduler:
         self.bsp = any(json.loads(t).get("consistency") == "bsp" for t in ps.client.stats())
         # Chunks of each tensor and, per shard, the tensors it holds chunks of.
         self.tensor_chunks = [[] for _ in range(n)]
-        shard_tensors = {}
+        shard_tensors, chunk_shard = {}, {}
         for cid, tensor, _off, _n, shard in ps.client.chunks():
             self.tensor_chunks[tensor].append(cid)
             shard_tensors.setdefault(shard, set()).add(tensor)
-        chunk_shard = {cid: shard for cid, _t, _o, _n, shard in ps.client.chunks()}
+            chunk_shard[cid] = shard
         self.shard_chunks = {s: sorted(c for t in ts for c in self.tensor_chunks[t]
                                        if chunk_shard[c] == s)
                              for s, ts in shard_tensors.items()}
