@@ -322,6 +322,8 @@ class ClientImpl : public Client {
     for (int s = 0; s < num_shards(); ++s) {
       const bool has_rows = plan && !plan->parts(s).empty();
       if (!dense && !has_rows) continue;
+      // A shard that owns no chunk (it left an elastic fleet) is not asked.
+      if (!has_rows && layout_->shard_chunks(s).empty()) continue;
       h.pull_base_seq = pull_seq_[s];
       h.rows.clear();
       h.pull_chunks.clear();
@@ -556,6 +558,10 @@ class ClientImpl : public Client {
     int64_t clock = 0;
     std::string codec;
     bool has_rows = false;
+  };
+  struct DeferredClock {
+    Ticket ticket = 0;
+    int64_t clock = 0;
   };
   struct TicketState {
     int remaining = 0;
@@ -946,7 +952,9 @@ class ClientImpl : public Client {
     if (!s.ok() && t.status.ok())
       t.status = s.WithContext("shard " + std::to_string(shard));
     t.remaining--;
+    const bool push = p.kind == RequestKind::kPush;
     pending_.erase(pit);
+    if (push && !deferred_clocks_.empty()) FlushDeferredClocks();
   }
 
   // A shard's optimizer state (ReadOptimizerState): every chunk ref checked
@@ -1297,7 +1305,9 @@ class ClientImpl : public Client {
     active_ = doc.Active();
     LOG(INFO) << "elastic layout epoch " << doc.epoch << ": " << active_.size()
               << " shards own chunks";
-    for (int s = before; s < num_shards(); ++s) Reannounce(s);
+    // A shard that joined took the workers' clocks from the shards it copied
+    // from; this worker's later clocks reach it as Reroute() resends them.
+    (void)before;
     return Status::OK();
   }
 
@@ -1312,6 +1322,22 @@ class ClientImpl : public Client {
     TicketState& t = tickets_[p.ticket];
     t.remaining--;
     Status s = AdoptLayout(reply_.layout_doc);
+    if (s.ok() && p.kind == RequestKind::kClock) {
+      // Sent again to every shard of the new layout, but only once every
+      // push of an earlier step has been acknowledged: a clock of c tells a
+      // shard that this worker's pushes of steps < c are there, and under
+      // BSP one that arrived first would close the round without them.
+      bool known = false;
+      for (const DeferredClock& d : deferred_clocks_) {
+        known = known || (d.ticket == p.ticket && d.clock == p.clock);
+      }
+      if (!known) {
+        deferred_clocks_.push_back({p.ticket, p.clock});
+        t.remaining++;
+      }
+      FlushDeferredClocks();
+      return;
+    }
     if (s.ok() && p.kind != RequestKind::kPush && p.kind != RequestKind::kPull) {
       s = Status::FailedPrecondition(std::string(RequestKindName(p.kind)) +
                                      " refused for a stale layout");
@@ -1348,6 +1374,34 @@ class ClientImpl : public Client {
     if (!s.ok() && t.status.ok()) t.status = s;
   }
 
+  // Sends the clocks Reroute() deferred whose earlier pushes are all
+  // acknowledged.
+  void FlushDeferredClocks() {
+    for (size_t i = 0; i < deferred_clocks_.size();) {
+      const DeferredClock d = deferred_clocks_[i];
+      bool waits = false;
+      for (const auto& [id, p] : pending_) {
+        waits = waits || (p.kind == RequestKind::kPush && p.clock < d.clock);
+      }
+      if (waits) {
+        ++i;
+        continue;
+      }
+      deferred_clocks_.erase(deferred_clocks_.begin() + static_cast<std::ptrdiff_t>(i));
+      auto it = tickets_.find(d.ticket);
+      if (it == tickets_.end()) continue;  // abandoned meanwhile
+      RequestHeader h = NewHeader(RequestKind::kClock);
+      h.clock = d.clock;
+      Status s;
+      for (int shard : AllShards()) {
+        s = Enqueue(d.ticket, shard, h, std::vector<Frame>(1));
+        if (!s.ok()) break;  // Enqueue abandoned the ticket
+      }
+      it = tickets_.find(d.ticket);
+      if (it != tickets_.end()) it->second.remaining--;
+    }
+  }
+
   void SetLayout(Layout l) {
     layout_ = std::make_unique<Layout>(std::move(l));
     for (int s = 0; s < num_shards(); ++s) {
@@ -1375,6 +1429,7 @@ class ClientImpl : public Client {
   uint64_t layout_epoch_ = 0;  // elastic layouts: the epoch routed by
   std::vector<uint64_t> chunk_mark_;  // Absorb: chunks asked for / answered
   std::string register_doc_;  // an elastic layout sent with a registration
+  std::vector<DeferredClock> deferred_clocks_;  // see Reroute()
   uint64_t mark_ = 0;
   std::vector<int> active_;    // elastic layouts: shards that own chunks
   std::map<uint64_t, Pending> pending_;  // by request id: resends go in order

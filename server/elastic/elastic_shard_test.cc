@@ -110,7 +110,10 @@ void Step(ShardHarness& h, int64_t clock, uint64_t epoch = 0) {
       ReplyHeader r = h.Call(p, frames);
       ASSERT_TRUE(r.status.ok()) << r.status.ToString();
     }
-    ASSERT_TRUE(h.Call(ShardHarness::Clock(rank, clock + 1)).status.ok());
+    RequestHeader c = ShardHarness::Clock(rank, clock + 1);
+    c.layout_epoch = epoch;
+    ReplyHeader r = h.Call(c);
+    ASSERT_TRUE(r.status.ok()) << r.status.ToString();
   }
 }
 
@@ -207,6 +210,11 @@ TEST_F(MigrateTest, MoveUnderBspIsBitwiseTheSameAsNoMove) {
   r = a.Call(held, {g});
   EXPECT_EQ(r.status.code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(r.layout_doc, Doc());
+  // A clock routed by the old layout comes back too (it must follow the
+  // pushes it counts, which the client re-routes first).
+  r = a.Call(ShardHarness::Clock(0, 5));
+  EXPECT_EQ(r.status.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r.layout_doc, Doc());
   // A worker that starts again registers with the first shard count and is
   // told the layout to route by.
   r = a.Call(ShardHarness::Register(1, SmallModel(), SmallLayout(2)));
@@ -240,6 +248,34 @@ TEST_F(MigrateTest, MoveUnderBspIsBitwiseTheSameAsNoMove) {
   ASSERT_NE((*again)->weights(4), nullptr);
   EXPECT_EQ(*(*again)->weights(4), *c.shard->weights(4));
   EXPECT_EQ((*again)->layout_epoch(), 1u);
+}
+
+// A re-route splits one round's push into several to one shard: each piece
+// counts once; a second gradient of a chunk for the round does not.
+TEST_F(MigrateTest, BspCountsThePiecesOfOneSplitPush) {
+  // The reference gets each rank's round-0 gradient of chunks 0 and 2 in one push.
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<ByteView> g{Grad(rank, 0, 0, 16), Grad(rank, 0, 2, 16)};
+    ASSERT_TRUE(ref0.Call(ShardHarness::Push(rank, 0, {0, 2}, g), g).status.ok());
+  }
+  // `a` gets the same gradients, chunk by chunk, and chunk 0 of rank 0 twice.
+  for (int rank = 0; rank < 2; ++rank) {
+    for (uint32_t id : {0u, 2u}) {
+      auto g = Grad(rank, 0, id, 16);
+      ASSERT_TRUE(a.Call(ShardHarness::Push(rank, 0, {id}, {g}), {g}).status.ok());
+    }
+  }
+  const uint64_t skipped = a.shard->counters().skipped_pushes;
+  auto again = Grad(0, 0, 0, 16);
+  ASSERT_TRUE(a.Call(ShardHarness::Push(0, 0, {0}, {again}), {again}).status.ok());
+  EXPECT_EQ(a.shard->counters().skipped_pushes, skipped + 1);
+  for (ShardHarness* h : {&a, &ref0}) {
+    for (int rank = 0; rank < 2; ++rank)
+      ASSERT_TRUE(h->Call(ShardHarness::Clock(rank, 1)).status.ok());
+  }
+  EXPECT_EQ(a.shard->bsp_round(), 1);
+  EXPECT_EQ(*a.shard->weights(0), *ref0.shard->weights(0));
+  EXPECT_EQ(*a.shard->weights(2), *ref0.shard->weights(2));
 }
 
 TEST_F(MigrateTest, FreezeTooLateAndAbortKeepTheOldLayout) {

@@ -31,6 +31,10 @@ struct Shard::Chunk {
   uint64_t version = 0;        // updates applied to this chunk
   uint64_t step = 0;           // optimizer steps (Adam bias correction)
   uint32_t contributors = 0;   // BSP: pushes summed into acc this round
+  // BSP, per rank: the round whose gradient of this chunk it last pushed
+  // (-1: none). One push per rank and round per chunk: an elastic re-route
+  // may split one round's push into several to the same shard.
+  std::vector<int64_t> pushed_round;
   uint64_t stamp = 0;          // push validation: seen in push #stamp
   // Weights as of snapshot_version, shared by the pull replies of that
   // version; charged to the memory budget until the last reply holding it

@@ -208,7 +208,10 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
         st = HandlePull(peer, req, data, now, &r, &parked);
         break;
       case RequestKind::kClock:
-        st = CheckFrozen(req, &r.header);
+        // Routed by this layout (a clock must follow the pushes it counts:
+        // the client sends a stale one again after re-routing them).
+        st = CheckRoute(req, &r.header);
+        if (st.ok()) st = CheckFrozen(req, &r.header);
         if (st.ok()) st = HandleClock(req);
         break;
       case RequestKind::kHeartbeat:

@@ -462,6 +462,9 @@ class Shard {
   // up to the first that failed.
   Status ValidatePushFrames(const RequestHeader& req,
                             const std::vector<ByteView>& data);
+  // BSP: true when `rank` already pushed for the round (pending_ holds the
+  // push being handled).
+  bool PushedThisRound(int rank) const;
   // Marks the push done in the de-duplication table (memory only).
   void RecordPush(const RequestHeader& req);
   // RecordPush and, in durable mode, writes it.

@@ -396,7 +396,10 @@ Status Shard::ImportChunks(const RequestHeader& req, const std::vector<ByteView>
     (void)r.GetBytes(c->state.data(), c->state.size() * sizeof(float));
     c->version = cversion;
     c->step = cstep;
-    if (options_.consistency == Consistency::kBsp) c->acc.assign(n, 0.0f);
+    if (options_.consistency == Consistency::kBsp) {
+      c->acc.assign(n, 0.0f);
+      c->pushed_round.assign(options_.num_workers, -1);  // drained: none yet
+    }
     staged[id] = ElasticState::Staged{std::move(c), std::move(charge).value()};
   }
   if (fresh) {

@@ -322,6 +322,11 @@ Status Shard::RestoreState(std::string_view value) {
     clocks[w] = clock;
     last_read_[w] = last_read;
     bsp_pushed_round_[w] = pushed_round;
+    // Per chunk, only the shard's record survives: what a rank pushed
+    // for the round, it pushed to every chunk (a second push is skipped).
+    for (auto& c : chunks_) {
+      if (!c->pushed_round.empty()) c->pushed_round[w] = pushed_round;
+    }
     if (v1 && valid) {
       dedup_->RestoreHighWaterMark(static_cast<int>(w), incarnation, last_id);
     }

@@ -91,7 +91,7 @@ Status Shard::HandlePush(const RequestHeader& req,
   // Hybrid (sparse_async): rows arrive on their own and are applied now.
   const bool rows_only_async = bsp && options_.sparse_async && pending_.empty();
   if (bsp && !options_.transport_only && !rows_only_async &&
-      (req.clock < bsp_round_ || bsp_pushed_round_[rank] == bsp_round_)) {
+      (req.clock < bsp_round_ || PushedThisRound(rank))) {
     // A worker that fell behind the round (evicted, late, restarted), or a
     // second push of one rank for this round: acknowledged, not counted.
     // The worker reads the round in its next pull reply and catches up.
@@ -133,6 +133,7 @@ Status Shard::HandlePush(const RequestHeader& req,
       Chunk& c = *p.chunk;
       AddWork(&c, p.dense);
       ++c.contributors;
+      c.pushed_round[rank] = bsp_round_;
       touched_.push_back(&c);
     }
     RunWork([](WorkPiece& w) {
@@ -165,6 +166,18 @@ Status Shard::HandlePush(const RequestHeader& req,
                                       rows.ToString()));
   }
   return FinishPush(req);
+}
+
+bool Shard::PushedThisRound(int rank) const {
+  if (bsp_pushed_round_[rank] != bsp_round_) return false;
+  // This rank pushed for the round already. Another push of it is a second
+  // one unless it carries only chunks the first did not (the pieces of one
+  // push that an elastic layout change re-routed).
+  if (!pending_rows_.empty() || pending_.empty()) return true;
+  for (const PendingGrad& p : pending_) {
+    if (p.chunk->pushed_round[rank] == bsp_round_) return true;
+  }
+  return false;
 }
 
 void Shard::RecordPush(const RequestHeader& req) {

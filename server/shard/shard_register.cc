@@ -139,8 +139,12 @@ Status Shard::AllocateChunks() {
   const uint64_t dc_reads =
       dc ? static_cast<uint64_t>(options_.num_workers) * elems * sizeof(float)
          : 0;
+  const uint64_t rounds =  // BSP: the round each rank last pushed, per chunk
+      options_.consistency == Consistency::kBsp
+          ? mine.size() * static_cast<uint64_t>(options_.num_workers) * sizeof(int64_t)
+          : 0;
   const uint64_t bytes =
-      elems * per_elem + mine.size() * sizeof(Chunk) + dc_tables;
+      elems * per_elem + mine.size() * sizeof(Chunk) + dc_tables + rounds;
   const std::string what =
       "this shard's part of the model (" + std::to_string(mine.size()) +
       " chunks, " + std::to_string(elems) +
@@ -173,7 +177,10 @@ Status Shard::AllocateChunks() {
       InitializeTensorRange(l.tensors()[spec.tensor], spec.offset,
                             spec.num_elems, c->w.data());
       c->state.assign(c->n * spe, 0.0f);
-      if (options_.consistency == Consistency::kBsp) c->acc.assign(c->n, 0.0f);
+      if (options_.consistency == Consistency::kBsp) {
+        c->acc.assign(c->n, 0.0f);
+        c->pushed_round.assign(options_.num_workers, -1);
+      }
       local_index[id] = static_cast<int32_t>(chunks.size());
       chunks.push_back(std::move(c));
     }
