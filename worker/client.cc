@@ -860,8 +860,16 @@ class ClientImpl : public Client {
   // gets it again; a reply is dropped as a late one; clocks never go back.
   void Reannounce(int shard) {
     if (options_.rank < 0 || announced_clock_ < 0) return;
+    // Never past a push still in flight: a clock of c tells the shard that
+    // this worker's pushes of steps < c are there (under BSP it closes the
+    // round), and a push re-routed by an elastic layout change may come
+    // after this.
+    int64_t clock = announced_clock_;
+    for (const auto& [id, p] : pending_) {
+      if (p.kind == RequestKind::kPush) clock = std::min(clock, p.clock);
+    }
     RequestHeader h = NewHeader(RequestKind::kClock);
-    h.clock = announced_clock_;
+    h.clock = clock;
     h.id = next_id_++;
     std::vector<Frame> frames{Frame::Owned(EncodeRequest(h))};
     if (sockets_[shard]->Send(frames).ok()) ++resends_;
