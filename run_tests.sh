@@ -45,13 +45,13 @@ if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
     -DASYNCPS_SANITIZE=address,undefined
   cmake --build "$SAN" -j"$JOBS" --target compression_test common_test \
     server_test sparse_test client_test rows_plan_test server_integration_test \
-    net_fuzz_test hostile_fuzz_test ps_server ps_ctl ps_worker
+    net_fuzz_test hostile_fuzz_test elastic_shard_test ps_server ps_ctl ps_worker
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
   export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
   # The structure-aware fuzz (hostile values) against the ASan shard, short.
   ASYNCPS_HOSTILE_FUZZ_MESSAGES=4000 \
   ctest_stage ASan+UBSan "$SAN" --output-on-failure -j"$JOBS" --timeout 300 \
-    -R '^(Codec|Spec|TopK|Compressor|Corruption|Wire|Layout|Status|Transport|Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client|NetFuzz|PushDedup|ShutdownWatchdog|Hostile|AdminAddress|Sparse|FlatIndex|RowCache|RowsPlan|Store|LrSchedule|DelayCompensation|ShmSegment|SharedMemory)'
+    -R '^(Codec|Spec|TopK|Compressor|Corruption|Wire|Layout|Status|Transport|Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client|NetFuzz|PushDedup|ShutdownWatchdog|Hostile|AdminAddress|Sparse|FlatIndex|RowCache|RowsPlan|Store|LrSchedule|DelayCompensation|ShmSegment|SharedMemory|ElasticDoc|Rebalance|Migrate)'
   echo "run_tests: ASan+UBSan stage took ${SECONDS} s"
 
 fi
@@ -65,9 +65,9 @@ if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   cmake -S . -B "$TSAN" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DASYNCPS_ENABLE_CUDA=OFF \
     -DASYNCPS_SANITIZE=thread
   cmake --build "$TSAN" -j"$JOBS" --target server_test client_test sparse_test rows_plan_test \
-    replication_test etcd_client_test
+    replication_test etcd_client_test elastic_server_test
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp" \
     ctest_stage TSan "$TSAN" --output-on-failure -j"$JOBS" --timeout 300 \
-    -R '^(Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client|PushDedup|ShutdownWatchdog|Sparse|RowCache|RowsPlan|Store|LrSchedule|DelayCompensation|Replica|Replication|EtcdClient)'
+    -R '^(Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client|PushDedup|ShutdownWatchdog|Sparse|RowCache|RowsPlan|Store|LrSchedule|DelayCompensation|Replica|Replication|EtcdClient|ElasticServer)'
   echo "run_tests: TSan stage took ${SECONDS} s"
 fi
