@@ -182,6 +182,17 @@ class ElasticTest(EtcdTestCase):
             text.append("== %s\n%s" % (os.path.basename(p), "\n".join(lines[-15:])))
         return "\n".join(text)
 
+    def clues(self, run_dir):
+        """Log lines that explain a BSP run going its own way."""
+        keys = ("not counted", "behind", "evict", "resends", "elastic layout", "timed out",
+                "dropped", "rejoin")
+        out = []
+        for p in sorted(glob.glob(os.path.join(run_dir, "*.log"))):
+            with open(p, errors="replace") as f:
+                out += ["%s: %s" % (os.path.basename(p), l.rstrip()) for l in f
+                        if any(k in l for k in keys)]
+        return "== %s\n%s\n" % (run_dir, "\n".join(out[-40:]))
+
     def weights(self, run_dir):
         with open(os.path.join(run_dir, "weights-0.bin"), "rb") as f:
             w0 = f.read()
@@ -232,7 +243,8 @@ class ElasticTest(EtcdTestCase):
                    remove["moved_chunks"], remove["moved_bytes"] / 2**20, remove["frozen_ms"],
                    remove["imbalance_before"], remove["imbalance_after"], pauses[0], pauses[1],
                    PAUSE_GOAL_S, base))
-        self.assertTrue(same, "final weights differ from the fixed-membership run's")
+        self.assertTrue(same, "final weights differ from the fixed-membership run's; "
+                              "what the logs say:\n" + self.clues(elastic) + self.clues(fixed))
         for p in pauses:
             self.assertLessEqual(p, PAUSE_GOAL_S)
 
