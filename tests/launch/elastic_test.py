@@ -12,8 +12,10 @@ refusals are checked without starting anything."""
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import launch_test_util as u
 from pslaunch import elastic as elastic_mod
@@ -243,8 +245,16 @@ class ElasticTest(EtcdTestCase):
                    remove["moved_chunks"], remove["moved_bytes"] / 2**20, remove["frozen_ms"],
                    remove["imbalance_before"], remove["imbalance_after"], pauses[0], pauses[1],
                    PAUSE_GOAL_S, base))
-        self.assertTrue(same, "final weights differ from the fixed-membership run's; "
-                              "what the logs say:\n" + self.clues(elastic) + self.clues(fixed))
+        keep = ""
+        if not same:
+            keep = tempfile.mkdtemp(prefix="launch.elastic-failed-")
+            for d in (elastic, fixed):
+                shutil.copytree(d, os.path.join(keep, os.path.basename(d)),
+                                ignore=shutil.ignore_patterns("db", "etcd"))
+        self.assertTrue(same, "final weights differ from the fixed-membership run's (run "
+                              "folders kept in %s); what the logs say:\n%s%s" % (
+                                  keep, self.clues(elastic),
+                                  self.clues(fixed)))
         for p in pauses:
             self.assertLessEqual(p, PAUSE_GOAL_S)
 
