@@ -1301,7 +1301,6 @@ class ClientImpl : public Client {
                                 std::to_string(layout_->chunks().size()) + " and " +
                                 std::to_string(options_.servers.size()));
     }
-    const int before = num_shards();
     for (size_t i = options_.servers.size(); i < doc.servers.size(); ++i) {
       RETURN_IF_ERROR(AddShardState(doc.servers[i]));
       options_.servers.push_back(doc.servers[i]);
@@ -1315,7 +1314,6 @@ class ClientImpl : public Client {
               << " shards own chunks";
     // A shard that joined took the workers' clocks from the shards it copied
     // from; this worker's later clocks reach it as Reroute() resends them.
-    (void)before;
     return Status::OK();
   }
 

@@ -122,7 +122,6 @@ struct Shard::ElasticState {
   uint64_t freeze_epoch = 0;
   int64_t freeze_clock = -1;  // -1: every push and clock waits
   TimePoint freeze_until{};
-  TimePoint next_overdue_log{};
   struct Staged {
     std::unique_ptr<Chunk> chunk;
     MemoryBudget::Charge charge;

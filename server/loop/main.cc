@@ -205,6 +205,19 @@ int DefaultApplyThreads() {
   return std::max(1, std::min(n, 8));
 }
 
+// "a,b,,c" -> {a, b, c}: a flag's comma-separated endpoints.
+std::vector<std::string> SplitEndpoints(const std::string& list) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at <= list.size()) {
+    size_t comma = list.find(',', at);
+    if (comma == std::string::npos) comma = list.size();
+    if (comma > at) out.push_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return out;
+}
+
 [[noreturn]] void BadFlag(const std::string& message) {
   std::fprintf(stderr, "ps_server: %s\n", message.c_str());
   std::exit(2);
@@ -354,15 +367,7 @@ srv::ServerOptions OptionsFromFlags() {
               "are not supported yet");
     if (FLAGS_etcd_prefix.empty() || FLAGS_etcd_prefix[0] != '/')
       BadFlag("--etcd_prefix must start with /");
-    std::string list = FLAGS_elastic_etcd;
-    size_t at = 0;
-    while (at <= list.size()) {
-      size_t comma = list.find(',', at);
-      if (comma == std::string::npos) comma = list.size();
-      std::string e = list.substr(at, comma - at);
-      if (!e.empty()) o.elastic_etcd_endpoints.push_back(e);
-      at = comma + 1;
-    }
+    o.elastic_etcd_endpoints = SplitEndpoints(FLAGS_elastic_etcd);
     if (o.elastic_etcd_endpoints.empty()) BadFlag("--elastic_etcd: no endpoint");
     o.elastic_prefix = FLAGS_etcd_prefix;
   }
@@ -383,15 +388,7 @@ srv::ServerOptions OptionsFromFlags() {
       BadFlag("--lease_ms must be in [100, 600000]");
     if (FLAGS_etcd_prefix.empty() || FLAGS_etcd_prefix[0] != '/')
       BadFlag("--etcd_prefix must start with /");
-    std::string list = FLAGS_etcd;
-    size_t at = 0;
-    while (at <= list.size()) {
-      size_t comma = list.find(',', at);
-      if (comma == std::string::npos) comma = list.size();
-      std::string e = list.substr(at, comma - at);
-      if (!e.empty()) o.replication.etcd_endpoints.push_back(e);
-      at = comma + 1;
-    }
+    o.replication.etcd_endpoints = SplitEndpoints(FLAGS_etcd);
     if (o.replication.etcd_endpoints.empty()) BadFlag("--etcd: no endpoint");
     o.replication.prefix = FLAGS_etcd_prefix;
     o.replication.replicas = FLAGS_replicas;

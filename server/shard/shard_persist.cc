@@ -241,39 +241,15 @@ Status Shard::Recover() {
 }
 
 Status Shard::RestoreLayout(std::string_view value) {
-  Reader r(value);
-  uint32_t magic = 0, num_shards = 0, nt = 0;
+  std::vector<TensorSpec> tensors;
   LayoutOptions lo;
-  uint64_t ce = 0, mce = 0;
-  if (!r.Get(&magic) || magic != kLayoutMagic || !r.Get(&num_shards) ||
-      !r.Get(&ce) || !r.Get(&mce) || !r.Get(&nt) || nt > (1u << 24)) {
-    return Damaged("layout");
-  }
+  if (!ParseLayoutRecord(value, &tensors, &lo).ok()) return Damaged("layout");
   // An elastic fleet's layout was cut for its first shard count.
-  if (elastic_->epoch == 0 && static_cast<int>(num_shards) != options_.num_shards) {
+  if (elastic_->epoch == 0 && lo.num_shards != options_.num_shards) {
     return Status::FailedPrecondition("store holds a layout for " +
-                                      std::to_string(num_shards) +
+                                      std::to_string(lo.num_shards) +
                                       " shards, this server is one of " +
                                       std::to_string(options_.num_shards));
-  }
-  lo.num_shards = static_cast<int>(num_shards);
-  lo.chunk_elems = ce;
-  lo.min_chunk_elems = mce;
-  std::vector<TensorSpec> tensors(nt);
-  for (TensorSpec& t : tensors) {
-    uint32_t len = 0, nd = 0;
-    uint8_t init = 0;
-    if (!r.Get(&len) || len > r.remaining()) return Damaged("layout");
-    t.name.resize(len);
-    if (!r.GetBytes(t.name.data(), len) || !r.Get(&nd) || nd > 8)
-      return Damaged("layout");
-    t.shape.resize(nd);
-    for (int64_t& d : t.shape) {
-      if (!r.Get(&d)) return Damaged("layout");
-    }
-    if (!r.Get(&init) || !r.Get(&t.init_param) || !r.Get(&t.seed))
-      return Damaged("layout");
-    t.init = static_cast<InitKind>(init);
   }
   RETURN_IF_ERROR(ChargeLayoutTables(tensors, lo).WithContext("stored layout"));
   StatusOr<Layout> l = Layout::Create(std::move(tensors), lo);
