@@ -126,8 +126,12 @@ struct Clock {
 # the sender pulls them); Unavailable while another live claimant uploads
 # (the client retries: it waits). `values` requests of the claimant carry
 # raw fp32 weights of whole chunks owned by the shard (codec 0); `commit`
-# makes them final (optimizer state of every chunk reset). A claim whose
-# worker stops talking (worker timeout) or restarts may be taken over.
+# makes them final (optimizer state of every chunk reset, except the
+# chunks whose state this upload set: `state` requests of the claimant carry
+# the optimizer state of whole chunks, in the layout of phase 3's reply, and
+# a commit is refused unless every chunk of the shard or none got it). A
+# claim whose worker stops talking (worker timeout) or restarts may be taken
+# over.
 struct Assign {
   upload @0 :UInt64;         # random, != 0: one per upload
   phase @1 :UInt8;           # 0 begin, 1 values, 2 commit, 3 read the
@@ -135,12 +139,22 @@ struct Assign {
                              # chunk of the shard (numElems = k x the chunk's
                              # elements for k floats of state per weight,
                              # stored [slot 0 | slot 1 ...]; version = the
-                             # chunk's optimizer steps); no claim needed
-  chunks @2 :List(ChunkRef); # values: one per data frame
+                             # chunk's optimizer steps); no claim needed.
+                             # 4 state (the claimant, before its commit):
+                             # chunks as in phase 3's reply (raw fp32, codec
+                             # 0, whole chunks owned by the shard, each once;
+                             # k = the shard optimizer's floats per weight;
+                             # finite; Adam's and AdaGrad's sums >= 0;
+                             # version = the chunk's optimizer steps, at most
+                             # 2^53), all checked before any is written
+  chunks @2 :List(ChunkRef); # values, state: one per data frame
   overwrite @3 :Bool;        # begin: claim even final values (a restore)
   rows @4 :List(RowsRef);    # values: rows of sparse tables set to the
                              # given values (raw fp32, codec 0; keys owned
                              # by the shard, each once), optimizer state 0
+  optimizer @5 :Text;        # state: the optimizer it was saved from
+                             # (ps_server --optimizer: "sgd", "momentum",
+                             # "adam", "adagrad"); refused unless the shard's
 }
 
 # Replication (server/replication/): a primary hands a request it applied to

@@ -295,6 +295,7 @@ std::vector<uint8_t> EncodeRequest(const RequestHeader& h) {
       a.setPhase(h.assign_phase);
       FillChunkRefs(a.initChunks(h.chunks.size()), h.chunks);
       a.setOverwrite(h.assign_overwrite);
+      if (!h.assign_optimizer.empty()) a.setOptimizer(h.assign_optimizer);
       if (!h.rows.empty()) FillRowsRefs(a.initRows(h.rows.size()), h.rows);
       break;
     }
@@ -393,6 +394,7 @@ Status DecodeRequest(const uint8_t* data, size_t size,
         out->assign_upload = 0;
         out->assign_phase = 0;
         out->assign_overwrite = false;
+        out->assign_optimizer.clear();
         out->tables.clear();
         out->rows.clear();
         out->pull_dense = true;
@@ -478,6 +480,15 @@ Status DecodeRequest(const uint8_t* data, size_t size,
             out->assign_upload = a.getUpload();
             out->assign_phase = a.getPhase();
             out->assign_overwrite = a.getOverwrite();
+            if (a.hasOptimizer()) {
+              auto name = a.getOptimizer();
+              if (name.size() > 64) {
+                return Status::InvalidArgument("assign names an optimizer of " +
+                                               std::to_string(name.size()) +
+                                               " bytes (at most 64)");
+              }
+              out->assign_optimizer.assign(name.cStr(), name.size());
+            }
             RETURN_IF_ERROR(ReadChunkRefs(a.getChunks(), limits, &out->chunks));
             return ReadRowsRefs(a.getRows(), limits, &out->rows);
           }

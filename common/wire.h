@@ -87,11 +87,14 @@ struct RequestHeader {
   // kPush, kClock: the learning rate set by the worker (> 0), 0 = not set.
   float lr = 0.0f;
   // kAssign (common/protocol.capnp): upload id, phase (0 begin, 1 values,
-  // 2 commit), begin's overwrite; values carry their chunks in `chunks` and
-  // rows of sparse tables in `rows`.
+  // 2 commit, 3 read the optimizer state, 4 state), begin's overwrite;
+  // values carry their chunks in `chunks` and rows of sparse tables in
+  // `rows`; state its chunks in `chunks` and the optimizer it was saved
+  // from in `assign_optimizer`.
   uint64_t assign_upload = 0;
   uint8_t assign_phase = 0;
   bool assign_overwrite = false;
+  std::string assign_optimizer;
   // kPush: one per data frame.
   std::vector<ChunkRef> chunks;
   // kPull: chunk ids wanted (empty = all of the shard's), pull codec spec.

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <random>
+#include <string>
 
 namespace asyncps {
 namespace {
@@ -27,6 +28,35 @@ TEST(WireTest, PushRoundTrip) {
   EXPECT_EQ(d.chunks[1].chunk, 9u);
   EXPECT_EQ(d.chunks[1].codec, 7);
   EXPECT_EQ(d.chunks[1].byte_size, 88u);
+}
+
+TEST(WireTest, AssignStateRoundTrip) {
+  RequestHeader h;
+  h.kind = RequestKind::kAssign;
+  h.rank = 1;
+  h.assign_upload = 77;
+  h.assign_phase = 4;
+  h.assign_optimizer = "adam";
+  h.chunks = {{3, 1, 0, 64, 256, (uint64_t{1} << 53)}};
+  auto bytes = EncodeRequest(h);
+  RequestHeader d;
+  ASSERT_TRUE(DecodeRequest(bytes.data(), bytes.size(), {}, &d).ok());
+  EXPECT_EQ(d.kind, RequestKind::kAssign);
+  EXPECT_EQ(d.assign_upload, 77u);
+  EXPECT_EQ(d.assign_phase, 4);
+  EXPECT_EQ(d.assign_optimizer, "adam");
+  ASSERT_EQ(d.chunks.size(), 1u);
+  EXPECT_EQ(d.chunks[0].num_elems, 64u);
+  EXPECT_EQ(d.chunks[0].version, uint64_t{1} << 53);
+  // A decoded header forgets the name of an earlier one; a long name is
+  // refused.
+  h.assign_optimizer.clear();
+  bytes = EncodeRequest(h);
+  ASSERT_TRUE(DecodeRequest(bytes.data(), bytes.size(), {}, &d).ok());
+  EXPECT_EQ(d.assign_optimizer, "");
+  h.assign_optimizer = std::string(65, 'x');
+  bytes = EncodeRequest(h);
+  EXPECT_FALSE(DecodeRequest(bytes.data(), bytes.size(), {}, &d).ok());
 }
 
 TEST(WireTest, RegisterAndPullRoundTrip) {

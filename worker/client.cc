@@ -478,6 +478,7 @@ class ClientImpl : public Client {
     h.assign_upload = a.upload;
     h.assign_phase = a.phase;
     h.assign_overwrite = a.overwrite;
+    h.assign_optimizer = a.optimizer;
     std::vector<Frame> frames(1);
     for (ChunkPayload& p : a.chunks) {
       if (p.chunk >= layout_->chunks().size() ||
@@ -490,8 +491,10 @@ class ClientImpl : public Client {
       ChunkRef ref;
       ref.chunk = p.chunk;
       ref.frame = static_cast<uint32_t>(frames.size());
-      ref.num_elems = layout_->chunks()[p.chunk].num_elems;
+      ref.num_elems = a.phase == 4 ? p.data.size / sizeof(float)  // state
+                                   : layout_->chunks()[p.chunk].num_elems;
       ref.byte_size = p.data.size;
+      ref.version = p.version;
       h.chunks.push_back(ref);
       frames.push_back(std::move(p.data));
     }
@@ -1008,6 +1011,8 @@ class ClientImpl : public Client {
                     spec.num_elems * sizeof(float));
       }
       st.steps = std::max(st.steps, c.version);
+      st.chunk_steps.resize(layout_->chunks().size(), 0);
+      st.chunk_steps[c.chunk] = c.version;
     }
     return Status::OK();
   }

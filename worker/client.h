@@ -119,15 +119,21 @@ struct ChunkPayload {
   uint32_t chunk = 0;
   uint8_t codec = 0;
   Frame data;
+  uint64_t version = 0;  // an upload of state (kAssign phase 4): the
+                         // chunk's optimizer steps; else unused
 };
 
 // One request of an upload of values to one shard (kAssign; the protocol is
 // in common/protocol.capnp, the whole upload in worker/upload.h).
 struct AssignRequest {
   uint64_t upload = 0;  // random, != 0
-  uint8_t phase = 0;    // 0 begin, 1 values, 2 commit
+  uint8_t phase = 0;    // 0 begin, 1 values, 2 commit, 4 state
   bool overwrite = false;  // begin: claim even final values
-  std::vector<ChunkPayload> chunks;  // values: raw fp32 chunks of the shard
+  // values: raw fp32 chunks of the shard; state: k x the chunk's elements
+  // floats of optimizer state per chunk ([slot 0 | slot 1 ...]), the
+  // chunk's optimizer steps in `version`.
+  std::vector<ChunkPayload> chunks;
+  std::string optimizer;  // state: the optimizer it was saved from
   // values: rows of sparse tables (keys owned by the shard, each once; the
   // `grads` field holds the values, n x dim), copied when sent.
   std::vector<RowsPush> rows;
@@ -141,6 +147,8 @@ struct OptimizerState {
   std::vector<std::vector<std::vector<float>>> slots;
   // The most optimizer steps any chunk has taken (Adam's bias correction).
   uint64_t steps = 0;
+  // Each chunk's optimizer steps, by chunk id (layout order).
+  std::vector<uint64_t> chunk_steps;
 };
 
 // What a completed request reports (aggregated over shards).
