@@ -66,15 +66,15 @@ def make_parser():
                    help="processes per shard (replica group): 1 primary + R-1 backups that "
                         "apply every update before it is acknowledged and take over when the "
                         "primary's etcd lease ends (default 1: no replication)")
-    p.add_argument("--etcd", help="etcd endpoints for the replica layout and leases "
-                                  "(default with --replicas > 1: a local etcd started by psrun "
-                                  "in the run folder)")
+    p.add_argument("--etcd", help="etcd endpoints for the replica layout and leases, or the "
+                                  "--elastic layout (default: a local etcd started by psrun "
+                                  "in the run folder; with --backend slurm an etcd step)")
     p.add_argument("--elastic", metavar="PLAN",
                    help="shards join and leave while the workers train: steps '+N@SECONDS' "
                         "(start N shards and move chunks onto them), '-N@SECONDS' (move every "
                         "chunk off the N newest, then stop them), '-#K@SECONDS' (shard K), "
-                        "seconds after the workers started, e.g. '+1@20s,-1@40s' "
-                        "(launch/README.md; uses etcd: --etcd, or a local one)")
+                        "seconds after the workers started, e.g. '+1@20s,-1@40s'; backends "
+                        "local, ssh, slurm (launch/README.md; uses etcd: --etcd, or psrun's)")
     p.add_argument("--lease_ms", type=int,
                    help="shards' etcd lease TTL in ms (etcd rounds up to whole seconds; "
                         "default 1000)")
@@ -352,24 +352,34 @@ def main(argv):
             hosts = procs_mod.parse_hostfile(f.read(), opts.hostfile)
         shutil.copyfile(opts.hostfile, os.path.join(opts.run_dir, "flags", "hostfile"))
         ssh_cmd = ["ssh"] + shlex.split(opts.ssh_opts)
-        placement = procs_mod.place(hosts, opts.servers * opts.replicas + opts.workers)
         remote_bin = opts.remote_bin_dir
 
         def spawn(name, argv_, log_path, index):
-            host = placement[index]
+            # Round-robin over the slots; index past `placement`: a shard
+            # psrun --elastic adds (the next slot after all started so far).
+            host = procs_mod.place(hosts, 1, start=index)[0]
             if remote_bin and os.path.dirname(argv_[0]) == opts.bin_dir:
                 argv_ = [os.path.join(remote_bin, os.path.basename(argv_[0]))] + argv_[1:]
             return procs_mod.SshProc(name, argv_, log_path, host, ssh_cmd, opts.run_dir)
 
         # Shards bind the address they are reached at when it is an IP literal.
-        first = placement[0]
+        first = hosts[0][0]
         bind_host = first if all(c.isdigit() or c == "." for c in first) else "*"
         if len({h for h, _ in hosts}) > 1:
             bind_host = "*"
         if not bind_host.startswith("127."):
             serve_between_hosts(opts, bind_host, log)
+        far = [h for h, _ in hosts if not _loopback(h)]
+        if opts.elastic_plan and not opts.etcd and far:
+            log("psrun: warning: --elastic: psrun's etcd listens on 127.0.0.1, which the shards "
+                "on %s cannot reach (they ask it only when a change's ps_ctl went away "
+                "mid-way); give --etcd ENDPOINTS that every host reaches" % ", ".join(far))
 
     return run_fleet(opts, log, spawn, bind_host)
+
+
+def _loopback(host):
+    return host == "localhost" or host.startswith("127.") or host == "::1"
 
 
 def run_fleet(opts, log, spawn, bind_host, network=None):

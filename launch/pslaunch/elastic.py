@@ -17,8 +17,22 @@ finished is skipped (recorded as such). Every step's ps_ctl report is in
 RUN_DIR/elastic.json and in summary.json ("elastic"); a step that fails
 fails the run (the shards are back on the layout they had).
 
-Not supported yet (refused by psrun): --replicas > 1, backends other than
-local, --emulate_hosts. Sparse tables are refused by the shards (ps_ctl
+Backends: ps_ctl always runs where psrun runs; a new shard starts as the
+backend starts shards (Fleet.start_shard):
+  local  a process on this machine;
+  ssh    over ssh on the next slot of --hostfile in the launcher's
+         round-robin after every process started so far (shards, workers,
+         earlier new shards: Member.index); its remote PID is signalled over
+         ssh at teardown like any shard's;
+  slurm  an srun step of one task of its own (slurm.SlurmFleet.start_shard,
+         task.sh with PSRUN_SHARD_OFFSET=K); without --etcd, etcd runs as a
+         step too (as for --replicas), so every node reaches it.
+Shards ask etcd only when a change's ps_ctl went away mid-way: on ssh, the
+local etcd (127.0.0.1) suits hosts on this machine; give --etcd ENDPOINTS
+for other hosts.
+
+Not supported yet (refused by psrun, exit 2): --replicas > 1, --backend
+k8s, --emulate_hosts. Sparse tables are refused by the shards (ps_ctl
 reports their error and the run fails).
 """
 import json
@@ -29,6 +43,7 @@ import time
 from . import summary as summary_mod
 
 LINGER_S = 2.0
+BACKENDS = ("local", "ssh", "slurm")
 _STEP = re.compile(r"([+-])(#?)(\d+)@(\d+(?:\.\d*)?)s?")
 
 
@@ -91,8 +106,9 @@ def check_opts(opts):
     if opts.replicas > 1:
         return ("--elastic with --replicas > 1 is not supported yet (replica groups do "
                 "not move chunks): use one or the other")
-    if opts.backend != "local":
-        return "--elastic needs --backend local for now, not --backend %s" % opts.backend
+    if opts.backend not in BACKENDS:
+        return ("--elastic runs on --backend %s, not --backend %s yet (the rendered "
+                "StatefulSet has a fixed number of shards)" % (", ".join(BACKENDS), opts.backend))
     if getattr(opts, "emulate_hosts", None):
         return "--elastic with --emulate_hosts is not supported yet"
     return None
@@ -171,6 +187,7 @@ class Elastic:
         if step.op == "add":
             m = Member("server", len(f.shards))
             m.num_shards = m.rank + 1
+            m.index = len(f.shards) + len(f.workers)  # ssh: the next slot after all started
             f.shards.append(m)
             f.start_shard(m)
             deadline = time.time() + f.o.start_timeout
@@ -216,9 +233,17 @@ class Elastic:
 
     def stop(self, m):
         """A removed shard: shut down (its final checkpoint), not a failure."""
+        f = self.fleet
         m.done = True
-        self.fleet.ps_ctl("shutdown", m.endpoint)
-        self.fleet.log("psrun: %s (removed from the fleet) shut down" % m.name)
+        code, out, err = f.ps_ctl("shutdown", m.endpoint)
+        if code != 0 and f.own_proc(m):
+            # Its own process (ssh: `kill` over ssh to its remote PID), never
+            # a Slurm step other shards share; teardown SIGKILLs what is left.
+            f.log("psrun: ps_ctl shutdown %s failed (%s): SIGTERM to %s" % (
+                m.endpoint, ((err or out).strip().splitlines() or ["exit %d" % code])[-1],
+                m.name))
+            m.proc.signal(signal.SIGTERM)
+        f.log("psrun: %s (removed from the fleet) shut down" % m.name)
 
     def record(self, step, at, m, rec, why, t0):
         """at: seconds after the workers started; t0/t1 (wall clock, s since

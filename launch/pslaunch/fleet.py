@@ -69,6 +69,10 @@ class Member:
         self.restarts = 0
         self.done = False
         self.history = []  # exit descriptions of earlier incarnations
+        # The process index spawn() places it by (servers first, then
+        # workers); None: its rank. psrun --elastic gives a new shard the
+        # next index after every process started so far.
+        self.index = None
 
 
 class Fleet:
@@ -185,6 +189,11 @@ class Fleet:
         return r.returncode, r.stdout.decode("utf-8", "replace"), r.stderr.decode("utf-8",
                                                                                    "replace")
 
+    def own_proc(self, m):
+        """True when m.proc runs `m` alone (not an srun step of several shards)."""
+        return m.proc is not None and not any(
+            x is not m and x.proc is m.proc for x in self.all_members())
+
     def fail_member(self, m, what):
         return LaunchError(m, what)
 
@@ -280,7 +289,8 @@ class Fleet:
                   ] if restart else []
         header.append("flagfile %s:" % self.path("flags", "server.flags"))
         header += ["  " + l for l in _read_lines(self.path("flags", "server.flags"))]
-        m.proc = self.spawn(m.name, argv, self.log_path(m), m.rank).start(header)
+        index = m.rank if m.index is None else m.index
+        m.proc = self.spawn(m.name, argv, self.log_path(m), index).start(header)
         self.write_pids()
 
     def wait_ready_file(self, m, deadline):

@@ -12,6 +12,15 @@ unless --etcd names one; the server step has S x R tasks, task r being
 replica r % R of shard r / R; the workers get each shard as its replica
 group, 'ep1|ep2'. The server step then runs with --kill-on-bad-exit=0: a
 replica that dies does not end its group.
+
+With --elastic PLAN (elastic.py) the etcd step comes first too (unless
+--etcd), the shards get --elastic_etcd and --etcd_prefix, and each shard a
+step adds is an srun step of one task of its own (task.sh server with
+PSRUN_SHARD_OFFSET=K: shard K of K+1, log RUN_DIR/server-K.log, srun's own
+output in RUN_DIR/srun-server-K.log); inside an allocation it needs a free
+CPU (sbatch --ntasks=S+W+added shards, or --srun_opts=--overlap). A shard
+the plan removes gets `ps_ctl shutdown`: its task ends with 0 and its step
+goes on with the other shards' tasks.
 """
 import os
 import shlex
@@ -26,16 +35,27 @@ TASK = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
                     "task.sh")
 
 
-def srun_argv(opts, role, tasks, task_args):
+def srun_argv(opts, role, tasks, task_args, log="%t", shards=None):
+    """log: the per-task log is RUN_DIR/<role>-<log>.log (srun's %t: the task
+    number); shards: task.sh's NUM_SHARDS (default --servers)."""
     argv = ["srun", "--ntasks=%d" % tasks, "--kill-on-bad-exit=1", "--job-name=asyncps-" + role,
-            "--output=" + os.path.join(opts.run_dir, role + "-%t.log")]
+            "--output=" + os.path.join(opts.run_dir, "%s-%s.log" % (role, log))]
     argv += shlex.split(opts.srun_opts or "")
-    return argv + [TASK, role, opts.run_dir, opts.bin_dir, str(opts.servers),
+    return argv + [TASK, role, opts.run_dir, opts.bin_dir, str(shards or opts.servers),
                    str(opts.workers)] + task_args
 
 
-def server_step(opts, etcd=None, prefix=None):
+def elastic_flags(opts, etcd, prefix):
+    """ps_server flags of an --elastic fleet's shards: the fleet's, and the
+    etcd a shard frozen by a change whose ps_ctl went away asks."""
+    return shlex.split(opts.server_flags or "") + ["--elastic_etcd=" + etcd,
+                                                   "--etcd_prefix=/asyncps/" + prefix]
+
+
+def server_step(opts, etcd=None, prefix=None, elastic=False):
     replicas = getattr(opts, "replicas", 1) or 1
+    if elastic:
+        return srun_argv(opts, "server", opts.servers, elastic_flags(opts, etcd, prefix))
     if replicas == 1 and not etcd:
         return srun_argv(opts, "server", opts.servers, shlex.split(opts.server_flags or ""))
     argv = srun_argv(opts, "server", opts.servers * replicas, shlex.split(opts.server_flags or "") + [
@@ -43,6 +63,13 @@ def server_step(opts, etcd=None, prefix=None):
         "--lease_ms=%d" % getattr(opts, "lease_ms", 1000)])
     # A replica that dies must not end the step: its group goes on.
     return [("--kill-on-bad-exit=0" if a == "--kill-on-bad-exit=1" else a) for a in argv]
+
+
+def added_shard_step(opts, shard, etcd, prefix):
+    """psrun --elastic: shard `shard` of shard+1, a step of one task (task.sh
+    turns SLURM_PROCID 0 into it with PSRUN_SHARD_OFFSET=shard)."""
+    return srun_argv(opts, "server", 1, elastic_flags(opts, etcd, prefix), log=str(shard),
+                     shards=shard + 1)
 
 
 def etcd_step(opts, client_port, peer_port):
@@ -81,8 +108,8 @@ class SlurmFleet(fleet_mod.Fleet):
             return m.proc.host
 
     def start_etcd(self):
-        """Replicated fleets without --etcd: etcd as a step of its own."""
-        if not self.replicated() or self.etcd_endpoints:
+        """Replicated or elastic fleets without --etcd: etcd as a step of its own."""
+        if not (self.replicated() or self.elastic) or self.etcd_endpoints:
             return
         import socket
         import time as time_mod
@@ -112,8 +139,11 @@ class SlurmFleet(fleet_mod.Fleet):
 
     def start_shards(self):
         self.start_etcd()
-        step = (server_step(self.o, self.etcd_endpoints, self.etcd_prefix())
-                if self.replicated() else server_step(self.o))
+        if self.replicated() or self.elastic:
+            step = server_step(self.o, self.etcd_endpoints, self.etcd_prefix(),
+                               elastic=bool(self.elastic))
+        else:
+            step = server_step(self.o)
         self.server_step = procs_mod.LocalProc(
             "server-step", step, self.path("srun-server.log"),
             env=self.replica_env() if self.replicated() else None).start()
@@ -126,6 +156,19 @@ class SlurmFleet(fleet_mod.Fleet):
         for m in self.shards:
             self.wait_stats(m, deadline)
         self.log("psrun: %d shard(s) ready: %s" % (len(self.shards), self.endpoints()))
+
+    def start_shard(self, m, endpoint=None):
+        """A shard psrun --elastic adds: a step of its own (no restarts on Slurm)."""
+        try:
+            os.unlink(self.path("ready", "%s.endpoint" % m.name))
+        except FileNotFoundError:
+            pass
+        m.proc = procs_mod.LocalProc(
+            "server-step-%d" % m.rank,
+            added_shard_step(self.o, m.rank, self.etcd_endpoints, self.etcd_prefix()),
+            self.path("srun-%s.log" % m.name),
+            env=dict(os.environ, PSRUN_SHARD_OFFSET=str(m.rank))).start()
+        self.write_pids()
 
     def start_workers(self):
         self.worker_start = __import__("time").time()

@@ -14,7 +14,9 @@
 # Environment: PSRUN_BIND_HOST (address shards bind, default *),
 # PSRUN_ADVERTISE_HOST (address workers use, default `hostname`),
 # PSRUN_REPLICAS (replicated fleets: processes per shard; server task rank
-# r is replica r % R of shard r / R, named server-<shard>-r<replica>).
+# r is replica r % R of shard r / R, named server-<shard>-r<replica>),
+# PSRUN_SHARD_OFFSET (psrun --elastic: a shard added later, a step of its own:
+# server task r is shard OFFSET + r; NUM_SHARDS is then OFFSET + 1).
 set -eu
 role=$1 run=$2 bin=$3 shards=$4 workers=$5
 shift 5
@@ -53,7 +55,8 @@ case $role in
     exit $? ;;
   server)
     mkdir -p "$run/ready" "$run/db"
-    shard=$rank
+    shard=$((rank + ${PSRUN_SHARD_OFFSET:-0}))
+    name=server-$shard
     if [ "$replicas" -gt 1 ]; then
       shard=$((rank / replicas))
       name=server-$shard-r$((rank % replicas))

@@ -73,7 +73,7 @@ class PlanTest(u.LaunchTestCase):
 
     def test_refusals(self):
         for extra, why in ((["--replicas", "2"], "--replicas > 1 is not supported"),
-                           (["--backend", "ssh"], "--backend local"),
+                           (["--backend", "k8s"], "not --backend k8s"),
                            ([], "leaves no shard")):
             argv = [sys.executable, u.PSRUN, "--servers", "1" if not extra else "2",
                     "--workers", "1", "--run_dir", os.path.join(self.tmp.name, "r"),
@@ -159,19 +159,27 @@ class CtlTest(EtcdTestCase):
             self.assertNotIn("kvs", json.loads(r.read()))  # nothing written
 
 
-class ElasticTest(EtcdTestCase):
-    def psrun(self, name, plan):
+class ElasticRuns:
+    """Mixed into a LaunchTestCase: a psrun --elastic run and its twin with
+    fixed membership (same seeds, BSP: the final weights must be bitwise
+    equal), on the local backend here and through sshd / Slurm in
+    ssh_test.py / slurm_real_test.py (`backend`: their psrun arguments)."""
+
+    def elastic_psrun(self, name, plan, backend=(), env=None, timeout=120):
+        """Runs psrun (2 shards, 2 workers x STEPS steps) into TMP/name,
+        --elastic `plan` unless None; asserts exit 0; returns the run folder."""
         run_dir = os.path.join(self.tmp.name, name)
         argv = [sys.executable, u.PSRUN, "--servers", "2", "--workers", "2",
                 "--run_dir", run_dir, "--bin_dir", u.bin_dir(), "--grace", "3",
                 "--start_timeout", "20", "--progress", "off", "--server_flags", SERVER]
+        argv += list(backend)
         if plan:
             argv += ["--elastic", plan]
         argv += ["--"] + WORKER + [
             "--max_steps=%d" % STEPS,
             "--weights_out=" + os.path.join(run_dir, "weights-{rank}.bin"),
             "--push_log=" + os.path.join(run_dir, "push-{rank}.log")]
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
         self.assertEqual(r.returncode, 0, "%s failed:\n%s\n%s\n%s" % (
             name, r.stdout[-4000:], r.stderr[-4000:], self.logs(run_dir)))
         return run_dir
@@ -202,26 +210,49 @@ class ElasticTest(EtcdTestCase):
             self.assertEqual(f.read(), w0, "the two workers pulled different final weights")
         return w0
 
-    def test_two_three_two_bitwise_equal_to_fixed(self):
-        elastic = self.psrun("elastic", PLAN)
-        fixed = self.psrun("fixed", None)
-
-        with open(os.path.join(elastic, "elastic.json")) as f:
+    def check_steps(self, run_dir, active):
+        """elastic.json and summary.json of a 2 -> 3 -> 2 run: both steps ok
+        (epochs 1, 2; `active`: the shards after each), chunks moved, within
+        the imbalance bound; both workers finished STEPS steps. Returns the
+        (add, remove) ps_ctl reports and the steps."""
+        with open(os.path.join(run_dir, "elastic.json")) as f:
             steps = json.load(f)["steps"]
         self.assertEqual([s.get("ok") for s in steps], [True, True], steps)
         add, remove = steps[0]["report"], steps[1]["report"]
         self.assertEqual((add["epoch"], remove["epoch"]), (1, 2))
-        self.assertEqual(add["active"], [0, 1, 2])
-        self.assertEqual(remove["active"], [1, 2])
+        self.assertEqual([add["active"], remove["active"]], active)
         for r in (add, remove):
             self.assertGreater(r["moved_chunks"], 0, r)
             self.assertLessEqual(r["imbalance_after"], 1.15, r)
-        with open(os.path.join(elastic, "summary.json")) as f:
-            self.assertEqual(len(json.load(f)["elastic"]), 2)
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            summary = json.load(f)
+        self.assertEqual([s.get("ok") for s in summary["elastic"]], [True, True])
+        self.assertEqual(sorted(summary["per_worker"]), ["0", "1"], summary)
+        self.assertEqual(summary["totals"]["steps"], 2 * STEPS, summary)
+        return add, remove, steps
 
+    def assert_same_weights(self, elastic, fixed, label):
+        """The final weights of both runs bitwise equal; when not, both run
+        folders are kept (no stores) under $TMPDIR/<label>-failed-*."""
         w_elastic, w_fixed = self.weights(elastic), self.weights(fixed)
         self.assertEqual(len(w_elastic), (784 * 64 + 64 + 64 * 10 + 10) * 4)
-        same = w_elastic == w_fixed
+        if w_elastic == w_fixed:
+            return
+        keep = tempfile.mkdtemp(prefix=label + "-failed-")
+        for d in (elastic, fixed):
+            shutil.copytree(d, os.path.join(keep, os.path.basename(d)),
+                            ignore=shutil.ignore_patterns("db", "etcd"))
+        self.fail("final weights differ from the fixed-membership run's (run folders kept "
+                  "in %s); what the logs say:\n%s%s" % (keep, self.clues(elastic),
+                                                         self.clues(fixed)))
+
+
+class ElasticTest(ElasticRuns, EtcdTestCase):
+    def test_two_three_two_bitwise_equal_to_fixed(self):
+        elastic = self.elastic_psrun("elastic", PLAN)
+        fixed = self.elastic_psrun("fixed", None)
+        add, remove, steps = self.check_steps(elastic, [[0, 1, 2], [1, 2]])
+        same = self.weights(elastic) == self.weights(fixed)
 
         # Pauses: every worker's longest gap between acknowledged pushes
         # that overlaps each change (its start to 1 s after its end).
@@ -245,16 +276,7 @@ class ElasticTest(EtcdTestCase):
                    remove["moved_chunks"], remove["moved_bytes"] / 2**20, remove["frozen_ms"],
                    remove["imbalance_before"], remove["imbalance_after"], pauses[0], pauses[1],
                    PAUSE_GOAL_S, base))
-        keep = ""
-        if not same:
-            keep = tempfile.mkdtemp(prefix="launch.elastic-failed-")
-            for d in (elastic, fixed):
-                shutil.copytree(d, os.path.join(keep, os.path.basename(d)),
-                                ignore=shutil.ignore_patterns("db", "etcd"))
-        self.assertTrue(same, "final weights differ from the fixed-membership run's (run "
-                              "folders kept in %s); what the logs say:\n%s%s" % (
-                                  keep, self.clues(elastic),
-                                  self.clues(fixed)))
+        self.assert_same_weights(elastic, fixed, "launch.elastic")
         for p in pauses:
             self.assertLessEqual(p, PAUSE_GOAL_S)
 

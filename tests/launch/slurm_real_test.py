@@ -2,7 +2,9 @@
 """psrun --backend slurm against a real slurmctld + slurmd on localhost
 (Debian's slurmctld, slurmd, slurm-client, munge, which run_tests.sh installs;
 see /work/shared/TESTBEDS.md). Daemons are started here and stopped by PID.
-Exit 77 when those packages are not installed."""
+Also psrun --elastic on Slurm: 2 -> 3 -> 2 shards under BSP, the added shard
+a step of its own, etcd a step; final weights bitwise those of a fixed run
+(skipped without etcd). Exit 77 when those packages are not installed."""
 import json
 import os
 import re
@@ -12,6 +14,7 @@ import sys
 import tempfile
 import time
 
+import elastic_test
 import launch_test_util as u
 
 CONF = """ClusterName=psrun
@@ -42,7 +45,7 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP OverSu
 """
 
 
-class SlurmRealTest(u.LaunchTestCase):
+class SlurmRealTest(elastic_test.ElasticRuns, u.LaunchTestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
@@ -155,6 +158,38 @@ class SlurmRealTest(u.LaunchTestCase):
         u.note("launch.slurm_real: 2 shards x 2 replicas (an etcd step, 4 server tasks) trained "
                "%d steps through slurm in %.1f s; each backup at its primary's version"
                % (s["totals"]["steps"], wall))
+
+    def test_elastic_on_slurm(self):
+        """psrun --elastic on Slurm (elastic_test.PLAN: add shard 2, then
+        remove shard 0): etcd as a step, shards 0-1 one step, shard 2 a step
+        of one task of its own; shard 0's task leaves its step while shard 1
+        serves on. Final weights bitwise those of a fixed 2-shard run on
+        Slurm."""
+        if not os.access(elastic_test.ETCD, os.X_OK):
+            self.skipTest("etcd not installed (Debian's etcd-server)")
+        backend = ["--backend", "slurm", "--srun_opts", "--overcommit", "--start_timeout", "40"]
+        env = dict(self.env, PSRUN_BIND_HOST="127.0.0.1", PSRUN_ADVERTISE_HOST="127.0.0.1")
+        t0 = time.monotonic()
+        elastic = self.elastic_psrun("elastic", elastic_test.PLAN, backend, env=env)
+        t1 = time.monotonic()
+        fixed = self.elastic_psrun("fixed", None, backend, env=env)
+        t2 = time.monotonic()
+        add, remove, steps = self.check_steps(elastic, [[0, 1, 2], [1, 2]])
+        with open(os.path.join(elastic, "server-2.log")) as f:
+            log = f.read()
+        self.assertIn("slurm job", log)
+        self.assertIn("task 0 of 1", log)  # a step of its own
+        self.assertIn("--shard_id=2 --num_shards=3", log)
+        self.assertTrue(os.path.exists(os.path.join(elastic, "srun-server-2.log")))
+        with open(os.path.join(elastic, "etcd-0.log")) as f:
+            self.assertIn("slurm job", f.read())
+        self.assert_same_weights(elastic, fixed, "launch.slurm_real-elastic")
+        u.note("launch.slurm_real: --elastic '%s' on Slurm: 2 -> 3 -> 2 shards (shard 2 a step "
+               "of its own, %d chunks / %.2f MiB moved on; shard 0 removed, %d moved off), "
+               "2 ps_workers x %d steps under BSP; final weights bitwise equal to a fixed "
+               "2-shard run's; %.1f s elastic run, %.1f s fixed"
+               % (elastic_test.PLAN, add["moved_chunks"], add["moved_bytes"] / 2**20,
+                  remove["moved_chunks"], elastic_test.STEPS, t1 - t0, t2 - t1))
 
 
 def u_port():

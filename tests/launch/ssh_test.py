@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
-"""SSH backend on loopback: a private sshd on 127.0.0.1 (Debian's openssh-server,
+"""SSH backend on loopback: a private sshd on 127.0.0.1-3 (Debian's openssh-server,
 generated keys, started and stopped by PID), psrun placing shards and workers over
-a hostfile, logs streamed back, teardown over SSH. Exit 77 without openssh-server."""
+a hostfile, logs streamed back, teardown over SSH, and psrun --elastic over ssh
+(2 -> 3 -> 2 shards under BSP, the added shard on a host of its own; final
+weights bitwise those of a fixed run; skipped without etcd). Exit 77 without
+openssh-server."""
 import json
 import os
 import shutil
@@ -11,9 +14,13 @@ import subprocess
 import sys
 import time
 
+import elastic_test
 import launch_test_util as u
 
 SSHD = "/usr/sbin/sshd"
+# Three "hosts" on loopback, each an address sshd listens on.
+HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
+ELASTIC_PLAN = "+1@3s,-1@6s"  # 2 -> 3 -> 2: the added shard is removed again
 
 
 def free_port(preferred=2222):
@@ -26,7 +33,7 @@ def free_port(preferred=2222):
                 continue
 
 
-class SshTest(u.LaunchTestCase):
+class SshTest(elastic_test.ElasticRuns, u.LaunchTestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
@@ -40,11 +47,11 @@ class SshTest(u.LaunchTestCase):
         shutil.copyfile(os.path.join(d, "user_key.pub"), os.path.join(d, "authorized_keys"))
         cls.port = free_port()
         with open(os.path.join(d, "sshd_config"), "w") as f:
-            f.write("Port %d\nListenAddress 127.0.0.1\nHostKey %s/host_key\nPidFile %s/sshd.pid\n"
+            f.write("Port %d\n%sHostKey %s/host_key\nPidFile %s/sshd.pid\n"
                     "AuthorizedKeysFile %s/authorized_keys\nStrictModes no\n"
                     "PermitRootLogin prohibit-password\nPasswordAuthentication no\nUsePAM no\n"
                     "AcceptEnv *\nMaxStartups 50\nMaxSessions 50\nLogLevel ERROR\n"
-                    % (cls.port, d, d, d))
+                    % (cls.port, "".join("ListenAddress %s\n" % h for h in HOSTS), d, d, d))
         os.makedirs("/run/sshd", exist_ok=True)
         with open(os.path.join(d, "sshd.log"), "wb") as log:
             cls.sshd = subprocess.Popen([SSHD, "-D", "-e", "-f", os.path.join(d, "sshd_config")],
@@ -53,15 +60,16 @@ class SshTest(u.LaunchTestCase):
         cls.ssh_opts = ("-p %d -i %s/user_key -o BatchMode=yes -o StrictHostKeyChecking=no "
                         "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR" % (cls.port, d))
         deadline = time.time() + 15
-        while True:
-            r = subprocess.run(["ssh"] + cls.ssh_opts.split() + ["127.0.0.1", "true"],
-                               stdin=subprocess.DEVNULL, capture_output=True)
-            if r.returncode == 0:
-                break
-            if time.time() > deadline or cls.sshd.poll() is not None:
-                cls.tearDownClass()
-                raise AssertionError("sshd did not come up: %s" % r.stderr)
-            time.sleep(0.2)
+        for host in HOSTS:
+            while True:
+                r = subprocess.run(["ssh"] + cls.ssh_opts.split() + [host, "true"],
+                                   stdin=subprocess.DEVNULL, capture_output=True)
+                if r.returncode == 0:
+                    break
+                if time.time() > deadline or cls.sshd.poll() is not None:
+                    cls.tearDownClass()
+                    raise AssertionError("sshd did not come up on %s: %s" % (host, r.stderr))
+                time.sleep(0.2)
 
     @classmethod
     def tearDownClass(cls):
@@ -85,6 +93,18 @@ class SshTest(u.LaunchTestCase):
 
     def remote_pids(self, doc):
         return [p["remote_pid"] for p in doc["procs"] if p.get("remote_pid")]
+
+    def assert_all_gone(self, doc, count):
+        """pids.json lists `count` remote PIDs, and within 10 s none of them,
+        nor any local ssh client, is left running. Returns the remote PIDs."""
+        pids = self.remote_pids(doc)
+        self.assertEqual(len(pids), count, doc)
+        deadline = time.time() + 10
+        while time.time() < deadline and any(u.pid_alive(p) for p in pids):
+            time.sleep(0.2)
+        self.assertEqual([p for p in pids if u.pid_alive(p)], [])
+        u.assert_no_orphans(self, doc)
+        return pids
 
     def test_fleet_over_ssh(self):
         out = os.path.join(self.tmp.name, "psrun.out")
@@ -141,15 +161,44 @@ class SshTest(u.LaunchTestCase):
         self.assertEqual(rc, 128 + signal.SIGTERM, self.output())
         # The remote processes (here: on this machine) are gone, not just the ssh clients.
         doc = u.read_pids(self.run_dir)
-        pids = self.remote_pids(doc)
-        self.assertEqual(len(pids), 4, doc)
-        deadline = time.time() + 10
-        while time.time() < deadline and any(u.pid_alive(p) for p in pids):
-            time.sleep(0.2)
-        self.assertEqual([p for p in pids if u.pid_alive(p)], [])
-        u.assert_no_orphans(self, doc)
+        pids = self.assert_all_gone(doc, 4)
         u.note("launch.ssh: SIGTERM to psrun after step 10 ended all %d remote processes "
                "over ssh (%.1f s in all)" % (len(pids), time.monotonic() - t0))
+
+    def test_elastic_over_ssh(self):
+        """psrun --elastic over ssh: 2 -> 3 -> 2 shards while 2 ps_workers
+        train under BSP. Shards on 127.0.0.1, workers on 127.0.0.2, the
+        added shard on the next slot, 127.0.0.3 (started and stopped over
+        ssh), removed again; the final weights bitwise those of a fixed
+        2-shard run over ssh."""
+        if not os.access(elastic_test.ETCD, os.X_OK):
+            self.skipTest("etcd not installed (Debian's etcd-server)")
+        hostfile = os.path.join(self.tmp.name, "hosts-elastic")
+        with open(hostfile, "w") as f:
+            f.write("%s slots=2\n%s slots=2\n%s slots=1\n" % HOSTS)
+        backend = ["--backend", "ssh", "--hostfile", hostfile, "--ssh_opts", self.ssh_opts]
+        t0 = time.monotonic()
+        elastic = self.elastic_psrun("elastic", ELASTIC_PLAN, backend)
+        t1 = time.monotonic()
+        fixed = self.elastic_psrun("fixed", None, backend)
+        t2 = time.monotonic()
+        add, remove, steps = self.check_steps(elastic, [[0, 1, 2], [0, 1]])
+        self.assertTrue(steps[0]["endpoint"].startswith("tcp://127.0.0.3:"), steps[0])
+        self.assertEqual((steps[0]["shard"], steps[1]["shard"]), (2, 2), steps)
+        doc = u.read_pids(elastic)
+        hosts = {p["name"]: p["host"] for p in doc["procs"]}
+        self.assertEqual(hosts, {"server-0": HOSTS[0], "server-1": HOSTS[0],
+                                 "worker-0": HOSTS[1], "worker-1": HOSTS[1],
+                                 "server-2": HOSTS[2]})
+        with open(os.path.join(elastic, "server-2.log")) as f:
+            self.assertIn("# psrun: remote pid ", f.read())
+        self.assert_all_gone(doc, 5)
+        self.assert_same_weights(elastic, fixed, "launch.ssh-elastic")
+        u.note("launch.ssh: --elastic '%s' over ssh: 2 -> 3 -> 2 shards (shard 2 on %s, %d chunks "
+               "/ %.2f MiB moved on, %d moved off), 2 ps_workers x %d steps under BSP; final "
+               "weights bitwise equal to a fixed 2-shard run's; %.1f s elastic run, %.1f s fixed"
+               % (ELASTIC_PLAN, HOSTS[2], add["moved_chunks"], add["moved_bytes"] / 2**20,
+                  remove["moved_chunks"], elastic_test.STEPS, t1 - t0, t2 - t1))
 
 
 def unittest_skip(msg):
