@@ -2,6 +2,8 @@
 #include "worker/upload.h"
 
 #include <algorithm>
+#include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 
@@ -18,34 +20,76 @@ uint64_t RandomUploadId() {
   return id;
 }
 
-// Sends every chunk of `shard` in requests of at most max_request_bytes.
-Status SendShardValues(Client* client, int shard, uint64_t upload,
-                       const std::vector<const float*>& tensors,
+// Sends `payload(id)` (kAssign phase 1 values or 4 state) for every chunk
+// id of `shard` in requests of at most max_request_bytes.
+Status SendShardChunks(Client* client, int shard, uint64_t upload,
+                       uint8_t phase, const std::string& optimizer,
+                       const std::function<ChunkPayload(uint32_t)>& payload,
                        const UploadOptions& o) {
-  const Layout& l = client->layout();
   AssignRequest req;
   uint64_t bytes = 0;
   auto flush = [&]() -> Status {
     if (req.chunks.empty()) return Status::OK();
     req.upload = upload;
-    req.phase = 1;
+    req.phase = phase;
+    req.optimizer = optimizer;
     Status s = client->Assign(shard, std::move(req), nullptr, o.timeout);
     req = AssignRequest{};
     bytes = 0;
-    return s.WithContext("upload to shard " + std::to_string(shard));
+    return s.WithContext(
+        std::string(phase == 4 ? "upload of optimizer state" : "upload") +
+        " to shard " + std::to_string(shard));
   };
-  for (uint32_t id : l.shard_chunks(shard)) {
-    const ChunkSpec& c = l.chunks()[id];
-    const uint64_t n = c.num_elems * sizeof(float);
+  for (uint32_t id : client->layout().shard_chunks(shard)) {
+    ChunkPayload p = payload(id);
+    const uint64_t n = p.data.size;
     if (bytes > 0 && bytes + n > o.max_request_bytes) RETURN_IF_ERROR(flush());
-    ChunkPayload p;
-    p.chunk = id;
-    p.codec = 0;
-    p.data = Frame::Copy(tensors[c.tensor] + c.offset, n);
     req.chunks.push_back(std::move(p));
     bytes += n;
   }
   return flush();
+}
+
+// Every chunk's values of `shard`.
+Status SendShardValues(Client* client, int shard, uint64_t upload,
+                       const std::vector<const float*>& tensors,
+                       const UploadOptions& o) {
+  const Layout& l = client->layout();
+  return SendShardChunks(
+      client, shard, upload, 1, "",
+      [&](uint32_t id) {
+        const ChunkSpec& c = l.chunks()[id];
+        ChunkPayload p;
+        p.chunk = id;
+        p.data = Frame::Copy(tensors[c.tensor] + c.offset,
+                             c.num_elems * sizeof(float));
+        return p;
+      },
+      o);
+}
+
+// Every chunk's optimizer state of `shard`: [slot 0 | slot 1 ...] and its
+// steps.
+Status SendShardState(Client* client, int shard, uint64_t upload,
+                      const StateValues& state, const UploadOptions& o) {
+  const Layout& l = client->layout();
+  return SendShardChunks(
+      client, shard, upload, 4, state.optimizer,
+      [&](uint32_t id) {
+        const ChunkSpec& c = l.chunks()[id];
+        const size_t bytes = c.num_elems * sizeof(float);
+        std::vector<uint8_t> data(state.slots.size() * bytes);
+        for (size_t j = 0; j < state.slots.size(); ++j) {
+          std::memcpy(data.data() + j * bytes,
+                      state.slots[j][c.tensor] + c.offset, bytes);
+        }
+        ChunkPayload p;
+        p.chunk = id;
+        p.data = Frame::Owned(std::move(data));
+        p.version = state.chunk_steps[id];
+        return p;
+      },
+      o);
 }
 
 // Sends the rows `shard` owns, at most kUploadMaxKeys keys and about
@@ -100,13 +144,30 @@ Status Phase(Client* client, int shard, uint64_t upload, uint8_t phase,
 
 Status UploadValues(Client* client, const std::vector<const float*>& tensors,
                     const UploadOptions& o, bool* uploaded,
-                    const std::vector<RowsValues>& rows) {
+                    const std::vector<RowsValues>& rows,
+                    const StateValues* state) {
   *uploaded = false;
   const Layout& l = client->layout();
   if (tensors.size() != l.tensors().size()) {
     return Status::InvalidArgument(
         "upload needs " + std::to_string(l.tensors().size()) +
         " buffers, got " + std::to_string(tensors.size()));
+  }
+  if (state != nullptr) {
+    for (const auto& slot : state->slots) {
+      if (slot.size() != l.tensors().size()) {
+        return Status::InvalidArgument("upload of optimizer state needs " +
+                                       std::to_string(l.tensors().size()) +
+                                       " buffers per slot, got " +
+                                       std::to_string(slot.size()));
+      }
+    }
+    if (state->chunk_steps.size() != l.chunks().size()) {
+      return Status::InvalidArgument(
+          "upload of optimizer state needs the steps of " +
+          std::to_string(l.chunks().size()) + " chunks, got " +
+          std::to_string(state->chunk_steps.size()));
+    }
   }
   if (o.max_request_bytes < 1) {
     return Status::InvalidArgument("max_request_bytes must be >= 1");
@@ -132,6 +193,13 @@ Status UploadValues(Client* client, const std::vector<const float*>& tensors,
     bool got = false;
     RETURN_IF_ERROR(Phase(client, s, upload, 0, o.overwrite, o, &got));
     if (got) mine.push_back(s);  // else final there: kept
+  }
+  // State first: a shard that refuses it (another optimizer) does so
+  // before any shard's values are written.
+  if (state != nullptr) {
+    for (int s : mine)
+      RETURN_IF_ERROR(SendShardState(client, s, upload, *state, o));
+    RETURN_IF_ERROR(SendShardState(client, 0, upload, *state, o));
   }
   for (int s : mine) {
     RETURN_IF_ERROR(SendShardValues(client, s, upload, tensors, o));

@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
@@ -49,17 +50,35 @@ struct RowsValues {
   const float* values = nullptr;
 };
 
+// Optimizer state uploaded with the values (ps.load_optimizer_state_dict):
+// every chunk's k floats of state per weight and its optimizer steps, sent
+// to each shard before its values (kAssign phase 4) and made final by the
+// same commit (the shard keeps it instead of resetting it).
+struct StateValues {
+  // The optimizer it was saved from (a ps_server --optimizer name: "sgd",
+  // "momentum", "adam", "adagrad"); a shard running another refuses it.
+  std::string optimizer;
+  // slots[j][t]: slot j (Adam: m, v; momentum: the buffer; AdaGrad: the
+  // sum) of tensor t (layout order), num_elements floats. k = slots.size()
+  // must be the shards' optimizer's floats per weight.
+  std::vector<std::vector<const float*>> slots;
+  // Optimizer steps by chunk id (one per chunk of the layout, at most 2^53).
+  std::vector<uint64_t> chunk_steps;
+};
+
 // Most keys of one table in one upload request (a shard refuses more than
 // its --max_sparse_keys, 262144 by default).
 inline constexpr size_t kUploadMaxKeys = 65536;
 
 // Uploads `tensors` (one buffer per registered tensor, in layout order, each
-// num_elements floats) and `rows` (at most one entry per table) unless
-// another caller's upload wins or the values are final; *uploaded says
-// whether this call's values were written. REQUIRES: client->Register()
-// (RegisterModel with the tables of `rows`) succeeded.
+// num_elements floats), `rows` (at most one entry per table) and, unless
+// null, `state` (else the shards' optimizer state restarts from zero)
+// unless another caller's upload wins or the values are final; *uploaded
+// says whether this call's values were written. REQUIRES:
+// client->Register() (RegisterModel with the tables of `rows`) succeeded.
 Status UploadValues(Client* client, const std::vector<const float*>& tensors,
                     const UploadOptions& options, bool* uploaded,
-                    const std::vector<RowsValues>& rows = {});
+                    const std::vector<RowsValues>& rows = {},
+                    const StateValues* state = nullptr);
 
 }  // namespace asyncps::worker

@@ -36,6 +36,9 @@ struct Shard::Chunk {
   // may split one round's push into several to the same shard.
   std::vector<int64_t> pushed_round;
   uint64_t stamp = 0;          // push validation: seen in push #stamp
+  // kAssign: the upload whose `state` request set this chunk's optimizer
+  // state (kept by that upload's commit; 0: none).
+  uint64_t state_upload = 0;
   // Weights as of snapshot_version, shared by the pull replies of that
   // version; charged to the memory budget until the last reply holding it
   // is sent.

@@ -403,6 +403,17 @@ class Shard {
   // Phase 3 of kAssign: the optimizer state of every owned chunk.
   Status ReadOptimizerState(const std::string& peer, const RequestHeader& req,
                             OutgoingReply* reply);
+  // Phase 4 of kAssign (the claimant's): sets the optimizer state and steps
+  // of whole chunks; every chunk checked before any is written.
+  Status WriteOptimizerState(const RequestHeader& req,
+                             const std::vector<ByteView>& data);
+  // Phase 2 of kAssign (the claimant's): makes the upload final.
+  Status CommitUpload(const RequestHeader& req, const std::string& who);
+  // Phases 1 and 4: `ref` names a chunk of this shard not yet named in this
+  // request (stamp_), raw fp32, and a data frame in range not yet named;
+  // *chunk gets it.
+  Status CheckAssignRef(const ChunkRef& ref, size_t num_frames,
+                        const std::string& what, Chunk** chunk);
   // Checks a push's or clock's lr (0 = not set) against max_lr.
   Status CheckWorkerLr(const RequestHeader& req);
   // Makes a checked lr (if set) the rate of later updates.

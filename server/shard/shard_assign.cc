@@ -14,14 +14,20 @@
 // incarnation) takes its predecessor's claim at once. `values` requests of
 // the claimant write whole chunks and rows of sparse tables (each
 // validated -- owned by this shard, codec 0, sizes, finite, keys unique --
-// before any is written; rows get zero optimizer state), `commit` resets the
-// optimizer state of every chunk, marks the values final and checkpoints
-// them (with a store). Resends are harmless: a begin or commit of an upload
-// already committed answers OK (created = false), values are idempotent.
-// Every write happens before a commit, and no rank trains from the shard
-// before its begin answers created = false, so nobody reads half an upload;
-// a claimant that dies mid-upload is replaced and the next claimant writes
-// every chunk again.
+// before any is written; rows get zero optimizer state), `state` requests
+// of the claimant set the optimizer state and steps of whole chunks
+// (ps.load_optimizer_state_dict(); validated the same way, and for this
+// shard's optimizer: its name, k floats per weight, steps <= 2^53, sums of
+// squares >= 0), `commit` keeps the state of the chunks whose state this
+// upload set and resets every other chunk's (refused when the upload set
+// some chunks' state but not all: half a state is never made final), marks
+// the values final and checkpoints them (with a store). Resends are
+// harmless: a begin or commit of an upload already committed answers OK
+// (created = false), values and state are idempotent. Every write happens
+// before a commit, and no rank trains from the shard before its begin
+// answers created = false, so nobody reads half an upload; a claimant that
+// dies mid-upload is replaced and the next claimant writes every chunk
+// again (the state it set is reset unless the new claimant sets it too).
 //
 // Worker-set lr: a push or clock whose lr is > 0 must have lr <= max_lr
 // (else it is refused, nothing of it applied); it then replaces the flags'
@@ -38,7 +44,17 @@ namespace asyncps::server {
 
 namespace {
 
-enum AssignPhase : uint8_t { kBegin = 0, kValues = 1, kCommit = 2, kRead = 3 };
+enum AssignPhase : uint8_t {
+  kBegin = 0,
+  kValues = 1,
+  kCommit = 2,
+  kRead = 3,
+  kState = 4,
+};
+
+// The most optimizer steps a state upload may set: 2^53, exact in the
+// double of Adam's bias correction (and beyond any run's count).
+constexpr uint64_t kMaxOptimizerSteps = uint64_t{1} << 53;
 
 bool FiniteFloats(const uint8_t* p, size_t n) {
   for (size_t i = 0; i < n; ++i) {
@@ -47,6 +63,28 @@ bool FiniteFloats(const uint8_t* p, size_t n) {
     if (!std::isfinite(v)) return false;
   }
   return true;
+}
+
+bool NonNegativeFloats(const uint8_t* p, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    float v;
+    std::memcpy(&v, p + i * sizeof(float), sizeof(float));
+    if (v < 0.0f) return false;
+  }
+  return true;
+}
+
+// The slot of state that is a sum of squares (never negative: the update
+// takes its square root), or -1.
+int SquaresSlot(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::kAdam:
+      return 1;  // [m | v]
+    case OptimizerKind::kAdaGrad:
+      return 0;
+    default:
+      return -1;
+  }
 }
 
 }  // namespace
@@ -110,18 +148,19 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
         RejectReason::kNotRegistered,
         Status::FailedPrecondition("no layout registered: register first"));
   }
-  if (req.assign_upload == 0 || req.assign_phase > kRead) {
+  if (req.assign_upload == 0 || req.assign_phase > kState) {
     return Reject(RejectReason::kUploadClaim,
                   Status::InvalidArgument(
                       "assign needs an upload id != 0 and a phase in "
-                      "{0 begin, 1 values, 2 commit, 3 read}, got phase " +
+                      "{0 begin, 1 values, 2 commit, 3 read, 4 state}, got "
+                      "phase " +
                       std::to_string(req.assign_phase)));
   }
-  if (req.assign_phase != kValues &&
+  if (req.assign_phase != kValues && req.assign_phase != kState &&
       (!req.chunks.empty() || !req.rows.empty() || !data.empty())) {
     return Reject(RejectReason::kSizeMismatch,
-                  Status::InvalidArgument(
-                      "only an assign of phase 1 (values) carries chunks"));
+                  Status::InvalidArgument("only an assign of phase 1 (values) "
+                                          "or 4 (state) carries chunks"));
   }
   if (req.assign_phase == kRead) return ReadOptimizerState(peer, req, out);
   const UploadClaim& c = upload_claim_;
@@ -169,24 +208,10 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
                                         " holds it") +
                       "): begin first"));
   }
-  if (req.assign_phase == kCommit) {
-    for (auto& chunk : chunks_) {
-      std::fill(chunk->state.begin(), chunk->state.end(), 0.0f);
-      chunk->step = 0;
-    }
-    if (store_ != nullptr) {
-      Status s = Checkpoint();
-      if (!s.ok()) {
-        return Reject(RejectReason::kStore,
-                      Status::Unavailable("upload not stored: " +
-                                          s.ToString() + "; retry"));
-      }
-    }
-    values_final_ = true;
-    committed_upload_ = req.assign_upload;
-    upload_claim_ = UploadClaim{};
-    LOG(INFO) << who << " committed: " << chunks_.size()
-              << " chunks hold its values";
+  if (req.assign_phase == kCommit) return CommitUpload(req, who);
+  if (req.assign_phase == kState) {
+    RETURN_IF_ERROR(WriteOptimizerState(req, data));
+    upload_claim_.last = now;
     return Status::OK();
   }
   // Values: every chunk and row checked before any is written.
@@ -202,50 +227,20 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
   if (frame_stamp_.size() < data.size()) frame_stamp_.resize(data.size(), 0);
   for (const ChunkRef& ref : req.chunks) {
     const std::string what = "assign of chunk " + std::to_string(ref.chunk);
-    if (ref.chunk >= local_index_.size()) {
-      return Reject(RejectReason::kUnknownChunk,
-                    Status::InvalidArgument(what + ": not in the layout"));
-    }
-    if (local_index_[ref.chunk] < 0) {
-      return Reject(RejectReason::kWrongShard,
-                    Status::InvalidArgument(what + ": held by another shard"));
-    }
-    Chunk& chunk = *chunks_[local_index_[ref.chunk]];
-    if (chunk.stamp == stamp_) {
-      return Reject(RejectReason::kRepeatedChunk,
-                    Status::InvalidArgument(what + ": named twice"));
-    }
-    chunk.stamp = stamp_;
-    if (ref.codec != 0) {
-      return Reject(RejectReason::kBadCodec,
-                    Status::InvalidArgument(what + ": values travel as raw "
-                                                   "fp32 (codec 0)"));
-    }
-    if (ref.frame < 1 || ref.frame > data.size()) {
-      return Reject(RejectReason::kUnknownChunk,
-                    Status::InvalidArgument(what + ": frame " +
-                                            std::to_string(ref.frame) +
-                                            " out of range"));
-    }
-    if (frame_stamp_[ref.frame - 1] == stamp_) {
-      return Reject(RejectReason::kUnknownChunk,
-                    Status::InvalidArgument(what + ": frame " +
-                                            std::to_string(ref.frame) +
-                                            " named twice"));
-    }
-    frame_stamp_[ref.frame - 1] = stamp_;
+    Chunk* chunk = nullptr;
+    RETURN_IF_ERROR(CheckAssignRef(ref, data.size(), what, &chunk));
     const ByteView& f = data[ref.frame - 1];
-    if (ref.num_elems != chunk.n || ref.byte_size != f.size ||
-        f.size != chunk.n * sizeof(float)) {
+    if (ref.num_elems != chunk->n || ref.byte_size != f.size ||
+        f.size != chunk->n * sizeof(float)) {
       return Reject(
           RejectReason::kSizeMismatch,
           Status::InvalidArgument(
               what + ": " + std::to_string(ref.num_elems) + " elements in " +
               std::to_string(f.size) + " bytes (ref says " +
               std::to_string(ref.byte_size) + "), the chunk has " +
-              std::to_string(chunk.n) + " floats"));
+              std::to_string(chunk->n) + " floats"));
     }
-    if (!FiniteFloats(f.data, chunk.n)) {
+    if (!FiniteFloats(f.data, chunk->n)) {
       return Reject(RejectReason::kNonFinite,
                     Status::InvalidArgument(what + ": NaN or Inf"));
     }
@@ -275,6 +270,162 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
                   Status::Unavailable("upload of rows: " + rows.ToString() +
                                       "; retry"));
   }
+  return Status::OK();
+}
+
+Status Shard::CheckAssignRef(const ChunkRef& ref, size_t num_frames,
+                             const std::string& what, Chunk** out) {
+  if (ref.chunk >= local_index_.size()) {
+    return Reject(RejectReason::kUnknownChunk,
+                  Status::InvalidArgument(what + ": not in the layout"));
+  }
+  if (local_index_[ref.chunk] < 0) {
+    return Reject(RejectReason::kWrongShard,
+                  Status::InvalidArgument(what + ": held by another shard"));
+  }
+  Chunk& chunk = *chunks_[local_index_[ref.chunk]];
+  if (chunk.stamp == stamp_) {
+    return Reject(RejectReason::kRepeatedChunk,
+                  Status::InvalidArgument(what + ": named twice"));
+  }
+  chunk.stamp = stamp_;
+  if (ref.codec != 0) {
+    return Reject(RejectReason::kBadCodec,
+                  Status::InvalidArgument(what + ": travels as raw fp32 "
+                                                 "(codec 0)"));
+  }
+  if (ref.frame < 1 || ref.frame > num_frames) {
+    return Reject(
+        RejectReason::kUnknownChunk,
+        Status::InvalidArgument(what + ": frame " + std::to_string(ref.frame) +
+                                " out of range"));
+  }
+  if (frame_stamp_[ref.frame - 1] == stamp_) {
+    return Reject(
+        RejectReason::kUnknownChunk,
+        Status::InvalidArgument(what + ": frame " + std::to_string(ref.frame) +
+                                " named twice"));
+  }
+  frame_stamp_[ref.frame - 1] = stamp_;
+  *out = &chunk;
+  return Status::OK();
+}
+
+Status Shard::WriteOptimizerState(const RequestHeader& req,
+                                  const std::vector<ByteView>& data) {
+  const size_t k = optimizer_->state_per_elem();  // dc state not included
+  const std::string name = OptimizerKindName(options_.optimizer.kind);
+  if (!req.rows.empty() || req.chunks.size() != data.size()) {
+    return Reject(
+        RejectReason::kSizeMismatch,
+        Status::InvalidArgument("optimizer state of " +
+                                std::to_string(req.chunks.size()) +
+                                " chunks in " + std::to_string(data.size()) +
+                                " data frames (one each, no rows)"));
+  }
+  ++stamp_;
+  if (frame_stamp_.size() < data.size()) frame_stamp_.resize(data.size(), 0);
+  for (const ChunkRef& ref : req.chunks) {
+    const std::string what =
+        "optimizer state of chunk " + std::to_string(ref.chunk);
+    Chunk* chunk = nullptr;
+    RETURN_IF_ERROR(CheckAssignRef(ref, data.size(), what, &chunk));
+    const std::string tensor =
+        "optimizer state of tensor '" +
+        layout_->tensors()[layout_->chunks()[ref.chunk].tensor].name +
+        "' (chunk " + std::to_string(ref.chunk) + ")";
+    if (req.assign_optimizer != name) {
+      return Reject(RejectReason::kOptimizerState,
+                    Status::InvalidArgument(
+                        tensor + " was saved from '" + req.assign_optimizer +
+                        "', this shard runs '" + name +
+                        "' (ps_server --optimizer): refused"));
+    }
+    const uint64_t n = chunk->n;
+    if (ref.num_elems != k * n && ref.num_elems % n == 0) {
+      return Reject(RejectReason::kOptimizerState,
+                    Status::InvalidArgument(
+                        tensor + " has " + std::to_string(ref.num_elems / n) +
+                        " floats per weight, '" + name + "' keeps " +
+                        std::to_string(k) + ": refused"));
+    }
+    const ByteView& f = data[ref.frame - 1];
+    if (ref.num_elems != k * n || ref.byte_size != f.size ||
+        f.size != k * n * sizeof(float)) {
+      return Reject(
+          RejectReason::kSizeMismatch,
+          Status::InvalidArgument(
+              tensor + ": " + std::to_string(ref.num_elems) + " floats in " +
+              std::to_string(f.size) + " bytes (ref says " +
+              std::to_string(ref.byte_size) + "), needs " + std::to_string(k) +
+              " x " + std::to_string(n)));
+    }
+    if (ref.version > kMaxOptimizerSteps) {
+      return Reject(
+          RejectReason::kOptimizerState,
+          Status::InvalidArgument(tensor + ": " + std::to_string(ref.version) +
+                                  " optimizer steps, at most 2^53"));
+    }
+    if (!FiniteFloats(f.data, k * n)) {
+      return Reject(RejectReason::kNonFinite,
+                    Status::InvalidArgument(tensor + ": NaN or Inf"));
+    }
+    const int squares = SquaresSlot(options_.optimizer.kind);
+    if (squares >= 0 &&
+        !NonNegativeFloats(
+            f.data + static_cast<size_t>(squares) * n * sizeof(float), n)) {
+      return Reject(RejectReason::kOptimizerState,
+                    Status::InvalidArgument(
+                        tensor + ": slot " + std::to_string(squares) +
+                        " is a sum of squares, found a negative value"));
+    }
+  }
+  for (const ChunkRef& ref : req.chunks) {
+    Chunk& chunk = *chunks_[local_index_[ref.chunk]];
+    const size_t bytes = k * chunk.n * sizeof(float);
+    if (bytes > 0)
+      std::memcpy(chunk.state.data(), data[ref.frame - 1].data, bytes);
+    chunk.step = ref.version;
+    chunk.state_upload = req.assign_upload;
+  }
+  return Status::OK();
+}
+
+Status Shard::CommitUpload(const RequestHeader& req, const std::string& who) {
+  size_t with_state = 0;
+  for (const auto& chunk : chunks_)
+    with_state += chunk->state_upload == req.assign_upload ? 1 : 0;
+  if (with_state != 0 && with_state != chunks_.size()) {
+    return Reject(
+        RejectReason::kOptimizerState,
+        Status::FailedPrecondition(
+            who + " set the optimizer state of " + std::to_string(with_state) +
+            " of this shard's " + std::to_string(chunks_.size()) +
+            " chunks: every chunk's or none; not committed"));
+  }
+  const size_t k = optimizer_->state_per_elem();
+  for (auto& chunk : chunks_) {
+    if (with_state > 0) {  // the uploaded state kept, the DC state reset
+      std::fill(chunk->state.begin() + k * chunk->n, chunk->state.end(), 0.0f);
+    } else {
+      std::fill(chunk->state.begin(), chunk->state.end(), 0.0f);
+      chunk->step = 0;
+    }
+  }
+  if (store_ != nullptr) {
+    Status s = Checkpoint();
+    if (!s.ok()) {
+      return Reject(RejectReason::kStore,
+                    Status::Unavailable("upload not stored: " + s.ToString() +
+                                        "; retry"));
+    }
+  }
+  values_final_ = true;
+  committed_upload_ = req.assign_upload;
+  upload_claim_ = UploadClaim{};
+  LOG(INFO) << who << " committed: " << chunks_.size()
+            << " chunks hold its values"
+            << (with_state > 0 ? " and optimizer state" : "");
   return Status::OK();
 }
 

@@ -1,6 +1,7 @@
-// Issue 22 items 2-3 at the shard: the upload claim (kAssign), a hostile
-// upload validated whole before any chunk is written, and the lr a worker
-// carries in pushes and clocks, bounded by max_lr.
+// Issue 22 items 2-4 at the shard: the upload claim (kAssign), a hostile
+// upload validated whole before any chunk is written, the lr a worker
+// carries in pushes and clocks, bounded by max_lr, and the optimizer state
+// read (phase 3) and written back (phase 4).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -10,6 +11,7 @@
 
 #include "server/internal/test_util.h"
 #include "server/shard/shard.h"
+#include "server/store/store.h"
 
 namespace asyncps::server {
 namespace {
@@ -179,7 +181,7 @@ TEST(ShardAssignTest, HostileValuesAreRefusedWholeBeforeAnyWrite) {
   RequestHeader begin = Values(h, 0, 7, 100, {mine[0]}, 2.0f, &d);
   begin.assign_phase = 0;
   expect_refused(begin, d, RejectReason::kSizeMismatch);
-  expect_refused(Assign(0, 7, 100, 4), {}, RejectReason::kUploadClaim);
+  expect_refused(Assign(0, 7, 100, 5), {}, RejectReason::kUploadClaim);
   expect_refused(Assign(0, 7, 0, 0), {}, RejectReason::kUploadClaim);
   // Observers may not upload.
   ReplyHeader r = h.Call(Assign(-1, 7, 100, 0));
@@ -269,6 +271,274 @@ TEST(ShardAssignTest, ReadsTheOptimizerStateOfEveryChunk) {
   }
   // Observers may not read it (a worker-only request), nothing changes.
   EXPECT_FALSE(h.Call(Assign(-1, 7, 1, 3)).status.ok());
+}
+
+// One chunk's optimizer state as phase 3 answers it.
+struct ChunkState {
+  uint32_t chunk = 0;
+  std::vector<float> state;  // [slot 0 | slot 1 ...]
+  uint64_t steps = 0;
+  bool operator==(const ChunkState& o) const {
+    return chunk == o.chunk && steps == o.steps &&
+           state.size() == o.state.size() &&
+           std::memcmp(state.data(), o.state.data(),
+                       state.size() * sizeof(float)) == 0;  // bitwise
+  }
+};
+
+std::vector<ChunkState> ReadState(ShardHarness& h) {
+  auto out = h.Send(Assign(0, 7, 1, 3));
+  EXPECT_EQ(out.size(), 1u);
+  std::vector<ChunkState> all;
+  if (out.empty()) return all;
+  EXPECT_TRUE(out[0].header.status.ok()) << out[0].header.status.ToString();
+  for (const ChunkRef& ref : out[0].header.chunks) {
+    const ByteView& f = out[0].frames[ref.frame - 1];
+    ChunkState c;
+    c.chunk = ref.chunk;
+    c.state.resize(f.size / sizeof(float));
+    if (f.size > 0) std::memcpy(c.state.data(), f.data, f.size);
+    c.steps = ref.version;
+    all.push_back(std::move(c));
+  }
+  return all;
+}
+
+// A state request (phase 4) setting `states` (k x the chunk's floats each).
+RequestHeader State(int rank, uint64_t inc, uint64_t upload,
+                    const std::string& optimizer,
+                    const std::vector<ChunkState>& states,
+                    std::vector<ByteView>* data) {
+  RequestHeader r = Assign(rank, inc, upload, 4);
+  r.assign_optimizer = optimizer;
+  for (size_t i = 0; i < states.size(); ++i) {
+    data->push_back(Floats(states[i].state));
+    ChunkRef c;
+    c.chunk = states[i].chunk;
+    c.frame = static_cast<uint32_t>(i + 1);
+    c.num_elems = states[i].state.size();
+    c.byte_size = states[i].state.size() * sizeof(float);
+    c.version = states[i].steps;
+    r.chunks.push_back(c);
+  }
+  return r;
+}
+
+// k slots of distinct positive values for each of `chunks`, steps 5, 6, ...
+std::vector<ChunkState> MadeState(const ShardHarness& h,
+                                  const std::vector<uint32_t>& chunks,
+                                  size_t k) {
+  std::vector<ChunkState> out;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    ChunkState c;
+    c.chunk = chunks[i];
+    c.state.resize(k * h.ChunkElems(chunks[i]));
+    for (size_t e = 0; e < c.state.size(); ++e)
+      c.state[e] = 0.25f + 0.001f * static_cast<float>(i * 1000 + e);
+    c.steps = 5 + i;
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+ShardOptions AdamOptions() {
+  ShardOptions o = testing::TestOptions(Consistency::kAsp, 2);
+  o.optimizer.kind = OptimizerKind::kAdam;
+  o.optimizer.lr = 0.01f;
+  return o;
+}
+
+// Values and state of every chunk of shard 0 in upload `upload` of rank 0.
+void UploadWithState(ShardHarness& h, uint64_t upload,
+                     const std::vector<ChunkState>& states) {
+  const auto& mine = h.shard->layout()->shard_chunks(0);
+  RequestHeader begin = Assign(0, 7, upload, 0);
+  begin.assign_overwrite = true;
+  ASSERT_TRUE(h.Call(begin).created);
+  std::vector<ByteView> v, st;
+  RequestHeader values = Values(h, 0, 7, upload, mine, 3.0f, &v);
+  ASSERT_TRUE(h.Call(values, v).status.ok());
+  RequestHeader state = State(0, 7, upload, "adam", states, &st);
+  ReplyHeader r = h.Call(state, st);
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  r = h.Call(Assign(0, 7, upload, 2));
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+}
+
+TEST(ShardAssignTest, StateUploadRoundTripsBitwiseThroughTheRead) {
+  // A trained shard: chunks with different optimizer steps (3, 1, 0).
+  ShardHarness a(AdamOptions());
+  Register(a);
+  const auto& mine = a.shard->layout()->shard_chunks(0);
+  ASSERT_GE(mine.size(), 3u);
+  for (int step = 0; step < 3; ++step) {
+    std::vector<uint32_t> ids = {mine[0]};
+    if (step == 0) ids.push_back(mine[1]);
+    std::vector<ByteView> g;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      std::vector<float> v(a.ChunkElems(ids[i]));
+      for (size_t e = 0; e < v.size(); ++e)
+        v[e] = 0.03f * static_cast<float>(e) - 0.2f * static_cast<float>(step);
+      g.push_back(Floats(v));
+    }
+    ASSERT_TRUE(a.Call(ShardHarness::Push(0, step, ids, g), g).status.ok());
+  }
+  const std::vector<ChunkState> saved = ReadState(a);
+  ASSERT_EQ(saved.size(), mine.size());
+  EXPECT_EQ(saved[0].steps, 3u);
+  EXPECT_EQ(saved[1].steps, 1u);
+  EXPECT_EQ(saved[2].steps, 0u);
+  // A fresh shard takes it in an upload with the values: read back bitwise,
+  // each chunk's steps exact; the values are the upload's.
+  ShardHarness b(AdamOptions());
+  Register(b);
+  UploadWithState(b, 100, saved);
+  EXPECT_EQ(ReadState(b), saved);
+  for (uint32_t id : mine) EXPECT_EQ((*b.shard->weights(id))[0], 3.0f);
+  // The next update of both from the same weights is the same, bitwise
+  // (Adam with the restored moments and steps).
+  UploadWithState(a, 200, saved);
+  for (ShardHarness* h : {&a, &b}) {
+    const uint64_t n = h->ChunkElems(mine[0]);
+    const int64_t clock = h == &a ? 3 : 0;  // each worker's next clock
+    ReplyHeader r = h->Call(
+        ShardHarness::Push(0, clock, {mine[0]}, {Floats(Fill(n, 0.5f))}),
+        {Floats(Fill(n, 0.5f))});
+    ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  }
+  EXPECT_EQ(a.AllWeights(), b.AllWeights());
+  EXPECT_EQ(ReadState(a), ReadState(b));
+  // An upload without state resets it (as before phase 4 existed).
+  std::vector<ByteView> v;
+  RequestHeader begin = Assign(0, 7, 300, 0);
+  begin.assign_overwrite = true;
+  ASSERT_TRUE(b.Call(begin).created);
+  RequestHeader values = Values(b, 0, 7, 300, mine, 1.0f, &v);
+  ASSERT_TRUE(b.Call(values, v).status.ok());
+  ASSERT_TRUE(b.Call(Assign(0, 7, 300, 2)).status.ok());
+  for (const ChunkState& c : ReadState(b)) {
+    EXPECT_EQ(c.steps, 0u);
+    EXPECT_EQ(c.state, std::vector<float>(c.state.size(), 0.0f));
+  }
+}
+
+TEST(ShardAssignTest, HostileStateUploadsAreRefusedAndChangeNothing) {
+  ShardHarness h(AdamOptions());
+  Register(h);
+  const auto& mine = h.shard->layout()->shard_chunks(0);
+  uint32_t theirs = 0;
+  while (h.shard->weights(theirs) != nullptr) ++theirs;
+  ASSERT_TRUE(h.Call(Assign(0, 7, 100, 0)).created);
+  const auto weights = h.AllWeights();  // weights and optimizer state
+  const auto state = ReadState(h);
+  // `data` by reference: State(..., &d) fills it while the arguments are
+  // evaluated.
+  auto expect_refused = [&](const RequestHeader& req,
+                            const std::vector<ByteView>& data,
+                            RejectReason why, const std::string& says) {
+    const uint64_t was = Rejected(h, why);
+    ReplyHeader r = h.Call(req, data);
+    EXPECT_FALSE(r.status.ok());
+    EXPECT_EQ(Rejected(h, why), was + 1) << r.status.ToString();
+    EXPECT_NE(r.status.message().find(says), std::string::npos)
+        << r.status.ToString();
+    EXPECT_EQ(h.AllWeights(), weights);  // the good first chunk untouched
+    EXPECT_EQ(ReadState(h), state);      // steps too
+  };
+  std::vector<ByteView> d;
+  // k = 1 floats per weight for Adam's 2.
+  expect_refused(State(0, 7, 100, "adam", MadeState(h, mine, 1), &d), d,
+                 RejectReason::kOptimizerState, "floats per weight");
+  // A short frame (and a ref that says so).
+  d.clear();
+  RequestHeader req = State(0, 7, 100, "adam", MadeState(h, mine, 2), &d);
+  d.back() = Floats(Fill(3, 1.0f));
+  req.chunks.back().byte_size = 3 * sizeof(float);
+  expect_refused(req, d, RejectReason::kSizeMismatch, "bytes");
+  // NaN in the last chunk.
+  d.clear();
+  auto nan = MadeState(h, mine, 2);
+  nan.back().state.back() = std::numeric_limits<float>::quiet_NaN();
+  expect_refused(State(0, 7, 100, "adam", nan, &d), d, RejectReason::kNonFinite,
+                 "NaN");
+  // A negative second moment.
+  d.clear();
+  auto negative = MadeState(h, mine, 2);
+  negative.back().state.back() = -1.0f;
+  expect_refused(State(0, 7, 100, "adam", negative, &d), d,
+                 RejectReason::kOptimizerState, "sum of squares");
+  // Another shard's chunk.
+  d.clear();
+  expect_refused(
+      State(0, 7, 100, "adam", MadeState(h, {mine[0], theirs}, 2), &d), d,
+      RejectReason::kWrongShard, "another shard");
+  // A chunk named twice.
+  d.clear();
+  expect_refused(
+      State(0, 7, 100, "adam", MadeState(h, {mine[0], mine[0]}, 2), &d), d,
+      RejectReason::kRepeatedChunk, "twice");
+  // More steps than 2^53.
+  d.clear();
+  auto huge = MadeState(h, mine, 2);
+  huge.back().steps = (uint64_t{1} << 53) + 1;
+  expect_refused(State(0, 7, 100, "adam", huge, &d), d,
+                 RejectReason::kOptimizerState, "2^53");
+  // Saved from another optimizer (the same k floats): named, refused.
+  d.clear();
+  expect_refused(State(0, 7, 100, "adagrad", MadeState(h, mine, 2), &d), d,
+                 RejectReason::kOptimizerState,
+                 "tensor 'w' (chunk " + std::to_string(mine[0]) +
+                     ") was saved from 'adagrad', this shard runs 'adam'");
+  // Without the claim.
+  d.clear();
+  expect_refused(State(1, 8, 200, "adam", MadeState(h, mine, 2), &d), d,
+                 RejectReason::kUploadClaim, "begin first");
+  // Half a state is never made final: the commit is refused until every
+  // chunk's state came (or the next claimant's upload resets it).
+  d.clear();
+  const auto good = MadeState(h, mine, 2);
+  req = State(0, 7, 100, "adam", {good[0]}, &d);
+  ASSERT_TRUE(h.Call(req, d).status.ok());
+  ReplyHeader r = h.Call(Assign(0, 7, 100, 2));
+  EXPECT_EQ(r.status.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status.message().find("1 of this shard's"), std::string::npos)
+      << r.status.ToString();
+  d.clear();
+  req = State(0, 7, 100, "adam", good, &d);
+  ASSERT_TRUE(h.Call(req, d).status.ok());
+  ASSERT_TRUE(h.Call(Assign(0, 7, 100, 2)).status.ok());
+  EXPECT_EQ(ReadState(h), good);
+
+  // Adam's state into an SGD shard: refused, naming the tensor.
+  ShardHarness sgd(testing::TestOptions(Consistency::kAsp, 2));
+  Register(sgd);
+  ASSERT_TRUE(sgd.Call(Assign(0, 7, 100, 0)).created);
+  d.clear();
+  req = State(0, 7, 100, "adam", MadeState(sgd, mine, 2), &d);
+  r = sgd.Call(req, d);
+  EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status.message().find("tensor 'w'"), std::string::npos)
+      << r.status.ToString();
+  EXPECT_NE(r.status.message().find("this shard runs 'sgd'"),
+            std::string::npos);
+  EXPECT_EQ(Rejected(sgd, RejectReason::kOptimizerState), 1u);
+}
+
+TEST(ShardAssignTest, UploadedStateSurvivesARestart) {
+  MemStore store;
+  std::vector<ChunkState> saved;
+  std::vector<std::vector<float>> weights;
+  {
+    ShardHarness a(AdamOptions(), &store);
+    Register(a);
+    saved = MadeState(a, a.shard->layout()->shard_chunks(0), 2);
+    UploadWithState(a, 100, saved);  // the commit checkpoints
+    weights = a.AllWeights();
+  }
+  ShardHarness b(AdamOptions(), &store);
+  ASSERT_TRUE(b.shard->registered());
+  EXPECT_EQ(ReadState(b), saved);
+  EXPECT_EQ(b.AllWeights(), weights);
 }
 
 }  // namespace

@@ -62,6 +62,8 @@ const char* RejectReasonName(RejectReason r) {
       return "upload_claim";
     case RejectReason::kStaleLayout:
       return "stale_layout";
+    case RejectReason::kOptimizerState:
+      return "optimizer_state";
     case RejectReason::kCount:
       break;
   }

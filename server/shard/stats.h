@@ -45,6 +45,9 @@ enum class RejectReason : uint8_t {
   kUploadClaim,      // an upload (kAssign) without the shard's claim, or bad
   kStaleLayout,      // a push or pull routed by another elastic layout
                      // epoch, or held back while chunks move
+  kOptimizerState,   // an optimizer state upload (kAssign phase 4) for
+                     // another optimizer (name, floats per weight) or out
+                     // of range (steps, negative sums of squares)
   kCount,
 };
 inline constexpr size_t kNumRejectReasons =

@@ -297,15 +297,32 @@ class ParameterServer:
     def optimizer_state_dict(self):
         """The shards' optimizer state: {"optimizer": ps_server --optimizer,
         "step": the most steps of any chunk, "state": {parameter name: {slot:
-        tensor}}} with torch.optim's slot names (adam: exp_avg, exp_avg_sq;
-        momentum/nesterov: momentum_buffer; adagrad: sum; sgd: none). Read
-        only: load_state_dict restarts the shards' optimizer state."""
+        tensor, "step": its most steps (float tensor, as torch.optim's),
+        "chunk_steps": int64 tensor of the steps of each of its chunks}}}
+        with torch.optim's slot names (adam: exp_avg, exp_avg_sq;
+        momentum/nesterov: momentum_buffer; adagrad: sum; sgd: none, and no
+        steps). load_optimizer_state_dict() writes it back."""
         return _update.shard_optimizer_state(self)
 
-    def load_state_dict(self, state_dict, strict=True):
+    def load_optimizer_state_dict(self, optimizer_state):
+        """Writes `optimizer_state` (an optimizer_state_dict(), e.g. through
+        torch.save/torch.load) into the shards: every parameter's slots and
+        steps (per chunk from "chunk_steps", else its "step" for all of its
+        chunks), uploaded with the model's current parameters as their
+        values (after a pull: the shards' own). Checked before anything is
+        written: asyncps.InvalidArgument naming the parameter for state of
+        another optimizer than the shards' --optimizer, missing or unknown
+        parameters, shapes, NaN/Inf, negative steps. Plain SGD keeps no
+        state: nothing is written."""
+        _update.load_shard_optimizer_state(self, optimizer_state)
+
+    def load_state_dict(self, state_dict, strict=True, optimizer_state=None):
         """Loads `state_dict` into the model and uploads its parameters to
-        the shards (overwriting them; their optimizer state restarts)."""
-        return _update.load_and_upload(self, state_dict, strict)
+        the shards (overwriting them). Their optimizer state restarts from
+        zero, unless `optimizer_state` (an optimizer_state_dict()) is given:
+        then it is written in the same upload, as load_optimizer_state_dict
+        would (resuming a checkpoint where it stopped)."""
+        return _update.load_and_upload(self, state_dict, strict, optimizer_state)
 
     # ---- counters and lifetime ---------------------------------------------
     def traffic(self):

@@ -36,15 +36,27 @@ tensors: torch.save of it loads into a model built without asyncps) with the
 parameters freshly pulled from the shards (worker-side update: the worker's
 own weights, which are the model); buffers (BatchNorm statistics) are this
 worker's. ps.load_state_dict(sd) loads it into the model and uploads the
-parameters to the shards (overwrite: the shards' optimizer state restarts).
+parameters to the shards (overwrite: the shards' optimizer state restarts,
+as after init="model", unless optimizer_state= is given).
 Optimizer state: WorkerOptimizer.state_dict() is the torch optimizer's;
 ps.optimizer_state_dict() reads the shards' (server-side update) with
-torch.optim's slot names, read only (it restarts from zero after
-load_state_dict, as after init="model").
+torch.optim's slot names and each parameter's steps (per chunk: "chunk_steps";
+chunks of one tensor can differ after partial pushes or a restart), and
+ps.load_optimizer_state_dict(d) -- or ps.load_state_dict(sd,
+optimizer_state=d), in the same upload as the weights -- writes it back
+(kAssign phase 4: checked by every shard before anything is written, made
+final by the upload's commit). So
+    torch.save({"model": ps.state_dict(), "opt": ps.optimizer_state_dict()}, f)
+    ... a fresh fleet, a new ParameterServer ...
+    ckpt = torch.load(f); ps.load_state_dict(ckpt["model"], optimizer_state=ckpt["opt"])
+resumes training where it stopped: under BSP bitwise as an uninterrupted run
+(with ps_server's constant --lr or an lr carried by DistributedOptimizer(lr=);
+a ps_server lr schedule counts updates from the fresh fleet's start).
 """
 import collections
 import json
 
+import numpy as np
 import torch
 
 from .errors import FailedPrecondition, InvalidArgument
@@ -65,30 +77,104 @@ _SLOTS = {"adam": ("exp_avg", "exp_avg_sq"), "momentum": ("momentum_buffer",),
           "nesterov": ("momentum_buffer",), "adagrad": ("sum",), "sgd": ()}
 
 
+def _slot_names(name, k):
+    names = _SLOTS.get(name, ())
+    return names if len(names) == k else tuple("slot%d" % j for j in range(k))
+
+
+def _shard_optimizer(ps):
+    """ps_server --optimizer of the shards (they must agree)."""
+    names = {json.loads(t).get("optimizer", "sgd") for t in ps.client.stats()}
+    if len(names) != 1:
+        raise FailedPrecondition("the shards run different optimizers: %s"
+                                 % ", ".join(sorted(names)))
+    return names.pop()
+
+
 def shard_optimizer_state(ps):
     """ps.optimizer_state_dict(): see ParameterServer.optimizer_state_dict."""
-    name = json.loads(ps.client.stats()[0]).get("optimizer", "sgd")
-    k, slots, steps = ps.client.optimizer_state()
-    names = _SLOTS.get(name, tuple("slot%d" % j for j in range(k)))
-    if len(names) != k:
-        names = tuple("slot%d" % j for j in range(k))
+    name = _shard_optimizer(ps)
+    k, slots, steps, chunk_steps = ps.client.optimizer_state()
+    names = _slot_names(name, k)
     state = collections.OrderedDict()
     for i, pname in enumerate(ps.names):
-        entry = {"step": torch.tensor(float(steps))} if k else {}
+        entry = {}
+        if k:
+            per_chunk = torch.from_numpy(chunk_steps[i].astype(np.int64))
+            entry["step"] = torch.tensor(float(per_chunk.max()) if len(per_chunk) else 0.0)
+            entry["chunk_steps"] = per_chunk
         for j, slot in enumerate(names):
             entry[slot] = torch.from_numpy(slots[j][i])
         state[pname] = entry
     return {"optimizer": name, "step": int(steps), "state": state}
 
 
-def load_and_upload(ps, state_dict, strict=True):
+def _checked_state(ps, state):
+    """The upload argument (name, slots, steps) for an optimizer_state_dict()
+    `state`, checked against the shards' optimizer and the model (each
+    error names the parameter); None for plain SGD (no state to restore)."""
+    if not isinstance(state, dict) or "optimizer" not in state or "state" not in state:
+        raise InvalidArgument("optimizer state: a dict of ps.optimizer_state_dict() "
+                              "({'optimizer', 'step', 'state'}), got %s" % type(state).__name__)
+    name = _shard_optimizer(ps)
+    saved = state["optimizer"]
+    entries = state["state"]
+    missing = [n for n in ps.names if n not in entries]
+    unknown = [n for n in entries if n not in ps.names]
+    if missing or unknown:
+        raise InvalidArgument("optimizer state does not match the model: %s" % "; ".join(
+            (["missing " + ", ".join("'%s'" % n for n in missing)] if missing else []) +
+            (["unknown " + ", ".join("'%s'" % n for n in unknown)] if unknown else [])))
+    if saved != name:
+        raise InvalidArgument(
+            "optimizer state of '%s' was saved from %s, the shards run %s (ps_server "
+            "--optimizer): not loaded" % (ps.names[0], saved, name))
+    k = len(_SLOTS.get(name, ()))
+    if k == 0:
+        return None
+    names = _slot_names(name, k)
+    slots, steps = [[] for _ in names], []
+    for i, pname in enumerate(ps.names):
+        entry = entries[pname]
+        for j, slot in enumerate(names):
+            t = entry.get(slot)
+            if t is None:
+                raise InvalidArgument("optimizer state of '%s' has no '%s' (%s keeps %s)"
+                                      % (pname, slot, name, ", ".join(names)))
+            t = torch.as_tensor(t).detach().to("cpu", torch.float32).contiguous()
+            if tuple(t.shape) != ps._shapes[i] or not bool(torch.isfinite(t).all()):
+                raise InvalidArgument("optimizer state of '%s': '%s' must be finite of shape "
+                                      "%s, got %s" % (pname, slot, ps._shapes[i],
+                                                      tuple(t.shape)))
+            slots[j].append(t.numpy())
+        got = entry.get("chunk_steps", entry.get("step", state.get("step", 0)))
+        got = torch.as_tensor(got).detach().reshape(-1).to("cpu", torch.float64)
+        if not bool((got >= 0).all()) or not bool((got == got.round()).all()):
+            raise InvalidArgument("optimizer state of '%s': steps must be whole numbers >= 0"
+                                  % pname)
+        steps.append(got.numpy().astype(np.uint64))
+    return (name, slots, steps)
+
+
+def load_and_upload(ps, state_dict, strict=True, optimizer_state=None):
     """ps.load_state_dict(): see the module comment. Returns the result of
     model.load_state_dict."""
+    state = None if optimizer_state is None else _checked_state(ps, optimizer_state)
     result = ps.model.load_state_dict(state_dict, strict=strict)
     ps.client.upload([p.detach().to("cpu").contiguous().numpy() for p in ps.params],
-                     overwrite=True)
+                     overwrite=True, state=state)
     ps.pull()
     return result
+
+
+def load_shard_optimizer_state(ps, optimizer_state):
+    """ps.load_optimizer_state_dict(): see the module comment."""
+    state = _checked_state(ps, optimizer_state)
+    if state is None:
+        return  # plain SGD keeps no state
+    ps.client.upload([p.detach().to("cpu").contiguous().numpy() for p in ps.params],
+                     overwrite=True, state=state)
+    ps.pull()
 
 
 def check_summing_shards(ps):

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "worker/python/src/arrays.h"
@@ -68,6 +69,56 @@ std::vector<worker::RowsValues> CheckedRows(PyClient& self,
   return out;
 }
 
+// For each tensor, its chunk ids in offset order (ids are tensor-major).
+std::vector<std::vector<uint32_t>> TensorChunks(const Layout& l) {
+  std::vector<std::vector<uint32_t>> out(l.tensors().size());
+  for (const ChunkSpec& c : l.chunks()) out[c.tensor].push_back(c.id);
+  return out;
+}
+
+// (optimizer name, k lists of one float32 array per tensor, one uint64 array
+// per tensor of its chunks' steps in offset order, or of one step for all of
+// them) -> StateValues pointing into the arrays (kept alive by `state`).
+worker::StateValues CheckedState(PyClient& self, const py::object& state) {
+  py::tuple t = state.cast<py::tuple>();
+  if (t.size() != 3) {
+    Raise(Status::InvalidArgument(
+        "state: (optimizer name, slots, steps per tensor)"));
+  }
+  worker::StateValues out;
+  out.optimizer = t[0].cast<std::string>();
+  for (py::handle slot : t[1].cast<py::sequence>()) {
+    std::vector<float*> ptrs =
+        CheckedBuffers(py::reinterpret_borrow<py::sequence>(slot), self.specs(),
+                       false, "upload of optimizer state");
+    out.slots.emplace_back(ptrs.begin(), ptrs.end());
+  }
+  const Layout& l = self.get()->layout();
+  const auto chunks = TensorChunks(l);
+  py::sequence steps = t[2].cast<py::sequence>();
+  if (steps.size() != chunks.size()) {
+    Raise(Status::InvalidArgument(
+        "state: steps of " + std::to_string(steps.size()) + " tensors, " +
+        std::to_string(chunks.size()) + " registered"));
+  }
+  out.chunk_steps.assign(l.chunks().size(), 0);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    using Steps =
+        py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
+    Steps a = Steps::ensure(steps[i]);
+    const size_t n = a ? static_cast<size_t>(a.size()) : 0;
+    if (!a || a.ndim() > 1 || (n != chunks[i].size() && n != 1)) {
+      Raise(Status::InvalidArgument(
+          "optimizer state of '" + self.specs()[i].name +
+          "': give one step count or one per chunk (" +
+          std::to_string(chunks[i].size()) + "), got " + std::to_string(n)));
+    }
+    for (size_t j = 0; j < chunks[i].size(); ++j)
+      out.chunk_steps[chunks[i][j]] = a.data()[n == 1 ? 0 : j];
+  }
+  return out;
+}
+
 }  // namespace
 
 void AddAssignMethods(py::class_<PyClient, std::shared_ptr<PyClient>>& c) {
@@ -75,7 +126,7 @@ void AddAssignMethods(py::class_<PyClient, std::shared_ptr<PyClient>>& c) {
        "upload",
        [](PyClient& self, const py::sequence& arrays, bool overwrite,
           uint64_t max_request_bytes, double timeout_s,
-          const py::sequence& rows) {
+          const py::sequence& rows, const py::object& state) {
          if (!self.registered()) {
            Raise(Status::FailedPrecondition(
                "upload before register(): register the model first"));
@@ -91,24 +142,32 @@ void AddAssignMethods(py::class_<PyClient, std::shared_ptr<PyClient>>& c) {
          o.max_request_bytes = max_request_bytes;
          o.timeout = std::chrono::milliseconds(
              static_cast<int64_t>(timeout_s * 1000.0));
+         worker::StateValues st;
+         if (!state.is_none()) st = CheckedState(self, state);
          bool uploaded = false;
          ThrowIfError(self.Run([&] {
            return worker::UploadValues(self.get(), values, o, &uploaded,
-                                       row_values);
+                                       row_values,
+                                       state.is_none() ? nullptr : &st);
          }));
          return uploaded;
        },
        py::arg("values"), py::arg("overwrite") = false,
        py::arg("max_request_bytes") = uint64_t{16} << 20,
        py::arg("timeout_s") = 600.0, py::arg("rows") = py::list(),
+       py::arg("state") = py::none(),
        "Makes `values` (float32 arrays, one per registered tensor) the "
        "shards' weights, unless another worker's upload wins the race or "
        "the shards' values are final (trained or uploaded) and not "
        "`overwrite`: then waits until that upload is complete. Returns True "
        "when these values were written (worker/upload.h). `rows`: "
        "(table index or name, uint64 keys, float32 (n, dim) values) per "
-       "sparse table, set in the same upload. Resets the shards' optimizer "
-       "state.")
+       "sparse table, set in the same upload. `state`: (optimizer name, k "
+       "lists of one float32 array per tensor, one uint64 array per tensor "
+       "of its chunks' optimizer steps or of one for all) becomes the "
+       "shards' optimizer state (kAssign phase 4; a shard running another "
+       "optimizer refuses it before any value is written); without it the "
+       "shards' optimizer state restarts from zero.")
       .def(
           "optimizer_state",
           [](PyClient& self, double timeout_s) {
@@ -135,13 +194,22 @@ void AddAssignMethods(py::class_<PyClient, std::shared_ptr<PyClient>>& c) {
               }
               slots.append(tensors);
             }
-            return py::make_tuple(st.per_weight, slots, st.steps);
+            py::list steps;
+            for (const auto& ids : TensorChunks(self.get()->layout())) {
+              py::array_t<uint64_t> a(static_cast<py::ssize_t>(ids.size()));
+              for (size_t j = 0; j < ids.size(); ++j)
+                a.mutable_data()[j] =
+                    ids[j] < st.chunk_steps.size() ? st.chunk_steps[ids[j]] : 0;
+              steps.append(a);
+            }
+            return py::make_tuple(st.per_weight, slots, st.steps, steps);
           },
           py::arg("timeout_s") = 120.0,
           "The shards' optimizer state: (floats per weight k, k lists of "
           "one float32 array per registered tensor -- Adam: m then v; "
           "momentum and AdaGrad: one --, the most optimizer steps of any "
-          "chunk).")
+          "chunk, one uint64 array per tensor of its chunks' steps in "
+          "offset order).")
       .def_property(
           "lr", [](PyClient& self) { return self.get()->lr(); },
           [](PyClient& self, float lr) {
