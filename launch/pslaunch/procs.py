@@ -131,6 +131,7 @@ class SshProc(LocalProc):
         self.ssh_cmd = list(ssh_cmd)
         self.remote_dir = remote_dir
         self._remote_pid = None
+        self._log_offset = 0  # where this incarnation's output starts in the log
 
     def _ssh(self, remote_command):
         return self.ssh_cmd + [self.host, remote_command]
@@ -138,6 +139,7 @@ class SshProc(LocalProc):
     def start(self, header_lines=()):
         write_header(self.log_path, self.name, self.argv,
                      ["host: %s" % self.host] + list(header_lines))
+        self._log_offset = os.path.getsize(self.log_path)
         remote = "mkdir -p %s && cd %s && echo \"# psrun: remote pid $$\" && exec %s" % (
             shlex.quote(self.remote_dir), shlex.quote(self.remote_dir),
             " ".join(shlex.quote(a) for a in self.argv))
@@ -150,10 +152,17 @@ class SshProc(LocalProc):
 
     @property
     def remote_pid(self):
+        # The remote shell's first line of output, read from where this
+        # incarnation's output starts: a tail of the log would lose it once
+        # the process has written more than the tail holds.
         if self._remote_pid is None:
-            m = None
-            for m in self._PID_RE.finditer(tail(self.log_path, lines=400, max_bytes=1 << 20)):
-                pass
+            try:
+                with open(self.log_path, "rb") as f:
+                    f.seek(self._log_offset)
+                    head = f.read(1 << 16).decode("utf-8", "replace")
+            except OSError:
+                head = ""
+            m = self._PID_RE.search(head)
             if m:
                 self._remote_pid = int(m.group(1))
         return self._remote_pid
