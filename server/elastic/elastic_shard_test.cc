@@ -278,6 +278,57 @@ TEST_F(MigrateTest, BspCountsThePiecesOfOneSplitPush) {
   EXPECT_EQ(*a.shard->weights(2), *ref0.shard->weights(2));
 }
 
+// A freeze held rank 0's push for round 2 and was aborted (another shard
+// refused it); rank 0's clock 3, sent right behind the push, must not reach
+// the shard before the push is sent again: it would close round 2 without
+// it, and the resend would be acknowledged but not counted.
+TEST_F(MigrateTest, ClockThatOvertakesAHeldPushWaitsForIt) {
+  for (int64_t clock = 0; clock < 2; ++clock) {
+    Step(a, clock);
+    Step(ref0, clock);
+  }
+  RequestHeader f = Migrate(MigrateOp::kFreeze, 1);
+  f.migrate_at_clock = 2;
+  ASSERT_TRUE(a.Call(f).status.ok());
+  const auto& ids = a.shard->layout()->shard_chunks(0);
+  auto push = [&](int rank) {
+    std::vector<ByteView> frames;
+    for (uint32_t id : ids) frames.push_back(Grad(rank, 2, id, a.ChunkElems(id)));
+    return a.Call(ShardHarness::Push(rank, 2, ids, frames), frames);
+  };
+  EXPECT_EQ(push(0).status.code(), StatusCode::kUnavailable);
+  ASSERT_TRUE(a.Call(Migrate(MigrateOp::kAbort, 1)).status.ok());
+  ReplyHeader early = a.Call(ShardHarness::Clock(0, 3));
+  EXPECT_EQ(early.status.code(), StatusCode::kUnavailable) << early.status.ToString();
+  EXPECT_GT(early.retry_ms, 0u);
+  // A clock that does not pass the held push still goes in.
+  EXPECT_TRUE(a.Call(ShardHarness::Clock(0, 2)).status.ok());
+  ASSERT_TRUE(push(1).status.ok());
+  ASSERT_TRUE(a.Call(ShardHarness::Clock(1, 3)).status.ok());
+  EXPECT_EQ(a.shard->bsp_round(), 2);  // round 2 waits for rank 0's push
+  const uint64_t skipped = a.shard->counters().skipped_pushes;
+  ASSERT_TRUE(push(0).status.ok());
+  ASSERT_TRUE(a.Call(ShardHarness::Clock(0, 3)).status.ok());
+  EXPECT_EQ(a.shard->counters().skipped_pushes, skipped);
+  EXPECT_EQ(a.shard->bsp_round(), 3);
+  Step(ref0, 2);
+  for (uint32_t id : ids) EXPECT_EQ(*a.shard->weights(id), *ref0.shard->weights(id)) << id;
+
+  // A new process of rank 0 (another incarnation) is not held by the push
+  // its predecessor left behind.
+  RequestHeader f2 = Migrate(MigrateOp::kFreeze, 2);
+  f2.migrate_at_clock = 3;
+  ASSERT_TRUE(a.Call(f2).status.ok());
+  std::vector<ByteView> frames;
+  for (uint32_t id : ids) frames.push_back(Grad(0, 3, id, a.ChunkElems(id)));
+  EXPECT_EQ(a.Call(ShardHarness::Push(0, 3, ids, frames), frames).status.code(),
+            StatusCode::kUnavailable);
+  ASSERT_TRUE(a.Call(Migrate(MigrateOp::kAbort, 2)).status.ok());
+  RequestHeader other = ShardHarness::Clock(0, 4);
+  other.incarnation = 43;
+  EXPECT_TRUE(a.Call(other).status.ok());
+}
+
 TEST_F(MigrateTest, FreezeTooLateAndAbortKeepTheOldLayout) {
   Step(a, 0);
   Step(a, 1);

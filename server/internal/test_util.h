@@ -104,6 +104,7 @@ class ShardHarness {
     r.kind = RequestKind::kClock;
     r.rank = rank;
     r.clock = clock;
+    r.incarnation = 42;  // the process that Push() sends for
     return r;
   }
   // A raw fp32 push of `grads[i]` to chunk `chunks[i]`, frame i+1.

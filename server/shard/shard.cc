@@ -105,6 +105,7 @@ Shard::Shard(const ShardOptions& options, Store* store,
                       options.delay_compensation.state_per_elem()),
       budget_(MemoryBudget::Create(options.memory_budget_bytes)),
       bsp_pushed_round_(options.num_workers, -1),
+      held_push_(options.num_workers),
       clocks_(options.num_workers, options.worker_timeout, now),
       last_read_(options.num_workers, 0),
       dedup_(std::make_unique<internal::PushDedup>(
@@ -200,9 +201,11 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
     switch (req.kind) {
       case RequestKind::kRegister:
         st = HandleRegister(req, &r.header);
+        if (st.ok()) held_push_[rank] = HeldPush{};  // a new process
         break;
       case RequestKind::kPush:
         st = HandlePush(req, data, &r.header);
+        NoteHeldPush(req, st);
         break;
       case RequestKind::kPull:
         st = HandlePull(peer, req, data, now, &r, &parked);
@@ -211,6 +214,7 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
         // Routed by this layout (a clock must follow the pushes it counts:
         // the client sends a stale one again after re-routing them).
         st = CheckRoute(req, &r.header);
+        if (st.ok()) st = CheckHeldPush(req, &r.header);
         if (st.ok()) st = CheckFrozen(req, &r.header);
         if (st.ok()) st = HandleClock(req);
         break;
@@ -338,6 +342,38 @@ Status Shard::CheckClock(int rank, int64_t clock) {
                       std::to_string(options_.max_clock_jump) + ") at once"));
   }
   return Status::OK();
+}
+
+void Shard::NoteHeldPush(const RequestHeader& req, const Status& st) {
+  HeldPush& h = held_push_[req.rank];
+  if (st.code() == StatusCode::kUnavailable ||
+      st.code() == StatusCode::kResourceExhausted) {
+    // Nothing of it applied; the client sends it again after retry_ms.
+    if (h.clock < 0 || h.incarnation != req.incarnation ||
+        req.clock < h.clock) {
+      h = HeldPush{req.clock, req.incarnation};
+    }
+  } else if (st.ok() && h.clock >= 0 &&
+             (h.incarnation != req.incarnation || req.clock >= h.clock)) {
+    h = HeldPush{};  // it came back (or the rank went on past it)
+  }
+}
+
+Status Shard::CheckHeldPush(const RequestHeader& req, ReplyHeader* reply) {
+  HeldPush& h = held_push_[req.rank];
+  if (h.clock < 0) return Status::OK();
+  if (h.incarnation != req.incarnation) {
+    h = HeldPush{};  // another process of the rank: its held push is gone
+    return Status::OK();
+  }
+  if (req.clock <= h.clock) return Status::OK();
+  reply->retry_ms = 20;
+  return Reject(RejectReason::kWrongClock,
+                Status::Unavailable(
+                    "clock " + std::to_string(req.clock) + " of rank " +
+                    std::to_string(req.rank) + " overtook its push for clock " +
+                    std::to_string(h.clock) +
+                    ", which this shard asked to be sent again: retry after it"));
 }
 
 Status Shard::HandleClock(const RequestHeader& req) {

@@ -347,6 +347,9 @@ class Shard {
   void OnClocksChanged(std::vector<OutgoingReply>* out);
   void FillCommon(const RequestHeader& req, ReplyHeader* reply) const;
   Status HandleClock(const RequestHeader& req);
+  // Keeps held_push_ after a push of `req.rank` was answered `st`.
+  void NoteHeldPush(const RequestHeader& req, const Status& st);
+  Status CheckHeldPush(const RequestHeader& req, ReplyHeader* reply);
   // Records why the request being handled fails; returns `s`.
   Status Reject(RejectReason reason, Status s);
   // A durable write failed: refuse pushes until a checkpoint succeeds.
@@ -560,6 +563,17 @@ class Shard {
   int64_t bsp_round_ = 0;
   // BSP, per rank: the round its last counted push was for (-1: none).
   std::vector<int64_t> bsp_pushed_round_;
+  // Per rank: the lowest clock of a push this shard answered "retry"
+  // (Unavailable: held by a freeze, a failing store) that has not come back
+  // since, and the incarnation that sent it. A clock of that rank past it
+  // is answered "retry" too: a clock of c says every push of the rank's
+  // steps < c is here, and one that overtook a held push would close a BSP
+  // round (or free an SSP read) without it.
+  struct HeldPush {
+    int64_t clock = -1;  // -1: none
+    uint64_t incarnation = 0;
+  };
+  std::vector<HeldPush> held_push_;
   WorkerClocks clocks_;
   std::vector<uint64_t>
       last_read_;  // per rank: shard version of its last pull reply

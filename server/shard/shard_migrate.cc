@@ -524,6 +524,10 @@ Status Shard::Adopt(const RequestHeader& req, std::vector<OutgoingReply>* out) {
   e.owners = doc.owners;
   e.num_servers = doc.servers.size();
   e.staged.clear();
+  // A push held under the old layout now goes by the new one (perhaps to
+  // another shard); the client holds the clocks behind it until it is
+  // acknowledged (Reroute).
+  std::fill(held_push_.begin(), held_push_.end(), HeldPush{});
   EndFreeze("ended: adopted");
   // Pulls parked under the old layout go back to their clients with the new.
   for (auto it = parked_.begin(); it != parked_.end();) {
