@@ -203,6 +203,7 @@ class ShippedGoalsTest(unittest.TestCase):
         "metrics_overhead": {"variant"},
         "pytorch": {"model", "baseline"},
         "overlap": {"setting", "consistency", "batch", "prefetch_ahead", "baseline"},
+        "elastic": {"change"},
     }
 
     def test_goals_file(self):

@@ -34,6 +34,7 @@ struct ShardView {
   bool frozen = false;
   bool drained = false;
   int64_t max_clock = 0;
+  int64_t max_pushed_round = -1;  // BSP: the latest round with a push
   uint32_t num_chunks = 0;
   std::vector<uint64_t> chunk_elems;
   std::vector<int> owners;
@@ -54,6 +55,8 @@ StatusOr<ShardView> ParseDescribe(const std::string& text) {
     v.frozen = j.value("frozen", false);
     v.drained = j.value("drained", false);
     v.max_clock = j.value("max_clock", int64_t{0});
+    // A shard that does not say is taken to have a push in its newest round.
+    v.max_pushed_round = j.value("max_pushed_round", v.max_clock);
     v.num_chunks = j.at("num_chunks").get<uint32_t>();
     v.chunk_elems = j.at("chunk_elems").get<std::vector<uint64_t>>();
     v.owners = j.at("owners").get<std::vector<int>>();
@@ -398,11 +401,16 @@ StatusOr<ChangeReport> Coordinator::Impl::Change(bool add,
     if (attempt > 1) {
       RETURN_IF_ERROR(describe_all());
     }
-    int64_t max_clock = 0;
+    // The first clock no worker has reached or pushed for: an idle fleet
+    // (every worker at clock c, round c not started) freezes at c and is
+    // drained at once; one with pushes for round c under way freezes at
+    // c + 1, after that round. Each retry goes one further.
+    int64_t first_free = 0;
     for (int i : part)
       if (views[i].registered)
-        max_clock = std::max(max_clock, views[i].max_clock);
-    rep.freeze_clock = bsp ? max_clock + attempt : -1;
+        first_free = std::max({first_free, views[i].max_clock,
+                               views[i].max_pushed_round + 1});
+    rep.freeze_clock = bsp ? first_free + attempt - 1 : -1;
     rep.freeze_tries = attempt;
     frozen_at = SteadyClock::now();
     std::vector<std::string> frozen;

@@ -54,6 +54,10 @@ class FakeShard {
   // Test hooks, called on the shard's thread.
   std::function<Status(const RequestHeader&)> on_request;
   std::atomic<int64_t> max_clock{5};
+  // The latest round pushed for; kUnsaid: not in the description (a shard
+  // that does not say counts as having pushed for round max_clock).
+  static constexpr int64_t kUnsaid = -100;
+  std::atomic<int64_t> max_pushed_round{kUnsaid};
   std::atomic<int> undrained_describes{0};  // describes answering drained=false
 
   std::map<uint32_t, std::string> values() {
@@ -129,13 +133,17 @@ class FakeShard {
                     {"owners", owners_},
                     {"owned", owned},
                     {"num_shards", 2}});
+          if (max_pushed_round != kUnsaid)
+            j["max_pushed_round"] = max_pushed_round.load();
         }
         rep->text = j.dump();
         return Status::OK();
       }
       case MigrateOp::kFreeze:
         if (frozen_) return Status::FailedPrecondition("already frozen");
-        if (req.migrate_at_clock >= 0 && max_clock > req.migrate_at_clock)
+        if (req.migrate_at_clock >= 0 &&
+            (max_clock > req.migrate_at_clock ||
+             max_pushed_round >= req.migrate_at_clock))
           return Status::FailedPrecondition(
               "a worker is past the freeze clock");
         frozen_ = true;
@@ -430,6 +438,30 @@ TEST_F(CoordinatorTest, FreezeRetriedWhenAWorkerGotPast) {
   EXPECT_EQ(r->freeze_clock, 11);  // 9 + try 2
   // Shard 0 was frozen at 6, aborted, frozen again at 11.
   EXPECT_EQ(shards_[0]->freeze_clocks(), (std::vector<int64_t>{6, 11}));
+  ExpectHeldAsDoc(Doc());
+}
+
+TEST_F(CoordinatorTest, IdleBspFleetFreezesAtItsClock) {
+  // Every worker at clock 5 and nobody pushed for round 5 yet: the freeze
+  // holds round 5 (drained at once) instead of waiting for a round 6 that
+  // an idle fleet never starts.
+  for (auto& s : shards_) s->max_pushed_round = 4;
+  shards_.push_back(std::make_unique<FakeShard>(
+      2, false, std::vector<uint64_t>{}, std::vector<int>{}));
+  auto c = Make(Options());
+  auto r = c->AddShard(shards_[2]->endpoint());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->freeze_clock, 5);
+  EXPECT_EQ(r->freeze_tries, 1);
+  ExpectHeldAsDoc(Doc());
+  ExpectAllUnfrozen();
+
+  // A push for round 5 on one shard: round 5 is under way, freeze at 6.
+  shards_[1]->max_pushed_round = 5;
+  auto r2 = c->RemoveShard(shards_[2]->endpoint());
+  ASSERT_TRUE(r2.ok()) << r2.status().ToString();
+  EXPECT_EQ(r2->freeze_clock, 6);
+  EXPECT_EQ(r2->freeze_tries, 1);
   ExpectHeldAsDoc(Doc());
 }
 

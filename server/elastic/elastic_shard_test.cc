@@ -6,6 +6,8 @@
 
 #include <memory>
 
+#include <nlohmann/json.hpp>
+
 #include "common/elastic_doc.h"
 #include "server/elastic/elastic_doc.h"
 #include "server/internal/test_util.h"
@@ -327,6 +329,42 @@ TEST_F(MigrateTest, ClockThatOvertakesAHeldPushWaitsForIt) {
   RequestHeader other = ShardHarness::Clock(0, 4);
   other.incarnation = 43;
   EXPECT_TRUE(a.Call(other).status.ok());
+}
+
+TEST_F(MigrateTest, IdleFleetFreezesAtItsClockAndIsDrainedAtOnce) {
+  Step(a, 0);
+  Step(a, 1);  // both workers at clock 2, round 2 not started
+  auto describe = [&] {
+    ReplyHeader r = a.Call(Migrate(MigrateOp::kDescribe, 0));
+    EXPECT_TRUE(r.status.ok()) << r.status.ToString();
+    return nlohmann::json::parse(r.text);
+  };
+  nlohmann::json d = describe();
+  EXPECT_EQ(d["max_clock"], 2);
+  EXPECT_EQ(d["max_pushed_round"], 1);
+  RequestHeader f = Migrate(MigrateOp::kFreeze, 1);
+  f.migrate_at_clock = 2;
+  ASSERT_TRUE(a.Call(f).status.ok());
+  d = describe();
+  EXPECT_TRUE(d["frozen"].get<bool>());
+  EXPECT_TRUE(d["drained"].get<bool>());
+  // Round 2's pushes are held until the change ends.
+  const auto& ids = a.shard->layout()->shard_chunks(0);
+  std::vector<ByteView> frames;
+  for (uint32_t id : ids) frames.push_back(Grad(0, 2, id, a.ChunkElems(id)));
+  ReplyHeader held = a.Call(ShardHarness::Push(0, 2, ids, frames), frames);
+  EXPECT_EQ(held.status.code(), StatusCode::kUnavailable);
+  ASSERT_TRUE(a.Call(Migrate(MigrateOp::kAbort, 1)).status.ok());
+  Step(a, 2);
+  d = describe();
+  EXPECT_EQ(d["max_pushed_round"], 2);
+  // Once a worker pushed for round 3, a freeze at 3 comes too late.
+  frames.clear();
+  for (uint32_t id : ids) frames.push_back(Grad(0, 3, id, a.ChunkElems(id)));
+  ASSERT_TRUE(a.Call(ShardHarness::Push(0, 3, ids, frames), frames).status.ok());
+  f.migrate_at_clock = 3;
+  EXPECT_EQ(a.Call(f).status.code(), StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(a.shard->frozen());
 }
 
 TEST_F(MigrateTest, FreezeTooLateAndAbortKeepTheOldLayout) {

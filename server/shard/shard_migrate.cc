@@ -110,6 +110,11 @@ std::string Shard::DescribeJson() const {
     if (clocks_.live(r)) max_clock = std::max(max_clock, clocks_.clock(r));
   }
   j["max_clock"] = max_clock;
+  // The latest BSP round any worker pushed for (-1: none): a freeze clock
+  // must be past it (kFreeze refuses one that is not).
+  int64_t max_pushed = -1;
+  for (int64_t p : bsp_pushed_round_) max_pushed = std::max(max_pushed, p);
+  j["max_pushed_round"] = max_pushed;
   j["min_clock"] = clocks_.MinLiveClock();
   j["bsp_round"] = bsp_round_;
   j["sparse_tables"] = sparse_ != nullptr;
