@@ -143,16 +143,20 @@ class Fleet:
 
     def write_pids(self):
         recs = []
+        pending = False
         for m in self.shards + self.workers:
             if m.proc:
                 r = m.proc.record()
                 r.update({"role": m.role, "rank": m.rank, "restarts": m.restarts,
                           "endpoint": m.endpoint})
                 recs.append(r)
+                # Over SSH the remote PIDs appear in the logs a moment after
+                # the start. Judged by the record written: a PID that showed
+                # up after record() read the log is written the next time.
+                pending = pending or (isinstance(m.proc, procs_mod.SshProc) and
+                                      r["remote_pid"] is None and m.proc.poll() is None)
         summary_mod.write_json(self.path("pids.json"), {"psrun_pid": os.getpid(), "procs": recs})
-        # Over SSH the remote PIDs appear in the logs a moment after the start.
-        self.pids_pending = any(isinstance(m.proc, procs_mod.SshProc) and m.proc.remote_pid is None
-                                and m.proc.poll() is None for m in self.all_members() if m.proc)
+        self.pids_pending = pending
 
     def advertise_host(self, m):
         """Where workers reach shard `m` when it bound a wildcard address."""
