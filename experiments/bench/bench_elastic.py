@@ -28,31 +28,15 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 PSRUN = os.path.join(REPO, "launch", "psrun")
+sys.path.insert(0, os.path.join(REPO, "launch"))
+from pslaunch.elastic import acked_times, longest_gap  # noqa: E402
+
 SERVER = ("--consistency=bsp --optimizer=momentum --lr=0.05 --worker_timeout_s=10 "
           "--checkpoint_every_s=0")
 WORKER = ["--layers=784,64,10", "--batch=32", "--epochs=0", "--log_every=500",
           "--threads=1", "--timeout_s=30", "--seed=11", "--eval=false"]
 PLAN = "+1@3s,-#0@6s"
 GOAL_S = 1.0
-
-
-def acked_times(path):
-    out = []
-    with open(path) as f:
-        for line in f:
-            p = line.split()
-            if len(p) == 4 and p[0] == "acked":
-                out.append(int(p[3]) / 1e6)
-    return sorted(out)
-
-
-def longest_gap(times, lo=None, hi=None):
-    best = 0.0
-    for a, b in zip(times, times[1:]):
-        if lo is not None and (b < lo or a > hi):
-            continue
-        best = max(best, b - a)
-    return best
 
 
 def psrun(bin_dir, run_dir, plan, steps):
@@ -111,12 +95,12 @@ def main():
                 sys.exit("a change failed: %s" % json.dumps(steps))
             acked = [acked_times(os.path.join(el, "push-%d.log" % r)) for r in (0, 1)]
             for name, s in zip(("add", "remove"), steps):
-                per[name]["pause"].append(max(longest_gap(t, s["t0"], s["t1"] + 1.0)
+                per[name]["pause"].append(max(longest_gap(t, s["t0"], s["t1"] + 1.0)[0]
                                               for t in acked))
                 per[name]["frozen"].append(s["report"]["frozen_ms"])
                 per[name]["drain"].append(s["report"].get("drain_ms", 0))
                 per[name]["moved"].append(s["report"]["moved_chunks"])
-            fixed_gaps.append(max(longest_gap(acked_times(os.path.join(fx, "push-%d.log" % r)))
+            fixed_gaps.append(max(longest_gap(acked_times(os.path.join(fx, "push-%d.log" % r)))[0]
                                   for r in (0, 1)))
             equal.append(weights(el) == weights(fx))
     for name, d in per.items():

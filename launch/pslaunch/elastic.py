@@ -260,3 +260,28 @@ class Elastic:
 
     def write(self):
         summary_mod.write_json(self.fleet.path("elastic.json"), {"steps": self.records})
+
+
+# Pauses around a change, from the workers' --push_log files (used by
+# tests/launch/elastic_test.py and experiments/bench/bench_elastic.py).
+def acked_times(path):
+    """Acknowledgement times (s since the epoch) of one --push_log, sorted."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            p = line.split()
+            if len(p) == 4 and p[0] == "acked":
+                out.append(int(p[3]) / 1e6)
+    return sorted(out)
+
+
+def longest_gap(times, lo=None, hi=None):
+    """Longest gap between consecutive times; with [lo, hi], only gaps that
+    overlap that window. (gap, start) or (0, None)."""
+    best = (0.0, None)
+    for a, b in zip(times, times[1:]):
+        if lo is not None and (b < lo or a > hi):
+            continue
+        if b - a > best[0]:
+            best = (b - a, a)
+    return best

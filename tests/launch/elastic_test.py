@@ -20,6 +20,7 @@ import tempfile
 
 import launch_test_util as u
 from pslaunch import elastic as elastic_mod
+from pslaunch.elastic import acked_times, longest_gap
 
 ETCD = "/usr/bin/etcd"
 SERVER = ("--consistency=bsp --optimizer=momentum --lr=0.05 --worker_timeout_s=10 "
@@ -33,29 +34,6 @@ PAUSE_GOAL_S = 1.0  # issue 21: longest pause of any worker per change
 # The goal is a benchmark's (experiments/bench/bench_elastic.py, median and
 # max over repeats); this test only says a change never stalls training.
 STALL_S = 10.0
-
-
-def acked_times(path):
-    """Acknowledgement times (s since the epoch) of one --push_log, sorted."""
-    out = []
-    with open(path) as f:
-        for line in f:
-            p = line.split()
-            if len(p) == 4 and p[0] == "acked":
-                out.append(int(p[3]) / 1e6)
-    return sorted(out)
-
-
-def longest_gap(times, lo=None, hi=None):
-    """Longest gap between consecutive times; with [lo, hi], only gaps that
-    overlap that window. (gap, start) or (0, None)."""
-    best = (0.0, None)
-    for a, b in zip(times, times[1:]):
-        if lo is not None and (b < lo or a > hi):
-            continue
-        if b - a > best[0]:
-            best = (b - a, a)
-    return best
 
 
 class PlanTest(u.LaunchTestCase):
