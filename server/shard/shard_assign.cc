@@ -20,8 +20,10 @@
 // shard's optimizer: its name, k floats per weight, steps <= 2^53, sums of
 // squares >= 0), `commit` keeps the state of the chunks whose state this
 // upload set and resets every other chunk's (refused when the upload set
-// some chunks' state but not all: half a state is never made final), marks
-// the values final and checkpoints them (with a store). Resends are
+// some chunks' state but not all: half a state is never made final), sets
+// the shard's version (the lr schedule's count) to the largest step of its
+// chunks (0 without state), marks the values final and checkpoints them
+// (with a store). Resends are
 // harmless: a begin or commit of an upload already committed answers OK
 // (created = false), values and state are idempotent. Every write happens
 // before a commit, and no rank trains from the shard before its begin
@@ -34,6 +36,7 @@
 // lr and schedule for that update and every later one (ScheduleScale()).
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -404,6 +407,7 @@ Status Shard::CommitUpload(const RequestHeader& req, const std::string& who) {
             " chunks: every chunk's or none; not committed"));
   }
   const size_t k = optimizer_->state_per_elem();
+  uint64_t steps = 0;
   for (auto& chunk : chunks_) {
     if (with_state > 0) {  // the uploaded state kept, the DC state reset
       std::fill(chunk->state.begin() + k * chunk->n, chunk->state.end(), 0.0f);
@@ -411,7 +415,13 @@ Status Shard::CommitUpload(const RequestHeader& req, const std::string& who) {
       std::fill(chunk->state.begin(), chunk->state.end(), 0.0f);
       chunk->step = 0;
     }
+    steps = std::max(steps, chunk->step);
   }
+  // The lr schedule counts updates applied (ScheduleScale()); the restored
+  // model has had `steps` (every dense push and BSP round steps every chunk
+  // of the shard once), so the schedule resumes there, and restarts with
+  // the optimizer state when none was uploaded.
+  shard_version_ = steps;
   if (store_ != nullptr) {
     Status s = Checkpoint();
     if (!s.ok()) {

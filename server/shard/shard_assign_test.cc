@@ -365,6 +365,18 @@ void UploadWithState(ShardHarness& h, uint64_t upload,
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
 }
 
+// Values `value` of every chunk of shard 0, no state, in upload `upload`.
+void UploadValues(ShardHarness& h, uint64_t upload, float value) {
+  const auto& mine = h.shard->layout()->shard_chunks(0);
+  std::vector<ByteView> v;
+  RequestHeader begin = Assign(0, 7, upload, 0);
+  begin.assign_overwrite = true;
+  ASSERT_TRUE(h.Call(begin).created);
+  RequestHeader values = Values(h, 0, 7, upload, mine, value, &v);
+  ASSERT_TRUE(h.Call(values, v).status.ok());
+  ASSERT_TRUE(h.Call(Assign(0, 7, upload, 2)).status.ok());
+}
+
 TEST(ShardAssignTest, StateUploadRoundTripsBitwiseThroughTheRead) {
   // A trained shard: chunks with different optimizer steps (3, 1, 0).
   ShardHarness a(AdamOptions());
@@ -409,17 +421,48 @@ TEST(ShardAssignTest, StateUploadRoundTripsBitwiseThroughTheRead) {
   EXPECT_EQ(a.AllWeights(), b.AllWeights());
   EXPECT_EQ(ReadState(a), ReadState(b));
   // An upload without state resets it (as before phase 4 existed).
-  std::vector<ByteView> v;
-  RequestHeader begin = Assign(0, 7, 300, 0);
-  begin.assign_overwrite = true;
-  ASSERT_TRUE(b.Call(begin).created);
-  RequestHeader values = Values(b, 0, 7, 300, mine, 1.0f, &v);
-  ASSERT_TRUE(b.Call(values, v).status.ok());
-  ASSERT_TRUE(b.Call(Assign(0, 7, 300, 2)).status.ok());
+  UploadValues(b, 300, 1.0f);
   for (const ChunkState& c : ReadState(b)) {
     EXPECT_EQ(c.steps, 0u);
     EXPECT_EQ(c.state, std::vector<float>(c.state.size(), 0.0f));
   }
+}
+
+TEST(ShardAssignTest, StateUploadResumesTheLrScheduleAtItsSteps) {
+  // An lr warm-up over 10 updates: every update has its own rate.
+  ShardOptions o = AdamOptions();
+  o.lr_warmup_updates = 10;
+  o.lr_warmup_start = 0.1f;
+  ShardHarness a(o);
+  Register(a);
+  const auto& mine = a.shard->layout()->shard_chunks(0);
+  auto push_all = [&](ShardHarness& h, int64_t clock, float g) {
+    std::vector<ByteView> frames;
+    for (uint32_t id : mine) frames.push_back(Floats(Fill(h.ChunkElems(id), g)));
+    ReplyHeader r = h.Call(ShardHarness::Push(0, clock, mine, frames), frames);
+    ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  };
+  for (int step = 0; step < 3; ++step) push_all(a, step, 0.1f * (step + 1));
+  ASSERT_EQ(a.shard->shard_version(), 3u);
+  const std::vector<ChunkState> saved = ReadState(a);
+  // A fresh shard given a's values and state continues a's schedule: the
+  // next update of both is the same, bitwise (at version 0 its rate would
+  // be the warm-up's first).
+  ShardHarness b(o);
+  Register(b);
+  UploadWithState(b, 100, saved);
+  EXPECT_EQ(b.shard->shard_version(), 3u);
+  UploadWithState(a, 200, saved);
+  EXPECT_EQ(a.shard->shard_version(), 3u);
+  push_all(a, 3, 0.7f);
+  push_all(b, 0, 0.7f);
+  EXPECT_EQ(a.AllWeights(), b.AllWeights());
+  // Steps that differ by chunk: the largest counts.
+  UploadWithState(b, 300, MadeState(b, mine, 2));
+  EXPECT_EQ(b.shard->shard_version(), 5u + mine.size() - 1);
+  // An upload without state restarts the optimizer and the schedule.
+  UploadValues(b, 400, 1.0f);
+  EXPECT_EQ(b.shard->shard_version(), 0u);
 }
 
 TEST(ShardAssignTest, HostileStateUploadsAreRefusedAndChangeNothing) {

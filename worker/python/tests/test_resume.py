@@ -3,8 +3,9 @@ optimizer state on a fresh fleet of real ps_server processes (127.0.0.1).
 Server-side Adam under BSP, one worker: N steps, torch.save of
 ps.state_dict() and ps.optimizer_state_dict(), a fresh fleet, both loaded,
 M more steps: the final weights are bitwise those of an uninterrupted N+M
-step run with the same seeds and batches; without the optimizer state they
-differ. Also: per-chunk steps round-trip exactly, and state of another
+step run with the same seeds and batches, with a constant lr and with a
+ps_server lr schedule (resumed at the state's steps); without the optimizer
+state they differ. Also: per-chunk steps round-trip exactly, and state of another
 optimizer is refused by the shards, naming the tensor, before any value is
 written."""
 import io
@@ -20,6 +21,9 @@ from conftest import endpoints  # noqa: E402
 from test_finetune import Net, batches  # noqa: E402  (the model and data of test_finetune)
 
 ADAM = ["--consistency=bsp", "--optimizer=adam", "--lr=0.01"]
+# A ps_server lr schedule (a warm-up over 10 rounds: each round its own
+# rate): the shards resume its count at the uploaded state's steps.
+SCHEDULE = ADAM + ["--lr_warmup_updates=10", "--lr_warmup_start=0.1"]
 CHUNK = 256  # the fc weight (1440 floats) spans several chunks
 N, M = 4, 3
 
@@ -50,16 +54,17 @@ def start(eps, init=None, seed=7):
     return m, ps
 
 
-def test_resume_with_the_shards_optimizer_state_is_bitwise_an_uninterrupted_run(shards):
+@pytest.mark.parametrize("flags", [ADAM, SCHEDULE], ids=["constant_lr", "lr_schedule"])
+def test_resume_with_the_shards_optimizer_state_is_bitwise_an_uninterrupted_run(shards, flags):
     torch.manual_seed(0)
     init = Net().state_dict()
     data = batches(N + M)
-    m, ps = start(fleet(shards), init)
+    m, ps = start(fleet(shards, flags), init)
     train(ps, m, data)
     want = weights(m)
     ps.close()
 
-    m, ps = start(fleet(shards), init)
+    m, ps = start(fleet(shards, flags), init)
     train(ps, m, data[:N])
     buf = io.BytesIO()
     torch.save({"model": ps.state_dict(), "opt": ps.optimizer_state_dict()}, buf)
@@ -68,7 +73,7 @@ def test_resume_with_the_shards_optimizer_state_is_bitwise_an_uninterrupted_run(
     def resume(how):
         buf.seek(0)
         ckpt = torch.load(buf)
-        m2, ps2 = start(fleet(shards))  # other initial weights, overwritten
+        m2, ps2 = start(fleet(shards, flags))  # other initial weights, overwritten
         if how == "together":
             ps2.load_state_dict(ckpt["model"], optimizer_state=ckpt["opt"])
         elif how == "separately":
