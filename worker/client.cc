@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "common/elastic_doc.h"
+#include "common/etcd_client.h"
 #include "common/shm_segment.h"
 #include "common/wire.h"
 #include "compression/codec.h"
@@ -135,6 +136,13 @@ class ClientImpl : public Client {
     if (options_.servers.empty())
       return Status::InvalidArgument(
           "client needs at least one server endpoint");
+    if (!options_.etcd_endpoints.empty()) {
+      if (options_.etcd_prefix.empty() || options_.etcd_prefix[0] != '/')
+        return Status::InvalidArgument("etcd_prefix must start with /");
+      EtcdOptions eo;
+      eo.endpoints = options_.etcd_endpoints;
+      RETURN_IF_ERROR(EtcdClient::Create(eo).status());  // checks the URLs
+    }
     if (!options_.transport.context)
       options_.transport.context = Context::Create(1);
     for (const auto& group : options_.servers) {
@@ -172,11 +180,13 @@ class ClientImpl : public Client {
             .IsSparse()) {
       return Status::InvalidArgument("rows_codec must be a dense codec");
     }
+    // The shards that own chunks now (etcd's layout, when there is one).
+    ASSIGN_OR_RETURN(std::vector<int> targets, ShardsFromEtcd());
     RequestHeader h = NewHeader(RequestKind::kRegister);
     h.tensors = tensors;
     h.layout = layout;
     h.tables = tables;
-    ASSIGN_OR_RETURN(Ticket t, StartOnShards(h, AllShards()));
+    ASSIGN_OR_RETURN(Ticket t, StartOnShards(h, targets));
     TicketResult r;
     RETURN_IF_ERROR(Wait(t, options_.deadline, &r));
     SetLayout(std::move(l));
@@ -194,7 +204,9 @@ class ClientImpl : public Client {
                    LayoutOptions layout) override {
     layout.num_shards = num_shards();
     ASSIGN_OR_RETURN(Layout l, Layout::Create(tensors, layout));
+    RETURN_IF_ERROR(ShardsFromEtcd().status());
     SetLayout(std::move(l));
+    if (!register_doc_.empty()) RETURN_IF_ERROR(AdoptLayout(register_doc_));
     AttachShared();
     return Status::OK();
   }
@@ -955,7 +967,7 @@ class ClientImpl : public Client {
     }
     if (p.shm) DisarmShm(p.shm_slot, reply_.id);
     if (s.ok() && p.kind == RequestKind::kRegister && !reply_.layout_doc.empty()) {
-      register_doc_ = reply_.layout_doc;
+      KeepNewestDoc(reply_.layout_doc);
     }
     if (s.ok() && p.kind == RequestKind::kPush && options_.on_push) {
       options_.on_push(shard, reply_.id, true);
@@ -1306,11 +1318,7 @@ class ClientImpl : public Client {
                                 std::to_string(layout_->chunks().size()) + " and " +
                                 std::to_string(options_.servers.size()));
     }
-    for (size_t i = options_.servers.size(); i < doc.servers.size(); ++i) {
-      RETURN_IF_ERROR(AddShardState(doc.servers[i]));
-      options_.servers.push_back(doc.servers[i]);
-      if (heartbeater_) RETURN_IF_ERROR(heartbeater_->Add(doc.servers[i]));
-    }
+    RETURN_IF_ERROR(ConnectJoined(doc));
     ASSIGN_OR_RETURN(Layout l, layout_->WithOwners(doc.owners, num_shards()));
     SetLayout(std::move(l));
     layout_epoch_ = doc.epoch;
@@ -1320,6 +1328,67 @@ class ClientImpl : public Client {
     // A shard that joined took the workers' clocks from the shards it copied
     // from; this worker's later clocks reach it as Reroute() resends them.
     return Status::OK();
+  }
+
+  // Shards that joined (listed after this client's): connected, heartbeaten.
+  Status ConnectJoined(const ElasticDoc& doc) {
+    for (size_t i = options_.servers.size(); i < doc.servers.size(); ++i) {
+      RETURN_IF_ERROR(AddShardState(doc.servers[i]));
+      options_.servers.push_back(doc.servers[i]);
+      if (heartbeater_) RETURN_IF_ERROR(heartbeater_->Add(doc.servers[i]));
+    }
+    return Status::OK();
+  }
+
+  // A registration reply's document, kept if newer than the one held.
+  void KeepNewestDoc(const std::string& text) {
+    StatusOr<ElasticDoc> got = ElasticDoc::FromJson(text);
+    if (!got.ok()) return;  // AdoptLayout() of the held one reports errors
+    if (!register_doc_.empty()) {
+      StatusOr<ElasticDoc> held = ElasticDoc::FromJson(register_doc_);
+      if (held.ok() && held->epoch >= got->epoch) return;
+    }
+    register_doc_ = text;
+  }
+
+  // Before the first registration of an elastic fleet's worker: the layout
+  // document in etcd (ClientOptions::etcd_endpoints), its shards that
+  // joined connected and kept for AdoptLayout(); returns the shards that
+  // own chunks (all of this client's when there is no document or etcd).
+  StatusOr<std::vector<int>> ShardsFromEtcd() {
+    if (options_.etcd_endpoints.empty() || layout_epoch_ > 0) return AllShards();
+    EtcdOptions eo;
+    eo.endpoints = options_.etcd_endpoints;
+    ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> etcd, EtcdClient::Create(eo));
+    const std::string key = options_.etcd_prefix + "/elastic";
+    StatusOr<std::optional<EtcdKeyValue>> kv = etcd->Get(key);
+    if (!kv.ok()) {
+      // The shards in `servers` that are still there hand out the layout.
+      LOG(WARNING) << "elastic layout " << key << " not read from etcd ("
+                   << kv.status().ToString() << "); registering with the "
+                   << "shards given";
+      return AllShards();
+    }
+    if (!kv->has_value()) return AllShards();  // a fleet that never changed
+    StatusOr<ElasticDoc> doc = ElasticDoc::FromJson((*kv)->value);
+    if (!doc.ok()) return doc.status().WithContext("etcd key " + key);
+    for (size_t i = 0; i < options_.servers.size(); ++i) {
+      if (i >= doc->servers.size() || doc->servers[i] != options_.servers[i]) {
+        return Status::InvalidArgument(
+            "etcd's layout " + key + " (epoch " + std::to_string(doc->epoch) +
+            ") lists " +
+            (i < doc->servers.size() ? doc->servers[i] : std::string("nothing")) +
+            " as shard " + std::to_string(i) + ", this client was given " +
+            options_.servers[i] +
+            ": give the fleet's first shards as servers, or its own etcd prefix");
+      }
+    }
+    RETURN_IF_ERROR(ConnectJoined(*doc));
+    KeepNewestDoc((*kv)->value);
+    LOG(INFO) << "elastic layout epoch " << doc->epoch << " from etcd: "
+              << doc->Active().size() << " of " << doc->servers.size()
+              << " shards own chunks";
+    return doc->Active();
   }
 
   // Sends what shard `shard` refused for a stale layout again, split by the
@@ -1417,8 +1486,10 @@ class ClientImpl : public Client {
     layout_ = std::make_unique<Layout>(std::move(l));
     for (int s = 0; s < num_shards(); ++s) {
       uint64_t need = uint64_t{1} << 20;
-      for (uint32_t id : layout_->shard_chunks(s)) {
-        need += 2 * layout_->chunks()[id].num_elems * sizeof(float) + 128;
+      // Shards known from etcd before the document is adopted: none yet.
+      if (s < layout_->num_shards()) {
+        for (uint32_t id : layout_->shard_chunks(s))
+          need += 2 * layout_->chunks()[id].num_elems * sizeof(float) + 128;
       }
       reply_limit_[s] = std::max<int64_t>(
           options_.transport.max_message_bytes,

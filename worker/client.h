@@ -93,6 +93,16 @@ struct ClientOptions {
   // written there by the shard itself: one copy, no socket transfer.
   // Default: 0.
   size_t shared_memory_bytes = 0;
+  // Elastic fleets (ps_ctl add-shard / remove-shard, common/elastic_doc.h):
+  // etcd client URLs ("http://host:port") and the fleet's key prefix. When
+  // set, Register() and UseLayout() first read the layout document
+  // (<etcd_prefix>/elastic) and go to the shards that own chunks now, so a
+  // worker started again after every shard in `servers` left still joins
+  // the fleet. `servers` stays the fleet's first shards (their count cut
+  // the chunks; the document lists them first). Without a document (a
+  // fleet that never changed) nothing differs. Default: none.
+  std::vector<std::string> etcd_endpoints;
+  std::string etcd_prefix;
 };
 
 // Rows of one sparse table in a push: n keys (repeats allowed: their

@@ -32,6 +32,13 @@ DEFINE_string(servers, "",
               "Comma-separated shard endpoints, shard 0 first "
               "(tcp://127.0.0.1:5555,...); a replicated shard is its replica "
               "group, members joined by '|'");
+DEFINE_string(etcd, "",
+              "Elastic fleets: etcd client URLs (http://127.0.0.1:2379,...); "
+              "the worker reads the layout (<--etcd_prefix>/elastic) before "
+              "it registers, so it joins even after every shard in "
+              "--servers left (--servers stays the fleet's first shards)");
+DEFINE_string(etcd_prefix, "/asyncps/default",
+              "Key prefix of the fleet in etcd (with --etcd), as ps_server's");
 DEFINE_int32(attempt_timeout_ms, 2000,
              "A request unanswered this long is resent; to a replicated "
              "shard, it goes to the next member of the group (failover)");
@@ -286,6 +293,12 @@ Status Main() {
   co.servers = servers;
   co.rank = eval_role ? -1 : FLAGS_rank;
   co.deadline = std::chrono::seconds(FLAGS_timeout_s);
+  if (!FLAGS_etcd.empty()) {
+    if (FLAGS_etcd_prefix.empty() || FLAGS_etcd_prefix[0] != '/')
+      return Status::InvalidArgument("--etcd_prefix must start with /");
+    co.etcd_endpoints = ParseEndpoints(FLAGS_etcd);
+    co.etcd_prefix = FLAGS_etcd_prefix;
+  }
   if (FLAGS_attempt_timeout_ms < 10 || FLAGS_attempt_timeout_ms > 600000)
     return Status::InvalidArgument("--attempt_timeout_ms must be in [10, 600000]");
   co.attempt_timeout = std::chrono::milliseconds(FLAGS_attempt_timeout_ms);

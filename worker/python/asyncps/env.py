@@ -14,6 +14,9 @@ MASTER_ADDR/RANK/WORLD_SIZE:
     ASYNCPS_CURVE_SECRET_KEY    this worker's secret key and
     ASYNCPS_CURVE_PUBLIC_KEY    public key, when the fleet is encrypted
     ASYNCPS_BIN_DIR           the asyncps binaries (ps_server, ps_ctl, ...)
+    ASYNCPS_ETCD              elastic fleets (psrun --elastic): etcd's client URLs,
+    ASYNCPS_ETCD_PREFIX         comma-separated, and the fleet's key prefix; the
+                                client reads the current layout there first
     ASYNCPS_METRICS_PORT      psrun --metrics: -1 (any free port) or a port for
     ASYNCPS_METRICS_PORT_FILE   the Prometheus endpoint of asyncps.metrics, the file
     ASYNCPS_METRICS_LINGER_S    its port is written to, and how long it stays up
@@ -25,7 +28,7 @@ JOB_COMPLETION_INDEX (a Kubernetes Indexed Job), then OMPI_COMM_WORLD_RANK;
 the worker count likewise from SLURM_NTASKS / OMPI_COMM_WORLD_SIZE.
 """
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import List, Optional
 
 from .errors import InvalidArgument
@@ -44,6 +47,8 @@ class WorkerEnv:
     curve_server_key: str = ""
     curve_secret_key: str = ""
     curve_public_key: str = ""
+    etcd: List[str] = field(default_factory=list)
+    etcd_prefix: str = "/asyncps/default"
 
     def to_environ(self):
         """The variables a launcher sets for this worker."""
@@ -54,7 +59,9 @@ class WorkerEnv:
                            ("ASYNCPS_METRICS_CSV", self.metrics_csv),
                            ("ASYNCPS_CURVE_SERVER_KEY", self.curve_server_key),
                            ("ASYNCPS_CURVE_SECRET_KEY", self.curve_secret_key),
-                           ("ASYNCPS_CURVE_PUBLIC_KEY", self.curve_public_key)):
+                           ("ASYNCPS_CURVE_PUBLIC_KEY", self.curve_public_key),
+                           ("ASYNCPS_ETCD", ",".join(self.etcd)),
+                           ("ASYNCPS_ETCD_PREFIX", self.etcd_prefix if self.etcd else "")):
             if value:
                 env[key] = value
         return env
@@ -102,4 +109,6 @@ def worker_env(servers=None, rank=None, num_workers=None, environ=None, require_
                      metrics_csv=environ.get("ASYNCPS_METRICS_CSV") or None,
                      curve_server_key=environ.get("ASYNCPS_CURVE_SERVER_KEY", ""),
                      curve_secret_key=environ.get("ASYNCPS_CURVE_SECRET_KEY", ""),
-                     curve_public_key=environ.get("ASYNCPS_CURVE_PUBLIC_KEY", ""))
+                     curve_public_key=environ.get("ASYNCPS_CURVE_PUBLIC_KEY", ""),
+                     etcd=split_servers(environ.get("ASYNCPS_ETCD")),
+                     etcd_prefix=environ.get("ASYNCPS_ETCD_PREFIX") or "/asyncps/default")

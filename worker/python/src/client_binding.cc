@@ -235,8 +235,12 @@ std::shared_ptr<PyClient> MakeClient(std::vector<std::string> servers, int rank,
                                 const std::string& curve_public_key,
                                 size_t max_in_flight,
                                 double interrupt_poll_s,
-                                size_t shared_memory_mb) {
+                                size_t shared_memory_mb,
+                                std::vector<std::string> etcd,
+                                const std::string& etcd_prefix) {
   ClientOptions o;
+  o.etcd_endpoints = std::move(etcd);
+  o.etcd_prefix = etcd_prefix;
   if (shared_memory_mb > (size_t{1} << 20)) {
     Raise(Status::InvalidArgument("shared_memory_mb must be in [0, 2^20]"));
   }
@@ -319,14 +323,19 @@ A worker's connection to every shard (worker/client.h). Thread-safe: calls
 are serialised. Blocking calls release the GIL and raise KeyboardInterrupt
 on Ctrl-C within interrupt_poll_s. shared_memory_mb > 0: shards on this host
 write pulled weights (a ParameterStore's) into shared memory of that many MiB
-(at least the model's fp32 size) instead of sending them over the socket.)doc");
+(at least the model's fp32 size) instead of sending them over the socket.
+etcd (client URLs) and etcd_prefix: an elastic fleet's layout is read from
+etcd before registering, so a worker started after every shard in servers
+left still joins (servers stays the fleet's first shards).)doc");
   client.def(py::init(&MakeClient), py::arg("servers"),
            py::arg("rank") = -1, py::arg("timeout_s") = 120.0,
            py::arg("attempt_timeout_s") = 2.0, py::arg("max_backoff_s") = 4.0,
            py::arg("heartbeat_s") = 0.0, py::arg("curve_server_key") = "",
            py::arg("curve_secret_key") = "", py::arg("curve_public_key") = "",
            py::arg("max_in_flight") = 256, py::arg("interrupt_poll_s") = 0.05,
-           py::arg("shared_memory_mb") = 0)
+           py::arg("shared_memory_mb") = 0,
+           py::arg("etcd") = std::vector<std::string>{},
+           py::arg("etcd_prefix") = "/asyncps/default")
       .def("register", &PyClient::Register, py::arg("tensors"),
            py::arg("chunk_elems") = size_t{1} << 20,
            py::arg("min_chunk_elems") = 4096,
