@@ -74,7 +74,8 @@ def make_parser():
                         "(start N shards and move chunks onto them), '-N@SECONDS' (move every "
                         "chunk off the N newest, then stop them), '-#K@SECONDS' (shard K), "
                         "seconds after the workers started, e.g. '+1@20s,-1@40s'; backends "
-                        "local, ssh, slurm (launch/README.md; uses etcd: --etcd, or psrun's)")
+                        "local (with --emulate_hosts: each new shard on a new emulated host), "
+                        "ssh, slurm (launch/README.md; uses etcd: --etcd, or psrun's)")
     p.add_argument("--lease_ms", type=int,
                    help="shards' etcd lease TTL in ms (etcd rounds up to whole seconds; "
                         "default 1000)")
@@ -296,11 +297,30 @@ def emulated_hosts(opts, log):
         network.hub_address, netns.format_rate(opts.link_bps) if opts.link_bps else "unshaped",
         ", latency %g ms" % opts.latency if opts.latency else ""))
 
+    # psrun --elastic: a shard the plan adds (process index past `where`)
+    # runs on a new emulated host of its own, as a machine joining the
+    # cluster would: h<N>, h<N+1>, ... (network.add_host(): the same bridge,
+    # link rate and latency as the others).
+    added = {}
+
+    def host(index):
+        if index < len(where):
+            return network.hosts[where[index]]
+        if index not in added:
+            try:
+                added[index] = network.add_host()
+            except netns.NetnsError as e:
+                from .fleet import LaunchError
+                raise LaunchError(None, "no emulated host for a shard --elastic adds: %s" % e)
+            log("psrun: emulated host %s (namespace %s, %s) for a shard --elastic adds" % (
+                added[index].name, added[index].netns, added[index].address))
+        return added[index]
+
     def spawn(name, argv_, log_path, index):
-        return netns.NetnsProc(name, argv_, log_path, network.hosts[where[index]])
+        return netns.NetnsProc(name, argv_, log_path, host(index))
 
     def bind_host(m):
-        return network.hosts[where[m.rank]].address
+        return host(m.rank if m.index is None else m.index).address
 
     return network, spawn, bind_host
 

@@ -26,14 +26,18 @@ backend starts shards (Fleet.start_shard):
          ssh at teardown like any shard's;
   slurm  an srun step of one task of its own (slurm.SlurmFleet.start_shard,
          task.sh with PSRUN_SHARD_OFFSET=K); without --etcd, etcd runs as a
-         step too (as for --replicas), so every node reaches it.
+         step too (as for --replicas), so every node reaches it;
+  local with --emulate_hosts N
+         on a new emulated host of its own (h<N>, h<N+1>, ...: a namespace
+         on the same bridge with the same link, cli.emulated_hosts); psrun's
+         etcd and ps_ctl run in the hub namespace, on its address.
 Shards ask etcd only when a change's ps_ctl went away mid-way: on ssh, the
 local etcd (127.0.0.1) suits hosts on this machine; give --etcd ENDPOINTS
 for other hosts.
 
 Not supported yet (refused by psrun, exit 2): --replicas > 1, --backend
-k8s, --emulate_hosts. Sparse tables are refused by the shards (ps_ctl
-reports their error and the run fails).
+k8s. Sparse tables are refused by the shards (ps_ctl reports their error and
+the run fails).
 """
 import json
 import re
@@ -109,8 +113,6 @@ def check_opts(opts):
     if opts.backend not in BACKENDS:
         return ("--elastic runs on --backend %s, not --backend %s yet (the rendered "
                 "StatefulSet has a fixed number of shards)" % (", ".join(BACKENDS), opts.backend))
-    if getattr(opts, "emulate_hosts", None):
-        return "--elastic with --emulate_hosts is not supported yet"
     return None
 
 

@@ -159,7 +159,11 @@ class Network:
         _run(["ip", "-n", name, "link", "set", "lo", "up"])
 
     def add_host(self):
+        """One more host (also while processes run on the others: psrun
+        --elastic adds one per new shard)."""
         i = len(self.hosts)
+        if i >= HUB_HOST - 1:
+            raise NetnsError("%d hosts already: no address left in %s.0/24" % (i, self.subnet))
         h = Host(i, "h%d" % i, "%s-h%d" % (self.tag, i), "%s.%d" % (self.subnet, i + 1))
         self._add_netns(h.netns)
         # Both ends made inside the namespaces: no interface in the machine's own.

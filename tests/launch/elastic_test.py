@@ -147,13 +147,14 @@ class ElasticRuns:
     equal), on the local backend here and through sshd / Slurm in
     ssh_test.py / slurm_real_test.py (`backend`: their psrun arguments)."""
 
-    def elastic_psrun(self, name, plan, backend=(), env=None, timeout=120):
+    def elastic_psrun(self, name, plan, backend=(), env=None, timeout=120, server=SERVER):
         """Runs psrun (2 shards, 2 workers x STEPS steps) into TMP/name,
-        --elastic `plan` unless None; asserts exit 0; returns the run folder."""
+        --elastic `plan` unless None, `server`: the shards' flags; asserts
+        exit 0; returns the run folder."""
         run_dir = os.path.join(self.tmp.name, name)
         argv = [sys.executable, u.PSRUN, "--servers", "2", "--workers", "2",
                 "--run_dir", run_dir, "--bin_dir", u.bin_dir(), "--grace", "3",
-                "--start_timeout", "20", "--progress", "off", "--server_flags", SERVER]
+                "--start_timeout", "20", "--progress", "off", "--server_flags", server]
         argv += list(backend)
         if plan:
             argv += ["--elastic", plan]

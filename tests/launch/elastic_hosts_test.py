@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""psrun --elastic on emulated hosts (--emulate_hosts 2): 2 -> 3 -> 2 shards
+while 2 ps_workers train the MLP under BSP, as launch.elastic does on the
+local backend. Shards 0 and 1 on hosts h0 and h1 (workers 0 and 1 after
+them), psrun's etcd in the hub namespace on its address (the shards ask it
+through --elastic_etcd), psrun's ps_ctl from the hub. The added shard 2 runs
+on a new emulated host h2 of its own (its namespace on the same bridge, at
+10.213.0.3); then shard 0 is removed (its chunks moved off, `ps_ctl
+shutdown`, SIGTERM by PID if that fails). Checked: both steps' reports
+(elastic_test.ElasticRuns.check_steps), where each process ran (pids.json),
+the final weights bitwise those of a fixed 2-shard run on 2 emulated hosts,
+no process of either run alive and no namespace left after psrun exits.
+Exit 77 without root, ip, tc, etcd or the binaries."""
+import os
+import time
+import unittest
+
+import elastic_test
+import launch_test_util as u
+
+from pslaunch import netns
+
+PLAN = elastic_test.PLAN  # "+1@3s,-#0@6s"
+BACKEND = ["--emulate_hosts", "2"]
+# A worker loads the data set before it registers: on a loaded 2-core machine
+# that took 8 s, and a shard drops a worker silent for --worker_timeout_s from
+# its start (BSP then closes rounds without it: not the fixed run's weights).
+SERVER = elastic_test.SERVER.replace("--worker_timeout_s=10", "--worker_timeout_s=30")
+
+
+class ElasticHostsTest(elastic_test.ElasticRuns, u.LaunchTestCase):
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        if not os.access(elastic_test.ETCD, os.X_OK):
+            raise unittest.SkipTest("etcd not installed (Debian's etcd-server)")
+        why = netns.unavailable("psel%d-probe" % os.getpid())
+        if why:
+            raise unittest.SkipTest(why)
+
+    def assert_gone(self, run_dir, procs):
+        """pids.json lists `procs` processes; none alive, no namespace of that
+        psrun left."""
+        doc = u.read_pids(run_dir)
+        self.assertEqual(len(doc["procs"]), procs, doc)
+        for p in doc["procs"]:
+            self.assertFalse(u.pid_alive(p["pid"]), p)
+        self.assertEqual(netns.list_namespaces("psrun%d-" % doc["psrun_pid"]), [],
+                         "namespaces left after psrun exited")
+        return doc
+
+    def test_two_three_two_on_emulated_hosts(self):
+        t0 = time.monotonic()
+        elastic = self.elastic_psrun("elastic", PLAN, BACKEND, server=SERVER)
+        t1 = time.monotonic()
+        fixed = self.elastic_psrun("fixed", None, BACKEND, server=SERVER)
+        t2 = time.monotonic()
+        add, remove, steps = self.check_steps(elastic, [[0, 1, 2], [1, 2]])
+        self.assertEqual((steps[0]["shard"], steps[1]["shard"]), (2, 0), steps)
+        self.assertTrue(steps[0]["endpoint"].startswith("tcp://10.213.0.3:"), steps[0])
+        doc = self.assert_gone(elastic, 5)
+        where = {p["name"]: p["emulated_host"] for p in doc["procs"]}
+        self.assertEqual(where, {"server-0": "h0", "server-1": "h1", "server-2": "h2",
+                                 "worker-0": "h0", "worker-1": "h1"})
+        tag = "psrun%d" % doc["psrun_pid"]
+        self.assertEqual({p["name"]: p["netns"] for p in doc["procs"]}["server-2"],
+                         tag + "-h2")
+        with open(os.path.join(elastic, "server-2.log")) as f:
+            self.assertIn("emulated host h2 (namespace %s-h2, 10.213.0.3)" % tag, f.read())
+        with open(os.path.join(elastic, "etcd", "etcd.log")) as f:
+            self.assertIn("10.213.0.254", f.read())  # etcd in the hub, not on 127.0.0.1
+        with open(os.path.join(elastic, "flags", "psrun.cmdline")) as f:
+            self.assertIn("--emulate_hosts", f.read())
+        self.assert_gone(fixed, 4)
+        self.assert_same_weights(elastic, fixed, "launch.elastic_hosts")
+        u.note("launch.elastic_hosts: --emulate_hosts 2 --elastic '%s': 2 -> 3 -> 2 shards "
+               "(shard 2 on new host h2, %s; %d chunks / %.2f MiB moved on, %d moved off "
+               "shard 0), 2 ps_workers x %d steps under BSP; final weights bitwise equal to a "
+               "fixed 2-shard run's on 2 emulated hosts; %.1f s elastic run, %.1f s fixed" % (
+                   PLAN, steps[0]["endpoint"], add["moved_chunks"], add["moved_bytes"] / 2**20,
+                   remove["moved_chunks"], elastic_test.STEPS, t1 - t0, t2 - t1))
+
+
+if __name__ == "__main__":
+    u.main()
