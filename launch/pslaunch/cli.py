@@ -75,7 +75,8 @@ def make_parser():
                         "chunk off the N newest, then stop them), '-#K@SECONDS' (shard K), "
                         "seconds after the workers started, e.g. '+1@20s,-1@40s'; backends "
                         "local (with --emulate_hosts: each new shard on a new emulated host), "
-                        "ssh, slurm (launch/README.md; uses etcd: --etcd, or psrun's)")
+                        "ssh, slurm, k8s (a rendered Job scales the StatefulSet) "
+                        "(launch/README.md; uses etcd: --etcd, or psrun's)")
     p.add_argument("--lease_ms", type=int,
                    help="shards' etcd lease TTL in ms (etcd rounds up to whole seconds; "
                         "default 1000)")

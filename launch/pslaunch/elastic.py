@@ -30,13 +30,16 @@ backend starts shards (Fleet.start_shard):
   local with --emulate_hosts N
          on a new emulated host of its own (h<N>, h<N+1>, ...: a namespace
          on the same bridge with the same link, cli.emulated_hosts); psrun's
-         etcd and ps_ctl run in the hub namespace, on its address.
+         etcd and ps_ctl run in the hub namespace, on its address;
+  k8s    psrun only renders: the plan runs inside the cluster, in a Job of
+         its own that scales the shards' StatefulSet and runs ps_ctl there
+         (k8s.render_elastic; a scale-down deletes the highest ordinals, so a
+         plan adding shards after one is refused).
 Shards ask etcd only when a change's ps_ctl went away mid-way: on ssh, the
 local etcd (127.0.0.1) suits hosts on this machine; give --etcd ENDPOINTS
 for other hosts.
 
-Not supported yet (refused by psrun, exit 2): --replicas > 1, --backend
-k8s. Sparse tables are refused by the shards (ps_ctl reports their error and
+Not supported yet (refused by psrun, exit 2): --replicas > 1. Sparse tables are refused by the shards (ps_ctl reports their error and
 the run fails).
 """
 import json
@@ -47,7 +50,7 @@ import time
 from . import summary as summary_mod
 
 LINGER_S = 2.0
-BACKENDS = ("local", "ssh", "slurm")
+BACKENDS = ("local", "ssh", "slurm", "k8s")
 _STEP = re.compile(r"([+-])(#?)(\d+)@(\d+(?:\.\d*)?)s?")
 
 
@@ -111,8 +114,8 @@ def check_opts(opts):
         return ("--elastic with --replicas > 1 is not supported yet (replica groups do "
                 "not move chunks): use one or the other")
     if opts.backend not in BACKENDS:
-        return ("--elastic runs on --backend %s, not --backend %s yet (the rendered "
-                "StatefulSet has a fixed number of shards)" % (", ".join(BACKENDS), opts.backend))
+        return "--elastic runs on --backend %s, not --backend %s" % (", ".join(BACKENDS),
+                                                                     opts.backend)
     return None
 
 

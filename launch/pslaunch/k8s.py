@@ -26,6 +26,18 @@ runs beside them, from the same image (Debian's etcd-server and etcd-client in i
                                  "etcd-data" at /var/lib/etcd, readinessProbe GET /health,
                                  1 s leases (launch/pslaunch/etcd.py's heartbeat/election)
 The layout lives under /asyncps/<--k8s_name>.
+
+With --elastic PLAN (psrun --elastic, elastic.py) the StatefulSet starts with S
+pods; pod shard-<o> is shard o, one past S started as --num_shards=o+1 (as ps_ctl
+add-shard wants it), every shard with --elastic_etcd and --allow_remote_admin
+(the admin requests come from another pod). etcd as above unless --etcd, and:
+  ServiceAccount, Role, RoleBinding  asyncps-elastic: get/patch on the scale
+                                 subresource of the StatefulSet (resourceNames)
+  Job         asyncps-elastic    one pod, after etcd and the S shards answer:
+                                 the plan as a shell script (elastic_script):
+                                 scale up, wait for the new pod, ps_ctl add-shard;
+                                 ps_ctl remove-shard, then scale down to one past
+                                 the highest shard left (elastic_schedule)
 YAML is written by hand (no PyYAML): strings are double-quoted JSON strings,
 which YAML reads verbatim; --format json writes one JSON object per file. Both
 are checked against the Kubernetes API schemas by launch/k8s/schema/validate.mjs.
@@ -53,9 +65,18 @@ def replicas(opts):
     return getattr(opts, "replicas", 1) or 1
 
 
+def elastic(opts):
+    """psrun --elastic: the plan's steps (elastic.parse_plan), or []."""
+    return getattr(opts, "elastic_plan", None) or []
+
+
 def replicated(opts):
-    """Replica groups (etcd): --replicas > 1 or --etcd given."""
-    return replicas(opts) > 1 or bool(getattr(opts, "etcd", None))
+    """Replica groups (etcd): --replicas > 1, or --etcd given without --elastic."""
+    return replicas(opts) > 1 or (bool(getattr(opts, "etcd", None)) and not elastic(opts))
+
+
+def needs_etcd(opts):
+    return replicated(opts) or bool(elastic(opts))
 
 
 def _suffix(opts):
@@ -131,6 +152,13 @@ def render(opts, cfg):
                   "--num_workers=%d" % opts.workers, "--endpoint=tcp://0.0.0.0:%d" % opts.port,
                   "--db_path=/data/rocksdb"] + metrics_flags + shlex.split(opts.server_flags or "")
     shard_init = []
+    if elastic(opts):
+        # Pod shard-<o> is shard o; one the plan adds (o >= S) starts as
+        # --num_shards=o+1, as ps_ctl add-shard wants it.
+        o = "${HOSTNAME##*-}"
+        server_cmd[4:5] = [_Raw('"--num_shards=$((%s < %d ? %d : %s + 1))"' % (
+            o, opts.servers, opts.servers, o)),
+            "--elastic_etcd=" + etcd_endpoints(opts), "--etcd_prefix=/asyncps/" + opts.k8s_name]
     if replicated(opts):
         if any("--curve_secret_key" in f for f in [opts.server_flags or ""] + cfg["server"]):
             raise ValueError("--replicas / --etcd with --curve_secret_key: ps_server's replicas "
@@ -142,6 +170,12 @@ def render(opts, cfg):
         # (mount them from a Secret, pass --server_flags=--curve_secret_key=...)
         # or this explicit opt-out.
         server_cmd.append("--insecure")
+        if elastic(opts):
+            # ps_ctl add-shard/remove-shard come from the elastic Job's pod.
+            server_cmd.append("--allow_remote_admin")
+    elif elastic(opts):
+        raise ValueError("--elastic on --backend k8s with --curve_secret_key: the elastic "
+                         "Job's ps_ctl does not use CurveZMQ admin keys yet")
     probe = {"exec": {"command": [BIN + "/ps_ctl", "--servers=tcp://127.0.0.1:%d" % opts.port,
                                   "--timeout_ms=2000", "stats"]},
              "periodSeconds": 5, "timeoutSeconds": 5}
@@ -192,9 +226,6 @@ def render(opts, cfg):
         worker_cmd = ["export", "ASYNCPS_RANK=$JOB_COMPLETION_INDEX",
                       "ASYNCPS_METRICS_CSV=/tmp/metrics-$JOB_COMPLETION_INDEX.csv;", "exec"] + \
             workercmd.argv(opts.worker_cmd, flags, opts.worker_extra)
-    # Every shard pod (each replica of a group) answers before training starts.
-    wait_cmd = ("until %s/ps_ctl --servers=%s --timeout_ms=2000 stats >/dev/null; do "
-                "echo waiting for shards; sleep 2; done" % (BIN, ",".join(pod_endpoints(opts))))
     job = {
         "apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(opts, "%s-workers" % name, "worker"),
         "spec": {
@@ -206,8 +237,7 @@ def render(opts, cfg):
                 "metadata": {"labels": labels_worker},
                 "spec": {
                     "restartPolicy": "Never",
-                    "initContainers": [{"name": "wait-for-shards", "image": opts.image,
-                                        "command": ["/bin/sh", "-c", wait_cmd]}],
+                    "initContainers": [_wait_for_shards(opts)],
                     "containers": [{
                         "name": "ps-worker", "image": opts.image, "ports": metrics_port,
                         "command": ["/bin/sh", "-c", _sh(worker_cmd).replace(
@@ -224,7 +254,9 @@ def render(opts, cfg):
     if not metrics_port:
         del job["spec"]["template"]["spec"]["containers"][0]["ports"]
     out = [configmap, service, statefulset, job]
-    if replicated(opts) and not getattr(opts, "etcd", None):
+    if elastic(opts):
+        out += render_elastic(opts)
+    if needs_etcd(opts) and not getattr(opts, "etcd", None):
         out[1:1] = render_etcd(opts)
     if metrics:
         service["spec"]["ports"].append({"name": "metrics", "port": mport, "targetPort": mport,
@@ -249,6 +281,166 @@ def render(opts, cfg):
     return out
 
 
+def elastic_schedule(opts):
+    """The plan as StatefulSet actions: a list of (step, "add"|"remove",
+    shard, replicas after it). A new shard K is pod shard-<K>, created by
+    scaling to K+1 replicas; a removed shard's pod goes when the StatefulSet
+    scales down to one past the highest shard left (a StatefulSet deletes its
+    highest ordinals first: a shard below that serves on, owning nothing).
+    ValueError for a plan a StatefulSet cannot follow: an add after a scale-down
+    (scaling up again would bring back the deleted ordinals' pods, while
+    ps_ctl add-shard wants the fleet's next index)."""
+    active, total, count = set(range(opts.servers)), opts.servers, opts.servers
+    out = []
+    for step in elastic(opts):
+        for _ in range(step.count):
+            if step.op == "add":
+                if total != count:
+                    raise ValueError(
+                        "--elastic step %s on --backend k8s: the StatefulSet scaled down "
+                        "to %d pods before, so scaling up would recreate pod %s-%d (a shard "
+                        "that left) while the new shard is %d; add shards before removing "
+                        "the newest" % (step.text, count, opts.statefulset, count, total))
+                active.add(total)
+                total += 1
+                count = total
+                out.append((step, "add", total - 1, count))
+            else:
+                k = step.shard if step.shard is not None else max(active)
+                active.discard(k)
+                count = max(active) + 1
+                out.append((step, "remove", k, count))
+    return out
+
+
+def render_elastic(opts):
+    """psrun --elastic: a Job that runs the plan inside the cluster, and the
+    RBAC its pod needs to scale the shards' StatefulSet."""
+    name = opts.k8s_name + "-elastic"
+    sts = opts.statefulset
+    rules = [{"apiGroups": ["apps"], "resources": ["statefulsets/scale"],
+              "resourceNames": [sts], "verbs": ["get", "patch"]}]
+    account = {"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": _meta(opts, name, "elastic")}
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": _meta(opts, name, "elastic"), "rules": rules}
+    subject = {"kind": "ServiceAccount", "name": name}
+    if opts.namespace:
+        subject["namespace"] = opts.namespace
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+               "metadata": _meta(opts, name, "elastic"),
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+               "subjects": [subject]}
+    job = {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(opts, name, "elastic"),
+        "spec": {
+            "completions": 1, "parallelism": 1,
+            # Not retried: a step half done is for a person to look at (the
+            # shards stay on the layout they had; ps_ctl's report is in the log).
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": {"app.kubernetes.io/name": opts.k8s_name,
+                                        "app.kubernetes.io/component": "elastic"}},
+                "spec": {
+                    "restartPolicy": "Never", "serviceAccountName": name,
+                    "initContainers": [_wait_for_etcd(opts), _wait_for_shards(opts)],
+                    "containers": [{"name": "elastic", "image": opts.image,
+                                    "command": ["/bin/sh", "-c", elastic_script(opts)]}],
+                }}}}
+    return [account, role, binding, job]
+
+
+def _shard_endpoint(opts, k):
+    return "tcp://%s-%d.%s-shards%s:%d" % (opts.statefulset, k, opts.k8s_name, _suffix(opts),
+                                           opts.port)
+
+
+# The elastic Job's shell functions (/bin/sh, coreutils, awk, curl). @STS@,
+# @BIN@, @CTL@ and @TIMEOUT@ are filled in by elastic_script().
+_ELASTIC_SH = r"""set -eu
+SA=/var/run/secrets/kubernetes.io/serviceaccount
+T0=$(date +%s.%N)
+# Seconds from now until T0 + $1 (0.000 once past).
+left() {
+  awk -v t0="$T0" -v at="$1" -v now="$(date +%s.%N)" \
+    'BEGIN { d = t0 + at - now; printf "%.3f\n", (d > 0 ? d : 0) }'
+}
+at() { sleep "$(left "$1")"; }
+past() { [ "$(left "$1")" = 0.000 ]; }
+# $1 seconds from now, as seconds after T0.
+after() { awk -v t0="$T0" -v now="$(date +%s.%N)" -v s="$1" 'BEGIN { print now - t0 + s }'; }
+# The StatefulSet's replicas, through the API server's scale subresource.
+scale() {
+  echo "scaling statefulset/@STS@ to $1 replicas" >&2
+  curl -sS -f --max-time 10 --retry 5 --retry-all-errors --cacert "$SA/ca.crt" \
+    -H "Authorization: Bearer $(cat "$SA/token")" \
+    -H 'Content-Type: application/merge-patch+json' -X PATCH \
+    -d "{\"spec\":{\"replicas\":$1}}" \
+    "https://kubernetes.default.svc/apis/apps/v1/namespaces/$(cat "$SA/namespace")/statefulsets/@STS@/scale" \
+    >/dev/null
+}
+# ps_ctl COMMAND ENDPOINT; retried while the workers have not registered the
+# model yet, for at most @TIMEOUT@ s. Prints ps_ctl's JSON report.
+ctl() {
+  end=$(after @TIMEOUT@)
+  while :; do
+    if out=$(@CTL@ "$1" "$2"); then echo "$out" | tail -n 1; return 0; fi
+    case "$out" in
+      *'no model yet'*) if ! past "$end"; then sleep 0.25; continue; fi ;;
+    esac
+    echo "ps_ctl $1 $2 failed: $out" >&2
+    return 1
+  done
+}
+# A new shard's pod answers ps_ctl stats within @TIMEOUT@ s (scheduling, image pull).
+ready() {
+  end=$(after @TIMEOUT@)
+  until @BIN@/ps_ctl --servers="$1" --timeout_ms=2000 stats >/dev/null 2>&1; do
+    if past "$end"; then echo "$1 not ready within @TIMEOUT@ s" >&2; return 1; fi
+    sleep 0.5
+  done
+}
+report() {
+  printf '{"step": "%s", "op": "%s", "shard": %s, "replicas": %s, "report": %s}\n' \
+    "$1" "$2" "$3" "$4" "$5"
+}
+"""
+
+
+def elastic_script(opts):
+    """The elastic Job's shell script: each step at its time (seconds after
+    the initial shards answered, when the workers start too), the
+    StatefulSet scaled through the API server's scale subresource (curl, the
+    pod's ServiceAccount token) and ps_ctl add-shard / remove-shard run as
+    psrun runs them; one JSON line per step ({"step", "op", "shard",
+    "replicas", "report": ps_ctl's}). Exits non-zero on the first failure."""
+    from . import elastic as elastic_mod
+    q = shlex.quote
+    initial = ",".join(_shard_endpoint(opts, k) for k in range(opts.servers))
+    ctl = "%s/ps_ctl --etcd=%s --etcd_prefix=/asyncps/%s --servers=%s --timeout_ms=5000" % (
+        BIN, q(etcd_endpoints(opts)), q(opts.k8s_name), q(initial))
+    text = _ELASTIC_SH
+    for key, value in (("@STS@", opts.statefulset), ("@BIN@", BIN), ("@CTL@", ctl),
+                       ("@TIMEOUT@", "%g" % opts.start_timeout)):
+        text = text.replace(key, value)
+    lines = []
+    for step, op, k, count in elastic_schedule(opts):
+        ep = q(_shard_endpoint(opts, k))
+        lines += ["# %s: %s shard %d" % (step.text, op, k), "at %g" % step.at_s]
+        if op == "add":
+            lines += ["scale %d" % count, "ready %s" % ep, "r=$(ctl add-shard %s)" % ep]
+        else:
+            lines.append("r=$(ctl remove-shard %s)" % ep)
+        lines.append('report %s %s %d %d "$r"' % (q(step.text), op, k, count))
+        if op == "remove":
+            # Clients still routing by the old layout are told the new one
+            # for a moment; then the StatefulSet drops the pods past the
+            # highest shard left (SIGTERM: ps_server writes its checkpoint).
+            lines += ["sleep %g" % elastic_mod.LINGER_S, "scale %d" % count]
+    lines.append("echo 'elastic plan done' >&2")
+    return text + "\n".join(lines) + "\n"
+
+
 def _replica_flags(opts, svc):
     """ps_server's flags for pod shard-<o>: replica o % R of shard o / R, its
     layout in etcd, reached at its pod DNS name (it binds 0.0.0.0)."""
@@ -259,6 +451,14 @@ def _replica_flags(opts, svc):
             "--etcd=" + etcd_endpoints(opts), "--etcd_prefix=/asyncps/" + opts.k8s_name,
             "--lease_ms=%d" % (getattr(opts, "lease_ms", None) or 1000),
             "--advertise_endpoint=tcp://$HOSTNAME.%s%s:%d" % (svc, _suffix(opts), opts.port)]
+
+
+def _wait_for_shards(opts):
+    """An init container: every shard pod of the initial StatefulSet (each
+    replica of a group) answers `ps_ctl stats` before training starts."""
+    cmd = ("until %s/ps_ctl --servers=%s --timeout_ms=2000 stats >/dev/null; do "
+           "echo waiting for shards; sleep 2; done" % (BIN, ",".join(pod_endpoints(opts))))
+    return {"name": "wait-for-shards", "image": opts.image, "command": ["/bin/sh", "-c", cmd]}
 
 
 def _wait_for_etcd(opts):

@@ -54,8 +54,11 @@ class PlanTest(u.LaunchTestCase):
             self.assertIn(why, str(cm.exception), bad)
 
     def test_refusals(self):
+        render = os.path.join(self.tmp.name, "k8s")
         for extra, why in ((["--replicas", "2"], "--replicas > 1 is not supported"),
-                           (["--backend", "k8s"], "not --backend k8s"),
+                           # A StatefulSet scaled down cannot add the next index.
+                           (["--backend", "k8s", "--render", render, "--elastic",
+                             "+1@1,-1@2,+1@3"], "would recreate pod shard-2"),
                            ([], "leaves no shard")):
             argv = [sys.executable, u.PSRUN, "--servers", "1" if not extra else "2",
                     "--workers", "1", "--run_dir", os.path.join(self.tmp.name, "r"),

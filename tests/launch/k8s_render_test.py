@@ -254,6 +254,102 @@ class K8sRenderTest(u.LaunchTestCase):
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("--curve_secret_key", r.stderr)
 
+    def elastic_render(self, name, plan, extra=()):
+        """render.py --servers 2 --workers 3 --elastic PLAN: (exit status, stderr)."""
+        r = subprocess.run([sys.executable, os.path.join(u.REPO, "launch", "k8s", "render.py"),
+                            "--servers", "2", "--workers", "3", "--elastic=" + plan,
+                            "--render", os.path.join(self.tmp.name, name)] + list(extra),
+                           capture_output=True, text=True, timeout=30)
+        return r.returncode, r.stderr
+
+    def test_elastic(self):
+        """--elastic: etcd beside the shards, shard pods that join as shard
+        <ordinal> past S, and the elastic Job with the RBAC to scale them."""
+        docs = self.render_list("elastic", ["--elastic", "+1@3s,-1@6s", "--namespace", "ml"])
+        self.assertEqual([(d["kind"], d["metadata"]["name"]) for d in docs], [
+            ("ConfigMap", "asyncps-flags"), ("Service", "asyncps-etcd"),
+            ("StatefulSet", "asyncps-etcd"), ("Service", "asyncps-shards"),
+            ("StatefulSet", "shard"), ("Job", "asyncps-workers"),
+            ("ServiceAccount", "asyncps-elastic"), ("Role", "asyncps-elastic"),
+            ("RoleBinding", "asyncps-elastic"), ("Job", "asyncps-elastic")])
+        etcd = "http://asyncps-etcd-0.asyncps-etcd.ml.svc.cluster.local:2379"
+        shard = docs[4]["spec"]["template"]["spec"]
+        self.assertEqual(docs[4]["spec"]["replicas"], 2)
+        cmd = shard["containers"][0]["command"][-1]
+        self.assertIn('"--num_shards=$((${HOSTNAME##*-} < 2 ? 2 : ${HOSTNAME##*-} + 1))"', cmd)
+        for flag in ("--elastic_etcd=" + etcd, "--etcd_prefix=/asyncps/asyncps",
+                     "--insecure", "--allow_remote_admin"):
+            self.assertIn(flag, cmd)
+        self.assertNotIn("--replica=", cmd)
+        self.assertNotIn("initContainers", shard)
+        for o, n in ((0, 2), (1, 2), (2, 3), (5, 6)):  # the shell's arithmetic, as the pod's
+            r = subprocess.run(["/bin/sh", "-c", 'echo $((${HOSTNAME##*-} < 2 ? 2 : '
+                                '${HOSTNAME##*-} + 1))'], env={"HOSTNAME": "shard-%d" % o},
+                               capture_output=True, text=True, timeout=10)
+            self.assertEqual(r.stdout.strip(), str(n))
+        role, binding, job = docs[7], docs[8], docs[9]
+        self.assertEqual(role["rules"], [{"apiGroups": ["apps"],
+                                          "resources": ["statefulsets/scale"],
+                                          "resourceNames": ["shard"],
+                                          "verbs": ["get", "patch"]}])
+        self.assertEqual(binding["subjects"], [{"kind": "ServiceAccount",
+                                                "name": "asyncps-elastic", "namespace": "ml"}])
+        self.assertEqual(binding["roleRef"]["name"], "asyncps-elastic")
+        spec = job["spec"]["template"]["spec"]
+        self.assertEqual(spec["serviceAccountName"], "asyncps-elastic")
+        self.assertEqual([c["name"] for c in spec["initContainers"]],
+                         ["wait-for-etcd", "wait-for-shards"])
+        script = spec["containers"][0]["command"][-1]
+        r = subprocess.run(["/bin/sh", "-n", "-c", script], capture_output=True, text=True,
+                           timeout=10)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("statefulsets/shard/scale", script)
+        self.assertIn("scale 3\nready tcp://shard-2.asyncps-shards.ml.svc.cluster.local:5555\n"
+                      "r=$(ctl add-shard tcp://shard-2.asyncps-shards.ml.svc.cluster.local:5555)",
+                      script)
+        self.assertIn("--etcd=%s --etcd_prefix=/asyncps/asyncps" % etcd, script)
+        self.assertTrue(script.rstrip().endswith("sleep 2\nscale 2\necho 'elastic plan done' >&2"),
+                        script[-300:])
+        # The workers' Job is as without --elastic.
+        self.assertEqual(docs[5]["spec"]["completions"], 3)
+
+    def test_elastic_schedules(self):
+        from pslaunch import cli
+
+        def schedule(plan, servers=2):
+            opts, _ = cli.parse_args(["--backend", "k8s", "--servers", str(servers),
+                                      "--elastic=" + plan])
+            opts.statefulset = "shard"
+            return [(op, k, n) for _, op, k, n in k8s.elastic_schedule(opts)]
+
+        self.assertEqual(schedule("+1@3s,-1@6s"), [("add", 2, 3), ("remove", 2, 2)])
+        # Shard 0 leaves: its pod serves on (owning nothing) until the shards
+        # above it leave too; a later add is the next ordinal.
+        self.assertEqual(schedule("-#0@5s,+1@8s,-#3@9s,-#2@10s", 3), [
+            ("remove", 0, 3), ("add", 3, 4), ("remove", 3, 3), ("remove", 2, 2)])
+        self.assertEqual(schedule("+2@1,-1@2,-1@3"), [("add", 2, 3), ("add", 3, 4),
+                                                      ("remove", 3, 3), ("remove", 2, 2)])
+        # An add after a scale-down would bring the deleted ordinal back.
+        code, err = self.elastic_render("again", "+1@3s,-1@6s,+1@9s")
+        self.assertEqual(code, 2, err)
+        self.assertIn("would recreate pod shard-2", err)
+        code, err = self.elastic_render("curve", "+1@3s", ["--server_flags=--curve_secret_key=/k"])
+        self.assertEqual(code, 2, err)
+        self.assertIn("CurveZMQ admin keys", err)
+        code, err = self.elastic_render("replicas", "+1@3s", ["--replicas", "2"])
+        self.assertEqual(code, 2, err)
+        self.assertIn("--replicas > 1 is not supported", err)
+        # A given etcd: none rendered, the shards and the Job use it.
+        docs = self.render_list("elastic-etcd", ["--elastic", "+1@3s", "--etcd",
+                                                 "http://etcd.infra:2379"])
+        self.assertEqual([d["kind"] for d in docs], ["ConfigMap", "Service", "StatefulSet", "Job",
+                                                     "ServiceAccount", "Role", "RoleBinding",
+                                                     "Job"])
+        self.assertIn("--elastic_etcd=http://etcd.infra:2379",
+                      docs[2]["spec"]["template"]["spec"]["containers"][0]["command"][-1])
+        self.assertNotIn("--etcd=", docs[2]["spec"]["template"]["spec"]["containers"][0][
+            "command"][-1])
+
 
 if __name__ == "__main__":
     u.main()

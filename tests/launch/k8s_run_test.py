@@ -26,6 +26,11 @@ cluster DNS for them, with no cluster:
     when the Job has completed the StatefulSets are deleted in reverse apply
     order: SIGTERM to each pod's main process, SIGKILL after
     terminationGracePeriodSeconds.
+With a Job whose pods use a ServiceAccount (psrun --elastic) it also plays
+the API server: the StatefulSets' scale subresource over HTTPS at
+kubernetes.default.svc (ApiServer: the token and CA mounted into the pod,
+each request authorised by the RoleBinding's Role), and the StatefulSet
+controller following it (_follow_scale; k8s_elastic_test.py uses it).
 It checks that the workers trained (SUMMARY lines, accuracy, metrics CSVs in
 the pods' /tmp), that the shards' RocksDB stores landed on their volumes and
 that the shards exited 0 on SIGTERM; with --replicas 2, that `ps_ctl stats`
@@ -35,13 +40,19 @@ without them (the replicated case also needs /usr/bin/etcd and etcdctl).
 Every process it started is killed by PID, every namespace it made deleted,
 whatever happens.
 """
+import http.server
 import json
 import os
+import re
+import secrets
 import shlex
 import shutil
 import signal
+import socket
+import ssl
 import subprocess
 import sys
+import threading
 import time
 import unittest
 
@@ -89,6 +100,7 @@ class Cluster:
         self.procs = []     # every Popen started, killed by close()
         self.pods = {}      # name -> dict(ip, netns, hostname, dir, ...)
         self.dns = {}       # name -> ip: what the cluster DNS would answer
+        self.api = None     # an ApiServer, when a Job's pods use a ServiceAccount
         # Every namespace made (a hub with a bridge, a veth per pod), deleted by close().
         self.network = netns.Network.create(0, tag=self.tag, subnet=SUBNET)
 
@@ -212,7 +224,26 @@ class Cluster:
         self.procs.append(p)
         return p
 
+    def update_dns(self, pods):
+        """A name was added to the cluster DNS: every pod's hosts file again,
+        for its containers still to start and in its running one (replaced
+        whole by a rename: a lookup never sees half a file)."""
+        for pod in pods:
+            text = self.hosts_file(pod)
+            for ctr in pod.get("names", []):
+                path = os.path.join(pod["dir"], ctr, "hosts")
+                if os.path.exists(path):
+                    with open(path, "w") as f:
+                        f.write(text)
+            p = pod.get("proc")
+            if p is not None and p.poll() is None:
+                subprocess.run(["nsenter", "-t", str(p.pid), "-m", "-r", "--", "/bin/sh", "-c",
+                                "cat > /etc/hosts.new && mv /etc/hosts.new /etc/hosts"],
+                               input=text, text=True, capture_output=True, timeout=10)
+
     def close(self):
+        if self.api is not None:
+            self.api.close()
         for p in self.procs:
             if p.poll() is None:
                 try:
@@ -226,7 +257,136 @@ class Cluster:
         self.network.delete()
 
 
-class K8sRunTest(u.LaunchTestCase):
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+API_HOST = "kubernetes.default.svc"
+_SCALE_PATH = re.compile(r"^/apis/apps/v1/namespaces/([^/]+)/statefulsets/([^/]+)/scale$")
+
+
+class ApiServer:
+    """The API server's scale subresource of the StatefulSets (GET, PATCH with
+    a JSON merge patch), over HTTPS at https://kubernetes.default.svc (the
+    hub's address, port 443, a certificate of its own made with openssl),
+    authorised as RBAC would: the bearer token of the ServiceAccount mounted
+    into a Job's pods, the verbs its RoleBinding's Role grants on
+    statefulsets/scale (resourceNames). replicas[name] is what the
+    StatefulSet should have; the test's kubelet loop follows it."""
+
+    def __init__(self, cluster, docs):
+        self.namespace = cluster.namespace
+        d = os.path.join(cluster.root, "apiserver")
+        os.makedirs(d)
+        key, crt = os.path.join(d, "key.pem"), os.path.join(d, "ca.crt")
+        hub = cluster.network.hub_address
+        _run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
+              "-out", crt, "-days", "1", "-subj", "/CN=kubernetes", "-addext",
+              "subjectAltName=DNS:%s,IP:%s" % (API_HOST, hub)])
+        self.replicas = {x["metadata"]["name"]: x["spec"]["replicas"] for x in docs
+                         if x["kind"] == "StatefulSet"}
+        self.requests = []  # (method, path, body, status)
+        self.tokens = {}    # token -> ServiceAccount name
+        self.sa_dirs = {}   # ServiceAccount name -> what a pod mounts at SA_DIR
+        roles = {x["metadata"]["name"]: x for x in docs if x["kind"] == "Role"}
+        self.grants = set()  # (account, verb, resource, name)
+        for b in (x for x in docs if x["kind"] == "RoleBinding"):
+            role = roles[b["roleRef"]["name"]]
+            for sub in b["subjects"]:
+                if sub["kind"] != "ServiceAccount" or sub.get(
+                        "namespace", self.namespace) != self.namespace:
+                    continue
+                for rule in role["rules"]:
+                    if "apps" not in rule["apiGroups"]:
+                        continue
+                    for verb in rule["verbs"]:
+                        for res in rule["resources"]:
+                            for name in rule.get("resourceNames", ["*"]):
+                                self.grants.add((sub["name"], verb, res, name))
+        for sa in (x for x in docs if x["kind"] == "ServiceAccount"):
+            name = sa["metadata"]["name"]
+            token = secrets.token_hex(16)
+            self.tokens[token] = name
+            sd = os.path.join(d, "sa-" + name)
+            os.makedirs(sd)
+            for fname, text in (("token", token), ("namespace", self.namespace)):
+                with open(os.path.join(sd, fname), "w") as f:
+                    f.write(text)
+            shutil.copyfile(crt, os.path.join(sd, "ca.crt"))
+            self.sa_dirs[name] = sd
+        api = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                self.answer(None)
+
+            def do_PATCH(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.answer(body)
+
+            def answer(self, body):
+                code, out = api.handle(self.command, self.path, self.headers, body)
+                api.requests.append((self.command, self.path, body, code))
+                data = json.dumps(out).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        listener = netns.call_in(cluster.network.hub,
+                                 lambda: socket.create_server((hub, 443)))
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(crt, key)
+        self.server = http.server.ThreadingHTTPServer((hub, 443), Handler,
+                                                      bind_and_activate=False)
+        self.server.socket.close()
+        self.server.socket = ctx.wrap_socket(listener, server_side=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        cluster.dns[API_HOST] = hub
+
+    def handle(self, method, path, headers, body):
+        def status(code, reason):
+            return code, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                          "reason": reason, "code": code}
+        auth = headers.get("Authorization", "")
+        account = self.tokens.get(auth[len("Bearer "):]) if auth.startswith("Bearer ") else None
+        if account is None:
+            return status(401, "Unauthorized")
+        m = _SCALE_PATH.match(path)
+        if not m or m.group(2) not in self.replicas:
+            return status(404, "NotFound")
+        ns, name = m.groups()
+        verb = {"GET": "get", "PATCH": "patch"}[method]
+        if ns != self.namespace or not ({(account, verb, "statefulsets/scale", name),
+                                         (account, verb, "statefulsets/scale", "*")}
+                                        & self.grants):
+            return status(403, "Forbidden")
+        if method == "PATCH":
+            if headers.get("Content-Type") != "application/merge-patch+json":
+                return status(415, "UnsupportedMediaType")
+            try:
+                n = json.loads(body)["spec"]["replicas"]
+            except (ValueError, KeyError, TypeError):
+                return status(400, "BadRequest")
+            if not isinstance(n, int) or n < 0:
+                return status(422, "Invalid")
+            self.replicas[name] = n
+        return 200, {"kind": "Scale", "apiVersion": "autoscaling/v1",
+                     "metadata": {"name": name, "namespace": ns},
+                     "spec": {"replicas": self.replicas[name]}}
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class PodsTestCase(u.LaunchTestCase):
+    """Renders manifests and runs them as pods (Cluster, and ApiServer when a
+    Job's pods use a ServiceAccount); used by K8sRunTest here and by
+    k8s_elastic_test.py."""
+
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
@@ -234,16 +394,16 @@ class K8sRunTest(u.LaunchTestCase):
         if why:
             raise unittest.SkipTest(why)
 
-    def render(self, servers, workers, extra=()):
-        cfg = os.path.join(self.tmp.name, "exp.flags")
+    def render(self, servers, workers, extra=(), server=u.TINY_SERVER.split(),
+               worker=u.TINY_WORKER, after=("--max_steps=40", "--seed=3"), out="manifests"):
+        cfg = os.path.join(self.tmp.name, out + ".flags")
         with open(cfg, "w") as f:
-            f.write("[server]\n%s\n[worker]\n%s\n" % ("\n".join(u.TINY_SERVER.split()),
-                                                     "\n".join(u.TINY_WORKER)))
-        out = os.path.join(self.tmp.name, "manifests")
+            f.write("[server]\n%s\n[worker]\n%s\n" % ("\n".join(server), "\n".join(worker)))
+        out = os.path.join(self.tmp.name, out)
         r = subprocess.run([sys.executable, os.path.join(u.REPO, "launch", "k8s", "render.py"),
                             "--servers", str(servers), "--workers", str(workers), "--config", cfg,
                             "--render", out, "--format", "json", "--image", IMAGE]
-                           + list(extra) + ["--", "--max_steps=40", "--seed=3"],
+                           + list(extra) + ["--"] + list(after),
                            capture_output=True, text=True, timeout=30)
         self.assertEqual(r.returncode, 0, r.stderr)
         docs = []
@@ -252,16 +412,20 @@ class K8sRunTest(u.LaunchTestCase):
                 docs.append(json.load(f))
         return docs
 
-    def run_manifests(self, docs, deadline_s=120, before_delete=None):
+    def run_manifests(self, docs, deadline_s=120, before_delete=None, root="cluster"):
         """Runs the pods until the Job completed, then before_delete(cluster,
         shard pods) (its result in the returned dict), then deletes them."""
         by_kind = {}
         for d in docs:
             by_kind.setdefault(d["kind"], []).append(d)
-        self.assertEqual(sorted(by_kind), ["ConfigMap", "Job", "Service", "StatefulSet"])
+        # RBAC objects (psrun --elastic) are what the ApiServer authorises by.
+        self.assertEqual(sorted(set(by_kind) - {"ServiceAccount", "Role", "RoleBinding"}),
+                         ["ConfigMap", "Job", "Service", "StatefulSet"])
         namespace = docs[0]["metadata"].get("namespace")
-        cluster = Cluster(os.path.join(self.tmp.name, "cluster"), namespace)
+        cluster = Cluster(os.path.join(self.tmp.name, root), namespace)
         try:
+            if "ServiceAccount" in by_kind:
+                cluster.api = ApiServer(cluster, docs)
             return self._run(cluster, by_kind, deadline_s, before_delete)
         finally:
             cluster.close()
@@ -287,10 +451,10 @@ class K8sRunTest(u.LaunchTestCase):
             vols[c["metadata"]["name"]] = d
         return vols
 
-    def _container(self, cluster, pod, vols, c, extra_env):
+    def _container(self, cluster, pod, vols, c, extra_env, extra_mounts=()):
         self.assertEqual(c["image"], IMAGE)
         mounts = [(vols[m["name"]], m["mountPath"], bool(m.get("readOnly")))
-                  for m in c.get("volumeMounts", [])]
+                  for m in c.get("volumeMounts", [])] + list(extra_mounts)
         env = [("PATH", POD_PATH), ("HOME", "/root"), ("HOSTNAME", pod["hostname"])]
         env += extra_env + [(e["name"], e["value"]) for e in c.get("env", [])]
         argv = c["command"] + c.get("args", [])
@@ -300,7 +464,10 @@ class K8sRunTest(u.LaunchTestCase):
     def _run(self, cluster, by_kind, deadline_s, before_delete):
         self.configmaps = {d["metadata"]["name"]: d for d in by_kind["ConfigMap"]}
         services = {d["metadata"]["name"]: d for d in by_kind["Service"]}
-        (job,) = by_kind["Job"]
+        # The Indexed Job's pods are the workers; another Job (psrun
+        # --elastic's plan) runs one pod, with its ServiceAccount's token.
+        (job,) = [j for j in by_kind["Job"] if j["spec"].get("completionMode") == "Indexed"]
+        others = [j for j in by_kind["Job"] if j is not job]
         # Every StatefulSet's pods, under the headless Service that selects them
         # (apply order: etcd's before the shards').
         sets = []
@@ -330,6 +497,12 @@ class K8sRunTest(u.LaunchTestCase):
                    for i in range(js["completions"])]
         wpod = js["template"]
         self.assertEqual(wpod["spec"]["restartPolicy"], "Never")
+        singles = []
+        for j in others:
+            self.assertEqual((j["spec"]["completions"], j["spec"]["parallelism"]), (1, 1))
+            self.assertEqual(j["spec"]["template"]["spec"]["restartPolicy"], "Never")
+            singles.append(cluster.add_pod(j["metadata"]["name"] + "-p0",
+                                           j["metadata"]["name"] + "-p0"))
         # Each pod's containers in order (init containers, then its one
         # container); every name is in the DNS by now, so the hosts files are whole.
         for sts, pods in sets:
@@ -340,9 +513,17 @@ class K8sRunTest(u.LaunchTestCase):
         for i, pod in enumerate(workers):
             vols = self._volumes(cluster, wpod["spec"], [], pod)
             self._steps(cluster, pod, wpod, vols, [("JOB_COMPLETION_INDEX", str(i))])
+        for j, pod in zip(others, singles):
+            spec = j["spec"]["template"]["spec"]
+            sa = spec.get("serviceAccountName")
+            mounts = [(cluster.api.sa_dirs[sa], SA_DIR, True)] if sa else []
+            self._steps(cluster, pod, j["spec"]["template"], self._volumes(
+                cluster, spec, [], pod), [], mounts)
         # Start everything at once, as the API server would.
         stateful = [pod for _, pods in sets for pod in pods]
-        for pod in stateful + workers:
+        deleted = []  # pods a scale-down deleted
+        jobpods = workers + singles
+        for pod in stateful + jobpods:
             pod["proc"], pod["log"] = cluster.start(pod, pod["names"][0], pod["steps"][0][0])
         # kubelet: init containers then the container, readiness probes (each
         # every periodSeconds, in the background), until the Job completes
@@ -350,8 +531,10 @@ class K8sRunTest(u.LaunchTestCase):
         t0 = time.time()
         ready = {}
         done = set()
-        while len(done) < len(workers):
+        while len(done) < len(jobpods):
             self.assertLess(time.time() - t0, deadline_s, "the Job did not complete in time")
+            if cluster.api is not None:
+                self._follow_scale(cluster, sets, stateful, jobpods, deleted)
             for pod in stateful:
                 rc = pod["proc"].poll()
                 main = pod["step"] == len(pod["steps"]) - 1
@@ -362,7 +545,7 @@ class K8sRunTest(u.LaunchTestCase):
                     self._next_step(cluster, pod)
                 elif main and pod["name"] not in ready and self._probe(cluster, pod):
                     ready[pod["name"]] = time.time() - t0
-            for pod in workers:
+            for pod in jobpods:
                 if pod["name"] in done:
                     continue
                 rc = pod["proc"].poll()
@@ -376,7 +559,7 @@ class K8sRunTest(u.LaunchTestCase):
                     self._next_step(cluster, pod)
             time.sleep(0.2)
         job_s = time.time() - t0
-        self.assertEqual(sorted(ready), sorted(p["name"] for p in stateful),
+        self.assertEqual(sorted(ready), sorted(p["name"] for p in stateful + deleted),
                          "readiness probe never passed")
         seen = before_delete(cluster, shards) if before_delete else None
         # kubectl delete, in reverse apply order (the shards before etcd):
@@ -396,12 +579,51 @@ class K8sRunTest(u.LaunchTestCase):
                 self.assertIn(rc, ok, "pod %s exited %d on SIGTERM:\n%s" % (
                     pod["name"], rc, self.tail(pod["log"])))
         return dict(shards=shards, workers=workers, ready=ready, job_s=job_s,
-                    total_s=time.time() - t0, pods=stateful, before_delete=seen)
+                    total_s=time.time() - t0, pods=stateful, before_delete=seen,
+                    singles=singles, deleted=deleted,
+                    api=cluster.api.requests if cluster.api else [])
 
-    def _steps(self, cluster, pod, template, vols, extra_env):
+    def _follow_scale(self, cluster, sets, stateful, jobpods, deleted):
+        """The StatefulSet controller: pods created up to the replicas the
+        ApiServer holds (the next ordinal, its names in the DNS, its volume
+        claim), or deleted from the highest ordinal down (SIGTERM; the
+        container must exit 0 within terminationGracePeriodSeconds)."""
+        for sts, pods in sets:
+            want = cluster.api.replicas[sts["metadata"]["name"]]
+            svc = sts["spec"]["serviceName"]
+            while len(pods) < want:
+                name = "%s-%d" % (sts["metadata"]["name"], len(pods))
+                pod = cluster.add_pod(name, name, subdomain=svc)
+                cluster.register_dns(pod, svc)
+                pod["set"] = sts
+                vols = self._volumes(cluster, sts["spec"]["template"]["spec"],
+                                     sts["spec"].get("volumeClaimTemplates", []), pod)
+                self._steps(cluster, pod, sts["spec"]["template"], vols, [])
+                cluster.update_dns(stateful + jobpods)
+                pod["proc"], pod["log"] = cluster.start(pod, pod["names"][0], pod["steps"][0][0])
+                pod["created"] = time.time()
+                pods.append(pod)
+                stateful.append(pod)
+            while len(pods) > want:
+                pod = pods.pop()
+                stateful.remove(pod)
+                grace = sts["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+                os.kill(pod["proc"].pid, signal.SIGTERM)
+                try:
+                    rc = pod["proc"].wait(timeout=min(grace, 60))
+                except subprocess.TimeoutExpired:
+                    os.killpg(pod["proc"].pid, signal.SIGKILL)
+                    self.fail("pod %s ignored SIGTERM for %ds" % (pod["name"], grace))
+                self.assertEqual(rc, 0, "pod %s exited %d on SIGTERM (scale-down):\n%s" % (
+                    pod["name"], rc, self.tail(pod["log"])))
+                pod["deleted"] = time.time()
+                deleted.append(pod)
+
+    def _steps(self, cluster, pod, template, vols, extra_env, extra_mounts=()):
         ctrs = template["spec"].get("initContainers", []) + template["spec"]["containers"]
         self.assertEqual(len(template["spec"]["containers"]), 1)
-        pod["steps"] = [self._container(cluster, pod, vols, c, extra_env) for c in ctrs]
+        pod["steps"] = [self._container(cluster, pod, vols, c, extra_env, extra_mounts)
+                        for c in ctrs]
         pod["names"] = [c["name"] for c in ctrs]
         pod["main"] = ctrs[-1]
         pod["step"] = 0
@@ -480,6 +702,8 @@ class K8sRunTest(u.LaunchTestCase):
                    " ".join("%.1f" % res["ready"][p["name"]] for p in res["shards"]),
                    res["job_s"], res["total_s"]))
 
+
+class K8sRunTest(PodsTestCase):
     def test_two_shards_two_workers(self):
         docs = self.render(2, 2)
         self.check_trained(self.run_manifests(docs), 2, 2)
@@ -549,11 +773,15 @@ class K8sRunTest(u.LaunchTestCase):
                 " ".join(str(x["version"]) for x in st)))
 
 
-if __name__ == "__main__":
-    # Exit 77 (ctest: Skipped) before unittest when nothing can run here.
+def main(name):
+    """Exit 77 (ctest: Skipped) before unittest when nothing can run here."""
     why = (None if u.have_binaries() else "ps_server/ps_worker/ps_ctl not built in " + u.bin_dir()) \
         or (None if u.have_data() else "Fashion-MNIST not installed") or missing_test_bed()
     if why:
-        print("SKIP: k8s_run_test: " + why)
+        print("SKIP: %s: %s" % (name, why))
         sys.exit(u.SKIP)
     u.main()
+
+
+if __name__ == "__main__":
+    main("k8s_run_test")

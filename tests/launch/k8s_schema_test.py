@@ -106,6 +106,8 @@ class K8sSchemaTest(u.LaunchTestCase):
             "replicas": ["--replicas", "2", "--namespace", "ml", "--worker_cmd", "python3 t.py"],
             "replicas_etcd": ["--replicas", "3", "--etcd", "http://etcd.infra:2379",
                               "--metrics"],
+            # psrun --elastic: etcd, and the elastic Job with its ServiceAccount and RBAC.
+            "elastic": ["--elastic", "+1@20s,-1@40s", "--namespace", "ml"],
         }
         kinds = set()
         for name, extra in variants.items():
@@ -118,11 +120,14 @@ class K8sSchemaTest(u.LaunchTestCase):
                 self.assertEqual(len(lines), len(os.listdir(d)), text)
                 self.assertTrue(all(line.startswith("ok ") for line in lines), text)
                 kinds.update(line.split()[1] for line in lines)
-                if name == "replicas":
+                if name in ("replicas", "elastic"):
                     self.assertIn("ok StatefulSet asyncps-etcd", lines)
                     self.assertIn("ok Service asyncps-etcd", lines)
+                if name == "elastic":
+                    self.assertIn("ok Job asyncps-elastic", lines)
         self.assertEqual(kinds, {"ConfigMap", "Service", "StatefulSet", "Job",
-                                 "ServiceMonitor", "PodMonitor"})
+                                 "ServiceMonitor", "PodMonitor", "ServiceAccount", "Role",
+                                 "RoleBinding"})
 
     def test_broken_manifests_are_rejected(self):
         out = self.render("base", extra=["--metrics", "--service_monitor"])
