@@ -67,6 +67,13 @@ class ElasticHostsTest(elastic_test.ElasticRuns, u.LaunchTestCase):
                          tag + "-h2")
         with open(os.path.join(elastic, "server-2.log")) as f:
             self.assertIn("emulated host h2 (namespace %s-h2, 10.213.0.3)" % tag, f.read())
+        # Shard 0 left while the workers trained: `ps_ctl shutdown` ended it (exit 0,
+        # its last line written before the workers' last).
+        log0 = os.path.join(elastic, "server-0.log")
+        with open(log0) as f:
+            self.assertIn("ps_server shard 0 exited cleanly", f.read())
+        self.assertLess(os.path.getmtime(log0),
+                        os.path.getmtime(os.path.join(elastic, "worker-0.log")))
         with open(os.path.join(elastic, "etcd", "etcd.log")) as f:
             self.assertIn("10.213.0.254", f.read())  # etcd in the hub, not on 127.0.0.1
         with open(os.path.join(elastic, "flags", "psrun.cmdline")) as f:
