@@ -35,8 +35,7 @@ class K8sElasticTest(kr.PodsTestCase):
         for tool in ("etcd", "etcdctl", "openssl", "curl"):
             if not shutil.which(tool, path="/usr/bin"):
                 self.skipTest("/usr/bin/%s not installed" % tool)
-        server = elastic_test.SERVER.replace("--worker_timeout_s=10",
-                                             "--worker_timeout_s=30").split()
+        server = elastic_test.SERVER.split()
         after = ["--max_steps=%d" % elastic_test.STEPS, "--weights_out=/tmp/weights-{rank}.bin"]
         plan = "+1@3s,-1@6s"
         docs = self.render(2, 2, ["--elastic", plan], server, elastic_test.WORKER, after,
