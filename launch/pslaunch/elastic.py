@@ -113,6 +113,10 @@ def check_opts(opts):
     if opts.replicas > 1:
         return ("--elastic with --replicas > 1 is not supported yet (replica groups do "
                 "not move chunks): use one or the other")
+    if getattr(opts, "emulate_hosts", None) and opts.etcd:
+        return ("--elastic with --emulate_hosts and --etcd: the shards and psrun's ps_ctl run "
+                "in the emulated network, which reaches nothing outside it; leave --etcd out "
+                "(psrun starts etcd in the hub, on its address)")
     if opts.backend not in BACKENDS:
         return "--elastic runs on --backend %s, not --backend %s" % (", ".join(BACKENDS),
                                                                      opts.backend)

@@ -63,6 +63,8 @@ class PlanTest(u.LaunchTestCase):
                            # A StatefulSet scaled down cannot add the next index.
                            (["--backend", "k8s", "--render", render, "--elastic",
                              "+1@1,-1@2,+1@3"], "would recreate pod shard-2"),
+                           (["--emulate_hosts", "2", "--etcd", "http://127.0.0.1:2379"],
+                            "reaches nothing outside it"),
                            ([], "leaves no shard")):
             argv = [sys.executable, u.PSRUN, "--servers", "1" if not extra else "2",
                     "--workers", "1", "--run_dir", os.path.join(self.tmp.name, "r"),
