@@ -192,8 +192,10 @@ int Top(const std::shared_ptr<Context>& ctx,
   return 0;
 }
 
-std::vector<std::string> SplitList(std::string list) {
-  std::replace(list.begin(), list.end(), '|', ',');
+// Comma-separated items; with `members`, a replica group "ep1|ep2" counts
+// as its members (stats of every process), else as one shard.
+std::vector<std::string> SplitList(std::string list, bool members = true) {
+  if (members) std::replace(list.begin(), list.end(), '|', ',');
   std::vector<std::string> out;
   std::stringstream ss(list);
   for (std::string item; std::getline(ss, item, ',');) {
@@ -230,7 +232,7 @@ int Elastic(const std::string& cmd, const std::string& endpoint) {
   server::elastic::CoordinatorOptions o;
   o.etcd_endpoints = SplitList(FLAGS_etcd);
   o.etcd_prefix = FLAGS_etcd_prefix;
-  o.servers = SplitList(FLAGS_servers);
+  o.servers = SplitList(FLAGS_servers, /*members=*/false);  // groups whole
   o.request_timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
   o.drain_timeout = std::chrono::milliseconds(FLAGS_drain_timeout_ms);
   o.freeze_deadline_ms = static_cast<uint32_t>(FLAGS_freeze_deadline_ms);

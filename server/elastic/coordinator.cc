@@ -118,45 +118,93 @@ struct Coordinator::Impl {
 
   std::string Key() const { return o.etcd_prefix + "/elastic"; }
 
-  // One request to the shard at `ep` with `data` frames after the header;
-  // the reply's header in `reply`, its frames in `msg`. Transport failures
-  // and the shard's own error both come back as the Status, naming `ep`.
-  Status Call(const std::string& ep, RequestHeader req,
-              const std::vector<ByteView>& data, ReplyHeader* reply,
-              Message* msg) {
+  // The member of a replica group ("ep1|ep2|...") believed its primary.
+  std::map<std::string, size_t> primary_of;
+
+  StatusOr<ClientSocket*> Socket(const std::string& ep) {
     auto it = sockets.find(ep);
     if (it == sockets.end()) {
       ASSIGN_OR_RETURN(std::unique_ptr<ClientSocket> s,
                        ClientSocket::Connect(ep, o.transport));
       it = sockets.emplace(ep, std::move(s)).first;
     }
-    ClientSocket* sock = it->second.get();
-    req.id = next_id++;
+    return it->second.get();
+  }
+
+  // One request to the shard at `ep` with `data` frames after the header;
+  // the reply's header in `reply`, its frames in `msg`. Transport failures
+  // and the shard's own error both come back as the Status, naming `ep`.
+  // A replica group ("ep1|ep2|...", ps_server --replicas) is asked through
+  // its primary: a member that is not (Unavailable from a replica, epoch >
+  // 0) names the primary, or is asked again shortly while its group
+  // changes; a member silent for kMemberSilence is left for the next. Each
+  // step is safe to send again (describe and export read; freeze, import,
+  // adopt and abort of one epoch are idempotent), and a backup promoted
+  // meanwhile holds what its primary applied (every step that changes a
+  // shard is replicated before it is answered).
+  Status Call(const std::string& ep, RequestHeader req,
+              const std::vector<ByteView>& data, ReplyHeader* reply,
+              Message* msg) {
+    constexpr std::chrono::milliseconds kMemberSilence{1000};
+    constexpr std::chrono::milliseconds kReplicaRetry{25};
+    std::vector<std::string> members;
+    for (size_t at = 0; at <= ep.size();) {
+      size_t bar = ep.find('|', at);
+      if (bar == std::string::npos) bar = ep.size();
+      if (bar > at) members.push_back(ep.substr(at, bar - at));
+      at = bar + 1;
+    }
+    if (members.empty()) return Status::InvalidArgument("empty endpoint");
+    size_t& member = primary_of[ep];
     req.rank = -1;
     req.kind = RequestKind::kMigrate;
-    std::vector<Frame> frames;
-    frames.push_back(Frame::Owned(EncodeRequest(req)));
-    for (const ByteView& v : data)
-      frames.push_back(Frame::Ref(v.data, v.size, v.owner));
-    RETURN_IF_ERROR(sock->Send(frames).WithContext(ep));
     const auto deadline = SteadyClock::now() + o.request_timeout;
     for (;;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - SteadyClock::now());
-      if (left.count() <= 0) {
+      const std::string& to = members[member % members.size()];
+      ASSIGN_OR_RETURN(ClientSocket* sock, Socket(to));
+      req.id = next_id++;
+      std::vector<Frame> frames;
+      frames.push_back(Frame::Owned(EncodeRequest(req)));
+      for (const ByteView& v : data)
+        frames.push_back(Frame::Ref(v.data, v.size, v.owner));
+      RETURN_IF_ERROR(sock->Send(frames).WithContext(to));
+      auto until = deadline;
+      if (members.size() > 1)
+        until = std::min(until, SteadyClock::now() + kMemberSilence);
+      bool answered = false;
+      while (!answered) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            until - SteadyClock::now());
+        if (left.count() <= 0) break;
+        msg->Clear();
+        ASSIGN_OR_RETURN(bool got, sock->Receive(msg, left));
+        if (!got) continue;
+        RETURN_IF_ERROR(msg->error.WithContext(to));
+        if (msg->frames.empty()) return Status::Corruption(to + ": empty reply");
+        RETURN_IF_ERROR(DecodeReply(msg->frames[0].data, msg->frames[0].size,
+                                    DecodeLimits(), reply)
+                            .WithContext(to));
+        answered = reply->id == req.id;  // else a late reply to an earlier call
+      }
+      if (SteadyClock::now() >= deadline && !answered) {
         return Status::Unavailable(ep + ": no reply within " +
                                    std::to_string(o.request_timeout.count()) +
                                    " ms (is a ps_server running there?)");
       }
-      msg->Clear();
-      ASSIGN_OR_RETURN(bool got, sock->Receive(msg, left));
-      if (!got) continue;
-      RETURN_IF_ERROR(msg->error.WithContext(ep));
-      if (msg->frames.empty()) return Status::Corruption(ep + ": empty reply");
-      RETURN_IF_ERROR(DecodeReply(msg->frames[0].data, msg->frames[0].size,
-                                  DecodeLimits(), reply)
-                          .WithContext(ep));
-      if (reply->id != req.id) continue;  // a late reply to an earlier call
+      if (!answered) {  // silent: the next member of the group
+        ++member;
+        continue;
+      }
+      if (reply->status.code() == StatusCode::kUnavailable && reply->epoch > 0 &&
+          reply->retry_ms == 0 && SteadyClock::now() < deadline) {
+        auto named = std::find(members.begin(), members.end(), reply->redirect);
+        if (named != members.end() && *named != to) {
+          member = static_cast<size_t>(named - members.begin());
+        } else {
+          std::this_thread::sleep_for(kReplicaRetry);
+        }
+        continue;
+      }
       return reply->status.WithContext(ep);
     }
   }

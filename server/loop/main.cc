@@ -362,9 +362,6 @@ srv::ServerOptions OptionsFromFlags() {
   if (FLAGS_replicas > 1 && FLAGS_etcd.empty())
     BadFlag("--replicas > 1 needs --etcd (the replica layout lives there)");
   if (!FLAGS_elastic_etcd.empty()) {
-    if (!FLAGS_etcd.empty())
-      BadFlag("--elastic_etcd with --etcd: elastic shards with replica groups "
-              "are not supported yet");
     if (FLAGS_etcd_prefix.empty() || FLAGS_etcd_prefix[0] != '/')
       BadFlag("--etcd_prefix must start with /");
     o.elastic_etcd_endpoints = SplitEndpoints(FLAGS_elastic_etcd);

@@ -361,6 +361,14 @@ Status Server::Run(const std::atomic<bool>& stop) {
 
 namespace {
 
+// An elastic step that changes nothing on the shard (describe, export): not
+// handed on to backups.
+bool ReadOnlyMigrate(const RequestHeader& req) {
+  return req.kind == RequestKind::kMigrate &&
+         (req.migrate_op == MigrateOp::kDescribe ||
+          req.migrate_op == MigrateOp::kExport);
+}
+
 // Loopback as ZeroMQ reports it ("127.x.y.z", "::1", "::ffff:127.x.y.z"),
 // or no address at all (inproc, ipc: this machine).
 bool IsLoopback(const std::string& address) {
@@ -466,12 +474,6 @@ void Server::Dispatch(const std::string& peer, Message& msg,
   if (req_.kind == RequestKind::kSnapshot) {
     return HandleSnapshot(peer, msg, now);
   }
-  if (replicator_ && req_.kind == RequestKind::kMigrate) {
-    return Reply(peer,
-                 Status::Unimplemented("elastic shards (add-shard, remove-shard) "
-                                       "with replica groups are not supported yet"),
-                 RejectReason::kOther);
-  }
   if (replicator_) {
     std::string redirect;
     Status admitted = replicator_->Admit(req_.kind, now, &redirect);
@@ -485,7 +487,8 @@ void Server::Dispatch(const std::string& peer, Message& msg,
   data_.assign(msg.frames.begin() + 1, msg.frames.end());
   try {
     shard_->Handle(peer, req_, data_, now, &out_);
-    if (replicator_ && replicator_->Replicates(req_.kind))
+    if (replicator_ && replicator_->Replicates(req_.kind) &&
+        !ReadOnlyMigrate(req_))
       Replicate(peer, msg, first);
     if (replicator_ && req_.kind == RequestKind::kStats)
       AddReplicationStats(peer, first);
@@ -575,7 +578,8 @@ void Server::HandleReplicate(const std::string& peer, Message& msg,
                                  DecodeLimits(), &inner_);
   if (decoded.ok() && inner_.kind != RequestKind::kRegister &&
       inner_.kind != RequestKind::kPush && inner_.kind != RequestKind::kClock &&
-      inner_.kind != RequestKind::kAssign) {
+      inner_.kind != RequestKind::kAssign &&
+      (inner_.kind != RequestKind::kMigrate || ReadOnlyMigrate(inner_))) {
     decoded = Status::InvalidArgument(
         std::string("a ") + RequestKindName(inner_.kind) +
         " request is not replicated");

@@ -153,11 +153,35 @@ Status Membership::Step(SteadyClock::time_point now) {
     if (!kv) return Status::Unavailable("layout key vanished");
   }
   ASSIGN_OR_RETURN(ReplicaLayout layout, ReplicaLayout::FromJson(kv->value));
-  if (layout.groups.size() != static_cast<size_t>(options_.groups)) {
+  const size_t have = layout.groups.size();
+  if (static_cast<size_t>(options_.group) == have &&
+      options_.groups == options_.group + 1) {
+    // The fleet's next group, joining it (ps_ctl add-shard: a shard started
+    // with --shard_id=N --num_shards=N+1): appended to the layout, its
+    // replica 0 the primary, as in a new fleet. Written once (the
+    // compare-and-swap); the others of the group read it next time.
+    const ReplicaLayout one =
+        ReplicaLayout::Initial(options_.groups, options_.replicas);
+    layout.groups.push_back(one.groups[static_cast<size_t>(options_.group)]);
+    layout.groups.back().epoch = ++layout.epoch;
+    ASSIGN_OR_RETURN(bool appended,
+                     etcd_->CompareAndPut(layout_key, layout.ToJson(),
+                                          kv->mod_revision));
+    if (appended) {
+      LOG(INFO) << "member " << name_ << " added group " << options_.group
+                << " to the replica layout (epoch " << layout.epoch << ")";
+    }
+    return Status::OK();  // read again next time
+  }
+  if (static_cast<size_t>(options_.group) >= have ||
+      static_cast<size_t>(options_.groups) > have) {
+    // Groups join one at a time, each started for as many groups as there
+    // are with it (fewer than later); more is a process of another fleet.
     return Status::FailedPrecondition(
-        "layout in etcd has " + std::to_string(layout.groups.size()) +
+        "layout in etcd has " + std::to_string(have) +
         " groups, this process was started for " +
-        std::to_string(options_.groups));
+        std::to_string(options_.groups) + " as group " +
+        std::to_string(options_.group));
   }
   ASSIGN_OR_RETURN(std::vector<EtcdKeyValue> kvs,
                    etcd_->GetPrefix(options_.prefix + "/members/"));

@@ -37,16 +37,23 @@ uint64_t RandomSeqStart() {
   return ((static_cast<uint64_t>(rd()) << 20) ^ rd()) + 1;
 }
 
+// Requests only the primary answers (a backup redirects them): the
+// workers' and the elastic coordinator's (kMigrate).
 bool WorkerDataRequest(RequestKind k) {
   return k == RequestKind::kRegister || k == RequestKind::kPush ||
          k == RequestKind::kPull || k == RequestKind::kClock ||
-         k == RequestKind::kAttachShm || k == RequestKind::kAssign;
+         k == RequestKind::kAttachShm || k == RequestKind::kAssign ||
+         k == RequestKind::kMigrate;
 }
 
 // An upload (kAssign) is handed on like a push: backups hold the values.
+// So is every step of an elastic change (kMigrate; the server hands on only
+// those that change the shard: freeze, import, adopt, abort), so a backup
+// promoted during or after a change holds what its primary held.
 bool Write(RequestKind k) {
   return k == RequestKind::kRegister || k == RequestKind::kPush ||
-         k == RequestKind::kClock || k == RequestKind::kAssign;
+         k == RequestKind::kClock || k == RequestKind::kAssign ||
+         k == RequestKind::kMigrate;
 }
 
 }  // namespace

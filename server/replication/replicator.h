@@ -7,8 +7,10 @@
 // primary only; a backup refuses their data requests with a redirect to the
 // primary it knows.
 //
-// The primary applies each register, push and clock request as a single
-// shard does, then hands the request (its header and data frames, not
+// The primary applies each register, push, clock and upload request, and
+// each step of an elastic change that alters the shard (kMigrate freeze,
+// import, adopt, abort: server/elastic/), as a single shard does, then
+// hands the request (its header and data frames, not
 // copied) to every backup as a kReplicate request stamped with the epoch.
 // The reply to the worker is held until every backup of the current view
 // has answered that kReplicate: an acknowledged update is applied by every

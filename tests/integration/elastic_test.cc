@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <nlohmann/json.hpp>
 
 #include "common/buffer.h"
 #include "tests/util/etcd_fixture.h"
@@ -45,27 +46,45 @@ class ElasticIntegrationTest : public ::testing::Test {
     etcd_ = std::move(e).value();
   }
 
-  // Shard `id` of a fleet of `num_shards` (its count when it joins).
-  void StartShard(int id, int num_shards) {
-    auto h = StartServer(
-        dir_, "shard" + std::to_string(id),
-        {"--num_workers=1", "--consistency=asp", "--optimizer=sgd", "--lr=0.5",
-         "--shard_id=" + std::to_string(id),
-         "--num_shards=" + std::to_string(num_shards),
-         "--elastic_etcd=" + etcd_->endpoint(),
-         std::string("--etcd_prefix=") + kPrefix},
-        "tcp://127.0.0.1:*");
+  // Shard `id` of a fleet of `num_shards` (its count when it joins); with
+  // `replicas` > 1 member `replica` of replica group `id`.
+  void StartShard(int id, int num_shards, int replicas = 1, int replica = 0) {
+    std::vector<std::string> flags = {
+        "--num_workers=1", "--consistency=asp", "--optimizer=sgd", "--lr=0.5",
+        "--shard_id=" + std::to_string(id),
+        "--num_shards=" + std::to_string(num_shards),
+        "--elastic_etcd=" + etcd_->endpoint(),
+        std::string("--etcd_prefix=") + kPrefix};
+    if (replicas > 1) {
+      flags.insert(flags.end(), {"--replicas=" + std::to_string(replicas),
+                                 "--replica=" + std::to_string(replica),
+                                 "--etcd=" + etcd_->endpoint(),
+                                 "--lease_ms=1000"});
+    }
+    auto h = StartServer(dir_,
+                         "shard" + std::to_string(id) + "r" + std::to_string(replica),
+                         flags, "tcp://127.0.0.1:*");
     ASSERT_TRUE(h.ok()) << h.status().ToString();
     shards_.push_back(std::move(h).value());
   }
 
+  // Replica group `id` of two members; returns "ep0|ep1".
+  std::string StartGroup(int id, int num_shards) {
+    StartShard(id, num_shards, 2, 0);
+    StartShard(id, num_shards, 2, 1);
+    if (shards_.size() < 2) return "";
+    return shards_[shards_.size() - 2].endpoint + "|" + shards_.back().endpoint;
+  }
+
   // ps_ctl COMMAND ENDPOINT against the fleet's etcd (the first change also
-  // needs the static fleet's --servers).
+  // needs the static fleet's --servers: first_ when set, else the first two
+  // shards started).
   void Ctl(const std::string& command, const std::string& endpoint) {
+    const std::string first =
+        first_.empty() ? shards_[0].endpoint + "," + shards_[1].endpoint : first_;
     auto p = Process::Start(
         {BinPath("ps_ctl"), "--etcd=" + etcd_->endpoint(),
-         std::string("--etcd_prefix=") + kPrefix,
-         "--servers=" + shards_[0].endpoint + "," + shards_[1].endpoint,
+         std::string("--etcd_prefix=") + kPrefix, "--servers=" + first,
          command, endpoint},
         dir_.Sub("ctl-" + command + "-" + std::to_string(++ctl_runs_)));
     ASSERT_TRUE(p.ok()) << p.status().ToString();
@@ -77,6 +96,7 @@ class ElasticIntegrationTest : public ::testing::Test {
   std::unique_ptr<Client> Connect(bool with_etcd, milliseconds deadline,
                                   std::vector<std::string> servers = {}) {
     ClientOptions o;
+    if (servers.empty() && !first_.empty()) servers = worker::ParseEndpoints(first_);
     o.servers = servers.empty()
                     ? std::vector<std::string>{shards_[0].endpoint,
                                                shards_[1].endpoint}
@@ -123,8 +143,21 @@ class ElasticIntegrationTest : public ::testing::Test {
   TempDir dir_;
   std::unique_ptr<EtcdServer> etcd_;
   std::vector<ServerHandle> shards_;
+  std::string first_;  // the static fleet's servers, when not shards 0 and 1
   int ctl_runs_ = 0;
 };
+
+// "role" of the replica at `endpoint` (ps_ctl stats: primary, backup, spare).
+std::string Role(const TempDir& dir, const std::string& endpoint) {
+  auto p = Process::Start({BinPath("ps_ctl"), "--servers=" + endpoint, "stats"},
+                          dir.Sub("stats-" + std::to_string(std::hash<std::string>()(endpoint))));
+  if (!p.ok()) return "";
+  auto code = (*p)->Wait(seconds(20));
+  if (!code.ok() || *code != 0) return "";
+  auto j = nlohmann::json::parse((*p)->Log(), nullptr, false);
+  if (j.is_discarded() || !j.contains("shards") || j["shards"].empty()) return "";
+  return j["shards"][0]["stats"]["replication"].value("role", "");
+}
 
 TEST_F(ElasticIntegrationTest, WorkerStartedAfterItsShardsLeftRegistersThroughEtcd) {
   ASSERT_NO_FATAL_FAILURE(StartShard(0, 2));
@@ -179,6 +212,61 @@ TEST_F(ElasticIntegrationTest, WorkerStartedAfterItsShardsLeftRegistersThroughEt
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
   EXPECT_NE(s.message().find("the fleet's first shards"), std::string::npos)
       << s.ToString();
+}
+
+}  // namespace
+}  // namespace asyncps::testing
+
+namespace asyncps::testing {
+namespace {
+
+// Elastic shards with replica groups (R = 2): groups join and leave while a
+// worker trains, every step of a change replicated in each group; then the
+// primary of the group that joined is killed (SIGKILL) and its backup,
+// promoted, holds every update: the weights are the sum of every
+// acknowledged push, and a worker started again registers through etcd.
+TEST_F(ElasticIntegrationTest, ReplicaGroupsGrowShrinkAndFailOver) {
+  const std::string g0 = StartGroup(0, 2);
+  const std::string g1 = StartGroup(1, 2);
+  ASSERT_FALSE(g0.empty() || g1.empty());
+  first_ = g0 + "," + g1;
+  float sum = 0.0f;
+  auto a = Connect(/*with_etcd=*/true, seconds(60));
+  ASSERT_TRUE(a);
+  Status s = a->Register(Model(), Cut());
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  int64_t clock = 0;
+  for (; clock < 3; ++clock, sum += 0.25f) Push(*a, clock, 0.25f);
+  const std::string g2 = StartGroup(2, 3);
+  ASSERT_FALSE(g2.empty());
+  ASSERT_NO_FATAL_FAILURE(Ctl("add-shard", g2));
+  for (; clock < 6; ++clock, sum += 0.5f) Push(*a, clock, 0.5f);
+  ASSERT_NO_FATAL_FAILURE(Ctl("remove-shard", g0));
+  for (; clock < 9; ++clock, sum += 0.125f) Push(*a, clock, 0.125f);
+  for (float v : Pull(*a, clock)) ASSERT_EQ(v, -0.5f * sum);
+  // The joined group's primary dies; its backup takes over with every
+  // update (the pushes above were acknowledged only once both applied).
+  const size_t g2_first = shards_.size() - 2;
+  size_t primary = shards_.size();
+  for (size_t i = g2_first; i < shards_.size(); ++i)
+    if (Role(dir_, shards_[i].endpoint) == "primary") primary = i;
+  ASSERT_LT(primary, shards_.size()) << "no primary in the joined group";
+  const size_t backup = primary == g2_first ? g2_first + 1 : g2_first;
+  EXPECT_EQ(Role(dir_, shards_[backup].endpoint), "backup");
+  shards_[primary].process->Kill(9);
+  for (float v : Pull(*a, clock)) ASSERT_EQ(v, -0.5f * sum);
+  for (int i = 0; i < 3; ++i, ++clock, sum += 1.0f) Push(*a, clock, 1.0f);
+  const std::vector<float> trained = Pull(*a, clock);
+  for (float v : trained) ASSERT_EQ(v, -0.5f * sum);
+  EXPECT_EQ(Role(dir_, shards_[backup].endpoint), "primary");
+  EXPECT_GE(a->failovers(), 1u);
+  a.reset();
+  // A worker started again registers with the groups that own chunks now.
+  auto b = Connect(/*with_etcd=*/true, seconds(30));
+  ASSERT_TRUE(b);
+  s = b->Register(Model(), Cut());
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(Pull(*b, clock), trained);
 }
 
 }  // namespace
