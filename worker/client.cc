@@ -53,11 +53,14 @@ class Heartbeater {
     return Status::OK();
   }
 
-  // A shard that joined the fleet (elastic layouts) gets heartbeats too.
-  Status Add(const std::string& endpoint) {
-    ASSIGN_OR_RETURN(auto s, ClientSocket::Connect(endpoint, options_.transport));
-    std::lock_guard<std::mutex> l(mu_);
-    added_.push_back(std::move(s));
+  // A shard that joined the fleet (elastic layouts) gets heartbeats too,
+  // every replica of it when it is a replica group.
+  Status Add(const std::string& group) {
+    for (const auto& e : ParseReplicaGroup(group)) {
+      ASSIGN_OR_RETURN(auto s, ClientSocket::Connect(e, options_.transport));
+      std::lock_guard<std::mutex> l(mu_);
+      added_.push_back(std::move(s));
+    }
     return Status::OK();
   }
 

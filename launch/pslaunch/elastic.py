@@ -110,9 +110,9 @@ def parse_plan(text, servers):
 
 def check_opts(opts):
     """Why psrun cannot run this plan with these options, or None."""
-    if opts.replicas > 1:
-        return ("--elastic with --replicas > 1 is not supported yet (replica groups do "
-                "not move chunks): use one or the other")
+    if opts.replicas > 1 and (opts.backend != "local" or getattr(opts, "emulate_hosts", None)):
+        return ("--elastic with --replicas > 1 runs on --backend local (without "
+                "--emulate_hosts) so far: a group that joins starts its replicas together")
     if getattr(opts, "emulate_hosts", None) and opts.etcd:
         return ("--elastic with --emulate_hosts and --etcd: the shards and psrun's ps_ctl run "
                 "in the emulated network, which reaches nothing outside it; leave --etcd out "
@@ -121,6 +121,15 @@ def check_opts(opts):
         return "--elastic runs on --backend %s, not --backend %s" % (", ".join(BACKENDS),
                                                                      opts.backend)
     return None
+
+
+class Shard:
+    """A shard as a plan step names it: its index and its endpoint (a
+    replica group's members joined by '|')."""
+
+    def __init__(self, rank, endpoint):
+        self.rank = rank
+        self.endpoint = endpoint
 
 
 class Elastic:
@@ -140,7 +149,7 @@ class Elastic:
         """Due steps and stops, now. Raises fleet.LaunchError on a failure."""
         f = self.fleet
         if self.initial is None:
-            self.initial = ",".join(m.endpoint for m in f.shards)
+            self.initial = f.endpoints()  # replica groups as "ep1|ep2"
         now = time.time()
         for due, m in list(self.stops):
             if now >= due:
@@ -189,56 +198,75 @@ class Elastic:
         return rec, None
 
     def run_step(self, step):
+        """One shard (a replica group of --replicas processes) joins or
+        leaves through ps_ctl."""
         from .fleet import LaunchError, Member
         f = self.fleet
         t0 = time.time()
         at = t0 - f.worker_start
         if step.op == "add":
-            m = Member("server", len(f.shards))
-            m.num_shards = m.rank + 1
-            m.index = len(f.shards) + len(f.workers)  # ssh: the next slot after all started
-            f.shards.append(m)
-            f.start_shard(m)
+            group = 1 + max(m.group for m in f.shards)
+            if f.replicated():
+                members = [Member("server", group * f.replicas + r, group, r)
+                           for r in range(f.replicas)]
+            else:
+                members = [Member("server", group)]
+            for m in members:
+                m.num_shards = group + 1
+                m.index = len(f.shards) + len(f.workers)  # ssh: the next slot after all started
+                f.shards.append(m)
+                f.start_shard(m)
             deadline = time.time() + f.o.start_timeout
-            m.endpoint = f.wait_ready_file(m, deadline)
-            f.wait_stats(m, deadline)
+            for m in members:
+                m.endpoint = f.wait_ready_file(m, deadline)
+            for m in members:
+                f.wait_stats(m, deadline)
             f.write_pids()
-            rec, why = self.ctl("add-shard", m.endpoint)
+            shard = Shard(group, "|".join(m.endpoint for m in members))
+            rec, why = self.ctl("add-shard", shard.endpoint)
             while why and "no model yet" in why and time.time() < deadline:
                 f.sleep(0.25)  # the workers have not registered the model yet
-                rec, why = self.ctl("add-shard", m.endpoint)
+                rec, why = self.ctl("add-shard", shard.endpoint)
             if why:
-                m.done = True
-                m.proc.signal(signal.SIGTERM)
-                self.record(step, at, m, rec, why, t0)
-                raise LaunchError(m, "elastic step %s: ps_ctl add-shard %s failed: %s" %
-                                  (step.text, m.endpoint, why))
+                for m in members:
+                    m.done = True
+                    m.proc.signal(signal.SIGTERM)
+                self.record(step, at, shard, rec, why, t0)
+                raise LaunchError(members[0], "elastic step %s: ps_ctl add-shard %s failed: %s" %
+                                  (step.text, shard.endpoint, why))
         else:
-            live = [m for m in f.shards if not m.done and not getattr(m, "removed", False)]
+            live = sorted({m.group for m in f.shards
+                           if not m.done and not getattr(m, "removed", False)})
             if step.shard is not None:
-                live = [m for m in live if m.rank == step.shard]
-                if not live:
+                if step.shard not in live:
                     raise LaunchError(None, "elastic step %s: shard %d is not in the fleet" %
                                       (step.text, step.shard))
-            m = max(live, key=lambda x: x.rank)
-            rec, why = self.ctl("remove-shard", m.endpoint)
+                live = [step.shard]
+            group = max(live)
+            members = sorted((m for m in f.shards if m.group == group),
+                             key=lambda m: m.replica or 0)
+            shard = Shard(group, "|".join(m.endpoint or "" for m in members))
+            rec, why = self.ctl("remove-shard", shard.endpoint)
             deadline = time.time() + f.o.start_timeout
             while why and "no model yet" in why and time.time() < deadline:
                 f.sleep(0.25)
-                rec, why = self.ctl("remove-shard", m.endpoint)
+                rec, why = self.ctl("remove-shard", shard.endpoint)
             if why:
-                self.record(step, at, m, rec, why, t0)
-                raise LaunchError(m, "elastic step %s: ps_ctl remove-shard %s failed: %s" %
-                                  (step.text, m.endpoint, why))
-            m.removed = True
-            self.stops.append((time.time() + LINGER_S, m))
-        self.record(step, at, m, rec, None, t0)
+                self.record(step, at, shard, rec, why, t0)
+                raise LaunchError(members[0], "elastic step %s: ps_ctl remove-shard %s failed: %s"
+                                  % (step.text, shard.endpoint, why))
+            for m in members:
+                if not m.done:
+                    m.removed = True
+                    self.stops.append((time.time() + LINGER_S, m))
+        self.record(step, at, shard, rec, None, t0)
         f.log("psrun: elastic %s %s (shard %d, %s): epoch %s, %s chunk(s) / %.2f MiB moved, "
               "workers frozen %.0f ms, imbalance %.3f -> %.3f, step took %.1f s" % (
-                  step.text, "added" if step.op == "add" else "removed", m.rank, m.endpoint,
-                  rec.get("epoch"), rec.get("moved_chunks"), rec.get("moved_bytes", 0) / 2**20,
-                  rec.get("frozen_ms", 0), rec.get("imbalance_before", 0),
-                  rec.get("imbalance_after", 0), time.time() - t0))
+                  step.text, "added" if step.op == "add" else "removed", shard.rank,
+                  shard.endpoint, rec.get("epoch"), rec.get("moved_chunks"),
+                  rec.get("moved_bytes", 0) / 2**20, rec.get("frozen_ms", 0),
+                  rec.get("imbalance_before", 0), rec.get("imbalance_after", 0),
+                  time.time() - t0))
 
     def stop(self, m):
         """A removed shard: shut down (its final checkpoint), not a failure."""

@@ -91,7 +91,7 @@ class Fleet:
         if getattr(opts, "elastic_plan", None):
             from . import elastic as elastic_mod
             self.elastic = elastic_mod.Elastic(self, opts.elastic_plan)
-        if (self.replicas > 1 or getattr(opts, "etcd", None)) and not self.elastic:
+        if self.replicas > 1 or (getattr(opts, "etcd", None) and not self.elastic):
             self.shards = [Member("server", g * self.replicas + r, g, r)
                            for g in range(opts.servers) for r in range(self.replicas)]
         else:
@@ -369,8 +369,15 @@ class Fleet:
                 "--metrics_csv=" + self.path("metrics-%d.csv" % m.rank)] + (
                     ["--shared_memory_mb=%d" % o.shared_memory_mb]
                     if getattr(o, "transport", "tcp") == "ipc" and o.shared_memory_mb else []) + (
-                    self.monitor.flags(m.name, "worker") if self.monitor else []) + list(
-                        o.worker_extra)
+                    self.monitor.flags(m.name, "worker") if self.monitor else []) + [
+                        "--%s=%s" % (k, v) for k, v in self.worker_etcd()] + list(o.worker_extra)
+
+    def worker_etcd(self):
+        """Elastic runs: where a worker (started again after the shards it
+        was given left) reads the fleet's layout: [(flag, value)]."""
+        if not self.elastic:
+            return []
+        return [("etcd", self.etcd_endpoints), ("etcd_prefix", "/asyncps/" + self.etcd_prefix())]
 
     def worker_cmd_argv(self, m):
         """--worker_cmd: `env <contract> CMD [worker flags] [extra]`."""
@@ -384,6 +391,7 @@ class Fleet:
                                  None if remote else os.environ.get("PYTHONPATH"))
         if self.monitor:
             env.update(self.monitor.env(m.name))
+        env.update(("ASYNCPS_" + k.upper(), v) for k, v in self.worker_etcd())
         return workercmd.env_argv(env, workercmd.argv(o.worker_cmd, flags, o.worker_extra))
 
     def start_workers(self):

@@ -206,11 +206,15 @@ def render(opts, cfg):
                 "spec": {"accessModes": ["ReadWriteOnce"],
                          "resources": {"requests": {"storage": opts.storage}}}}],
         }}
+    # Elastic: a worker pod the Job replaces after shards left reads the
+    # fleet's layout in etcd (ps_worker --etcd, ASYNCPS_ETCD).
+    worker_etcd = [("etcd", etcd_endpoints(opts)),
+                   ("etcd_prefix", "/asyncps/" + opts.k8s_name)] if elastic(opts) else []
     worker_cmd = ["exec", BIN + "/ps_worker", "--flagfile=%s/worker.flags" % FLAGS_DIR,
                   "--servers=" + eps, "--rank=$JOB_COMPLETION_INDEX",
                   "--num_workers=%d" % opts.workers,
-                  "--metrics_csv=/tmp/metrics-$JOB_COMPLETION_INDEX.csv"] + metrics_flags + list(
-                      opts.worker_extra)
+                  "--metrics_csv=/tmp/metrics-$JOB_COMPLETION_INDEX.csv"] + metrics_flags + [
+                      "--%s=%s" % kv for kv in worker_etcd] + list(opts.worker_extra)
     worker_env = []
     if getattr(opts, "worker_cmd", None):
         # Any command as the worker, with the environment contract
@@ -219,6 +223,7 @@ def render(opts, cfg):
         env = workercmd.contract(eps, "$JOB_COMPLETION_INDEX", opts.workers, opts.servers,
                                  "/tmp", BIN, curve)
         env["PYTHONPATH"] = PYTHON_DIR
+        env.update(("ASYNCPS_" + k.upper(), v) for k, v in worker_etcd)
         if metrics:
             env.update({"ASYNCPS_METRICS_PORT": str(mport), "ASYNCPS_METRICS_BIND": "0.0.0.0"})
         static = {k: v for k, v in env.items() if "$" not in v}

@@ -104,6 +104,7 @@ class ElasticIntegrationTest : public ::testing::Test {
     o.rank = 0;
     o.deadline = deadline;
     o.attempt_timeout = milliseconds(500);
+    o.heartbeat_interval = milliseconds(200);  // shards that join get them too
     if (with_etcd) {
       o.etcd_endpoints = {etcd_->endpoint()};
       o.etcd_prefix = kPrefix;

@@ -2,8 +2,9 @@
 """Elastic shards, for real (issue 21 item 4): psrun --elastic trains the MLP
 (ps_worker, Fashion-MNIST, BSP, 2 workers) on 2 shards, adds a third while
 the workers train (ps_server --shard_id=2 --num_shards=3, ps_ctl add-shard),
-then removes shard 0 (ps_ctl remove-shard, then its shutdown): 2 -> 3 -> 2.
-The final weights (ps_worker --weights_out) must be bitwise those of a run
+then removes shard 0 (ps_ctl remove-shard, then its shutdown): 2 -> 3 -> 2,
+and again with replica groups (--replicas 2: a group of two processes joins,
+group 0 leaves). The final weights (ps_worker --weights_out) must be bitwise those of a run
 with fixed membership (2 shards, same seeds), and the longest pause of any
 worker around each change (the gap between consecutive acknowledged pushes
 in its --push_log) is reported against the 1 s goal (checked over repeats by
@@ -59,7 +60,8 @@ class PlanTest(u.LaunchTestCase):
 
     def test_refusals(self):
         render = os.path.join(self.tmp.name, "k8s")
-        for extra, why in ((["--replicas", "2"], "--replicas > 1 is not supported"),
+        for extra, why in ((["--replicas", "2", "--emulate_hosts", "2"],
+                            "--replicas > 1 runs on --backend local"),
                            # A StatefulSet scaled down cannot add the next index.
                            (["--backend", "k8s", "--render", render, "--elastic",
                              "+1@1,-1@2,+1@3"], "would recreate pod shard-2"),
@@ -270,6 +272,18 @@ class ElasticTest(ElasticRuns, EtcdTestCase):
         self.assert_same_weights(elastic, fixed, "launch.elastic")
         for p in pauses:
             self.assertLess(p, STALL_S, "a worker stalled through an elastic change")
+
+        # The same with replica groups (--replicas 2): a group of two joins,
+        # group 0 leaves; every step is replicated in each group.
+        groups = self.elastic_psrun("elastic_replicas", PLAN, backend=["--replicas", "2"])
+        self.check_steps(groups, [[0, 1, 2], [1, 2]])
+        with open(os.path.join(groups, "elastic.json")) as f:
+            endpoints = [s["endpoint"] for s in json.load(f)["steps"]]
+        self.assertTrue(all(e.count("|") == 1 for e in endpoints), endpoints)
+        u.note("launch.elastic: the same plan with --replicas 2 (groups %s): final weights %s" % (
+            ", ".join(endpoints), "bitwise equal to fixed membership's"
+            if self.weights(groups) == self.weights(fixed) else "DIFFER"))
+        self.assert_same_weights(groups, fixed, "launch.elastic-replicas")
 
 
 if __name__ == "__main__":

@@ -282,6 +282,10 @@ class K8sRenderTest(u.LaunchTestCase):
             self.assertIn(flag, cmd)
         self.assertNotIn("--replica=", cmd)
         self.assertNotIn("initContainers", shard)
+        # A worker pod the Job replaces after shards left reads the layout.
+        worker = docs[5]["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+        for flag in ("--etcd=" + etcd, "--etcd_prefix=/asyncps/asyncps"):
+            self.assertIn(flag, worker)
         for o, n in ((0, 2), (1, 2), (2, 3), (5, 6)):  # the shell's arithmetic, as the pod's
             r = subprocess.run(["/bin/sh", "-c", 'echo $((${HOSTNAME##*-} < 2 ? 2 : '
                                 '${HOSTNAME##*-} + 1))'], env={"HOSTNAME": "shard-%d" % o},
