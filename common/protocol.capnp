@@ -208,6 +208,11 @@ struct Migrate {
   deadlineMs @3 :UInt32;     # freeze
   chunks @4 :List(UInt32);   # export, import: chunk ids
   doc @5 :Text;              # adopt: the elastic layout document (JSON)
+  buckets @6 :List(UInt32);  # export, import of sparse rows: the buckets
+                             # (of numBuckets) whose rows move; frames:
+                             # the tables record, a head (expiry clock, table
+                             # count), then one frame of row records per table
+  numBuckets @7 :UInt32;     # export, import: the cut of the key hash space
 }
 
 struct Request {

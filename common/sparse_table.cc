@@ -103,12 +103,23 @@ Status ValidateTables(const std::vector<TableSpec>& tables) {
   return Status::OK();
 }
 
+uint64_t KeyHash(uint64_t name_hash, uint64_t key) {
+  return SplitMix64(SplitMix64(key) ^ name_hash);
+}
+
 int ShardOfKeyHashed(uint64_t name_hash, uint64_t key, int num_shards) {
-  const uint64_t h = SplitMix64(SplitMix64(key) ^ name_hash);
   // Multiply-high maps the hash uniformly onto [0, num_shards).
   return static_cast<int>(
-      (static_cast<unsigned __int128>(h) * static_cast<uint64_t>(num_shards)) >>
-      64);
+      MulHigh(KeyHash(name_hash, key), static_cast<uint32_t>(num_shards)));
+}
+
+KeyRanges KeyRanges::Static(int num_shards) {
+  KeyRanges r;
+  r.num_buckets = static_cast<uint32_t>(num_shards) * kBucketsPerShard;
+  r.owners.resize(r.num_buckets);
+  for (uint32_t b = 0; b < r.num_buckets; ++b)
+    r.owners[b] = static_cast<int>(b / kBucketsPerShard);
+  return r;
 }
 
 int ShardOfKey(const TableSpec& spec, uint64_t key, int num_shards) {

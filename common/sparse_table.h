@@ -102,6 +102,41 @@ Status ValidateTables(const std::vector<TableSpec>& tables);
 int ShardOfKey(const TableSpec& spec, uint64_t key, int num_shards);
 // The same from HashName(spec.name), for loops over many keys.
 int ShardOfKeyHashed(uint64_t name_hash, uint64_t key, int num_shards);
+// The 64-bit hash of (table, key) both of them map onto their range by
+// multiply-high: ShardOfKeyHashed is MulHigh(KeyHash(..), num_shards).
+uint64_t KeyHash(uint64_t name_hash, uint64_t key);
+inline uint32_t MulHigh(uint64_t h, uint32_t n) {
+  return static_cast<uint32_t>((static_cast<unsigned __int128>(h) * n) >> 64);
+}
+
+// Key ranges of an elastic fleet (common/elastic_doc.h): the hash space of
+// every table is cut into num_buckets equal buckets, bucket =
+// MulHigh(KeyHash(..), num_buckets), and each bucket has an owner. One cut
+// serves all tables: each table's keys spread uniformly over it, so
+// balancing the buckets balances every table's rows, and the document stays
+// small. With num_buckets = n * kBucketsPerShard for the n shards of the
+// static fleet, floor(bucket / kBucketsPerShard) == ShardOfKeyHashed(.., n)
+// (floor(floor(h n M / 2^64) / M) == floor(h n / 2^64)), so Static(n) routes
+// exactly as the static fleet did and no row moves until a bucket does.
+inline constexpr uint32_t kBucketsPerShard = 64;
+// Most buckets a document may cut the hash space into.
+inline constexpr uint32_t kMaxBuckets = uint32_t{1} << 20;
+
+struct KeyRanges {
+  uint32_t num_buckets = 0;
+  std::vector<int> owners;  // by bucket; -1: not this fleet's (owns none)
+
+  // The static fleet of n shards (1 <= n, n * kBucketsPerShard <=
+  // kMaxBuckets).
+  static KeyRanges Static(int num_shards);
+  uint32_t BucketOf(uint64_t name_hash, uint64_t key) const {
+    return MulHigh(KeyHash(name_hash, key), num_buckets);
+  }
+  // REQUIRES: num_buckets > 0.
+  int Owner(uint64_t name_hash, uint64_t key) const {
+    return owners[BucketOf(name_hash, key)];
+  }
+};
 
 // Writes the initial value of row `key` (spec.dim floats) to dst.
 void InitializeRow(const TableSpec& spec, uint64_t key, float* dst);

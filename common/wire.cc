@@ -326,6 +326,10 @@ std::vector<uint8_t> EncodeRequest(const RequestHeader& h) {
       for (size_t i = 0; i < h.migrate_chunks.size(); ++i)
         ids.set(i, h.migrate_chunks[i]);
       if (!h.migrate_doc.empty()) m.setDoc(h.migrate_doc);
+      auto buckets = m.initBuckets(h.migrate_buckets.size());
+      for (size_t i = 0; i < h.migrate_buckets.size(); ++i)
+        buckets.set(i, h.migrate_buckets[i]);
+      m.setNumBuckets(h.migrate_num_buckets);
       break;
     }
     case RequestKind::kHeartbeat:
@@ -550,6 +554,13 @@ Status DecodeRequest(const uint8_t* data, size_t size,
             for (uint32_t i = 0; i < ids.size(); ++i)
               out->migrate_chunks[i] = ids[i];
             out->migrate_doc = m.getDoc().cStr();
+            auto buckets = m.getBuckets();
+            if (buckets.size() > limits.max_list_entries)
+              return Status::ResourceExhausted("too many bucket ids");
+            out->migrate_buckets.resize(buckets.size());
+            for (uint32_t i = 0; i < buckets.size(); ++i)
+              out->migrate_buckets[i] = buckets[i];
+            out->migrate_num_buckets = m.getNumBuckets();
             return Status::OK();
           }
         }

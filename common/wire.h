@@ -138,6 +138,10 @@ struct RequestHeader {
   uint32_t migrate_deadline_ms = 0;
   std::vector<uint32_t> migrate_chunks;
   std::string migrate_doc;
+  // kExport, kImport of sparse rows: the buckets whose rows move, of a cut
+  // of the key hash space into migrate_num_buckets (common/sparse_table.h).
+  std::vector<uint32_t> migrate_buckets;
+  uint32_t migrate_num_buckets = 0;
 };
 
 struct ReplyHeader {
