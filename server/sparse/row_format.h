@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <string_view>
 
 #include "common/status.h"
@@ -82,6 +83,23 @@ inline Status ParseRecord(std::string_view value, uint32_t dim,
     return Status::OK();
   }
   return Status::Corruption("sparse record with a bad magic or size");
+}
+
+// A record on the move between shards (elastic shards: server/sparse/
+// sparse_move.cc): the store's record as above, byte for byte (as
+// server/reshard/ copies them), framed in a run of records:
+//   u8 key[8]   the store key (EncodeKey: big-endian)
+//   u32 size    of the value
+//   value       the store record
+inline constexpr size_t kMoveRecordHeadBytes = 12;
+
+inline void AppendMoveRecord(std::string* out, std::string_view key8,
+                             std::string_view head, std::string_view body) {
+  const uint32_t size = static_cast<uint32_t>(head.size() + body.size());
+  out->append(key8.data(), key8.size());
+  out->append(reinterpret_cast<const char*>(&size), sizeof(size));
+  out->append(head.data(), head.size());
+  out->append(body.data(), body.size());
 }
 
 }  // namespace asyncps::server::sparse

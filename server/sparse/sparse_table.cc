@@ -296,7 +296,8 @@ Status SparseTable::AssignSlice(const uint64_t* keys, const float* values,
   return Status::OK();
 }
 
-void SparseTable::AddRecord(bool counter, uint32_t slot, StoreBatch* batch) {
+RecordHeader SparseTable::RecordOf(bool counter, uint32_t slot,
+                                   std::string_view* body) {
   RowCache& cache = counter ? *admission_ : rows_;
   const EntryMeta& m = cache.meta(slot);
   RecordHeader h;
@@ -304,12 +305,18 @@ void SparseTable::AddRecord(bool counter, uint32_t slot, StoreBatch* batch) {
   h.dim = spec_.dim;
   h.count = m.count;
   h.clock = m.last_clock;
-  const EncodedKey k = EncodeKey(m.key);
-  std::string_view body;
+  *body = std::string_view();
   if (!counter) {
-    body = std::string_view(reinterpret_cast<const char*>(rows_.floats(slot)),
-                            rows_.floats_per_entry() * sizeof(float));
+    *body = std::string_view(reinterpret_cast<const char*>(rows_.floats(slot)),
+                             rows_.floats_per_entry() * sizeof(float));
   }
+  return h;
+}
+
+void SparseTable::AddRecord(bool counter, uint32_t slot, StoreBatch* batch) {
+  std::string_view body;
+  const RecordHeader h = RecordOf(counter, slot, &body);
+  const EncodedKey k = EncodeKey((counter ? *admission_ : rows_).meta(slot).key);
   batch->Put(space_, k.view(), HeaderBytes(h), body);
   ++counters_stats_.store_writes;
 }

@@ -33,10 +33,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "common/flat_index.h"
 #include "common/sparse_table.h"
 #include "common/status.h"
 #include "server/optimizer/optimizer.h"
@@ -131,6 +133,10 @@ class SparseTable {
 
   // Puts the record of an entry into `batch`.
   void AddRecord(bool counter, uint32_t slot, StoreBatch* batch);
+  // The store record's header and body of an entry (the body points into
+  // the cache: valid until the entry changes).
+  RecordHeader RecordOf(bool counter, uint32_t slot,
+                        std::string_view* body);
   // Puts the records of several entries into `batch` in key order (RocksDB
   // inserts sorted keys into its memtable much faster). Reorders `slots`;
   // skips RowCache::kNone.
@@ -166,6 +172,21 @@ class SparseTable {
       });
     }
   }
+  // --- Moving key ranges (elastic shards; sparse_move.cc) ---
+  // Appends the move record (row_format.h) of every cached entry whose key
+  // `pick` accepts and that is not expired at `now` to *out; every cached
+  // key it accepts, expired or not, goes into *cached (the store's copy of
+  // such a key is older: the cache wins). Returns the records appended.
+  size_t ExportCached(const std::function<bool(uint64_t)>& pick, int64_t now,
+                      std::string* out, FlatIndex* cached);
+  // Removes every cached entry whose key `pick` accepts, dirty or not (its
+  // rows were exported and belong to another shard now).
+  void DropCached(const std::function<bool(uint64_t)>& pick);
+  // Makes a moved record (checked by the caller with ParseRecord) this
+  // table's: with a store it goes into `batch` (a cached entry of the key
+  // is dropped); without one it enters the cache, dirty.
+  void Install(uint64_t key, std::string_view value, StoreBatch* batch);
+
   // Marks every entry clean (after a checkpoint wrote them).
   void MarkAllClean();
   // Drops every cache entry without writing (recovery, tests).

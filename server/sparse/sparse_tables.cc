@@ -87,7 +87,8 @@ SparseTables::SparseTables(const SparseOptions& options,
       hold_keys_(specs_.size(), nullptr),
       hold_n_(specs_.size(), 0),
       hold_rows_(specs_.size()),
-      hold_counters_(specs_.size()) {}
+      hold_counters_(specs_.size()),
+      staged_(specs_.size()) {}
 
 SparseTables::~SparseTables() = default;
 
@@ -142,8 +143,10 @@ Status SparseTables::Check(uint32_t table, const uint64_t* keys, size_t n,
                                      std::to_string(key) +
                                      " appears twice in one request");
     }
-    if (options_.num_shards > 1) {
-      const int owner = ShardOfKeyHashed(h, key, options_.num_shards);
+    if (ranges_ != nullptr || options_.num_shards > 1) {
+      const int owner = ranges_ != nullptr
+                            ? ranges_->Owner(h, key)
+                            : ShardOfKeyHashed(h, key, options_.num_shards);
       if (owner != options_.shard_id) {
         *why = CheckFailure::kWrongShard;
         return Status::InvalidArgument(

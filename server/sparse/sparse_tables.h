@@ -172,6 +172,47 @@ class SparseTables {
   static std::string SpaceName(size_t index, const TableSpec& spec);
   [[nodiscard]] Status RestoreState(std::string_view value);
 
+  // --- Moving key ranges (elastic shards; sparse_move.cc) ---
+  // Ownership by key ranges (common/sparse_table.h) instead of
+  // ShardOfKey(.., num_shards): from now on Check() accepts exactly the keys
+  // whose bucket `ranges` gives this shard (owner -1: nobody here).
+  void SetKeyRanges(std::shared_ptr<const KeyRanges> ranges);
+  const KeyRanges* key_ranges() const { return ranges_.get(); }
+  // Appends to (*out)[t] the move records (row_format.h) of every row and
+  // admission counter of table t whose bucket of num_buckets `chosen` marks
+  // (chosen.size() == num_buckets): cached ones as cached, stored ones as
+  // stored (a scan of the table's key space), expired ones not at all;
+  // *rows counts them. ResourceExhausted when they come to more than
+  // max_bytes (ask for fewer buckets); FailedPrecondition while BSP sums
+  // are pending (the shard is not drained).
+  [[nodiscard]] Status ExportBuckets(uint32_t num_buckets,
+                                     const std::vector<uint8_t>& chosen,
+                                     uint64_t max_bytes,
+                                     std::vector<std::string>* out,
+                                     uint64_t* rows);
+  // Checks the move records of one import (frames[t]: table t's; each must
+  // parse as a record of the table, name a key of a chosen bucket and not
+  // repeat one staged) and keeps them until InstallStaged() or
+  // DropStaged(). InvalidArgument naming the table and the record; nothing
+  // of this import is kept then.
+  [[nodiscard]] Status StageImport(uint32_t num_buckets,
+                                   const std::vector<uint8_t>& chosen,
+                                   const std::vector<std::string_view>& frames,
+                                   uint64_t* rows);
+  uint64_t staged_bytes() const;
+  void DropStaged();
+  // Adopt of a layout that gives this shard the staged buckets: their
+  // records become the tables' (with a store: written as partial writes,
+  // the caller's next checkpoint makes them part of a cut; without one:
+  // cached, dirty).
+  [[nodiscard]] Status InstallStaged();
+  // Adopt of a layout that takes buckets away: every row and counter whose
+  // bucket `gone` marks leaves the cache and (deletes in partial writes)
+  // the store, so a bucket that comes back later holds only what it brings.
+  [[nodiscard]] Status DropBuckets(uint32_t num_buckets,
+                                   const std::vector<uint8_t>& gone,
+                                   uint64_t* rows);
+
   // --- Clocks ---
   // The expiry clock follows the shard's minimum live clock (never back).
   void AdvanceClock(int64_t min_live_clock);
@@ -224,6 +265,11 @@ class SparseTables {
   std::vector<std::vector<uint32_t>> hold_counters_;
   std::vector<uint32_t> sorted_;
   uint64_t write_errors_ = 0;
+  // Elastic shards: key ranges (null: ShardOfKey over num_shards), and the
+  // move records staged per table (sparse_move.cc).
+  std::shared_ptr<const KeyRanges> ranges_;
+  std::vector<std::string> staged_;
+  FlatIndex staged_keys_;  // per import: key ^ table salt, for repeats
 };
 
 }  // namespace asyncps::server::sparse
