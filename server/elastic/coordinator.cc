@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "common/etcd_client.h"
+#include "common/sparse_table.h"
 #include "common/wire.h"
 #include "server/elastic/elastic_doc.h"
 
@@ -38,6 +39,9 @@ struct ShardView {
   uint32_t num_chunks = 0;
   std::vector<uint64_t> chunk_elems;
   std::vector<int> owners;
+  bool sparse = false;        // the model has sparse tables
+  uint32_t num_buckets = 0;   // key ranges served (0: static)
+  uint64_t sparse_bytes = 0;  // rows held (estimate)
 };
 
 StatusOr<ShardView> ParseDescribe(const std::string& text) {
@@ -60,6 +64,9 @@ StatusOr<ShardView> ParseDescribe(const std::string& text) {
     v.num_chunks = j.at("num_chunks").get<uint32_t>();
     v.chunk_elems = j.at("chunk_elems").get<std::vector<uint64_t>>();
     v.owners = j.at("owners").get<std::vector<int>>();
+    v.sparse = j.value("sparse_tables", false);
+    v.num_buckets = j.value("num_buckets", uint32_t{0});
+    v.sparse_bytes = j.value("sparse_bytes", uint64_t{0});
   } catch (const json::exception& e) {
     return Status::Corruption(std::string("describe: ") + e.what());
   }
@@ -75,6 +82,14 @@ RequestHeader Migrate(MigrateOp op, uint64_t epoch,
   req.migrate_op = op;
   req.migrate_epoch = epoch;
   req.migrate_chunks = std::move(chunks);
+  return req;
+}
+
+RequestHeader MigrateRows(MigrateOp op, uint64_t epoch, uint32_t num_buckets,
+                          std::vector<uint32_t> buckets) {
+  RequestHeader req = Migrate(op, epoch);
+  req.migrate_num_buckets = num_buckets;
+  req.migrate_buckets = std::move(buckets);
   return req;
 }
 
@@ -101,6 +116,9 @@ std::string ChangeReport::ToJson() const {
   j["freeze_tries"] = freeze_tries;
   j["moved_chunks"] = moved_chunks;
   j["moved_bytes"] = moved_bytes;
+  j["moved_buckets"] = moved_buckets;
+  j["moved_rows"] = moved_rows;
+  j["moved_row_bytes"] = moved_row_bytes;
   j["frozen_ms"] = frozen_ms;
   j["drain_ms"] = drain_ms;
   j["copy_ms"] = copy_ms;
@@ -235,6 +253,60 @@ struct Coordinator::Impl {
   }
 
   StatusOr<ChangeReport> Change(bool add, const std::string& endpoint);
+
+  // Bytes of rows per bucket on shard `shard` (an estimate from its
+  // describe), at least 1.
+  static uint64_t RowsPerBucketBytes(const ShardView& v,
+                                     const std::vector<int>& bucket_owners,
+                                     int shard) {
+    const uint64_t held = static_cast<uint64_t>(
+        std::count(bucket_owners.begin(), bucket_owners.end(), shard));
+    return v.sparse_bytes / std::max<uint64_t>(held, 1) + 1;
+  }
+
+  // Copies the rows of `buckets` (of num_buckets) from `from` to `to`, in
+  // exports of about max_request_bytes by the estimate `per_bucket`; an
+  // export the source finds too large is asked again with half the
+  // buckets.
+  Status CopyRows(const std::string& from, const std::string& to,
+                  uint64_t epoch, uint32_t num_buckets,
+                  const std::vector<uint32_t>& buckets, uint64_t per_bucket,
+                  ChangeReport* rep) {
+    size_t per_request = static_cast<size_t>(std::clamp<uint64_t>(
+        o.max_request_bytes / per_bucket, 1, buckets.size()));
+    size_t k = 0;
+    while (k < buckets.size()) {
+      const size_t n = std::min(per_request, buckets.size() - k);
+      std::vector<uint32_t> batch(buckets.begin() + k, buckets.begin() + k + n);
+      ReplyHeader reply;
+      Message msg;
+      Status s = Call(from, MigrateRows(MigrateOp::kExport, epoch, num_buckets, batch),
+                      {}, &reply, &msg);
+      if (s.code() == StatusCode::kResourceExhausted && n > 1) {
+        per_request = n / 2;
+        continue;
+      }
+      if (!s.ok()) return s.WithContext("export of rows to " + to);
+      if (msg.frames.size() < 3) {
+        return Status::Corruption(from + ": an export of rows answered " +
+                                  std::to_string(msg.frames.size() - 1) +
+                                  " data frame(s)");
+      }
+      const json j = json::parse(reply.text, nullptr, /*allow_exceptions=*/false);
+      if (j.is_object()) {
+        rep->moved_rows += j.value("rows", uint64_t{0});
+        rep->moved_row_bytes += j.value("bytes", uint64_t{0});
+      }
+      std::vector<ByteView> data(msg.frames.begin() + 1, msg.frames.end());
+      ReplyHeader ireply;
+      Message imsg;
+      s = Call(to, MigrateRows(MigrateOp::kImport, epoch, num_buckets, batch), data,
+               &ireply, &imsg);
+      if (!s.ok()) return s.WithContext("import of rows from " + from);
+      k += n;
+    }
+    return Status::OK();
+  }
 };
 
 Coordinator::Coordinator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -406,6 +478,11 @@ StatusOr<ChangeReport> Coordinator::Impl::Change(bool add,
       return Status::FailedPrecondition(
           ep + "'s chunk owners differ from the layout of epoch " +
           std::to_string(epoch));
+    if (v.num_buckets != doc.num_buckets)
+      return Status::FailedPrecondition(
+          ep + " cuts sparse keys into " + std::to_string(v.num_buckets) +
+          " buckets, the layout of epoch " + std::to_string(epoch) + " into " +
+          std::to_string(doc.num_buckets));
   }
   if (first == nullptr)
     return Status::Internal("no registered shard described");
@@ -415,6 +492,24 @@ StatusOr<ChangeReport> Coordinator::Impl::Change(bool add,
       return Status::Corruption("a chunk owner outside the fleet");
   const std::vector<uint64_t> sizes = first->chunk_elems;
   const bool bsp = first->consistency == "bsp";
+  // Sparse tables: key ranges. The first change of a static fleet of n
+  // shards cuts the keys into n * kBucketsPerShard buckets, owned as the
+  // static function routes them (common/sparse_table.h), so nothing moves
+  // that Rebalance does not move.
+  const bool sparse = first->sparse;
+  std::vector<int> bucket_owners = doc.bucket_owners;
+  uint32_t num_buckets = doc.num_buckets;
+  if (sparse && num_buckets == 0) {
+    if (from_etcd)
+      return Status::FailedPrecondition(
+          Key() + " has no key ranges, but the model has sparse tables");
+    if (doc.servers.size() * kBucketsPerShard > kMaxBuckets)
+      return Status::InvalidArgument("too many shards to cut sparse keys");
+    const KeyRanges initial =
+        KeyRanges::Static(static_cast<int>(doc.servers.size()));
+    num_buckets = initial.num_buckets;
+    bucket_owners = initial.owners;
+  }
 
   // 3. New owners.
   const std::vector<int> owners = Rebalance(sizes, doc.owners, new_active);
@@ -426,6 +521,18 @@ StatusOr<ChangeReport> Coordinator::Impl::Change(bool add,
     moves[{doc.owners[c], owners[c]}].push_back(c);
     receivers.insert(owners[c]);
     ++rep.moved_chunks;
+  }
+  std::vector<int> new_bucket_owners;
+  std::map<std::pair<int, int>, std::vector<uint32_t>>
+      bucket_moves;  // (from, to) -> buckets
+  if (sparse) {
+    new_bucket_owners = RebalanceBuckets(bucket_owners, new_active);
+    for (uint32_t b = 0; b < num_buckets; ++b) {
+      if (new_bucket_owners[b] == bucket_owners[b]) continue;
+      bucket_moves[{bucket_owners[b], new_bucket_owners[b]}].push_back(b);
+      receivers.insert(new_bucket_owners[b]);
+      ++rep.moved_buckets;
+    }
   }
   rep.active_before = active;
   rep.active_after = new_active;
@@ -439,7 +546,8 @@ StatusOr<ChangeReport> Coordinator::Impl::Change(bool add,
   LOG(INFO) << "elastic: " << rep.command << " " << endpoint << " (shard "
             << index << "): epoch " << epoch << " -> " << next << ", active {"
             << Join(active) << "} -> {" << Join(new_active) << "}, "
-            << rep.moved_chunks << " chunk(s) move; imbalance "
+            << rep.moved_chunks << " chunk(s), " << rep.moved_buckets
+            << " key-range bucket(s) move; imbalance "
             << rep.imbalance_before << " -> " << rep.imbalance_after;
 
   // 4. Freeze, with a later clock when a worker got past it.
@@ -557,6 +665,14 @@ StatusOr<ChangeReport> Coordinator::Impl::Change(bool add,
       if (!s.ok()) return fail(s.WithContext("import of chunks from " + from));
     }
   }
+  for (const auto& [route, buckets] : bucket_moves) {
+    Status s = CopyRows(servers[route.first], servers[route.second], next,
+                        num_buckets, buckets,
+                        RowsPerBucketBytes(views[route.first], bucket_owners,
+                                           route.first),
+                        &rep);
+    if (!s.ok()) return fail(s);
+  }
   rep.copy_ms =
       std::chrono::duration<double, std::milli>(SteadyClock::now() - copy_start)
           .count();
@@ -566,6 +682,10 @@ StatusOr<ChangeReport> Coordinator::Impl::Change(bool add,
   next_doc.epoch = next;
   next_doc.servers = servers;
   next_doc.owners = owners;
+  if (sparse) {
+    next_doc.num_buckets = num_buckets;
+    next_doc.bucket_owners = new_bucket_owners;
+  }
   const std::string text = next_doc.ToJson();
   StatusOr<bool> cas = etcd->CompareAndPut(Key(), text, mod_revision);
   if (!cas.ok()) {

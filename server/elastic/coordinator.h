@@ -16,7 +16,10 @@
 //      shard abort and the freeze is tried again with a later F;
 //   4. wait until every shard is drained, then copy every chunk that moves:
 //      export from its owner, import into its new owner (requests of at most
-//      max_request_bytes, one source and destination each);
+//      max_request_bytes, one source and destination each); a model with
+//      sparse tables also moves the rows of the key-range buckets that
+//      change owner (RebalanceBuckets), in batches of buckets sized by the
+//      source's rows per bucket (halved while an export is too large);
 //   5. commit: compare-and-swap of <prefix>/elastic from what was read to the
 //      document of epoch E+1 (etcd decides the flip once);
 //   6. adopt: the shards that receive chunks first, then the others (the
@@ -84,6 +87,11 @@ struct ChangeReport {
   int freeze_tries = 0;
   size_t moved_chunks = 0;
   uint64_t moved_bytes = 0;  // chunk records copied (exported bytes)
+  // Sparse tables: key-range buckets that changed owner, and the rows
+  // (and admission counters) copied with them, with their bytes.
+  size_t moved_buckets = 0;
+  uint64_t moved_rows = 0;
+  uint64_t moved_row_bytes = 0;
   double frozen_ms = 0;      // first freeze to the last adopt
   double drain_ms = 0;       // first freeze to every shard drained
   double copy_ms = 0;        // exports and imports

@@ -69,6 +69,44 @@ std::vector<int> Rebalance(const std::vector<uint64_t>& sizes,
   return out;
 }
 
+std::vector<int> RebalanceBuckets(const std::vector<int>& owners,
+                                  const std::vector<int>& active) {
+  std::map<int, uint64_t> held;
+  for (int a : active) held[a] = 0;
+  for (int o : owners) {
+    auto it = held.find(o);
+    if (it != held.end()) ++it->second;
+  }
+  // Shares: B / A each; the remainder to the largest holders (ties: lower
+  // index first), who then keep one more.
+  const uint64_t base = owners.size() / active.size();
+  uint64_t extra = owners.size() % active.size();
+  std::vector<int> order = active;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return held[a] > held[b]; });
+  std::map<int, uint64_t> share;
+  for (int a : order) share[a] = base + (extra > 0 ? (--extra, 1) : 0);
+  std::vector<int> out = owners;
+  std::map<int, uint64_t> kept;
+  std::vector<uint32_t> free;
+  for (uint32_t b = 0; b < out.size(); ++b) {
+    auto it = share.find(out[b]);
+    if (it != share.end() && kept[out[b]] < it->second) {
+      ++kept[out[b]];
+    } else {
+      free.push_back(b);
+    }
+  }
+  size_t next = 0;
+  for (int a : active) {
+    while (kept[a] < share[a] && next < free.size()) {
+      out[free[next++]] = a;
+      ++kept[a];
+    }
+  }
+  return out;
+}
+
 double Imbalance(const std::vector<uint64_t>& sizes, const std::vector<int>& owners,
                  const std::vector<int>& active) {
   std::map<int, uint64_t> load = Loads(sizes, owners, active);

@@ -26,6 +26,17 @@ std::vector<int> Rebalance(const std::vector<uint64_t>& sizes,
                            const std::vector<int>& owners,
                            const std::vector<int>& active);
 
+// New owners of the key-range buckets of sparse tables (common/
+// sparse_table.h, KeyRanges) now owned as `owners`, spread over `active`:
+// every active shard ends with B / A buckets or one more (the extra ones to
+// the shards that already hold the most, so fewer move); the buckets of
+// shards that leave and the excess of shards over their share move, in
+// bucket order, to the shards under theirs. Buckets are equal in rows (the
+// hash is uniform), so equal counts are equal rows. REQUIRES: active
+// non-empty.
+std::vector<int> RebalanceBuckets(const std::vector<int>& owners,
+                                  const std::vector<int>& active);
+
 // Largest shard's bytes over the mean of the active shards'.
 double Imbalance(const std::vector<uint64_t>& sizes,
                  const std::vector<int>& owners,

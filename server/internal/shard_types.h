@@ -130,6 +130,13 @@ struct Shard::ElasticState {
     MemoryBudget::Charge charge;
   };
   std::map<uint32_t, Staged> staged;  // by chunk id
+  // Sparse tables: the adopted key ranges (null: static, or no buckets in
+  // the document), and the buckets whose rows are staged (flags over
+  // staged_num_buckets; the rows wait in SparseTables) with their charge.
+  std::shared_ptr<const KeyRanges> ranges;
+  uint32_t staged_num_buckets = 0;
+  std::vector<uint8_t> staged_buckets;
+  MemoryBudget::Charge staged_rows_charge;
 };
 
 // A client's shared-memory segment, mapped by this shard (shard_shm.cc).

@@ -94,6 +94,10 @@
 #include "server/store/store.h"
 #include "server/shard/worker_clocks.h"
 
+namespace asyncps {
+struct ElasticDoc;  // common/elastic_doc.h
+}  // namespace asyncps
+
 namespace asyncps::server {
 namespace internal {
 class PushDedup;
@@ -463,6 +467,27 @@ class Shard {
                                   LayoutOptions* options);
   // Applies the adopted elastic owners to layout_ (recovery, import).
   Status ApplyElasticOwners();
+  // shard_migrate_rows.cc: the rows of sparse tables move by key-range
+  // buckets (common/sparse_table.h, KeyRanges) in the same steps.
+  Status ExportRows(const RequestHeader& req, OutgoingReply* r);
+  Status ImportRows(const RequestHeader& req,
+                    const std::vector<ByteView>& data);
+  // ImportRows once the tables are registered: checks and stages.
+  Status StageRows(const RequestHeader& req, const std::vector<ByteView>& data);
+  // The bucket list of an export or import as flags over
+  // req.migrate_num_buckets; InvalidArgument for a count that is no cut of
+  // this fleet, a bucket out of range or named twice, more than the count.
+  Status CheckBucketList(const RequestHeader& req, std::vector<uint8_t>* chosen);
+  // The owner of bucket b of a cut into num_buckets by the ranges this
+  // shard serves (static: b / (num_buckets / num_shards)); -1: none here.
+  int BucketOwnerNow(uint32_t b, uint32_t num_buckets) const;
+  // Adopt, before anything moves: every bucket the document gives this
+  // shard is held or staged. Then AdoptRows: staged rows installed, rows of
+  // buckets given away dropped, the document's ranges served.
+  Status CheckAdoptRows(const ElasticDoc& doc);
+  Status AdoptRows(const ElasticDoc& doc);
+  // Serves the adopted key ranges (after adopt, recovery, registration).
+  void ApplyKeyRanges();
 
   // shard_push.cc: validation and apply.
   Status HandlePush(const RequestHeader& req, const std::vector<ByteView>& data,

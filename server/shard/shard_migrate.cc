@@ -91,7 +91,8 @@ bool Shard::Drained() const {
   for (const auto& c : chunks_) {
     if (c->contributors != 0) return false;
   }
-  return true;
+  // The round's sums of sparse rows too (applied with the round).
+  return sparse_ == nullptr || !sparse_->HasRoundSums();
 }
 
 std::string Shard::DescribeJson() const {
@@ -118,6 +119,18 @@ std::string Shard::DescribeJson() const {
   j["min_clock"] = clocks_.MinLiveClock();
   j["bsp_round"] = bsp_round_;
   j["sparse_tables"] = sparse_ != nullptr;
+  // Key ranges served (0: static) and the rows held, cached or stored (an
+  // estimate: the coordinator sizes its requests by it).
+  j["num_buckets"] = e.ranges ? e.ranges->num_buckets : 0;
+  uint64_t sparse_bytes = 0;
+  if (sparse_) {
+    const nlohmann::json stats = nlohmann::json::parse(sparse_->StatsJson());
+    for (const auto& t : stats.at("tables")) {
+      const uint64_t rows = std::max(t.value("rows", uint64_t{0}), t.value("cache_rows", uint64_t{0}));
+      sparse_bytes += rows * (t.value("dim", uint64_t{0}) * 12 + 36);
+    }
+  }
+  j["sparse_bytes"] = sparse_bytes;
   nlohmann::json elems = nlohmann::json::array(), owners = nlohmann::json::array(),
                  owned = nlohmann::json::array(), staged = nlohmann::json::array();
   if (layout_) {
@@ -143,10 +156,13 @@ Status Shard::HandleMigrate(const RequestHeader& req, const std::vector<ByteView
     return Reject(RejectReason::kSizeMismatch,
                   Status::InvalidArgument("migrate request carries unexpected data frames"));
   }
-  if (req.migrate_op != MigrateOp::kDescribe && sparse_ != nullptr) {
+  // Rows of sparse tables move by buckets (shard_migrate_rows.cc), chunks by
+  // id; one request moves one kind.
+  const bool rows = !req.migrate_buckets.empty() || req.migrate_num_buckets != 0;
+  if (rows && !req.migrate_chunks.empty()) {
     return Reject(RejectReason::kOther,
-                  Status::Unimplemented("elastic shards do not move sparse tables yet: "
-                                        "this model has some"));
+                  Status::InvalidArgument("a migrate request names chunks and buckets: "
+                                          "move them in separate requests"));
   }
   switch (req.migrate_op) {
     case MigrateOp::kDescribe:
@@ -199,9 +215,9 @@ Status Shard::HandleMigrate(const RequestHeader& req, const std::vector<ByteView
       return Status::OK();
     }
     case MigrateOp::kExport:
-      return ExportChunks(req, r);
+      return rows ? ExportRows(req, r) : ExportChunks(req, r);
     case MigrateOp::kImport:
-      return ImportChunks(req, data);
+      return rows ? ImportRows(req, data) : ImportChunks(req, data);
     case MigrateOp::kAdopt:
       return Adopt(req, out);
     case MigrateOp::kAbort:
@@ -221,6 +237,11 @@ void Shard::EndFreeze(const char* why) {
   e.frozen = false;
   e.freeze_epoch = 0;
   e.freeze_clock = -1;
+  // Rows staged and not installed (abort) are dropped with the freeze.
+  if (sparse_) sparse_->DropStaged();
+  e.staged_num_buckets = 0;
+  e.staged_buckets.clear();
+  e.staged_rows_charge.Reset();
 }
 
 Status Shard::ExportChunks(const RequestHeader& req, OutgoingReply* r) {
@@ -469,6 +490,7 @@ Status Shard::Adopt(const RequestHeader& req, std::vector<OutgoingReply>* out) {
                                                " that it neither holds nor has staged"));
     }
   }
+  RETURN_IF_ERROR(CheckAdoptRows(doc));
   const int num_shards =
       std::max(options_.num_shards, static_cast<int>(doc.servers.size()));
   StatusOr<Layout> next = layout_->WithOwners(doc.owners, num_shards);
@@ -524,6 +546,7 @@ Status Shard::Adopt(const RequestHeader& req, std::vector<OutgoingReply>* out) {
       slot.chunks.resize(chunks_.size());
     }
   }
+  Status rows_status = AdoptRows(doc);
   e.epoch = doc.epoch;
   e.doc = req.migrate_doc;
   e.owners = doc.owners;
@@ -553,6 +576,13 @@ Status Shard::Adopt(const RequestHeader& req, std::vector<OutgoingReply>* out) {
   LOG(INFO) << "elastic: adopted epoch " << e.epoch << ": " << installed
             << " chunks installed, " << dropped << " given away; holding "
             << chunks_.size() << " chunks, " << shard_bytes_ << " bytes";
+  if (!rows_status.ok()) {
+    // The rows are in the cache (dirty) if not in the store: the
+    // checkpoint below, or a later one, stores them.
+    LOG(ERROR) << "elastic: moving rows for epoch " << e.epoch << ": "
+               << rows_status.ToString();
+    EnterDegraded(rows_status);
+  }
   if (store_ != nullptr) {
     Status s = Checkpoint();
     if (!s.ok()) {

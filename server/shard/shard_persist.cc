@@ -202,6 +202,12 @@ Status Shard::Recover() {
           elastic_->doc = std::string(value);
           elastic_->owners = doc->owners;
           elastic_->num_servers = doc->servers.size();
+          if (doc->num_buckets > 0) {
+            auto ranges = std::make_shared<KeyRanges>();
+            ranges->num_buckets = doc->num_buckets;
+            ranges->owners = doc->bucket_owners;
+            elastic_->ranges = std::move(ranges);  // served from "0tables" on
+          }
           return Status::OK();
         }
         if (key == kLayoutKey) return RestoreLayout(value);

@@ -76,6 +76,7 @@ Status Shard::RegisterTables(const std::vector<TableSpec>& tables,
                   t.status().WithContext("sparse tables"));
   }
   sparse_ = std::move(t).value();
+  ApplyKeyRanges();  // an elastic fleet's adopted key ranges
   sparse_->AdvanceClock(clocks_.MinLiveClock());
   table_stamp_.assign(tables.size(), 0);
   LOG(INFO) << "registered " << tables.size() << " sparse tables";
