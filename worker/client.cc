@@ -14,6 +14,7 @@
 
 #include "common/elastic_doc.h"
 #include "common/etcd_client.h"
+#include "common/hash.h"
 #include "common/shm_segment.h"
 #include "common/wire.h"
 #include "compression/codec.h"
@@ -229,7 +230,8 @@ class ClientImpl : public Client {
     internal::RowsPlan plan;
     if (!rows.empty()) {
       RETURN_IF_ERROR(
-          plan.Build(tables_, num_shards(), Inputs(rows), /*push=*/true));
+          plan.Build(tables_, num_shards(), Inputs(rows), /*push=*/true,
+                     key_ranges_.get()));
     }
     std::vector<std::vector<size_t>> by_shard(num_shards());
     for (size_t i = 0; i < chunks.size(); ++i) {
@@ -282,21 +284,15 @@ class ClientImpl : public Client {
         h.chunks.push_back(ref);
         frames.push_back(std::move(p.data));
       }
+      std::vector<RowsSent> sent;
       if (!plan.empty()) {
-        for (const internal::RowsPlan::Part& part : plan.parts(s)) {
-          RowsRef ref;
-          ref.table = part.table;
-          ref.num_keys = part.n;
-          ref.codec = options_.rows_codec;
-          ref.keys_frame = static_cast<uint32_t>(frames.size());
-          frames.push_back(Frame::Ref(part.keys));
-          ref.rows_frame = static_cast<uint32_t>(frames.size());
-          ASSIGN_OR_RETURN(BufferPtr grads, EncodeRows(part));
-          frames.push_back(Frame::Ref(grads));
-          h.rows.push_back(ref);
+        for (size_t i = 0; i < plan.parts(s).size(); ++i) {
+          const internal::RowsPlan::Part& part = plan.parts(s)[i];
+          sent.push_back(RowsSent{part.table, part.n, part.keys, part.grads, s, i, {}});
         }
+        RETURN_IF_ERROR(AddRows(sent, /*push=*/true, &h, &frames));
       }
-      RETURN_IF_ERROR(Enqueue(t, s, h, std::move(frames)));
+      RETURN_IF_ERROR(Enqueue(t, s, h, std::move(frames), std::move(sent)));
     }
     return t;
   }
@@ -315,7 +311,8 @@ class ClientImpl : public Client {
     if (!rows.empty()) {
       plan = std::make_shared<internal::RowsPlan>();
       RETURN_IF_ERROR(
-          plan->Build(tables_, num_shards(), Inputs(rows), /*push=*/false));
+          plan->Build(tables_, num_shards(), Inputs(rows), /*push=*/false,
+                      key_ranges_.get()));
     }
     const bool dense = !tensors.empty() || rows.empty();
     if (dense && tensors.size() != layout_->tensors().size()) {
@@ -348,18 +345,15 @@ class ClientImpl : public Client {
         continue;
       }
       std::vector<Frame> frames(1);
+      std::vector<RowsSent> sent;
       if (has_rows) {
-        for (const internal::RowsPlan::Part& part : plan->parts(s)) {
-          RowsRef ref;
-          ref.table = part.table;
-          ref.num_keys = part.n;
-          ref.codec = options_.rows_codec;
-          ref.keys_frame = static_cast<uint32_t>(frames.size());
-          frames.push_back(Frame::Ref(part.keys));
-          h.rows.push_back(ref);
+        for (size_t i = 0; i < plan->parts(s).size(); ++i) {
+          const internal::RowsPlan::Part& part = plan->parts(s)[i];
+          sent.push_back(RowsSent{part.table, part.n, part.keys, nullptr, s, i, {}});
         }
+        RETURN_IF_ERROR(AddRows(sent, /*push=*/false, &h, &frames));
       }
-      RETURN_IF_ERROR(Enqueue(t, s, h, std::move(frames)));
+      RETURN_IF_ERROR(Enqueue(t, s, h, std::move(frames), std::move(sent)));
     }
     return t;
   }
@@ -557,6 +551,19 @@ class ClientImpl : public Client {
   uint64_t incarnation() const override { return incarnation_; }
 
  private:
+  // One rows ref of a push or pull as sent, kept for a re-route: the keys
+  // (and a push's fp32 gradients), and where pulled rows go: entries
+  // `subset` (empty: all) of part plan_part of shard plan_shard's parts in
+  // the ticket's RowsPlan.
+  struct RowsSent {
+    uint32_t table = 0;
+    size_t n = 0;
+    BufferPtr keys;
+    BufferPtr grads;
+    int plan_shard = 0;
+    size_t plan_part = 0;
+    std::vector<uint32_t> subset;
+  };
   // One request to one shard, kept until its reply for resending.
   struct Pending {
     Ticket ticket = 0;
@@ -576,6 +583,7 @@ class ClientImpl : public Client {
     int64_t clock = 0;
     std::string codec;
     bool has_rows = false;
+    std::vector<RowsSent> rows;  // the rows refs sent, in order
   };
   struct DeferredClock {
     Ticket ticket = 0;
@@ -593,17 +601,73 @@ class ClientImpl : public Client {
   };
 
   // A push part's gradients as sent: fp32, or encoded with rows_codec.
-  StatusOr<BufferPtr> EncodeRows(const internal::RowsPlan::Part& part) {
-    if (options_.rows_codec == 0) return part.grads;
+  StatusOr<BufferPtr> EncodeRows(uint32_t table, const BufferPtr& grads,
+                                 size_t n) {
+    if (options_.rows_codec == 0) return grads;
     compression::CodecSpec spec;
     spec.id = static_cast<compression::CodecId>(options_.rows_codec);
     ASSIGN_OR_RETURN(std::unique_ptr<compression::Codec> codec,
                      compression::CreateCodec(spec));
     std::vector<uint8_t> payload;
-    RETURN_IF_ERROR(codec->Encode(part.grads->floats(),
-                                  part.n * tables_[part.table].dim, 0,
-                                  &payload));
+    RETURN_IF_ERROR(
+        codec->Encode(grads->floats(), n * tables_[table].dim, 0, &payload));
     return Buffer::FromVector(std::move(payload));
+  }
+
+  // Rows refs (and their frames) of a push or pull, in the order of `sent`.
+  Status AddRows(const std::vector<RowsSent>& sent, bool push, RequestHeader* h,
+                 std::vector<Frame>* frames) {
+    for (const RowsSent& rs : sent) {
+      RowsRef ref;
+      ref.table = rs.table;
+      ref.num_keys = rs.n;
+      ref.codec = options_.rows_codec;
+      ref.keys_frame = static_cast<uint32_t>(frames->size());
+      frames->push_back(Frame::Ref(rs.keys));
+      if (push) {
+        ref.rows_frame = static_cast<uint32_t>(frames->size());
+        ASSIGN_OR_RETURN(BufferPtr grads, EncodeRows(rs.table, rs.grads, rs.n));
+        frames->push_back(Frame::Ref(grads));
+      }
+      h->rows.push_back(ref);
+    }
+    return Status::OK();
+  }
+
+  // The shard of a key of table `table` by the layout routed by.
+  int ShardOfRow(uint32_t table, uint64_t key) const {
+    const uint64_t h = HashName(tables_[table].name);
+    return key_ranges_ ? key_ranges_->Owner(h, key)
+                       : ShardOfKeyHashed(h, key, num_shards());
+  }
+
+  // Splits rows refused by a shard by the layout adopted since: per new
+  // owner, the keys (and fp32 gradients) of each part, with the indices
+  // into the plan's part they stand for.
+  std::map<int, std::vector<RowsSent>> SplitRows(const std::vector<RowsSent>& rows) {
+    std::map<int, std::vector<RowsSent>> out;
+    for (const RowsSent& rs : rows) {
+      const size_t dim = tables_[rs.table].dim;
+      const uint64_t* keys = reinterpret_cast<const uint64_t*>(rs.keys->data());
+      std::map<int, std::vector<uint32_t>> picked;  // shard -> indices in rs
+      for (size_t j = 0; j < rs.n; ++j)
+        picked[ShardOfRow(rs.table, keys[j])].push_back(static_cast<uint32_t>(j));
+      for (const auto& [shard, idx] : picked) {
+        RowsSent part{rs.table, idx.size(), Buffer::Allocate(idx.size() * sizeof(uint64_t)),
+                      nullptr, rs.plan_shard, rs.plan_part, {}};
+        uint64_t* k = reinterpret_cast<uint64_t*>(part.keys->data());
+        if (rs.grads) part.grads = Buffer::Allocate(idx.size() * dim * sizeof(float));
+        for (size_t i = 0; i < idx.size(); ++i) {
+          k[i] = keys[idx[i]];
+          if (rs.grads)
+            std::memcpy(part.grads->floats() + i * dim, rs.grads->floats() + idx[i] * dim,
+                        dim * sizeof(float));
+          part.subset.push_back(rs.subset.empty() ? idx[i] : rs.subset[idx[i]]);
+        }
+        out[shard].push_back(std::move(part));
+      }
+    }
+    return out;
   }
 
   RequestHeader NewHeader(RequestKind kind) {
@@ -641,7 +705,7 @@ class ClientImpl : public Client {
   }
 
   Status Enqueue(Ticket t, int shard, RequestHeader h,
-                 std::vector<Frame> frames) {
+                 std::vector<Frame> frames, std::vector<RowsSent> rows = {}) {
     if (pending_.size() >= options_.max_in_flight) {
       Abandon(t);
       return Status::ResourceExhausted("more than " +
@@ -670,6 +734,7 @@ class ClientImpl : public Client {
     p.kind = h.kind;
     p.clock = h.clock;
     p.has_rows = !h.rows.empty();
+    p.rows = std::move(rows);
     if (h.kind == RequestKind::kPush) {
       p.refs = h.chunks;
     } else if (h.kind == RequestKind::kPull && h.pull_dense) {
@@ -1044,7 +1109,7 @@ class ClientImpl : public Client {
       return AbsorbState(shard);
     if (p.kind != RequestKind::kPull) return Status::OK();
     // Validate every chunk ref and rows ref before writing anything.
-    RETURN_IF_ERROR(CheckPulledRows(shard, t));
+    RETURN_IF_ERROR(CheckPulledRows(p));
     static const std::vector<uint32_t> kNoChunks;
     // The chunks asked for when it was sent (the layout may have changed
     // since: elastic shards), each answered once.
@@ -1109,7 +1174,7 @@ class ClientImpl : public Client {
       const ByteView& f = msg_.frames[r.rows_frame];
       if (r.codec == 0 &&
           reinterpret_cast<uintptr_t>(f.data) % alignof(float) == 0) {
-        t.rows->Scatter(shard, i, reinterpret_cast<const float*>(f.data));
+        ScatterRows(t, p.rows[i], reinterpret_cast<const float*>(f.data));
       } else {
         // Unaligned fp32 (frames may sit anywhere in a message) or a codec.
         rows_scratch_.resize(r.num_keys * tables_[r.table].dim);
@@ -1121,11 +1186,19 @@ class ClientImpl : public Client {
                               .Decode(f.data, f.size, rows_scratch_.size(),
                                       rows_scratch_.data()));
         }
-        t.rows->Scatter(shard, i, rows_scratch_.data());
+        ScatterRows(t, p.rows[i], rows_scratch_.data());
       }
       t.result.bytes_received += f.size;
     }
     return Status::OK();
+  }
+
+  void ScatterRows(TicketState& t, const RowsSent& rs, const float* rows) {
+    if (rs.subset.empty()) {
+      t.rows->Scatter(rs.plan_shard, rs.plan_part, rows);
+    } else {
+      t.rows->ScatterSubset(rs.plan_shard, rs.plan_part, rs.subset, rows);
+    }
   }
 
   // A pull answered in shared memory: the shard wrote every chunk of the
@@ -1246,8 +1319,8 @@ class ClientImpl : public Client {
 
   // A pull reply's rows refs: one per part sent to this shard, in order,
   // each with its frame of part.n rows.
-  Status CheckPulledRows(int shard, const TicketState& t) {
-    const size_t want = t.rows ? t.rows->parts(shard).size() : 0;
+  Status CheckPulledRows(const Pending& p) {
+    const size_t want = p.rows.size();
     if (reply_.rows.size() != want) {
       return Status::Corruption("pull reply has rows of " +
                                 std::to_string(reply_.rows.size()) +
@@ -1255,7 +1328,7 @@ class ClientImpl : public Client {
     }
     for (size_t i = 0; i < want; ++i) {
       const RowsRef& r = reply_.rows[i];
-      const internal::RowsPlan::Part& part = t.rows->parts(shard)[i];
+      const RowsSent& part = p.rows[i];
       if (r.table != part.table || r.num_keys != part.n || r.rows_frame == 0 ||
           r.rows_frame >= msg_.frames.size()) {
         return Status::Corruption("pull reply has an inconsistent rows ref");
@@ -1324,6 +1397,13 @@ class ClientImpl : public Client {
     RETURN_IF_ERROR(ConnectJoined(doc));
     ASSIGN_OR_RETURN(Layout l, layout_->WithOwners(doc.owners, num_shards()));
     SetLayout(std::move(l));
+    if (doc.num_buckets > 0) {
+      // Rows of sparse tables go by the document's key ranges from now on.
+      auto ranges = std::make_shared<KeyRanges>();
+      ranges->num_buckets = doc.num_buckets;
+      ranges->owners = doc.bucket_owners;
+      key_ranges_ = std::move(ranges);
+    }
     layout_epoch_ = doc.epoch;
     active_ = doc.Active();
     LOG(INFO) << "elastic layout epoch " << doc.epoch << ": " << active_.size()
@@ -1425,21 +1505,24 @@ class ClientImpl : public Client {
       s = Status::FailedPrecondition(std::string(RequestKindName(p.kind)) +
                                      " refused for a stale layout");
     }
-    if (s.ok() && p.has_rows) {
-      s = Status::Unimplemented("sparse rows with elastic shards");
-    }
     std::map<int, std::vector<size_t>> by_shard;
     const size_t n = p.kind == RequestKind::kPush ? p.refs.size() : p.ids.size();
     for (size_t i = 0; s.ok() && i < n; ++i) {
       const uint32_t id = p.kind == RequestKind::kPush ? p.refs[i].chunk : p.ids[i];
       by_shard[layout_->chunks()[id].shard].push_back(i);
     }
+    // Rows go by the key ranges adopted: each part split by its keys' new
+    // owners (pulled rows still land where the ticket's plan says).
+    std::map<int, std::vector<RowsSent>> rows_by_shard;
+    if (s.ok()) rows_by_shard = SplitRows(p.rows);
+    for (const auto& entry : rows_by_shard) by_shard[entry.first];
+    const bool push = p.kind == RequestKind::kPush;
     for (const auto& [shard, items] : by_shard) {
       if (!s.ok()) break;
       RequestHeader h = NewHeader(p.kind);
       h.clock = p.clock;
       std::vector<Frame> frames(1);
-      if (p.kind == RequestKind::kPush) {
+      if (push) {
         for (size_t i : items) {
           ChunkRef ref = p.refs[i];
           frames.push_back(p.frames[ref.frame]);
@@ -1449,9 +1532,17 @@ class ClientImpl : public Client {
       } else {
         h.pull_codec = p.codec;
         h.pull_base_seq = pull_seq_[shard];
+        h.pull_dense = !items.empty();  // else rows only
         for (size_t i : items) h.pull_chunks.push_back(p.ids[i]);
       }
-      s = Enqueue(p.ticket, shard, h, std::move(frames));
+      std::vector<RowsSent> sent;
+      auto rit = rows_by_shard.find(shard);
+      if (rit != rows_by_shard.end()) {
+        sent = std::move(rit->second);
+        s = AddRows(sent, push, &h, &frames);
+        if (!s.ok()) break;
+      }
+      s = Enqueue(p.ticket, shard, h, std::move(frames), std::move(sent));
       if (!s.ok()) return;  // Enqueue abandoned the ticket
     }
     if (!s.ok() && t.status.ok()) t.status = s;
@@ -1512,6 +1603,7 @@ class ClientImpl : public Client {
   std::unique_ptr<Heartbeater> heartbeater_;
   std::unique_ptr<Layout> layout_;
   uint64_t layout_epoch_ = 0;  // elastic layouts: the epoch routed by
+  std::shared_ptr<const KeyRanges> key_ranges_;  // null: ShardOfKey
   std::vector<uint64_t> chunk_mark_;  // Absorb: chunks asked for / answered
   std::string register_doc_;  // an elastic layout sent with a registration
   std::vector<DeferredClock> deferred_clocks_;  // see Reroute()

@@ -8,7 +8,8 @@
 namespace asyncps::worker::internal {
 
 Status RowsPlan::Build(const std::vector<TableSpec>& tables, int num_shards,
-                       const std::vector<RowsInput>& inputs, bool push) {
+                       const std::vector<RowsInput>& inputs, bool push,
+                       const KeyRanges* ranges) {
   tables_ = tables;
   inputs_ = inputs;
   inverse_.assign(inputs.size(), Inverse{});
@@ -54,7 +55,15 @@ Status RowsPlan::Build(const std::vector<TableSpec>& tables, int num_shards,
         u = static_cast<uint32_t>(ukeys.size());
         unique.Insert(r.keys[i], u);
         ukeys.push_back(r.keys[i]);
-        const int s = ShardOfKeyHashed(name_hash, r.keys[i], num_shards);
+        const int s = ranges != nullptr
+                          ? ranges->Owner(name_hash, r.keys[i])
+                          : ShardOfKeyHashed(name_hash, r.keys[i], num_shards);
+        if (s < 0 || s >= num_shards) {
+          return Status::Internal("key " + std::to_string(r.keys[i]) +
+                                  " of table '" + spec.name +
+                                  "' routed to shard " + std::to_string(s) +
+                                  " of " + std::to_string(num_shards));
+        }
         ushard.push_back(static_cast<uint32_t>(s));
         uindex.push_back(count[s]++);
       }
@@ -109,6 +118,22 @@ void RowsPlan::Scatter(int shard, size_t p, const float* rows) {
   for (size_t i = 0; i < r.n; ++i) {
     if (inv.shard[i] != static_cast<uint32_t>(shard)) continue;
     std::memcpy(r.out + i * dim, rows + size_t{inv.index[i]} * dim,
+                dim * sizeof(float));
+  }
+}
+
+void RowsPlan::ScatterSubset(int shard, size_t p,
+                             const std::vector<uint32_t>& subset,
+                             const float* rows) {
+  const Part& part = parts_[shard][p];
+  const RowsInput& r = inputs_[part.input];
+  const Inverse& inv = inverse_[part.input];
+  const size_t dim = tables_[r.table].dim;
+  std::vector<int64_t> at(part.n, -1);  // index in the part -> row of `rows`
+  for (size_t j = 0; j < subset.size(); ++j) at[subset[j]] = static_cast<int64_t>(j);
+  for (size_t i = 0; i < r.n; ++i) {
+    if (inv.shard[i] != static_cast<uint32_t>(shard) || at[inv.index[i]] < 0) continue;
+    std::memcpy(r.out + i * dim, rows + static_cast<size_t>(at[inv.index[i]]) * dim,
                 dim * sizeof(float));
   }
 }

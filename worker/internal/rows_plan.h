@@ -38,12 +38,15 @@ class RowsPlan {
     size_t n = 0;       // keys in this part
   };
 
-  // Builds the plan for `inputs` over `num_shards` shards. InvalidArgument
-  // for an unknown table, a table named twice, null buffers, or a count
-  // above kMaxKeys.
+  // Builds the plan for `inputs` over `num_shards` shards, each key routed
+  // by `ranges` (an elastic fleet's adopted key ranges; every owner below
+  // num_shards) or, when null, by ShardOfKeyHashed. InvalidArgument for an
+  // unknown table, a table named twice, null buffers, or a count above
+  // kMaxKeys.
   static constexpr size_t kMaxKeys = size_t{1} << 30;
   Status Build(const std::vector<TableSpec>& tables, int num_shards,
-               const std::vector<RowsInput>& inputs, bool push);
+               const std::vector<RowsInput>& inputs, bool push,
+               const KeyRanges* ranges = nullptr);
 
   // Parts per shard.
   const std::vector<Part>& parts(int shard) const { return parts_[shard]; }
@@ -52,6 +55,11 @@ class RowsPlan {
   // Pulls: writes rows (part.n x dim fp32) of shard `shard`'s part `p` to
   // every position of its input that maps there.
   void Scatter(int shard, size_t p, const float* rows);
+  // Pulls re-routed to another shard (elastic shards): rows (subset.size()
+  // x dim) are those of entries subset[j] of shard `shard`'s part `p`
+  // (each index below the part's n).
+  void ScatterSubset(int shard, size_t p, const std::vector<uint32_t>& subset,
+                     const float* rows);
 
  private:
   struct Inverse {
