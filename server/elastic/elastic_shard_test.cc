@@ -73,15 +73,7 @@ TEST(RebalanceTest, JoinMovesOnlyWhatBalancesAndLeaveGivesEverythingAway) {
             1.15);
 }
 
-RequestHeader Migrate(MigrateOp op, uint64_t epoch) {
-  RequestHeader r;
-  r.kind = RequestKind::kMigrate;
-  r.rank = -1;
-  r.migrate_op = op;
-  r.migrate_epoch = epoch;
-  r.migrate_deadline_ms = 10000;
-  return r;
-}
+RequestHeader Migrate(MigrateOp op, uint64_t epoch) { return testing::MigrateRequest(op, epoch); }
 
 ShardOptions Options(int id, int num_shards) {
   ShardOptions o = testing::TestOptions(Consistency::kBsp, 2);
@@ -94,10 +86,7 @@ ShardOptions Options(int id, int num_shards) {
 
 // The gradient every worker pushes to chunk `id` at `clock`.
 ByteView Grad(int rank, int64_t clock, uint32_t id, uint64_t n) {
-  std::vector<float> g(n);
-  for (uint64_t i = 0; i < n; ++i)
-    g[i] = 0.01f * static_cast<float>((rank + 1) * (clock + 2)) + 0.001f * i + 0.1f * id;
-  return Floats(g);
+  return testing::ChunkGrad(rank, clock, id, n);
 }
 
 // One BSP step of both workers on `h` for the chunks it owns: push, clock.

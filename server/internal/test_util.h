@@ -149,4 +149,26 @@ class ShardHarness {
   uint64_t next_id = 0;
 };
 
+// A kMigrate request of a tool (rank -1) toward layout `epoch`, with a
+// freeze deadline of 10 s (elastic shards' tests).
+inline RequestHeader MigrateRequest(MigrateOp op, uint64_t epoch) {
+  RequestHeader r;
+  r.kind = RequestKind::kMigrate;
+  r.rank = -1;
+  r.migrate_op = op;
+  r.migrate_epoch = epoch;
+  r.migrate_deadline_ms = 10000;
+  return r;
+}
+
+// The gradient a worker pushes to chunk `id` (n elements) at `clock` in the
+// elastic shards' tests: distinct per rank, clock, chunk and element.
+inline ByteView ChunkGrad(int rank, int64_t clock, uint32_t id, uint64_t n) {
+  std::vector<float> g(n);
+  for (uint64_t i = 0; i < n; ++i)
+    g[i] = 0.01f * static_cast<float>((rank + 1) * (clock + 2)) + 0.001f * i +
+           0.1f * id;
+  return Floats(g);
+}
+
 }  // namespace asyncps::server::testing
