@@ -1407,7 +1407,7 @@ class ClientImpl : public Client {
     layout_epoch_ = doc.epoch;
     active_ = doc.Active();
     LOG(INFO) << "elastic layout epoch " << doc.epoch << ": " << active_.size()
-              << " shards own chunks";
+              << " shards own chunks or key ranges";
     // A shard that joined took the workers' clocks from the shards it copied
     // from; this worker's later clocks reach it as Reroute() resends them.
     return Status::OK();

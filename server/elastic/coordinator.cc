@@ -665,6 +665,26 @@ StatusOr<ChangeReport> Coordinator::Impl::Change(bool add,
       if (!s.ok()) return fail(s.WithContext("import of chunks from " + from));
     }
   }
+  // A shard that joins with key ranges but no chunk still needs the layout
+  // and the clocks: an export of no chunks carries both.
+  bool gets_chunks = false;
+  for (const auto& [route, chunks] : moves) gets_chunks |= route.second == index;
+  if (add && !gets_chunks && !bucket_moves.empty()) {
+    const std::string& from = servers[active[0]];
+    ReplyHeader reply;
+    Message msg;
+    Status s = Call(from, Migrate(MigrateOp::kExport, next, {}), {}, &reply, &msg);
+    if (!s.ok()) return fail(s.WithContext("export of the layout to " + endpoint));
+    if (msg.frames.size() != 3)
+      return fail(Status::Corruption(from + ": an export of no chunks answered " +
+                                     std::to_string(msg.frames.size() - 1) +
+                                     " data frame(s), not 2"));
+    std::vector<ByteView> data(msg.frames.begin() + 1, msg.frames.end());
+    ReplyHeader ireply;
+    Message imsg;
+    s = Call(endpoint, Migrate(MigrateOp::kImport, next, {}), data, &ireply, &imsg);
+    if (!s.ok()) return fail(s.WithContext("import of the layout from " + from));
+  }
   for (const auto& [route, buckets] : bucket_moves) {
     Status s = CopyRows(servers[route.first], servers[route.second], next,
                         num_buckets, buckets,

@@ -10,7 +10,9 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <regex>
+#include <sstream>
 
+#include "tests/util/etcd_fixture.h"
 #include "tests/util/process.h"
 #include "worker/client.h"
 #include "worker/ctr/planted.h"
@@ -209,6 +211,84 @@ TEST(SparseIntegrationTest, RowsAcrossShardsAndCachesMatchReference) {
     EXPECT_LE(shard["stats"]["sparse"]["cache_bytes"].get<uint64_t>(),
               1048576u);
   }
+}
+
+// Elastic shards with sparse tables: a third shard joins and then the first
+// one leaves (ps_ctl add-shard / remove-shard, the layout in a real etcd)
+// between a client's pushes and pulls of rows; the client follows the
+// shards' refusals (a pull first, then pushes, re-routed under their
+// tickets) and every pulled row equals the reference, bitwise.
+TEST(SparseIntegrationTest, ElasticShardsMoveRowsBitwise) {
+  if (!EtcdServer::Available()) GTEST_SKIP() << "etcd not installed (etcd-server)";
+  TempDir dir;
+  auto etcd = EtcdServer::Start(dir.Sub("etcd"), dir.path().string());
+  ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
+  const std::string prefix = "/sparse_elastic";
+  const std::vector<std::string> flags = {
+      "--num_workers=1", "--consistency=asp", "--optimizer=sgd", "--lr=0.1",
+      "--embedding_cache_bytes=1048576", "--worker_timeout_s=60",
+      "--elastic_etcd=" + (*etcd)->endpoint(), "--etcd_prefix=" + prefix};
+  auto servers = StartShards(dir, 2, flags);
+  ASSERT_EQ(servers.size(), 2u);
+  const TableSpec t = Emb(8);
+  auto c = Connect(servers, 0);
+  ASSERT_TRUE(c);
+  ASSERT_TRUE(c->RegisterModel(Dense(), {}, {t}).ok());
+  Reference ref(t);
+  std::mt19937_64 rng(11);
+  auto train = [&](int steps) {
+    for (int i = 0; i < steps; ++i) {
+      auto keys = Batch(2000, 20000, rng);
+      auto g = Grads(keys.size(), t.dim, rng);
+      ASSERT_TRUE(PushRows(*c, 0, keys, g).ok());
+      ref.Push(keys, g);
+    }
+  };
+  auto check = [&]() {
+    auto probe = Batch(3000, 20000, rng);
+    ExpectRows(ref, probe, PullRows(*c, 0, probe, t.dim), t.dim);
+  };
+  auto ctl = [&](const std::string& cmd, const std::string& endpoint) {
+    auto p = Process::Start({BinPath("ps_ctl"), "--etcd=" + (*etcd)->endpoint(),
+                             "--etcd_prefix=" + prefix,
+                             "--servers=" + servers[0].endpoint + "," + servers[1].endpoint,
+                             cmd, endpoint},
+                            dir.Sub(cmd + ".out"));
+    EXPECT_TRUE(p.ok());
+    if (!p.ok()) return nlohmann::json();
+    StatusOr<int> code = (*p)->Wait(seconds(60));
+    EXPECT_TRUE(code.ok() && *code == 0) << (*p)->Log();
+    // The report is the one JSON line on stdout (the log goes to stderr).
+    std::string last;
+    std::istringstream lines((*p)->Log());
+    for (std::string l; std::getline(lines, l);)
+      if (!l.empty() && l[0] == '{') last = l;
+    auto j = nlohmann::json::parse(last, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << (*p)->Log();
+    return j;
+  };
+  train(10);
+  check();
+
+  std::vector<std::string> f3 = flags;
+  f3.push_back("--shard_id=2");
+  f3.push_back("--num_shards=3");
+  auto joined = StartServer(dir, "shard2", f3, "tcp://127.0.0.1:*");
+  ASSERT_TRUE(joined.ok()) << joined.status().ToString();
+  nlohmann::json rep = ctl("add-shard", joined->endpoint);
+  ASSERT_TRUE(rep.is_object());
+  EXPECT_GT(rep.value("moved_buckets", 0), 30);  // a third of 128
+  EXPECT_GT(rep.value("moved_rows", 0), 1000);
+  check();  // routed by epoch 0: refused, re-routed by the document
+  train(10);
+  check();
+
+  rep = ctl("remove-shard", servers[0].endpoint);
+  ASSERT_TRUE(rep.is_object());
+  EXPECT_GT(rep.value("moved_rows", 0), 1000);
+  EXPECT_EQ(rep["active"], nlohmann::json::array({1, 2}));
+  train(10);  // routed by epoch 1: refused, re-routed
+  check();
 }
 
 // kill -9 and restart: with --durable every acknowledged push is there;
