@@ -122,15 +122,7 @@ std::string Shard::DescribeJson() const {
   // Key ranges served (0: static) and the rows held, cached or stored (an
   // estimate: the coordinator sizes its requests by it).
   j["num_buckets"] = e.ranges ? e.ranges->num_buckets : 0;
-  uint64_t sparse_bytes = 0;
-  if (sparse_) {
-    const nlohmann::json stats = nlohmann::json::parse(sparse_->StatsJson());
-    for (const auto& t : stats.at("tables")) {
-      const uint64_t rows = std::max(t.value("rows", uint64_t{0}), t.value("cache_rows", uint64_t{0}));
-      sparse_bytes += rows * (t.value("dim", uint64_t{0}) * 12 + 36);
-    }
-  }
-  j["sparse_bytes"] = sparse_bytes;
+  j["sparse_bytes"] = sparse_ ? sparse_->MoveBytesEstimate() : 0;
   nlohmann::json elems = nlohmann::json::array(), owners = nlohmann::json::array(),
                  owned = nlohmann::json::array(), staged = nlohmann::json::array();
   if (layout_) {

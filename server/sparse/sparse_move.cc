@@ -14,6 +14,7 @@
 // many buckets at a time to keep the number of scans low.
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "server/sparse/row_format.h"
@@ -239,6 +240,18 @@ Status SparseTables::StageImport(uint32_t num_buckets,
     });
   }
   return Status::OK();
+}
+
+uint64_t SparseTables::MoveBytesEstimate() const {
+  uint64_t bytes = 0;
+  for (const auto& t : tables_) {
+    uint64_t rows = t->cache_rows() + t->cache_counters();
+    if (store_ != nullptr)
+      rows = std::max<uint64_t>(rows, store_->GetSpaceStats(t->space()).estimated_keys);
+    bytes += rows * (kMoveRecordHeadBytes + kRecordHeaderBytes +
+                     t->floats_per_row() * sizeof(float));
+  }
+  return bytes;
 }
 
 uint64_t SparseTables::staged_bytes() const {

@@ -200,6 +200,9 @@ class SparseTables {
                                    const std::vector<std::string_view>& frames,
                                    uint64_t* rows);
   uint64_t staged_bytes() const;
+  // Bytes the move records of every row and counter would take (store
+  // estimates, or the cached entries when more): sizes export batches.
+  uint64_t MoveBytesEstimate() const;
   void DropStaged();
   // Adopt of a layout that gives this shard the staged buckets: their
   // records become the tables' (with a store: written as partial writes,
