@@ -227,6 +227,9 @@ TEST(SparseIntegrationTest, ElasticShardsMoveRowsBitwise) {
   const std::vector<std::string> flags = {
       "--num_workers=1", "--consistency=asp", "--optimizer=sgd", "--lr=0.1",
       "--embedding_cache_bytes=1048576", "--worker_timeout_s=60",
+      // Exports of more than 128 KiB of rows are refused: ps_ctl asks
+      // again for fewer buckets at a time.
+      "--max_sparse_reply_bytes=131072",
       "--elastic_etcd=" + (*etcd)->endpoint(), "--etcd_prefix=" + prefix};
   auto servers = StartShards(dir, 2, flags);
   ASSERT_EQ(servers.size(), 2u);
@@ -279,6 +282,7 @@ TEST(SparseIntegrationTest, ElasticShardsMoveRowsBitwise) {
   ASSERT_TRUE(rep.is_object());
   EXPECT_GT(rep.value("moved_buckets", 0), 30);  // a third of 128
   EXPECT_GT(rep.value("moved_rows", 0), 1000);
+  EXPECT_GT(rep.value("moved_row_bytes", 0), 131072);  // so in several exports
   check();  // routed by epoch 0: refused, re-routed by the document
   train(10);
   check();
