@@ -327,6 +327,60 @@ TEST_F(RowsMigrateTest, MoveUnderBspIsBitwiseTheSameAsNoMove) {
   for (size_t t = 0; t < 2; ++t) EXPECT_EQ(Rows(moved, t), Rows(ref, t)) << t;
 }
 
+// A client re-routes a refused push by its keys' new owners, so one shard
+// may get a rank's rows of one round in pieces: under BSP they count as the
+// one push they are (the average is over ranks, not requests).
+TEST_F(RowsMigrateTest, BspCountsThePiecesOfOneSplitRowsPush) {
+  const std::vector<TableSpec> tables = Tables();
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<ByteView> whole;
+    RequestHeader p = PushOf(ref, 0, rank, 0, &whole);
+    ASSERT_TRUE(ra.Call(p, whole).status.ok());
+    // `a` gets rank 0's rows in two pushes, half the keys of each table in
+    // each (the chunks with the first).
+    std::vector<ByteView> data;
+    RequestHeader q = PushOf(moved, 0, rank, 0, &data);
+    if (rank == 1) {
+      ASSERT_TRUE(a.Call(q, data).status.ok());
+      continue;
+    }
+    RequestHeader first = q, second = ShardHarness::Push(rank, 0, {}, {});
+    std::vector<ByteView> d1(data.begin(), data.begin() + q.chunks.size()), d2;
+    first.rows.clear();
+    for (const RowsRef& r : q.rows) {
+      const size_t dim = tables[r.table].dim, half = r.num_keys / 2;
+      const ByteView& k = data[r.keys_frame - 1];
+      const ByteView& g = data[r.rows_frame - 1];
+      for (int piece = 0; piece < 2; ++piece) {
+        const size_t from = piece == 0 ? 0 : half, n = piece == 0 ? half : r.num_keys - half;
+        std::vector<ByteView>& d = piece == 0 ? d1 : d2;
+        RowsRef part = r;
+        part.num_keys = n;
+        d.push_back(ByteView{k.data + from * 8, n * 8, k.owner});
+        part.keys_frame = static_cast<uint32_t>(d.size());
+        d.push_back(ByteView{g.data + from * dim * 4, n * dim * 4, g.owner});
+        part.rows_frame = static_cast<uint32_t>(d.size());
+        (piece == 0 ? first : second).rows.push_back(part);
+      }
+    }
+    ASSERT_TRUE(a.Call(first, d1).status.ok());
+    ASSERT_TRUE(a.Call(second, d2).status.ok());
+  }
+  for (ShardHarness* h : {&a, &ra}) {
+    for (int rank = 0; rank < 2; ++rank)
+      ASSERT_TRUE(h->Call(ShardHarness::Clock(rank, 1)).status.ok());
+  }
+  for (size_t t = 0; t < tables.size(); ++t) {
+    for (uint64_t k : AllKeys()) {
+      if (ref.owner(HashName(tables[t].name), k) != 0) continue;
+      std::vector<float> x(tables[t].dim), y(tables[t].dim);
+      ASSERT_TRUE(a.shard->sparse_tables()->Read(t, &k, 1, x.data()).ok());
+      ASSERT_TRUE(ra.shard->sparse_tables()->Read(t, &k, 1, y.data()).ok());
+      ASSERT_EQ(x, y) << "table " << t << " key " << k;
+    }
+  }
+}
+
 TEST_F(RowsMigrateTest, StaleRowsRequestsAreRefusedWithTheDocument) {
   Step(moved, 0);
   Freeze(2);

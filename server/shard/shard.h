@@ -542,7 +542,7 @@ class Shard {
   Status HoldSparsePush();
   // Applies (BSP: sums) the held rows; only write-backs of evicted rows can
   // fail, and every row is applied anyway.
-  Status ApplySparsePush(int64_t clock, float lr_scale);
+  Status ApplySparsePush(int rank, int64_t clock, float lr_scale);
   Status ValidateSparsePull(const RequestHeader& req,
                             const std::vector<ByteView>& data);
   // Appends the rows of a pull to its reply; adds the bytes of the buffers

@@ -150,7 +150,7 @@ Status Shard::HandlePush(const RequestHeader& req,
     ++shard_version_;
   }
   // Rows: applied (BSP: summed) after the chunks; only write-backs can fail.
-  Status rows = ApplySparsePush(req.clock, lr_scale);
+  Status rows = ApplySparsePush(req.rank, req.clock, lr_scale);
   if (!rows.ok()) {
     LOG(ERROR) << "push " << req.id << " from rank " << rank
                << ": sparse rows: " << rows.ToString();
@@ -172,10 +172,14 @@ bool Shard::PushedThisRound(int rank) const {
   if (bsp_pushed_round_[rank] != bsp_round_) return false;
   // This rank pushed for the round already. Another push of it is a second
   // one unless it carries only chunks the first did not (the pieces of one
-  // push that an elastic layout change re-routed).
-  if (!pending_rows_.empty() || pending_.empty()) return true;
+  // push that an elastic layout change re-routed), and only rows of keys it
+  // did not push (likewise: a push of rows split by their new owners).
   for (const PendingGrad& p : pending_) {
     if (p.chunk->pushed_round[rank] == bsp_round_) return true;
+  }
+  for (const PendingRows& p : pending_rows_) {
+    if (sparse_->PushedInRound(rank, p.table, sparse_keys_.data() + p.keys_at, p.n))
+      return true;
   }
   return false;
 }

@@ -256,10 +256,11 @@ Status Shard::ChargeSparseRound() {
   if (pending_rows_.empty() || options_.consistency != Consistency::kBsp ||
       options_.sparse_async)
     return Status::OK();
-  // This round's sums may grow by a row (and its index entry) per key.
+  // This round's sums may grow by a row (and its index entry, and its entry
+  // in the rank's key set) per key.
   uint64_t grow = 0;
   for (const PendingRows& p : pending_rows_)
-    grow += p.n * (sparse_->specs()[p.table].dim * sizeof(float) + 40);
+    grow += p.n * (sparse_->specs()[p.table].dim * sizeof(float) + 72);
   Status c = Recharge(*budget_, round_charge_.bytes() + grow,
                       "BSP sums of sparse rows", &round_charge_);
   if (!c.ok()) return Reject(RejectReason::kMemoryBudget, c);
@@ -280,7 +281,7 @@ Status Shard::HoldSparsePush() {
   return Status::OK();
 }
 
-Status Shard::ApplySparsePush(int64_t clock, float lr_scale) {
+Status Shard::ApplySparsePush(int rank, int64_t clock, float lr_scale) {
   if (pending_rows_.empty()) return Status::OK();
   const bool durable = options_.durable && store_ != nullptr;
   // Every table's rows are applied even when a write-back of evicted rows
@@ -291,7 +292,7 @@ Status Shard::ApplySparsePush(int64_t clock, float lr_scale) {
     const uint64_t* keys = sparse_keys_.data() + p.keys_at;
     const float* grads = sparse_rows_.data() + p.rows_at;
     if (options_.consistency == Consistency::kBsp && !options_.sparse_async) {
-      sparse_->Accumulate(p.table, keys, grads, p.n);  // charged before
+      sparse_->Accumulate(p.table, keys, grads, p.n, rank);  // charged before
       continue;
     }
     Status s = sparse_->Apply(p.table, keys, grads, p.n, clock, lr_scale,

@@ -280,7 +280,7 @@ Status SparseTables::Assign(uint32_t table, const uint64_t* keys,
 }
 
 void SparseTables::Accumulate(uint32_t table, const uint64_t* keys,
-                              const float* grads, size_t n) {
+                              const float* grads, size_t n, int rank) {
   RoundSums& r = round_[table];
   const size_t dim = specs_[table].dim;
   for (size_t i = 0; i < n; ++i) {
@@ -295,7 +295,23 @@ void SparseTables::Accumulate(uint32_t table, const uint64_t* keys,
     const float* g = grads + i * dim;
     for (size_t j = 0; j < dim; ++j) sum[j] += g[j];
   }
-  ++r.pushes;
+  if (rank < 0) {
+    ++r.pushes;
+    return;
+  }
+  auto [it, first] = r.rank_keys.try_emplace(rank);
+  if (first) ++r.pushes;
+  for (size_t i = 0; i < n; ++i)
+    if (it->second.Find(keys[i]) == FlatIndex::kNone) it->second.Insert(keys[i], 0);
+}
+
+bool SparseTables::PushedInRound(int rank, uint32_t table, const uint64_t* keys,
+                                 size_t n) const {
+  const auto it = round_[table].rank_keys.find(rank);
+  if (it == round_[table].rank_keys.end()) return false;
+  for (size_t i = 0; i < n; ++i)
+    if (it->second.Find(keys[i]) != FlatIndex::kNone) return true;
+  return false;
 }
 
 bool SparseTables::HasRoundSums() const {

@@ -44,6 +44,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -142,9 +143,16 @@ class SparseTables {
   [[nodiscard]] Status Assign(uint32_t table, const uint64_t* keys,
                               const float* values, size_t n, int64_t clock,
                               bool durable);
-  // BSP: adds gradients (checked) to this round's sums.
+  // BSP: adds gradients (checked) of worker `rank` to this round's sums.
+  // The round's average counts each rank once per table (rank -1: every
+  // call counts), so the pieces of one push that a client re-routed to
+  // this shard separately (elastic shards) count as the one push they are.
   void Accumulate(uint32_t table, const uint64_t* keys, const float* grads,
-                  size_t n);
+                  size_t n, int rank = -1);
+  // BSP: whether `rank` pushed any of keys[0..n) of `table` this round (a
+  // second push of them is not counted; pieces with other keys are).
+  bool PushedInRound(int rank, uint32_t table, const uint64_t* keys,
+                     size_t n) const;
   // BSP: applies every table's averaged sums at clock `round` and clears
   // them (after HoldRound(); then only write-backs can fail, and every sum
   // is applied anyway). Nothing to do: OK.
@@ -237,6 +245,9 @@ class SparseTables {
     std::vector<uint64_t> keys;
     std::vector<float> sums;  // keys.size() x dim
     uint64_t pushes = 0;      // pushes of the round that carried the table
+    // Keys each rank pushed this round (not persisted: after a restart a
+    // rank's second push of a round counts again).
+    std::map<int, FlatIndex> rank_keys;
   };
 
   const SparseOptions options_;
