@@ -483,7 +483,7 @@ TEST_F(CoordinatorTest, LostCompareAndSwapAbortsEveryShard) {
   EXPECT_NE(r.status().message().find("changed in etcd"), std::string::npos);
   ExpectAllUnfrozen();
   for (auto& s : shards_) EXPECT_EQ(s->epoch(), 0u);
-  ExpectHeldAsDoc(ElasticDoc{0, {}, kOwners});
+  ExpectHeldAsDoc(ElasticDoc{0, {}, kOwners, 0, {}});
 }
 
 TEST_F(CoordinatorTest, NotDrainedInTimeAborts) {

@@ -64,11 +64,7 @@ float RowGrad(int rank, int64_t clock, size_t t, uint64_t key, size_t j) {
 }
 
 ShardOptions Options(int id, int num_shards) {
-  ShardOptions o = testing::TestOptions(Consistency::kBsp, 2);
-  o.shard_id = id;
-  o.num_shards = num_shards;
-  o.optimizer.kind = OptimizerKind::kAdam;
-  o.optimizer.lr = 0.1f;
+  ShardOptions o = testing::ElasticTestOptions(id, num_shards);
   // A small row cache: most rows live in RocksDB only.
   o.sparse.cache_bytes = 4096;
   return o;

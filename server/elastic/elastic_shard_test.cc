@@ -75,14 +75,7 @@ TEST(RebalanceTest, JoinMovesOnlyWhatBalancesAndLeaveGivesEverythingAway) {
 
 RequestHeader Migrate(MigrateOp op, uint64_t epoch) { return testing::MigrateRequest(op, epoch); }
 
-ShardOptions Options(int id, int num_shards) {
-  ShardOptions o = testing::TestOptions(Consistency::kBsp, 2);
-  o.shard_id = id;
-  o.num_shards = num_shards;
-  o.optimizer.kind = OptimizerKind::kAdam;
-  o.optimizer.lr = 0.1f;
-  return o;
-}
+ShardOptions Options(int id, int num_shards) { return testing::ElasticTestOptions(id, num_shards); }
 
 // The gradient every worker pushes to chunk `id` at `clock`.
 ByteView Grad(int rank, int64_t clock, uint32_t id, uint64_t n) {

@@ -161,6 +161,17 @@ inline RequestHeader MigrateRequest(MigrateOp op, uint64_t epoch) {
   return r;
 }
 
+// Shard `id` of `num_shards` in the elastic shards' tests: BSP, 2 workers,
+// Adam with lr 0.1.
+inline ShardOptions ElasticTestOptions(int id, int num_shards) {
+  ShardOptions o = TestOptions(Consistency::kBsp, 2);
+  o.shard_id = id;
+  o.num_shards = num_shards;
+  o.optimizer.kind = OptimizerKind::kAdam;
+  o.optimizer.lr = 0.1f;
+  return o;
+}
+
 // The gradient a worker pushes to chunk `id` (n elements) at `clock` in the
 // elastic shards' tests: distinct per rank, clock, chunk and element.
 inline ByteView ChunkGrad(int rank, int64_t clock, uint32_t id, uint64_t n) {
