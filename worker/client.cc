@@ -184,7 +184,8 @@ class ClientImpl : public Client {
             .IsSparse()) {
       return Status::InvalidArgument("rows_codec must be a dense codec");
     }
-    // The shards that own chunks now (etcd's layout, when there is one).
+    // The shards that own chunks or key ranges now (etcd's layout, when
+    // there is one).
     ASSIGN_OR_RETURN(std::vector<int> targets, ShardsFromEtcd());
     RequestHeader h = NewHeader(RequestKind::kRegister);
     h.tensors = tensors;
@@ -1437,7 +1438,8 @@ class ClientImpl : public Client {
   // Before the first registration of an elastic fleet's worker: the layout
   // document in etcd (ClientOptions::etcd_endpoints), its shards that
   // joined connected and kept for AdoptLayout(); returns the shards that
-  // own chunks (all of this client's when there is no document or etcd).
+  // own chunks or key ranges (all of this client's when there is no
+  // document or etcd).
   StatusOr<std::vector<int>> ShardsFromEtcd() {
     if (options_.etcd_endpoints.empty() || layout_epoch_ > 0) return AllShards();
     EtcdOptions eo;
@@ -1470,7 +1472,7 @@ class ClientImpl : public Client {
     KeepNewestDoc((*kv)->value);
     LOG(INFO) << "elastic layout epoch " << doc->epoch << " from etcd: "
               << doc->Active().size() << " of " << doc->servers.size()
-              << " shards own chunks";
+              << " shards own chunks or key ranges";
     return doc->Active();
   }
 
@@ -1609,6 +1611,7 @@ class ClientImpl : public Client {
   std::vector<DeferredClock> deferred_clocks_;  // see Reroute()
   uint64_t mark_ = 0;
   std::vector<int> active_;    // elastic layouts: shards that own chunks
+                               // or key ranges
   std::map<uint64_t, Pending> pending_;  // by request id: resends go in order
   std::unordered_map<Ticket, TicketState> tickets_;
   uint64_t next_id_ = 1;

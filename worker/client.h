@@ -96,11 +96,12 @@ struct ClientOptions {
   // Elastic fleets (ps_ctl add-shard / remove-shard, common/elastic_doc.h):
   // etcd client URLs ("http://host:port") and the fleet's key prefix. When
   // set, Register() and UseLayout() first read the layout document
-  // (<etcd_prefix>/elastic) and go to the shards that own chunks now, so a
-  // worker started again after every shard in `servers` left still joins
-  // the fleet. `servers` stays the fleet's first shards (their count cut
-  // the chunks; the document lists them first). Without a document (a
-  // fleet that never changed) nothing differs. Default: none.
+  // (<etcd_prefix>/elastic) and go to the shards that own chunks or key
+  // ranges of sparse tables now, so a worker started again after every
+  // shard in `servers` left still joins the fleet. `servers` stays the
+  // fleet's first shards (their count cut the chunks; the document lists
+  // them first). Without a document (a fleet that never changed) nothing
+  // differs. Default: none.
   std::vector<std::string> etcd_endpoints;
   std::string etcd_prefix;
 };
