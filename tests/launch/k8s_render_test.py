@@ -342,7 +342,7 @@ class K8sRenderTest(u.LaunchTestCase):
         self.assertIn("CurveZMQ admin keys", err)
         code, err = self.elastic_render("replicas", "+1@3s", ["--replicas", "2"])
         self.assertEqual(code, 2, err)
-        self.assertIn("--replicas > 1 is not supported", err)
+        self.assertIn("--replicas > 1 runs on --backend local", err)
         # A given etcd: none rendered, the shards and the Job use it.
         docs = self.render_list("elastic-etcd", ["--elastic", "+1@3s", "--etcd",
                                                  "http://etcd.infra:2379"])
