@@ -8,6 +8,11 @@
 // gbps = gradient bytes applied per second / 1e9 (median of --repeats, each
 // repeat timed right after its memcpy baseline); ratio = the median of the
 // per-repeat gbps / memcpy_gbps. "optimizer" times Optimizer::Apply alone;
+// "optimizer" rows also time the update's loads and stores without its
+// arithmetic (w -= g, s += g per state slot) right before it:
+// streams_ratio = that loop / memcpy (the update's ceiling on one thread),
+// ratio_vs_streams = the update / that loop (1.0: memory-bound; below it,
+// its arithmetic costs: sqrt and divide per weight in Adam and AdaGrad).
 // "shard_push" times a whole raw fp32 push through Shard::Handle
 // (validation, NaN/Inf scan, apply, bookkeeping), i.e. the server's hot path
 // without the socket, on --apply_threads threads (1 unless given).
@@ -75,6 +80,43 @@ struct Memcpy {
   }
   std::vector<uint8_t> src, dst;
 };
+
+// The loads and stores of an update with 0, 1 or 2 state floats per weight
+// (w -= g; s += g per slot) and none of its arithmetic: its memory traffic
+// alone, the ceiling of that update on one thread. Cloned for AVX2 as the
+// optimizer loops are (server/optimizer/optimizer.cc).
+#if defined(__x86_64__) && defined(__GNUC__)
+#define BENCH_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define BENCH_CLONES
+#endif
+BENCH_CLONES void Streams0(float* __restrict__ w, const float* __restrict__ g,
+                           size_t n) {
+  for (size_t i = 0; i < n; ++i) w[i] -= g[i];
+}
+BENCH_CLONES void Streams1(float* __restrict__ w, float* __restrict__ a,
+                           const float* __restrict__ g, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    w[i] -= g[i];
+    a[i] += g[i];
+  }
+}
+BENCH_CLONES void Streams2(float* __restrict__ w, float* __restrict__ a,
+                           float* __restrict__ b, const float* __restrict__ g,
+                           size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    w[i] -= g[i];
+    a[i] += g[i];
+    b[i] += g[i];
+  }
+}
+
+void Streams(float* w, float* state, const float* g, size_t n, size_t slots) {
+  if (slots == 0) Streams0(w, g, n);
+  if (slots == 1) Streams1(w, state, g, n);
+  if (slots == 2) Streams2(w, state, state + n, g, n);
+  asm volatile("" : : "r"(w), "r"(state) : "memory");
+}
 
 OptimizerOptions Opt(OptimizerKind k, bool nesterov = false) {
   OptimizerOptions o;
@@ -224,12 +266,25 @@ int main(int argc, char** argv) {
         (*opt)->Apply(w.data(), st.data(), g.data(), n, 1.0f, ++step);
       };
       apply();
-      std::vector<double> gbps, base;
+      // Its loads and stores alone, on copies of the same sizes.
+      const size_t slots = (*opt)->state_per_elem();
+      std::vector<float> sw(n, 0.5f), sst(n * slots, 0.0f);
+      auto streams = [&] { Streams(sw.data(), sst.data(), g.data(), n, slots); };
+      streams();
+      std::vector<double> gbps, base, traffic;
       for (int r = 0; r < reps; ++r) {
         base.push_back(mc.Gbps());
+        traffic.push_back(static_cast<double>(bytes) / TimePerCall(streams) / 1e9);
         gbps.push_back(static_cast<double>(bytes) / TimePerCall(apply) / 1e9);
       }
-      bench::Emit(Row("optimizer", c.name, n, 1, gbps, base, "memcpy"));
+      Json j = Row("optimizer", c.name, n, 1, gbps, base, "memcpy");
+      const auto t = bench::SpreadOf(traffic);
+      j["streams_gbps"] = bench::Round(t.median, 3);
+      j["streams_ratio"] = bench::Round(bench::SpreadOf(bench::Ratios(traffic, base)).median, 3);
+      const auto vs = bench::SpreadOf(bench::Ratios(gbps, traffic));
+      j["ratio_vs_streams"] = bench::Round(vs.median, 3);
+      j["ratio_vs_streams_spread"] = bench::ToJson(vs);
+      bench::Emit(j);
     }
     for (const Case& c : cases) {
       // One tensor of n floats in one chunk, one shard, one worker (ASP).
