@@ -228,7 +228,11 @@ class RowsMigrateTest : public ::testing::Test {
   }
 
   // Chunk 4 and every moving bucket to c, then adopt (receiver first).
-  void MoveAndAdopt() {
+  // resend: every import is sent twice, and a part of the first source's
+  // buckets a third time (exported again), as a coordinator retries one
+  // that a promoted backup had staged already: the staged rows are replaced,
+  // never kept twice.
+  void MoveAndAdopt(bool resend = false) {
     RequestHeader e = Migrate(MigrateOp::kExport, 1);
     e.migrate_chunks = {4};
     auto out = a.Send(e);
@@ -244,6 +248,18 @@ class RowsMigrateTest : public ::testing::Test {
       ASSERT_EQ(rows[0].frames.size(), 2 + Tables().size());
       ReplyHeader r = c.Call(Buckets(MigrateOp::kImport, buckets), rows[0].frames);
       ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+      if (!resend) continue;
+      const uint64_t staged = c.shard->sparse_tables()->staged_bytes();
+      r = c.Call(Buckets(MigrateOp::kImport, buckets), rows[0].frames);
+      ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+      EXPECT_EQ(c.shard->sparse_tables()->staged_bytes(), staged);
+      if (from != &a) continue;
+      const std::vector<uint32_t> part(buckets.begin(), buckets.begin() + buckets.size() / 2);
+      auto again = from->Send(Buckets(MigrateOp::kExport, part));
+      ASSERT_TRUE(again[0].header.status.ok()) << again[0].header.status.ToString();
+      r = c.Call(Buckets(MigrateOp::kImport, part), again[0].frames);
+      ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+      EXPECT_EQ(c.shard->sparse_tables()->staged_bytes(), staged);
     }
     for (ShardHarness* h : {&c, &a, &b}) {
       RequestHeader d = Migrate(MigrateOp::kAdopt, 1);
@@ -320,6 +336,27 @@ TEST_F(RowsMigrateTest, MoveUnderBspIsBitwiseTheSameAsNoMove) {
   EXPECT_EQ(Rows(moved, 1), ctr);
   Step(moved, 7);
   Step(ref, 7);
+  for (size_t t = 0; t < 2; ++t) EXPECT_EQ(Rows(moved, t), Rows(ref, t)) << t;
+}
+
+// A resent import (the coordinator's retry after a failover of the
+// receiving group) replaces what it staged: the move still ends bitwise
+// equal to the fleet that never moved.
+TEST_F(RowsMigrateTest, ResentImportsReplaceTheirStagedRows) {
+  for (int64_t clock = 0; clock < 2; ++clock) {
+    Step(moved, clock);
+    Step(ref, clock);
+  }
+  Freeze(3);
+  Step(moved, 2);
+  Step(ref, 2);
+  MoveAndAdopt(/*resend=*/true);
+  EXPECT_EQ(c.shard->layout_epoch(), 1u);
+  for (size_t t = 0; t < 2; ++t) EXPECT_EQ(Rows(moved, t), Rows(ref, t)) << t;
+  for (int64_t clock = 3; clock < 5; ++clock) {
+    Step(moved, clock);
+    Step(ref, clock);
+  }
   for (size_t t = 0; t < 2; ++t) EXPECT_EQ(Rows(moved, t), Rows(ref, t)) << t;
 }
 

@@ -10,7 +10,8 @@
 //           must be this shard's; a reply above --max_sparse_reply_bytes is
 //           ResourceExhausted (the coordinator asks for fewer buckets).
 //   import  the same frames: checked whole, then staged (an empty shard
-//           registers the tables first and serves no key until it adopts).
+//           registers the tables first and serves no key until it adopts);
+//           a resent import replaces the rows staged of its buckets.
 //   adopt   staged rows become the tables' (written to the store), rows of
 //           buckets given away leave the cache and the store, and the
 //           document's bucket owners route every key from then on; they
@@ -235,13 +236,14 @@ Status Shard::StageRows(const RequestHeader& req, const std::vector<ByteView>& d
   std::vector<uint8_t> chosen;
   RETURN_IF_ERROR(CheckBucketList(req, &chosen));
   for (uint32_t b : req.migrate_buckets) {
-    if (BucketOwnerNow(b, req.migrate_num_buckets) == options_.shard_id ||
-        (!e.staged_buckets.empty() && e.staged_buckets[b])) {
+    if (BucketOwnerNow(b, req.migrate_num_buckets) == options_.shard_id) {
       return Reject(RejectReason::kRepeatedChunk,
                     Status::InvalidArgument("bucket " + std::to_string(b) +
-                                            " is held or staged here already"));
+                                            " is held here already"));
     }
   }
+  // A bucket staged already is a resend: its rows are replaced (the charge
+  // covers both copies while they are checked, then what stays staged).
   uint64_t bytes = sparse_->staged_bytes();
   for (size_t t = 2; t < data.size(); ++t) bytes += data[t].size;
   StatusOr<MemoryBudget::Charge> charge =
@@ -254,6 +256,7 @@ Status Shard::StageRows(const RequestHeader& req, const std::vector<ByteView>& d
   Status s = sparse_->StageImport(req.migrate_num_buckets, chosen, frames, &rows);
   if (!s.ok()) return Reject(RejectReason::kMalformed, s);
   e.staged_rows_charge = std::move(charge).value();  // the old one released
+  e.staged_rows_charge.ShrinkTo(sparse_->staged_bytes());
   e.staged_num_buckets = req.migrate_num_buckets;
   if (e.staged_buckets.empty()) e.staged_buckets.assign(e.staged_num_buckets, 0);
   for (uint32_t b : req.migrate_buckets) e.staged_buckets[b] = 1;

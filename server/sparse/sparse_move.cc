@@ -189,6 +189,31 @@ Status SparseTables::StageImport(uint32_t num_buckets,
                                    " tables for " +
                                    std::to_string(tables_.size()) + " tables");
   }
+  // A resend names buckets whose rows are staged already (the coordinator's
+  // retry, or its first try handed on to a backup that is now the primary):
+  // their staged records are replaced, as a resent chunk is
+  // (shard_migrate.cc). The others' records stay.
+  bool resent = false;
+  for (size_t t = 0; t < tables_.size() && !resent; ++t) {
+    ForEachMoveRecord(staged_[t], [&](uint64_t key, std::string_view) {
+      resent = resent || chosen[MulHigh(KeyHash(tables_[t]->name_hash(), key), num_buckets)];
+    });
+  }
+  std::vector<std::string> kept;
+  FlatIndex kept_keys;
+  if (resent) {
+    kept.resize(tables_.size());
+    for (size_t t = 0; t < tables_.size(); ++t) {
+      const std::string_view f = staged_[t];
+      ForEachMoveRecord(f, [&](uint64_t key, std::string_view value) {
+        if (chosen[MulHigh(KeyHash(tables_[t]->name_hash(), key), num_buckets)]) return;
+        const size_t at = static_cast<size_t>(value.data() - f.data()) - kMoveRecordHeadBytes;
+        kept[t].append(f.substr(at, kMoveRecordHeadBytes + value.size()));
+        kept_keys.Insert(Salted(key, t), 0);
+      });
+    }
+  }
+  const FlatIndex& staged_keys = resent ? kept_keys : staged_keys_;
   // Everything checked before anything is kept.
   *rows = 0;
   FlatIndex seen;
@@ -223,7 +248,7 @@ Status SparseTables::StageImport(uint32_t num_buckets,
       }
       const uint64_t salted = Salted(key, t);
       if (seen.Find(salted) != FlatIndex::kNone ||
-          staged_keys_.Find(salted) != FlatIndex::kNone) {
+          staged_keys.Find(salted) != FlatIndex::kNone) {
         return Status::InvalidArgument(where + ": key " + std::to_string(key) +
                                        " twice");
       }
@@ -231,6 +256,10 @@ Status SparseTables::StageImport(uint32_t num_buckets,
       at += kMoveRecordHeadBytes + size;
       ++*rows;
     }
+  }
+  if (resent) {
+    staged_ = std::move(kept);
+    staged_keys_ = std::move(kept_keys);
   }
   for (size_t t = 0; t < frames.size(); ++t)
     staged_[t].append(frames[t].data(), frames[t].size());

@@ -200,9 +200,10 @@ class SparseTables {
                                      uint64_t* rows);
   // Checks the move records of one import (frames[t]: table t's; each must
   // parse as a record of the table, name a key of a chosen bucket and not
-  // repeat one staged) and keeps them until InstallStaged() or
-  // DropStaged(). InvalidArgument naming the table and the record; nothing
-  // of this import is kept then.
+  // repeat one of this import or one staged of another bucket) and keeps
+  // them until InstallStaged() or DropStaged(). The records staged of a
+  // chosen bucket before (a resent import) are replaced. InvalidArgument
+  // naming the table and the record; nothing changes then.
   [[nodiscard]] Status StageImport(uint32_t num_buckets,
                                    const std::vector<uint8_t>& chosen,
                                    const std::vector<std::string_view>& frames,

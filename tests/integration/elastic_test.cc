@@ -2,6 +2,7 @@
 // without Debian's etcd-server) and ps_ctl add-shard / remove-shard. A worker
 // started again after every shard it was given left the fleet registers
 // through the layout in etcd (ClientOptions::etcd_endpoints) and trains on.
+// Replica groups grow, shrink and fail over with chunks and sparse rows.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -20,6 +21,8 @@ using std::chrono::seconds;
 using worker::ChunkPayload;
 using worker::Client;
 using worker::ClientOptions;
+using worker::RowsPull;
+using worker::RowsPush;
 
 constexpr char kPrefix[] = "/asyncps/elastic_it";
 
@@ -114,8 +117,10 @@ class ElasticIntegrationTest : public ::testing::Test {
     return c.ok() ? std::move(c).value() : nullptr;
   }
 
-  // One push of gradient `g` in every element at `clock`.
-  static void Push(Client& c, int64_t clock, float g) {
+  // One push of gradient `g` in every element at `clock` (and in every row
+  // of `keys` of table 0 when given).
+  static void Push(Client& c, int64_t clock, float g,
+                   const std::vector<uint64_t>& keys = {}) {
     std::vector<ChunkPayload> payloads;
     for (const ChunkSpec& chunk : c.layout().chunks()) {
       auto buf = Buffer::Allocate(chunk.num_elems * sizeof(float));
@@ -123,10 +128,30 @@ class ElasticIntegrationTest : public ::testing::Test {
       for (uint64_t i = 0; i < chunk.num_elems; ++i) f[i] = g;
       payloads.push_back({chunk.id, 0, Frame::Ref(buf)});
     }
-    auto t = c.StartPush(clock, std::move(payloads));
+    std::vector<float> grads;
+    std::vector<RowsPush> rows;
+    if (!keys.empty()) {
+      grads.assign(keys.size() * c.tables()[0].dim, g);
+      rows.push_back(RowsPush{0, keys.data(), keys.size(), grads.data()});
+    }
+    auto t = rows.empty() ? c.StartPush(clock, std::move(payloads))
+                          : c.StartPushRows(clock, std::move(payloads), rows);
     ASSERT_TRUE(t.ok()) << t.status().ToString();
     Status s = c.Wait(*t, seconds(60));
     ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+
+  // The rows of `keys` of table 0.
+  static std::vector<float> PullRows(Client& c, int64_t clock,
+                                     const std::vector<uint64_t>& keys) {
+    std::vector<float> out(keys.size() * c.tables()[0].dim, -9.0f);
+    auto t = c.StartPullRows(clock, {}, {RowsPull{0, keys.data(), keys.size(), out.data()}});
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    if (t.ok()) {
+      Status s = c.Wait(*t, seconds(60));
+      EXPECT_TRUE(s.ok()) << s.ToString();
+    }
+    return out;
   }
 
   static std::vector<float> Pull(Client& c, int64_t clock) {
@@ -148,16 +173,34 @@ class ElasticIntegrationTest : public ::testing::Test {
   int ctl_runs_ = 0;
 };
 
-// "role" of the replica at `endpoint` (ps_ctl stats: primary, backup, spare).
-std::string Role(const TempDir& dir, const std::string& endpoint) {
+// ps_ctl stats of the replica at `endpoint` (an empty object when it does
+// not answer).
+nlohmann::json Stats(const TempDir& dir, const std::string& endpoint) {
+  static int runs = 0;
   auto p = Process::Start({BinPath("ps_ctl"), "--servers=" + endpoint, "stats"},
-                          dir.Sub("stats-" + std::to_string(std::hash<std::string>()(endpoint))));
-  if (!p.ok()) return "";
+                          dir.Sub("stats-" + std::to_string(++runs)));
+  if (!p.ok()) return nlohmann::json::object();
   auto code = (*p)->Wait(seconds(20));
-  if (!code.ok() || *code != 0) return "";
+  if (!code.ok() || *code != 0) return nlohmann::json::object();
   auto j = nlohmann::json::parse((*p)->Log(), nullptr, false);
-  if (j.is_discarded() || !j.contains("shards") || j["shards"].empty()) return "";
-  return j["shards"][0]["stats"]["replication"].value("role", "");
+  if (j.is_discarded() || !j.contains("shards") || j["shards"].empty())
+    return nlohmann::json::object();
+  return j["shards"][0]["stats"];
+}
+
+// "role" of the replica at `endpoint` (primary, backup, spare).
+std::string Role(const TempDir& dir, const std::string& endpoint) {
+  nlohmann::json j = Stats(dir, endpoint);
+  return j.contains("replication") ? j["replication"].value("role", "") : "";
+}
+
+// Rows of table 0 the replica at `endpoint` holds (its store's estimate and
+// its cache).
+uint64_t HeldRows(const TempDir& dir, const std::string& endpoint) {
+  nlohmann::json j = Stats(dir, endpoint);
+  if (!j.contains("sparse")) return 0;
+  const nlohmann::json& t = j["sparse"]["tables"][0];
+  return t.value("rows", uint64_t{0}) + t.value("cache_rows", uint64_t{0});
 }
 
 TEST_F(ElasticIntegrationTest, WorkerStartedAfterItsShardsLeftRegistersThroughEtcd) {
@@ -268,6 +311,64 @@ TEST_F(ElasticIntegrationTest, ReplicaGroupsGrowShrinkAndFailOver) {
   s = b->Register(Model(), Cut());
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(Pull(*b, clock), trained);
+}
+
+// The same with a sparse table: its key-range buckets move into the group
+// that joins and out of the group that leaves, each import, adopt and drop
+// applied by every member of the group (handed on like a push), so the
+// backup promoted after its primary's SIGKILL holds every row it was given
+// and every update since.
+TEST_F(ElasticIntegrationTest, ReplicaGroupsMoveSparseRowsAndFailOver) {
+  const std::string g0 = StartGroup(0, 2);
+  const std::string g1 = StartGroup(1, 2);
+  ASSERT_FALSE(g0.empty() || g1.empty());
+  first_ = g0 + "," + g1;
+  TableSpec emb;
+  emb.name = "emb";
+  emb.dim = 4;
+  emb.init = InitKind::kZeros;
+  emb.optimizer.kind = RowOptimizerKind::kSgd;
+  emb.optimizer.lr = 0.5f;
+  std::vector<uint64_t> keys;
+  for (uint64_t i = 0; i < 400; ++i) keys.push_back(i * 2654435761ULL + 7);
+  float sum = 0.0f;
+  auto expect = [&](const std::vector<float>& got) {
+    ASSERT_EQ(got.size(), keys.size() * emb.dim);
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_EQ(got[i], -0.5f * sum) << "key " << keys[i / emb.dim];
+  };
+  auto a = Connect(/*with_etcd=*/true, seconds(60));
+  ASSERT_TRUE(a);
+  Status s = a->RegisterModel(Model(), Cut(), {emb});
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  int64_t clock = 0;
+  for (; clock < 3; ++clock, sum += 0.25f) Push(*a, clock, 0.25f, keys);
+  const std::string g2 = StartGroup(2, 3);
+  ASSERT_FALSE(g2.empty());
+  ASSERT_NO_FATAL_FAILURE(Ctl("add-shard", g2));
+  // Both members of the joined group hold the rows it was given.
+  for (size_t i = shards_.size() - 2; i < shards_.size(); ++i)
+    EXPECT_GT(HeldRows(dir_, shards_[i].endpoint), 0u) << shards_[i].endpoint;
+  for (; clock < 5; ++clock, sum += 0.5f) Push(*a, clock, 0.5f, keys);
+  ASSERT_NO_FATAL_FAILURE(expect(PullRows(*a, clock, keys)));
+  ASSERT_NO_FATAL_FAILURE(Ctl("remove-shard", g0));
+  for (; clock < 7; ++clock, sum += 0.125f) Push(*a, clock, 0.125f, keys);
+  ASSERT_NO_FATAL_FAILURE(expect(PullRows(*a, clock, keys)));
+  for (float v : Pull(*a, clock)) ASSERT_EQ(v, -0.5f * sum);
+  // Both members of each group that holds rows now are killed in turn
+  // (their primaries): the backups hold the rows they were handed.
+  for (size_t first : {size_t{2}, shards_.size() - 2}) {
+    size_t primary = shards_.size();
+    for (size_t i = first; i < first + 2; ++i)
+      if (Role(dir_, shards_[i].endpoint) == "primary") primary = i;
+    ASSERT_LT(primary, shards_.size()) << "no primary in the group of " << first;
+    shards_[primary].process->Kill(9);
+    ASSERT_NO_FATAL_FAILURE(expect(PullRows(*a, clock, keys)));
+    for (int i = 0; i < 2; ++i, ++clock, sum += 1.0f) Push(*a, clock, 1.0f, keys);
+    ASSERT_NO_FATAL_FAILURE(expect(PullRows(*a, clock, keys)));
+  }
+  for (float v : Pull(*a, clock)) ASSERT_EQ(v, -0.5f * sum);
+  EXPECT_GE(a->failovers(), 2u);
 }
 
 }  // namespace
