@@ -21,7 +21,6 @@ repeat's final weights were bitwise equal to its fixed twin's.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__
 PSRUN = os.path.join(REPO, "launch", "psrun")
 sys.path.insert(0, os.path.join(REPO, "launch"))
 from pslaunch.elastic import acked_times, longest_gap  # noqa: E402
+import bench_stats  # noqa: E402
 
 SERVER = ("--consistency=bsp --optimizer=momentum --lr=0.05 --worker_timeout_s=10 "
           "--checkpoint_every_s=0")
@@ -60,7 +60,7 @@ def weights(run_dir):
 
 
 def spread(v):
-    return {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
+    return bench_stats.spread(v, count="n")
 
 
 def main():

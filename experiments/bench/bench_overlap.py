@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,6 +43,7 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 EXAMPLES = os.path.join(REPO, "worker", "python", "examples")
 sys.path.insert(0, os.path.join(REPO, "launch"))
 sys.path.insert(0, HERE)
+import bench_stats  # noqa: E402
 import bench_worker  # noqa: E402  (stop)
 PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 WORKERS = 2
@@ -231,9 +231,7 @@ def run_ddp(fleet, a, batch):
 
 
 def spread(values, digits=1):
-    return {"median": round(statistics.median(values), digits),
-            "min": round(min(values), digits), "max": round(max(values), digits),
-            "repeats": len(values)}
+    return bench_stats.spread(values, digits)
 
 
 def emit(obj):

@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 EXAMPLES = os.path.join(REPO, "worker", "python", "examples")
 sys.path.insert(0, HERE)
+import bench_stats  # noqa: E402
 import bench_worker  # noqa: E402  (start_server, stop, summary, emit)
 
 PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
@@ -51,13 +51,11 @@ def env():
 
 
 def spread(values):
-    return {"median": round(statistics.median(values), 1), "min": round(min(values), 1),
-            "max": round(max(values), 1), "repeats": len(values)}
+    return bench_stats.spread(values, 1)
 
 
 def ratio_spread(values):
-    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
-            "max": round(max(values), 3)}
+    return bench_stats.spread(values, 3, count=None)
 
 
 def script_args(model, steps):

@@ -16,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 
+import bench_stats
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 PSRUN = os.path.join(REPO, "launch", "psrun")
 
@@ -36,7 +38,7 @@ def run(bin_dir, work, replicas, servers, workers, steps, layers):
 
 
 def spread(v):
-    return {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
+    return bench_stats.spread(v, count="n")
 
 
 def main():

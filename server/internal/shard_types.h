@@ -19,6 +19,13 @@
 #include "server/shard/shard.h"
 
 namespace asyncps::server {
+namespace internal {
+
+// What the reply to a request refused for now (a push held behind another,
+// a push to a frozen shard) asks the client to wait before it resends.
+inline constexpr uint32_t kRetryMs = 20;
+
+}  // namespace internal
 
 // One chunk owned by this shard.
 struct Shard::Chunk {

@@ -367,7 +367,7 @@ Status Shard::CheckHeldPush(const RequestHeader& req, ReplyHeader* reply) {
     return Status::OK();
   }
   if (req.clock <= h.clock) return Status::OK();
-  reply->retry_ms = 20;
+  reply->retry_ms = internal::kRetryMs;
   return Reject(RejectReason::kWrongClock,
                 Status::Unavailable(
                     "clock " + std::to_string(req.clock) + " of rank " +

@@ -33,8 +33,7 @@
 namespace asyncps::server {
 namespace {
 
-constexpr uint32_t kRetryMs = 20;
-
+using internal::kRetryMs;
 using internal::kChunkMagic;
 using internal::kStateMagic;
 using internal::Reader;
