@@ -194,6 +194,8 @@ class ParameterServer:
         self.names, self.params, self.specs = tensor_specs(model, seed,
                                                            None if upload else init)
         self.embeddings = [m for m in model.modules() if isinstance(m, SparseEmbedding)]
+        self.embedding_names = [n for n, m in model.named_modules()
+                                if isinstance(m, SparseEmbedding)]
         self._shapes = [tuple(p.shape) for p in self.params]
         self._structure = _structure(model)
         self._on_cuda = any(p.device.type == "cuda" for p in self.params)
@@ -292,7 +294,10 @@ class ParameterServer:
     # ---- saving (asyncps.torch_update) --------------------------------------
     def state_dict(self):
         """The model's state_dict with the shards' weights (PyTorch format:
-        torch.save of it loads into a plain model)."""
+        torch.save of it loads into a plain model). Each SparseEmbedding
+        with num_embeddings (or rows=) adds '<module path>.weight': the
+        shards' rows of ids 0..num_embeddings-1, (num_embeddings, dim), as
+        an nn.Embedding of that size at that path holds them."""
         return _update.pulled_state_dict(self)
 
     def optimizer_state_dict(self):
@@ -319,10 +324,15 @@ class ParameterServer:
 
     def load_state_dict(self, state_dict, strict=True, optimizer_state=None):
         """Loads `state_dict` into the model and uploads its parameters to
-        the shards (overwriting them). Their optimizer state restarts from
-        zero, unless `optimizer_state` (an optimizer_state_dict()) is given:
-        then it is written in the same upload, as load_optimizer_state_dict
-        would (resuming a checkpoint where it stopped)."""
+        the shards (overwriting them), and each SparseEmbedding's
+        '<module path>.weight' (N, dim) as the rows of ids 0..N-1 (N must
+        be its num_embeddings; without one it becomes N; other ids keep
+        their rows). Their optimizer state restarts from zero, unless
+        `optimizer_state` (an optimizer_state_dict()) is given: then it is
+        written in the same upload, as load_optimizer_state_dict would
+        (resuming a checkpoint where it stopped). Rows of the wrong shape,
+        NaN/Inf, or (strict) a missing one: asyncps.InvalidArgument before
+        anything is written."""
         return _update.load_and_upload(self, state_dict, strict, optimizer_state)
 
     # ---- counters and lifetime ---------------------------------------------
@@ -445,7 +455,7 @@ class SparseEmbedding(torch.nn.Module):
     --sparse_consistency=asp (hybrid: dense BSP, rows applied on arrival)."""
 
     def __init__(self, name, dim, init="normal", param=1.0, seed=1, optimizer="adagrad",
-                 lr=0.01, rows=None, **table_options):
+                 lr=0.01, rows=None, num_embeddings=None, **table_options):
         super().__init__()
         self.spec = _asyncps.TableSpec(name, dim, init, param, seed, optimizer, lr,
                                        **table_options)
@@ -458,6 +468,16 @@ class SparseEmbedding(torch.nn.Module):
                 raise InvalidArgument("SparseEmbedding '%s': rows must be (N, %d), got %s"
                                       % (name, dim, tuple(rows.shape)))
             self.rows = rows
+        # num_embeddings: the ids 0..num_embeddings-1 that ps.state_dict()
+        # saves as '<module path>.weight' (default: len(rows); None: none).
+        if num_embeddings is None and rows is not None:
+            num_embeddings = len(rows)
+        if num_embeddings is not None:
+            num_embeddings = int(num_embeddings)
+            if num_embeddings < 1 or (rows is not None and len(rows) > num_embeddings):
+                raise InvalidArgument("SparseEmbedding '%s': num_embeddings must be >= 1 and "
+                                      ">= len(rows), got %d" % (name, num_embeddings))
+        self.num_embeddings = num_embeddings
         self._ps = None
         self._index = None
         self._pending = []  # (keys, rows) of this step's forward passes
@@ -496,8 +516,8 @@ class SparseEmbedding(torch.nn.Module):
                                   np.ascontiguousarray(np.concatenate(grads)), clock)
 
     def extra_repr(self):
-        return "name=%r, dim=%d, optimizer=%s" % (self.spec.name, self.spec.dim,
-                                                 self.spec.optimizer)
+        return "name=%r, dim=%d, optimizer=%s, num_embeddings=%s" % (
+            self.spec.name, self.spec.dim, self.spec.optimizer, self.num_embeddings)
 
 
 def _parse_codec(spec):

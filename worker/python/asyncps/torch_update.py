@@ -37,7 +37,12 @@ parameters freshly pulled from the shards (worker-side update: the worker's
 own weights, which are the model); buffers (BatchNorm statistics) are this
 worker's. ps.load_state_dict(sd) loads it into the model and uploads the
 parameters to the shards (overwrite: the shards' optimizer state restarts,
-as after init="model", unless optimizer_state= is given).
+as after init="model", unless optimizer_state= is given). A SparseEmbedding
+whose size is known (num_embeddings=, or rows=) is in it as
+'<module path>.weight', the shards' rows of ids 0..num_embeddings-1 (so the
+state_dict loads into a model with an nn.Embedding(num_embeddings, dim)
+there, and a plain model's nn.Embedding weights load into it); rows of
+other ids are neither saved nor changed by a load.
 Optimizer state: WorkerOptimizer.state_dict() is the torch optimizer's;
 ps.optimizer_state_dict() reads the shards' (server-side update) with
 torch.optim's slot names and each parameter's steps (per chunk: "chunk_steps";
@@ -69,7 +74,66 @@ def pulled_state_dict(ps):
     out = collections.OrderedDict()
     for k, v in ps.model.state_dict().items():
         out[k] = v.detach().clone()
+    for i, e in enumerate(ps.embeddings):
+        if e.num_embeddings is not None:
+            out[_weight_key(ps, i)] = torch.from_numpy(_read_rows(ps, i))
     return out
+
+
+# ---- SparseEmbedding tables ------------------------------------------------
+# Keys per request when rows are read or written (a shard takes at most
+# ps_server --max_sparse_keys, 262144 by default, per request).
+_ROW_BATCH = 16384
+
+
+def _weight_key(ps, i):
+    """The state_dict key of embedding i's rows (nn.Embedding's)."""
+    name = ps.embedding_names[i]
+    return name + ".weight" if name else "weight"
+
+
+def _read_rows(ps, i):
+    """The shards' rows of ids 0..num_embeddings-1 of embedding i, (N, dim)."""
+    e = ps.embeddings[i]
+    n = e.num_embeddings
+    out = np.empty((n, e.spec.dim), np.float32)
+    for lo in range(0, n, _ROW_BATCH):
+        hi = min(n, lo + _ROW_BATCH)
+        out[lo:hi] = ps.client.pull_rows(i, np.arange(lo, hi, dtype=np.uint64), ps.clock)
+    return out
+
+
+def _split_sparse(ps, state_dict, strict):
+    """(the state_dict without the embeddings' rows, the upload's rows
+    argument, the embeddings' keys missing from it); every row tensor
+    checked (shape, finite) before anything is sent."""
+    keys = {_weight_key(ps, i): i for i in range(len(ps.embeddings))}
+    dense = collections.OrderedDict((k, v) for k, v in state_dict.items() if k not in keys)
+    rows, missing = [], []
+    for key, i in keys.items():
+        e = ps.embeddings[i]
+        if key not in state_dict:
+            if e.num_embeddings is not None:
+                missing.append(key)
+            continue
+        t = torch.as_tensor(state_dict[key]).detach().to("cpu", torch.float32).contiguous()
+        n = e.num_embeddings
+        if t.dim() != 2 or t.shape[1] != e.spec.dim or (n is not None and t.shape[0] != n):
+            raise InvalidArgument(
+                "size mismatch for %s: (%s, %d) rows of SparseEmbedding '%s', got %s"
+                % (key, n if n is not None else "N", e.spec.dim, e.spec.name,
+                   tuple(t.shape)))
+        if not bool(torch.isfinite(t).all()):
+            raise InvalidArgument("%s: the rows of SparseEmbedding '%s' contain NaN or Inf"
+                                  % (key, e.spec.name))
+        rows.append((i, np.arange(len(t), dtype=np.uint64), t.numpy()))
+    if strict and missing:
+        raise InvalidArgument("state_dict has no %s (the rows of SparseEmbedding %s; "
+                              "strict=False loads without them)" % (
+                                  ", ".join(missing), ", ".join(
+                                      "'%s'" % ps.embeddings[keys[k]].spec.name
+                                      for k in missing)))
+    return dense, rows, missing
 
 
 # The shards' optimizer state slots under torch.optim's names.
@@ -160,9 +224,14 @@ def load_and_upload(ps, state_dict, strict=True, optimizer_state=None):
     """ps.load_state_dict(): see the module comment. Returns the result of
     model.load_state_dict."""
     state = None if optimizer_state is None else _checked_state(ps, optimizer_state)
-    result = ps.model.load_state_dict(state_dict, strict=strict)
+    dense, rows, missing = _split_sparse(ps, state_dict, strict)
+    result = ps.model.load_state_dict(dense, strict=strict)
+    result.missing_keys.extend(missing)
     ps.client.upload([p.detach().to("cpu").contiguous().numpy() for p in ps.params],
-                     overwrite=True, state=state)
+                     overwrite=True, state=state, rows=rows)
+    for i, keys, _ in rows:
+        if ps.embeddings[i].num_embeddings is None:
+            ps.embeddings[i].num_embeddings = len(keys)
     ps.pull()
     return result
 

@@ -1,0 +1,157 @@
+"""Issue 22 item 4 for SparseEmbedding tables, against real ps_server
+processes (127.0.0.1): ps.state_dict() holds each table's rows of ids
+0..num_embeddings-1 as '<module path>.weight' (torch.save of it loads into a
+plain model with an nn.Embedding there), ps.optimizer_state_dict() their
+per-row optimizer state, and loading both into a fresh fleet resumes
+training bitwise as an uninterrupted run (hybrid consistency: dense Adam in
+BSP rounds, rows applied on arrival). Bad input is refused before anything
+is written."""
+import io
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import asyncps  # noqa: E402
+import asyncps.torch as apt  # noqa: E402
+from conftest import endpoints  # noqa: E402
+from test_resume import train  # noqa: E402  (DistributedOptimizer steps over batches)
+
+FLAGS = ["--consistency=bsp", "--sparse_consistency=asp", "--optimizer=adam", "--lr=0.01"]
+V, DIM, N, M = 50, 6, 4, 3
+
+
+class Net(torch.nn.Module):
+    def __init__(self, optimizer="sgd"):
+        super().__init__()
+        self.emb = apt.SparseEmbedding("emb", DIM, "normal", 0.5, 3, optimizer, 0.1,
+                                       num_embeddings=V)
+        self.fc = torch.nn.Linear(DIM, 2)
+
+    def forward(self, ids):
+        return self.fc(self.emb(ids).mean(1))
+
+
+class PlainNet(torch.nn.Module):
+    """Net without asyncps: where a saved state_dict goes."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(V, DIM)
+        self.fc = torch.nn.Linear(DIM, 2)
+
+    def forward(self, ids):
+        return self.fc(self.emb(ids).mean(1))
+
+
+def batches(n, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randint(0, V, (8, 3), generator=g), torch.randint(0, 2, (8,), generator=g))
+            for _ in range(n)]
+
+
+def fleet(shards):
+    return endpoints(shards(2, FLAGS, num_workers=1))
+
+
+def start(eps, optimizer="sgd", seed=7):
+    torch.manual_seed(seed)
+    m = Net(optimizer)
+    return m, apt.ParameterServer(m, servers=eps, rank=0, num_workers=1)
+
+
+def saved(ps):
+    buf = io.BytesIO()
+    torch.save({"model": ps.state_dict(), "opt": ps.optimizer_state_dict()}, buf)
+    buf.seek(0)
+    return buf
+
+
+# How a fresh fleet is given a checkpoint {"model": state_dict, "opt":
+# optimizer_state_dict}.
+LOADS = {
+    "together": lambda ps, c: ps.load_state_dict(c["model"], optimizer_state=c["opt"]),
+    "separately": lambda ps, c: (ps.load_state_dict(c["model"]),
+                                 ps.load_optimizer_state_dict(c["opt"])),
+    "without": lambda ps, c: ps.load_state_dict(c["model"]),
+}
+
+
+def run_resumed(shards, optimizer, how, data):
+    """N steps, saved, a fresh fleet loaded (`how`), M steps: the state_dict."""
+    m, ps = start(fleet(shards), optimizer)
+    train(ps, m, data[:N])
+    buf = saved(ps)
+    ps.close()
+    ckpt = torch.load(buf)
+    m2, ps2 = start(fleet(shards), optimizer, seed=8)  # other dense weights, overwritten
+    LOADS[how](ps2, ckpt)
+    train(ps2, m2, data[N:])
+    got = ps2.state_dict()
+    ps2.close()
+    return got
+
+
+def uninterrupted(shards, optimizer, data):
+    m, ps = start(fleet(shards), optimizer)
+    train(ps, m, data)
+    want = ps.state_dict()
+    ps.close()
+    return want
+
+
+def test_rows_round_trip_and_resume_bitwise_with_stateless_rows(shards):
+    data = batches(N + M)
+    want = uninterrupted(shards, "sgd", data)
+    assert want["emb.weight"].shape == (V, DIM)
+    got = run_resumed(shards, "sgd", "together", data)
+    assert list(got) == list(want)
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+
+
+def test_saved_rows_load_into_a_plain_embedding(shards):
+    m, ps = start(fleet(shards))
+    train(ps, m, batches(2))
+    buf = io.BytesIO()
+    torch.save(ps.state_dict(), buf)
+    buf.seek(0)
+    plain = PlainNet()
+    plain.load_state_dict(torch.load(buf))  # strict: the same keys and shapes
+    ids = torch.randint(0, V, (5, 3))
+    with torch.no_grad():
+        assert torch.equal(plain(ids), m(ids))
+    # And back: a plain model's weights become the shards' rows.
+    with torch.no_grad():
+        plain.emb.weight.mul_(2.0)
+    ps.load_state_dict(plain.state_dict())
+    assert torch.equal(ps.state_dict()["emb.weight"], plain.emb.weight)
+    ps.close()
+
+
+def test_bad_rows_are_refused_before_anything_is_written(shards):
+    m, ps = start(fleet(shards))
+    train(ps, m, batches(1))
+    before = ps.state_dict()
+    bad = dict(before)
+    bad["fc.bias"] = torch.full((2,), 9.0)
+    for rows, match in ((torch.zeros(V, DIM + 1), "size mismatch for emb.weight"),
+                        (torch.zeros(V - 1, DIM), "size mismatch for emb.weight"),
+                        (torch.full((V, DIM), float("nan")), "NaN")):
+        bad["emb.weight"] = rows
+        with pytest.raises(asyncps.InvalidArgument, match=match):
+            ps.load_state_dict(bad)
+    del bad["emb.weight"]
+    with pytest.raises(asyncps.InvalidArgument, match="no emb.weight"):
+        ps.load_state_dict(bad)
+    after = ps.state_dict()
+    for k in before:
+        assert torch.equal(before[k], after[k]), k
+    # strict=False: the dense values load, the rows stay, the key is missing.
+    result = ps.load_state_dict(bad, strict=False)
+    assert result.missing_keys == ["emb.weight"]
+    after = ps.state_dict()
+    assert torch.equal(after["emb.weight"], before["emb.weight"])
+    assert torch.equal(after["fc.bias"], torch.full((2,), 9.0))
+    ps.close()
