@@ -361,14 +361,6 @@ Status Server::Run(const std::atomic<bool>& stop) {
 
 namespace {
 
-// An elastic step that changes nothing on the shard (describe, export): not
-// handed on to backups.
-bool ReadOnlyMigrate(const RequestHeader& req) {
-  return req.kind == RequestKind::kMigrate &&
-         (req.migrate_op == MigrateOp::kDescribe ||
-          req.migrate_op == MigrateOp::kExport);
-}
-
 // Loopback as ZeroMQ reports it ("127.x.y.z", "::1", "::ffff:127.x.y.z"),
 // or no address at all (inproc, ipc: this machine).
 bool IsLoopback(const std::string& address) {
@@ -487,9 +479,7 @@ void Server::Dispatch(const std::string& peer, Message& msg,
   data_.assign(msg.frames.begin() + 1, msg.frames.end());
   try {
     shard_->Handle(peer, req_, data_, now, &out_);
-    if (replicator_ && replicator_->Replicates(req_.kind) &&
-        !ReadOnlyMigrate(req_))
-      Replicate(peer, msg, first);
+    if (replicator_ && replicator_->Replicates(req_)) Replicate(peer, msg, first);
     if (replicator_ && req_.kind == RequestKind::kStats)
       AddReplicationStats(peer, first);
   } catch (const std::bad_alloc&) {
@@ -576,10 +566,7 @@ void Server::HandleReplicate(const std::string& peer, Message& msg,
   if (msg.frames.size() < 2) return Answer(peer, Status::OK());  // a ping
   Status decoded = DecodeRequest(msg.frames[1].data, msg.frames[1].size,
                                  DecodeLimits(), &inner_);
-  if (decoded.ok() && inner_.kind != RequestKind::kRegister &&
-      inner_.kind != RequestKind::kPush && inner_.kind != RequestKind::kClock &&
-      inner_.kind != RequestKind::kAssign &&
-      (inner_.kind != RequestKind::kMigrate || ReadOnlyMigrate(inner_))) {
+  if (decoded.ok() && !replication::HandedOn(inner_)) {
     decoded = Status::InvalidArgument(
         std::string("a ") + RequestKindName(inner_.kind) +
         " request is not replicated");

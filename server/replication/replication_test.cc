@@ -67,8 +67,21 @@ TEST(ReplicatorTest, RepliesWaitForEveryUpdateBeforeThemOnTheBackup) {
   v.lease_valid_until = SteadyClock::now() + std::chrono::hours(1);
   std::vector<OutgoingReply> out;
   ASSERT_TRUE(rep.SetView(v, &out).ok());
-  ASSERT_TRUE(rep.Replicates(RequestKind::kPush));
-  ASSERT_TRUE(rep.Replicates(RequestKind::kAssign));  // uploads (issue 22)
+  auto of = [](RequestKind kind, MigrateOp op = MigrateOp::kDescribe) {
+    RequestHeader h;
+    h.kind = kind;
+    h.migrate_op = op;
+    return h;
+  };
+  ASSERT_TRUE(rep.Replicates(of(RequestKind::kPush)));
+  ASSERT_TRUE(rep.Replicates(of(RequestKind::kAssign)));  // uploads (issue 22)
+  EXPECT_FALSE(rep.Replicates(of(RequestKind::kPull)));
+  // Steps of an elastic change: those that alter the shard, not the reads.
+  for (MigrateOp op : {MigrateOp::kFreeze, MigrateOp::kImport, MigrateOp::kAdopt,
+                       MigrateOp::kAbort})
+    EXPECT_TRUE(rep.Replicates(of(RequestKind::kMigrate, op)));
+  for (MigrateOp op : {MigrateOp::kDescribe, MigrateOp::kExport})
+    EXPECT_FALSE(rep.Replicates(of(RequestKind::kMigrate, op)));
   Message worker_msg;  // what a worker sent: one header frame
   auto bytes = std::make_shared<std::vector<uint8_t>>(EncodeRequest(RequestHeader{}));
   worker_msg.frames.push_back({bytes->data(), bytes->size(), bytes});

@@ -46,10 +46,8 @@ bool WorkerDataRequest(RequestKind k) {
          k == RequestKind::kMigrate;
 }
 
-// An upload (kAssign) is handed on like a push: backups hold the values.
-// So is every step of an elastic change (kMigrate; the server hands on only
-// those that change the shard: freeze, import, adopt, abort), so a backup
-// promoted during or after a change holds what its primary held.
+// Requests that may change the shard: refused by a primary that cannot
+// confirm its lease. HandedOn() is the subset handed on to backups.
 bool Write(RequestKind k) {
   return k == RequestKind::kRegister || k == RequestKind::kPush ||
          k == RequestKind::kClock || k == RequestKind::kAssign ||
@@ -156,8 +154,18 @@ Status Replicator::Admit(RequestKind kind, TimePoint now,
   return Status::OK();
 }
 
-bool Replicator::Replicates(RequestKind kind) const {
-  return view_.primary && !backups_.empty() && Write(kind);
+// An upload (kAssign) is handed on like a push: backups hold the values.
+// So is every step of an elastic change that changes the shard, so a backup
+// promoted during or after a change holds what its primary held.
+bool HandedOn(const RequestHeader& req) {
+  if (req.kind == RequestKind::kMigrate) {
+    return req.migrate_op != MigrateOp::kDescribe && req.migrate_op != MigrateOp::kExport;
+  }
+  return Write(req.kind);
+}
+
+bool Replicator::Replicates(const RequestHeader& req) const {
+  return view_.primary && !backups_.empty() && HandedOn(req);
 }
 
 void Replicator::Forward(const Message& msg, OutgoingReply* hold,

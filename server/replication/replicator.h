@@ -66,6 +66,12 @@
 
 namespace asyncps::server::replication {
 
+// True for the requests a primary hands on to its backups once its shard
+// accepted them, and a backup takes in a kReplicate: register, push, clock,
+// upload (kAssign) and the steps of an elastic change that alter the shard
+// (kMigrate freeze, import, adopt, abort; describe and export only read).
+bool HandedOn(const RequestHeader& req);
+
 struct ReplicatorOptions {
   // Replica group (shard index) this process serves. Default: 0.
   int group = 0;
@@ -117,8 +123,9 @@ class Replicator {
   // *redirect). Stats, checkpoint and shutdown are always served.
   Status Admit(RequestKind kind, TimePoint now, std::string* redirect);
 
-  // True when a request of `kind` that the shard accepted is handed on.
-  bool Replicates(RequestKind kind) const;
+  // True when `req`, accepted by the shard, is handed on now (this process
+  // is the primary, has backups, and HandedOn(req)).
+  bool Replicates(const RequestHeader& req) const;
 
   // Hands `msg` (a worker request the shard applied) to every backup.
   // When `hold` is non-null, *hold (the reply to it) is kept until every
