@@ -39,8 +39,11 @@ Shards ask etcd only when a change's ps_ctl went away mid-way: on ssh, the
 local etcd (127.0.0.1) suits hosts on this machine; give --etcd ENDPOINTS
 for other hosts.
 
-Not supported yet (refused by psrun, exit 2): --replicas > 1. Sparse tables are refused by the shards (ps_ctl reports their error and
-the run fails).
+Replica groups (--replicas R): a group that joins starts its R members
+together (local: on R new emulated hosts with --emulate_hosts; ssh: the next
+R slots of --hostfile) and `ps_ctl add-shard "ep1|ep2"` moves chunks onto it;
+a group that leaves goes whole. Not supported yet (refused by psrun, exit 2):
+--replicas > 1 on slurm and k8s.
 """
 import json
 import re
@@ -110,9 +113,11 @@ def parse_plan(text, servers):
 
 def check_opts(opts):
     """Why psrun cannot run this plan with these options, or None."""
-    if opts.replicas > 1 and (opts.backend != "local" or getattr(opts, "emulate_hosts", None)):
-        return ("--elastic with --replicas > 1 runs on --backend local (without "
-                "--emulate_hosts) so far: a group that joins starts its replicas together")
+    if opts.replicas > 1 and opts.backend not in ("local", "ssh"):
+        return ("--elastic with --replicas > 1 runs on --backend local (emulated hosts "
+                "included) and ssh so far, not %s: a group that joins starts its replicas "
+                "together, which psrun's Slurm steps and Kubernetes StatefulSet do not yet"
+                % opts.backend)
     if getattr(opts, "emulate_hosts", None) and opts.etcd:
         return ("--elastic with --emulate_hosts and --etcd: the shards and psrun's ps_ctl run "
                 "in the emulated network, which reaches nothing outside it; leave --etcd out "

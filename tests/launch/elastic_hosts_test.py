@@ -10,6 +10,9 @@ shutdown`, SIGTERM by PID if that fails). Checked: both steps' reports
 (elastic_test.ElasticRuns.check_steps), where each process ran (pids.json),
 the final weights bitwise those of a fixed 2-shard run on 2 emulated hosts,
 no process of either run alive and no namespace left after psrun exits.
+Then the same plan with replica groups (--replicas 2): the group that joins
+runs its two members on two new hosts (h2, h3), group 0 (both members)
+leaves, and the final weights are again bitwise the fixed run's.
 Exit 77 without root, ip, tc, etcd or the binaries."""
 import os
 import time
@@ -82,6 +85,27 @@ class ElasticHostsTest(elastic_test.ElasticRuns, u.LaunchTestCase):
                "fixed 2-shard run's on 2 emulated hosts; %.1f s elastic run, %.1f s fixed" % (
                    PLAN, steps[0]["endpoint"], add["moved_chunks"], add["moved_bytes"] / 2**20,
                    remove["moved_chunks"], elastic_test.STEPS, t1 - t0, t2 - t1))
+
+        # Replica groups: group 2's members on two new hosts of their own.
+        t3 = time.monotonic()
+        groups = self.elastic_psrun("elastic_replicas", PLAN, BACKEND + ["--replicas", "2"])
+        t4 = time.monotonic()
+        add, remove, steps = self.check_steps(groups, [[0, 1, 2], [1, 2]])
+        members = steps[0]["endpoint"].split("|")
+        self.assertEqual(sorted(e.rsplit(":", 1)[0] for e in members),
+                         ["tcp://10.213.0.3", "tcp://10.213.0.4"], steps[0])
+        self.assertEqual(steps[1]["endpoint"].count("|"), 1, steps[1])
+        doc = self.assert_gone(groups, 8)
+        where = {p["name"]: p["emulated_host"] for p in doc["procs"]}
+        self.assertEqual(sorted(where[n] for n in ("server-2-r0", "server-2-r1")),
+                         ["h2", "h3"], where)
+        for n in ("server-0-r0", "server-0-r1"):
+            with open(os.path.join(groups, n + ".log")) as f:
+                self.assertIn("exited cleanly", f.read(), n)
+        self.assert_same_weights(groups, fixed, "launch.elastic_hosts-replicas")
+        u.note("launch.elastic_hosts: the same plan with --replicas 2: group 2 on new hosts "
+               "(%s), group 0 left (%d chunks moved off); final weights bitwise equal to the "
+               "fixed run's; %.1f s" % (steps[0]["endpoint"], remove["moved_chunks"], t4 - t3))
 
 
 if __name__ == "__main__":

@@ -170,7 +170,7 @@ class SshTest(elastic_test.ElasticRuns, u.LaunchTestCase):
         train under BSP. Shards on 127.0.0.1, workers on 127.0.0.2, the
         added shard on the next slot, 127.0.0.3 (started and stopped over
         ssh), removed again; the final weights bitwise those of a fixed
-        2-shard run over ssh."""
+        2-shard run over ssh. Then the same with replica groups."""
         if not os.access(elastic_test.ETCD, os.X_OK):
             self.skipTest("etcd not installed (Debian's etcd-server)")
         hostfile = os.path.join(self.tmp.name, "hosts-elastic")
@@ -199,6 +199,28 @@ class SshTest(elastic_test.ElasticRuns, u.LaunchTestCase):
                "weights bitwise equal to a fixed 2-shard run's; %.1f s elastic run, %.1f s fixed"
                % (ELASTIC_PLAN, HOSTS[2], add["moved_chunks"], add["moved_bytes"] / 2**20,
                   remove["moved_chunks"], elastic_test.STEPS, t1 - t0, t2 - t1))
+
+        # Replica groups (--replicas 2): both groups on 127.0.0.1, the
+        # workers on 127.0.0.2, the group that joins on the next two slots
+        # (127.0.0.3) and leaves again; bitwise the fixed run's weights.
+        with open(hostfile, "w") as f:
+            f.write("%s slots=4\n%s slots=2\n%s slots=2\n" % HOSTS)
+        t3 = time.monotonic()
+        groups = self.elastic_psrun("elastic_replicas", ELASTIC_PLAN,
+                                    backend + ["--replicas", "2"])
+        t4 = time.monotonic()
+        add, remove, steps = self.check_steps(groups, [[0, 1, 2], [0, 1]])
+        self.assertEqual([e.rsplit(":", 1)[0] for e in steps[0]["endpoint"].split("|")],
+                         ["tcp://127.0.0.3"] * 2, steps[0])
+        doc = u.read_pids(groups)
+        hosts = {p["name"]: p["host"] for p in doc["procs"]}
+        self.assertEqual((hosts["server-2-r0"], hosts["server-2-r1"], hosts["worker-0"]),
+                         (HOSTS[2], HOSTS[2], HOSTS[1]), hosts)
+        self.assert_all_gone(doc, 8)
+        self.assert_same_weights(groups, fixed, "launch.ssh-elastic-replicas")
+        u.note("launch.ssh: the same plan with --replicas 2 over ssh: group 2 (%s) joined and "
+               "left; final weights bitwise equal to the fixed run's; %.1f s"
+               % (steps[0]["endpoint"], t4 - t3))
 
 
 def unittest_skip(msg):
