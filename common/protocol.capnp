@@ -146,7 +146,23 @@ struct Assign {
                              # k = the shard optimizer's floats per weight;
                              # finite; Adam's and AdaGrad's sums >= 0;
                              # version = the chunk's optimizer steps, at most
-                             # 2^53), all checked before any is written
+                             # 2^53), all checked before any is written.
+                             # 3 with rows (keys frames only, no chunks):
+                             # the reply's rows, one per table asked, each
+                             # a rowsFrame of numKeys row records: u64
+                             # optimizer steps, f32 weights[dim], f32
+                             # state[dim x k] (k: the table's row optimizer's
+                             # floats per weight: sgd 0, adagrad 1 (sum),
+                             # adam 2 ([m | v]); a key without a row: its
+                             # initial value and state, 0 steps).
+                             # 5 rows with state (the claimant): rows whose
+                             # rowsFrame holds those records (codec 0), set
+                             # as phase 1's rows but with the records' state
+                             # and steps; `optimizer` names the tables' row
+                             # optimizer it was saved from; all checked
+                             # (phase 1's checks, finite state, sums of
+                             # squares >= 0, steps <= 2^53) before any row
+                             # is written
   chunks @2 :List(ChunkRef); # values, state: one per data frame
   overwrite @3 :Bool;        # begin: claim even final values (a restore)
   rows @4 :List(RowsRef);    # values: rows of sparse tables set to the
@@ -154,7 +170,9 @@ struct Assign {
                              # by the shard, each once), optimizer state 0
   optimizer @5 :Text;        # state: the optimizer it was saved from
                              # (ps_server --optimizer: "sgd", "momentum",
-                             # "adam", "adagrad"); refused unless the shard's
+                             # "adam", "adagrad"); refused unless the shard's;
+                             # rows with state: the row optimizer ("sgd",
+                             # "adagrad", "adam"), refused unless the table's
 }
 
 # Replication (server/replication/): a primary hands a request it applied to

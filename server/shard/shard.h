@@ -414,6 +414,18 @@ class Shard {
   // of whole chunks; every chunk checked before any is written.
   Status WriteOptimizerState(const RequestHeader& req,
                              const std::vector<ByteView>& data);
+  // Phase 3 of kAssign naming rows of sparse tables (keys only): their
+  // records (weights, optimizer state, steps), one rows ref per table.
+  Status ReadRowRecords(const std::string& peer, const RequestHeader& req,
+                        const std::vector<ByteView>& data,
+                        OutgoingReply* reply);
+  // Phase 5 of kAssign (the claimant's): rows set from records with their
+  // saved optimizer state; every row checked before any is written.
+  Status WriteRowRecords(const RequestHeader& req,
+                         const std::vector<ByteView>& data);
+  // Phases 1 and 5: sets the rows of pending_rows_ (validated), with their
+  // decoded optimizer state when `with_state`; clears pending_rows_.
+  Status AssignPendingRows(const RequestHeader& req, bool with_state);
   // Phase 2 of kAssign (the claimant's): makes the upload final.
   Status CommitUpload(const RequestHeader& req, const std::string& who);
   // Phases 1 and 4: `ref` names a chunk of this shard not yet named in this
@@ -671,10 +683,15 @@ class Shard {
     size_t n = 0;
     size_t keys_at = 0;  // offset in sparse_keys_
     size_t rows_at = 0;  // offset in sparse_rows_
+    size_t state_at = 0;  // kAssign phase 5: offset in row_state_
   };
   std::vector<PendingRows> pending_rows_;
   std::vector<uint64_t> sparse_keys_;
   std::vector<float> sparse_rows_;
+  // kAssign phase 5: the decoded optimizer state of the rows (by state_at)
+  // and their steps (by keys_at).
+  std::vector<float> row_state_;
+  std::vector<uint64_t> row_steps_;
   std::vector<uint64_t> table_stamp_;  // per table: seen in request #stamp_
   // The embedding cache's budget, drawn from the shard's MemoryBudget when
   // the tables are registered; a push's decoded keys and rows; BSP sums.

@@ -18,7 +18,13 @@
 // of the claimant set the optimizer state and steps of whole chunks
 // (ps.load_optimizer_state_dict(); validated the same way, and for this
 // shard's optimizer: its name, k floats per weight, steps <= 2^53, sums of
-// squares >= 0), `commit` keeps the state of the chunks whose state this
+// squares >= 0), `rows` requests (phase 5) of the claimant set rows of
+// sparse tables from records with their saved optimizer state and steps
+// (validated as values, and for each table's row optimizer: its name,
+// finite state, sums of squares >= 0, steps <= 2^53; the rows' weights are
+// written then, as phase 1's), a `read` (phase 3) that names rows answers
+// their records (weights, state, steps; no claim needed, as the dense
+// state's read), `commit` keeps the state of the chunks whose state this
 // upload set and resets every other chunk's (refused when the upload set
 // some chunks' state but not all: half a state is never made final), sets
 // the shard's version (the lr schedule's count) to the largest step of its
@@ -53,6 +59,7 @@ enum AssignPhase : uint8_t {
   kCommit = 2,
   kRead = 3,
   kState = 4,
+  kRows = 5,
 };
 
 // The most optimizer steps a state upload may set: 2^53, exact in the
@@ -151,20 +158,26 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
         RejectReason::kNotRegistered,
         Status::FailedPrecondition("no layout registered: register first"));
   }
-  if (req.assign_upload == 0 || req.assign_phase > kState) {
+  if (req.assign_upload == 0 || req.assign_phase > kRows) {
     return Reject(RejectReason::kUploadClaim,
                   Status::InvalidArgument(
                       "assign needs an upload id != 0 and a phase in "
-                      "{0 begin, 1 values, 2 commit, 3 read, 4 state}, got "
-                      "phase " +
+                      "{0 begin, 1 values, 2 commit, 3 read, 4 state, 5 rows "
+                      "with state}, got phase " +
                       std::to_string(req.assign_phase)));
   }
+  const bool read_rows = req.assign_phase == kRead && req.chunks.empty() &&
+                         !req.rows.empty();
   if (req.assign_phase != kValues && req.assign_phase != kState &&
+      req.assign_phase != kRows && !read_rows &&
       (!req.chunks.empty() || !req.rows.empty() || !data.empty())) {
     return Reject(RejectReason::kSizeMismatch,
-                  Status::InvalidArgument("only an assign of phase 1 (values) "
-                                          "or 4 (state) carries chunks"));
+                  Status::InvalidArgument(
+                      "only an assign of phase 1 (values), 4 (state) or 5 "
+                      "(rows with state) carries chunks or rows, and of "
+                      "phase 3 (read) keys of rows"));
   }
+  if (read_rows) return ReadRowRecords(peer, req, data, out);
   if (req.assign_phase == kRead) return ReadOptimizerState(peer, req, out);
   const UploadClaim& c = upload_claim_;
   const bool live =
@@ -212,8 +225,9 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
                       "): begin first"));
   }
   if (req.assign_phase == kCommit) return CommitUpload(req, who);
-  if (req.assign_phase == kState) {
-    RETURN_IF_ERROR(WriteOptimizerState(req, data));
+  if (req.assign_phase == kState || req.assign_phase == kRows) {
+    RETURN_IF_ERROR(req.assign_phase == kState ? WriteOptimizerState(req, data)
+                                               : WriteRowRecords(req, data));
     upload_claim_.last = now;
     return Status::OK();
   }
@@ -258,12 +272,18 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
     chunk.snapshot_version = ~uint64_t{0};  // pulls copy the new values
   }
   upload_claim_.last = now;
+  return AssignPendingRows(req, /*with_state=*/false);
+}
+
+Status Shard::AssignPendingRows(const RequestHeader& req, bool with_state) {
   // Set rows are dirty in the cache; the commit's checkpoint stores them.
   Status rows;
   for (const PendingRows& p : pending_rows_) {
-    Status s = sparse_->Assign(p.table, sparse_keys_.data() + p.keys_at,
-                               sparse_rows_.data() + p.rows_at, p.n,
-                               clocks_.clock(req.rank), /*durable=*/false);
+    Status s = sparse_->Assign(
+        p.table, sparse_keys_.data() + p.keys_at,
+        sparse_rows_.data() + p.rows_at, p.n, clocks_.clock(req.rank),
+        /*durable=*/false, with_state ? row_state_.data() + p.state_at : nullptr,
+        with_state ? row_steps_.data() + p.keys_at : nullptr);
     if (rows.ok()) rows = s;
   }
   pending_rows_.clear();
@@ -273,6 +293,91 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
                   Status::Unavailable("upload of rows: " + rows.ToString() +
                                       "; retry"));
   }
+  return Status::OK();
+}
+
+Status Shard::WriteRowRecords(const RequestHeader& req,
+                              const std::vector<ByteView>& data) {
+  if (!req.chunks.empty() || req.rows.empty() ||
+      2 * req.rows.size() != data.size()) {
+    return Reject(RejectReason::kSizeMismatch,
+                  Status::InvalidArgument(
+                      "rows with optimizer state: " +
+                      std::to_string(req.rows.size()) + " row refs (keys and "
+                      "records frames each, no chunks) in " +
+                      std::to_string(data.size()) + " data frames"));
+  }
+  // The optimizer first: the state of another one has another size.
+  for (const RowsRef& ref : req.rows) {
+    if (!sparse_ || ref.table >= sparse_->num_tables()) continue;  // below
+    Status s = sparse_->CheckRowState(ref.table, req.assign_optimizer, nullptr,
+                                      nullptr, nullptr, 0);
+    if (!s.ok()) return Reject(RejectReason::kOptimizerState, s);
+  }
+  ++stamp_;
+  // Tables, frames, sizes, keys owned and unique, weights finite, decoded.
+  RETURN_IF_ERROR(ValidateSparsePush(req, data));
+  for (const PendingRows& p : pending_rows_) {
+    Status s = sparse_->CheckRowState(
+        p.table, req.assign_optimizer, sparse_keys_.data() + p.keys_at,
+        row_state_.data() + p.state_at, row_steps_.data() + p.keys_at, p.n);
+    if (!s.ok()) {
+      pending_rows_.clear();
+      return Reject(RejectReason::kOptimizerState, s);
+    }
+  }
+  return AssignPendingRows(req, /*with_state=*/true);
+}
+
+Status Shard::ReadRowRecords(const std::string& peer, const RequestHeader& req,
+                             const std::vector<ByteView>& data,
+                             OutgoingReply* reply) {
+  // Keys: tables, frames, counts, ownership, repeats.
+  RETURN_IF_ERROR(ValidateSparsePull(req, data));
+  uint64_t bytes = 0;
+  for (const PendingRows& p : pending_rows_)
+    bytes += p.n * sparse_->table(p.table).record_bytes();
+  if (bytes > sparse_->options().max_reply_bytes) {
+    pending_rows_.clear();
+    return Reject(RejectReason::kOversize,
+                  Status::ResourceExhausted(
+                      "row records of " + std::to_string(bytes) +
+                      " bytes, more than a reply may hold (" +
+                      std::to_string(sparse_->options().max_reply_bytes) +
+                      "): split it"));
+  }
+  StatusOr<MemoryBudget::Charge> charge =
+      budget_->Reserve(bytes, "a copy of rows and their optimizer state");
+  if (!charge.ok()) {
+    pending_rows_.clear();
+    return Reject(RejectReason::kMemoryBudget, charge.status());
+  }
+  auto held = std::make_shared<ChargedBuffer>();
+  held->charge = std::move(charge).value();
+  held->buffer = Buffer::Allocate(bytes);
+  uint8_t* at = held->buffer->data();
+  for (const PendingRows& p : pending_rows_) {
+    const size_t size = p.n * sparse_->table(p.table).record_bytes();
+    Status s = sparse_->ReadRecords(p.table, sparse_keys_.data() + p.keys_at,
+                                    p.n, at);
+    if (!s.ok()) {
+      pending_rows_.clear();
+      reply->header.rows.clear();
+      reply->frames.clear();
+      return Reject(RejectReason::kStore,
+                    Status::Unavailable("reading rows: " + s.ToString() +
+                                        "; retry"));
+    }
+    RowsRef out;
+    out.table = p.table;
+    out.num_keys = p.n;
+    out.rows_frame = static_cast<uint32_t>(reply->frames.size() + 1);
+    reply->header.rows.push_back(out);
+    reply->frames.push_back(ByteView{at, size, held});
+    at += size;
+  }
+  pending_rows_.clear();
+  PinUnsent(peer, req.rank, bytes, reply);
   return Status::OK();
 }
 

@@ -181,7 +181,9 @@ TEST(ShardAssignTest, HostileValuesAreRefusedWholeBeforeAnyWrite) {
   RequestHeader begin = Values(h, 0, 7, 100, {mine[0]}, 2.0f, &d);
   begin.assign_phase = 0;
   expect_refused(begin, d, RejectReason::kSizeMismatch);
-  expect_refused(Assign(0, 7, 100, 5), {}, RejectReason::kUploadClaim);
+  expect_refused(Assign(0, 7, 100, 6), {}, RejectReason::kUploadClaim);
+  // Phase 5 (rows with state) carries rows, nothing else.
+  expect_refused(Assign(0, 7, 100, 5), {}, RejectReason::kSizeMismatch);
   expect_refused(Assign(0, 7, 0, 0), {}, RejectReason::kUploadClaim);
   // Observers may not upload.
   ReplyHeader r = h.Call(Assign(-1, 7, 100, 0));

@@ -9,6 +9,10 @@
 // limit, duplicates, ownership) and the decoded rows (NaN/Inf) are checked
 // by SparseTables::Check. Keys and rows are copied into aligned scratch
 // (frames may sit unaligned in a message) where phase 2 applies them from.
+// An upload of rows with their optimizer state (kAssign phase 5) carries
+// row records instead of rows (raw only: num_keys x the table's record
+// size, common/protocol.capnp), split here into the weights (checked as
+// rows), the state (row_state_) and the steps (row_steps_).
 #include <glog/logging.h>
 
 #include <cstring>
@@ -97,14 +101,17 @@ Status Shard::ValidateSparsePush(const RequestHeader& req,
                                    " tables, but no sparse table is "
                                    "registered"));
   }
-  // Pushes and uploads (kAssign) carry rows; pulls carry keys only.
+  // Pushes and uploads (kAssign) carry rows; pulls and reads of row
+  // records (kAssign phase 3) carry keys only.
+  const bool assign = req.kind == RequestKind::kAssign;
   const bool push =
-      req.kind == RequestKind::kPush || req.kind == RequestKind::kAssign;
+      req.kind == RequestKind::kPush || (assign && req.assign_phase != 3);
+  const bool records = assign && req.assign_phase == 5;
   const sparse::SparseOptions& limits = sparse_->options();
   if (frame_stamp_.size() < data.size()) frame_stamp_.resize(data.size(), 0);
   sparse_->BeginRequest();
   // Sizes first, so nothing is allocated for a request that lies about them.
-  size_t total_keys = 0, total_values = 0;
+  size_t total_keys = 0, total_values = 0, total_state = 0;
   for (const RowsRef& ref : req.rows) {
     if (ref.table >= sparse_->num_tables()) {
       return Reject(RejectReason::kUnknownChunk,
@@ -155,7 +162,21 @@ Status Shard::ValidateSparsePush(const RequestHeader& req,
                         " keys"));
     }
     const uint64_t values = ref.num_keys * sparse_->specs()[ref.table].dim;
-    if (ref.codec != 0) {
+    const sparse::SparseTable& table = sparse_->table(ref.table);
+    if (records && (ref.codec != 0 || data[ref.rows_frame - 1].size !=
+                                          ref.num_keys * table.record_bytes())) {
+      return Reject(RejectReason::kSizeMismatch,
+                    Status::InvalidArgument(
+                        name + ": row records frame of " +
+                        std::to_string(data[ref.rows_frame - 1].size) +
+                        " bytes (codec " + std::to_string(ref.codec) +
+                        "), expected " + std::to_string(ref.num_keys) +
+                        " raw records of " +
+                        std::to_string(table.record_bytes()) + " bytes"));
+    }
+    if (records) {
+      // Sized above.
+    } else if (ref.codec != 0) {
 #if ASYNCPS_SERVER_HAVE_COMPRESSION
       namespace cz = compression;
       if (ref.codec >= cz::kNumCodecs ||
@@ -194,14 +215,17 @@ Status Shard::ValidateSparsePush(const RequestHeader& req,
     p.n = ref.num_keys;
     p.keys_at = total_keys;
     p.rows_at = total_values;
+    p.state_at = total_state;
     pending_rows_.push_back(p);
     total_keys += ref.num_keys;
     if (push) total_values += values;
+    if (records) total_state += ref.num_keys * table.state_floats();
   }
   // Decode and check every table's part before anything is applied. The
   // scratch (reused) is charged to the memory budget at its size.
   const uint64_t scratch =
-      total_keys * sizeof(uint64_t) + total_values * sizeof(float);
+      total_keys * sizeof(uint64_t) * (records ? 2 : 1) +
+      (total_values + total_state) * sizeof(float);
   if (scratch > request_charge_.bytes()) {
     Status c = Recharge(*budget_, scratch, "decoded keys and rows of a request",
                         &request_charge_);
@@ -211,6 +235,10 @@ Status Shard::ValidateSparsePush(const RequestHeader& req,
   }
   sparse_keys_.resize(total_keys);
   sparse_rows_.resize(total_values);
+  if (records) {
+    row_state_.resize(total_state);
+    row_steps_.resize(total_keys);
+  }
   for (size_t i = 0; i < req.rows.size(); ++i) {
     const RowsRef& ref = req.rows[i];
     const PendingRows& p = pending_rows_[i];
@@ -220,7 +248,19 @@ Status Shard::ValidateSparsePush(const RequestHeader& req,
     if (push) {
       rows = sparse_rows_.data() + p.rows_at;
       const ByteView& f = data[ref.rows_frame - 1];
-      if (ref.codec == 0) {
+      if (records) {
+        const sparse::SparseTable& t = sparse_->table(p.table);
+        const size_t dim = sparse_->specs()[p.table].dim;
+        const size_t k = t.state_floats();
+        for (size_t j = 0; j < p.n; ++j) {
+          const uint8_t* rec = f.data + j * t.record_bytes();
+          std::memcpy(&row_steps_[p.keys_at + j], rec, sizeof(uint64_t));
+          rec += sizeof(uint64_t);
+          std::memcpy(rows + j * dim, rec, dim * sizeof(float));
+          std::memcpy(row_state_.data() + p.state_at + j * k,
+                      rec + dim * sizeof(float), k * sizeof(float));
+        }
+      } else if (ref.codec == 0) {
         std::memcpy(rows, f.data, f.size);
       } else {
 #if ASYNCPS_SERVER_HAVE_COMPRESSION

@@ -966,5 +966,171 @@ TEST(ShardSparseTest, AssignSetsRowsAndRefusesHostileRowsWhole) {
   EXPECT_EQ(s.Read(0, 1, {mine[0]}), std::vector<float>(4, 6.5f));
 }
 
+// Issue 22 item 4: rows with their optimizer state read (kAssign phase 3
+// naming rows) and restored (phase 5); a hostile record refuses the whole
+// request and changes no row.
+struct RowRecord {
+  uint64_t steps = 0;
+  std::vector<float> floats;  // weights[dim], state[dim x k]
+  bool operator==(const RowRecord& o) const {
+    return steps == o.steps && floats == o.floats;
+  }
+};
+
+ByteView Records(const std::vector<RowRecord>& recs) {
+  std::string b;
+  for (const RowRecord& r : recs) {
+    b.append(reinterpret_cast<const char*>(&r.steps), sizeof(r.steps));
+    b.append(reinterpret_cast<const char*>(r.floats.data()),
+             r.floats.size() * sizeof(float));
+  }
+  auto buf = Buffer::FromVector(std::vector<uint8_t>(b.begin(), b.end()));
+  return ByteView{buf->data(), buf->size(), buf};
+}
+
+TEST(ShardSparseTest, RowRecordsCarryTheOptimizerStateBothWays) {
+  TableSpec t = Emb();
+  t.optimizer.kind = RowOptimizerKind::kAdaGrad;
+  t.optimizer.lr = 0.5f;
+  TableSpec side = Emb(2);
+  side.name = "side";
+  Sparse s(testing::TestOptions(Consistency::kAsp), nullptr, {t, side});
+  std::vector<uint64_t> mine, theirs;
+  for (uint64_t k = 1; mine.size() < 2 || theirs.empty(); ++k)
+    (ShardOfKey(t, k, 2) == 0 ? mine : theirs).push_back(k);
+  const size_t floats = 4 + 4;  // weights, AdaGrad's sums
+  auto read = [&](const std::vector<uint64_t>& keys, ReplyHeader* status) {
+    RequestHeader r;
+    r.kind = RequestKind::kAssign;
+    r.rank = 0;
+    r.assign_upload = 1;
+    r.assign_phase = 3;
+    RowsRef ref;
+    ref.keys_frame = 1;
+    ref.num_keys = keys.size();
+    r.rows = {ref};
+    auto out = s.Send(r, {Keys(keys)});
+    std::vector<RowRecord> recs;
+    EXPECT_EQ(out.size(), 1u);
+    if (out.empty()) return recs;
+    *status = out[0].header;
+    if (!out[0].header.status.ok()) return recs;
+    EXPECT_EQ(out[0].header.rows.size(), 1u);
+    const ByteView& f = out[0].frames[out[0].header.rows[0].rows_frame - 1];
+    EXPECT_EQ(f.size, keys.size() * (8 + floats * 4));
+    for (size_t i = 0; i < keys.size(); ++i) {
+      RowRecord rec;
+      rec.floats.resize(floats);
+      const uint8_t* p = f.data + i * (8 + floats * 4);
+      std::memcpy(&rec.steps, p, 8);
+      std::memcpy(rec.floats.data(), p + 8, floats * 4);
+      recs.push_back(rec);
+    }
+    return recs;
+  };
+  ReplyHeader st;
+  // A pushed row (sum g^2 = 4, one step) and one never pushed.
+  ASSERT_TRUE(s.PushRows(0, 0, {mine[0]}, std::vector<float>(4, 2.0f))
+                  .status.ok());
+  std::vector<RowRecord> got = read(mine, &st);
+  ASSERT_TRUE(st.status.ok()) << st.status.ToString();
+  EXPECT_EQ(got[0].steps, 1u);
+  EXPECT_EQ(std::vector<float>(got[0].floats.begin(), got[0].floats.begin() + 4),
+            s.Read(0, 1, {mine[0]}));
+  EXPECT_EQ(std::vector<float>(got[0].floats.begin() + 4, got[0].floats.end()),
+            std::vector<float>(4, 4.0f));
+  RowRecord fresh{0, Init(t, mine[1])};
+  fresh.floats.resize(floats, 0.0f);
+  EXPECT_EQ(got[1], fresh);
+  // Reads are checked like pulls: a key of another shard, a repeat.
+  read({mine[0], theirs[0]}, &st);
+  EXPECT_EQ(st.status.code(), StatusCode::kInvalidArgument);
+  read({mine[0], mine[0]}, &st);
+  EXPECT_EQ(st.status.code(), StatusCode::kInvalidArgument);
+
+  // Phase 5: the claimant sets rows with their state and steps.
+  RequestHeader begin;
+  begin.kind = RequestKind::kAssign;
+  begin.rank = 0;
+  begin.incarnation = 7;
+  begin.assign_upload = 5;
+  begin.assign_overwrite = true;  // trained: a restore
+  ASSERT_TRUE(s.Call(begin).created);
+  begin.assign_overwrite = false;
+  RowRecord saved{7, {1, 2, 3, 4, 0.25f, 0.5f, 1, 0}};
+  auto write = [&](RequestHeader r, const std::vector<uint64_t>& keys,
+                   const std::vector<RowRecord>& recs) {
+    r.assign_phase = 5;
+    if (r.assign_optimizer.empty()) r.assign_optimizer = "adagrad";
+    RowsRef ref;
+    ref.keys_frame = 1;
+    ref.rows_frame = 2;
+    ref.num_keys = keys.size();
+    if (r.rows.empty()) r.rows = {ref};
+    return s.Call(r, {Keys(keys), Records(recs)});
+  };
+  ASSERT_TRUE(write(begin, mine, {saved, saved}).status.ok());
+  got = read(mine, &st);
+  EXPECT_EQ(got, (std::vector<RowRecord>{saved, saved}));
+  // Training goes on from the restored sums and steps.
+  ASSERT_TRUE(s.PushRows(0, 0, {mine[0]}, std::vector<float>(4, 1.0f))
+                  .status.ok());
+  got = read({mine[0]}, &st);
+  EXPECT_EQ(got[0].steps, 8u);
+  EXPECT_EQ(std::vector<float>(got[0].floats.begin() + 4, got[0].floats.end()),
+            (std::vector<float>{1.25f, 1.5f, 2, 1}));
+
+  // Hostile records: refused whole, no row changes.
+  const std::vector<RowRecord> before = read(mine, &st);
+  auto nan = saved, negative = saved, steps = saved, nan_weight = saved;
+  nan.floats[5] = std::numeric_limits<float>::quiet_NaN();
+  negative.floats[6] = -1.0f;
+  steps.steps = (uint64_t{1} << 53) + 1;
+  nan_weight.floats[0] = std::numeric_limits<float>::infinity();
+  RequestHeader adam = begin, codec = begin, unknown = begin, chunk = begin,
+                other = begin;
+  adam.assign_optimizer = "adam";
+  other.assign_upload = 6;  // without the claim
+  for (RequestHeader* r : {&codec, &unknown}) {
+    RowsRef ref;
+    ref.keys_frame = 1;
+    ref.rows_frame = 2;
+    ref.num_keys = 2;
+    ref.codec = r == &codec ? 1 : 0;
+    ref.table = r == &unknown ? 7 : 0;
+    r->rows = {ref};
+  }
+  chunk.chunks.resize(1);
+  struct Case {
+    RequestHeader req;
+    std::vector<uint64_t> keys;
+    std::vector<RowRecord> recs;
+    StatusCode code;
+  };
+  const RowRecord short_rec{7, {1, 2, 3, 4, 0.25f, 0.5f, 1}};
+  for (const Case& c : std::vector<Case>{
+           {adam, mine, {saved, saved}, StatusCode::kInvalidArgument},
+           {begin, mine, {saved, nan}, StatusCode::kInvalidArgument},
+           {begin, mine, {negative, saved}, StatusCode::kInvalidArgument},
+           {begin, mine, {saved, steps}, StatusCode::kInvalidArgument},
+           {begin, mine, {saved, nan_weight}, StatusCode::kInvalidArgument},
+           {begin, mine, {saved, short_rec}, StatusCode::kInvalidArgument},
+           {begin, {mine[0], theirs[0]}, {saved, saved},
+            StatusCode::kInvalidArgument},
+           {begin, {mine[0], mine[0]}, {saved, saved},
+            StatusCode::kInvalidArgument},
+           {codec, mine, {saved, saved}, StatusCode::kInvalidArgument},
+           {unknown, mine, {saved, saved}, StatusCode::kNotFound},
+           {chunk, mine, {saved, saved}, StatusCode::kInvalidArgument},
+           {other, mine, {saved, saved}, StatusCode::kFailedPrecondition}}) {
+    const Status got_status = write(c.req, c.keys, c.recs).status;
+    EXPECT_EQ(got_status.code(), c.code) << got_status.ToString();
+    EXPECT_EQ(read(mine, &st), before) << got_status.ToString();
+  }
+  EXPECT_NE(write(adam, mine, {saved, saved}).status.message().find(
+                "saved from 'adam', the table runs 'adagrad'"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace asyncps::server

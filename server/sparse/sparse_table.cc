@@ -167,13 +167,40 @@ uint32_t SparseTable::CreateRow(uint64_t key) {
   const uint32_t slot = rows_.Insert(key);
   float* f = rows_.floats(slot);
   InitializeRow(spec_, key, f);
-  const float init_state =
-      spec_.optimizer.kind == RowOptimizerKind::kAdaGrad
-          ? spec_.optimizer.initial_accumulator
-          : 0.0f;
-  std::fill(f + spec_.dim, f + spec_.dim + state_floats_, init_state);
+  std::fill(f + spec_.dim, f + spec_.dim + state_floats_, InitialState());
   ++counters_stats_.admitted;
   return slot;
+}
+
+float SparseTable::InitialState() const {
+  return spec_.optimizer.kind == RowOptimizerKind::kAdaGrad
+             ? spec_.optimizer.initial_accumulator
+             : 0.0f;
+}
+
+Status SparseTable::ReadRecordSlice(const uint64_t* keys, size_t n,
+                                    int64_t now, uint8_t* out) {
+  RETURN_IF_ERROR(Resolve(keys, n, now));
+  const uint32_t dim = spec_.dim;
+  const size_t floats = rows_.floats_per_entry();
+  std::vector<float>& fresh = record_scratch_;
+  fresh.resize(floats);
+  for (size_t i = 0; i < n; ++i) {
+    uint8_t* rec = out + i * record_bytes();
+    uint64_t steps = 0;
+    const float* f = fresh.data();
+    if (slot_[i] != RowCache::kNone) {
+      steps = rows_.meta(slot_[i]).count;
+      f = rows_.floats(slot_[i]);
+    } else {
+      InitializeRow(spec_, keys[i], fresh.data());
+      std::fill(fresh.begin() + dim, fresh.end(), InitialState());
+    }
+    std::memcpy(rec, &steps, sizeof(steps));
+    std::memcpy(rec + sizeof(steps), f, floats * sizeof(float));
+  }
+  counters_stats_.rows_read += n;
+  return Status::OK();
 }
 
 Status SparseTable::HoldSlice(const uint64_t* keys, size_t n, int64_t now,
@@ -270,7 +297,8 @@ void SparseTable::DropCounter(uint32_t c,
 Status SparseTable::AssignSlice(const uint64_t* keys, const float* values,
                                 size_t n, int64_t clock, int64_t now,
                                 bool pin, std::vector<uint32_t>* touched,
-                                std::vector<uint32_t>* touched_counters) {
+                                std::vector<uint32_t>* touched_counters,
+                                const float* state, const uint64_t* steps) {
   RETURN_IF_ERROR(Resolve(keys, n, now, /*read_store=*/true));
   const uint32_t dim = spec_.dim;
   const size_t per = rows_.floats_per_entry();
@@ -285,9 +313,14 @@ Status SparseTable::AssignSlice(const uint64_t* keys, const float* values,
     }
     float* w = rows_.floats(slot);
     std::memcpy(w, values + i * dim, dim * sizeof(float));
-    std::fill(w + dim, w + per, 0.0f);
+    if (state != nullptr) {
+      std::memcpy(w + dim, state + i * state_floats_,
+                  state_floats_ * sizeof(float));
+    } else {
+      std::fill(w + dim, w + per, 0.0f);
+    }
     EntryMeta& m = rows_.meta(slot);
-    m.count = 0;
+    m.count = steps != nullptr ? steps[i] : 0;
     m.last_clock = clock;
     const bool was_pinned = m.flags & EntryMeta::kPinned;
     m.flags |= mark;

@@ -123,13 +123,30 @@ class SparseTable {
   // Sets keys[0..n) (unique, n <= kSliceKeys) to `values` (n x dim), their
   // optimizer state and step count to zero (an upload: kAssign), as rows
   // (an admission counter of the key is dropped), at worker clock `clock`.
-  // Reads the store first (a failed read fails the slice before anything
-  // of it is set). Entries become dirty, pinned when `pin`; slots appended
-  // to *touched.
+  // With `state` (n x state_floats(), checked by the caller) and `steps`
+  // (n), those become the rows' optimizer state and step counts instead
+  // (a restore of saved state). Reads the store first (a failed read fails
+  // the slice before anything of it is set). Entries become dirty, pinned
+  // when `pin`; slots appended to *touched.
   [[nodiscard]] Status AssignSlice(const uint64_t* keys, const float* values,
                                    size_t n, int64_t clock, int64_t now,
                                    bool pin, std::vector<uint32_t>* touched,
-                                   std::vector<uint32_t>* touched_counters);
+                                   std::vector<uint32_t>* touched_counters,
+                                   const float* state = nullptr,
+                                   const uint64_t* steps = nullptr);
+  // Writes the row record (common/protocol.capnp, Assign phase 3: u64
+  // steps, f32 weights[dim], f32 state[state_floats()]) of keys[0..n)
+  // (unique, n <= kSliceKeys) to out (n x record_bytes(), unaligned): a
+  // key without a row as its initial value, its optimizer's initial state
+  // and 0 steps. `now` is the expiry clock.
+  [[nodiscard]] Status ReadRecordSlice(const uint64_t* keys, size_t n,
+                                       int64_t now, uint8_t* out);
+  // Floats of optimizer state per row (dim x the optimizer's floats per
+  // weight) and bytes of a row record.
+  size_t state_floats() const { return state_floats_; }
+  size_t record_bytes() const {
+    return sizeof(uint64_t) + rows_.floats_per_entry() * sizeof(float);
+  }
 
   // Puts the record of an entry into `batch`.
   void AddRecord(bool counter, uint32_t slot, StoreBatch* batch);
@@ -225,6 +242,8 @@ class SparseTable {
                     uint32_t* counter);
   // A new row from the initial value.
   uint32_t CreateRow(uint64_t key);
+  // The optimizer state of a new row, per float (AdaGrad's initial sum).
+  float InitialState() const;
   // Removes admission counter `c` (a row replaces it: same key, so the
   // row's record overwrites the counter's in the store), and its slot from
   // *touched_counters when it was pinned there.
@@ -248,6 +267,7 @@ class SparseTable {
   std::vector<uint32_t> miss_index_;
   std::vector<uint32_t> victims_[2];  // rows, counters
   std::vector<uint32_t> dirty_;
+  std::vector<float> record_scratch_;  // ReadRecordSlice: a row not stored
   std::vector<uint32_t> evicting_[2];  // dirty victims awaiting EndEvict
 };
 
