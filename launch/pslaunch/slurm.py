@@ -52,24 +52,40 @@ def elastic_flags(opts, etcd, prefix):
                                                    "--etcd_prefix=/asyncps/" + prefix]
 
 
-def server_step(opts, etcd=None, prefix=None, elastic=False):
-    replicas = getattr(opts, "replicas", 1) or 1
-    if elastic:
-        return srun_argv(opts, "server", opts.servers, elastic_flags(opts, etcd, prefix))
-    if replicas == 1 and not etcd:
-        return srun_argv(opts, "server", opts.servers, shlex.split(opts.server_flags or ""))
-    argv = srun_argv(opts, "server", opts.servers * replicas, shlex.split(opts.server_flags or "") + [
-        "--etcd=" + etcd, "--etcd_prefix=/asyncps/" + prefix,
-        "--lease_ms=%d" % getattr(opts, "lease_ms", 1000)])
+def replica_flags(opts, etcd, prefix):
+    return ["--etcd=" + etcd, "--etcd_prefix=/asyncps/" + prefix,
+            "--lease_ms=%d" % getattr(opts, "lease_ms", 1000)]
+
+
+def keep_step_on_bad_exit(argv):
     # A replica that dies must not end the step: its group goes on.
     return [("--kill-on-bad-exit=0" if a == "--kill-on-bad-exit=1" else a) for a in argv]
 
 
+def server_step(opts, etcd=None, prefix=None, elastic=False):
+    replicas = getattr(opts, "replicas", 1) or 1
+    if elastic and replicas == 1:
+        return srun_argv(opts, "server", opts.servers, elastic_flags(opts, etcd, prefix))
+    if replicas == 1 and not etcd:
+        return srun_argv(opts, "server", opts.servers, shlex.split(opts.server_flags or ""))
+    flags = (elastic_flags(opts, etcd, prefix) if elastic
+             else shlex.split(opts.server_flags or ""))
+    return keep_step_on_bad_exit(srun_argv(opts, "server", opts.servers * replicas,
+                                           flags + replica_flags(opts, etcd, prefix)))
+
+
 def added_shard_step(opts, shard, etcd, prefix):
     """psrun --elastic: shard `shard` of shard+1, a step of one task (task.sh
-    turns SLURM_PROCID 0 into it with PSRUN_SHARD_OFFSET=shard)."""
-    return srun_argv(opts, "server", 1, elastic_flags(opts, etcd, prefix), log=str(shard),
-                     shards=shard + 1)
+    turns SLURM_PROCID 0 into it with PSRUN_SHARD_OFFSET=shard); with
+    --replicas R a step of R tasks, the group's replicas (server-K-r%t)."""
+    replicas = getattr(opts, "replicas", 1) or 1
+    if replicas == 1:
+        return srun_argv(opts, "server", 1, elastic_flags(opts, etcd, prefix), log=str(shard),
+                         shards=shard + 1)
+    return keep_step_on_bad_exit(srun_argv(
+        opts, "server", replicas,
+        elastic_flags(opts, etcd, prefix) + replica_flags(opts, etcd, prefix),
+        log="%d-r%%t" % shard, shards=shard + 1))
 
 
 def etcd_step(opts, client_port, peer_port):
@@ -158,16 +174,24 @@ class SlurmFleet(fleet_mod.Fleet):
         self.log("psrun: %d shard(s) ready: %s" % (len(self.shards), self.endpoints()))
 
     def start_shard(self, m, endpoint=None):
-        """A shard psrun --elastic adds: a step of its own (no restarts on Slurm)."""
+        """A shard psrun --elastic adds: a step of its own (no restarts on
+        Slurm); a replica group's members share one step of R tasks, started
+        with its first member."""
         try:
             os.unlink(self.path("ready", "%s.endpoint" % m.name))
         except FileNotFoundError:
             pass
+        if self.replicated() and m.replica:
+            m.proc = next(x.proc for x in self.shards
+                          if x.group == m.group and x.replica == 0)
+            return
+        env = dict(os.environ, PSRUN_SHARD_OFFSET=str(m.group))
+        if self.replicated():
+            env["PSRUN_REPLICAS"] = str(self.replicas)
         m.proc = procs_mod.LocalProc(
-            "server-step-%d" % m.rank,
-            added_shard_step(self.o, m.rank, self.etcd_endpoints, self.etcd_prefix()),
-            self.path("srun-%s.log" % m.name),
-            env=dict(os.environ, PSRUN_SHARD_OFFSET=str(m.rank))).start()
+            "server-step-%d" % m.group,
+            added_shard_step(self.o, m.group, self.etcd_endpoints, self.etcd_prefix()),
+            self.path("srun-server-%d.log" % m.group), env=env).start()
         self.write_pids()
 
     def start_workers(self):

@@ -16,7 +16,8 @@
 # PSRUN_REPLICAS (replicated fleets: processes per shard; server task rank
 # r is replica r % R of shard r / R, named server-<shard>-r<replica>),
 # PSRUN_SHARD_OFFSET (psrun --elastic: a shard added later, a step of its own:
-# server task r is shard OFFSET + r; NUM_SHARDS is then OFFSET + 1).
+# server task r is shard OFFSET + r, or with PSRUN_REPLICAS=R replica r of
+# shard OFFSET; NUM_SHARDS is then OFFSET + 1).
 set -eu
 role=$1 run=$2 bin=$3 shards=$4 workers=$5
 shift 5
@@ -58,7 +59,7 @@ case $role in
     shard=$((rank + ${PSRUN_SHARD_OFFSET:-0}))
     name=server-$shard
     if [ "$replicas" -gt 1 ]; then
-      shard=$((rank / replicas))
+      shard=$((rank / replicas + ${PSRUN_SHARD_OFFSET:-0}))
       name=server-$shard-r$((rank % replicas))
       set -- "$@" --replicas="$replicas" --replica=$((rank % replicas))
     fi

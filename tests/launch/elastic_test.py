@@ -60,7 +60,7 @@ class PlanTest(u.LaunchTestCase):
 
     def test_refusals(self):
         render = os.path.join(self.tmp.name, "k8s")
-        for extra, why in ((["--replicas", "2", "--backend", "slurm"],
+        for extra, why in ((["--replicas", "2", "--backend", "k8s", "--render", render],
                             "--replicas > 1 runs on --backend local"),
                            # A StatefulSet scaled down cannot add the next index.
                            (["--backend", "k8s", "--render", render, "--elastic",

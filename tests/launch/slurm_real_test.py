@@ -191,6 +191,26 @@ class SlurmRealTest(elastic_test.ElasticRuns, u.LaunchTestCase):
                % (elastic_test.PLAN, add["moved_chunks"], add["moved_bytes"] / 2**20,
                   remove["moved_chunks"], elastic_test.STEPS, t1 - t0, t2 - t1))
 
+        # Replica groups (--replicas 2): groups 0-1 one step of 4 tasks, the
+        # group that joins a step of 2 tasks of its own; group 0 leaves.
+        t3 = time.monotonic()
+        groups = self.elastic_psrun("elastic_replicas", elastic_test.PLAN,
+                                    backend + ["--replicas", "2"], env=env)
+        t4 = time.monotonic()
+        add, remove, steps = self.check_steps(groups, [[0, 1, 2], [1, 2]])
+        self.assertEqual(steps[0]["endpoint"].count("|"), 1, steps[0])
+        for r in (0, 1):
+            with open(os.path.join(groups, "server-2-r%d.log" % r)) as f:
+                log = f.read()
+            self.assertIn("task %d of 2" % r, log)  # the group's step of its own
+            self.assertIn("--shard_id=2 --num_shards=3", log)
+            self.assertIn("--replica=%d" % r, log)
+        self.assertTrue(os.path.exists(os.path.join(groups, "srun-server-2.log")))
+        self.assert_same_weights(groups, fixed, "launch.slurm_real-elastic-replicas")
+        u.note("launch.slurm_real: the same plan with --replicas 2 on Slurm: group 2 (%s) a step "
+               "of 2 tasks of its own, group 0 left; final weights bitwise equal to the fixed "
+               "run's; %.1f s" % (steps[0]["endpoint"], t4 - t3))
+
 
 def u_port():
     import socket
