@@ -25,6 +25,8 @@
 #include "common/buffer.h"
 #include "common/status.h"
 
+struct pollfd;  // <poll.h>
+
 namespace asyncps {
 
 // Owns a ZeroMQ context (I/O threads). Sockets keep their context alive.
@@ -179,6 +181,10 @@ class ClientSocket {
 
   // Waits up to `timeout` until any of `sockets` has a message or a new
   // connection; returns the index of one such socket, or -1 on timeout.
+  // It may also return for a socket with neither (the caller receives
+  // nothing and waits again). Cheapest (one poll() system call) when every
+  // socket's last operation was a Receive() that found nothing and
+  // TakeConnects() was called after the last PollAny().
   static StatusOr<int> PollAny(const std::vector<ClientSocket*>& sockets,
                                std::chrono::milliseconds timeout);
 
@@ -186,6 +192,16 @@ class ClientSocket {
   friend class ServerSocket;
   virtual void* raw_handle() = 0;      // for PollAny
   virtual void* monitor_handle() = 0;  // for PollAny
+  // PollAny's one-call path: fills fds[0] (messages) and fds[1] (connection
+  // events) and returns true when both signal whatever arrives from now on;
+  // false: PollAny asks ZeroMQ instead.
+  virtual bool FillPollFds(pollfd* fds) = 0;
+  // After PollAny's one call: `idle` = it saw no signal on the connection
+  // events, so the next TakeConnects() has nothing to read.
+  virtual void SetMonitorIdle(bool idle) = 0;
+  // After PollAny asked ZeroMQ (which takes the signals): no one-call path
+  // until the socket and its events are read dry again.
+  virtual void ForgetDrained() = 0;
 };
 
 // Allocator settings for a process that moves large messages through this

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <pthread.h>
 
+#include <atomic>
 #include <csignal>
 #include <cstring>
 #include <thread>
@@ -107,6 +108,77 @@ TEST(TransportTest, InprocWithSharedContextAndPollAny) {
   auto none = ClientSocket::PollAny({c1->get()}, milliseconds(10));
   ASSERT_TRUE(none.ok());
   EXPECT_EQ(*none, -1);
+}
+
+TEST(TransportTest, PollAnyNeverSleepsOnAQueuedReply) {
+  // PollAny waits in one poll() on the sockets' file descriptors once they
+  // were read dry; a reply that arrives before, during or after that wait,
+  // or while a send of the client takes ZeroMQ's signal, must end it at once.
+  auto server = ServerSocket::Bind("tcp://127.0.0.1:0", {});
+  ASSERT_TRUE(server.ok());
+  std::atomic<bool> stop{false};
+  std::thread echo([&] {
+    std::string peer;
+    Message msg;
+    int n = 0;
+    while (!stop) {
+      auto got = (*server)->Receive(&peer, &msg, milliseconds(10));
+      if (!got.ok() || !*got) continue;
+      if (++n % 4 == 0) std::this_thread::sleep_for(milliseconds(1));
+      std::vector<Frame> back{Frame::Copy("pong", 4)};
+      (void)(*server)->Send(peer, back);
+    }
+  });
+  auto c = ClientSocket::Connect((*server)->endpoint(), {});
+  ASSERT_TRUE(c.ok());
+  const auto start = std::chrono::steady_clock::now();
+  int sent = 0, received = 0;
+  Message r;
+  for (int i = 0; i < 300; ++i) {
+    // Two requests every third round: a send while a reply may be queued.
+    for (int k = 0; k < (i % 3 == 0 ? 2 : 1); ++k) {
+      std::vector<Frame> f{Frame::Copy("ping", 4)};
+      ASSERT_TRUE((*c)->Send(f).ok());
+      ++sent;
+    }
+    while (received < sent) {
+      auto got = (*c)->Receive(&r, milliseconds(0));
+      ASSERT_TRUE(got.ok());
+      if (*got) {
+        ++received;
+        continue;
+      }
+      auto wait_start = std::chrono::steady_clock::now();
+      auto idx = ClientSocket::PollAny({c->get()}, milliseconds(3000));
+      ASSERT_TRUE(idx.ok());
+      (void)(*c)->TakeConnects();
+      ASSERT_LT(std::chrono::steady_clock::now() - wait_start,
+                milliseconds(2000))
+          << "slept with a reply queued, round " << i;
+    }
+  }
+  // A reply queued, then a send (ZeroMQ takes the reply's signal while
+  // sending), then the wait.
+  std::vector<Frame> a{Frame::Copy("ping", 4)};
+  ASSERT_TRUE((*c)->Send(a).ok());
+  std::this_thread::sleep_for(milliseconds(50));
+  std::vector<Frame> b{Frame::Copy("ping", 4)};
+  ASSERT_TRUE((*c)->Send(b).ok());
+  sent += 2;
+  const auto wait_start = std::chrono::steady_clock::now();
+  auto idx = ClientSocket::PollAny({c->get()}, milliseconds(3000));
+  ASSERT_TRUE(idx.ok());
+  EXPECT_EQ(*idx, 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - wait_start, milliseconds(2000));
+  while (received < sent) {
+    auto got = (*c)->Receive(&r, milliseconds(2000));
+    ASSERT_TRUE(got.ok() && *got);
+    ++received;
+  }
+  stop = true;
+  echo.join();
+  EXPECT_EQ(received, sent);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(20000));
 }
 
 TEST(TransportTest, PollAnyInterruptedBySignalIsNotAnError) {

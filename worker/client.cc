@@ -877,19 +877,28 @@ class ClientImpl : public Client {
       }
       wake = std::min(wake, p.next_send);
     }
-    // While replies keep arriving they are taken straight from the queues:
-    // no poll() system call per reply. Connection events are still read
-    // every kConnectCheckEvery such rounds.
-    if (burst_ && ++burst_rounds_ % kConnectCheckEvery != 0) {
-      ASSIGN_OR_RETURN(size_t got, DrainReplies());
-      if (got > 0) return Status::OK();
-    }
-    burst_ = false;
+    // Replies already queued are taken first: no poll() system call while
+    // they keep arriving. Reading the queues dry also lets PollAny wait in
+    // one system call (zmq_poll polls once without waiting and asks each
+    // socket and its monitor for events, a system call each, before and
+    // after the wait). Connection events are read after every wait and
+    // every kConnectCheckEvery rounds.
+    if (++pump_rounds_ % kConnectCheckEvery == 0) ReadConnectionEvents();
+    ASSIGN_OR_RETURN(size_t got, DrainReplies());
+    if (got > 0) return Status::OK();
     auto wait = std::chrono::duration_cast<milliseconds>(wake - now);
     if (wait.count() < 0) wait = milliseconds(0);
     ASSIGN_OR_RETURN(
         int ready, ClientSocket::PollAny(raw_sockets_, wait + milliseconds(1)));
     if (ready < 0) return Status::OK();
+    ReadConnectionEvents();
+    return DrainReplies().status();
+  }
+
+  // Reads every socket's connection events: a shard that connected again
+  // (it restarted) gets the clock announced again, the shared-memory segment
+  // and every pending request resent.
+  void ReadConnectionEvents() {
     for (size_t s = 0; s < sockets_.size(); ++s) {
       const int connects = sockets_[s]->TakeConnects();
       if (connects > 0 && connects_[s]++ > 0) {
@@ -899,9 +908,6 @@ class ClientImpl : public Client {
         ResendAll(static_cast<int>(s));
       }
     }
-    ASSIGN_OR_RETURN(size_t got, DrainReplies());
-    burst_ = got > 0;
-    return Status::OK();
   }
 
   // Handles every reply queued on any socket; returns how many.
@@ -1648,12 +1654,11 @@ class ClientImpl : public Client {
   std::vector<bool> shm_ok_;         // per shard: the segment is attached
   std::vector<TableSpec> tables_;
   std::vector<float> rows_scratch_;
-  // Pump() rounds between two reads of the connection events in a burst.
+  // Pump() rounds between two reads of the connection events without a wait.
   static constexpr uint64_t kConnectCheckEvery = 64;
   // Shared-memory pulls in flight per shard, at most.
   static constexpr uint32_t kShmSlotsPerShard = 8;
-  bool burst_ = false;        // the last Pump() received replies
-  uint64_t burst_rounds_ = 0;
+  uint64_t pump_rounds_ = 0;
   Message msg_;        // reused receive buffer
   ReplyHeader reply_;  // reused decoded header
 };
