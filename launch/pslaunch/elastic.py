@@ -41,9 +41,9 @@ for other hosts.
 
 Replica groups (--replicas R): a group that joins starts its R members
 together (local: on R new emulated hosts with --emulate_hosts; ssh: the next
-R slots of --hostfile; slurm: a step of R tasks) and `ps_ctl add-shard
-"ep1|ep2"` moves chunks onto it; a group that leaves goes whole. Not
-supported yet (refused by psrun, exit 2): --replicas > 1 on k8s.
+R slots of --hostfile; slurm: a step of R tasks; k8s: the StatefulSet
+scaled by R pods) and `ps_ctl add-shard "ep1|ep2"` moves chunks onto it; a
+group that leaves goes whole.
 """
 import json
 import re
@@ -113,11 +113,6 @@ def parse_plan(text, servers):
 
 def check_opts(opts):
     """Why psrun cannot run this plan with these options, or None."""
-    if opts.replicas > 1 and opts.backend not in ("local", "ssh", "slurm"):
-        return ("--elastic with --replicas > 1 runs on --backend local (emulated hosts "
-                "included), ssh and slurm so far, not %s: a group that joins starts its "
-                "replicas together, which psrun's Kubernetes StatefulSet does not yet"
-                % opts.backend)
     if getattr(opts, "emulate_hosts", None) and opts.etcd:
         return ("--elastic with --emulate_hosts and --etcd: the shards and psrun's ps_ctl run "
                 "in the emulated network, which reaches nothing outside it; leave --etcd out "

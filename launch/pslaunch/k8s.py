@@ -38,6 +38,9 @@ add-shard wants it), every shard with --elastic_etcd and --allow_remote_admin
                                  scale up, wait for the new pod, ps_ctl add-shard;
                                  ps_ctl remove-shard, then scale down to one past
                                  the highest shard left (elastic_schedule)
+With both, shard g is pods g*R .. g*R+R-1 (as above): a step scales by whole
+groups ((K+1) x R pods for a new shard K), waits for each of its pods and gives
+ps_ctl the group as 'ep1|ep2'.
 YAML is written by hand (no PyYAML): strings are double-quoted JSON strings,
 which YAML reads verbatim; --format json writes one JSON object per file. Both
 are checked against the Kubernetes API schemas by launch/k8s/schema/validate.mjs.
@@ -153,9 +156,11 @@ def render(opts, cfg):
                   "--db_path=/data/rocksdb"] + metrics_flags + shlex.split(opts.server_flags or "")
     shard_init = []
     if elastic(opts):
-        # Pod shard-<o> is shard o; one the plan adds (o >= S) starts as
-        # --num_shards=o+1, as ps_ctl add-shard wants it.
-        o = "${HOSTNAME##*-}"
+        # Pod shard-<o> is shard o (replica groups: o / R); one the plan adds
+        # (shard K >= S) starts as --num_shards=K+1, as ps_ctl add-shard
+        # wants it.
+        o = "${HOSTNAME##*-}" if replicas(opts) == 1 else "(${HOSTNAME##*-} / %d)" % replicas(
+            opts)
         server_cmd[4:5] = [_Raw('"--num_shards=$((%s < %d ? %d : %s + 1))"' % (
             o, opts.servers, opts.servers, o)),
             "--elastic_etcd=" + etcd_endpoints(opts), "--etcd_prefix=/asyncps/" + opts.k8s_name]
@@ -288,8 +293,9 @@ def render(opts, cfg):
 
 def elastic_schedule(opts):
     """The plan as StatefulSet actions: a list of (step, "add"|"remove",
-    shard, replicas after it). A new shard K is pod shard-<K>, created by
-    scaling to K+1 replicas; a removed shard's pod goes when the StatefulSet
+    shard, shards the StatefulSet holds after it; x R pods with --replicas R).
+    A new shard K is pod shard-<K> (replica groups: its R pods), created by
+    scaling to K+1 shards; a removed shard's pod goes when the StatefulSet
     scales down to one past the highest shard left (a StatefulSet deletes its
     highest ordinals first: a shard below that serves on, owning nothing).
     ValueError for a plan a StatefulSet cannot follow: an add after a scale-down
@@ -355,9 +361,15 @@ def render_elastic(opts):
     return [account, role, binding, job]
 
 
-def _shard_endpoint(opts, k):
-    return "tcp://%s-%d.%s-shards%s:%d" % (opts.statefulset, k, opts.k8s_name, _suffix(opts),
+def _pod_endpoint(opts, o):
+    return "tcp://%s-%d.%s-shards%s:%d" % (opts.statefulset, o, opts.k8s_name, _suffix(opts),
                                            opts.port)
+
+
+def _group_pods(opts, k):
+    """The endpoints of shard k's pods (one, or its replica group's R)."""
+    r = replicas(opts)
+    return [_pod_endpoint(opts, o) for o in range(k * r, (k + 1) * r)]
 
 
 # The elastic Job's shell functions (/bin/sh, coreutils, awk, curl). @STS@,
@@ -397,7 +409,8 @@ ctl() {
     return 1
   done
 }
-# A new shard's pod answers ps_ctl stats within @TIMEOUT@ s (scheduling, image pull).
+# A new shard's pod (each pod of a replica group) answers ps_ctl stats within
+# @TIMEOUT@ s (scheduling, image pull).
 ready() {
   end=$(after @TIMEOUT@)
   until @BIN@/ps_ctl --servers="$1" --timeout_ms=2000 stats >/dev/null 2>&1; do
@@ -421,7 +434,7 @@ def elastic_script(opts):
     "replicas", "report": ps_ctl's}). Exits non-zero on the first failure."""
     from . import elastic as elastic_mod
     q = shlex.quote
-    initial = ",".join(_shard_endpoint(opts, k) for k in range(opts.servers))
+    initial = ",".join("|".join(_group_pods(opts, k)) for k in range(opts.servers))
     ctl = "%s/ps_ctl --etcd=%s --etcd_prefix=/asyncps/%s --servers=%s --timeout_ms=5000" % (
         BIN, q(etcd_endpoints(opts)), q(opts.k8s_name), q(initial))
     text = _ELASTIC_SH
@@ -429,19 +442,23 @@ def elastic_script(opts):
                        ("@TIMEOUT@", "%g" % opts.start_timeout)):
         text = text.replace(key, value)
     lines = []
+    r = replicas(opts)
     for step, op, k, count in elastic_schedule(opts):
-        ep = q(_shard_endpoint(opts, k))
+        pods = _group_pods(opts, k)
+        ep = q("|".join(pods))
         lines += ["# %s: %s shard %d" % (step.text, op, k), "at %g" % step.at_s]
         if op == "add":
-            lines += ["scale %d" % count, "ready %s" % ep, "r=$(ctl add-shard %s)" % ep]
+            lines.append("scale %d" % (count * r))
+            lines += ["ready %s" % q(p) for p in pods]
+            lines.append("r=$(ctl add-shard %s)" % ep)
         else:
             lines.append("r=$(ctl remove-shard %s)" % ep)
-        lines.append('report %s %s %d %d "$r"' % (q(step.text), op, k, count))
+        lines.append('report %s %s %d %d "$r"' % (q(step.text), op, k, count * r))
         if op == "remove":
             # Clients still routing by the old layout are told the new one
             # for a moment; then the StatefulSet drops the pods past the
             # highest shard left (SIGTERM: ps_server writes its checkpoint).
-            lines += ["sleep %g" % elastic_mod.LINGER_S, "scale %d" % count]
+            lines += ["sleep %g" % elastic_mod.LINGER_S, "scale %d" % (count * r)]
     lines.append("echo 'elastic plan done' >&2")
     return text + "\n".join(lines) + "\n"
 

@@ -60,9 +60,7 @@ class PlanTest(u.LaunchTestCase):
 
     def test_refusals(self):
         render = os.path.join(self.tmp.name, "k8s")
-        for extra, why in ((["--replicas", "2", "--backend", "k8s", "--render", render],
-                            "--replicas > 1 runs on --backend local"),
-                           # A StatefulSet scaled down cannot add the next index.
+        for extra, why in (# A StatefulSet scaled down cannot add the next index.
                            (["--backend", "k8s", "--render", render, "--elastic",
                              "+1@1,-1@2,+1@3"], "would recreate pod shard-2"),
                            (["--emulate_hosts", "2", "--etcd", "http://127.0.0.1:2379"],

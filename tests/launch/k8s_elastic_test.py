@@ -7,7 +7,8 @@ Role grants) and the StatefulSet controller (a scale up creates the next
 ordinal's pod and adds its names to every pod's DNS; a scale down deletes the
 highest ordinals, which must exit 0 on SIGTERM). 2 -> 3 -> 2 shards under BSP
 as launch.elastic; the final weights bitwise those of the same manifests
-without --elastic. Needs root, ip netns, unshare, nsenter, overlayfs, etcd,
+without --elastic. Then with --replicas 2: the Job scales by whole groups (2 pods
+per shard) and gives ps_ctl each group as 'ep1|ep2'. Needs root, ip netns, unshare, nsenter, overlayfs, etcd,
 etcdctl, openssl and curl (exit 77 without them)."""
 import json
 import os
@@ -22,6 +23,20 @@ from pslaunch import summary as summary_mod
 
 
 class K8sElasticTest(kr.PodsTestCase):
+    @staticmethod
+    def job_steps(res):
+        """The elastic Job's log and its JSON line per step."""
+        (ctl,) = res["singles"]
+        with open(ctl["log"], errors="replace") as f:
+            text = f.read()
+        return text, [json.loads(l) for l in text.splitlines() if l.startswith('{"step"')]
+
+    @staticmethod
+    def patches(res):
+        """(replicas, HTTP status) of each scale PATCH the API server got."""
+        return [(json.loads(b)["spec"]["replicas"], code)
+                for m, _, b, code in res["api"] if m == "PATCH"]
+
     def test_elastic_scale(self):
         """psrun --elastic "+1@3s,-1@6s" on Kubernetes: 2 -> 3 -> 2 shards
         while 2 ps_workers train under BSP. The elastic Job's pod scales the
@@ -52,10 +67,7 @@ class K8sElasticTest(kr.PodsTestCase):
         fixed = self.run_manifests(self.render(2, 2, [], server, elastic_test.WORKER, after,
                                                "manifests-fixed"), root="cluster-fixed")
         t2 = time.monotonic()
-        (ctl,) = res["singles"]
-        with open(ctl["log"], errors="replace") as f:
-            text = f.read()
-        steps = [json.loads(l) for l in text.splitlines() if l.startswith('{"step"')]
+        text, steps = self.job_steps(res)
         self.assertEqual([(s["step"], s["op"], s["shard"], s["replicas"]) for s in steps],
                          [("+1@3s", "add", 2, 3), ("-1@6s", "remove", 2, 2)], text[-3000:])
         add, remove = steps[0]["report"], steps[1]["report"]
@@ -64,8 +76,7 @@ class K8sElasticTest(kr.PodsTestCase):
         self.assertEqual([add["active"], remove["active"]], [[0, 1, 2], [0, 1]])
         for r in (add, remove):
             self.assertGreater(r["moved_chunks"], 0, r)
-        patches = [(json.loads(b)["spec"]["replicas"], code)
-                   for m, _, b, code in res["api"] if m == "PATCH"]
+        patches = self.patches(res)
         self.assertEqual(patches, [(3, 200), (2, 200)], res["api"])
         self.assertEqual([p["name"] for p in res["deleted"]], ["shard-2"])
         with open(res["deleted"][0]["log"], errors="replace") as f:
@@ -85,6 +96,7 @@ class K8sElasticTest(kr.PodsTestCase):
                         self.assertIn("elastic layout epoch 2", f.read())
             self.assertEqual(w[0], w[1], "the two workers pulled different final weights")
             weights.append(w[0])
+        self.fixed_weights = weights[1]
         self.assertEqual(len(weights[0]), (784 * 64 + 64 + 64 * 10 + 10) * 4)
         self.assertTrue(weights[0] == weights[1],
                         "final weights differ from the fixed 2-shard run's")
@@ -96,6 +108,37 @@ class K8sElasticTest(kr.PodsTestCase):
                 plan, [n for n, _ in patches],
                 add["moved_chunks"], remove["moved_chunks"], elastic_test.STEPS,
                 t1 - t0, t2 - t1))
+
+        # Replica groups: 2 shards x 2 pods; shard 2 is pods shard-4 and
+        # shard-5, scaled up and down together.
+        docs = self.render(2, 2, ["--elastic", plan, "--replicas", "2"], server,
+                           elastic_test.WORKER, after, "manifests-replicas")
+        t3 = time.monotonic()
+        res = self.run_manifests(docs, root="cluster-replicas")
+        t4 = time.monotonic()
+        text, steps = self.job_steps(res)
+        self.assertEqual([(s["step"], s["op"], s["shard"], s["replicas"]) for s in steps],
+                         [("+1@3s", "add", 2, 6), ("-1@6s", "remove", 2, 4)], text[-3000:])
+        self.assertTrue(all(s["report"]["ok"] for s in steps), steps)
+        self.assertEqual([s["report"]["active"] for s in steps], [[0, 1, 2], [0, 1]])
+        patches = self.patches(res)
+        self.assertEqual(patches, [(6, 200), (4, 200)], res["api"])
+        self.assertEqual(sorted(p["name"] for p in res["deleted"]), ["shard-4", "shard-5"])
+        for p in res["deleted"]:
+            with open(p["log"], errors="replace") as f:
+                self.assertIn("ps_server shard 2/3", f.read(200000), p["name"])
+        w = []
+        for i, pod in enumerate(res["workers"]):
+            with open(os.path.join(pod["dir"], pod["names"][-1], "tmp",
+                                   "weights-%d.bin" % i), "rb") as f:
+                w.append(f.read())
+        self.assertEqual(w[0], w[1], "the two workers pulled different final weights")
+        self.assertTrue(w[0] == self.fixed_weights,
+                        "final weights (replica groups) differ from the fixed 2-shard run's")
+        getattr(u, "note", print)(
+            "k8s pods, --elastic '%s' --replicas 2: StatefulSet scaled 4 -> 6 -> 4 pods by the "
+            "elastic Job (shard 2 = pods shard-4|shard-5), final weights bitwise equal to 2 "
+            "fixed shard pods'; %.1f s" % (plan, t4 - t3))
 
 
 if __name__ == "__main__":

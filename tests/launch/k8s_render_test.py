@@ -340,9 +340,33 @@ class K8sRenderTest(u.LaunchTestCase):
         code, err = self.elastic_render("curve", "+1@3s", ["--server_flags=--curve_secret_key=/k"])
         self.assertEqual(code, 2, err)
         self.assertIn("CurveZMQ admin keys", err)
-        code, err = self.elastic_render("replicas", "+1@3s", ["--replicas", "2"])
-        self.assertEqual(code, 2, err)
-        self.assertIn("--replicas > 1 runs on --backend local", err)
+        # Replica groups: whole groups of pods, given to ps_ctl as 'ep1|ep2'.
+        docs = self.render_list("elastic-replicas", ["--elastic", "+1@3s,-1@6s",
+                                                     "--replicas", "2"])
+        sts = next(d for d in docs if d["kind"] == "StatefulSet"
+                   and d["metadata"]["name"] == "shard")
+        self.assertEqual(sts["spec"]["replicas"], 4)
+        cmd = sts["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+        self.assertIn('"--shard_id=$((${HOSTNAME##*-} / 2))"', cmd)
+        self.assertIn('"--num_shards=$(((${HOSTNAME##*-} / 2) < 2 ? 2 : (${HOSTNAME##*-} / 2) '
+                      '+ 1))"', cmd)
+        for flag in ("--replicas=2", "--elastic_etcd=", "--etcd="):
+            self.assertIn(flag, cmd)
+        for n, group in ((0, 0), (1, 0), (2, 1), (3, 1), (4, 2), (5, 2)):  # pod -> shard
+            r = subprocess.run(["/bin/sh", "-c", 'HOSTNAME=shard-%d; echo $((${HOSTNAME##*-} / 2)) '
+                                '$(((${HOSTNAME##*-} / 2) < 2 ? 2 : (${HOSTNAME##*-} / 2) + 1))'
+                                % n], capture_output=True, text=True, timeout=10)
+            self.assertEqual(r.stdout.split(), [str(group), str(max(2, group + 1))], n)
+        job = next(d for d in docs if d["kind"] == "Job"
+                   and d["metadata"]["name"] == "asyncps-elastic")
+        script = job["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+        ep = "tcp://shard-%d.asyncps-shards:5555"
+        self.assertIn("--servers='%s|%s,%s|%s'" % (ep % 0, ep % 1, ep % 2, ep % 3), script)
+        self.assertIn("scale 6\nready %s\nready %s\nr=$(ctl add-shard '%s|%s')" % (
+            ep % 4, ep % 5, ep % 4, ep % 5), script)
+        self.assertIn("r=$(ctl remove-shard '%s|%s')" % (ep % 4, ep % 5), script)
+        self.assertTrue(script.rstrip().endswith("sleep 2\nscale 4\necho 'elastic plan done' >&2"),
+                        script[-300:])
         # A given etcd: none rendered, the shards and the Job use it.
         docs = self.render_list("elastic-etcd", ["--elastic", "+1@3s", "--etcd",
                                                  "http://etcd.infra:2379"])
