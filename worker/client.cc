@@ -508,7 +508,16 @@ class ClientImpl : public Client {
       h.chunks.push_back(ref);
       frames.push_back(std::move(p.data));
     }
-    for (const RowsPush& rows : a.rows) {
+    const bool records = a.phase == 5;
+    if (records && a.row_records.size() != a.rows.size()) {
+      return Status::InvalidArgument("assign of rows with state: " +
+                                     std::to_string(a.rows.size()) +
+                                     " tables, " +
+                                     std::to_string(a.row_records.size()) +
+                                     " frames of records");
+    }
+    for (size_t i = 0; i < a.rows.size(); ++i) {
+      const RowsPush& rows = a.rows[i];
       if (rows.table >= tables_.size()) {
         return Status::InvalidArgument("assign of rows of unknown table " +
                                        std::to_string(rows.table));
@@ -519,8 +528,10 @@ class ClientImpl : public Client {
       ref.keys_frame = static_cast<uint32_t>(frames.size());
       frames.push_back(Frame::Copy(rows.keys, rows.n * sizeof(uint64_t)));
       ref.rows_frame = static_cast<uint32_t>(frames.size());
-      frames.push_back(Frame::Copy(
-          rows.grads, rows.n * tables_[rows.table].dim * sizeof(float)));
+      frames.push_back(records ? std::move(a.row_records[i])
+                               : Frame::Copy(rows.grads,
+                                             rows.n * tables_[rows.table].dim *
+                                                 sizeof(float)));
       h.rows.push_back(ref);
     }
     Ticket t = NewTicket();
@@ -546,6 +557,50 @@ class ClientImpl : public Client {
     state_sink_ = nullptr;
     if (out->per_weight < 0) out->per_weight = 0;
     return s;
+  }
+  Status ReadRowRecords(uint32_t table, const uint64_t* keys, size_t n,
+                        uint8_t* out, milliseconds timeout) override {
+    if (!layout_) return Status::FailedPrecondition("read before Register()");
+    if (table >= tables_.size()) {
+      return Status::NotFound("no sparse table " + std::to_string(table) +
+                              " (" + std::to_string(tables_.size()) +
+                              " registered)");
+    }
+    const TableSpec& spec = tables_[table];
+    const size_t bytes = RowRecordBytes(spec);
+    const size_t per_request = std::max<size_t>(
+        1, std::min(kMaxReadKeys, (size_t{64} << 20) / bytes));
+    std::vector<std::vector<size_t>> at(num_shards());
+    for (size_t i = 0; i < n; ++i)
+      at[ShardOfKey(spec, keys[i], num_shards())].push_back(i);
+    std::vector<uint64_t> asked;
+    for (int shard = 0; shard < num_shards(); ++shard) {
+      for (size_t off = 0; off < at[shard].size(); off += per_request) {
+        const size_t m = std::min(per_request, at[shard].size() - off);
+        asked.resize(m);
+        for (size_t j = 0; j < m; ++j) asked[j] = keys[at[shard][off + j]];
+        RequestHeader h = NewHeader(RequestKind::kAssign);
+        h.assign_upload = 1;
+        h.assign_phase = 3;
+        RowsRef ref;
+        ref.table = table;
+        ref.keys_frame = 1;
+        ref.num_keys = m;
+        h.rows.push_back(ref);
+        std::vector<Frame> frames(1);
+        frames.push_back(Frame::Copy(asked.data(), m * sizeof(uint64_t)));
+        records_sink_ = RecordsSink{table, at[shard].data() + off, m, bytes, out};
+        Status s = [&]() -> Status {
+          Ticket t = NewTicket();
+          RETURN_IF_ERROR(Enqueue(t, shard, h, std::move(frames)));
+          return Wait(t, timeout, nullptr);
+        }();
+        records_sink_ = RecordsSink{};
+        RETURN_IF_ERROR(s.WithContext("reading rows of '" + spec.name +
+                                      "' from shard " + std::to_string(shard)));
+      }
+    }
+    return Status::OK();
   }
   uint64_t resends() const override { return resends_; }
   uint64_t failovers() const override { return failovers_; }
@@ -1104,6 +1159,23 @@ class ClientImpl : public Client {
     return Status::OK();
   }
 
+  // Row records (ReadRowRecords): the reply's one rows ref checked against
+  // the request before anything is written into records_sink_.
+  Status AbsorbRecords() {
+    const RecordsSink& k = records_sink_;
+    const RowsRef* r = reply_.rows.size() == 1 ? &reply_.rows[0] : nullptr;
+    if (r == nullptr || !reply_.chunks.empty() || r->table != k.table ||
+        r->num_keys != k.n || r->codec != 0 || r->rows_frame < 1 ||
+        r->rows_frame >= msg_.frames.size() ||
+        msg_.frames[r->rows_frame].size != k.n * k.bytes) {
+      return Status::Corruption("bad reply to a read of row records");
+    }
+    const uint8_t* src = msg_.frames[r->rows_frame].data;
+    for (size_t j = 0; j < k.n; ++j)
+      std::memcpy(k.out + k.at[j] * k.bytes, src + j * k.bytes, k.bytes);
+    return Status::OK();
+  }
+
   // Folds a successful reply into its ticket.
   Status Absorb(int shard, const Pending& p, TicketState& t) {
     t.result.max_staleness = std::max(t.result.max_staleness, reply_.staleness);
@@ -1114,6 +1186,8 @@ class ClientImpl : public Client {
     }
     if (p.kind == RequestKind::kAssign && state_sink_ != nullptr)
       return AbsorbState(shard);
+    if (p.kind == RequestKind::kAssign && records_sink_.out != nullptr)
+      return AbsorbRecords();
     if (p.kind != RequestKind::kPull) return Status::OK();
     // Validate every chunk ref and rows ref before writing anything.
     RETURN_IF_ERROR(CheckPulledRows(p));
@@ -1650,6 +1724,16 @@ class ClientImpl : public Client {
   std::vector<int64_t> limit_frame_;  // per shard: its frame limit
   std::vector<std::string>* stats_sink_ = nullptr;
   OptimizerState* state_sink_ = nullptr;  // during ReadOptimizerState
+  // During ReadRowRecords: where the records of the request in flight go
+  // (record j to out + at[j] * bytes).
+  struct RecordsSink {
+    uint32_t table = 0;
+    const size_t* at = nullptr;
+    size_t n = 0;
+    size_t bytes = 0;
+    uint8_t* out = nullptr;
+  };
+  RecordsSink records_sink_;
   std::unique_ptr<ShmSegment> shm_;  // shared_memory_bytes > 0
   std::vector<bool> shm_ok_;         // per shard: the segment is attached
   std::vector<TableSpec> tables_;

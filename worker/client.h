@@ -134,11 +134,20 @@ struct ChunkPayload {
                          // chunk's optimizer steps; else unused
 };
 
+// Bytes of one row record of `table` (kAssign phases 3 and 5, common/
+// protocol.capnp): u64 optimizer steps, f32 weights[dim], f32 state[dim x
+// k] for the table's row optimizer's k floats per weight.
+inline size_t RowRecordBytes(const TableSpec& table) {
+  return sizeof(uint64_t) +
+         table.dim * (1 + table.optimizer.state_per_elem()) * sizeof(float);
+}
+
 // One request of an upload of values to one shard (kAssign; the protocol is
 // in common/protocol.capnp, the whole upload in worker/upload.h).
 struct AssignRequest {
   uint64_t upload = 0;  // random, != 0
-  uint8_t phase = 0;    // 0 begin, 1 values, 2 commit, 4 state
+  uint8_t phase = 0;    // 0 begin, 1 values, 2 commit, 4 state, 5 rows
+                        // with state
   bool overwrite = false;  // begin: claim even final values
   // values: raw fp32 chunks of the shard; state: k x the chunk's elements
   // floats of optimizer state per chunk ([slot 0 | slot 1 ...]), the
@@ -146,8 +155,12 @@ struct AssignRequest {
   std::vector<ChunkPayload> chunks;
   std::string optimizer;  // state: the optimizer it was saved from
   // values: rows of sparse tables (keys owned by the shard, each once; the
-  // `grads` field holds the values, n x dim), copied when sent.
+  // `grads` field holds the values, n x dim), copied when sent. Rows with
+  // state: the keys of rows[i] and, in row_records[i], their n row records
+  // (RowRecordBytes each; `grads` unused); `optimizer` names the tables'
+  // row optimizer.
   std::vector<RowsPush> rows;
+  std::vector<Frame> row_records;
 };
 
 // The shards' optimizer state (Client::ReadOptimizerState).
@@ -281,6 +294,17 @@ class Client {
   // REQUIRES: Register() succeeded.
   virtual Status ReadOptimizerState(OptimizerState* out,
                                     std::chrono::milliseconds timeout) = 0;
+  // Reads the rows of keys[0..n) (unique) of registered table `table` with
+  // their optimizer state and steps (kAssign phase 3 naming rows): `out`
+  // gets n row records (RowRecordBytes(table) bytes each, in key order; a
+  // key without a row: its initial value and state, 0 steps). Keys go to
+  // the shard ShardOfKey names (not elastic key ranges), at most
+  // kMaxReadKeys and 64 MiB of records per request. InvalidArgument for a
+  // repeated key. REQUIRES: Register() succeeded.
+  static constexpr size_t kMaxReadKeys = 65536;
+  virtual Status ReadRowRecords(uint32_t table, const uint64_t* keys,
+                                size_t n, uint8_t* out,
+                                std::chrono::milliseconds timeout) = 0;
 
   // The learning rate every later push and clock carries (> 0: the shards
   // use it in place of their --lr and schedule, up to their --max_lr; 0: not

@@ -92,36 +92,60 @@ Status SendShardState(Client* client, int shard, uint64_t upload,
       o);
 }
 
+// Appends row i of `r` to `out`: its values, or with state its row record
+// (u64 steps, f32 values[dim], f32 state[dim x k]: common/protocol.capnp).
+void AppendRow(const RowsValues& r, size_t i, size_t dim, size_t state_floats,
+               std::vector<uint8_t>* out) {
+  auto append = [out](const void* p, size_t bytes) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    out->insert(out->end(), b, b + bytes);
+  };
+  if (r.state != nullptr) append(&r.steps[i], sizeof(uint64_t));
+  append(r.values + i * dim, dim * sizeof(float));
+  if (r.state != nullptr)
+    append(r.state + i * state_floats, state_floats * sizeof(float));
+}
+
 // Sends the rows `shard` owns, at most kUploadMaxKeys keys and about
-// max_request_bytes of values per request.
+// max_request_bytes of values (and state) per request: phase 1, or phase 5
+// with their optimizer state.
 Status SendShardRows(Client* client, int shard, uint64_t upload,
                      const std::vector<RowsValues>& rows,
                      const UploadOptions& o) {
   for (const RowsValues& r : rows) {
     const TableSpec& spec = client->tables()[r.table];
     const size_t dim = spec.dim;
+    const size_t state_floats =
+        r.state != nullptr ? dim * spec.optimizer.state_per_elem() : 0;
+    const size_t row_bytes = r.state != nullptr ? RowRecordBytes(spec)
+                                                : dim * sizeof(float);
     const size_t per_request = std::max<size_t>(
-        1, std::min<uint64_t>(kUploadMaxKeys,
-                              o.max_request_bytes / (dim * sizeof(float))));
+        1, std::min<uint64_t>(kUploadMaxKeys, o.max_request_bytes / row_bytes));
     std::vector<uint64_t> keys;
-    std::vector<float> values;
+    std::vector<uint8_t> bytes;
     auto flush = [&]() -> Status {
       if (keys.empty()) return Status::OK();
       AssignRequest req;
       req.upload = upload;
-      req.phase = 1;
-      req.rows.push_back(RowsPush{r.table, keys.data(), keys.size(),
-                                  values.data()});
+      req.phase = r.state != nullptr ? 5 : 1;
+      req.optimizer = r.optimizer;
+      if (r.state != nullptr) {
+        req.rows.push_back(RowsPush{r.table, keys.data(), keys.size(), nullptr});
+        req.row_records.push_back(Frame::Owned(std::move(bytes)));
+      } else {
+        req.rows.push_back(RowsPush{r.table, keys.data(), keys.size(),
+                                    reinterpret_cast<const float*>(bytes.data())});
+      }
       Status s = client->Assign(shard, std::move(req), nullptr, o.timeout);
       keys.clear();
-      values.clear();
+      bytes.clear();
       return s.WithContext("upload of rows of '" + spec.name +
                            "' to shard " + std::to_string(shard));
     };
     for (size_t i = 0; i < r.n; ++i) {
       if (ShardOfKey(spec, r.keys[i], client->num_shards()) != shard) continue;
       keys.push_back(r.keys[i]);
-      values.insert(values.end(), r.values + i * dim, r.values + (i + 1) * dim);
+      AppendRow(r, i, dim, state_floats, &bytes);
       if (keys.size() == per_request) RETURN_IF_ERROR(flush());
     }
     RETURN_IF_ERROR(flush());
@@ -181,6 +205,11 @@ Status UploadValues(Client* client, const std::vector<const float*>& tensors,
           std::to_string(client->tables().size()) + " registered)");
     }
     table_seen[r.table] = true;
+    if ((r.state == nullptr) != (r.steps == nullptr)) {
+      return Status::InvalidArgument(
+          "upload of rows of '" + client->tables()[r.table].name +
+          "': optimizer state and steps go together");
+    }
   }
   const uint64_t upload = RandomUploadId();
   bool claimed = false;

@@ -42,12 +42,22 @@ struct UploadOptions {
 };
 
 // Rows of one sparse table to upload: `n` keys (each once) and their values
-// (n x dim floats); each row is set with zero optimizer state.
+// (n x dim floats); each row is set with zero optimizer state, or with
+// `state` and `steps` when given (a restore: kAssign phase 5, checked by
+// the shards, which refuse state of another row optimizer than the table's
+// before any row of the request is written).
 struct RowsValues {
   uint32_t table = 0;  // index in the registered table list
   const uint64_t* keys = nullptr;
   size_t n = 0;
   const float* values = nullptr;
+  // Null, or n x dim x k floats of optimizer state (k: the table's row
+  // optimizer's floats per weight; per row [slot 0 | slot 1 ...], Adam:
+  // [m | v]) and n step counts (at most 2^53), saved from the row
+  // optimizer `optimizer` ("sgd", "adagrad", "adam").
+  const float* state = nullptr;
+  const uint64_t* steps = nullptr;
+  std::string optimizer;
 };
 
 // Optimizer state uploaded with the values (ps.load_optimizer_state_dict):

@@ -5,7 +5,9 @@ compression/compressor.h):
 
     Client(servers, rank=...)          connection to every shard; register(),
                                        stats(), checkpoint(), shutdown();
-                                       pull_rows(), push_rows() of sparse tables
+                                       pull_rows(), push_rows() of sparse tables;
+                                       upload(), optimizer_state(), read_rows()
+                                       (rows with their optimizer state)
     Store(client, tensors, push_codec=..., pull_codec=..., prefetch_ahead=...)
                                        per step: pull(c, bufs), push(c, grads),
                                        clock(c + 1); traffic() counters

@@ -307,7 +307,12 @@ class ParameterServer:
         "chunk_steps": int64 tensor of the steps of each of its chunks}}}
         with torch.optim's slot names (adam: exp_avg, exp_avg_sq;
         momentum/nesterov: momentum_buffer; adagrad: sum; sgd: none, and no
-        steps). load_optimizer_state_dict() writes it back."""
+        steps). With SparseEmbeddings, "tables": {'<module path>.weight':
+        {"optimizer": the table's row optimizer, its slots as (N, dim)
+        tensors of the rows of ids 0..num_embeddings-1 (adagrad: sum; adam:
+        exp_avg, exp_avg_sq; sgd: none), "step": the most steps of a row
+        (float tensor), "row_steps": int64 (N,) each row's steps}}.
+        load_optimizer_state_dict() writes it back."""
         return _update.shard_optimizer_state(self)
 
     def load_optimizer_state_dict(self, optimizer_state):
@@ -319,7 +324,12 @@ class ParameterServer:
         written: asyncps.InvalidArgument naming the parameter for state of
         another optimizer than the shards' --optimizer, missing or unknown
         parameters, shapes, NaN/Inf, negative steps. Plain SGD keeps no
-        state: nothing is written."""
+        state: nothing is written. Its "tables" entries (checked the same
+        way, against each table's row optimizer) become the rows' state
+        and steps, uploaded with the shards' current rows as values; the
+        shards check every request whole again (another optimizer's state,
+        NaN, negative sums of squares, steps > 2^53) before writing any row
+        of it."""
         _update.load_shard_optimizer_state(self, optimizer_state)
 
     def load_state_dict(self, state_dict, strict=True, optimizer_state=None):
@@ -327,10 +337,11 @@ class ParameterServer:
         the shards (overwriting them), and each SparseEmbedding's
         '<module path>.weight' (N, dim) as the rows of ids 0..N-1 (N must
         be its num_embeddings; without one it becomes N; other ids keep
-        their rows). Their optimizer state restarts from zero, unless
-        `optimizer_state` (an optimizer_state_dict()) is given: then it is
-        written in the same upload, as load_optimizer_state_dict would
-        (resuming a checkpoint where it stopped). Rows of the wrong shape,
+        their rows). Their optimizer state (the rows': AdaGrad sums, Adam
+        moments and steps) restarts from zero, unless `optimizer_state` (an
+        optimizer_state_dict()) is given: then it is written in the same
+        upload, as load_optimizer_state_dict would (resuming a checkpoint
+        where it stopped). Rows of the wrong shape,
         NaN/Inf, or (strict) a missing one: asyncps.InvalidArgument before
         anything is written."""
         return _update.load_and_upload(self, state_dict, strict, optimizer_state)

@@ -57,6 +57,13 @@ final by the upload's commit). So
 resumes training where it stopped: under BSP bitwise as an uninterrupted run
 (with ps_server's constant --lr or an lr carried by DistributedOptimizer(lr=);
 a ps_server lr schedule counts updates from the fresh fleet's start).
+SparseEmbedding rows resume the same way (their "tables" entry holds each
+row's AdaGrad sum or Adam moments and steps; read with kAssign phase 3
+naming rows, written with phase 5: common/protocol.capnp); bitwise under
+hybrid consistency (--consistency=bsp --sparse_consistency=asp) with one
+worker, as test_sparse_resume checks. Rows are routed by ShardOfKey (not
+elastic key ranges), admission counters and expiry clocks are not saved (a
+loaded row is a row: admitted, last pushed at the load).
 """
 import collections
 import json
@@ -76,7 +83,7 @@ def pulled_state_dict(ps):
         out[k] = v.detach().clone()
     for i, e in enumerate(ps.embeddings):
         if e.num_embeddings is not None:
-            out[_weight_key(ps, i)] = torch.from_numpy(_read_rows(ps, i))
+            out[_weight_key(ps, i)] = torch.from_numpy(_read_rows(ps, i)[0])
     return out
 
 
@@ -92,24 +99,115 @@ def _weight_key(ps, i):
     return name + ".weight" if name else "weight"
 
 
+# The row optimizers' state slots (per row [slot 0 | slot 1 ...], dim
+# floats each) under torch.optim's names.
+_ROW_SLOTS = {"adagrad": ("sum",), "adam": ("exp_avg", "exp_avg_sq"), "sgd": ()}
+
+
 def _read_rows(ps, i):
-    """The shards' rows of ids 0..num_embeddings-1 of embedding i, (N, dim)."""
+    """The shards' rows of ids 0..num_embeddings-1 of embedding i with their
+    optimizer state: (values (N, dim), state (N, dim x k), steps (N,))."""
     e = ps.embeddings[i]
     n = e.num_embeddings
-    out = np.empty((n, e.spec.dim), np.float32)
-    for lo in range(0, n, _ROW_BATCH):
-        hi = min(n, lo + _ROW_BATCH)
-        out[lo:hi] = ps.client.pull_rows(i, np.arange(lo, hi, dtype=np.uint64), ps.clock)
+    parts = [ps.client.read_rows(i, np.arange(lo, min(n, lo + _ROW_BATCH), dtype=np.uint64))
+             for lo in range(0, n, _ROW_BATCH)]
+    return tuple(np.concatenate([p[j] for p in parts]) for j in range(3))
+
+
+def table_optimizer_state(ps):
+    """The "tables" entry of ps.optimizer_state_dict(): for each
+    SparseEmbedding with num_embeddings, its '<module path>.weight' ->
+    {"optimizer": its row optimizer, slots (N, dim) each, "step": the most
+    steps of a row (float tensor), "row_steps": int64 (N,)}."""
+    out = collections.OrderedDict()
+    for i, e in enumerate(ps.embeddings):
+        if e.num_embeddings is None:
+            continue
+        _, state, steps = _read_rows(ps, i)
+        steps = torch.from_numpy(steps.astype(np.int64))
+        entry = {"optimizer": e.spec.optimizer}
+        for j, slot in enumerate(_ROW_SLOTS[e.spec.optimizer]):
+            entry[slot] = torch.from_numpy(
+                np.ascontiguousarray(state[:, j * e.spec.dim:(j + 1) * e.spec.dim]))
+        entry["step"] = torch.tensor(float(steps.max()) if len(steps) else 0.0)
+        entry["row_steps"] = steps
+        out[_weight_key(ps, i)] = entry
+    return out
+
+
+def _checked_table_state(ps, optimizer_state):
+    """{embedding index: (row optimizer, state (N, dim x k), steps (N,))} of
+    the "tables" of an optimizer_state_dict(), each checked (optimizer,
+    slots, shapes, finite, steps) naming the table; {} without "tables"."""
+    tables = optimizer_state.get("tables") if isinstance(optimizer_state, dict) else None
+    if tables is None:
+        return {}
+    keys = {_weight_key(ps, i): i for i in range(len(ps.embeddings))}
+    unknown = [k for k in tables if k not in keys]
+    missing = [k for k, i in keys.items()
+               if k not in tables and ps.embeddings[i].num_embeddings is not None]
+    if unknown or missing:
+        raise InvalidArgument("optimizer state of the tables does not match the model's "
+                              "SparseEmbeddings: %s" % "; ".join(
+                                  (["unknown " + ", ".join(unknown)] if unknown else []) +
+                                  (["missing " + ", ".join(missing)] if missing else [])))
+    out = {}
+    for key, entry in tables.items():
+        e = ps.embeddings[keys[key]]
+        what = "optimizer state of %s (SparseEmbedding '%s')" % (key, e.spec.name)
+        if entry.get("optimizer") != e.spec.optimizer:
+            raise InvalidArgument("%s was saved from %s, the table runs %s: not loaded"
+                                  % (what, entry.get("optimizer"), e.spec.optimizer))
+        got = entry.get("row_steps", entry.get("step", 0))
+        steps = torch.as_tensor(got).detach().reshape(-1).to("cpu", torch.float64)
+        n = len(steps) if "row_steps" in entry else e.num_embeddings
+        if n is None:
+            raise InvalidArgument("%s: no row_steps, and the table's num_embeddings is "
+                                  "not known" % what)
+        slots = []
+        for slot in _ROW_SLOTS[e.spec.optimizer]:
+            t = entry.get(slot)
+            if t is None:
+                raise InvalidArgument("%s has no '%s'" % (what, slot))
+            t = torch.as_tensor(t).detach().to("cpu", torch.float32).contiguous()
+            if tuple(t.shape) != (n, e.spec.dim) or not bool(torch.isfinite(t).all()):
+                raise InvalidArgument("%s: '%s' must be finite of shape (%d, %d), got %s"
+                                      % (what, slot, n, e.spec.dim, tuple(t.shape)))
+            slots.append(t.numpy())
+        if not bool((steps >= 0).all()) or not bool((steps == steps.round()).all()):
+            raise InvalidArgument("%s: steps must be whole numbers >= 0" % what)
+        state = np.concatenate(slots, axis=1) if slots else np.zeros((n, 0), np.float32)
+        out[keys[key]] = (e.spec.optimizer, np.ascontiguousarray(state),
+                          np.broadcast_to(steps.numpy().astype(np.uint64), (n,)).copy())
+    return out
+
+
+def _rows_upload(ps, values, table_state):
+    """The upload's rows argument: embedding i's rows of ids 0..N-1 with
+    values[i] (else the shards' own) and, from table_state[i], their state."""
+    out = []
+    for i in sorted(set(values) | set(table_state)):
+        v = values[i] if i in values else _read_rows(ps, i)[0]
+        keys = np.arange(len(v), dtype=np.uint64)
+        if i not in table_state:
+            out.append((i, keys, v))
+            continue
+        optimizer, state, steps = table_state[i]
+        if len(state) != len(v):
+            raise InvalidArgument(
+                "optimizer state of %s holds %d rows, its weight %d" % (
+                    _weight_key(ps, i), len(state), len(v)))
+        out.append((i, keys, v, optimizer, state, steps))
     return out
 
 
 def _split_sparse(ps, state_dict, strict):
-    """(the state_dict without the embeddings' rows, the upload's rows
-    argument, the embeddings' keys missing from it); every row tensor
+    """(the state_dict without the embeddings' rows, {embedding index: its
+    rows (N, dim)}, the embeddings' keys missing from it); every row tensor
     checked (shape, finite) before anything is sent."""
     keys = {_weight_key(ps, i): i for i in range(len(ps.embeddings))}
     dense = collections.OrderedDict((k, v) for k, v in state_dict.items() if k not in keys)
-    rows, missing = [], []
+    rows, missing = {}, []
     for key, i in keys.items():
         e = ps.embeddings[i]
         if key not in state_dict:
@@ -126,7 +224,7 @@ def _split_sparse(ps, state_dict, strict):
         if not bool(torch.isfinite(t).all()):
             raise InvalidArgument("%s: the rows of SparseEmbedding '%s' contain NaN or Inf"
                                   % (key, e.spec.name))
-        rows.append((i, np.arange(len(t), dtype=np.uint64), t.numpy()))
+        rows[i] = t.numpy()
     if strict and missing:
         raise InvalidArgument("state_dict has no %s (the rows of SparseEmbedding %s; "
                               "strict=False loads without them)" % (
@@ -170,7 +268,10 @@ def shard_optimizer_state(ps):
         for j, slot in enumerate(names):
             entry[slot] = torch.from_numpy(slots[j][i])
         state[pname] = entry
-    return {"optimizer": name, "step": int(steps), "state": state}
+    out = {"optimizer": name, "step": int(steps), "state": state}
+    if ps.embeddings:
+        out["tables"] = table_optimizer_state(ps)
+    return out
 
 
 def _checked_state(ps, state):
@@ -223,15 +324,19 @@ def _checked_state(ps, state):
 def load_and_upload(ps, state_dict, strict=True, optimizer_state=None):
     """ps.load_state_dict(): see the module comment. Returns the result of
     model.load_state_dict."""
-    state = None if optimizer_state is None else _checked_state(ps, optimizer_state)
-    dense, rows, missing = _split_sparse(ps, state_dict, strict)
+    state, tables = None, {}
+    if optimizer_state is not None:
+        state = _checked_state(ps, optimizer_state)
+        tables = _checked_table_state(ps, optimizer_state)
+    dense, values, missing = _split_sparse(ps, state_dict, strict)
+    rows = _rows_upload(ps, values, tables)
     result = ps.model.load_state_dict(dense, strict=strict)
     result.missing_keys.extend(missing)
     ps.client.upload([p.detach().to("cpu").contiguous().numpy() for p in ps.params],
                      overwrite=True, state=state, rows=rows)
-    for i, keys, _ in rows:
+    for i, v in values.items():
         if ps.embeddings[i].num_embeddings is None:
-            ps.embeddings[i].num_embeddings = len(keys)
+            ps.embeddings[i].num_embeddings = len(v)
     ps.pull()
     return result
 
@@ -239,10 +344,11 @@ def load_and_upload(ps, state_dict, strict=True, optimizer_state=None):
 def load_shard_optimizer_state(ps, optimizer_state):
     """ps.load_optimizer_state_dict(): see the module comment."""
     state = _checked_state(ps, optimizer_state)
-    if state is None:
+    rows = _rows_upload(ps, {}, _checked_table_state(ps, optimizer_state))
+    if state is None and not rows:
         return  # plain SGD keeps no state
     ps.client.upload([p.detach().to("cpu").contiguous().numpy() for p in ps.params],
-                     overwrite=True, state=state)
+                     overwrite=True, state=state, rows=rows)
     ps.pull()
 
 

@@ -22,8 +22,45 @@ namespace {
 using KeysArray = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
 using RowsArray = py::array_t<float, py::array::c_style>;
 
-// (table index or name, keys, values) -> RowsValues pointing into the
-// arrays, kept alive in `keep`.
+using StepsArray =
+    py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
+
+// The optimizer state of n rows of `table` in an upload's rows entry:
+// (row optimizer name, float32 (n, dim x k) state, uint64 (n,) steps)
+// checked and pointed to by `out`, the arrays kept alive in `keep`.
+void CheckedRowState(const TableSpec& table, size_t n, const py::tuple& t,
+                     worker::RowsValues* out, std::vector<py::object>* keep) {
+  out->optimizer = t[3].cast<std::string>();
+  const size_t k = table.dim * table.optimizer.state_per_elem();
+  py::array state = py::reinterpret_borrow<py::array>(t[4]);
+  RowsArray s = RowsArray::ensure(state);
+  if (out->optimizer != RowOptimizerKindName(table.optimizer.kind)) {
+    Raise(Status::InvalidArgument(
+        "optimizer state of the rows of '" + table.name + "' was saved from '" +
+        out->optimizer + "', the table runs '" +
+        RowOptimizerKindName(table.optimizer.kind) + "'"));
+  }
+  if (!s || !state.dtype().is(py::dtype::of<float>()) || s.ndim() != 2 ||
+      static_cast<size_t>(s.shape(0)) != n ||
+      static_cast<size_t>(s.shape(1)) != k) {
+    Raise(Status::InvalidArgument(
+        "optimizer state of the rows of '" + table.name +
+        "': float32 (" + std::to_string(n) + ", " + std::to_string(k) + ")"));
+  }
+  StepsArray steps = StepsArray::ensure(t[5]);
+  if (!steps || steps.ndim() != 1 || static_cast<size_t>(steps.shape(0)) != n) {
+    Raise(Status::InvalidArgument("optimizer steps of the rows of '" +
+                                  table.name + "': uint64 (" +
+                                  std::to_string(n) + ",)"));
+  }
+  keep->push_back(s);
+  keep->push_back(steps);
+  out->state = s.data();
+  out->steps = steps.data();
+}
+
+// (table index or name, keys, values[, optimizer, state, steps]) ->
+// RowsValues pointing into the arrays, kept alive in `keep`.
 std::vector<worker::RowsValues> CheckedRows(PyClient& self,
                                             const py::sequence& rows,
                                             std::vector<py::object>* keep) {
@@ -31,9 +68,10 @@ std::vector<worker::RowsValues> CheckedRows(PyClient& self,
   const std::vector<TableSpec>& tables = self.tables();
   for (py::handle item : rows) {
     py::tuple t = py::reinterpret_borrow<py::object>(item).cast<py::tuple>();
-    if (t.size() != 3) {
+    if (t.size() != 3 && t.size() != 6) {
       Raise(Status::InvalidArgument(
-          "rows: each entry is (table, keys, values)"));
+          "rows: each entry is (table, keys, values) or (table, keys, values, "
+          "optimizer, state, steps)"));
     }
     uint32_t table = 0;
     if (py::isinstance<py::str>(t[0])) {
@@ -64,9 +102,44 @@ std::vector<worker::RowsValues> CheckedRows(PyClient& self,
     }
     keep->push_back(keys);
     keep->push_back(v);
-    out.push_back(worker::RowsValues{table, keys.data(), n, v.data()});
+    worker::RowsValues r;
+    r.table = table;
+    r.keys = keys.data();
+    r.n = n;
+    r.values = v.data();
+    if (t.size() == 6) CheckedRowState(tables[table], n, t, &r, keep);
+    out.push_back(std::move(r));
   }
   return out;
+}
+
+// Client.read_rows: (values (n, dim), state (n, dim x k), steps (n,)) of
+// `keys` of table index `table`.
+py::tuple ReadRows(PyClient& self, uint32_t table, const KeysArray& keys,
+                   double timeout_s) {
+  const TableSpec& spec = self.tables()[table];
+  const size_t n = static_cast<size_t>(keys.shape(0));
+  const size_t dim = spec.dim;
+  const size_t k = dim * spec.optimizer.state_per_elem();
+  const size_t bytes = worker::RowRecordBytes(spec);
+  std::vector<uint8_t> records(n * bytes);
+  ThrowIfError(self.Run([&] {
+    return self.get()->ReadRowRecords(
+        table, keys.data(), n, records.data(),
+        std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0)));
+  }));
+  py::array_t<float> values({n, dim});
+  py::array_t<float> state({n, k});
+  py::array_t<uint64_t> steps(static_cast<py::ssize_t>(n));
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t* rec = records.data() + i * bytes;
+    std::memcpy(steps.mutable_data() + i, rec, sizeof(uint64_t));
+    rec += sizeof(uint64_t);
+    std::memcpy(values.mutable_data() + i * dim, rec, dim * sizeof(float));
+    std::memcpy(state.mutable_data() + i * k, rec + dim * sizeof(float),
+                k * sizeof(float));
+  }
+  return py::make_tuple(values, state, steps);
 }
 
 // For each tensor, its chunk ids in offset order (ids are tensor-major).
@@ -162,7 +235,10 @@ void AddAssignMethods(py::class_<PyClient, std::shared_ptr<PyClient>>& c) {
        "`overwrite`: then waits until that upload is complete. Returns True "
        "when these values were written (worker/upload.h). `rows`: "
        "(table index or name, uint64 keys, float32 (n, dim) values) per "
-       "sparse table, set in the same upload. `state`: (optimizer name, k "
+       "sparse table, set in the same upload with zero optimizer state, or "
+       "(..., row optimizer name, float32 (n, dim x k) state, uint64 (n,) "
+       "steps) with that state (as read_rows gives it; a table running "
+       "another row optimizer refuses it). `state`: (optimizer name, k "
        "lists of one float32 array per tensor, one uint64 array per tensor "
        "of its chunks' optimizer steps or of one for all) becomes the "
        "shards' optimizer state (kAssign phase 4; a shard running another "
@@ -210,6 +286,27 @@ void AddAssignMethods(py::class_<PyClient, std::shared_ptr<PyClient>>& c) {
           "momentum and AdaGrad: one --, the most optimizer steps of any "
           "chunk, one uint64 array per tensor of its chunks' steps in "
           "offset order).")
+      .def(
+          "read_rows",
+          [](PyClient& self, uint32_t table, const KeysArray& keys,
+             double timeout_s) {
+            if (!self.registered() || table >= self.tables().size()) {
+              Raise(Status::NotFound("read_rows: no registered table " +
+                                     std::to_string(table)));
+            }
+            if (keys.ndim() != 1) {
+              Raise(Status::InvalidArgument(
+                  "read_rows: keys must be a 1-d uint64 array"));
+            }
+            return ReadRows(self, table, keys, timeout_s);
+          },
+          py::arg("table"), py::arg("keys"), py::arg("timeout_s") = 120.0,
+          "The shards' rows of `keys` (1-d uint64, each once) of table "
+          "index `table` with their optimizer state: (float32 (n, dim) "
+          "values, float32 (n, dim x k) state -- per row [slot 0 | slot 1 "
+          "...]: adagrad the sum, adam m then v, sgd none --, uint64 (n,) "
+          "optimizer steps). A key without a row reads as its initial value "
+          "and state, 0 steps. Not clock-bound (a read, as optimizer_state).")
       .def_property(
           "lr", [](PyClient& self) { return self.get()->lr(); },
           [](PyClient& self, float lr) {

@@ -155,3 +155,86 @@ def test_bad_rows_are_refused_before_anything_is_written(shards):
     assert torch.equal(after["emb.weight"], before["emb.weight"])
     assert torch.equal(after["fc.bias"], torch.full((2,), 9.0))
     ps.close()
+
+
+@pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
+def test_resume_with_the_rows_optimizer_state_is_bitwise_an_uninterrupted_run(shards,
+                                                                              optimizer):
+    data = batches(N + M)
+    want = uninterrupted(shards, optimizer, data)
+    for how in ("together", "separately"):
+        got = run_resumed(shards, optimizer, how, data)
+        for k in want:
+            assert torch.equal(got[k], want[k]), (how, k)
+    # Without the rows' state (AdaGrad's sums, Adam's moments and steps
+    # restart) the run differs: the comparison above can fail.
+    without = run_resumed(shards, optimizer, "without", data)
+    assert not torch.equal(without["emb.weight"], want["emb.weight"])
+
+
+def test_row_state_round_trips_exactly(shards):
+    m, ps = start(fleet(shards), "adam")
+    train(ps, m, batches(2))
+    sd = ps.optimizer_state_dict()
+    entry = sd["tables"]["emb.weight"]
+    assert entry["optimizer"] == "adam"
+    assert entry["exp_avg"].shape == (V, DIM) and entry["exp_avg_sq"].shape == (V, DIM)
+    assert entry["row_steps"].dtype == torch.int64 and entry["row_steps"].shape == (V,)
+    assert 0 < float(entry["step"]) <= 2 and int(entry["row_steps"].min()) == 0
+    entry["row_steps"] = torch.arange(V, dtype=torch.int64) * 1000
+    entry["exp_avg"] = torch.full((V, DIM), 0.125)
+    entry["exp_avg_sq"] = torch.full((V, DIM), 0.5)
+    rows = ps.state_dict()["emb.weight"]
+    ps.load_optimizer_state_dict(sd)
+    back = ps.optimizer_state_dict()["tables"]["emb.weight"]
+    for slot in ("exp_avg", "exp_avg_sq", "row_steps"):
+        assert torch.equal(back[slot], entry[slot]), slot
+    assert float(back["step"]) == 1000.0 * (V - 1)
+    assert torch.equal(ps.state_dict()["emb.weight"], rows)  # values kept
+    ps.close()
+
+
+def test_bad_row_state_is_refused_before_anything_is_written(shards):
+    m, ps = start(fleet(shards), "adagrad")
+    train(ps, m, batches(2))
+    sd = ps.optimizer_state_dict()
+    before = ps.optimizer_state_dict()["tables"]["emb.weight"]
+    entry = sd["tables"]["emb.weight"]
+    good = entry["sum"]
+    for value, match in ((torch.full((V, DIM), float("nan")), "finite"),
+                         (torch.zeros(V, DIM + 1), "shape")):
+        entry["sum"] = value
+        with pytest.raises(asyncps.InvalidArgument, match=match):
+            ps.load_optimizer_state_dict(sd)
+    entry["sum"] = good
+    entry["row_steps"] = -entry["row_steps"] - 1
+    with pytest.raises(asyncps.InvalidArgument, match="whole numbers"):
+        ps.load_optimizer_state_dict(sd)
+    entry["optimizer"] = "adam"
+    with pytest.raises(asyncps.InvalidArgument,
+                       match="emb.weight .SparseEmbedding 'emb'. was saved from adam"):
+        ps.load_optimizer_state_dict(sd)
+    sd["tables"]["other.weight"] = sd["tables"].pop("emb.weight")
+    with pytest.raises(asyncps.InvalidArgument, match="unknown other.weight"):
+        ps.load_optimizer_state_dict(sd)
+    # The shards' own checks (the low-level upload skips the Python ones):
+    # Adam's state into an AdaGrad table, and negative sums, refused by the
+    # first shard asked before any row of its request is written (and the
+    # upload stops there; the Python checks above come before anything is
+    # sent to any shard).
+    keys = np.arange(V, dtype=np.uint64)
+    values = np.full((V, DIM), 3.0, np.float32)
+    dense = [p.detach().numpy() for p in ps.params]
+    steps = np.ones(V, np.uint64)
+    with pytest.raises(asyncps.InvalidArgument, match="saved from 'adam'"):
+        ps.client.upload(dense, overwrite=True, rows=[
+            (0, keys, values, "adam", np.zeros((V, DIM), np.float32), steps)])
+    negative = np.zeros((V, DIM), np.float32)
+    negative[:, 2] = -1.0
+    with pytest.raises(asyncps.InvalidArgument, match="negative sum of squares"):
+        ps.client.upload(dense, overwrite=True, rows=[
+            (0, keys, values, "adagrad", negative, steps)])
+    after = ps.optimizer_state_dict()["tables"]["emb.weight"]
+    for slot in ("sum", "row_steps"):
+        assert torch.equal(after[slot], before[slot]), slot
+    ps.close()
