@@ -508,6 +508,29 @@ namespace {
 // (table, frame index, count, codec, frame size, a repeated key, NaN, huge
 // counts) never crash the shard, and a push changes rows only when it is
 // accepted whole.
+// Some of the keys 0..7, at least one.
+std::vector<uint64_t> SomeKeys(std::mt19937_64& rng) {
+  std::vector<uint64_t> keys;
+  for (uint64_t k = 0; k < 8; ++k) {
+    if (rng() % 2) keys.push_back(k);
+  }
+  if (keys.empty()) keys.push_back(rng() % 8);
+  return keys;
+}
+
+// Mutation `how` (0..4; others: none) of a rows ref: its table, frames,
+// key count or codec.
+void MutateRef(std::mt19937_64& rng, int how, RowsRef* ref) {
+  switch (how) {
+    case 0: ref->table = 1 + rng() % 5; break;
+    case 1: ref->keys_frame = static_cast<uint32_t>(rng() % 4); break;
+    case 2: ref->rows_frame = static_cast<uint32_t>(rng() % 4); break;
+    case 3: ref->num_keys = rng() % 2 ? rng() : ref->num_keys + 1; break;
+    case 4: ref->codec = static_cast<uint8_t>(1 + rng() % 12); break;
+    default: break;
+  }
+}
+
 TEST(ShardSparseTest, MutatedRowRefsNeverCrashOrHalfApply) {
   Sparse s(Opts());
   std::mt19937_64 rng(99);
@@ -515,11 +538,7 @@ TEST(ShardSparseTest, MutatedRowRefsNeverCrashOrHalfApply) {
   int applied = 0, rejected = 0;
   for (int it = 0; it < 3000; ++it) {
     const bool push = rng() % 3 != 0;
-    std::vector<uint64_t> keys;
-    for (uint64_t k = 0; k < 8; ++k) {
-      if (rng() % 2) keys.push_back(k);
-    }
-    if (keys.empty()) keys.push_back(rng() % 8);
+    std::vector<uint64_t> keys = SomeKeys(rng);
     std::vector<float> rows(keys.size() * 4);
     for (float& x : rows) x = 0.001f * static_cast<float>(rng() % 100);
     RequestHeader r = push ? s.Push(0, it, {}, {}) : s.PullRows(0, it, keys);
@@ -533,12 +552,9 @@ TEST(ShardSparseTest, MutatedRowRefsNeverCrashOrHalfApply) {
     }
     const bool mutate = rng() % 4 != 0;
     if (mutate) {
-      switch (rng() % 9) {
-        case 0: ref.table = 1 + rng() % 5; break;
-        case 1: ref.keys_frame = static_cast<uint32_t>(rng() % 4); break;
-        case 2: ref.rows_frame = static_cast<uint32_t>(rng() % 4); break;
-        case 3: ref.num_keys = rng() % 2 ? rng() : ref.num_keys + 1; break;
-        case 4: ref.codec = static_cast<uint8_t>(1 + rng() % 12); break;
+      const int how = static_cast<int>(rng() % 9);
+      MutateRef(rng, how, &ref);
+      switch (how) {
         case 5: data.push_back(Floats({1.0f})); break;  // a frame too many
         case 6:  // a repeated key
           keys.push_back(keys[0]);
@@ -969,6 +985,34 @@ TEST(ShardSparseTest, AssignSetsRowsAndRefusesHostileRowsWhole) {
 // Issue 22 item 4: rows with their optimizer state read (kAssign phase 3
 // naming rows) and restored (phase 5); a hostile record refuses the whole
 // request and changes no row.
+// A phase 3 read of the row records of `keys` of table 0 (rank 0).
+std::vector<OutgoingReply> ReadRecords(Sparse& s,
+                                       const std::vector<uint64_t>& keys) {
+  RequestHeader r;
+  r.kind = RequestKind::kAssign;
+  r.rank = 0;
+  r.assign_upload = 1;
+  r.assign_phase = 3;
+  RowsRef ref;
+  ref.keys_frame = 1;
+  ref.num_keys = keys.size();
+  r.rows = {ref};
+  return s.Send(r, {Keys(keys)});
+}
+
+// Rank 0 (incarnation 7) claims the upload 5 of `s` (a restore: overwrite).
+RequestHeader Claim(Sparse& s) {
+  RequestHeader begin;
+  begin.kind = RequestKind::kAssign;
+  begin.rank = 0;
+  begin.incarnation = 7;
+  begin.assign_upload = 5;
+  begin.assign_overwrite = true;
+  EXPECT_TRUE(s.Call(begin).created);
+  begin.assign_overwrite = false;
+  return begin;
+}
+
 struct RowRecord {
   uint64_t steps = 0;
   std::vector<float> floats;  // weights[dim], state[dim x k]
@@ -1000,16 +1044,7 @@ TEST(ShardSparseTest, RowRecordsCarryTheOptimizerStateBothWays) {
     (ShardOfKey(t, k, 2) == 0 ? mine : theirs).push_back(k);
   const size_t floats = 4 + 4;  // weights, AdaGrad's sums
   auto read = [&](const std::vector<uint64_t>& keys, ReplyHeader* status) {
-    RequestHeader r;
-    r.kind = RequestKind::kAssign;
-    r.rank = 0;
-    r.assign_upload = 1;
-    r.assign_phase = 3;
-    RowsRef ref;
-    ref.keys_frame = 1;
-    ref.num_keys = keys.size();
-    r.rows = {ref};
-    auto out = s.Send(r, {Keys(keys)});
+    auto out = ReadRecords(s, keys);
     std::vector<RowRecord> recs;
     EXPECT_EQ(out.size(), 1u);
     if (out.empty()) return recs;
@@ -1049,14 +1084,7 @@ TEST(ShardSparseTest, RowRecordsCarryTheOptimizerStateBothWays) {
   EXPECT_EQ(st.status.code(), StatusCode::kInvalidArgument);
 
   // Phase 5: the claimant sets rows with their state and steps.
-  RequestHeader begin;
-  begin.kind = RequestKind::kAssign;
-  begin.rank = 0;
-  begin.incarnation = 7;
-  begin.assign_upload = 5;
-  begin.assign_overwrite = true;  // trained: a restore
-  ASSERT_TRUE(s.Call(begin).created);
-  begin.assign_overwrite = false;
+  RequestHeader begin = Claim(s);
   RowRecord saved{7, {1, 2, 3, 4, 0.25f, 0.5f, 1, 0}};
   auto write = [&](RequestHeader r, const std::vector<uint64_t>& keys,
                    const std::vector<RowRecord>& recs) {
@@ -1130,6 +1158,87 @@ TEST(ShardSparseTest, RowRecordsCarryTheOptimizerStateBothWays) {
   EXPECT_NE(write(adam, mine, {saved, saved}).status.message().find(
                 "saved from 'adam', the table runs 'adagrad'"),
             std::string::npos);
+}
+
+// Hostile reads (phase 3) and writes (phase 5) of row records, mutated at
+// random: a shard never crashes, a refused write changes no row, and an
+// accepted one reads back byte for byte.
+TEST(ShardSparseTest, MutatedRowRecordsNeverCrashOrHalfApply) {
+  TableSpec t = Emb();
+  t.optimizer.kind = RowOptimizerKind::kAdam;  // [m | v], v >= 0
+  Sparse s(Opts(), nullptr, {t});
+  constexpr size_t kRecord = 8 + 4 * (4 + 8);
+  std::mt19937_64 rng(7);
+  const std::vector<uint64_t> probe = {0, 1, 2, 3, 4, 5, 6, 7};
+  const RequestHeader begin = Claim(s);
+  // The records of `keys` as a phase 3 read answers them (empty: refused).
+  auto read = [&](const std::vector<uint64_t>& keys) {
+    auto out = ReadRecords(s, keys);
+    std::vector<uint8_t> b;
+    if (out.size() == 1 && out[0].header.status.ok()) {
+      const ByteView& f = out[0].frames[out[0].header.rows[0].rows_frame - 1];
+      b.assign(f.data, f.data + f.size);
+    }
+    return b;
+  };
+  int written = 0, refused = 0;
+  for (int it = 0; it < 3000; ++it) {
+    const bool write = rng() % 3 != 0;
+    std::vector<uint64_t> keys = SomeKeys(rng);
+    std::vector<uint8_t> records(keys.size() * kRecord);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      const uint64_t steps = rng() % 1000;
+      std::memcpy(&records[i * kRecord], &steps, 8);
+      for (size_t j = 0; j < 12; ++j) {
+        const float v = 0.01f * static_cast<float>(rng() % 100);
+        std::memcpy(&records[i * kRecord + 8 + 4 * j], &v, 4);
+      }
+    }
+    RequestHeader r = begin;
+    r.assign_phase = write ? 5 : 3;
+    r.assign_optimizer = "adam";
+    RowsRef ref;
+    ref.keys_frame = 1;
+    ref.num_keys = keys.size();
+    if (write) ref.rows_frame = 2;
+    const bool mutate = rng() % 4 != 0;
+    int how = mutate ? static_cast<int>(rng() % 11) : -1;
+    MutateRef(rng, how, &ref);
+    switch (how) {
+      case 5: keys.push_back(keys[0]); records.resize(keys.size() * kRecord);
+              ref.num_keys = keys.size(); break;  // a repeated key
+      case 6:  // any byte: NaN, a negative second moment, 2^56 steps, ...
+        for (int n = 0; n < 3; ++n) records[rng() % records.size()] = rng();
+        break;
+      case 7: records.pop_back(); break;
+      case 8: r.assign_optimizer = rng() % 2 ? "adagrad" : ""; break;
+      case 9: r.chunks.resize(1); break;
+      case 10: r.assign_upload = 6; break;  // not the claimant
+    }
+    r.rows = {ref};
+    std::vector<ByteView> data = {Keys(keys)};
+    if (write) {
+      auto buf = Buffer::FromVector(std::vector<uint8_t>(records));
+      data.push_back(ByteView{buf->data(), buf->size(), buf});
+    }
+    if (how == 9) data.push_back(Floats({1.0f}));
+    const std::vector<uint8_t> before = read(probe);
+    auto out = s.Send(r, data);
+    ASSERT_EQ(out.size(), 1u);
+    const bool ok = out[0].header.status.ok();
+    if (!mutate) EXPECT_TRUE(ok) << out[0].header.status.ToString();
+    if (!ok || !write) {
+      refused += ok ? 0 : 1;
+      EXPECT_EQ(read(probe), before) << "iteration " << it;
+      if (!ok) EXPECT_TRUE(out[0].frames.empty());
+      if (ok) EXPECT_EQ(out[0].frames[0].size, keys.size() * kRecord);
+      continue;
+    }
+    ++written;
+    EXPECT_EQ(read(keys), records) << "iteration " << it;
+  }
+  EXPECT_GT(written, 500);
+  EXPECT_GT(refused, 1000);
 }
 
 }  // namespace
