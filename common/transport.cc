@@ -309,6 +309,12 @@ Status SendFrames(zmq::socket_t& s, const std::string* peer,
   return Status::OK();
 }
 
+// poll()'s timeout: negative waits without end, as zmq_poll's does.
+int PollMillis(std::chrono::milliseconds timeout) {
+  if (timeout.count() < 0) return -1;
+  return static_cast<int>(std::min<int64_t>(timeout.count(), INT_MAX));
+}
+
 std::string NormaliseEndpoint(const std::string& e) {
   // "tcp://host:0" means any free port, as "tcp://host:*" does for ZeroMQ.
   if (e.size() > 2 && e.compare(e.size() - 2, 2, ":0") == 0 &&
@@ -401,13 +407,34 @@ class ServerSocketImpl : public ServerSocket {
       zmq::recv_result_t r;
       // While messages keep coming, the next one is taken straight from the
       // queue: no poll() system call per message. Once the queue ran dry,
-      // wait in poll (a failed non-blocking receive costs a system call
-      // too, so it is not tried first then).
-      if (burst_) {
+      // wait in poll. Without a monitor or wake sockets, a receive that
+      // found nothing leaves the socket read dry, and one poll() on its
+      // file descriptor waits (zmq_poll would first poll without waiting
+      // and ask the socket for its events, before and after the wait).
+      // Else zmq_poll, and a failed non-blocking receive (a system call
+      // too) is not tried first once a burst ended.
+      const bool alone = !monitor_ && wake_.empty();
+      if (burst_ || alone) {
         r = socket_.recv(id, zmq::recv_flags::dontwait);
         if (monitor_ && r && ++since_monitor_ >= kMonitorEvery) {
           since_monitor_ = 0;
           DrainMonitor();
+        }
+      }
+      if (!r && alone) {
+        burst_ = false;
+        if (fd_ < 0) fd_ = socket_.get(zmq::sockopt::fd);
+        // The descriptor also wakes for ZeroMQ's own commands (a peer
+        // connecting): then the socket is read dry again and waited on.
+        const auto deadline = std::chrono::steady_clock::now() + timeout;
+        for (std::chrono::milliseconds left = timeout; !r;) {
+          pollfd p{fd_, POLLIN, 0};
+          if (poll(&p, 1, PollMillis(left)) <= 0) return false;  // or EINTR
+          r = socket_.recv(id, zmq::recv_flags::dontwait);
+          if (timeout.count() < 0) continue;
+          left = std::chrono::ceil<std::chrono::milliseconds>(
+              deadline - std::chrono::steady_clock::now());
+          if (!r && left.count() <= 0) return false;
         }
       }
       if (!r) {
@@ -476,6 +503,7 @@ class ServerSocketImpl : public ServerSocket {
   zmq::socket_t socket_;
   std::unique_ptr<zmq::socket_t> monitor_;  // CURVE only
   bool burst_ = false;     // the last Receive() got a message
+  int fd_ = -1;            // ZMQ_FD of socket_, once asked
   std::vector<ClientSocket*> wake_;       // SetWakeSockets()
   std::vector<zmq::pollitem_t> items_;    // reused by Receive()
   int since_monitor_ = 0;  // messages taken without reading the monitor
@@ -701,9 +729,7 @@ StatusOr<int> ClientSocket::PollAny(const std::vector<ClientSocket*>& sockets,
   for (size_t i = 0; i < sockets.size() && fast; ++i)
     fast = sockets[i]->FillPollFds(&fds[2 * i]);
   if (fast) {
-    const int ms = static_cast<int>(
-        std::min<int64_t>(std::max<int64_t>(timeout.count(), 0), INT_MAX));
-    const int rc = poll(fds.data(), fds.size(), ms);
+    const int rc = poll(fds.data(), fds.size(), PollMillis(timeout));
     if (rc < 0 && errno != EINTR) {
       return Status::Internal(std::string("poll: ") + std::strerror(errno));
     }
