@@ -88,6 +88,43 @@ bool TableSpec::operator==(const TableSpec& o) const {
          expire_after_clocks == o.expire_after_clocks;
 }
 
+Status CheckRowState(const TableSpec& table, std::string_view optimizer,
+                     const uint64_t* keys, const float* state,
+                     const uint64_t* steps, size_t n) {
+  const std::string runs = RowOptimizerKindName(table.optimizer.kind);
+  if (optimizer != runs) {
+    return Status::InvalidArgument("optimizer state of the rows of table '" +
+                                   table.name + "' was saved from '" +
+                                   std::string(optimizer) +
+                                   "', the table runs '" + runs + "': refused");
+  }
+  const size_t dim = table.dim;
+  const size_t k = dim * table.optimizer.state_per_elem();
+  // Where the sum of squares (the update takes its square root) starts.
+  const size_t squares = table.optimizer.kind == RowOptimizerKind::kAdaGrad ? 0
+                         : table.optimizer.kind == RowOptimizerKind::kAdam ? dim
+                                                                           : k;
+  for (size_t i = 0; i < n; ++i) {
+    const float* s = state + i * k;
+    const std::string row = "table '" + table.name +
+                            "': the optimizer state of key " +
+                            std::to_string(keys[i]);
+    for (size_t j = 0; j < k; ++j) {
+      if (!std::isfinite(s[j]))
+        return Status::InvalidArgument(row + " contains NaN or Inf");
+      if (j >= squares && j < squares + dim && s[j] < 0.0f) {
+        return Status::InvalidArgument(
+            row + " has a negative sum of squares (" + runs + ")");
+      }
+    }
+    if (steps[i] > kMaxRowSteps) {
+      return Status::InvalidArgument(row + ": " + std::to_string(steps[i]) +
+                                     " optimizer steps, at most 2^53");
+    }
+  }
+  return Status::OK();
+}
+
 Status ValidateTables(const std::vector<TableSpec>& tables) {
   if (tables.size() > kMaxTables) {
     return Status::InvalidArgument("more than " + std::to_string(kMaxTables) +

@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/layout.h"
@@ -96,6 +97,20 @@ struct TableSpec {
 // Checks a model's table list: each spec valid, names unique, at most
 // kMaxTables.
 Status ValidateTables(const std::vector<TableSpec>& tables);
+
+// The most optimizer steps saved state may give a row: 2^53, exact in the
+// double of Adam's bias correction.
+inline constexpr uint64_t kMaxRowSteps = uint64_t{1} << 53;
+// Checks the saved optimizer state of n rows of `table` before it is set
+// (a restore: kAssign phase 5, common/protocol.capnp): `optimizer` must
+// name the table's row optimizer; keys[i]'s state (dim x state_per_elem()
+// floats at state + i * that; AdaGrad [sum], Adam [m | v]) finite, its sums
+// of squares (AdaGrad's sum, Adam's v) >= 0, and steps[i] <= kMaxRowSteps.
+// InvalidArgument naming the table and the first bad key. The client checks
+// before it uploads anything, the shard again before it writes a row.
+Status CheckRowState(const TableSpec& table, std::string_view optimizer,
+                     const uint64_t* keys, const float* state,
+                     const uint64_t* steps, size_t n);
 
 // The shard in [0, num_shards) that holds `key` of table `spec`: a pure
 // function of (table name, key). REQUIRES: num_shards >= 1.

@@ -134,3 +134,50 @@ TEST(SparseTableTest, EqualityCoversEveryField) {
 
 }  // namespace
 }  // namespace asyncps
+
+namespace asyncps {
+namespace {
+
+// Saved optimizer state of rows (a restore), checked by the client before
+// it uploads and by the shard before it writes: the table's optimizer,
+// finite, sums of squares >= 0, steps <= 2^53; the error names the key.
+TEST(SparseTableTest, RowStateChecksNameTheTableAndKey) {
+  TableSpec t;
+  t.name = "emb";
+  t.dim = 2;
+  t.optimizer.kind = RowOptimizerKind::kAdam;  // per row [m m | v v]
+  const std::vector<uint64_t> keys = {11, 12};
+  std::vector<float> state = {-1, 2, 3, 4, 5, -0.0f, 7, 8};  // m may be < 0
+  std::vector<uint64_t> steps = {1, kMaxRowSteps};
+  EXPECT_TRUE(
+      CheckRowState(t, "adam", keys.data(), state.data(), steps.data(), 2)
+          .ok());
+  Status s =
+      CheckRowState(t, "adagrad", keys.data(), state.data(), steps.data(), 2);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("saved from 'adagrad', the table runs 'adam'"),
+            std::string::npos);
+  state[7] = -1.0f;  // key 12's v
+  s = CheckRowState(t, "adam", keys.data(), state.data(), steps.data(), 2);
+  EXPECT_NE(s.message().find("key 12 has a negative sum of squares"),
+            std::string::npos);
+  state[7] = std::nanf("");
+  s = CheckRowState(t, "adam", keys.data(), state.data(), steps.data(), 2);
+  EXPECT_NE(s.message().find("key 12 contains NaN"), std::string::npos);
+  state[7] = 8.0f;
+  steps[1] = kMaxRowSteps + 1;
+  s = CheckRowState(t, "adam", keys.data(), state.data(), steps.data(), 2);
+  EXPECT_NE(s.message().find("at most 2^53"), std::string::npos);
+  // AdaGrad: its one slot is the sum; SGD keeps none.
+  t.optimizer.kind = RowOptimizerKind::kAdaGrad;
+  steps[1] = 0;
+  const std::vector<float> sums = {0, 1, 2, -3};
+  s = CheckRowState(t, "adagrad", keys.data(), sums.data(), steps.data(), 2);
+  EXPECT_NE(s.message().find("key 12 has a negative sum"), std::string::npos);
+  t.optimizer.kind = RowOptimizerKind::kSgd;
+  EXPECT_TRUE(
+      CheckRowState(t, "sgd", keys.data(), nullptr, steps.data(), 2).ok());
+}
+
+}  // namespace
+}  // namespace asyncps

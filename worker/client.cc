@@ -438,8 +438,8 @@ class ClientImpl : public Client {
         }
         next_check = now + options_.interrupt_poll;
       }
-      RETURN_IF_ERROR(
-          Pump(interruptible ? std::min(deadline, next_check) : deadline));
+      RETURN_IF_ERROR(Pump(
+          interruptible ? std::min(deadline, next_check) : deadline, ticket));
     }
   }
 
@@ -510,11 +510,10 @@ class ClientImpl : public Client {
     }
     const bool records = a.phase == 5;
     if (records && a.row_records.size() != a.rows.size()) {
-      return Status::InvalidArgument("assign of rows with state: " +
-                                     std::to_string(a.rows.size()) +
-                                     " tables, " +
-                                     std::to_string(a.row_records.size()) +
-                                     " frames of records");
+      return Status::InvalidArgument(
+          "assign of rows with state: " + std::to_string(a.rows.size()) +
+          " tables, " + std::to_string(a.row_records.size()) +
+          " frames of records");
     }
     for (size_t i = 0; i < a.rows.size(); ++i) {
       const RowsPush& rows = a.rows[i];
@@ -528,10 +527,10 @@ class ClientImpl : public Client {
       ref.keys_frame = static_cast<uint32_t>(frames.size());
       frames.push_back(Frame::Copy(rows.keys, rows.n * sizeof(uint64_t)));
       ref.rows_frame = static_cast<uint32_t>(frames.size());
-      frames.push_back(records ? std::move(a.row_records[i])
-                               : Frame::Copy(rows.grads,
-                                             rows.n * tables_[rows.table].dim *
-                                                 sizeof(float)));
+      frames.push_back(
+          records ? std::move(a.row_records[i])
+                  : Frame::Copy(rows.grads, rows.n * tables_[rows.table].dim *
+                                                sizeof(float)));
       h.rows.push_back(ref);
     }
     Ticket t = NewTicket();
@@ -568,8 +567,8 @@ class ClientImpl : public Client {
     }
     const TableSpec& spec = tables_[table];
     const size_t bytes = RowRecordBytes(spec);
-    const size_t per_request = std::max<size_t>(
-        1, std::min(kMaxReadKeys, (size_t{64} << 20) / bytes));
+    const size_t per_request =
+        std::max<size_t>(1, std::min(kMaxReadKeys, (size_t{64} << 20) / bytes));
     std::vector<std::vector<size_t>> at(num_shards());
     for (size_t i = 0; i < n; ++i)
       at[ShardOfKey(spec, keys[i], num_shards())].push_back(i);
@@ -589,7 +588,8 @@ class ClientImpl : public Client {
         h.rows.push_back(ref);
         std::vector<Frame> frames(1);
         frames.push_back(Frame::Copy(asked.data(), m * sizeof(uint64_t)));
-        records_sink_ = RecordsSink{table, at[shard].data() + off, m, bytes, out};
+        records_sink_ =
+            RecordsSink{table, at[shard].data() + off, m, bytes, out};
         Status s = [&]() -> Status {
           Ticket t = NewTicket();
           RETURN_IF_ERROR(Enqueue(t, shard, h, std::move(frames)));
@@ -897,8 +897,8 @@ class ClientImpl : public Client {
   }
 
   // Receives replies until one arrives or `until` passes; resends requests
-  // whose attempt timed out.
-  Status Pump(SteadyClock::time_point until) {
+  // whose attempt timed out. Stops reading once `awaited` is complete.
+  Status Pump(SteadyClock::time_point until, Ticket awaited) {
     auto now = SteadyClock::now();
     auto wake = until;
     // Replica groups: a member that has answered nothing for half an
@@ -939,7 +939,7 @@ class ClientImpl : public Client {
     // after the wait). Connection events are read after every wait and
     // every kConnectCheckEvery rounds.
     if (++pump_rounds_ % kConnectCheckEvery == 0) ReadConnectionEvents();
-    ASSIGN_OR_RETURN(size_t got, DrainReplies());
+    ASSIGN_OR_RETURN(size_t got, DrainReplies(awaited));
     if (got > 0) return Status::OK();
     auto wait = std::chrono::duration_cast<milliseconds>(wake - now);
     if (wait.count() < 0) wait = milliseconds(0);
@@ -947,7 +947,7 @@ class ClientImpl : public Client {
         int ready, ClientSocket::PollAny(raw_sockets_, wait + milliseconds(1)));
     if (ready < 0) return Status::OK();
     ReadConnectionEvents();
-    return DrainReplies().status();
+    return DrainReplies(awaited).status();
   }
 
   // Reads every socket's connection events: a shard that connected again
@@ -965,8 +965,10 @@ class ClientImpl : public Client {
     }
   }
 
-  // Handles every reply queued on any socket; returns how many.
-  StatusOr<size_t> DrainReplies() {
+  // Handles every reply queued on any socket, or those until `awaited` is
+  // complete (the caller returns to its own work without another look at
+  // the queues, a system call when they are empty); returns how many.
+  StatusOr<size_t> DrainReplies(Ticket awaited) {
     size_t n = 0;
     for (size_t s = 0; s < sockets_.size(); ++s) {
       while (true) {
@@ -975,6 +977,8 @@ class ClientImpl : public Client {
         if (!got) break;
         HandleReply(static_cast<int>(s));
         ++n;
+        auto it = tickets_.find(awaited);
+        if (it == tickets_.end() || it->second.remaining == 0) return n;
       }
     }
     return n;

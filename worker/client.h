@@ -302,8 +302,8 @@ class Client {
   // kMaxReadKeys and 64 MiB of records per request. InvalidArgument for a
   // repeated key. REQUIRES: Register() succeeded.
   static constexpr size_t kMaxReadKeys = 65536;
-  virtual Status ReadRowRecords(uint32_t table, const uint64_t* keys,
-                                size_t n, uint8_t* out,
+  virtual Status ReadRowRecords(uint32_t table, const uint64_t* keys, size_t n,
+                                uint8_t* out,
                                 std::chrono::milliseconds timeout) = 0;
 
   // The learning rate every later push and clock carries (> 0: the shards

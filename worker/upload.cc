@@ -117,8 +117,8 @@ Status SendShardRows(Client* client, int shard, uint64_t upload,
     const size_t dim = spec.dim;
     const size_t state_floats =
         r.state != nullptr ? dim * spec.optimizer.state_per_elem() : 0;
-    const size_t row_bytes = r.state != nullptr ? RowRecordBytes(spec)
-                                                : dim * sizeof(float);
+    const size_t row_bytes =
+        r.state != nullptr ? RowRecordBytes(spec) : dim * sizeof(float);
     const size_t per_request = std::max<size_t>(
         1, std::min<uint64_t>(kUploadMaxKeys, o.max_request_bytes / row_bytes));
     std::vector<uint64_t> keys;
@@ -130,11 +130,13 @@ Status SendShardRows(Client* client, int shard, uint64_t upload,
       req.phase = r.state != nullptr ? 5 : 1;
       req.optimizer = r.optimizer;
       if (r.state != nullptr) {
-        req.rows.push_back(RowsPush{r.table, keys.data(), keys.size(), nullptr});
+        req.rows.push_back(
+            RowsPush{r.table, keys.data(), keys.size(), nullptr});
         req.row_records.push_back(Frame::Owned(std::move(bytes)));
       } else {
-        req.rows.push_back(RowsPush{r.table, keys.data(), keys.size(),
-                                    reinterpret_cast<const float*>(bytes.data())});
+        req.rows.push_back(
+            RowsPush{r.table, keys.data(), keys.size(),
+                     reinterpret_cast<const float*>(bytes.data())});
       }
       Status s = client->Assign(shard, std::move(req), nullptr, o.timeout);
       keys.clear();
@@ -209,6 +211,13 @@ Status UploadValues(Client* client, const std::vector<const float*>& tensors,
       return Status::InvalidArgument(
           "upload of rows of '" + client->tables()[r.table].name +
           "': optimizer state and steps go together");
+    }
+    // Checked here before anything is sent (the shards check each request
+    // again): a refusal half way would leave the upload half written.
+    if (r.state != nullptr) {
+      RETURN_IF_ERROR(CheckRowState(client->tables()[r.table], r.optimizer,
+                                    r.keys, r.state, r.steps, r.n)
+                          .WithContext("upload of rows"));
     }
   }
   const uint64_t upload = RandomUploadId();

@@ -310,17 +310,18 @@ Status Shard::WriteRowRecords(const RequestHeader& req,
   // The optimizer first: the state of another one has another size.
   for (const RowsRef& ref : req.rows) {
     if (!sparse_ || ref.table >= sparse_->num_tables()) continue;  // below
-    Status s = sparse_->CheckRowState(ref.table, req.assign_optimizer, nullptr,
-                                      nullptr, nullptr, 0);
+    Status s = CheckRowState(sparse_->specs()[ref.table], req.assign_optimizer,
+                             nullptr, nullptr, nullptr, 0);
     if (!s.ok()) return Reject(RejectReason::kOptimizerState, s);
   }
   ++stamp_;
   // Tables, frames, sizes, keys owned and unique, weights finite, decoded.
   RETURN_IF_ERROR(ValidateSparsePush(req, data));
   for (const PendingRows& p : pending_rows_) {
-    Status s = sparse_->CheckRowState(
-        p.table, req.assign_optimizer, sparse_keys_.data() + p.keys_at,
-        row_state_.data() + p.state_at, row_steps_.data() + p.keys_at, p.n);
+    Status s = CheckRowState(sparse_->specs()[p.table], req.assign_optimizer,
+                             sparse_keys_.data() + p.keys_at,
+                             row_state_.data() + p.state_at,
+                             row_steps_.data() + p.keys_at, p.n);
     if (!s.ok()) {
       pending_rows_.clear();
       return Reject(RejectReason::kOptimizerState, s);

@@ -163,16 +163,17 @@ Status Shard::ValidateSparsePush(const RequestHeader& req,
     }
     const uint64_t values = ref.num_keys * sparse_->specs()[ref.table].dim;
     const sparse::SparseTable& table = sparse_->table(ref.table);
-    if (records && (ref.codec != 0 || data[ref.rows_frame - 1].size !=
-                                          ref.num_keys * table.record_bytes())) {
-      return Reject(RejectReason::kSizeMismatch,
-                    Status::InvalidArgument(
-                        name + ": row records frame of " +
-                        std::to_string(data[ref.rows_frame - 1].size) +
-                        " bytes (codec " + std::to_string(ref.codec) +
-                        "), expected " + std::to_string(ref.num_keys) +
-                        " raw records of " +
-                        std::to_string(table.record_bytes()) + " bytes"));
+    if (records &&
+        (ref.codec != 0 || data[ref.rows_frame - 1].size !=
+                               ref.num_keys * table.record_bytes())) {
+      return Reject(
+          RejectReason::kSizeMismatch,
+          Status::InvalidArgument(
+              name + ": row records frame of " +
+              std::to_string(data[ref.rows_frame - 1].size) + " bytes (codec " +
+              std::to_string(ref.codec) + "), expected " +
+              std::to_string(ref.num_keys) + " raw records of " +
+              std::to_string(table.record_bytes()) + " bytes"));
     }
     if (records) {
       // Sized above.
@@ -200,7 +201,8 @@ Status Shard::ValidateSparsePush(const RequestHeader& req,
                                           std::to_string(ref.codec) +
                                           " needs the compression library"));
 #endif
-    } else if (push && data[ref.rows_frame - 1].size != values * sizeof(float)) {
+    } else if (push &&
+               data[ref.rows_frame - 1].size != values * sizeof(float)) {
       return Reject(RejectReason::kSizeMismatch,
                     Status::InvalidArgument(
                         name + ": rows frame of " +
@@ -223,9 +225,8 @@ Status Shard::ValidateSparsePush(const RequestHeader& req,
   }
   // Decode and check every table's part before anything is applied. The
   // scratch (reused) is charged to the memory budget at its size.
-  const uint64_t scratch =
-      total_keys * sizeof(uint64_t) * (records ? 2 : 1) +
-      (total_values + total_state) * sizeof(float);
+  const uint64_t scratch = total_keys * sizeof(uint64_t) * (records ? 2 : 1) +
+                           (total_values + total_state) * sizeof(float);
   if (scratch > request_charge_.bytes()) {
     Status c = Recharge(*budget_, scratch, "decoded keys and rows of a request",
                         &request_charge_);

@@ -522,12 +522,23 @@ std::vector<uint64_t> SomeKeys(std::mt19937_64& rng) {
 // key count or codec.
 void MutateRef(std::mt19937_64& rng, int how, RowsRef* ref) {
   switch (how) {
-    case 0: ref->table = 1 + rng() % 5; break;
-    case 1: ref->keys_frame = static_cast<uint32_t>(rng() % 4); break;
-    case 2: ref->rows_frame = static_cast<uint32_t>(rng() % 4); break;
-    case 3: ref->num_keys = rng() % 2 ? rng() : ref->num_keys + 1; break;
-    case 4: ref->codec = static_cast<uint8_t>(1 + rng() % 12); break;
-    default: break;
+    case 0:
+      ref->table = 1 + rng() % 5;
+      break;
+    case 1:
+      ref->keys_frame = static_cast<uint32_t>(rng() % 4);
+      break;
+    case 2:
+      ref->rows_frame = static_cast<uint32_t>(rng() % 4);
+      break;
+    case 3:
+      ref->num_keys = rng() % 2 ? rng() : ref->num_keys + 1;
+      break;
+    case 4:
+      ref->codec = static_cast<uint8_t>(1 + rng() % 12);
+      break;
+    default:
+      break;
   }
 }
 
@@ -1065,13 +1076,14 @@ TEST(ShardSparseTest, RowRecordsCarryTheOptimizerStateBothWays) {
   };
   ReplyHeader st;
   // A pushed row (sum g^2 = 4, one step) and one never pushed.
-  ASSERT_TRUE(s.PushRows(0, 0, {mine[0]}, std::vector<float>(4, 2.0f))
-                  .status.ok());
+  ASSERT_TRUE(
+      s.PushRows(0, 0, {mine[0]}, std::vector<float>(4, 2.0f)).status.ok());
   std::vector<RowRecord> got = read(mine, &st);
   ASSERT_TRUE(st.status.ok()) << st.status.ToString();
   EXPECT_EQ(got[0].steps, 1u);
-  EXPECT_EQ(std::vector<float>(got[0].floats.begin(), got[0].floats.begin() + 4),
-            s.Read(0, 1, {mine[0]}));
+  EXPECT_EQ(
+      std::vector<float>(got[0].floats.begin(), got[0].floats.begin() + 4),
+      s.Read(0, 1, {mine[0]}));
   EXPECT_EQ(std::vector<float>(got[0].floats.begin() + 4, got[0].floats.end()),
             std::vector<float>(4, 4.0f));
   RowRecord fresh{0, Init(t, mine[1])};
@@ -1101,8 +1113,8 @@ TEST(ShardSparseTest, RowRecordsCarryTheOptimizerStateBothWays) {
   got = read(mine, &st);
   EXPECT_EQ(got, (std::vector<RowRecord>{saved, saved}));
   // Training goes on from the restored sums and steps.
-  ASSERT_TRUE(s.PushRows(0, 0, {mine[0]}, std::vector<float>(4, 1.0f))
-                  .status.ok());
+  ASSERT_TRUE(
+      s.PushRows(0, 0, {mine[0]}, std::vector<float>(4, 1.0f)).status.ok());
   got = read({mine[0]}, &st);
   EXPECT_EQ(got[0].steps, 8u);
   EXPECT_EQ(std::vector<float>(got[0].floats.begin() + 4, got[0].floats.end()),
@@ -1143,9 +1155,13 @@ TEST(ShardSparseTest, RowRecordsCarryTheOptimizerStateBothWays) {
            {begin, mine, {saved, steps}, StatusCode::kInvalidArgument},
            {begin, mine, {saved, nan_weight}, StatusCode::kInvalidArgument},
            {begin, mine, {saved, short_rec}, StatusCode::kInvalidArgument},
-           {begin, {mine[0], theirs[0]}, {saved, saved},
+           {begin,
+            {mine[0], theirs[0]},
+            {saved, saved},
             StatusCode::kInvalidArgument},
-           {begin, {mine[0], mine[0]}, {saved, saved},
+           {begin,
+            {mine[0], mine[0]},
+            {saved, saved},
             StatusCode::kInvalidArgument},
            {codec, mine, {saved, saved}, StatusCode::kInvalidArgument},
            {unknown, mine, {saved, saved}, StatusCode::kNotFound},
@@ -1155,8 +1171,9 @@ TEST(ShardSparseTest, RowRecordsCarryTheOptimizerStateBothWays) {
     EXPECT_EQ(got_status.code(), c.code) << got_status.ToString();
     EXPECT_EQ(read(mine, &st), before) << got_status.ToString();
   }
-  EXPECT_NE(write(adam, mine, {saved, saved}).status.message().find(
-                "saved from 'adam', the table runs 'adagrad'"),
+  EXPECT_NE(write(adam, mine, {saved, saved})
+                .status.message()
+                .find("saved from 'adam', the table runs 'adagrad'"),
             std::string::npos);
 }
 
@@ -1205,15 +1222,26 @@ TEST(ShardSparseTest, MutatedRowRecordsNeverCrashOrHalfApply) {
     int how = mutate ? static_cast<int>(rng() % 11) : -1;
     MutateRef(rng, how, &ref);
     switch (how) {
-      case 5: keys.push_back(keys[0]); records.resize(keys.size() * kRecord);
-              ref.num_keys = keys.size(); break;  // a repeated key
-      case 6:  // any byte: NaN, a negative second moment, 2^56 steps, ...
+      case 5:
+        keys.push_back(keys[0]);
+        records.resize(keys.size() * kRecord);
+        ref.num_keys = keys.size();
+        break;  // a repeated key
+      case 6:   // any byte: NaN, a negative second moment, 2^56 steps, ...
         for (int n = 0; n < 3; ++n) records[rng() % records.size()] = rng();
         break;
-      case 7: records.pop_back(); break;
-      case 8: r.assign_optimizer = rng() % 2 ? "adagrad" : ""; break;
-      case 9: r.chunks.resize(1); break;
-      case 10: r.assign_upload = 6; break;  // not the claimant
+      case 7:
+        records.pop_back();
+        break;
+      case 8:
+        r.assign_optimizer = rng() % 2 ? "adagrad" : "";
+        break;
+      case 9:
+        r.chunks.resize(1);
+        break;
+      case 10:
+        r.assign_upload = 6;
+        break;  // not the claimant
     }
     r.rows = {ref};
     std::vector<ByteView> data = {Keys(keys)};

@@ -178,8 +178,8 @@ float SparseTable::InitialState() const {
              : 0.0f;
 }
 
-Status SparseTable::ReadRecordSlice(const uint64_t* keys, size_t n,
-                                    int64_t now, uint8_t* out) {
+Status SparseTable::ReadRecordSlice(const uint64_t* keys, size_t n, int64_t now,
+                                    uint8_t* out) {
   RETURN_IF_ERROR(Resolve(keys, n, now));
   const uint32_t dim = spec_.dim;
   const size_t floats = rows_.floats_per_entry();
@@ -295,8 +295,8 @@ void SparseTable::DropCounter(uint32_t c,
 }
 
 Status SparseTable::AssignSlice(const uint64_t* keys, const float* values,
-                                size_t n, int64_t clock, int64_t now,
-                                bool pin, std::vector<uint32_t>* touched,
+                                size_t n, int64_t clock, int64_t now, bool pin,
+                                std::vector<uint32_t>* touched,
                                 std::vector<uint32_t>* touched_counters,
                                 const float* state, const uint64_t* steps) {
   RETURN_IF_ERROR(Resolve(keys, n, now, /*read_store=*/true));

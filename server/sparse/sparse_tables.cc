@@ -34,9 +34,6 @@ using internal::Reader;
 constexpr uint32_t kTablesMagic = 0x314c4254;  // "TBL1"
 constexpr uint32_t kStateMagic = 0x31535053;   // "SPS1"
 constexpr size_t kNumCounters = sizeof(TableCounters) / sizeof(uint64_t);
-// The most optimizer steps saved state may give a row: 2^53, exact in the
-// double of Adam's bias correction (as the shard's chunks).
-constexpr uint64_t kMaxRowSteps = uint64_t{1} << 53;
 
 Status Damaged(std::string_view what) {
   return Status::Corruption("store record " + std::string(what) +
@@ -284,46 +281,6 @@ Status SparseTables::Assign(uint32_t table, const uint64_t* keys,
     if (written.ok()) written = s;
   }
   return written;
-}
-
-Status SparseTables::CheckRowState(uint32_t table, std::string_view optimizer,
-                                   const uint64_t* keys, const float* state,
-                                   const uint64_t* steps, size_t n) const {
-  const TableSpec& spec = specs_[table];
-  const std::string runs = RowOptimizerKindName(spec.optimizer.kind);
-  if (optimizer != runs) {
-    return Status::InvalidArgument(
-        "optimizer state of the rows of table '" + spec.name +
-        "' was saved from '" + std::string(optimizer) + "', the table runs '" +
-        runs + "': refused");
-  }
-  // The slot of state that is a sum of squares (the update takes its
-  // square root): AdaGrad's [sum], Adam's [m | v].
-  const size_t k = tables_[table]->state_floats();
-  const size_t dim = spec.dim;
-  const size_t squares =
-      spec.optimizer.kind == RowOptimizerKind::kAdaGrad ? 0
-      : spec.optimizer.kind == RowOptimizerKind::kAdam  ? dim
-                                                        : k;
-  for (size_t i = 0; i < n; ++i) {
-    const float* s = state + i * k;
-    const std::string row =
-        "table '" + spec.name + "': the optimizer state of key " +
-        std::to_string(keys[i]);
-    if (!internal::AllFinite(s, k))
-      return Status::InvalidArgument(row + " contains NaN or Inf");
-    for (size_t j = squares; j < std::min(k, squares + dim); ++j) {
-      if (s[j] < 0.0f) {
-        return Status::InvalidArgument(
-            row + " has a negative sum of squares (" + runs + ")");
-      }
-    }
-    if (steps[i] > kMaxRowSteps) {
-      return Status::InvalidArgument(row + ": " + std::to_string(steps[i]) +
-                                     " optimizer steps, at most 2^53");
-    }
-  }
-  return Status::OK();
 }
 
 Status SparseTables::ReadRecords(uint32_t table, const uint64_t* keys,

@@ -139,7 +139,8 @@ class SparseTables {
   // Sets rows (checked) to `values` with zero optimizer state (an upload:
   // server/shard/shard_assign.cc), at worker clock `clock`; pins them when
   // `durable`. With `state` (n x the table's state_floats(), checked:
-  // CheckRowState) and `steps` (n), the rows get those as their optimizer
+  // common/sparse_table.h CheckRowState) and `steps` (n), the rows get
+  // those as their optimizer
   // state and steps. A failed store read stops it at the slice that needed
   // it; a failed write-back of evicted rows is returned after every row is
   // set.
@@ -147,14 +148,6 @@ class SparseTables {
                               const float* values, size_t n, int64_t clock,
                               bool durable, const float* state = nullptr,
                               const uint64_t* steps = nullptr);
-  // Checks saved optimizer state of n rows of `table` (known) before
-  // Assign(): `optimizer` must name the table's row optimizer ("sgd",
-  // "adagrad", "adam"), the state be finite with sums of squares (AdaGrad's
-  // sum, Adam's second moment) >= 0, steps at most 2^53. InvalidArgument
-  // naming the table and the first bad key.
-  [[nodiscard]] Status CheckRowState(uint32_t table, std::string_view optimizer,
-                                     const uint64_t* keys, const float* state,
-                                     const uint64_t* steps, size_t n) const;
   // Row records (SparseTable::ReadRecordSlice) of keys (checked) into out
   // (n x table(table).record_bytes()).
   [[nodiscard]] Status ReadRecords(uint32_t table, const uint64_t* keys,

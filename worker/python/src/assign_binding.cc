@@ -27,25 +27,20 @@ using StepsArray =
 
 // The optimizer state of n rows of `table` in an upload's rows entry:
 // (row optimizer name, float32 (n, dim x k) state, uint64 (n,) steps)
-// checked and pointed to by `out`, the arrays kept alive in `keep`.
+// pointed to by `out` (shapes checked here, values by UploadValues), the
+// arrays kept alive in `keep`.
 void CheckedRowState(const TableSpec& table, size_t n, const py::tuple& t,
                      worker::RowsValues* out, std::vector<py::object>* keep) {
   out->optimizer = t[3].cast<std::string>();
   const size_t k = table.dim * table.optimizer.state_per_elem();
   py::array state = py::reinterpret_borrow<py::array>(t[4]);
   RowsArray s = RowsArray::ensure(state);
-  if (out->optimizer != RowOptimizerKindName(table.optimizer.kind)) {
-    Raise(Status::InvalidArgument(
-        "optimizer state of the rows of '" + table.name + "' was saved from '" +
-        out->optimizer + "', the table runs '" +
-        RowOptimizerKindName(table.optimizer.kind) + "'"));
-  }
   if (!s || !state.dtype().is(py::dtype::of<float>()) || s.ndim() != 2 ||
       static_cast<size_t>(s.shape(0)) != n ||
       static_cast<size_t>(s.shape(1)) != k) {
     Raise(Status::InvalidArgument(
-        "optimizer state of the rows of '" + table.name +
-        "': float32 (" + std::to_string(n) + ", " + std::to_string(k) + ")"));
+        "optimizer state of the rows of '" + table.name + "': float32 (" +
+        std::to_string(n) + ", " + std::to_string(k) + ")"));
   }
   StepsArray steps = StepsArray::ensure(t[5]);
   if (!steps || steps.ndim() != 1 || static_cast<size_t>(steps.shape(0)) != n) {

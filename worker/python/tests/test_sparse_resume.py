@@ -217,11 +217,10 @@ def test_bad_row_state_is_refused_before_anything_is_written(shards):
     sd["tables"]["other.weight"] = sd["tables"].pop("emb.weight")
     with pytest.raises(asyncps.InvalidArgument, match="unknown other.weight"):
         ps.load_optimizer_state_dict(sd)
-    # The shards' own checks (the low-level upload skips the Python ones):
-    # Adam's state into an AdaGrad table, and negative sums, refused by the
-    # first shard asked before any row of its request is written (and the
-    # upload stops there; the Python checks above come before anything is
-    # sent to any shard).
+    # The C++ upload's own checks (the low-level upload skips the Python
+    # ones; worker/upload.cc, before anything is sent; each shard checks its
+    # requests again, server/shard/shard_sparse_test.cc): Adam's state into
+    # an AdaGrad table, and negative sums.
     keys = np.arange(V, dtype=np.uint64)
     values = np.full((V, DIM), 3.0, np.float32)
     dense = [p.detach().numpy() for p in ps.params]
