@@ -81,17 +81,32 @@ Status Shard::HandlePush(const RequestHeader& req,
       std::chrono::duration_cast<std::chrono::nanoseconds>(
           std::chrono::steady_clock::now() - decode_start)
           .count());
+  const bool bsp = options_.consistency == Consistency::kBsp;
+  // Hybrid (sparse_async): rows arrive on their own and are applied now.
+  const bool rows_only_async = bsp && options_.sparse_async && pending_.empty();
+  const bool counted = bsp && !options_.transport_only && !rows_only_async &&
+                       !(pending_.empty() && pending_rows_.empty());
+  if (counted && req.clock > bsp_round_ && PushedThisRound(rank)) {
+    // A push for a later round from a rank that pushed for this one: the
+    // round has not closed here although the worker saw it closed (a
+    // backup promoted before it applied the round's last pushes, whose
+    // resends are on their way). Held, nothing applied: the client sends
+    // it again after retry_ms (its clock waits behind it) and it counts for
+    // the next round, as on the shard that went away.
+    reply->retry_ms = internal::kRetryMs;
+    return Reject(RejectReason::kWrongClock,
+                  Status::Unavailable("push of rank " + std::to_string(rank) +
+                                      " for clock " + std::to_string(req.clock) +
+                                      " waits: round " + std::to_string(bsp_round_) +
+                                      " is still open here; retry"));
+  }
   clocks_.Advance(rank, req.clock);
   touched_.clear();
   if (pending_.empty() && pending_rows_.empty()) {
     // Nothing to apply: no update, no version, no step of the schedule.
     return FinishPush(req);
   }
-  const bool bsp = options_.consistency == Consistency::kBsp;
-  // Hybrid (sparse_async): rows arrive on their own and are applied now.
-  const bool rows_only_async = bsp && options_.sparse_async && pending_.empty();
-  if (bsp && !options_.transport_only && !rows_only_async &&
-      (req.clock < bsp_round_ || PushedThisRound(rank))) {
+  if (counted && (req.clock < bsp_round_ || PushedThisRound(rank))) {
     // A worker that fell behind the round (evicted, late, restarted), or a
     // second push of one rank for this round: acknowledged, not counted.
     // The worker reads the round in its next pull reply and catches up.

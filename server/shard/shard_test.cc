@@ -352,8 +352,18 @@ TEST(ShardTest, BspAveragesOnceAllWorkersClocked) {
   EXPECT_EQ(*h.shard->weights(4), w0);  // nothing applied before the round ends
   // A second push of rank 0 for this round is acknowledged, not counted.
   auto g9 = Floats(Fill(10, 9.0f));
-  EXPECT_TRUE(h.Call(ShardHarness::Push(0, 1, {4}, {g9}), {g9}).status.ok());
+  EXPECT_TRUE(h.Call(ShardHarness::Push(0, 0, {4}, {g9}), {g9}).status.ok());
   EXPECT_EQ(h.shard->counters().skipped_pushes, 1u);
+  // Its push for the next round while this one is open here (a backup
+  // promoted before the round's last pushes reached it): held, nothing
+  // applied or counted, sent again after retry_ms.
+  auto g3 = Floats(Fill(10, 3.0f));
+  const RequestHeader next = ShardHarness::Push(0, 1, {4}, {g3});
+  ReplyHeader held = h.Call(next, {g3});
+  EXPECT_EQ(held.status.code(), StatusCode::kUnavailable) << held.status.ToString();
+  EXPECT_GT(held.retry_ms, 0u);
+  EXPECT_EQ(h.shard->counters().skipped_pushes, 1u);
+  EXPECT_EQ(*h.shard->weights(4), w0);
   ASSERT_TRUE(h.Call(ShardHarness::Clock(0, 1)).status.ok());
   auto out = h.Send(ShardHarness::Pull(0, 1), {}, "w0");  // waits for worker 1
   EXPECT_TRUE(out.empty());
@@ -369,11 +379,17 @@ TEST(ShardTest, BspAveragesOnceAllWorkersClocked) {
   float first;
   std::memcpy(&first, out[1].frames.back().data, 4);
   EXPECT_EQ(first, (*h.shard->weights(4))[0]);
-  // Only one contributor next round: divided by one.
+  // The held push, sent again, counts for round 1 with rank 1's.
+  ASSERT_TRUE(h.Call(next, {g3}).status.ok());
   ASSERT_TRUE(h.Call(ShardHarness::Push(1, 1, {4}, {g2}), {g2}).status.ok());
   ASSERT_TRUE(h.Call(ShardHarness::Clock(0, 2)).status.ok());
   ASSERT_TRUE(h.Call(ShardHarness::Clock(1, 2)).status.ok());
-  EXPECT_EQ((*h.shard->weights(4))[0], w0[0] - 0.5f * 1.5f - 0.5f * 2.0f);
+  EXPECT_EQ((*h.shard->weights(4))[0], w0[0] - 0.5f * 1.5f - 0.5f * 2.5f);
+  // Only one contributor next round: divided by one.
+  ASSERT_TRUE(h.Call(ShardHarness::Push(1, 2, {4}, {g2}), {g2}).status.ok());
+  ASSERT_TRUE(h.Call(ShardHarness::Clock(0, 3)).status.ok());
+  ASSERT_TRUE(h.Call(ShardHarness::Clock(1, 3)).status.ok());
+  EXPECT_EQ((*h.shard->weights(4))[0], w0[0] - 0.5f * 1.5f - 0.5f * 2.5f - 0.5f * 2.0f);
 }
 
 TEST(ShardTest, TransportOnlyNeverApplies) {
