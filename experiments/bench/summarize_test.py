@@ -204,6 +204,7 @@ class ShippedGoalsTest(unittest.TestCase):
         "pytorch": {"model", "baseline"},
         "overlap": {"setting", "consistency", "batch", "prefetch_ahead", "baseline"},
         "elastic": {"change"},
+        "replication": {"op", "mode", "layers"},
     }
 
     def test_goals_file(self):
