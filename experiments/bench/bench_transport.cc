@@ -26,7 +26,9 @@
 // this benchmark: /usr/bin/etcd) against the same through one ps_server
 // (--replicas=1 of the same group code), alternating; one JSON line per
 // (size, in flight, op), mode "replicas2", baseline "replicas1", ratio =
-// replicated / single. Needs Debian's etcd-server.
+// replicated / single; also the CPU time of the bench and the replicas per
+// GB for both, and cpu_ceiling = cpu(R=1) / cpu(R=2): the ratio R=2 can reach
+// where the cores are the limit. Needs Debian's etcd-server.
 //
 // Usage: ps_bench_transport [--sizes=4096,1048576,16777216,67108864]
 //        [--inflight=1,8] [--seconds=0.7] [--repeats=5] [--server=PATH]
@@ -548,6 +550,21 @@ int ReplicaRows(const std::string& bin) {
         const auto r = bench::SpreadOf(bench::Ratios(metric(two), metric(one)));
         j["ratio"] = bench::Round(r.median, 3);
         j["ratio_spread"] = bench::ToJson(r);
+        // CPU time of the bench and every replica per GB moved: the
+        // backups' receive, copy and apply. Where the cores are the limit
+        // (8 in flight on this 2-core machine), R=2 can reach at most
+        // cpu(R=1) / cpu(R=2) of R=1's throughput: cpu_ceiling.
+        auto cpu = [](const std::vector<Rate>& v) {
+          std::vector<double> out;
+          for (const Rate& x : v) out.push_back(x.cpu_ms_per_gb);
+          return out;
+        };
+        const auto ceiling = bench::SpreadOf(bench::Ratios(cpu(one), cpu(two)));
+        j["cpu_ms_per_gb"] = bench::Round(bench::SpreadOf(cpu(two)).median, 1);
+        j["baseline_cpu_ms_per_gb"] = bench::Round(bench::SpreadOf(cpu(one)).median, 1);
+        j["cpu_ceiling"] = bench::Round(ceiling.median, 3);
+        j["ratio_vs_cpu_ceiling"] =
+            ceiling.median > 0 ? bench::Round(r.median / ceiling.median, 3) : 0.0;
         bench::Emit(j);
       }
     }
