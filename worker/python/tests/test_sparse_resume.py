@@ -237,3 +237,13 @@ def test_bad_row_state_is_refused_before_anything_is_written(shards):
     for slot in ("sum", "row_steps"):
         assert torch.equal(after[slot], before[slot]), slot
     ps.close()
+
+
+def test_num_embeddings_defaults_to_the_rows_and_is_checked():
+    assert apt.SparseEmbedding("e", 4, rows=torch.zeros(5, 4)).num_embeddings == 5
+    assert apt.SparseEmbedding("e", 4, rows=torch.zeros(5, 4),
+                               num_embeddings=9).num_embeddings == 9
+    assert apt.SparseEmbedding("e", 4).num_embeddings is None  # not saved
+    for n in (0, 4):
+        with pytest.raises(asyncps.InvalidArgument, match="num_embeddings"):
+            apt.SparseEmbedding("e", 4, rows=torch.zeros(5, 4), num_embeddings=n)
