@@ -570,8 +570,7 @@ class ClientImpl : public Client {
     const size_t per_request =
         std::max<size_t>(1, std::min(kMaxReadKeys, (size_t{64} << 20) / bytes));
     std::vector<std::vector<size_t>> at(num_shards());
-    for (size_t i = 0; i < n; ++i)
-      at[ShardOfKey(spec, keys[i], num_shards())].push_back(i);
+    for (size_t i = 0; i < n; ++i) at[ShardOfRow(table, keys[i])].push_back(i);
     std::vector<uint64_t> asked;
     for (int shard = 0; shard < num_shards(); ++shard) {
       for (size_t off = 0; off < at[shard].size(); off += per_request) {
@@ -690,8 +689,7 @@ class ClientImpl : public Client {
     return Status::OK();
   }
 
-  // The shard of a key of table `table` by the layout routed by.
-  int ShardOfRow(uint32_t table, uint64_t key) const {
+  int ShardOfRow(uint32_t table, uint64_t key) const override {
     const uint64_t h = HashName(tables_[table].name);
     return key_ranges_ ? key_ranges_->Owner(h, key)
                        : ShardOfKeyHashed(h, key, num_shards());

@@ -211,6 +211,11 @@ class Client {
                                const std::vector<TableSpec>& tables) = 0;
   // The registered tables (empty before RegisterModel).
   virtual const std::vector<TableSpec>& tables() const = 0;
+  // The shard that owns `key` of registered table `table` by the layout
+  // this client routes by: an elastic fleet's key ranges (the layout read
+  // last), else the static hash over num_shards().
+  // REQUIRES: table < tables().size().
+  virtual int ShardOfRow(uint32_t table, uint64_t key) const = 0;
   // Computes and keeps the layout of a model without registering it: for
   // observers (rank -1), which pull what the workers registered. Until they
   // have, pulls fail with FailedPrecondition.

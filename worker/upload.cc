@@ -145,7 +145,7 @@ Status SendShardRows(Client* client, int shard, uint64_t upload,
                            "' to shard " + std::to_string(shard));
     };
     for (size_t i = 0; i < r.n; ++i) {
-      if (ShardOfKey(spec, r.keys[i], client->num_shards()) != shard) continue;
+      if (client->ShardOfRow(r.table, r.keys[i]) != shard) continue;
       keys.push_back(r.keys[i]);
       AppendRow(r, i, dim, state_floats, &bytes);
       if (keys.size() == per_request) RETURN_IF_ERROR(flush());
