@@ -79,6 +79,7 @@ class ElasticSparseTest(elastic_test.EtcdTestCase):
             self.assertEqual(json.load(f)["totals"]["steps"], 2 * STEPS)
         w_elastic, w_fixed = self.weights(elastic), self.weights(fixed)
         self.assertIn("emb.weight", w_elastic)
+        rows = int(w_elastic.split("('emb.weight', (", 1)[1].split(",", 1)[0])
         self.assertTrue(w_elastic == w_fixed,
                         "final weights (rows included) differ from the fixed run's")
         u.note("launch.elastic_sparse: --elastic '%s' with a SparseEmbedding model (2 PyTorch "
@@ -87,7 +88,7 @@ class ElasticSparseTest(elastic_test.EtcdTestCase):
                "run's; %.1f s elastic, %.1f s fixed" % (
                    elastic_test.PLAN, add["moved_buckets"], add["moved_rows"],
                    remove["moved_buckets"], remove["moved_rows"], remove["moved_chunks"],
-                   1024, t1 - t0, t2 - t1))
+                   rows, t1 - t0, t2 - t1))
 
 
 if __name__ == "__main__":
