@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -212,6 +213,33 @@ TEST(IdxReaderTest, TrailingBytes) {
   auto r = ReadIdxFile(d.path() + "/x");
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kCorruption);
+}
+
+// The reader sizes its buffer from the gzip trailer (ISIZE), which holds the
+// size of the last member only: a file of two members (valid gzip, as
+// `cat a.gz b.gz` makes) announces less than it holds, and every byte past
+// the hint must still be read, through several 1 MiB growth steps.
+TEST(IdxReaderTest, GzipOfTwoMembersReadsPastItsSizeHint) {
+  TempDir d;
+  const uint32_t n = 3u << 20;
+  auto bytes = Header(1, {n});
+  for (uint32_t i = 0; i < n; ++i) bytes.push_back(static_cast<uint8_t>(i * 7));
+  const size_t cut = bytes.size() - 100;  // the second member: 100 bytes
+  const std::string path = d.path() + "/x.gz";
+  for (int member = 0; member < 2; ++member) {
+    gzFile gz = gzopen(path.c_str(), member == 0 ? "wb" : "ab");
+    ASSERT_NE(gz, nullptr);
+    const uint8_t* p = bytes.data() + (member == 0 ? 0 : cut);
+    const size_t len = member == 0 ? cut : bytes.size() - cut;
+    ASSERT_EQ(gzwrite(gz, p, static_cast<unsigned>(len)), static_cast<int>(len));
+    ASSERT_EQ(gzclose(gz), Z_OK);
+  }
+  auto r = ReadIdxFile(path);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->dims, std::vector<uint32_t>{n});
+  EXPECT_TRUE(std::equal(r->data.begin(), r->data.end(), bytes.begin() + 8,
+                         bytes.end()));
+  EXPECT_EQ(r->data.size(), size_t{n});
 }
 
 }  // namespace
