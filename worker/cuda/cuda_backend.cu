@@ -15,6 +15,7 @@
 #include <cstring>
 #include <vector>
 
+#include "worker/cuda/cublas_api.h"
 #include "worker/cuda/cuda_status.h"
 #include "worker/internal/backends.h"
 
@@ -199,7 +200,7 @@ class CudaBackend final : public Backend {
       : Backend(options.layers), ordinal_(options.cuda_device) {}
 
   ~CudaBackend() override {
-    if (handle_) cublasDestroy(handle_);
+    if (handle_) blas_->destroy(handle_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -210,10 +211,11 @@ class CudaBackend final : public Backend {
     device_name_ = prop.name;
     CUDA_RETURN_IF_ERROR(
         cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    CUBLAS_RETURN_IF_ERROR(cublasCreate(&handle_));
-    CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle_, stream_));
+    ASSIGN_OR_RETURN(blas_, LoadCublas());
+    CUBLAS_RETURN_IF_ERROR(blas_->create(&handle_));
+    CUBLAS_RETURN_IF_ERROR(blas_->set_stream(handle_, stream_));
     // Keep full fp32 (no TF32) so results agree with the CPU backend.
-    CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH));
+    CUBLAS_RETURN_IF_ERROR(blas_->set_math_mode(handle_, CUBLAS_DEFAULT_MATH));
     const size_t nt = num_tensors();
     params_.resize(nt);
     grads_.resize(nt);
@@ -403,9 +405,9 @@ class CudaBackend final : public Backend {
               int lda, const float* b, int ldb, float beta, float* c, int ldc) {
     const float alpha = 1.0f;
     CUBLAS_RETURN_IF_ERROR(
-        cublasSgemm(handle_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                    trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
-                    ldb, a, lda, &beta, c, ldc));
+        blas_->sgemm(handle_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                     trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
+                     ldb, a, lda, &beta, c, ldc));
     return Status::OK();
   }
 
@@ -430,6 +432,7 @@ class CudaBackend final : public Backend {
   const int ordinal_;
   std::string device_name_;
   cudaStream_t stream_ = nullptr;
+  const CublasApi* blas_ = nullptr;  // set before handle_
   cublasHandle_t handle_ = nullptr;
   int capacity_ = 0;
   std::vector<DeviceArray<float>> params_, grads_, act_, delta_;
