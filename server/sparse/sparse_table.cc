@@ -90,7 +90,7 @@ void SparseTable::LookupCached(uint64_t key, int64_t now, uint32_t* row,
 }
 
 Status SparseTable::Resolve(const uint64_t* keys, size_t n, int64_t now,
-                            bool read_store) {
+                            bool read_store, float* direct_out) {
   size_t misses = 0;
   for (size_t i = 0; i < n; ++i) {
     uint32_t row, counter;
@@ -125,6 +125,16 @@ Status SparseTable::Resolve(const uint64_t* keys, size_t n, int64_t now,
           return;
         }
         const uint32_t i = miss_index_[j];
+        if (direct_out != nullptr) {
+          // A pull that does not keep its misses: the record's weights go
+          // straight into the reply (one copy, as a plain MultiGet's).
+          if (rec.is_row()) {
+            std::memcpy(direct_out + size_t{i} * spec_.dim, rec.floats,
+                        spec_.dim * sizeof(float));
+            slot_[i] = kDirect;
+          }
+          return;  // a counter reads as absent
+        }
         if (rec.is_row()) {
           const uint32_t slot = rows_.Insert(keys[i]);
           std::memcpy(rows_.floats(slot), rec.floats,
@@ -148,11 +158,13 @@ Status SparseTable::Resolve(const uint64_t* keys, size_t n, int64_t now,
 }
 
 Status SparseTable::ReadSlice(const uint64_t* keys, size_t n, int64_t now,
-                              float* out) {
-  RETURN_IF_ERROR(Resolve(keys, n, now));
+                              float* out, bool keep_misses) {
+  RETURN_IF_ERROR(Resolve(keys, n, now, /*read_store=*/true,
+                          keep_misses ? nullptr : out));
   const uint32_t dim = spec_.dim;
   for (size_t i = 0; i < n; ++i) {
     float* dst = out + i * dim;
+    if (slot_[i] == kDirect) continue;  // written by Resolve()
     if (slot_[i] != RowCache::kNone) {
       std::memcpy(dst, rows_.floats(slot_[i]), dim * sizeof(float));
     } else {

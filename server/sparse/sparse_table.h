@@ -85,9 +85,12 @@ class SparseTable {
   size_t floats_per_row() const { return rows_.floats_per_entry(); }
 
   // Writes the current value of keys[0..n) (unique, n <= kSliceKeys) to
-  // out (n x dim floats). `now` is the expiry clock.
+  // out (n x dim floats). `now` is the expiry clock. `keep_misses`: rows
+  // read from the store enter the cache (clean); otherwise their records
+  // are copied straight into `out` and the cache is left as it was (for a
+  // cache too small to keep them: inserting would only evict them again).
   [[nodiscard]] Status ReadSlice(const uint64_t* keys, size_t n, int64_t now,
-                                 float* out);
+                                 float* out, bool keep_misses = true);
 
   // Reads keys[0..n) (unique, n <= kSliceKeys) into the cache and marks
   // the entries found held (not evictable, not expired) until Unhold();
@@ -233,10 +236,14 @@ class SparseTable {
   SparseTable(const TableSpec& spec, Store* store, SpaceId space,
               std::unique_ptr<Optimizer> optimizer);
 
+  // slot_[i] of a row Resolve() copied straight into `direct_out`.
+  static constexpr uint32_t kDirect = RowCache::kNone - 1;
   // Fills slot_[i] / counter_slot_[i] for keys[0..n), reading misses from
   // the store into the cache (`read_store`; otherwise misses are absent).
+  // With `direct_out` (n x dim floats), a row found in the store is not
+  // cached: its weights go to direct_out[i] and slot_[i] = kDirect.
   Status Resolve(const uint64_t* keys, size_t n, int64_t now,
-                 bool read_store = true);
+                 bool read_store = true, float* direct_out = nullptr);
   // Looks up one key in the cache (expired entries are dropped).
   void LookupCached(uint64_t key, int64_t now, uint32_t* row,
                     uint32_t* counter);

@@ -192,7 +192,11 @@ Status SparseTables::Read(uint32_t table, const uint64_t* keys, size_t n,
   const size_t dim = t.spec().dim;
   for (size_t off = 0; off < n; off += SparseTable::kSliceKeys) {
     const size_t m = std::min(SparseTable::kSliceKeys, n - off);
-    RETURN_IF_ERROR(t.ReadSlice(keys + off, m, clock_, out + off * dim));
+    // A budget below one slice of rows cannot keep what a pull reads (the
+    // Enforce() below would evict it again): the store's records then go
+    // straight into the reply, copied once.
+    const bool keep = options_.cache_bytes >= m * t.entry_bytes();
+    RETURN_IF_ERROR(t.ReadSlice(keys + off, m, clock_, out + off * dim, keep));
     RETURN_IF_ERROR(Enforce());
   }
   return Status::OK();

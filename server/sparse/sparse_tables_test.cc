@@ -286,6 +286,33 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, LargerThanCacheTest,
                                            RowOptimizerKind::kAdaGrad,
                                            RowOptimizerKind::kAdam));
 
+// A cache too small to keep one slice of rows: pulls copy the store's
+// records straight into the reply (nothing enters the cache) and read the
+// same values; rows still admitted by counters or not yet pushed read as
+// their initial value.
+TEST(SparseTablesTest, PullsPastATinyCacheReadTheStoreDirectly) {
+  TempDir dir;
+  TableSpec spec = Table("a", 8, RowOptimizerKind::kAdam);
+  spec.admit_after_pushes = 2;
+  std::vector<TableSpec> specs = {spec};
+  Harness h(dir.Sub("db"), specs, 1);
+  Reference ref(specs);
+  Keys gen(2000, 13);
+  for (int step = 0; step < 20; ++step) {
+    auto keys = gen.Batch(200);
+    auto g = gen.Grads(keys.size() * 8);
+    ASSERT_TRUE(h.Push(0, keys, g, step, false).ok());
+    ref.Push(0, keys.data(), g.data(), keys.size());
+  }
+  const TableCounters before = h.tables->table(0).counters();
+  ExpectSame(h, ref, 0, AllKeys(2000), 8);
+  const TableCounters& after = h.tables->table(0).counters();
+  EXPECT_GT(after.store_found, before.store_found);
+  EXPECT_EQ(after.evictions, before.evictions);  // nothing entered the cache
+  EXPECT_EQ(h.tables->table(0).cache_rows(), 0u);
+  EXPECT_EQ(h.tables->table(0).cache_counters(), 0u);
+}
+
 // Without durable writes a restart returns exactly the last checkpoint,
 // although evicted rows newer than it had been written back in between.
 TEST(SparseTablesTest, CrashRecoversTheLastCheckpointBitwise) {
