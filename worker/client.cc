@@ -395,10 +395,27 @@ class ClientImpl : public Client {
   }
 
   StatusOr<Ticket> StartClock(int64_t clock) override {
+    return StartClockShards(clock, AllShards());
+  }
+
+  StatusOr<Ticket> StartClockShards(int64_t clock,
+                                    const std::vector<int>& shards) override {
+    std::vector<bool> seen(num_shards());
+    for (int s : shards) {
+      if (s < 0 || s >= num_shards() || seen[s]) {
+        return Status::InvalidArgument(
+            "clock to shard " + std::to_string(s) +
+            (s < 0 || s >= num_shards()
+                 ? ", not in [0, " + std::to_string(num_shards()) + ")"
+                 : ", listed twice"));
+      }
+      seen[s] = true;
+    }
     RequestHeader h = NewHeader(RequestKind::kClock);
     h.clock = clock;
-    ASSIGN_OR_RETURN(Ticket t, StartOnShards(h, AllShards()));
-    announced_clock_ = std::max(announced_clock_, clock);
+    ASSIGN_OR_RETURN(Ticket t, StartOnShards(h, shards));
+    for (int s : shards)
+      announced_clock_[s] = std::max(announced_clock_[s], clock);
     return t;
   }
 
@@ -1006,12 +1023,12 @@ class ClientImpl : public Client {
   // again, ahead of the resends. Fire and forget: a shard that restarts again
   // gets it again; a reply is dropped as a late one; clocks never go back.
   void Reannounce(int shard) {
-    if (options_.rank < 0 || announced_clock_ < 0) return;
+    if (options_.rank < 0 || announced_clock_[shard] < 0) return;
     // Never past a push still in flight: a clock of c tells the shard that
     // this worker's pushes of steps < c are there (under BSP it closes the
     // round), and a push re-routed by an elastic layout change may come
     // after this.
-    int64_t clock = announced_clock_;
+    int64_t clock = announced_clock_[shard];
     for (const auto& [id, p] : pending_) {
       if (p.kind == RequestKind::kPush) clock = std::min(clock, p.clock);
     }
@@ -1020,7 +1037,7 @@ class ClientImpl : public Client {
     h.id = next_id_++;
     std::vector<Frame> frames{Frame::Owned(EncodeRequest(h))};
     if (sockets_[shard]->Send(frames).ok()) ++resends_;
-    VLOG(1) << "shard " << shard << " reconnected: clock " << announced_clock_
+    VLOG(1) << "shard " << shard << " reconnected: clock " << clock
             << " announced again";
   }
 
@@ -1453,6 +1470,7 @@ class ClientImpl : public Client {
     sockets_.push_back(std::move(s));
     raw_sockets_.push_back(sockets_.back().get());
     connects_.push_back(0);
+    announced_clock_.push_back(-1);
     pull_seq_.push_back(0);
     limit_bytes_.push_back(options_.max_request_bytes);
     limit_frame_.push_back(options_.max_request_frame_bytes);
@@ -1720,7 +1738,8 @@ class ClientImpl : public Client {
   // Ids of probes (heartbeats on a shard's connection): apart from requests'.
   static constexpr uint64_t kProbeIds = uint64_t{1} << 62;
   uint64_t failovers_ = 0;
-  int64_t announced_clock_ = -1;      // highest clock started (StartClock)
+  // Per shard: the highest clock started to it (StartClock, StartClockShards).
+  std::vector<int64_t> announced_clock_;
   std::vector<uint64_t> pull_seq_;    // per shard: last sparse pull applied
   std::vector<int64_t> limit_bytes_;  // per shard: its request limit
   std::vector<int64_t> limit_frame_;  // per shard: its frame limit

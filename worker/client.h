@@ -263,6 +263,16 @@ class Client {
   // connection (a restart may have lost it), so a wait for that shard's
   // consistency bound does not hang on a clock it forgot.
   virtual StatusOr<Ticket> StartClock(int64_t clock) = 0;
+  // As StartClock, to the shards `shards` only (indices in [0,
+  // num_shards()), each at most once; an empty list sends nothing): the
+  // per-shard clocks of the overlap pipeline (worker/ps_store.h), where a
+  // shard hears of clock c as soon as this worker's pushes of step c - 1
+  // to it have left, not after the pushes to every shard. The highest clock
+  // announced is kept per shard (a reconnecting shard gets its own again);
+  // the other shards' are untouched. Clocks that go back are sent (the
+  // shard ignores them) but never lower what is kept.
+  virtual StatusOr<Ticket> StartClockShards(int64_t clock,
+                                            const std::vector<int>& shards) = 0;
 
   // Waits until `ticket` completes: its status (the first error from any
   // shard), or TimedOut when `timeout` (capped by the request deadline)

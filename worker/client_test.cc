@@ -370,6 +370,64 @@ TEST(ClientTest, ReannouncesItsClockToARestartedShard) {
   EXPECT_EQ(clock_seen.load(), 7);
 }
 
+// Per-shard clocks (StartClockShards): a clock to some shards leaves the
+// others' untouched, and a shard that reconnects gets its own highest clock
+// again, not another shard's.
+TEST(ClientTest, ClockToSomeShardsIsKeptPerShard) {
+  std::atomic<int64_t> seen[2] = {{-1}, {-1}};
+  auto handler = [&](int shard) {
+    return [&, shard](const RequestHeader& req, const Message&, ReplyHeader*,
+                      std::vector<Frame>*) {
+      if (req.kind == RequestKind::kClock) {
+        int64_t c = seen[shard].load();
+        while (req.clock > c &&
+               !seen[shard].compare_exchange_weak(c, req.clock)) {
+        }
+      }
+      return true;
+    };
+  };
+  auto s0 = std::make_unique<FakeShard>(handler(0));
+  auto s1 = std::make_unique<FakeShard>(handler(1));
+  const std::string e0 = s0->endpoint(), e1 = s1->endpoint();
+  ClientOptions o;
+  o.servers = {e0, e1};
+  o.rank = 0;
+  auto client = Client::Create(o);
+  ASSERT_TRUE(client.ok());
+  for (int64_t c = 1; c <= 3; ++c) {
+    auto t = (*client)->StartClock(c);
+    ASSERT_TRUE(t.ok());
+    ASSERT_TRUE((*client)->Wait(*t, milliseconds(5000)).ok());
+  }
+  auto t = (*client)->StartClockShards(5, {0});
+  ASSERT_TRUE(t.ok());
+  ASSERT_TRUE((*client)->Wait(*t, milliseconds(5000)).ok());
+  EXPECT_EQ(seen[0].load(), 5);
+  EXPECT_EQ(seen[1].load(), 3);
+  auto back = (*client)->StartClockShards(4, {0});  // sent, not kept
+  ASSERT_TRUE(back.ok());
+  ASSERT_TRUE((*client)->Wait(*back, milliseconds(5000)).ok());
+  EXPECT_EQ((*client)->StartClockShards(6, {2}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ((*client)->StartClockShards(6, {1, 1}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(seen[1].load(), 3);
+  // Both shards restart knowing nothing.
+  s0.reset();
+  s1.reset();
+  seen[0] = -1;
+  seen[1] = -1;
+  s0 = std::make_unique<FakeShard>(handler(0), e0);
+  s1 = std::make_unique<FakeShard>(handler(1), e1);
+  ASSERT_TRUE((*client)->Heartbeat(milliseconds(10000)).ok());
+  for (int i = 0; i < 500 && (seen[0].load() < 5 || seen[1].load() < 3); ++i)
+    std::this_thread::sleep_for(milliseconds(10));
+  std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_EQ(seen[0].load(), 5);
+  EXPECT_EQ(seen[1].load(), 3);
+}
+
 // device_compression without a GPU (or without CUDA): the store takes host
 // gradients only, and Push compresses and counts as before.
 TEST(PsStoreTest, DeviceCompressionFallsBackToHostPushes) {
