@@ -481,11 +481,48 @@ TEST(PsStoreTest, DeviceCompressionFallsBackToHostPushes) {
 
 // PushSubset sends only the listed chunks; a layered pull asks for each
 // group in order and writes only the group it waits for.
-TEST(PsStoreTest, PushSubsetAndPullGroupsTouchOnlyTheirChunks) {
+// Answers a pull of the chunks `ids` with element values tensor*1000 + id.
+void ServeChunks(const Layout& layout, const std::vector<uint32_t>& ids,
+                 ReplyHeader* rep, std::vector<Frame>* data) {
+  for (uint32_t id : ids) {
+    const ChunkSpec& c = layout.chunks()[id];
+    std::vector<float> v(c.num_elems, c.tensor * 1000.0f + id);
+    rep->chunks.push_back({id, static_cast<uint32_t>(data->size() + 1), 0,
+                           c.num_elems, c.num_elems * 4, 1});
+    data->push_back(Frame::Copy(v.data(), v.size() * 4));
+  }
+}
+
+// Model() in chunks of at most 1024 floats over `shards` shards.
+LayoutOptions SmallChunks(int shards) {
   LayoutOptions lo;
-  lo.num_shards = 1;
+  lo.num_shards = shards;
   lo.chunk_elems = 1024;
   lo.min_chunk_elems = 256;
+  return lo;
+}
+
+// A client of `servers` (rank 0) and a store of Model() laid out by `lo`.
+void ConnectStore(const std::vector<std::string>& servers,
+                  const LayoutOptions& lo, std::unique_ptr<Client>* client,
+                  std::unique_ptr<PsParameterStore>* store) {
+  ClientOptions o;
+  o.servers = servers;
+  o.rank = 0;
+  o.attempt_timeout = std::chrono::seconds(60);
+  auto c = Client::Create(o);
+  ASSERT_TRUE(c.ok());
+  *client = std::move(*c);
+  PsStoreOptions so;
+  so.layout = lo;
+  so.timeout = milliseconds(5000);
+  auto st = PsParameterStore::Create(client->get(), Model(), so);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  *store = std::move(*st);
+}
+
+TEST(PsStoreTest, PushSubsetAndPullGroupsTouchOnlyTheirChunks) {
+  const LayoutOptions lo = SmallChunks(1);
   auto layout = Layout::Create(Model(), lo);
   ASSERT_TRUE(layout.ok());
   std::mutex mu;
@@ -499,60 +536,45 @@ TEST(PsStoreTest, PushSubsetAndPullGroupsTouchOnlyTheirChunks) {
     }
     if (req.kind != RequestKind::kPull) return true;
     pulled.push_back(req.pull_chunks);
-    for (uint32_t id : req.pull_chunks) {
-      const ChunkSpec& c = layout->chunks()[id];
-      std::vector<float> v(c.num_elems, c.tensor * 1000.0f + id);
-      rep->chunks.push_back({id, static_cast<uint32_t>(data->size() + 1), 0,
-                             c.num_elems, c.num_elems * 4, 1});
-      data->push_back(Frame::Copy(v.data(), v.size() * 4));
-    }
+    ServeChunks(*layout, req.pull_chunks, rep, data);
     return true;
   });
-  ClientOptions o;
-  o.servers = {s0.endpoint()};
-  o.rank = 0;
-  o.attempt_timeout = std::chrono::seconds(60);
-  auto client = Client::Create(o);
-  ASSERT_TRUE(client.ok());
-  PsStoreOptions so;
-  so.layout = lo;
-  so.timeout = milliseconds(5000);
-  auto store = PsParameterStore::Create(client->get(), Model(), so);
-  ASSERT_TRUE(store.ok()) << store.status().ToString();
-  const Layout& l = (*client)->layout();
+  std::unique_ptr<Client> client;
+  std::unique_ptr<PsParameterStore> store;
+  ASSERT_NO_FATAL_FAILURE(ConnectStore({s0.endpoint()}, lo, &client, &store));
+  const Layout& l = client->layout();
   ASSERT_GE(l.chunks().size(), 3u);
   std::vector<uint32_t> w_ids, b_ids;
   for (const ChunkSpec& c : l.chunks())
     (c.tensor == 0 ? w_ids : b_ids).push_back(c.id);
 
   std::vector<float> gw(5000, 1.0f), gb(50, 1.0f);
-  ASSERT_TRUE((*store)->PushSubset(0, {w_ids[1]}, {gw.data(), gb.data()}).ok());
-  ASSERT_TRUE((*store)->PushSubset(0, b_ids, {nullptr, gb.data()}).ok());
-  EXPECT_EQ((*store)
-                ->PushSubset(0, {b_ids[0], b_ids[0]}, {gw.data(), gb.data()})
+  ASSERT_TRUE(store->PushSubset(0, {w_ids[1]}, {gw.data(), gb.data()}).ok());
+  ASSERT_TRUE(store->PushSubset(0, b_ids, {nullptr, gb.data()}).ok());
+  EXPECT_EQ(store->PushSubset(0, {b_ids[0], b_ids[0]}, {gw.data(), gb.data()})
                 .code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ((*store)->PushSubset(0, {w_ids[0]}, {nullptr, gb.data()}).code(),
+  EXPECT_EQ(store->PushSubset(0, {w_ids[0]}, {nullptr, gb.data()}).code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ((*store)->traffic().bytes_pushed_raw,
+  EXPECT_EQ(store->traffic().bytes_pushed_raw,
             (l.chunks()[w_ids[1]].num_elems + 50) * 4);
 
   // Groups in forward order: b first, then w.
-  ASSERT_TRUE((*store)->ClockAndPullGroups(1, {b_ids, w_ids}).ok());
-  EXPECT_EQ((*store)->pull_groups_pending(), 2u);
+  ASSERT_TRUE(store->ClockAndPullGroups(1, {b_ids, w_ids}).ok());
+  EXPECT_EQ(store->pull_groups_pending(), 2u);
   std::vector<float> w(5000, -1), b(50, -1);
-  EXPECT_EQ((*store)->Pull(1, {w.data(), b.data()}).code(),
+  EXPECT_EQ(store->Pull(1, {w.data(), b.data()}).code(),
             StatusCode::kFailedPrecondition);
-  ASSERT_TRUE((*store)->WaitPullGroup(1, {w.data(), b.data()}).ok());
+  ASSERT_TRUE(store->WaitPullGroup(1, {w.data(), b.data()}).ok());
   for (uint32_t id : w_ids) {
     ASSERT_EQ(w[l.chunks()[id].offset], static_cast<float>(id));
   }
   EXPECT_EQ(b[0], -1.0f);  // not yet
-  EXPECT_EQ((*store)->WaitPullGroup(1, {w.data(), b.data()}).code(),
+  EXPECT_EQ(store->WaitPullGroup(1, {w.data(), b.data()}).code(),
             StatusCode::kFailedPrecondition);
-  ASSERT_TRUE((*store)->WaitPullGroup(0, {w.data(), b.data()}).ok());
+  ASSERT_TRUE(store->WaitPullGroup(0, {w.data(), b.data()}).ok());
   EXPECT_EQ(b[49], 1000.0f + b_ids.back());
-  EXPECT_EQ((*store)->pull_groups_pending(), 0u);
+  EXPECT_EQ(store->pull_groups_pending(), 0u);
   std::lock_guard<std::mutex> lock(mu);
   ASSERT_EQ(pushed.size(), 2u);
   EXPECT_EQ(pushed[0], std::vector<uint32_t>{w_ids[1]});
@@ -560,6 +582,88 @@ TEST(PsStoreTest, PushSubsetAndPullGroupsTouchOnlyTheirChunks) {
   ASSERT_EQ(pulled.size(), 2u);
   EXPECT_EQ(pulled[0], b_ids);
   EXPECT_EQ(pulled[1], w_ids);
+}
+
+// The overlap pipeline: a shard's clock and its part of each pull group go
+// as soon as its pushes did; a group waits until every shard holding it was
+// clocked; a later push to a clocked shard is refused; ClockAndPullGroups
+// clocks the rest.
+TEST(PsStoreTest, PerShardClocksPullEachShardBehindItsOwnClock) {
+  const LayoutOptions lo = SmallChunks(2);
+  auto layout = Layout::Create(Model(), lo);
+  ASSERT_TRUE(layout.ok());
+  std::mutex mu;
+  std::vector<std::string> log;  // GUARDED_BY(mu): "<shard> <kind> <clock>"
+  auto handler = [&](int shard) {
+    return [&, shard](const RequestHeader& req, const Message&,
+                      ReplyHeader* rep, std::vector<Frame>* data) {
+      std::lock_guard<std::mutex> l(mu);
+      if (req.kind != RequestKind::kPush && req.kind != RequestKind::kClock &&
+          req.kind != RequestKind::kPull) {
+        return true;  // registration
+      }
+      log.push_back(std::to_string(shard) + " " + RequestKindName(req.kind) +
+                    " " + std::to_string(req.clock));
+      if (req.kind != RequestKind::kPull) return true;
+      for (uint32_t id : req.pull_chunks)
+        EXPECT_EQ(layout->chunks()[id].shard, shard);
+      ServeChunks(*layout, req.pull_chunks, rep, data);
+      return true;
+    };
+  };
+  FakeShard s0(handler(0)), s1(handler(1));
+  std::unique_ptr<Client> client;
+  std::unique_ptr<PsParameterStore> store;
+  ASSERT_NO_FATAL_FAILURE(
+      ConnectStore({s0.endpoint(), s1.endpoint()}, lo, &client, &store));
+  const Layout& l = client->layout();
+  const std::vector<uint32_t> on0 = l.shard_chunks(0), on1 = l.shard_chunks(1);
+  ASSERT_FALSE(on0.empty());
+  ASSERT_FALSE(on1.empty());
+  // Group 0 holds chunks of both shards, group 1 only shard 0's.
+  std::vector<uint32_t> g0{on0[0], on1[0]};
+  std::vector<uint32_t> g1(on0.begin() + 1, on0.end());
+  std::vector<uint32_t> rest(on1.begin() + 1, on1.end());
+  if (!rest.empty()) g0.insert(g0.end(), rest.begin(), rest.end());
+  const std::vector<std::vector<uint32_t>> groups{g0, g1};
+  std::vector<float> gw(5000, 1.0f), gb(50, 1.0f);
+  std::vector<float> w(5000, -1), b(50, -1);
+  const std::vector<float*> out{w.data(), b.data()};
+
+  ASSERT_TRUE(store->PushSubset(0, on0, {gw.data(), gb.data()}).ok());
+  ASSERT_TRUE(store->ClockShardsAndPullGroups(1, {0}, groups).ok());
+  EXPECT_EQ(store->ClockShardsAndPullGroups(1, {0}, groups).code(),
+            StatusCode::kInvalidArgument);  // shard 0 has clock 1
+  EXPECT_EQ(store->PushSubset(0, {on0[0]}, {gw.data(), gb.data()}).code(),
+            StatusCode::kFailedPrecondition);  // would follow its clock
+  EXPECT_EQ(store->Clock(1).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(store->WaitPullGroup(0, out).code(),
+            StatusCode::kFailedPrecondition);  // shard 1 not clocked
+  ASSERT_TRUE(store->WaitPullGroup(1, out).ok());
+  for (uint32_t id : g1) {
+    const ChunkSpec& c = l.chunks()[id];
+    EXPECT_EQ((c.tensor == 0 ? w : b)[c.offset], c.tensor * 1000.0f + id);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(log, (std::vector<std::string>{"0 push 0", "0 clock 1",
+                                             "0 pull 1", "0 pull 1"}));
+  }
+  ASSERT_TRUE(store->PushSubset(0, on1, {gw.data(), gb.data()}).ok());
+  ASSERT_TRUE(store->ClockAndPullGroups(1, groups).ok());
+  ASSERT_TRUE(store->WaitPullGroup(0, out).ok());
+  EXPECT_EQ(store->pull_groups_pending(), 0u);
+  for (uint32_t id : g0) {
+    const ChunkSpec& c = l.chunks()[id];
+    EXPECT_EQ((c.tensor == 0 ? w : b)[c.offset], c.tensor * 1000.0f + id);
+  }
+  ASSERT_TRUE(store->Flush().ok());
+  std::lock_guard<std::mutex> lock(mu);
+  // Shard 0 got one clock and two pulls (one per group it holds chunks of),
+  // shard 1 its push, clock and one pull after shard 0's round.
+  EXPECT_EQ(log, (std::vector<std::string>{"0 push 0", "0 clock 1", "0 pull 1",
+                                           "0 pull 1", "1 push 0", "1 clock 1",
+                                           "1 pull 1"}));
 }
 
 }  // namespace

@@ -91,12 +91,14 @@ Status PsParameterStore::Flush() {
   }
   // A layered pull's groups not waited for (their chunks are dropped): the
   // client must not write into pulled_ once the store is gone.
-  for (std::optional<Client::Ticket>& t : group_tickets_) {
-    if (!t) continue;
-    Status s = client_->Wait(*t, options_.timeout);
-    if (first.ok()) first = s;
-    t.reset();
+  for (std::vector<Client::Ticket>& ts : group_tickets_) {
+    for (Client::Ticket t : ts) {
+      Status s = client_->Wait(t, options_.timeout);
+      if (first.ok()) first = s;
+    }
+    ts.clear();
   }
+  group_waited_.assign(group_waited_.size(), true);
   groups_pending_ = 0;
   return first;
 }
@@ -172,7 +174,16 @@ void PsParameterStore::SkipAheadIfBehind(int64_t clock, const TicketResult& r) {
   clock_offset_ = r.min_clock - clock;
 }
 
+Status PsParameterStore::WaitAcks() {
+  int64_t staleness = -1;
+  Status s = CollectAcks(INT64_MAX, &staleness);
+  acked_staleness_ = staleness;
+  return s;
+}
+
 Status PsParameterStore::CollectAcks(int64_t horizon, int64_t* staleness) {
+  *staleness = std::max(*staleness, acked_staleness_);
+  acked_staleness_ = -1;
   // The step's push and clock were sent before the pull on every connection,
   // so their acknowledgements have arrived by now.
   Status first;
@@ -191,8 +202,22 @@ Status PsParameterStore::CollectAcks(int64_t horizon, int64_t* staleness) {
   return first;
 }
 
-Status PsParameterStore::ClockAndPullGroups(
+Status PsParameterStore::BeginGroups(
     int64_t new_clock, const std::vector<std::vector<uint32_t>>& groups) {
+  if (groups_open_) {
+    if (group_clock_ != new_clock) {
+      return Status::FailedPrecondition(
+          "clock " + std::to_string(new_clock) + " while shards are clocked "
+          "at " + std::to_string(group_clock_) +
+          " (finish it with ClockAndPullGroups)");
+    }
+    if (groups != group_chunks_) {
+      return Status::InvalidArgument(
+          "the pull groups changed within the per-shard clocks of clock " +
+          std::to_string(new_clock));
+    }
+    return Status::OK();
+  }
   if (options_.prefetch_ahead ||
       !(options_.pull_codec.empty() || options_.pull_codec == "none")) {
     return Status::FailedPrecondition(
@@ -202,24 +227,126 @@ Status PsParameterStore::ClockAndPullGroups(
     return Status::FailedPrecondition(
         "the previous pull by groups was not waited for");
   }
-  const auto start = SteadyClock::now();
-  ASSIGN_OR_RETURN(Client::Ticket t, client_->StartClock(WireClock(new_clock)));
-  acks_.push_back({t, new_clock - 1});
+  const Layout& layout = client_->layout();
+  const int shards = client_->num_shards();
+  group_unclocked_.assign(groups.size(), 0);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::vector<bool> holds(shards);
+    for (uint32_t id : groups[g]) {
+      if (id >= layout.chunks().size()) {
+        return Status::InvalidArgument("pull of chunk " + std::to_string(id) +
+                                       ", not in the layout");
+      }
+      const int s = layout.chunks()[id].shard;
+      if (s >= 0 && s < shards && !holds[s]) {
+        holds[s] = true;
+        ++group_unclocked_[g];
+      }
+    }
+  }
   if (prefetch_) {
     (void)client_->Wait(*prefetch_, options_.timeout);
     prefetch_.reset();
   }
-  group_tickets_.clear();
-  group_chunks_ = groups;
   group_clock_ = new_clock;
-  group_acks_done_ = false;
-  for (const std::vector<uint32_t>& g : groups) {
+  group_chunks_ = groups;
+  group_tickets_.assign(groups.size(), {});
+  group_waited_.assign(groups.size(), false);
+  shard_clocked_.assign(shards, false);
+  groups_pending_ = groups.size();
+  return Status::OK();
+}
+
+Status PsParameterStore::ClockGroupsOn(const std::vector<int>& shards) {
+  ASSIGN_OR_RETURN(Client::Ticket t, client_->StartClockShards(
+                                         WireClock(group_clock_), shards));
+  acks_.push_back({t, group_clock_ - 1});
+  std::vector<bool> on(client_->num_shards());
+  for (int s : shards) {
+    on[s] = true;
+    shard_clocked_[s] = true;
+  }
+  const Layout& layout = client_->layout();
+  for (size_t g = 0; g < group_chunks_.size(); ++g) {
+    std::vector<uint32_t> part;
+    std::vector<bool> counted(on.size());
+    for (uint32_t id : group_chunks_[g]) {
+      const int s = layout.chunks()[id].shard;
+      if (!on[s]) continue;
+      part.push_back(id);
+      if (!counted[s]) {
+        counted[s] = true;
+        --group_unclocked_[g];
+      }
+    }
+    if (part.empty()) continue;
     ASSIGN_OR_RETURN(
         Client::Ticket p,
-        client_->StartPullChunks(WireClock(new_clock), g, pulled_ptrs_));
-    group_tickets_.push_back(p);
-    ++groups_pending_;
+        client_->StartPullChunks(WireClock(group_clock_), part, pulled_ptrs_));
+    group_tickets_[g].push_back(p);
   }
+  return Status::OK();
+}
+
+Status PsParameterStore::ClockAndPullGroups(
+    int64_t new_clock, const std::vector<std::vector<uint32_t>>& groups) {
+  const auto start = SteadyClock::now();
+  const bool open = groups_open_;
+  RETURN_IF_ERROR(BeginGroups(new_clock, groups));
+  groups_open_ = false;
+  if (open) {
+    // The shards the per-shard clocks did not reach (those holding none of
+    // the chunks pushed early among them).
+    std::vector<int> rest;
+    for (int s = 0; s < client_->num_shards(); ++s) {
+      if (!shard_clocked_[s]) rest.push_back(s);
+    }
+    if (!rest.empty()) RETURN_IF_ERROR(ClockGroupsOn(rest));
+  } else {
+    // Every shard at once (the elastic fleet's active ones): one clock, then
+    // one request per group and shard.
+    ASSIGN_OR_RETURN(Client::Ticket t,
+                     client_->StartClock(WireClock(new_clock)));
+    acks_.push_back({t, new_clock - 1});
+    shard_clocked_.assign(shard_clocked_.size(), true);
+    for (size_t g = 0; g < groups.size(); ++g) {
+      group_unclocked_[g] = 0;
+      ASSIGN_OR_RETURN(Client::Ticket p,
+                       client_->StartPullChunks(WireClock(new_clock), groups[g],
+                                                pulled_ptrs_));
+      group_tickets_[g].push_back(p);
+    }
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  traffic_.clock_ns += Nanos(start, SteadyClock::now());
+  return Status::OK();
+}
+
+Status PsParameterStore::ClockShardsAndPullGroups(
+    int64_t new_clock, const std::vector<int>& shards,
+    const std::vector<std::vector<uint32_t>>& groups) {
+  if (!client_->options().etcd_endpoints.empty()) {
+    return Status::FailedPrecondition(
+        "per-shard clocks need a fixed layout (an elastic fleet moves chunks "
+        "between shards)");
+  }
+  const auto start = SteadyClock::now();
+  RETURN_IF_ERROR(BeginGroups(new_clock, groups));
+  std::vector<bool> seen(client_->num_shards());
+  for (int s : shards) {
+    if (s < 0 || s >= client_->num_shards() || seen[s] || shard_clocked_[s]) {
+      const bool range = s < 0 || s >= client_->num_shards();
+      if (!groups_open_) groups_pending_ = 0;  // nothing started
+      return Status::InvalidArgument(
+          "clock " + std::to_string(new_clock) + " to shard " +
+          std::to_string(s) +
+          (range ? ", not a shard"
+                 : seen[s] ? ", listed twice" : ", which already has it"));
+    }
+    seen[s] = true;
+  }
+  groups_open_ = true;
+  if (!shards.empty()) RETURN_IF_ERROR(ClockGroupsOn(shards));
   std::lock_guard<std::mutex> l(mu_);
   traffic_.clock_ns += Nanos(start, SteadyClock::now());
   return Status::OK();
@@ -229,20 +356,37 @@ Status PsParameterStore::WaitPullGroup(size_t group,
                                        const std::vector<float*>& tensors) {
   if (tensors.size() != specs_.size())
     return Status::InvalidArgument("pull: wrong number of tensors");
-  if (group >= group_tickets_.size() || !group_tickets_[group]) {
+  if (group >= group_tickets_.size() || group_waited_[group]) {
     return Status::FailedPrecondition(
         "pull group " + std::to_string(group) +
         " is not in flight (ClockAndPullGroups first, each group once)");
   }
+  if (group_unclocked_[group] > 0) {
+    return Status::FailedPrecondition(
+        "pull group " + std::to_string(group) + ": " +
+        std::to_string(group_unclocked_[group]) +
+        " shards holding its chunks were not clocked yet");
+  }
   const auto start = SteadyClock::now();
   TicketResult r;
-  Status s = client_->Wait(*group_tickets_[group], options_.timeout, &r);
-  group_tickets_[group].reset();
+  r.min_clock = INT64_MAX;
+  Status s;
+  for (Client::Ticket t : group_tickets_[group]) {
+    TicketResult one;
+    Status st = client_->Wait(t, options_.timeout, &one);
+    if (s.ok()) s = st;
+    r.bytes_received += one.bytes_received;
+    r.min_clock = std::min(r.min_clock, one.min_clock);
+  }
+  group_tickets_[group].clear();
+  group_waited_[group] = true;
   --groups_pending_;
   if (s.ok()) SkipAheadIfBehind(group_clock_, r);
   int64_t staleness = -1;
-  if (!group_acks_done_) {
-    group_acks_done_ = true;
+  if (groups_pending_ == 0) {
+    // The step's pushes and clocks went out before every group's request on
+    // their connections, so their acknowledgements are in by now; collected
+    // with the last group so that none waits for the slowest shard's.
     Status as = CollectAcks(group_clock_ + 1, &staleness);
     if (s.ok()) s = as;
   }
@@ -300,9 +444,23 @@ Status PsParameterStore::PushChunks(int64_t clock,
                                     const std::vector<uint32_t>* subset) {
   if (grads.size() != specs_.size())
     return Status::InvalidArgument("push: wrong number of tensors");
+  const Layout& layout = client_->layout();
+  if (groups_open_ && group_clock_ == clock + 1) {
+    // A shard clocked at clock + 1 takes no more pushes of step `clock`:
+    // its round may have closed without them.
+    const size_t n = subset ? subset->size() : layout.chunks().size();
+    for (size_t k = 0; k < n; ++k) {
+      const int shard = layout.chunks()[subset ? (*subset)[k] : k].shard;
+      if (shard_clocked_[shard]) {
+        return Status::FailedPrecondition(
+            "push at clock " + std::to_string(clock) + " to shard " +
+            std::to_string(shard) + ", which was already clocked at " +
+            std::to_string(clock + 1));
+      }
+    }
+  }
   const auto start = SteadyClock::now();
   int64_t copy_ns = 0;
-  const Layout& layout = client_->layout();
   std::vector<ChunkPayload> payloads;
   const size_t count = subset ? subset->size() : layout.chunks().size();
   payloads.reserve(count);
@@ -366,6 +524,11 @@ Status PsParameterStore::PushChunks(int64_t clock,
 }
 
 Status PsParameterStore::Clock(int64_t new_clock) {
+  if (groups_open_) {
+    return Status::FailedPrecondition(
+        "clock while per-shard clocks of " + std::to_string(group_clock_) +
+        " are open (finish them with ClockAndPullGroups)");
+  }
   const auto start = SteadyClock::now();
   Status s = StartClockAndPrefetch(new_clock);
   std::lock_guard<std::mutex> l(mu_);

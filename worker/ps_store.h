@@ -106,13 +106,32 @@ class PsParameterStore : public ParameterStore {
   // needs them, and the first layers' weights arrive first (P3). Replaces
   // the pull Clock() would prefetch. Raw pulls and prefetch_ahead off only
   // (else FailedPrecondition). Every group must then be waited for with
-  // WaitPullGroup before the next Pull or ClockAndPullGroups.
+  // WaitPullGroup before the next Pull or ClockAndPullGroups. After
+  // ClockShardsAndPullGroups calls for new_clock it does the same for the
+  // shards they did not clock (none left: sends nothing), with the same
+  // groups.
   Status ClockAndPullGroups(int64_t new_clock,
                             const std::vector<std::vector<uint32_t>>& groups);
+  // Per-shard clocks (the overlap pipeline): as ClockAndPullGroups for the
+  // shards `shards` only -- new_clock to each of them
+  // (Client::StartClockShards) and, behind it on their connections, one
+  // request per group for the group's chunks they hold. Call it for a shard
+  // as soon as every push of step new_clock - 1 to it was started (a later
+  // push to it at that step is refused: its clock would overtake it), then
+  // ClockAndPullGroups(new_clock, groups) for the rest; so one shard's
+  // round closes and its pull comes down while pushes to the next shard go
+  // up. Each shard once per clock; `groups` the same in every call of a
+  // clock. FailedPrecondition (nothing sent) with a pull codec,
+  // prefetch_ahead, groups of the previous clock not waited for, or an
+  // elastic fleet (its chunks may move between shards during a step).
+  Status ClockShardsAndPullGroups(
+      int64_t new_clock, const std::vector<int>& shards,
+      const std::vector<std::vector<uint32_t>>& groups);
   // Waits for group `group` of the layered pull and writes its chunks into
   // `tensors` (one pointer per tensor; only the group's chunks are
-  // written). The first group waited for also collects the step's push and
-  // clock acknowledgements, and skips ahead as Pull does.
+  // written); FailedPrecondition while a shard holding some of them has
+  // not been clocked. The last group waited for also collects the step's
+  // push and clock acknowledgements; each skips ahead as Pull does.
   Status WaitPullGroup(size_t group, const std::vector<float*>& tensors);
   // Groups of the layered pull not yet waited for.
   size_t pull_groups_pending() const { return groups_pending_; }
@@ -125,6 +144,15 @@ class PsParameterStore : public ParameterStore {
     uint64_t wire = 0;
   };
   std::vector<TensorBytes> tensor_bytes() const;
+
+  // Waits for the acknowledgements of every push and clock started so far
+  // (their staleness is reported with the next pull); first error. The
+  // overlap pipeline calls it before the next shard's push, so that the
+  // worker's link carries one shard's push at a time and that shard's
+  // round closes (and its pull comes down) while the next one goes up,
+  // instead of every shard's push sharing the link and all of them
+  // arriving at the end.
+  Status WaitAcks();
 
   // Waits for every request still in flight.
   Status Flush();
@@ -140,6 +168,7 @@ class PsParameterStore : public ParameterStore {
   void SkipAheadIfBehind(int64_t clock, const TicketResult& r);
   // Waits for the acknowledgements of pushes and clocks sent at steps before
   // `horizon`; raises *staleness to the largest reported. First error.
+  // Also takes the staleness WaitAcks collected.
   Status CollectAcks(int64_t horizon, int64_t* staleness);
   // Adds a completed pull (started at `start`, copied out between
   // copy_start and copy_end) to traffic_.
@@ -151,6 +180,13 @@ class PsParameterStore : public ParameterStore {
   Status StartClockAndPrefetch(int64_t new_clock);
   // The clock sent to the shards for trainer step `clock`.
   int64_t WireClock(int64_t clock) const { return clock + clock_offset_; }
+  // Starts the layered pull of new_clock (no shard clocked yet) unless it
+  // is the one in progress; FailedPrecondition as ClockAndPullGroups.
+  Status BeginGroups(int64_t new_clock,
+                     const std::vector<std::vector<uint32_t>>& groups);
+  // Clocks `shards` (none clocked yet at group_clock_) and starts their
+  // part of every group's pull.
+  Status ClockGroupsOn(const std::vector<int>& shards);
 
   PsStoreOptions options_;
   Client* client_;
@@ -176,13 +212,20 @@ class PsParameterStore : public ParameterStore {
   std::vector<BufferPtr> push_buffers_;
   std::vector<uint64_t> step_wire_;  // wire bytes per tensor of one push
   std::vector<uint64_t> step_raw_;   // fp32 bytes per tensor of one push
-  // The layered pull in flight: its clock, a ticket (unset once waited for)
-  // and the chunks of each group.
+  // The layered pull in flight: its clock, the chunks of each group, its
+  // tickets (one per ClockGroupsOn call that asked for some of its chunks)
+  // and the shards holding its chunks not clocked yet; whether each group
+  // was waited for, and which shards were clocked at group_clock_.
   int64_t group_clock_ = -1;
-  std::vector<std::optional<Client::Ticket>> group_tickets_;
   std::vector<std::vector<uint32_t>> group_chunks_;
+  std::vector<std::vector<Client::Ticket>> group_tickets_;
+  std::vector<size_t> group_unclocked_;
+  std::vector<bool> group_waited_;
+  std::vector<bool> shard_clocked_;
   size_t groups_pending_ = 0;
-  bool group_acks_done_ = false;
+  // Per-shard clocks of group_clock_ started, ClockAndPullGroups not yet.
+  bool groups_open_ = false;
+  int64_t acked_staleness_ = -1;  // largest staleness WaitAcks saw
   mutable std::mutex mu_;
   TrafficStats traffic_;                   // GUARDED_BY(mu_)
   std::vector<TensorBytes> tensor_bytes_;  // GUARDED_BY(mu_)

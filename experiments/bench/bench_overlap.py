@@ -5,7 +5,8 @@ fleet without it, and against PyTorch DDP (gloo) on the same links and
 processes. One JSON object per line; each figure is the median of --repeats
 runs with its spread (min, max), runs interleaved.
 
-Fleet: 2 shards (ps_server, --consistency as given, SGD) + 2 workers, each
+Fleet: --shards shards (ps_server, --consistency as given, SGD; default 2)
++ 2 workers, each
 worker one process with one thread training the CNN of
 worker/python/examples/cnn.py on fixed random batches (Fashion-MNIST shapes;
 the data does not change the speed), --warmup steps then --steps timed;
@@ -16,16 +17,18 @@ buckets).
 Settings:
   loopback  every process on 127.0.0.1, unshaped (ratio goal >= 0.97);
   link      4 emulated hosts (launch/pslaunch/netns.py; root): shards on h0,
-            h1, workers (and the DDP ranks) on h2, h3, each host's link shaped
-            to --rate both ways (ratio goals >= 1.3 vs no overlap, >= 1.0 vs
-            DDP).
+            h1 (shard i on h(i % 2)), workers (and the DDP ranks) on h2, h3,
+            each host's link shaped to --rate both ways (ratio goals >= 1.3
+            vs no overlap, >= 1.0 vs DDP).
 
 Usage (as root for `link`):
   PYTHONPATH=build/python /usr/bin/python3 experiments/bench/bench_overlap.py \\
       [--bin_dir build/bin] [--repeats 5] [--settings loopback,link] \\
       [--rate 100mbit] [--batches 64,256] [--consistency bsp] [--quick]
 --quick (CI): loopback only, few steps, one repeat: figures only indicative.
---chunk_elems / --prefetch_ahead apply to both asyncps paths. With
+--chunk_elems / --prefetch_ahead apply to both asyncps paths; --shards N
+runs N shards (link: shard i on h(i % 2)); --pipeline_shards k is the
+overlap path's ParameterServer(pipeline_shards=k) (asyncps.overlap). With
 BENCH_OVERLAP_TRAFFIC=1 each asyncps worker prints its Store.traffic()
 counters (JSON, stderr). Results and analysis: experiments/results/overlap/.
 """
@@ -47,7 +50,7 @@ import bench_stats  # noqa: E402
 import bench_worker  # noqa: E402  (stop)
 PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 WORKERS = 2
-SHARDS = 2
+SHARD_HOSTS = 2  # link: shards on h0, h1; workers on h2, h3
 
 
 # ---- the processes ----------------------------------------------------------
@@ -92,11 +95,12 @@ def worker_main(a):
     ps = apt.ParameterServer(model, servers=a.servers.split(","), rank=a.rank,
                              num_workers=a.num_workers, overlap=a.overlap == 1,
                              bucket_mb=a.bucket_mb, chunk_elems=a.chunk_elems,
-                             prefetch_ahead=a.prefetch_ahead)
+                             prefetch_ahead=a.prefetch_ahead, pipeline_shards=a.pipeline_shards)
     rate = timed_loop(model, apt.DistributedOptimizer(ps), data, a)
     if os.environ.get("BENCH_OVERLAP_TRAFFIC"):  # where the time went (ns, summed)
+        stats = ps._overlap.stats if ps._overlap is not None else {}
         print(json.dumps(dict(ps.traffic(), rank=a.rank, overlap=a.overlap,
-                              backward_ns=int(a.backward_s * 1e9))), file=sys.stderr)
+                              backward_ns=int(a.backward_s * 1e9), **stats)), file=sys.stderr)
     ps.close()
     print("samples_per_s=%.3f" % rate, flush=True)
 
@@ -147,14 +151,15 @@ class Fleet:
         return e
 
 
-def start_shards(fleet, tmp, bin_dir, consistency):
+def start_shards(fleet, tmp, bin_dir, consistency, shards):
     procs, eps = [], []
-    for i in range(SHARDS):
+    for i in range(shards):
         ready = os.path.join(tmp, "ready-%d-%d" % (i, time.monotonic_ns()))
         log = open(os.path.join(tmp, "shard%d.log" % i), "a")
-        argv = fleet.prefix(i) + [
-            os.path.join(bin_dir, "ps_server"), "--endpoint=tcp://%s:0" % fleet.address(i),
-            "--ready_file=" + ready, "--shard_id=%d" % i, "--num_shards=%d" % SHARDS,
+        host = i % SHARD_HOSTS
+        argv = fleet.prefix(host) + [
+            os.path.join(bin_dir, "ps_server"), "--endpoint=tcp://%s:0" % fleet.address(host),
+            "--ready_file=" + ready, "--shard_id=%d" % i, "--num_shards=%d" % shards,
             "--num_workers=%d" % WORKERS, "--consistency=" + consistency,
             "--optimizer=sgd", "--lr=0.05", "--checkpoint_every_s=0"]
         if fleet.net:  # an address other than loopback, inside our own namespaces
@@ -184,7 +189,7 @@ def stop_all(procs):
 def run_children(fleet, argvs):
     """Runs one child per worker host (h2, h3 / local) and returns the sum
     of their samples/s."""
-    procs = [subprocess.Popen(fleet.prefix(SHARDS + r if fleet.net else 0) + argv,
+    procs = [subprocess.Popen(fleet.prefix(SHARD_HOSTS + r if fleet.net else 0) + argv,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=fleet.env()) for r, argv in enumerate(argvs)]
     total, errors = 0.0, []
@@ -197,6 +202,8 @@ def run_children(fleet, argvs):
         if p.returncode != 0:
             errors.append(err[-3000:])
             continue
+        if os.environ.get("BENCH_OVERLAP_TRAFFIC"):
+            sys.stderr.write(err)
         total += float(out.strip().rsplit("samples_per_s=", 1)[1])
     if errors:
         raise RuntimeError("a child failed:\n" + "\n".join(errors))
@@ -204,13 +211,14 @@ def run_children(fleet, argvs):
 
 
 def run_ps(fleet, tmp, bin_dir, consistency, overlap, a, batch):
-    shards, eps = start_shards(fleet, tmp, bin_dir, consistency)
+    shards, eps = start_shards(fleet, tmp, bin_dir, consistency, a.shards)
     try:
         return run_children(fleet, [[
             PY, os.path.abspath(__file__), "--worker", "--servers", ",".join(eps),
             "--rank", str(r), "--num_workers", str(WORKERS), "--overlap", str(int(overlap)),
             "--bucket_mb", str(a.bucket_mb), "--batch", str(batch), "--steps", str(a.steps),
-            "--warmup", str(a.warmup), "--chunk_elems", str(a.chunk_elems)] +
+            "--warmup", str(a.warmup), "--chunk_elems", str(a.chunk_elems),
+            "--pipeline_shards", str(a.pipeline_shards)] +
             (["--prefetch_ahead"] if a.prefetch_ahead else []) for r in range(WORKERS)])
     finally:
         stop_all(shards)
@@ -223,7 +231,7 @@ def free_port():
 
 
 def run_ddp(fleet, a, batch):
-    master = "%s:%d" % (fleet.address(SHARDS) if fleet.net else "127.0.0.1", free_port())
+    master = "%s:%d" % (fleet.address(SHARD_HOSTS) if fleet.net else "127.0.0.1", free_port())
     return run_children(fleet, [[
         PY, os.path.abspath(__file__), "--ddp", "--master", master, "--rank", str(r),
         "--num_workers", str(WORKERS), "--batch", str(batch), "--steps", str(a.steps),
@@ -248,9 +256,10 @@ def bench_setting(setting, fleet, tmp, a):
                 ddp.append(run_ddp(fleet, a, batch))
         common = {"bench": "overlap", "model": "cnn", "setting": setting,
                   "link": a.rate if setting == "link" else "loopback",
-                  "consistency": a.consistency, "shards": SHARDS, "workers": WORKERS,
+                  "consistency": a.consistency, "shards": a.shards, "workers": WORKERS,
                   "batch": batch, "threads": 1, "bucket_mb": a.bucket_mb,
                   "chunk_elems": a.chunk_elems, "prefetch_ahead": a.prefetch_ahead,
+                  "pipeline_shards": a.pipeline_shards,
                   "steps_per_worker": a.steps, "warmup_steps": a.warmup,
                   "samples_per_s": spread(over)}
         emit(dict(common, baseline="asyncps_no_overlap", baseline_samples_per_s=spread(plain),
@@ -270,7 +279,12 @@ def main():
     ap.add_argument("--rate", default="100mbit")
     ap.add_argument("--batches", default="64,256")
     ap.add_argument("--consistency", default="bsp", choices=["bsp", "ssp", "asp"])
+    ap.add_argument("--shards", type=int, default=2,
+                    help="ps_server shards (link: spread over the 2 shard hosts)")
     ap.add_argument("--bucket_mb", type=float, default=25.0)
+    ap.add_argument("--pipeline_shards", type=int, default=0,
+                    help="overlap path: ParameterServer(pipeline_shards=), clocked shards whose "
+                    "pushes may share the link before the next push waits (0: no limit)")
     ap.add_argument("--chunk_elems", type=int, default=1 << 20,
                     help="layout chunk size (ParameterServer chunk_elems); smaller spreads "
                     "the CNN's large layer over both shards")
@@ -306,7 +320,7 @@ def main():
                 if missing:
                     print("SKIP link: %s" % missing, file=sys.stderr)
                     continue
-                with netns.Network.create(SHARDS + WORKERS, rate=netns.parse_rate(a.rate),
+                with netns.Network.create(SHARD_HOSTS + WORKERS, rate=netns.parse_rate(a.rate),
                                           tag="ovb%d" % os.getpid()) as net:
                     bench_setting(setting, Fleet(net), tmp, a)
             else:

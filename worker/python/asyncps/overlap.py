@@ -14,9 +14,30 @@ OverlapScheduler: a per-step scheduler above the existing Store calls
     (Store.push_chunks: the GIL is released around the encode and the send),
     while the main thread goes on with backward. ParameterServer.push() sends
     what is left, waits until the sender has handed every bucket to the
-    client, and only then sends the clock: on each shard's connection the
-    step's pushes precede its clock, so BSP rounds and the SSP bound see
-    them all.
+    client, and sends the clock to the shards not clocked yet (below): on
+    each shard's connection the step's pushes precede its clock, so BSP
+    rounds and the SSP bound see them all.
+  - Per-shard clocks (the pipeline). From the second step on, as soon as
+    the sender has started the last push of the step to a shard (every
+    chunk it holds was in some bucket), it sends that shard the new clock
+    and, behind it, that shard's part of each pull group in forward order
+    (Store.clock_shards_and_pull_groups). The shard's round (BSP) can then
+    close and its weights come down while the pushes to the next shards go
+    up: the link is used both ways at once, as a ring all-reduce does,
+    instead of the whole gradient up and then the whole model down. That
+    needs the pushes to go in stages: pushes started together share the
+    link and all arrive at the end, so with pipeline_shards = k the sender,
+    once k shards were clocked, waits until their pushes were acknowledged
+    (Store.wait_acks) before the next push. k = the number of hosts the
+    shards run on keeps every shard host's link busy in each stage (2
+    shard hosts with 4 shards: 1.25-1.36x of no overlap at 100 Mbit/s,
+    where k = 0 gives 1.05x; experiments/results/overlap/REPORT.md).
+    Default 0 (no stages: the per-shard clocks alone, which help only where
+    shards complete at different times in backward). The store refuses a
+    later push of the step to a shard clocked so. Off for
+    models with SparseEmbedding tables (their rows go in push(), after
+    backward) and on elastic fleets (the store refuses; the clock then goes
+    to every shard at the end, as without).
   - BSP: a shard counts one push per worker and round (server/shard/shard.h),
     so under BSP a bucket is one shard's chunks, sent as soon as every tensor
     with a chunk on that shard is ready (with 2+ shards the shard holding the
@@ -29,9 +50,9 @@ OverlapScheduler: a per-step scheduler above the existing Store calls
     records the order in which modules holding parameters run (forward
     pre-hooks); the parameters are then cut into pull groups in that order
     (whole modules, each group at least min_pull_group_kb KiB). From then
-    on step() sends the clock and, right behind it on each connection, one
-    pull request per group in forward order (Store.clock_and_pull_groups),
-    and returns; each module's forward pre-hook waits only for the groups up
+    on the clock goes to each shard (per shard, above, or all at once in
+    step(): Store.clock_and_pull_groups) followed, on its connection, by one
+    pull request per group in forward order, and step() returns; each module's forward pre-hook waits only for the groups up
     to its own (Store.wait_pull_group), so the first layers compute while
     the later layers' weights are still on the wire, and the first layers'
     weights, asked for first, arrive first. Parameters of modules the first
@@ -49,8 +70,10 @@ parameter read in forward outside the module that holds it before that
 module runs (weights tied across modules): use overlap=False there.
 
 Threads: hooks run on the thread that runs backward (with the GIL); the
-sender thread only calls Store.push_chunks; the step's other calls stay on
-the training thread. The asyncps Client serialises the calls of both.
+sender thread only calls Store.push_chunks and
+Store.clock_shards_and_pull_groups (between the step's first bucket and
+push(): the pull groups of the step were all waited for before); the
+step's other calls stay on the training thread. The asyncps Client serialises the calls of both.
 """
 import heapq
 import json
@@ -65,22 +88,44 @@ DEFAULT_BUCKET_MB = 25.0
 
 class _Sender(threading.Thread):
     """Pushes the buckets it is given, highest priority (lowest number)
-    first. drain() waits until every bucket given so far was pushed and
-    raises the first error of any of them."""
+    first, and sends each shard's clock (per-shard clocks) once no bucket
+    it was given holds a chunk of that shard any more, whatever the order
+    the priorities gave the pushes. drain() waits until every bucket given
+    so far was pushed (and the clocks asked for sent) and raises the first
+    error of any of them."""
 
-    def __init__(self, store):
+    def __init__(self, store, chunk_shard):
         super().__init__(name="asyncps-overlap-sender", daemon=True)
         self._store = store
+        self._chunk_shard = chunk_shard
         self._cv = threading.Condition()
         self._heap = []     # (priority, seq, clock, chunk_ids, arrays)
+        self._queued = {}   # shard -> chunks in buckets not yet pushed
+        self._clock_wanted = {}  # shard -> (new clock, groups) once pushed
         self._seq = 0
         self._busy = False
         self._stopping = False
         self._error = None
         self.pushes = 0     # push_chunks calls made
+        self.shard_clocks = 0  # clock_shards_and_pull_groups calls made
+        self.per_shard = True  # False once the store refused per-shard clocks
+        # Per-shard clocks: at most `window` clocked shards' pushes on the
+        # wire before the next push waits for their acknowledgements (0: no
+        # limit). OverlapScheduler sets it.
+        self.window = 0
+        self._unacked = 0  # shards clocked since the last wait
+        self.stage_waits = 0  # wait_acks calls made
 
-    def put(self, priority, clock, chunk_ids, arrays):
+    def put(self, priority, clock, chunk_ids, arrays, clock_shards=(), groups=None):
+        """Queues a bucket; then, once every bucket holding chunks of the
+        shards clock_shards was pushed, clock + 1 and the pull of `groups`
+        go to them (Store.clock_shards_and_pull_groups)."""
         with self._cv:
+            for c in chunk_ids:
+                s = self._chunk_shard[c]
+                self._queued[s] = self._queued.get(s, 0) + 1
+            for s in clock_shards:
+                self._clock_wanted[s] = (clock + 1, groups)
             heapq.heappush(self._heap, (priority, self._seq, clock, chunk_ids, arrays))
             self._seq += 1
             self._cv.notify_all()
@@ -109,7 +154,16 @@ class _Sender(threading.Thread):
                 _, _, clock, ids, arrays = heapq.heappop(self._heap)
                 skip = self._error is not None
                 self._busy = True
+            todo = []
             try:
+                if not skip and self.window and self._unacked >= self.window:
+                    # The shards just clocked get the link to themselves:
+                    # their rounds close and their pulls come down while
+                    # this push goes up (all pushes at once share the link
+                    # and every shard's round closes at the end).
+                    self._unacked = 0
+                    self.stage_waits += 1
+                    self._store.wait_acks()
                 if not skip:
                     self._store.push_chunks(clock, ids, arrays)
                     self.pushes += 1
@@ -118,16 +172,46 @@ class _Sender(threading.Thread):
                     self._error = self._error or e
             finally:
                 with self._cv:
+                    for c in ids:
+                        self._queued[self._chunk_shard[c]] -= 1
+                    if self._error is not None:
+                        self._clock_wanted.clear()  # the step failed
+                    ready = sorted(s for s in self._clock_wanted if self._queued[s] == 0)
+                    todo = [(s, self._clock_wanted.pop(s)) for s in ready]
+                    self._busy = bool(todo)
+                    self._cv.notify_all()
+            if not todo:
+                continue
+            try:
+                if self.per_shard:
+                    self._clock_shards(todo[0][1][0], [s for s, _ in todo], todo[0][1][1])
+            except BaseException as e:  # noqa: BLE001 - raised by drain()
+                with self._cv:
+                    self._error = self._error or e
+            finally:
+                with self._cv:
                     self._busy = False
                     self._cv.notify_all()
+
+    def _clock_shards(self, new_clock, shards, groups):
+        try:
+            self._store.clock_shards_and_pull_groups(new_clock, shards, groups)
+            self.shard_clocks += 1
+            self._unacked += len(shards)
+        except FailedPrecondition:
+            # Nothing was sent (an elastic fleet): the clock goes to every
+            # shard at the end of the step, as without per-shard clocks.
+            self.per_shard = False
 
 
 class OverlapScheduler:
     """The overlap of one ParameterServer (see the module doc). Made by
     ParameterServer(overlap=True); bucket_mb: bucket size in MiB (> 0;
-    BSP shards: one bucket per shard whatever the size)."""
+    BSP shards: one bucket per shard whatever the size); pipeline_shards:
+    per-shard clocks' window (module doc; 0: no limit)."""
 
-    def __init__(self, ps, bucket_mb=DEFAULT_BUCKET_MB, min_pull_group_kb=64.0):
+    def __init__(self, ps, bucket_mb=DEFAULT_BUCKET_MB, min_pull_group_kb=64.0,
+                 pipeline_shards=0):
         if not bucket_mb > 0:
             raise InvalidArgument("bucket_mb must be > 0, got %r" % (bucket_mb,))
         if ps._on_cuda:
@@ -149,11 +233,18 @@ class OverlapScheduler:
                                        if chunk_shard[c] == s)
                              for s, ts in shard_tensors.items()}
         self.shard_tensors = {s: sorted(ts) for s, ts in shard_tensors.items()}
+        self.chunk_shard = chunk_shard
+        # Per-shard clocks (module doc); not with sparse tables, whose rows
+        # are pushed after backward.
+        self.per_shard_clocks = not getattr(ps, "embeddings", None)
         self.tensor_shards = [sorted({chunk_shard[c] for c in self.tensor_chunks[i]})
                               for i in range(n)]
         self.nbytes = [int(p.numel()) * 4 for p in ps.params]
         self._placeholders = {}
-        self._sender = _Sender(ps.store)
+        self._sender = _Sender(ps.store, chunk_shard)
+        if not pipeline_shards >= 0:
+            raise InvalidArgument("pipeline_shards must be >= 0, got %r" % (pipeline_shards,))
+        self._sender.window = int(pipeline_shards)
         self._sender.start()
         self._handles = []
         self._accumulators = []  # keeps each AccumulateGrad node (and its hook) alive
@@ -177,8 +268,10 @@ class OverlapScheduler:
         self._module_group = {}       # module -> index of its last group
         self._root_group = -1         # group of parameters no observed module holds
         self._waited = 0              # groups of this step's pull written so far
+        self._layered_step = False    # this step's pull is by groups
         self.pull_pending = False
-        self.stats = {"buckets": 0, "steps": 0, "pull_groups": 0}
+        self.stats = {"buckets": 0, "steps": 0, "pull_groups": 0, "shard_clocks": 0,
+                      "stage_waits": 0}
         self._new_step()
 
     # ---- hooks -------------------------------------------------------------
@@ -209,7 +302,13 @@ class OverlapScheduler:
             self._wait_groups(self._module_group.get(module, len(self.groups) - 1))
 
     def _layered_pending(self):
-        return self.groups is not None and self.ps.store.pull_groups_pending > 0
+        """Groups of this step's layered pull not yet written into the model.
+        The store's count alone may already be the next step's (per-shard
+        clocks), ours alone stale after Store.flush() dropped the groups;
+        the next step's groups start only once this step's were waited for,
+        so both pending means this step's."""
+        return (self._layered_step and self._waited < len(self.groups)
+                and self.ps.store.pull_groups_pending > 0)
 
     def _wait_groups(self, last):
         """Writes groups up to `last` of this step's layered pull into the
@@ -257,6 +356,7 @@ class OverlapScheduler:
         self._module_group = {m: min(g, len(groups) - 1) for m, g in self._module_group.items()}
         self.groups = [(g, sorted(c for t in g for c in self.tensor_chunks[t]))
                        for g in groups if g]
+        self._group_chunks = [c for _, c in self.groups]
 
     def clock(self, new_clock):
         """ParameterServer.push(): announces new_clock and starts the pull
@@ -266,14 +366,18 @@ class OverlapScheduler:
             if self.groups is None:
                 self._build_groups()
             try:
-                self.ps.store.clock_and_pull_groups(new_clock, [c for _, c in self.groups])
+                self.ps.store.clock_and_pull_groups(new_clock, self._group_chunks)
                 self._waited = 0
+                self._layered_step = True
                 self.stats["pull_groups"] += len(self.groups)
+                self.stats["shard_clocks"] = self._sender.shard_clocks
+                self.stats["stage_waits"] = self._sender.stage_waits
                 return
             except FailedPrecondition:
                 if self.ps.store.pull_groups_pending:
                     raise
                 self.layered = False  # a pull codec or prefetch_ahead: whole pulls
+        self._layered_step = False
         self.ps.store.clock(new_clock)
 
     def _new_step(self):
@@ -284,6 +388,8 @@ class OverlapScheduler:
         self.pending = []                # ready, not yet in a bucket (non-BSP)
         self.pending_bytes = 0
         self.shard_left = {s: len(ts) for s, ts in self.shard_tensors.items()}
+        # Per shard: its chunks not yet handed to the sender this step.
+        self.shard_unsent = {s: len(c) for s, c in self.shard_chunks.items()}
 
     def _ready(self, i):
         """Parameter i's gradient for this step is complete (training thread)."""
@@ -318,7 +424,19 @@ class OverlapScheduler:
         arrays = [a if a is not None else self._placeholder(t)
                   for t, a in enumerate(self.arrays)]
         self.stats["buckets"] += 1
-        self._sender.put(min(tensors), self.ps.clock, chunk_ids, arrays)
+        done = []  # shards whose every chunk is now in a bucket
+        for c in chunk_ids:
+            s = self.chunk_shard[c]
+            self.shard_unsent[s] -= 1
+            if self.shard_unsent[s] == 0:
+                done.append(s)
+        if not (done and self.per_shard_clocks and self.layered and self.groups is not None
+                and self._sender.per_shard):
+            done = ()
+        elif self._layered_pending():  # layers the forward pass did not reach
+            self._wait_groups(len(self.groups) - 1)
+        self._sender.put(min(tensors), self.ps.clock, chunk_ids, arrays, done,
+                         self._group_chunks if done else None)
 
     def _placeholder(self, t):
         """A buffer of tensor t's shape that push_chunks will not read."""

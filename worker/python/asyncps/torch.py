@@ -175,13 +175,16 @@ class ParameterServer:
     heartbeat_s keeps this worker in the shards' clock minimum. CURVE keys
     default from ASYNCPS_CURVE_* (file paths or Z85 text). overlap=True:
     gradients are pushed in buckets of bucket_mb MiB while backward runs and
-    the next forward waits for the pull on first use (asyncps.overlap)."""
+    the next forward waits for the pull on first use (asyncps.overlap);
+    pipeline_shards (overlap=True, per-shard clocks): shards clocked whose
+    pushes may share the link before the next push waits for them (0: no
+    limit; the number of hosts the shards run on is a good value)."""
 
     def __init__(self, model, servers=None, rank=None, num_workers=None, codec="none",
                  pull_codec="", prefetch_ahead=False, seed=1, steps_per_epoch=1000,
                  timeout_s=120.0, heartbeat_s=1.0, chunk_elems=1 << 20, init=None,
                  curve_server_key=None, curve_secret_key=None, curve_public_key=None,
-                 overlap=False, bucket_mb=25.0):
+                 overlap=False, bucket_mb=25.0, pipeline_shards=0):
         env = worker_env(servers, rank, num_workers)
         self.rank = env.rank
         self.num_workers = env.num_workers
@@ -247,7 +250,7 @@ class ParameterServer:
         self.pull()
         if overlap:
             from .overlap import OverlapScheduler
-            self._overlap = OverlapScheduler(self, bucket_mb)
+            self._overlap = OverlapScheduler(self, bucket_mb, pipeline_shards=pipeline_shards)
 
     # ---- the step ----------------------------------------------------------
     def pull(self):

@@ -115,6 +115,27 @@ class PyStore {
     }));
   }
 
+  void ClockShardsAndPullGroups(
+      int64_t new_clock, const std::vector<int>& shards,
+      const std::vector<std::vector<uint32_t>>& groups) {
+    ThrowIfError(client_->Run([&] {
+      return WithStore([&](PsParameterStore& st) {
+        return st.ClockShardsAndPullGroups(new_clock, shards, groups)
+            .WithContext("clock " + std::to_string(new_clock) + " to " +
+                         std::to_string(shards.size()) +
+                         " shards and pull by groups");
+      });
+    }));
+  }
+
+  void WaitAcks() {
+    ThrowIfError(client_->Run([&] {
+      return WithStore([&](PsParameterStore& st) {
+        return st.WaitAcks().WithContext("acknowledgements of pushes");
+      });
+    }));
+  }
+
   void WaitPullGroup(size_t group, const py::sequence& arrays) {
     std::vector<float*> ptrs = CheckedBuffers(arrays, specs_, true, "pull");
     ThrowIfError(client_->Run([&] {
@@ -451,10 +472,22 @@ pull(c, bufs) -> compute -> push(c, grads) -> clock(c + 1).)doc")
            "request per group of chunk ids, sent in group order (list them "
            "in the order the forward pass needs them). Raw pulls without "
            "prefetch_ahead only. Wait for every group with wait_pull_group.")
+      .def("clock_shards_and_pull_groups", &PyStore::ClockShardsAndPullGroups,
+           py::arg("new_clock"), py::arg("shards"), py::arg("groups"),
+           "Per-shard clocks: clock_and_pull_groups for the shards `shards` "
+           "only (new_clock, then their chunks of each group), as soon as the "
+           "step's pushes to them were started; clock_and_pull_groups with "
+           "the same groups then does the rest. A later push of the step to "
+           "a shard clocked so is refused (FailedPrecondition); so are "
+           "elastic fleets, pull codecs and prefetch_ahead.")
+      .def("wait_acks", &PyStore::WaitAcks,
+           "Waits until every push and clock started so far was acknowledged "
+           "(the overlap pipeline: one shard's push on the link at a time).")
       .def("wait_pull_group", &PyStore::WaitPullGroup, py::arg("group"),
            py::arg("buffers"),
            "Waits for one group of clock_and_pull_groups and writes its "
-           "chunks into `buffers` (one per tensor; only those chunks).")
+           "chunks into `buffers` (one per tensor; only those chunks); "
+           "FailedPrecondition while a shard holding some was not clocked.")
       .def_property_readonly("pull_groups_pending", &PyStore::PullGroupsPending,
                              "Groups of the pull by groups not waited for.")
       .def("push_device", &PyStore::PushDevice, py::arg("clock"),

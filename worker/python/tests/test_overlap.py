@@ -31,7 +31,7 @@ def run_workers(fn, n):
     assert not errors, errors
 
 
-def train_bsp(eps, overlap, steps=6, codec="none", bucket_mb=25.0):
+def train_bsp(eps, overlap, steps=6, codec="none", bucket_mb=25.0, pipeline_shards=0):
     """2 workers (threads) x `steps` BSP steps of small_cnn on fixed random
     batches; returns the final weights of each worker (pulled after the last
     step) and the overlap stats."""
@@ -43,7 +43,8 @@ def train_bsp(eps, overlap, steps=6, codec="none", bucket_mb=25.0):
     def worker(rank):
         m = small_cnn()
         ps = apt.ParameterServer(m, servers=eps, rank=rank, num_workers=2, codec=codec,
-                                 overlap=overlap, bucket_mb=bucket_mb)
+                                 overlap=overlap, bucket_mb=bucket_mb,
+                                 pipeline_shards=pipeline_shards)
         if overlap:
             ps._overlap.min_group_bytes = 1  # a pull group per module
         opt = apt.DistributedOptimizer(ps)
@@ -61,15 +62,26 @@ def train_bsp(eps, overlap, steps=6, codec="none", bucket_mb=25.0):
     return final, stats
 
 
-@pytest.mark.parametrize("codec", ["none", "topk:ratio=0.05,ef=1"])
-def test_bsp_overlap_is_bitwise_equal_to_the_plain_path(shards, codec):
+@pytest.mark.parametrize("codec,pipeline", [("none", 0), ("topk:ratio=0.05,ef=1", 0),
+                                            ("none", 1)])
+def test_bsp_overlap_is_bitwise_equal_to_the_plain_path(shards, codec, pipeline):
+    """pipeline 1: the sender waits for each clocked shard's push to be
+    acknowledged before the next shard's (pipeline_shards=1)."""
     torch.set_num_threads(1)
     flags = ["--consistency=bsp", "--optimizer=momentum", "--lr=0.05"]
     plain, _ = train_bsp(endpoints(shards(2, flags, num_workers=2)), False, codec=codec)
-    over, stats = train_bsp(endpoints(shards(2, flags, num_workers=2)), True, codec=codec)
+    over, stats = train_bsp(endpoints(shards(2, flags, num_workers=2)), True, codec=codec,
+                            pipeline_shards=pipeline)
     for rank in (0, 1):
         assert stats[rank]["steps"] == 6 and stats[rank]["buckets"] == 12  # one per shard
         assert stats[rank]["pull_groups"] == 6 * 5  # 5 modules with parameters
+        # From the second step on each shard got its clock (and its part of
+        # the pull) right behind its push: per-shard clocks in every step.
+        assert 5 <= stats[rank]["shard_clocks"] <= 5 * 2
+        if pipeline:  # the second shard's push waited for the first's
+            assert stats[rank]["stage_waits"] >= 5
+        else:
+            assert stats[rank]["stage_waits"] == 0
         for a, b in zip(plain[rank], over[rank]):
             assert torch.equal(a, b)
     assert any(not torch.equal(a, b) for a, b in zip(plain[0], small_cnn().parameters()))
@@ -126,6 +138,7 @@ def test_ssp_bound_holds_with_pushes_in_buckets(shards):
     run_workers(worker, 2)
     for rank in (0, 1):
         assert stats[rank]["buckets"] >= 2 * steps  # several pushes per step
+        assert stats[rank]["shard_clocks"] >= steps - 1  # the pipeline ran
         for c, weights in enumerate(models[rank].seen[:steps]):
             # Each tensor lives on one shard, and shards answer on their own:
             # under SSP each must hold its own c pushes and c - s of the
@@ -232,3 +245,43 @@ def test_layered_pulls_follow_the_forward_order_and_match_the_plain_path(shards,
         ps.close()
     for a, b in zip(*weights):
         assert torch.equal(a, b)
+
+
+def test_per_shard_clocks_on_real_shards(shards):
+    """Store.clock_shards_and_pull_groups against two BSP ps_server shards
+    and one worker: shard 0's round closes and its weights come down before
+    shard 1 heard of the clock; a group with chunks on an unclocked shard is
+    refused, and so is a push to a clocked shard; clock_and_pull_groups
+    does the rest."""
+    eps = endpoints(shards(2, ["--consistency=bsp", "--optimizer=sgd", "--lr=1"],
+                           num_workers=1))
+    specs = [asyncps.TensorSpec("x", [1000], "zeros"), asyncps.TensorSpec("y", [10], "zeros")]
+    client = asyncps.Client(eps, rank=0)
+    store = asyncps.Store(client, specs, chunk_elems=256, min_chunk_elems=256)
+    chunks = client.chunks()
+    on = {s: [c[0] for c in chunks if c[4] == s] for s in (0, 1)}
+    assert on[0] and on[1]
+    groups = [on[0], on[1]]
+    ones = [np.ones(1000, np.float32), np.ones(10, np.float32)]
+    w = [np.zeros(1000, np.float32), np.zeros(10, np.float32)]
+    store.push_chunks(0, on[0], ones)
+    store.wait_acks()  # shard 0 has the push
+    store.clock_shards_and_pull_groups(1, [0], groups)
+    with pytest.raises(asyncps.FailedPrecondition, match="not clocked"):
+        store.wait_pull_group(1, w)
+    with pytest.raises(asyncps.FailedPrecondition, match="already clocked"):
+        store.push_chunks(0, on[0][:1], ones)
+    store.wait_pull_group(0, w)  # the round of shard 0 closed without shard 1
+    for cid, tensor, off, n, shard in chunks:
+        assert (w[tensor][off:off + n] == (-1.0 if shard == 0 else 0.0)).all()
+    store.push_chunks(0, on[1], ones)
+    store.clock_and_pull_groups(1, groups)
+    store.wait_pull_group(1, w)
+    np.testing.assert_array_equal(w[0], -1.0)
+    np.testing.assert_array_equal(w[1], -1.0)
+    # The next step the plain way: the shards' clocks are where they should be.
+    store.push(1, ones)
+    store.clock(2)
+    store.pull(2, w)
+    np.testing.assert_array_equal(w[0], -2.0)
+    store.close()
