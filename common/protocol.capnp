@@ -162,7 +162,27 @@ struct Assign {
                              # optimizer it was saved from; all checked
                              # (phase 1's checks, finite state, sums of
                              # squares >= 0, steps <= 2^53) before any row
-                             # is written
+                             # is written.
+                             # 6 scan the rows of a table (no claim needed;
+                             # one rows ref naming the table, no frames):
+                             # the reply's one rows ref has keysFrame: the
+                             # keys of the first min(scanRows, left) entries
+                             # (rows and admission counters, not expired,
+                             # owned by the shard) whose key is >= cursor, in
+                             # increasing key order, and rowsFrame: their
+                             # saved records (common/sparse_table.h
+                             # SavedRecordBytes: u32 kind 1 row / 2 counter,
+                             # u32 0, u64 steps or pushes counted, i64 clock
+                             # of the last push, f32 weights[dim], f32
+                             # state[dim x k]; a counter's floats 0). Fewer
+                             # than scanRows: the scan is complete; else the
+                             # next page starts at the last key + 1.
+                             # scanRows in [1, --max_sparse_keys] and the
+                             # reply within --max_sparse_reply_bytes, else
+                             # InvalidArgument.
+                             # 7 saved rows (the claimant): as 5, with
+                             # phase 6's records (kinds, counters, clocks
+                             # restored; all checked before any is written)
   chunks @2 :List(ChunkRef); # values, state: one per data frame
   overwrite @3 :Bool;        # begin: claim even final values (a restore)
   rows @4 :List(RowsRef);    # values: rows of sparse tables set to the
@@ -173,6 +193,8 @@ struct Assign {
                              # "adam", "adagrad"); refused unless the shard's;
                              # rows with state: the row optimizer ("sgd",
                              # "adagrad", "adam"), refused unless the table's
+  cursor @6 :UInt64;         # scan: the first key of the page
+  scanRows @7 :UInt32;       # scan: most entries in the reply
 }
 
 # Replication (server/replication/): a primary hands a request it applied to

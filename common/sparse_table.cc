@@ -125,6 +125,35 @@ Status CheckRowState(const TableSpec& table, std::string_view optimizer,
   return Status::OK();
 }
 
+Status CheckSavedMeta(const TableSpec& table, const uint64_t* keys,
+                      const uint32_t* kinds, const uint64_t* counts,
+                      const int64_t* clocks, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    const std::string row = "table '" + table.name + "': the saved entry of key " +
+                            std::to_string(keys[i]);
+    if (kinds[i] != kSavedRow && kinds[i] != kSavedCounter) {
+      return Status::InvalidArgument(row + " is of kind " +
+                                     std::to_string(kinds[i]) +
+                                     " (1 row, 2 admission counter)");
+    }
+    if (kinds[i] == kSavedCounter &&
+        (table.admit_after_pushes <= 1 || counts[i] < 1 ||
+         counts[i] >= table.admit_after_pushes)) {
+      return Status::InvalidArgument(
+          row + " is an admission counter of " + std::to_string(counts[i]) +
+          " pushes; the table admits after " +
+          std::to_string(table.admit_after_pushes) +
+          " (a counter counts 1 to that - 1)");
+    }
+    if (clocks[i] > kMaxSavedClock || clocks[i] < -kMaxSavedClock) {
+      return Status::InvalidArgument(row + ": last push at clock " +
+                                     std::to_string(clocks[i]) +
+                                     ", outside +-2^53");
+    }
+  }
+  return Status::OK();
+}
+
 Status ValidateTables(const std::vector<TableSpec>& tables) {
   if (tables.size() > kMaxTables) {
     return Status::InvalidArgument("more than " + std::to_string(kMaxTables) +

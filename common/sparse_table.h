@@ -112,6 +112,32 @@ Status CheckRowState(const TableSpec& table, std::string_view optimizer,
                      const uint64_t* keys, const float* state,
                      const uint64_t* steps, size_t n);
 
+// A saved entry of a table (kAssign phase 6 scan replies, phase 7
+// restores; common/protocol.capnp), little-endian, unaligned:
+//   u32 kind    kSavedRow, or kSavedCounter (an admission counter: a key
+//               pushed fewer than admit_after_pushes times, no row yet)
+//   u32 zero
+//   u64 count   row: optimizer steps; counter: pushes counted
+//   i64 clock   clock of the last push (expiry)
+//   f32 weights[dim], f32 state[dim x state_per_elem()] (counter: zeros)
+inline constexpr uint32_t kSavedRow = 1;
+inline constexpr uint32_t kSavedCounter = 2;
+inline constexpr size_t kSavedHeaderBytes = 24;
+// The most a saved clock may be from 0 (either way): 2^53.
+inline constexpr int64_t kMaxSavedClock = int64_t{1} << 53;
+inline size_t SavedRecordBytes(const TableSpec& table) {
+  return kSavedHeaderBytes +
+         table.dim * (1 + table.optimizer.state_per_elem()) * sizeof(float);
+}
+// Checks the kinds, counts and clocks of n saved entries of `table` (the
+// weights and state: CheckRowState and the finite check of rows): a kind
+// is kSavedRow or kSavedCounter; a counter needs a table with admission
+// (admit_after_pushes > 1) and 1 <= count < admit_after_pushes; |clock| <=
+// kMaxSavedClock. InvalidArgument naming the table and the first bad key.
+Status CheckSavedMeta(const TableSpec& table, const uint64_t* keys,
+                      const uint32_t* kinds, const uint64_t* counts,
+                      const int64_t* clocks, size_t n);
+
 // The shard in [0, num_shards) that holds `key` of table `spec`: a pure
 // function of (table name, key). REQUIRES: num_shards >= 1.
 int ShardOfKey(const TableSpec& spec, uint64_t key, int num_shards);

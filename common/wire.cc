@@ -296,6 +296,8 @@ std::vector<uint8_t> EncodeRequest(const RequestHeader& h) {
       FillChunkRefs(a.initChunks(h.chunks.size()), h.chunks);
       a.setOverwrite(h.assign_overwrite);
       if (!h.assign_optimizer.empty()) a.setOptimizer(h.assign_optimizer);
+      a.setCursor(h.assign_cursor);
+      a.setScanRows(h.assign_scan_rows);
       if (!h.rows.empty()) FillRowsRefs(a.initRows(h.rows.size()), h.rows);
       break;
     }
@@ -399,6 +401,8 @@ Status DecodeRequest(const uint8_t* data, size_t size,
         out->assign_phase = 0;
         out->assign_overwrite = false;
         out->assign_optimizer.clear();
+        out->assign_cursor = 0;
+        out->assign_scan_rows = 0;
         out->tables.clear();
         out->rows.clear();
         out->pull_dense = true;
@@ -484,6 +488,8 @@ Status DecodeRequest(const uint8_t* data, size_t size,
             out->assign_upload = a.getUpload();
             out->assign_phase = a.getPhase();
             out->assign_overwrite = a.getOverwrite();
+            out->assign_cursor = a.getCursor();
+            out->assign_scan_rows = a.getScanRows();
             if (a.hasOptimizer()) {
               auto name = a.getOptimizer();
               if (name.size() > 64) {

@@ -95,6 +95,9 @@ struct RequestHeader {
   uint8_t assign_phase = 0;
   bool assign_overwrite = false;
   std::string assign_optimizer;
+  // Phase 6 (scan of a table's rows): the first key and most entries.
+  uint64_t assign_cursor = 0;
+  uint32_t assign_scan_rows = 0;
   // kPush: one per data frame.
   std::vector<ChunkRef> chunks;
   // kPull: chunk ids wanted (empty = all of the shard's), pull codec spec.

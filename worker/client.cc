@@ -525,7 +525,7 @@ class ClientImpl : public Client {
       h.chunks.push_back(ref);
       frames.push_back(std::move(p.data));
     }
-    const bool records = a.phase == 5;
+    const bool records = a.phase == 5 || a.phase == 7;  // rows with state
     if (records && a.row_records.size() != a.rows.size()) {
       return Status::InvalidArgument(
           "assign of rows with state: " + std::to_string(a.rows.size()) +
@@ -617,6 +617,40 @@ class ClientImpl : public Client {
       }
     }
     return Status::OK();
+  }
+  Status ScanRows(int shard, uint32_t table, uint64_t from, size_t max_rows,
+                  std::vector<uint64_t>* keys, std::vector<uint8_t>* records,
+                  milliseconds timeout) override {
+    if (!layout_) return Status::FailedPrecondition("scan before Register()");
+    if (table >= tables_.size()) {
+      return Status::NotFound("no sparse table " + std::to_string(table) +
+                              " (" + std::to_string(tables_.size()) +
+                              " registered)");
+    }
+    if (shard < 0 || shard >= num_shards() || max_rows == 0 ||
+        max_rows > UINT32_MAX) {
+      return Status::InvalidArgument("scan of shard " + std::to_string(shard) +
+                                     " in pages of " +
+                                     std::to_string(max_rows) + " rows");
+    }
+    RequestHeader h = NewHeader(RequestKind::kAssign);
+    h.assign_upload = 1;
+    h.assign_phase = 6;
+    h.assign_cursor = from;
+    h.assign_scan_rows = static_cast<uint32_t>(max_rows);
+    RowsRef ref;
+    ref.table = table;
+    h.rows.push_back(ref);
+    scan_sink_ = ScanSink{table, from, max_rows,
+                          SavedRecordBytes(tables_[table]), keys, records};
+    Status s = [&]() -> Status {
+      Ticket t = NewTicket();
+      RETURN_IF_ERROR(Enqueue(t, shard, h, std::vector<Frame>(1)));
+      return Wait(t, timeout, nullptr);
+    }();
+    scan_sink_ = ScanSink{};
+    return s.WithContext("scan of the rows of '" + tables_[table].name +
+                         "' on shard " + std::to_string(shard));
   }
   uint64_t resends() const override { return resends_; }
   uint64_t failovers() const override { return failovers_; }
@@ -1195,6 +1229,35 @@ class ClientImpl : public Client {
     return Status::OK();
   }
 
+  // A page of a scan (ScanRows): the reply's one rows ref checked (sizes,
+  // keys increasing from the cursor) before anything is appended.
+  Status AbsorbScan() {
+    const ScanSink& k = scan_sink_;
+    const RowsRef* r = reply_.rows.size() == 1 ? &reply_.rows[0] : nullptr;
+    const size_t frames = msg_.frames.size();
+    if (r == nullptr || !reply_.chunks.empty() || r->table != k.table ||
+        r->num_keys > k.max || r->codec != 0 || r->keys_frame < 1 ||
+        r->keys_frame >= frames || r->rows_frame < 1 ||
+        r->rows_frame >= frames || r->keys_frame == r->rows_frame ||
+        msg_.frames[r->keys_frame].size != r->num_keys * sizeof(uint64_t) ||
+        msg_.frames[r->rows_frame].size != r->num_keys * k.bytes) {
+      return Status::Corruption("bad reply to a scan of rows");
+    }
+    const uint8_t* src = msg_.frames[r->keys_frame].data;
+    const size_t at = k.keys->size();
+    k.keys->resize(at + r->num_keys);
+    std::memcpy(k.keys->data() + at, src, r->num_keys * sizeof(uint64_t));
+    for (size_t j = at; j < k.keys->size(); ++j) {
+      if ((*k.keys)[j] < (j == at ? k.from : (*k.keys)[j - 1] + 1)) {
+        k.keys->resize(at);
+        return Status::Corruption("a scan of rows answered keys out of order");
+      }
+    }
+    const uint8_t* rec = msg_.frames[r->rows_frame].data;
+    k.records->insert(k.records->end(), rec, rec + r->num_keys * k.bytes);
+    return Status::OK();
+  }
+
   // Folds a successful reply into its ticket.
   Status Absorb(int shard, const Pending& p, TicketState& t) {
     t.result.max_staleness = std::max(t.result.max_staleness, reply_.staleness);
@@ -1207,6 +1270,8 @@ class ClientImpl : public Client {
       return AbsorbState(shard);
     if (p.kind == RequestKind::kAssign && records_sink_.out != nullptr)
       return AbsorbRecords();
+    if (p.kind == RequestKind::kAssign && scan_sink_.keys != nullptr)
+      return AbsorbScan();
     if (p.kind != RequestKind::kPull) return Status::OK();
     // Validate every chunk ref and rows ref before writing anything.
     RETURN_IF_ERROR(CheckPulledRows(p));
@@ -1755,6 +1820,16 @@ class ClientImpl : public Client {
     uint8_t* out = nullptr;
   };
   RecordsSink records_sink_;
+  // During ScanRows: where the page goes (appended).
+  struct ScanSink {
+    uint32_t table = 0;
+    uint64_t from = 0;
+    size_t max = 0;
+    size_t bytes = 0;
+    std::vector<uint64_t>* keys = nullptr;
+    std::vector<uint8_t>* records = nullptr;
+  };
+  ScanSink scan_sink_;
   std::unique_ptr<ShmSegment> shm_;  // shared_memory_bytes > 0
   std::vector<bool> shm_ok_;         // per shard: the segment is attached
   std::vector<TableSpec> tables_;

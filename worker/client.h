@@ -320,6 +320,21 @@ class Client {
   virtual Status ReadRowRecords(uint32_t table, const uint64_t* keys, size_t n,
                                 uint8_t* out,
                                 std::chrono::milliseconds timeout) = 0;
+  // One page of a scan of the entries (rows and admission counters) of
+  // registered table `table` that `shard` holds (kAssign phase 6): the keys
+  // >= `from`, in increasing order, of at most max_rows entries are
+  // appended to *keys and their saved records (SavedRecordBytes(table)
+  // each, common/sparse_table.h) to *records. Fewer than max_rows: the
+  // shard has no more. REQUIRES: Register() succeeded. Default:
+  // Unimplemented.
+  virtual Status ScanRows(int shard, uint32_t table, uint64_t from,
+                          size_t max_rows, std::vector<uint64_t>* keys,
+                          std::vector<uint8_t>* records,
+                          std::chrono::milliseconds timeout) {
+    (void)shard, (void)table, (void)from, (void)max_rows, (void)keys,
+        (void)records, (void)timeout;
+    return Status::Unimplemented("this client cannot scan rows");
+  }
 
   // The learning rate every later push and clock carries (> 0: the shards
   // use it in place of their --lr and schedule, up to their --max_lr; 0: not

@@ -93,14 +93,20 @@ Status SendShardState(Client* client, int shard, uint64_t upload,
 }
 
 // Appends row i of `r` to `out`: its values, or with state its row record
-// (u64 steps, f32 values[dim], f32 state[dim x k]: common/protocol.capnp).
+// (u64 steps, f32 values[dim], f32 state[dim x k]: common/protocol.capnp),
+// or with kinds its saved record (common/sparse_table.h).
 void AppendRow(const RowsValues& r, size_t i, size_t dim, size_t state_floats,
                std::vector<uint8_t>* out) {
   auto append = [out](const void* p, size_t bytes) {
     const auto* b = static_cast<const uint8_t*>(p);
     out->insert(out->end(), b, b + bytes);
   };
+  if (r.kinds != nullptr) {
+    const uint32_t head[2] = {r.kinds[i], 0};
+    append(head, sizeof(head));
+  }
   if (r.state != nullptr) append(&r.steps[i], sizeof(uint64_t));
+  if (r.kinds != nullptr) append(&r.clocks[i], sizeof(int64_t));
   append(r.values + i * dim, dim * sizeof(float));
   if (r.state != nullptr)
     append(r.state + i * state_floats, state_floats * sizeof(float));
@@ -117,8 +123,9 @@ Status SendShardRows(Client* client, int shard, uint64_t upload,
     const size_t dim = spec.dim;
     const size_t state_floats =
         r.state != nullptr ? dim * spec.optimizer.state_per_elem() : 0;
-    const size_t row_bytes =
-        r.state != nullptr ? RowRecordBytes(spec) : dim * sizeof(float);
+    const size_t row_bytes = r.kinds != nullptr   ? SavedRecordBytes(spec)
+                             : r.state != nullptr ? RowRecordBytes(spec)
+                                                  : dim * sizeof(float);
     const size_t per_request = std::max<size_t>(
         1, std::min<uint64_t>(kUploadMaxKeys, o.max_request_bytes / row_bytes));
     std::vector<uint64_t> keys;
@@ -127,7 +134,7 @@ Status SendShardRows(Client* client, int shard, uint64_t upload,
       if (keys.empty()) return Status::OK();
       AssignRequest req;
       req.upload = upload;
-      req.phase = r.state != nullptr ? 5 : 1;
+      req.phase = r.kinds != nullptr ? 7 : r.state != nullptr ? 5 : 1;
       req.optimizer = r.optimizer;
       if (r.state != nullptr) {
         req.rows.push_back(
@@ -207,16 +214,24 @@ Status UploadValues(Client* client, const std::vector<const float*>& tensors,
           std::to_string(client->tables().size()) + " registered)");
     }
     table_seen[r.table] = true;
-    if ((r.state == nullptr) != (r.steps == nullptr)) {
+    if ((r.state == nullptr) != (r.steps == nullptr) ||
+        (r.kinds == nullptr) != (r.clocks == nullptr) ||
+        (r.kinds != nullptr && r.state == nullptr)) {
       return Status::InvalidArgument(
           "upload of rows of '" + client->tables()[r.table].name +
-          "': optimizer state and steps go together");
+          "': optimizer state and steps go together, kinds and clocks with "
+          "them");
     }
     // Checked here before anything is sent (the shards check each request
     // again): a refusal half way would leave the upload half written.
     if (r.state != nullptr) {
       RETURN_IF_ERROR(CheckRowState(client->tables()[r.table], r.optimizer,
                                     r.keys, r.state, r.steps, r.n)
+                          .WithContext("upload of rows"));
+    }
+    if (r.kinds != nullptr) {
+      RETURN_IF_ERROR(CheckSavedMeta(client->tables()[r.table], r.keys,
+                                     r.kinds, r.steps, r.clocks, r.n)
                           .WithContext("upload of rows"));
     }
   }
@@ -248,6 +263,49 @@ Status UploadValues(Client* client, const std::vector<const float*>& tensors,
   for (int s : mine) RETURN_IF_ERROR(Phase(client, s, upload, 2, false, o, nullptr));
   RETURN_IF_ERROR(Phase(client, 0, upload, 2, false, o, nullptr));
   *uploaded = true;
+  return Status::OK();
+}
+
+Status ScanTable(Client* client, uint32_t table, size_t page_rows,
+                 SavedRows* out, std::chrono::milliseconds timeout) {
+  if (table >= client->tables().size())
+    return Status::NotFound("scan of unknown table " + std::to_string(table));
+  const size_t bytes = SavedRecordBytes(client->tables()[table]);
+  std::vector<SavedRows> shards(client->num_shards());
+  for (int s = 0; s < client->num_shards(); ++s) {
+    SavedRows& got = shards[s];
+    uint64_t from = 0;
+    for (;;) {
+      const size_t before = got.keys.size();
+      RETURN_IF_ERROR(client->ScanRows(s, table, from, page_rows, &got.keys,
+                                       &got.records, timeout));
+      const size_t n = got.keys.size() - before;
+      if (n < page_rows || got.keys.back() == UINT64_MAX) break;
+      from = got.keys.back() + 1;
+    }
+  }
+  // Every key is held by one shard: merge the shards' ordered lists.
+  std::vector<std::pair<uint64_t, std::pair<int, size_t>>> order;
+  for (int s = 0; s < client->num_shards(); ++s) {
+    for (size_t i = 0; i < shards[s].keys.size(); ++i)
+      order.push_back({shards[s].keys[i], {s, i}});
+  }
+  std::sort(order.begin(), order.end());
+  out->keys.clear();
+  out->records.clear();
+  out->keys.reserve(order.size());
+  out->records.reserve(order.size() * bytes);
+  for (size_t j = 0; j < order.size(); ++j) {
+    if (j > 0 && order[j].first == order[j - 1].first) {
+      return Status::Corruption("scan of rows: key " +
+                                std::to_string(order[j].first) +
+                                " held by two shards");
+    }
+    const auto [s, i] = order[j].second;
+    out->keys.push_back(order[j].first);
+    const uint8_t* rec = shards[s].records.data() + i * bytes;
+    out->records.insert(out->records.end(), rec, rec + bytes);
+  }
   return Status::OK();
 }
 

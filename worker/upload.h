@@ -58,6 +58,13 @@ struct RowsValues {
   const float* state = nullptr;
   const uint64_t* steps = nullptr;
   std::string optimizer;
+  // Null, or (with state and steps) n kinds (kSavedRow, kSavedCounter:
+  // common/sparse_table.h) and n clocks of the last push: a restore of
+  // saved entries (kAssign phase 7): key i becomes a row or an admission
+  // counter of steps[i] pushes (its values and state unused), last pushed
+  // at clocks[i].
+  const uint32_t* kinds = nullptr;
+  const int64_t* clocks = nullptr;
 };
 
 // Optimizer state uploaded with the values (ps.load_optimizer_state_dict):
@@ -90,5 +97,18 @@ Status UploadValues(Client* client, const std::vector<const float*>& tensors,
                     const UploadOptions& options, bool* uploaded,
                     const std::vector<RowsValues>& rows = {},
                     const StateValues* state = nullptr);
+
+// The saved entries of one sparse table (ScanTable): keys in increasing
+// order and their saved records (SavedRecordBytes each).
+struct SavedRows {
+  std::vector<uint64_t> keys;
+  std::vector<uint8_t> records;
+};
+
+// Reads every entry (row or admission counter, not expired) of registered
+// table `table` from every shard, in pages of at most `page_rows` entries
+// (Client::ScanRows), into *out (keys in increasing order).
+Status ScanTable(Client* client, uint32_t table, size_t page_rows,
+                 SavedRows* out, std::chrono::milliseconds timeout);
 
 }  // namespace asyncps::worker

@@ -49,6 +49,12 @@ class FaultInjectionStore final : public Store {
                                               std::string_view)>& fn) override {
     return base_->ScanSpace(space, fn);
   }
+  Status ScanSpaceFrom(
+      SpaceId space, std::string_view start,
+      const std::function<bool(std::string_view, std::string_view)>& fn)
+      override {
+    return base_->ScanSpaceFrom(space, start, fn);
+  }
   SpaceStats GetSpaceStats(SpaceId space) override {
     return base_->GetSpaceStats(space);
   }

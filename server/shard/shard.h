@@ -423,8 +423,13 @@ class Shard {
   // saved optimizer state; every row checked before any is written.
   Status WriteRowRecords(const RequestHeader& req,
                          const std::vector<ByteView>& data);
-  // Phases 1 and 5: sets the rows of pending_rows_ (validated), with their
-  // decoded optimizer state when `with_state`; clears pending_rows_.
+  // Phase 6 of kAssign: a page of a scan of one table's entries (keys and
+  // saved records, common/protocol.capnp).
+  Status ScanRows(const std::string& peer, const RequestHeader& req,
+                  const std::vector<ByteView>& data, OutgoingReply* reply);
+  // Phases 1, 5 and 7: sets the rows of pending_rows_ (validated), with
+  // their decoded optimizer state when `with_state` (and their kinds and
+  // clocks: phase 7); clears pending_rows_.
   Status AssignPendingRows(const RequestHeader& req, bool with_state);
   // Phase 2 of kAssign (the claimant's): makes the upload final.
   Status CommitUpload(const RequestHeader& req, const std::string& who);
@@ -692,6 +697,9 @@ class Shard {
   // and their steps (by keys_at).
   std::vector<float> row_state_;
   std::vector<uint64_t> row_steps_;
+  // kAssign phase 7: the saved entries' kinds and clocks (by keys_at).
+  std::vector<uint32_t> row_kinds_;
+  std::vector<int64_t> row_clocks_;
   std::vector<uint64_t> table_stamp_;  // per table: seen in request #stamp_
   // The embedding cache's budget, drawn from the shard's MemoryBudget when
   // the tables are registered; a push's decoded keys and rows; BSP sums.

@@ -24,7 +24,12 @@
 // finite state, sums of squares >= 0, steps <= 2^53; the rows' weights are
 // written then, as phase 1's), a `read` (phase 3) that names rows answers
 // their records (weights, state, steps; no claim needed, as the dense
-// state's read), `commit` keeps the state of the chunks whose state this
+// state's read), a `scan` (phase 6, no claim needed) answers a page of a
+// table's entries (keys from a cursor, rows and admission counters with
+// their steps or counts and last-push clocks; the page size bounded by the
+// request limits), `saved` requests (phase 7) of the claimant set such
+// entries back (checked as phase 5's, and their kinds, counts and clocks),
+// `commit` keeps the state of the chunks whose state this
 // upload set and resets every other chunk's (refused when the upload set
 // some chunks' state but not all: half a state is never made final), sets
 // the shard's version (the lr schedule's count) to the largest step of its
@@ -60,6 +65,8 @@ enum AssignPhase : uint8_t {
   kRead = 3,
   kState = 4,
   kRows = 5,
+  kScan = 6,
+  kSaved = 7,
 };
 
 // The most optimizer steps a state upload may set: 2^53, exact in the
@@ -158,18 +165,21 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
         RejectReason::kNotRegistered,
         Status::FailedPrecondition("no layout registered: register first"));
   }
-  if (req.assign_upload == 0 || req.assign_phase > kRows) {
+  if (req.assign_upload == 0 || req.assign_phase > kSaved) {
     return Reject(RejectReason::kUploadClaim,
                   Status::InvalidArgument(
                       "assign needs an upload id != 0 and a phase in "
                       "{0 begin, 1 values, 2 commit, 3 read, 4 state, 5 rows "
-                      "with state}, got phase " +
+                      "with state, 6 scan, 7 saved rows}, got phase " +
                       std::to_string(req.assign_phase)));
   }
+  if (req.assign_phase == kScan) return ScanRows(peer, req, data, out);
   const bool read_rows = req.assign_phase == kRead && req.chunks.empty() &&
                          !req.rows.empty();
+  const bool records =
+      req.assign_phase == kRows || req.assign_phase == kSaved;
   if (req.assign_phase != kValues && req.assign_phase != kState &&
-      req.assign_phase != kRows && !read_rows &&
+      !records && !read_rows &&
       (!req.chunks.empty() || !req.rows.empty() || !data.empty())) {
     return Reject(RejectReason::kSizeMismatch,
                   Status::InvalidArgument(
@@ -225,7 +235,7 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
                       "): begin first"));
   }
   if (req.assign_phase == kCommit) return CommitUpload(req, who);
-  if (req.assign_phase == kState || req.assign_phase == kRows) {
+  if (req.assign_phase == kState || records) {
     RETURN_IF_ERROR(req.assign_phase == kState ? WriteOptimizerState(req, data)
                                                : WriteRowRecords(req, data));
     upload_claim_.last = now;
@@ -277,13 +287,16 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
 
 Status Shard::AssignPendingRows(const RequestHeader& req, bool with_state) {
   // Set rows are dirty in the cache; the commit's checkpoint stores them.
+  const bool saved = with_state && req.assign_phase == kSaved;
   Status rows;
   for (const PendingRows& p : pending_rows_) {
     Status s = sparse_->Assign(
         p.table, sparse_keys_.data() + p.keys_at,
         sparse_rows_.data() + p.rows_at, p.n, clocks_.clock(req.rank),
         /*durable=*/false, with_state ? row_state_.data() + p.state_at : nullptr,
-        with_state ? row_steps_.data() + p.keys_at : nullptr);
+        with_state ? row_steps_.data() + p.keys_at : nullptr,
+        saved ? row_kinds_.data() + p.keys_at : nullptr,
+        saved ? row_clocks_.data() + p.keys_at : nullptr);
     if (rows.ok()) rows = s;
   }
   pending_rows_.clear();
@@ -322,6 +335,13 @@ Status Shard::WriteRowRecords(const RequestHeader& req,
                              sparse_keys_.data() + p.keys_at,
                              row_state_.data() + p.state_at,
                              row_steps_.data() + p.keys_at, p.n);
+    if (s.ok() && req.assign_phase == kSaved) {
+      s = CheckSavedMeta(sparse_->specs()[p.table],
+                         sparse_keys_.data() + p.keys_at,
+                         row_kinds_.data() + p.keys_at,
+                         row_steps_.data() + p.keys_at,
+                         row_clocks_.data() + p.keys_at, p.n);
+    }
     if (!s.ok()) {
       pending_rows_.clear();
       return Reject(RejectReason::kOptimizerState, s);
@@ -378,6 +398,76 @@ Status Shard::ReadRowRecords(const std::string& peer, const RequestHeader& req,
     at += size;
   }
   pending_rows_.clear();
+  PinUnsent(peer, req.rank, bytes, reply);
+  return Status::OK();
+}
+
+Status Shard::ScanRows(const std::string& peer, const RequestHeader& req,
+                       const std::vector<ByteView>& data,
+                       OutgoingReply* reply) {
+  if (!sparse_) {
+    return Reject(RejectReason::kUnknownChunk,
+                  Status::NotFound("scan of rows: no sparse table is "
+                                   "registered"));
+  }
+  if (req.rows.size() != 1 || !req.chunks.empty() || !data.empty()) {
+    return Reject(RejectReason::kSizeMismatch,
+                  Status::InvalidArgument(
+                      "a scan of rows names one table (one rows ref) and "
+                      "carries no chunks or frames; got " +
+                      std::to_string(req.rows.size()) + " rows refs, " +
+                      std::to_string(req.chunks.size()) + " chunks, " +
+                      std::to_string(data.size()) + " frames"));
+  }
+  const uint32_t table = req.rows[0].table;
+  if (table >= sparse_->num_tables()) {
+    return Reject(RejectReason::kUnknownChunk,
+                  Status::NotFound("scan of unknown table " +
+                                   std::to_string(table) + " (" +
+                                   std::to_string(sparse_->num_tables()) +
+                                   " registered)"));
+  }
+  const sparse::SparseOptions& limits = sparse_->options();
+  const size_t max = req.assign_scan_rows;
+  const size_t record = sparse_->table(table).saved_record_bytes();
+  const uint64_t bytes = max * (sizeof(uint64_t) + record);
+  if (max == 0 || max > limits.max_keys_per_request ||
+      bytes > limits.max_reply_bytes) {
+    return Reject(RejectReason::kOversize,
+                  Status::InvalidArgument(
+                      "scan of table '" + sparse_->specs()[table].name +
+                      "': pages of " + std::to_string(max) +
+                      " entries; a page holds 1 to " +
+                      std::to_string(std::min<uint64_t>(
+                          limits.max_keys_per_request,
+                          limits.max_reply_bytes /
+                              (sizeof(uint64_t) + record))) +
+                      " entries of " + std::to_string(record) + " bytes"));
+  }
+  StatusOr<MemoryBudget::Charge> charge =
+      budget_->Reserve(bytes, "a page of a scan of rows");
+  if (!charge.ok()) return Reject(RejectReason::kMemoryBudget, charge.status());
+  auto held = std::make_shared<ChargedBuffer>();
+  held->charge = std::move(charge).value();
+  held->buffer = Buffer::Allocate(bytes);
+  uint8_t* keys = held->buffer->data();  // 64-byte aligned
+  uint8_t* records = keys + max * sizeof(uint64_t);
+  size_t n = 0;
+  Status s = sparse_->Scan(table, req.assign_cursor, max,
+                           reinterpret_cast<uint64_t*>(keys), records, &n);
+  if (!s.ok()) {
+    return Reject(RejectReason::kStore,
+                  Status::Unavailable("scan of rows: " + s.ToString() +
+                                      "; retry"));
+  }
+  RowsRef out;
+  out.table = table;
+  out.num_keys = n;
+  out.keys_frame = 1;
+  out.rows_frame = 2;
+  reply->header.rows.push_back(out);
+  reply->frames.push_back(ByteView{keys, n * sizeof(uint64_t), held});
+  reply->frames.push_back(ByteView{records, n * record, held});
   PinUnsent(peer, req.rank, bytes, reply);
   return Status::OK();
 }

@@ -12,7 +12,9 @@
 // An upload of rows with their optimizer state (kAssign phase 5) carries
 // row records instead of rows (raw only: num_keys x the table's record
 // size, common/protocol.capnp), split here into the weights (checked as
-// rows), the state (row_state_) and the steps (row_steps_).
+// rows), the state (row_state_) and the steps (row_steps_); phase 7's
+// saved records (common/sparse_table.h) also into the kinds (row_kinds_)
+// and clocks (row_clocks_).
 #include <glog/logging.h>
 
 #include <cstring>
@@ -106,7 +108,10 @@ Status Shard::ValidateSparsePush(const RequestHeader& req,
   const bool assign = req.kind == RequestKind::kAssign;
   const bool push =
       req.kind == RequestKind::kPush || (assign && req.assign_phase != 3);
-  const bool records = assign && req.assign_phase == 5;
+  const bool records =
+      assign && (req.assign_phase == 5 || req.assign_phase == 7);
+  // Phase 7: saved records (kind, count, clock before the row record).
+  const bool saved = assign && req.assign_phase == 7;
   const sparse::SparseOptions& limits = sparse_->options();
   if (frame_stamp_.size() < data.size()) frame_stamp_.resize(data.size(), 0);
   sparse_->BeginRequest();
@@ -163,9 +168,11 @@ Status Shard::ValidateSparsePush(const RequestHeader& req,
     }
     const uint64_t values = ref.num_keys * sparse_->specs()[ref.table].dim;
     const sparse::SparseTable& table = sparse_->table(ref.table);
+    const size_t record_bytes =
+        saved ? table.saved_record_bytes() : table.record_bytes();
     if (records &&
         (ref.codec != 0 || data[ref.rows_frame - 1].size !=
-                               ref.num_keys * table.record_bytes())) {
+                               ref.num_keys * record_bytes)) {
       return Reject(
           RejectReason::kSizeMismatch,
           Status::InvalidArgument(
@@ -173,7 +180,7 @@ Status Shard::ValidateSparsePush(const RequestHeader& req,
               std::to_string(data[ref.rows_frame - 1].size) + " bytes (codec " +
               std::to_string(ref.codec) + "), expected " +
               std::to_string(ref.num_keys) + " raw records of " +
-              std::to_string(table.record_bytes()) + " bytes"));
+              std::to_string(record_bytes) + " bytes"));
     }
     if (records) {
       // Sized above.
@@ -225,7 +232,9 @@ Status Shard::ValidateSparsePush(const RequestHeader& req,
   }
   // Decode and check every table's part before anything is applied. The
   // scratch (reused) is charged to the memory budget at its size.
-  const uint64_t scratch = total_keys * sizeof(uint64_t) * (records ? 2 : 1) +
+  const uint64_t scratch = total_keys * sizeof(uint64_t) *
+                               (records ? 2 : 1) +
+                           (saved ? total_keys * 12 : 0) +
                            (total_values + total_state) * sizeof(float);
   if (scratch > request_charge_.bytes()) {
     Status c = Recharge(*budget_, scratch, "decoded keys and rows of a request",
@@ -239,6 +248,10 @@ Status Shard::ValidateSparsePush(const RequestHeader& req,
   if (records) {
     row_state_.resize(total_state);
     row_steps_.resize(total_keys);
+  }
+  if (saved) {
+    row_kinds_.resize(total_keys);
+    row_clocks_.resize(total_keys);
   }
   for (size_t i = 0; i < req.rows.size(); ++i) {
     const RowsRef& ref = req.rows[i];
@@ -254,8 +267,23 @@ Status Shard::ValidateSparsePush(const RequestHeader& req,
         const size_t dim = sparse_->specs()[p.table].dim;
         const size_t k = t.state_floats();
         for (size_t j = 0; j < p.n; ++j) {
-          const uint8_t* rec = f.data + j * t.record_bytes();
-          std::memcpy(&row_steps_[p.keys_at + j], rec, sizeof(uint64_t));
+          const uint8_t* rec;
+          if (saved) {
+            rec = f.data + j * t.saved_record_bytes();
+            uint32_t zero = 0;
+            std::memcpy(&row_kinds_[p.keys_at + j], rec, sizeof(uint32_t));
+            std::memcpy(&zero, rec + 4, sizeof(zero));
+            if (zero != 0) row_kinds_[p.keys_at + j] = 0;  // refused below
+            std::memcpy(&row_clocks_[p.keys_at + j], rec + 16,
+                        sizeof(int64_t));
+            // Then the count (as a row record's steps), the clock (read
+            // above) and the floats (as a row record's).
+            std::memcpy(&row_steps_[p.keys_at + j], rec + 8, sizeof(uint64_t));
+            rec += 16;
+          } else {
+            rec = f.data + j * t.record_bytes();
+            std::memcpy(&row_steps_[p.keys_at + j], rec, sizeof(uint64_t));
+          }
           rec += sizeof(uint64_t);
           std::memcpy(rows + j * dim, rec, dim * sizeof(float));
           std::memcpy(row_state_.data() + p.state_at + j * k,

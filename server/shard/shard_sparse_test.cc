@@ -1269,5 +1269,180 @@ TEST(ShardSparseTest, MutatedRowRecordsNeverCrashOrHalfApply) {
   EXPECT_GT(refused, 1000);
 }
 
+
+// Issue 22 item 4: a paged scan (kAssign phase 6) returns every entry a
+// shard holds -- rows and admission counters, with steps and last-push
+// clocks, expired ones left out -- and saved rows (phase 7) restore them on
+// a fresh shard so that both train on bitwise equal; hostile scans and
+// hostile saved records are refused and change nothing.
+struct Saved {
+  std::vector<uint64_t> keys;
+  std::vector<uint8_t> records;
+  bool operator==(const Saved& o) const {
+    return keys == o.keys && records == o.records;
+  }
+};
+
+ReplyHeader ScanPage(Sparse& s, uint64_t from, uint32_t max, Saved* out,
+                     uint32_t table = 0, std::vector<ByteView> data = {}) {
+  RequestHeader r;
+  r.kind = RequestKind::kAssign;
+  r.rank = 0;
+  r.assign_upload = 1;
+  r.assign_phase = 6;
+  r.assign_cursor = from;
+  r.assign_scan_rows = max;
+  RowsRef ref;
+  ref.table = table;
+  r.rows = {ref};
+  auto got = s.Send(r, std::move(data));
+  EXPECT_EQ(got.size(), 1u);
+  if (got.empty()) return ReplyHeader{};
+  const OutgoingReply& reply = got[0];
+  if (!reply.header.status.ok()) return reply.header;
+  EXPECT_EQ(reply.header.rows.size(), 1u);
+  const RowsRef& rows = reply.header.rows[0];
+  const ByteView& k = reply.frames[rows.keys_frame - 1];
+  const ByteView& v = reply.frames[rows.rows_frame - 1];
+  EXPECT_EQ(k.size, rows.num_keys * 8);
+  const size_t at = out->keys.size();
+  out->keys.resize(at + rows.num_keys);
+  std::memcpy(out->keys.data() + at, k.data, k.size);
+  out->records.insert(out->records.end(), v.data, v.data + v.size);
+  return reply.header;
+}
+
+// Every entry of table 0, in pages of `page`.
+Saved ScanAll(Sparse& s, uint32_t page) {
+  Saved all;
+  uint64_t from = 0;
+  for (;;) {
+    const size_t before = all.keys.size();
+    ReplyHeader h = ScanPage(s, from, page, &all);
+    EXPECT_TRUE(h.status.ok()) << h.status.ToString();
+    if (!h.status.ok() || all.keys.size() - before < page) break;
+    from = all.keys.back() + 1;
+  }
+  return all;
+}
+
+ReplyHeader WriteSaved(Sparse& s, RequestHeader claim, const Saved& saved,
+                       const std::string& optimizer = "adagrad") {
+  claim.assign_phase = 7;
+  claim.assign_optimizer = optimizer;
+  RowsRef ref;
+  ref.keys_frame = 1;
+  ref.rows_frame = 2;
+  ref.num_keys = saved.keys.size();
+  claim.rows = {ref};
+  auto rb = Buffer::FromVector(std::vector<uint8_t>(saved.records));
+  return s.Call(claim, {Keys(saved.keys), ByteView{rb->data(), rb->size(), rb}});
+}
+
+TEST(ShardSparseTest, ScannedEntriesRestoreATableExactly) {
+  TableSpec t = Emb();
+  t.optimizer.kind = RowOptimizerKind::kAdaGrad;
+  t.optimizer.lr = 0.5f;
+  t.admit_after_pushes = 3;
+  t.expire_after_clocks = 4;
+  const ShardOptions o = testing::TestOptions(Consistency::kAsp, 1);
+  Sparse a(o, nullptr, {t});
+  // Hashed 64-bit keys this shard (0 of 2) owns.
+  std::vector<uint64_t> keys;
+  for (uint64_t i = 1; keys.size() < 6; ++i) {
+    const uint64_t k = i * 0x9e3779b97f4a7c15ULL;
+    if (ShardOfKey(t, k, 2) == 0) keys.push_back(k);
+  }
+  auto push = [&](Sparse& s, int64_t clock, std::vector<uint64_t> ks,
+                  float g) {
+    std::vector<float> grads(ks.size() * 4, g);
+    ReplyHeader h = s.PushRows(0, clock, ks, grads);
+    EXPECT_TRUE(h.status.ok()) << h.status.ToString();
+  };
+  // keys[0..1]: rows (3 pushes); keys[2]: a counter of 2; keys[3]: a
+  // counter of 1 that expires; keys[4]: a row that expires.
+  push(a, 0, {keys[0], keys[1], keys[2], keys[3], keys[4]}, 1.0f);
+  push(a, 0, {keys[0], keys[1], keys[4]}, 2.0f);
+  push(a, 0, {keys[4]}, 0.5f);  // keys[4] admitted at clock 0
+  for (int64_t c = 1; c <= 3; ++c) a.Call(ShardHarness::Clock(0, c));
+  push(a, 3, {keys[0], keys[1], keys[2]}, 3.0f);
+  a.Call(ShardHarness::Clock(0, 6));  // keys[3], keys[4] expire (6 - 0 > 4)
+  const Saved all = ScanAll(a, 100);
+  std::vector<uint64_t> live = {keys[0], keys[1], keys[2]};
+  std::sort(live.begin(), live.end());
+  EXPECT_EQ(all.keys, live);
+  const size_t bytes = SavedRecordBytes(t);
+  ASSERT_EQ(all.records.size(), 3 * bytes);
+  for (size_t i = 0; i < 3; ++i) {
+    uint32_t kind;
+    uint64_t count;
+    int64_t clock;
+    std::memcpy(&kind, &all.records[i * bytes], 4);
+    std::memcpy(&count, &all.records[i * bytes + 8], 8);
+    std::memcpy(&clock, &all.records[i * bytes + 16], 8);
+    EXPECT_EQ(clock, 3);
+    if (all.keys[i] == keys[2]) {
+      EXPECT_EQ(kind, kSavedCounter);
+      EXPECT_EQ(count, 2u);
+    } else {
+      EXPECT_EQ(kind, kSavedRow);
+      EXPECT_EQ(count, 1u);  // admitted on the third push, pushed once more
+    }
+  }
+  // Pages of one entry give the same.
+  EXPECT_EQ(ScanAll(a, 1), all);
+
+  // Hostile scans.
+  Saved none;
+  EXPECT_EQ(ScanPage(a, 0, 0, &none).status.code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ScanPage(a, 0, 1u << 30, &none).status.code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ScanPage(a, 0, 10, &none, 9).status.code(), StatusCode::kNotFound);
+  EXPECT_EQ(ScanPage(a, 0, 10, &none, 0, {Keys({1})}).status.code(),
+            StatusCode::kInvalidArgument);
+  ASSERT_TRUE(ScanPage(a, ~uint64_t{0}, 10, &none).status.ok());
+  EXPECT_TRUE(none.keys.empty());
+
+  // A fresh shard at the same clock, restored from the scan.
+  Sparse b(o, nullptr, {t});
+  for (int64_t c = 1; c <= 6; ++c) b.Call(ShardHarness::Clock(0, c));
+  RequestHeader claim = Claim(b);
+  // Hostile saved records: refused whole, nothing written.
+  auto mutated = [&](size_t offset, const void* v, size_t n) {
+    Saved m = all;
+    std::memcpy(&m.records[offset], v, n);
+    return m;
+  };
+  const uint32_t bad_kind = 3, one = 1;
+  const uint64_t zero = 0, three = 3;
+  const int64_t far = int64_t{1} << 60;
+  const size_t counter = static_cast<size_t>(
+      std::find(all.keys.begin(), all.keys.end(), keys[2]) - all.keys.begin());
+  Saved short_records = all;
+  short_records.records.resize(all.records.size() - 4);
+  for (const Saved& bad :
+       {mutated(0, &bad_kind, 4), mutated(4, &one, 4),
+        mutated(counter * bytes + 8, &zero, 8),
+        mutated(counter * bytes + 8, &three, 8), mutated(16, &far, 8),
+        short_records}) {
+    EXPECT_EQ(WriteSaved(b, claim, bad).status.code(),
+              StatusCode::kInvalidArgument);
+    EXPECT_TRUE(ScanAll(b, 100).keys.empty());
+  }
+  EXPECT_EQ(WriteSaved(b, claim, all, "adam").status.code(),
+            StatusCode::kInvalidArgument);
+  ASSERT_TRUE(WriteSaved(b, claim, all).status.ok());
+  EXPECT_EQ(ScanAll(b, 100), all);
+  // Both train on: the counter admits its row, the rows step on, an expired
+  // key starts again from its initial value; all bitwise equal.
+  for (Sparse* s : {&a, &b}) {
+    push(*s, 6, {keys[0], keys[2], keys[3], keys[4]}, 0.75f);
+    push(*s, 6, {keys[1], keys[2], keys[4]}, -1.5f);
+  }
+  EXPECT_EQ(ScanAll(b, 100), ScanAll(a, 100));
+  EXPECT_EQ(b.Read(0, 7, keys), a.Read(0, 7, keys));
+}
+
 }  // namespace
 }  // namespace asyncps::server

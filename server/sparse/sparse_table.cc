@@ -310,13 +310,35 @@ Status SparseTable::AssignSlice(const uint64_t* keys, const float* values,
                                 size_t n, int64_t clock, int64_t now, bool pin,
                                 std::vector<uint32_t>* touched,
                                 std::vector<uint32_t>* touched_counters,
-                                const float* state, const uint64_t* steps) {
+                                const float* state, const uint64_t* steps,
+                                const uint32_t* kinds, const int64_t* clocks) {
   RETURN_IF_ERROR(Resolve(keys, n, now, /*read_store=*/true));
   const uint32_t dim = spec_.dim;
   const size_t per = rows_.floats_per_entry();
   const uint8_t mark = EntryMeta::kDirty | (pin ? EntryMeta::kPinned : 0);
   for (size_t i = 0; i < n; ++i) {
     uint32_t slot = slot_[i];
+    if (kinds != nullptr && kinds[i] == kSavedCounter && admission_) {
+      // A counter replaces a row of the key (same store key: its record
+      // overwrites the row's).
+      if (slot != RowCache::kNone) {
+        if (rows_.meta(slot).flags & EntryMeta::kPinned) {
+          for (uint32_t& t : *touched) {
+            if (t == slot) t = RowCache::kNone;
+          }
+        }
+        rows_.Remove(slot);
+      }
+      uint32_t c = counter_slot_[i];
+      if (c == RowCache::kNone) c = admission_->Insert(keys[i]);
+      EntryMeta& m = admission_->meta(c);
+      const bool was_pinned = m.flags & EntryMeta::kPinned;
+      m.count = steps[i];
+      m.last_clock = clocks[i];
+      m.flags |= mark;
+      if (pin && !was_pinned) touched_counters->push_back(c);
+      continue;
+    }
     if (slot == RowCache::kNone) {
       // The row replaces an admission counter, as on the admitting push.
       const uint32_t c = counter_slot_[i];
@@ -333,10 +355,117 @@ Status SparseTable::AssignSlice(const uint64_t* keys, const float* values,
     }
     EntryMeta& m = rows_.meta(slot);
     m.count = steps != nullptr ? steps[i] : 0;
-    m.last_clock = clock;
+    m.last_clock = clocks != nullptr ? clocks[i] : clock;
     const bool was_pinned = m.flags & EntryMeta::kPinned;
     m.flags |= mark;
     if (pin && !was_pinned) touched->push_back(slot);
+  }
+  return Status::OK();
+}
+
+Status SparseTable::ScanPage(uint64_t from, size_t max, int64_t now,
+                             const std::function<bool(uint64_t)>& owned,
+                             uint64_t* keys, uint8_t* out, size_t* n) {
+  *n = 0;
+  if (max == 0) return Status::OK();
+  // Live entries of the cache (they are newer than the store's records of
+  // their keys), the smallest `max` keys >= from.
+  struct Cached {
+    uint64_t key;
+    bool counter;
+    uint32_t slot;
+  };
+  std::vector<Cached> cached;
+  auto collect = [&](RowCache& cache, bool counter) {
+    cache.ForEach([&](uint32_t s) {
+      const EntryMeta& m = cache.meta(s);
+      if (m.key < from || !owned(m.key)) return;
+      if (Expired(m.last_clock, now) && !(m.flags & EntryMeta::kUnevictable))
+        return;
+      cached.push_back(Cached{m.key, counter, s});
+    });
+  };
+  collect(rows_, false);
+  if (admission_) collect(*admission_, true);
+  auto by_key = [](const Cached& a, const Cached& b) { return a.key < b.key; };
+  if (cached.size() > max) {
+    std::nth_element(cached.begin(), cached.begin() + max, cached.end(), by_key);
+    cached.resize(max);
+  }
+  std::sort(cached.begin(), cached.end(), by_key);
+  // The store's live records of keys not cached, the first `max` >= from.
+  struct Stored {
+    uint64_t key;
+    std::string value;
+  };
+  std::vector<Stored> stored;
+  Status bad;
+  if (store_ != nullptr) {
+    const EncodedKey start = EncodeKey(from);
+    RETURN_IF_ERROR(store_->ScanSpaceFrom(
+        space_, start.view(), [&](std::string_view k, std::string_view v) {
+          if (k.size() != 8) {
+            bad = Status::Corruption("table '" + spec_.name +
+                                     "': a stored key of " +
+                                     std::to_string(k.size()) + " bytes");
+            return false;
+          }
+          uint64_t key = 0;
+          for (int i = 0; i < 8; ++i)
+            key = (key << 8) | static_cast<uint8_t>(k[i]);
+          if (!owned(key) || rows_.Find(key) != RowCache::kNone ||
+              (admission_ && admission_->Find(key) != RowCache::kNone))
+            return true;
+          RecordView rec;
+          Status p = ParseRecord(v, spec_.dim, rows_.floats_per_entry(), &rec);
+          if (!p.ok()) {
+            bad = p.WithContext("table '" + spec_.name + "'");
+            return false;
+          }
+          if (Expired(rec.header.clock, now) || (!rec.is_row() && !admission_))
+            return true;
+          stored.push_back(Stored{key, std::string(v)});
+          return stored.size() < max;
+        }));
+    RETURN_IF_ERROR(bad);
+  }
+  // Merge the two key-ordered lists (no key is in both).
+  const size_t floats = rows_.floats_per_entry();
+  const size_t bytes = saved_record_bytes();
+  size_t a = 0, b = 0;
+  while (*n < max && (a < cached.size() || b < stored.size())) {
+    uint8_t* rec = out + *n * bytes;
+    uint32_t kind;
+    uint64_t count;
+    int64_t clock;
+    std::memset(rec, 0, bytes);
+    if (b == stored.size() ||
+        (a < cached.size() && cached[a].key < stored[b].key)) {
+      const Cached& e = cached[a++];
+      const EntryMeta& m = (e.counter ? *admission_ : rows_).meta(e.slot);
+      keys[*n] = e.key;
+      kind = e.counter ? kSavedCounter : kSavedRow;
+      count = m.count;
+      clock = m.last_clock;
+      if (!e.counter) {
+        std::memcpy(rec + kSavedHeaderBytes, rows_.floats(e.slot),
+                    floats * sizeof(float));
+      }
+    } else {
+      const Stored& e = stored[b++];
+      RecordView view;
+      (void)ParseRecord(e.value, spec_.dim, floats, &view);  // checked above
+      keys[*n] = e.key;
+      kind = view.is_row() ? kSavedRow : kSavedCounter;
+      count = view.header.count;
+      clock = view.header.clock;
+      if (view.is_row())
+        std::memcpy(rec + kSavedHeaderBytes, view.floats, floats * sizeof(float));
+    }
+    std::memcpy(rec, &kind, sizeof(kind));
+    std::memcpy(rec + 8, &count, sizeof(count));
+    std::memcpy(rec + 16, &clock, sizeof(clock));
+    ++*n;
   }
   return Status::OK();
 }

@@ -131,12 +131,31 @@ class SparseTable {
   // (a restore of saved state). Reads the store first (a failed read fails
   // the slice before anything of it is set). Entries become dirty, pinned
   // when `pin`; slots appended to *touched.
+  // With `kinds` and `clocks` (n each: a restore of saved entries,
+  // checked by the caller with CheckSavedMeta), key i becomes a row (kind
+  // kSavedRow) or an admission counter of steps[i] pushes (kSavedCounter:
+  // a row of the key is dropped), last pushed at clocks[i].
   [[nodiscard]] Status AssignSlice(const uint64_t* keys, const float* values,
                                    size_t n, int64_t clock, int64_t now,
                                    bool pin, std::vector<uint32_t>* touched,
                                    std::vector<uint32_t>* touched_counters,
                                    const float* state = nullptr,
-                                   const uint64_t* steps = nullptr);
+                                   const uint64_t* steps = nullptr,
+                                   const uint32_t* kinds = nullptr,
+                                   const int64_t* clocks = nullptr);
+  // Bytes of a saved entry (common/sparse_table.h SavedRecordBytes).
+  size_t saved_record_bytes() const {
+    return kSavedHeaderBytes + rows_.floats_per_entry() * sizeof(float);
+  }
+  // A page of a scan of this table's entries (rows and admission counters,
+  // cached or stored, not expired at `now`, whose key `owned` accepts):
+  // the first min(max, left) of them with key >= `from`, in key order;
+  // their keys go to keys[0..*n) and their saved records (common/
+  // sparse_table.h) to out (max x saved_record_bytes()). Leaves the cache
+  // as it is. Corruption for a bad stored record.
+  [[nodiscard]] Status ScanPage(uint64_t from, size_t max, int64_t now,
+                                const std::function<bool(uint64_t)>& owned,
+                                uint64_t* keys, uint8_t* out, size_t* n);
   // Writes the row record (common/protocol.capnp, Assign phase 3: u64
   // steps, f32 weights[dim], f32 state[state_floats()]) of keys[0..n)
   // (unique, n <= kSliceKeys) to out (n x record_bytes(), unaligned): a

@@ -144,9 +144,7 @@ Status SparseTables::Check(uint32_t table, const uint64_t* keys, size_t n,
                                      " appears twice in one request");
     }
     if (ranges_ != nullptr || options_.num_shards > 1) {
-      const int owner = ranges_ != nullptr
-                            ? ranges_->Owner(h, key)
-                            : ShardOfKeyHashed(h, key, options_.num_shards);
+      const int owner = OwnerOf(h, key);
       if (owner != options_.shard_id) {
         *why = CheckFailure::kWrongShard;
         return Status::InvalidArgument(
@@ -269,7 +267,8 @@ Status SparseTables::Apply(uint32_t table, const uint64_t* keys,
 Status SparseTables::Assign(uint32_t table, const uint64_t* keys,
                             const float* values, size_t n, int64_t clock,
                             bool durable, const float* state,
-                            const uint64_t* steps) {
+                            const uint64_t* steps, const uint32_t* kinds,
+                            const int64_t* clocks) {
   SparseTable& t = *tables_[table];
   const size_t dim = t.spec().dim;
   const size_t k = t.state_floats();
@@ -280,11 +279,29 @@ Status SparseTables::Assign(uint32_t table, const uint64_t* keys,
         keys + off, values + off * dim, m, clock, clock_, durable,
         &touched_[table], &touched_counters_[table],
         state != nullptr ? state + off * k : nullptr,
-        steps != nullptr ? steps + off : nullptr));
+        steps != nullptr ? steps + off : nullptr,
+        kinds != nullptr ? kinds + off : nullptr,
+        clocks != nullptr ? clocks + off : nullptr));
     Status s = Enforce();
     if (written.ok()) written = s;
   }
   return written;
+}
+
+int SparseTables::OwnerOf(uint64_t name_hash, uint64_t key) const {
+  if (ranges_ != nullptr) return ranges_->Owner(name_hash, key);
+  if (options_.num_shards <= 1) return options_.shard_id;
+  return ShardOfKeyHashed(name_hash, key, options_.num_shards);
+}
+
+Status SparseTables::Scan(uint32_t table, uint64_t from, size_t max,
+                          uint64_t* keys, uint8_t* out, size_t* n) {
+  SparseTable& t = *tables_[table];
+  const uint64_t h = t.name_hash();
+  auto owned = [&](uint64_t key) {
+    return OwnerOf(h, key) == options_.shard_id;
+  };
+  return t.ScanPage(from, max, clock_, owned, keys, out, n);
 }
 
 Status SparseTables::ReadRecords(uint32_t table, const uint64_t* keys,

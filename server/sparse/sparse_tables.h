@@ -147,7 +147,14 @@ class SparseTables {
   [[nodiscard]] Status Assign(uint32_t table, const uint64_t* keys,
                               const float* values, size_t n, int64_t clock,
                               bool durable, const float* state = nullptr,
-                              const uint64_t* steps = nullptr);
+                              const uint64_t* steps = nullptr,
+                              const uint32_t* kinds = nullptr,
+                              const int64_t* clocks = nullptr);
+  // A page of a scan of table `table` (SparseTable::ScanPage, the keys this
+  // shard owns, at its expiry clock): keys to keys[0..*n), saved records
+  // to out (max x table(table).saved_record_bytes()).
+  [[nodiscard]] Status Scan(uint32_t table, uint64_t from, size_t max,
+                            uint64_t* keys, uint8_t* out, size_t* n);
   // Row records (SparseTable::ReadRecordSlice) of keys (checked) into out
   // (n x table(table).record_bytes()).
   [[nodiscard]] Status ReadRecords(uint32_t table, const uint64_t* keys,
@@ -289,6 +296,9 @@ class SparseTables {
   std::vector<std::vector<uint32_t>> hold_counters_;
   std::vector<uint32_t> sorted_;
   uint64_t write_errors_ = 0;
+  // The shard that owns `key` of the table of `name_hash` (key ranges, or
+  // ShardOfKey over num_shards; -1: none of this fleet).
+  int OwnerOf(uint64_t name_hash, uint64_t key) const;
   // Elastic shards: key ranges (null: ShardOfKey over num_shards), and the
   // move records staged per table (sparse_move.cc).
   std::shared_ptr<const KeyRanges> ranges_;

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -311,6 +312,89 @@ TEST(SparseTablesTest, PullsPastATinyCacheReadTheStoreDirectly) {
   EXPECT_EQ(after.evictions, before.evictions);  // nothing entered the cache
   EXPECT_EQ(h.tables->table(0).cache_rows(), 0u);
   EXPECT_EQ(h.tables->table(0).cache_counters(), 0u);
+}
+
+// Scan pages (rows evicted to RocksDB and cached ones merged, admission
+// counters, expired entries left out) restored into a fresh store with
+// their kinds and clocks: the tables then train on bitwise equal.
+std::pair<std::vector<uint64_t>, std::vector<uint8_t>> ScanTable(
+    SparseTables& t, size_t page) {
+  std::vector<uint64_t> keys;
+  std::vector<uint8_t> recs;
+  const size_t bytes = t.table(0).saved_record_bytes();
+  uint64_t from = 0;
+  for (;;) {
+    std::vector<uint64_t> k(page);
+    std::vector<uint8_t> r(page * bytes);
+    size_t n = 0;
+    EXPECT_TRUE(t.Scan(0, from, page, k.data(), r.data(), &n).ok());
+    keys.insert(keys.end(), k.begin(), k.begin() + n);
+    recs.insert(recs.end(), r.begin(), r.begin() + n * bytes);
+    if (n < page) break;
+    from = keys.back() + 1;
+  }
+  return {keys, recs};
+}
+
+TEST(SparseTablesTest, ScannedEntriesRestoreThroughRocksDb) {
+  TempDir dir;
+  TableSpec spec = Table("a", 8, RowOptimizerKind::kAdam);
+  spec.admit_after_pushes = 2;
+  spec.expire_after_clocks = 3;
+  std::vector<TableSpec> specs = {spec};
+  Harness a(dir.Sub("a"), specs, 16 << 10);  // most rows in RocksDB
+  Keys gen(3000, 21);
+  for (int step = 0; step < 12; ++step) {
+    a.tables->AdvanceClock(step / 2);
+    auto keys = gen.Batch(200);
+    ASSERT_TRUE(a.Push(0, keys, gen.Grads(keys.size() * 8), step / 2, false)
+                    .ok());
+  }
+  a.Checkpoint();
+  const auto all = ScanTable(*a.tables, 4096);
+  EXPECT_EQ(ScanTable(*a.tables, 7), all);
+  ASSERT_GT(all.first.size(), 500u);
+  EXPECT_TRUE(std::is_sorted(all.first.begin(), all.first.end()));
+  const size_t bytes = a.tables->table(0).saved_record_bytes();
+  const size_t n = all.first.size();
+  std::vector<uint32_t> kinds(n);
+  std::vector<uint64_t> counts(n);
+  std::vector<int64_t> clocks(n);
+  std::vector<float> values(n * 8), state(n * 16);
+  size_t counters = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t* r = all.second.data() + i * bytes;
+    std::memcpy(&kinds[i], r, 4);
+    std::memcpy(&counts[i], r + 8, 8);
+    std::memcpy(&clocks[i], r + 16, 8);
+    std::memcpy(&values[i * 8], r + 24, 32);
+    std::memcpy(&state[i * 16], r + 56, 64);
+    counters += kinds[i] == kSavedCounter;
+    EXPECT_GE(clocks[i], 5 - 3);  // expired entries are left out
+  }
+  EXPECT_GT(counters, 0u);
+  EXPECT_LT(counters, n);
+  Harness b(dir.Sub("b"), specs, 16 << 10);
+  b.tables->AdvanceClock(5);
+  b.tables->BeginRequest();
+  ASSERT_TRUE(b.tables->Check(0, all.first.data(), n, values.data()).ok());
+  ASSERT_TRUE(b.tables
+                  ->Assign(0, all.first.data(), values.data(), n, 5, false,
+                           state.data(), counts.data(), kinds.data(),
+                           clocks.data())
+                  .ok());
+  EXPECT_EQ(ScanTable(*b.tables, 4096), all);
+  for (int step = 12; step < 16; ++step) {
+    auto keys = gen.Batch(200);
+    auto g = gen.Grads(keys.size() * 8);
+    for (Harness* h : {&a, &b}) {
+      h->tables->AdvanceClock(step / 2);
+      ASSERT_TRUE(h->Push(0, keys, g, step / 2, false).ok());
+    }
+  }
+  EXPECT_EQ(ScanTable(*b.tables, 4096), ScanTable(*a.tables, 4096));
+  const auto every = AllKeys(3000);
+  EXPECT_EQ(b.Read(0, every), a.Read(0, every));
 }
 
 // Without durable writes a restart returns exactly the last checkpoint,

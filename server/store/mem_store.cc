@@ -118,6 +118,19 @@ Status MemStore::ScanSpace(
   return Status::OK();
 }
 
+Status MemStore::ScanSpaceFrom(
+    SpaceId space, std::string_view start,
+    const std::function<bool(std::string_view, std::string_view)>& fn) {
+  if (space >= spaces_.size())
+    return Status::InvalidArgument("MemStore: unknown space");
+  const std::string& name = spaces_[space];
+  for (auto it = kv_.lower_bound({name, std::string(start)});
+       it != kv_.end() && it->first.first == name; ++it) {
+    if (!fn(it->first.second, it->second)) break;
+  }
+  return Status::OK();
+}
+
 SpaceStats MemStore::GetSpaceStats(SpaceId space) {
   SpaceStats s;
   if (space >= spaces_.size()) return s;

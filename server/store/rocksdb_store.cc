@@ -298,6 +298,23 @@ class RocksDbStore final : public Store {
     return FromRocks(it->status(), "rocksdb scan of a key space");
   }
 
+  Status ScanSpaceFrom(
+      SpaceId space, std::string_view start,
+      const std::function<bool(std::string_view, std::string_view)>& fn)
+      override {
+    if (space >= spaces_.size())
+      return Status::InvalidArgument("unknown key space");
+    rocksdb::ReadOptions ro;
+    ro.verify_checksums = true;
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro, spaces_[space]));
+    for (it->Seek(ToSlice(start)); it->Valid(); it->Next()) {
+      if (!fn(std::string_view(it->key().data(), it->key().size()),
+              std::string_view(it->value().data(), it->value().size())))
+        break;
+    }
+    return FromRocks(it->status(), "rocksdb scan of a key space");
+  }
+
   SpaceStats GetSpaceStats(SpaceId space) override {
     SpaceStats st;
     if (space >= spaces_.size()) return st;

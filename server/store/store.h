@@ -172,6 +172,21 @@ class Store {
                                  std::to_string(space));
   }
 
+  // Calls fn(key, value) for the records of `space` whose key is >= `start`,
+  // in key order, until fn returns false or the space ends (a paged scan:
+  // saving sparse tables). fn must not write to the store. Default: through
+  // ScanSpace(), skipping the keys before `start`.
+  [[nodiscard]] virtual Status ScanSpaceFrom(
+      SpaceId space, std::string_view start,
+      const std::function<bool(std::string_view key, std::string_view value)>&
+          fn) {
+    bool more = true;
+    return ScanSpace(space, [&](std::string_view k, std::string_view v) {
+      if (more && k >= start) more = fn(k, v);
+      return Status::OK();
+    });
+  }
+
   // Size of a space (estimates, for stats).
   virtual SpaceStats GetSpaceStats(SpaceId space) = 0;
 
@@ -244,6 +259,10 @@ class MemStore final : public Store {
   Status ScanSpace(SpaceId space,
                    const std::function<Status(std::string_view,
                                               std::string_view)>& fn) override;
+  Status ScanSpaceFrom(
+      SpaceId space, std::string_view start,
+      const std::function<bool(std::string_view, std::string_view)>& fn)
+      override;
   SpaceStats GetSpaceStats(SpaceId space) override;
 
   // Rolls back to the preserved cut if a partial write happened since the

@@ -52,6 +52,25 @@ void CheckedRowState(const TableSpec& table, size_t n, const py::tuple& t,
   keep->push_back(steps);
   out->state = s.data();
   out->steps = steps.data();
+  if (t.size() < 8) return;
+  using KindsArray =
+      py::array_t<uint32_t, py::array::c_style | py::array::forcecast>;
+  using ClocksArray =
+      py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+  KindsArray kinds = KindsArray::ensure(t[6]);
+  ClocksArray clocks = ClocksArray::ensure(t[7]);
+  if (!kinds || !clocks || kinds.ndim() != 1 || clocks.ndim() != 1 ||
+      static_cast<size_t>(kinds.shape(0)) != n ||
+      static_cast<size_t>(clocks.shape(0)) != n) {
+    Raise(Status::InvalidArgument("saved kinds and clocks of the rows of '" +
+                                  table.name + "': uint32 (" +
+                                  std::to_string(n) + ",) and int64 (" +
+                                  std::to_string(n) + ",)"));
+  }
+  keep->push_back(kinds);
+  keep->push_back(clocks);
+  out->kinds = kinds.data();
+  out->clocks = clocks.data();
 }
 
 // (table index or name, keys, values[, optimizer, state, steps]) ->
@@ -63,10 +82,10 @@ std::vector<worker::RowsValues> CheckedRows(PyClient& self,
   const std::vector<TableSpec>& tables = self.tables();
   for (py::handle item : rows) {
     py::tuple t = py::reinterpret_borrow<py::object>(item).cast<py::tuple>();
-    if (t.size() != 3 && t.size() != 6) {
+    if (t.size() != 3 && t.size() != 6 && t.size() != 8) {
       Raise(Status::InvalidArgument(
-          "rows: each entry is (table, keys, values) or (table, keys, values, "
-          "optimizer, state, steps)"));
+          "rows: each entry is (table, keys, values), (table, keys, values, "
+          "optimizer, state, steps) or (..., steps, kinds, clocks)"));
     }
     uint32_t table = 0;
     if (py::isinstance<py::str>(t[0])) {
@@ -102,7 +121,7 @@ std::vector<worker::RowsValues> CheckedRows(PyClient& self,
     r.keys = keys.data();
     r.n = n;
     r.values = v.data();
-    if (t.size() == 6) CheckedRowState(tables[table], n, t, &r, keep);
+    if (t.size() >= 6) CheckedRowState(tables[table], n, t, &r, keep);
     out.push_back(std::move(r));
   }
   return out;
@@ -135,6 +154,43 @@ py::tuple ReadRows(PyClient& self, uint32_t table, const KeysArray& keys,
                 k * sizeof(float));
   }
   return py::make_tuple(values, state, steps);
+}
+
+// Client.scan_rows: every saved entry of table index `table` (ScanTable):
+// (keys (m,), kinds (m,), counts (m,), clocks (m,), values (m, dim), state
+// (m, dim x k)).
+py::tuple ScanRows(PyClient& self, uint32_t table, size_t page_rows,
+                   double timeout_s) {
+  const TableSpec& spec = self.tables()[table];
+  const size_t dim = spec.dim;
+  const size_t k = dim * spec.optimizer.state_per_elem();
+  const size_t bytes = SavedRecordBytes(spec);
+  worker::SavedRows saved;
+  ThrowIfError(self.Run([&] {
+    return worker::ScanTable(
+        self.get(), table, page_rows, &saved,
+        std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0)));
+  }));
+  const size_t m = saved.keys.size();
+  py::array_t<uint64_t> keys(static_cast<py::ssize_t>(m));
+  py::array_t<uint32_t> kinds(static_cast<py::ssize_t>(m));
+  py::array_t<uint64_t> counts(static_cast<py::ssize_t>(m));
+  py::array_t<int64_t> clocks(static_cast<py::ssize_t>(m));
+  py::array_t<float> values({m, dim});
+  py::array_t<float> state({m, k});
+  if (m > 0)
+    std::memcpy(keys.mutable_data(), saved.keys.data(), m * sizeof(uint64_t));
+  for (size_t i = 0; i < m; ++i) {
+    const uint8_t* rec = saved.records.data() + i * bytes;
+    std::memcpy(kinds.mutable_data() + i, rec, sizeof(uint32_t));
+    std::memcpy(counts.mutable_data() + i, rec + 8, sizeof(uint64_t));
+    std::memcpy(clocks.mutable_data() + i, rec + 16, sizeof(int64_t));
+    rec += kSavedHeaderBytes;
+    std::memcpy(values.mutable_data() + i * dim, rec, dim * sizeof(float));
+    std::memcpy(state.mutable_data() + i * k, rec + dim * sizeof(float),
+                k * sizeof(float));
+  }
+  return py::make_tuple(keys, kinds, counts, clocks, values, state);
 }
 
 // For each tensor, its chunk ids in offset order (ids are tensor-major).
@@ -302,6 +358,30 @@ void AddAssignMethods(py::class_<PyClient, std::shared_ptr<PyClient>>& c) {
           "...]: adagrad the sum, adam m then v, sgd none --, uint64 (n,) "
           "optimizer steps). A key without a row reads as its initial value "
           "and state, 0 steps. Not clock-bound (a read, as optimizer_state).")
+      .def(
+          "scan_rows",
+          [](PyClient& self, uint32_t table, size_t page_rows,
+             double timeout_s) {
+            if (!self.registered() || table >= self.tables().size()) {
+              Raise(Status::NotFound("scan_rows: no registered table " +
+                                     std::to_string(table)));
+            }
+            if (page_rows < 1) {
+              Raise(Status::InvalidArgument("scan_rows: page_rows must be >= 1"));
+            }
+            return ScanRows(self, table, page_rows, timeout_s);
+          },
+          py::arg("table"), py::arg("page_rows") = 4096,
+          py::arg("timeout_s") = 600.0,
+          "Every entry the shards hold of table index `table`, rows and "
+          "admission counters (not expired), read in pages of page_rows per "
+          "shard (kAssign phase 6): (uint64 (m,) keys in increasing order, "
+          "uint32 (m,) kinds -- 1 row, 2 admission counter --, uint64 (m,) "
+          "counts -- a row's optimizer steps, a counter's pushes counted --, "
+          "int64 (m,) clock of each entry's last push, float32 (m, dim) "
+          "values, float32 (m, dim x k) optimizer state, as read_rows; a "
+          "counter's are 0). upload(rows=[(table, keys, values, optimizer, "
+          "state, counts, kinds, clocks)]) restores them.")
       .def_property(
           "lr", [](PyClient& self) { return self.get()->lr(); },
           [](PyClient& self, float lr) {
