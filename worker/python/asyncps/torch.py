@@ -314,8 +314,11 @@ class ParameterServer:
         {"optimizer": the table's row optimizer, its slots as (N, dim)
         tensors of the rows of ids 0..num_embeddings-1 (adagrad: sum; adam:
         exp_avg, exp_avg_sq; sgd: none), "step": the most steps of a row
-        (float tensor), "row_steps": int64 (N,) each row's steps}}.
-        load_optimizer_state_dict() writes it back."""
+        (float tensor), "row_steps": int64 (N,) each row's steps}}, and for
+        every SparseEmbedding "saved": every entry of its table (any uint64
+        id; ids, weight, slots, row_steps, admission counts, last-push
+        clocks, the saver's clock: asyncps.torch_update). load_optimizer_
+        state_dict() writes it back (with "saved": exactly those entries)."""
         return _update.shard_optimizer_state(self)
 
     def load_optimizer_state_dict(self, optimizer_state):

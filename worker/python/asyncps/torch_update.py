@@ -61,9 +61,11 @@ SparseEmbedding rows resume the same way (their "tables" entry holds each
 row's AdaGrad sum or Adam moments and steps; read with kAssign phase 3
 naming rows, written with phase 5: common/protocol.capnp); bitwise under
 hybrid consistency (--consistency=bsp --sparse_consistency=asp) with one
-worker, as test_sparse_resume checks. Rows are routed by ShardOfKey (not
-elastic key ranges), admission counters and expiry clocks are not saved (a
-loaded row is a row: admitted, last pushed at the load).
+worker, as test_sparse_resume checks. Every table is also saved whole in
+"tables"[key]["saved"] (ids, rows, optimizer state, admission counts, last-push
+clocks: a paged scan of the shards, kAssign phase 6) and restored exactly
+from it (phase 7, the entries routed by Client::ShardOfRow); an entry with
+"saved" is loaded from it, one without (saves made before) as before.
 """
 import collections
 import json
@@ -114,25 +116,113 @@ def _read_rows(ps, i):
     return tuple(np.concatenate([p[j] for p in parts]) for j in range(3))
 
 
+# Entries per page of a scan of a table (Client.scan_rows).
+_SCAN_PAGE = 4096
+
+
+def _saved_entries(ps, i):
+    """Every entry the shards hold of embedding i's table (rows and
+    admission counters, any uint64 id): the "saved" dict of its "tables"
+    entry (see table_optimizer_state)."""
+    e = ps.embeddings[i]
+    keys, kinds, counts, clocks, values, state = ps.client.scan_rows(i, _SCAN_PAGE)
+    counter = kinds == 2
+    out = {"ids": torch.from_numpy(keys.view(np.int64).copy()),
+           "weight": torch.from_numpy(values)}
+    for j, slot in enumerate(_ROW_SLOTS[e.spec.optimizer]):
+        out[slot] = torch.from_numpy(
+            np.ascontiguousarray(state[:, j * e.spec.dim:(j + 1) * e.spec.dim]))
+    out["row_steps"] = torch.from_numpy(np.where(counter, 0, counts).astype(np.int64))
+    out["counts"] = torch.from_numpy(np.where(counter, counts, 0).astype(np.int64))
+    out["clocks"] = torch.from_numpy(clocks.astype(np.int64))
+    out["clock"] = int(ps.clock)
+    return out
+
+
 def table_optimizer_state(ps):
     """The "tables" entry of ps.optimizer_state_dict(): for each
-    SparseEmbedding with num_embeddings, its '<module path>.weight' ->
-    {"optimizer": its row optimizer, slots (N, dim) each, "step": the most
-    steps of a row (float tensor), "row_steps": int64 (N,)}."""
+    SparseEmbedding, its '<module path>.weight' -> {"optimizer": its row
+    optimizer, "saved": every entry the shards hold of the table (any
+    uint64 id; TorchRec's (ids, rows, optimizer state, metadata)): {"ids":
+    int64 (M,) (uint64 ids as their int64 bits), "weight" (M, dim), slots
+    (M, dim) each, "row_steps" int64 (M,), "counts" int64 (M,) pushes
+    counted by admission for an id without a row yet (then its weight and
+    state are 0 and row_steps 0; 0 for rows), "clocks" int64 (M,) the clock
+    of its last push (expiry), "clock": this worker's clock at the save (a
+    load shifts "clocks" by the loader's clock minus it, so every entry
+    keeps its age: a fresh fleet counts clocks from 0)}; with
+    num_embeddings also, as before, slots
+    (N, dim) of the rows of ids 0..N-1, "step": the most steps of a row
+    (float tensor), "row_steps": int64 (N,)."""
     out = collections.OrderedDict()
     for i, e in enumerate(ps.embeddings):
+        entry = {"optimizer": e.spec.optimizer, "saved": _saved_entries(ps, i)}
+        out[_weight_key(ps, i)] = entry
         if e.num_embeddings is None:
             continue
         _, state, steps = _read_rows(ps, i)
         steps = torch.from_numpy(steps.astype(np.int64))
-        entry = {"optimizer": e.spec.optimizer}
         for j, slot in enumerate(_ROW_SLOTS[e.spec.optimizer]):
             entry[slot] = torch.from_numpy(
                 np.ascontiguousarray(state[:, j * e.spec.dim:(j + 1) * e.spec.dim]))
         entry["step"] = torch.tensor(float(steps.max()) if len(steps) else 0.0)
         entry["row_steps"] = steps
-        out[_weight_key(ps, i)] = entry
     return out
+
+
+def _checked_saved(e, what, saved, clock):
+    """The upload tuple's tail (keys, values, optimizer, state, steps,
+    kinds, clocks) of a "saved" dict, checked (shapes, finite, counts,
+    clocks) before anything is sent; the shards check it again."""
+    if not isinstance(saved, dict):
+        raise InvalidArgument("%s: 'saved' must be a dict" % what)
+
+    def get(name, dtype, width=None):
+        t = saved.get(name)
+        if t is None:
+            raise InvalidArgument("%s: 'saved' has no '%s'" % (what, name))
+        t = torch.as_tensor(t).detach().to("cpu")
+        if t.dtype != dtype:
+            raise InvalidArgument("%s: saved '%s' must be %s, got %s" % (what, name, dtype,
+                                                                         t.dtype))
+        return t.contiguous().numpy()
+
+    ids = get("ids", torch.int64)
+    m = len(ids)
+    arrays = {}
+    for name in ("row_steps", "counts", "clocks"):
+        arrays[name] = get(name, torch.int64)
+    weight = get("weight", torch.float32)
+    slots = [get(s, torch.float32) for s in _ROW_SLOTS[e.spec.optimizer]]
+    for name, a in list(arrays.items()) + [("ids", ids)]:
+        if a.shape != (m,):
+            raise InvalidArgument("%s: saved '%s' must be of shape (%d,), got %s"
+                                  % (what, name, m, a.shape))
+    for name, a in [("weight", weight)] + list(zip(_ROW_SLOTS[e.spec.optimizer], slots)):
+        if a.shape != (m, e.spec.dim) or not np.isfinite(a).all():
+            raise InvalidArgument("%s: saved '%s' must be finite of shape (%d, %d), got %s"
+                                  % (what, name, m, e.spec.dim, a.shape))
+    keys = ids.view(np.uint64)
+    if len(np.unique(keys)) != m:
+        raise InvalidArgument("%s: saved ids repeat" % what)
+    steps, counts, clocks = arrays["row_steps"], arrays["counts"], arrays["clocks"]
+    counter = counts > 0
+    admit = e.spec.admit_after
+    if (steps < 0).any() or (counts < 0).any() or (counter & (steps > 0)).any():
+        raise InvalidArgument("%s: saved row_steps and counts must be >= 0, and an id "
+                              "with counts has no row (row_steps 0)" % what)
+    if counter.any() and (admit <= 1 or (counts[counter] >= admit).any()):
+        raise InvalidArgument("%s: saved admission counts must be below the table's "
+                              "admit_after (%d)" % (what, admit))
+    at = saved.get("clock", clock)
+    if not isinstance(at, (int, np.integer)) or abs(at) > (1 << 53) or (np.abs(clocks) > (1 << 53)).any():
+        raise InvalidArgument("%s: saved clocks must be within +-2^53" % what)
+    clocks = clocks + (clock - int(at))  # the same age at the loader's clock
+    state = (np.concatenate(slots, axis=1) if slots
+             else np.zeros((m, 0), np.float32))
+    kinds = np.where(counter, 2, 1).astype(np.uint32)
+    return (keys, weight, e.spec.optimizer, np.ascontiguousarray(state),
+            np.where(counter, counts, steps).astype(np.uint64), kinds, clocks)
 
 
 def _checked_table_state(ps, optimizer_state):
@@ -158,6 +248,10 @@ def _checked_table_state(ps, optimizer_state):
         if entry.get("optimizer") != e.spec.optimizer:
             raise InvalidArgument("%s was saved from %s, the table runs %s: not loaded"
                                   % (what, entry.get("optimizer"), e.spec.optimizer))
+        if "saved" in entry:  # every entry of the table: restored exactly
+            out[keys[key]] = ("saved",) + _checked_saved(e, what, entry["saved"],
+                                                          int(ps.clock))
+            continue
         got = entry.get("row_steps", entry.get("step", 0))
         steps = torch.as_tensor(got).detach().reshape(-1).to("cpu", torch.float64)
         n = len(steps) if "row_steps" in entry else e.num_embeddings
@@ -187,6 +281,11 @@ def _rows_upload(ps, values, table_state):
     values[i] (else the shards' own) and, from table_state[i], their state."""
     out = []
     for i in sorted(set(values) | set(table_state)):
+        if i in table_state and table_state[i][0] == "saved":
+            # The table's every entry, as saved (its weights included: they
+            # are the state_dict's rows of ids 0..N-1 at the save).
+            out.append((i,) + table_state[i][1:])
+            continue
         v = values[i] if i in values else _read_rows(ps, i)[0]
         keys = np.arange(len(v), dtype=np.uint64)
         if i not in table_state:

@@ -152,6 +152,8 @@ pushed for N clocks reads as its initial value again (0: never).)doc")
                              })
       .def_property_readonly("lr",
                              [](const TableSpec& t) { return t.optimizer.lr; })
+      .def_readonly("admit_after", &TableSpec::admit_after_pushes)
+      .def_readonly("expire_after", &TableSpec::expire_after_clocks)
       .def(
           "initial_rows",
           [](const TableSpec& t, const Keys& keys) {

@@ -177,6 +177,7 @@ def test_row_state_round_trips_exactly(shards):
     train(ps, m, batches(2))
     sd = ps.optimizer_state_dict()
     entry = sd["tables"]["emb.weight"]
+    del entry["saved"]  # the form saved before "saved" existed: ids 0..V-1
     assert entry["optimizer"] == "adam"
     assert entry["exp_avg"].shape == (V, DIM) and entry["exp_avg_sq"].shape == (V, DIM)
     assert entry["row_steps"].dtype == torch.int64 and entry["row_steps"].shape == (V,)
@@ -200,6 +201,7 @@ def test_bad_row_state_is_refused_before_anything_is_written(shards):
     sd = ps.optimizer_state_dict()
     before = ps.optimizer_state_dict()["tables"]["emb.weight"]
     entry = sd["tables"]["emb.weight"]
+    del entry["saved"]  # the checks of the form of ids 0..V-1
     good = entry["sum"]
     for value, match in ((torch.full((V, DIM), float("nan")), "finite"),
                          (torch.zeros(V, DIM + 1), "shape")):
@@ -247,3 +249,108 @@ def test_num_embeddings_defaults_to_the_rows_and_is_checked():
     for n in (0, 4):
         with pytest.raises(asyncps.InvalidArgument, match="num_embeddings"):
             apt.SparseEmbedding("e", 4, rows=torch.zeros(5, 4), num_embeddings=n)
+
+
+# Hashed 64-bit ids, admission and expiry: the whole table is saved (ids,
+# rows, optimizer state, admission counts, last-push clocks) and a fresh
+# fleet resumes bitwise as an uninterrupted run; without the saved entries
+# it does not.
+H = torch.from_numpy(np.random.default_rng(3).integers(
+    np.iinfo(np.int64).min, np.iinfo(np.int64).max, size=V, dtype=np.int64))
+
+
+class HashNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = apt.SparseEmbedding("hashed", DIM, "normal", 0.5, 3, "adagrad", 0.1,
+                                       admit_after=2, expire_after=2)
+        self.fc = torch.nn.Linear(DIM, 2)
+
+    def forward(self, idx):
+        return self.fc(self.emb(H[idx]).mean(1))
+
+
+def hashed_run(shards, data, load=None, cut=N):
+    """Trains on data[:cut]; with `load` (a checkpoint and how to load it) a
+    fresh fleet is loaded first. Returns (checkpoint, every id's row record,
+    the final saved entries with their clocks made relative)."""
+    torch.manual_seed(7)
+    m = HashNet()
+    ps = apt.ParameterServer(m, servers=fleet(shards), rank=0, num_workers=1)
+    if load is not None:
+        ckpt, how = load
+        if how == "together":
+            ps.load_state_dict(ckpt["model"], optimizer_state=ckpt["opt"])
+        else:
+            ps.load_state_dict(ckpt["model"])
+            ps.load_optimizer_state_dict(ckpt["opt"])
+    train(ps, m, data)
+    ckpt = torch.load(saved(ps))
+    rows = ps.client.read_rows(0, H.numpy().view(np.uint64))
+    entry = ps.optimizer_state_dict()["tables"]["emb.weight"]["saved"]
+    entry["clocks"] = entry["clocks"] - entry.pop("clock")
+    dense = {k: v for k, v in ps.state_dict().items()}
+    ps.close()
+    return ckpt, rows, entry, dense
+
+
+def test_hashed_ids_with_admission_and_expiry_resume_bitwise(shards):
+    data = batches(N + M + 2)
+    _, want_rows, want, want_dense = hashed_run(shards, data)
+    ckpt, _, at_cut, _ = hashed_run(shards, data[:N])
+    assert len(at_cut["ids"]) > 0 and int((at_cut["counts"] > 0).sum()) > 0
+    assert (at_cut["ids"] < 0).any()  # ids above 2^63 (int64 bits)
+    for how in ("together", "separately"):
+        _, rows, got, dense = hashed_run(shards, data[N:], load=(ckpt, how))
+        for a, b in zip(rows, want_rows):
+            assert np.array_equal(a, b), how
+        assert list(got) == list(want)
+        for k in want:
+            assert torch.equal(got[k], want[k]), (how, k)
+        for k in want_dense:
+            assert torch.equal(dense[k], want_dense[k]), (how, k)
+    # Without the saved entries (as before: tables of unknown size were not
+    # saved at all) the resumed run differs.
+    del ckpt["opt"]["tables"]["emb.weight"]["saved"]
+    with pytest.raises(asyncps.InvalidArgument, match="row_steps"):
+        hashed_run(shards, data[N:], load=(ckpt, "together"))
+    del ckpt["opt"]["tables"]
+    _, rows, _, _ = hashed_run(shards, data[N:], load=(ckpt, "together"))
+    assert not all(np.array_equal(a, b) for a, b in zip(rows, want_rows))
+
+
+def test_bad_saved_entries_are_refused_before_anything_is_written(shards):
+    torch.manual_seed(7)
+    m = HashNet()
+    ps = apt.ParameterServer(m, servers=fleet(shards), rank=0, num_workers=1)
+    train(ps, m, batches(3))
+    sd = ps.optimizer_state_dict()
+    before = ps.client.scan_rows(0)
+    saved_entries = sd["tables"]["emb.weight"]["saved"]
+    good = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in saved_entries.items()}
+    counter = int(torch.nonzero(good["counts"] > 0)[0, 0])
+    cases = [("sum", lambda e: e["sum"].fill_(float("nan")), "finite"),
+             ("counts", lambda e: e["counts"].__setitem__(counter, 2), "admit_after"),
+             ("counts", lambda e: e["row_steps"].__setitem__(counter, 1), "no row"),
+             ("clocks", lambda e: e["clocks"].__setitem__(0, 1 << 60), "2.53"),
+             ("ids", lambda e: e["ids"].__setitem__(1, int(e["ids"][0])), "repeat"),
+             ("weight", lambda e: e.__setitem__("weight", e["weight"][:-1]), "shape")]
+    for _, mutate, match in cases:
+        entry = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in good.items()}
+        mutate(entry)
+        sd["tables"]["emb.weight"]["saved"] = entry
+        with pytest.raises(asyncps.InvalidArgument, match=match):
+            ps.load_optimizer_state_dict(sd)
+    # The C++ checks behind them (the low-level upload skips the Python ones).
+    keys, kinds, counts, clocks, values, state = before
+    dense = [p.detach().numpy() for p in ps.params]
+    bad_kinds = kinds.copy()
+    bad_kinds[0] = 3
+    with pytest.raises(asyncps.InvalidArgument, match="kind 3"):
+        ps.client.upload(dense, overwrite=True, rows=[
+            (0, keys, values, "adagrad", state, counts, bad_kinds, clocks)])
+    after = ps.client.scan_rows(0)
+    for a, b in zip(before, after):
+        assert np.array_equal(a, b)
+    ps.close()
+
