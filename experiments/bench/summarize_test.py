@@ -202,7 +202,8 @@ class ShippedGoalsTest(unittest.TestCase):
         "sparse": {"op", "dim", "regime"},
         "metrics_overhead": {"variant"},
         "pytorch": {"model", "baseline"},
-        "overlap": {"setting", "consistency", "batch", "prefetch_ahead", "baseline"},
+        "overlap": {"setting", "consistency", "batch", "prefetch_ahead", "baseline",
+                    "shards"},
         "elastic": {"change"},
         "replication": {"op", "mode", "layers"},
     }
