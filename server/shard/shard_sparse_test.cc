@@ -1307,8 +1307,9 @@ ReplyHeader ScanPage(Sparse& s, uint64_t from, uint32_t max, Saved* out,
   EXPECT_EQ(k.size, rows.num_keys * 8);
   const size_t at = out->keys.size();
   out->keys.resize(at + rows.num_keys);
-  std::memcpy(out->keys.data() + at, k.data, k.size);
-  out->records.insert(out->records.end(), v.data, v.data + v.size);
+  // An empty page has no frame data (null pointers, size 0).
+  if (k.size > 0) std::memcpy(out->keys.data() + at, k.data, k.size);
+  if (v.size > 0) out->records.insert(out->records.end(), v.data, v.data + v.size);
   return reply.header;
 }
 
