@@ -183,6 +183,13 @@ struct Assign {
                              # 7 saved rows (the claimant): as 5, with
                              # phase 6's records (kinds, counters, clocks
                              # restored; all checked before any is written)
+                             # 8 clear tables (the claimant): rows refs
+                             # naming tables (each once, no keys, frames 0;
+                             # no data frames): every entry of them on the
+                             # shard, cached or stored, is dropped (one
+                             # store write); a restore of saved entries
+                             # sends it first. Unavailable (retry) while a
+                             # key-range move stages rows of one of them.
   chunks @2 :List(ChunkRef); # values, state: one per data frame
   overwrite @3 :Bool;        # begin: claim even final values (a restore)
   rows @4 :List(RowsRef);    # values: rows of sparse tables set to the

@@ -525,6 +525,20 @@ class ClientImpl : public Client {
       h.chunks.push_back(ref);
       frames.push_back(std::move(p.data));
     }
+    if (a.phase == 8) {
+      // Clear tables: refs naming them, no keys or frames.
+      for (const RowsPush& rows : a.rows) {
+        if (rows.table >= tables_.size() || rows.n != 0) {
+          return Status::InvalidArgument(
+              "clear of table " + std::to_string(rows.table) +
+              ": unknown, or with keys");
+        }
+        RowsRef ref;
+        ref.table = rows.table;
+        h.rows.push_back(ref);
+      }
+      a.rows.clear();
+    }
     const bool records = a.phase == 5 || a.phase == 7;  // rows with state
     if (records && a.row_records.size() != a.rows.size()) {
       return Status::InvalidArgument(

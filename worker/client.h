@@ -147,7 +147,7 @@ inline size_t RowRecordBytes(const TableSpec& table) {
 struct AssignRequest {
   uint64_t upload = 0;  // random, != 0
   uint8_t phase = 0;    // 0 begin, 1 values, 2 commit, 4 state, 5 rows
-                        // with state
+                        // with state, 7 saved rows, 8 clear tables
   bool overwrite = false;  // begin: claim even final values
   // values: raw fp32 chunks of the shard; state: k x the chunk's elements
   // floats of optimizer state per chunk ([slot 0 | slot 1 ...]), the
@@ -158,7 +158,7 @@ struct AssignRequest {
   // `grads` field holds the values, n x dim), copied when sent. Rows with
   // state: the keys of rows[i] and, in row_records[i], their n row records
   // (RowRecordBytes each; `grads` unused); `optimizer` names the tables'
-  // row optimizer.
+  // row optimizer. Clear tables: the tables to clear (n = 0, no keys).
   std::vector<RowsPush> rows;
   std::vector<Frame> row_records;
 };

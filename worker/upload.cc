@@ -162,6 +162,22 @@ Status SendShardRows(Client* client, int shard, uint64_t upload,
   return Status::OK();
 }
 
+// Drops every entry of the tables of `rows` marked `clear` on `shard`
+// (kAssign phase 8, one request).
+Status ClearShardTables(Client* client, int shard, uint64_t upload,
+                        const std::vector<RowsValues>& rows,
+                        const UploadOptions& o) {
+  AssignRequest req;
+  req.upload = upload;
+  req.phase = 8;
+  for (const RowsValues& r : rows) {
+    if (r.clear) req.rows.push_back(RowsPush{r.table, nullptr, 0, nullptr});
+  }
+  if (req.rows.empty()) return Status::OK();
+  return client->Assign(shard, std::move(req), nullptr, o.timeout)
+      .WithContext("clearing sparse tables on shard " + std::to_string(shard));
+}
+
 Status Phase(Client* client, int shard, uint64_t upload, uint8_t phase,
              bool overwrite, const UploadOptions& o, bool* claimed) {
   AssignRequest req;
@@ -256,9 +272,11 @@ Status UploadValues(Client* client, const std::vector<const float*>& tensors,
   }
   for (int s : mine) {
     RETURN_IF_ERROR(SendShardValues(client, s, upload, tensors, o));
+    RETURN_IF_ERROR(ClearShardTables(client, s, upload, rows, o));
     RETURN_IF_ERROR(SendShardRows(client, s, upload, rows, o));
   }
   RETURN_IF_ERROR(SendShardValues(client, 0, upload, tensors, o));
+  RETURN_IF_ERROR(ClearShardTables(client, 0, upload, rows, o));
   RETURN_IF_ERROR(SendShardRows(client, 0, upload, rows, o));
   for (int s : mine) RETURN_IF_ERROR(Phase(client, s, upload, 2, false, o, nullptr));
   RETURN_IF_ERROR(Phase(client, 0, upload, 2, false, o, nullptr));

@@ -65,6 +65,11 @@ struct RowsValues {
   // at clocks[i].
   const uint32_t* kinds = nullptr;
   const int64_t* clocks = nullptr;
+  // Drop every entry of the table on each claimed shard (kAssign phase 8)
+  // before its rows are sent, so the table then holds exactly these rows
+  // (a restore of a table saved whole). Default: false (other keys keep
+  // their rows).
+  bool clear = false;
 };
 
 // Optimizer state uploaded with the values (ps.load_optimizer_state_dict):

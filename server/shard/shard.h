@@ -427,6 +427,10 @@ class Shard {
   // saved records, common/protocol.capnp).
   Status ScanRows(const std::string& peer, const RequestHeader& req,
                   const std::vector<ByteView>& data, OutgoingReply* reply);
+  // Phase 8 of kAssign (the claimant's): drops every entry of the tables
+  // the request names (all checked first).
+  Status ClearTables(const RequestHeader& req,
+                     const std::vector<ByteView>& data);
   // Phases 1, 5 and 7: sets the rows of pending_rows_ (validated), with
   // their decoded optimizer state when `with_state` (and their kinds and
   // clocks: phase 7); clears pending_rows_.

@@ -29,6 +29,9 @@
 // their steps or counts and last-push clocks; the page size bounded by the
 // request limits), `saved` requests (phase 7) of the claimant set such
 // entries back (checked as phase 5's, and their kinds, counts and clocks),
+// a `clear` (phase 8) of the claimant drops every entry of the tables it
+// names (cached and stored: a range delete, one store write; so a restore
+// of saved entries leaves exactly them),
 // `commit` keeps the state of the chunks whose state this
 // upload set and resets every other chunk's (refused when the upload set
 // some chunks' state but not all: half a state is never made final), sets
@@ -67,6 +70,7 @@ enum AssignPhase : uint8_t {
   kRows = 5,
   kScan = 6,
   kSaved = 7,
+  kClear = 8,
 };
 
 // The most optimizer steps a state upload may set: 2^53, exact in the
@@ -165,12 +169,13 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
         RejectReason::kNotRegistered,
         Status::FailedPrecondition("no layout registered: register first"));
   }
-  if (req.assign_upload == 0 || req.assign_phase > kSaved) {
+  if (req.assign_upload == 0 || req.assign_phase > kClear) {
     return Reject(RejectReason::kUploadClaim,
                   Status::InvalidArgument(
                       "assign needs an upload id != 0 and a phase in "
                       "{0 begin, 1 values, 2 commit, 3 read, 4 state, 5 rows "
-                      "with state, 6 scan, 7 saved rows}, got phase " +
+                      "with state, 6 scan, 7 saved rows, 8 clear tables}, "
+                      "got phase " +
                       std::to_string(req.assign_phase)));
   }
   if (req.assign_phase == kScan) return ScanRows(peer, req, data, out);
@@ -179,13 +184,13 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
   const bool records =
       req.assign_phase == kRows || req.assign_phase == kSaved;
   if (req.assign_phase != kValues && req.assign_phase != kState &&
-      !records && !read_rows &&
+      !records && !read_rows && req.assign_phase != kClear &&
       (!req.chunks.empty() || !req.rows.empty() || !data.empty())) {
     return Reject(RejectReason::kSizeMismatch,
                   Status::InvalidArgument(
                       "only an assign of phase 1 (values), 4 (state) or 5 "
-                      "(rows with state) carries chunks or rows, and of "
-                      "phase 3 (read) keys of rows"));
+                      "(rows with state) carries chunks or rows, of phase 3 "
+                      "(read) keys of rows, and of phase 8 (clear) tables"));
   }
   if (read_rows) return ReadRowRecords(peer, req, data, out);
   if (req.assign_phase == kRead) return ReadOptimizerState(peer, req, out);
@@ -235,6 +240,11 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
                       "): begin first"));
   }
   if (req.assign_phase == kCommit) return CommitUpload(req, who);
+  if (req.assign_phase == kClear) {
+    RETURN_IF_ERROR(ClearTables(req, data));
+    upload_claim_.last = now;
+    return Status::OK();
+  }
   if (req.assign_phase == kState || records) {
     RETURN_IF_ERROR(req.assign_phase == kState ? WriteOptimizerState(req, data)
                                                : WriteRowRecords(req, data));
@@ -469,6 +479,57 @@ Status Shard::ScanRows(const std::string& peer, const RequestHeader& req,
   reply->frames.push_back(ByteView{keys, n * sizeof(uint64_t), held});
   reply->frames.push_back(ByteView{records, n * record, held});
   PinUnsent(peer, req.rank, bytes, reply);
+  return Status::OK();
+}
+
+Status Shard::ClearTables(const RequestHeader& req,
+                          const std::vector<ByteView>& data) {
+  if (!sparse_) {
+    return Reject(RejectReason::kUnknownChunk,
+                  Status::NotFound("clear of tables: no sparse table is "
+                                   "registered"));
+  }
+  const size_t num_tables = sparse_->num_tables();
+  if (req.rows.empty() || req.rows.size() > num_tables ||
+      !req.chunks.empty() || !data.empty()) {
+    return Reject(RejectReason::kSizeMismatch,
+                  Status::InvalidArgument(
+                      "a clear of tables names 1 to " +
+                      std::to_string(num_tables) +
+                      " tables (rows refs without keys) and carries no "
+                      "chunks or frames; got " +
+                      std::to_string(req.rows.size()) + " rows refs, " +
+                      std::to_string(req.chunks.size()) + " chunks, " +
+                      std::to_string(data.size()) + " frames"));
+  }
+  // Every ref checked before anything is dropped.
+  std::vector<uint32_t> tables;
+  for (const RowsRef& ref : req.rows) {
+    if (ref.table >= num_tables) {
+      return Reject(RejectReason::kUnknownChunk,
+                    Status::NotFound("clear of unknown table " +
+                                     std::to_string(ref.table) + " (" +
+                                     std::to_string(num_tables) +
+                                     " registered)"));
+    }
+    if (ref.num_keys != 0 || ref.keys_frame != 0 || ref.rows_frame != 0 ||
+        std::find(tables.begin(), tables.end(), ref.table) != tables.end()) {
+      return Reject(RejectReason::kSizeMismatch,
+                    Status::InvalidArgument(
+                        "clear of table '" + sparse_->specs()[ref.table].name +
+                        "': named twice, or with keys or frames"));
+    }
+    tables.push_back(ref.table);
+  }
+  // Refused while a key-range move stages rows of a table here, or when
+  // the store write fails: nothing dropped, and the client retries.
+  Status s = sparse_->ClearTables(tables);
+  if (!s.ok()) {
+    return Reject(s.code() == StatusCode::kFailedPrecondition
+                      ? RejectReason::kStaleLayout
+                      : RejectReason::kStore,
+                  Status::Unavailable(s.ToString() + "; retry"));
+  }
   return Status::OK();
 }
 

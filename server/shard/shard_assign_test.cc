@@ -181,8 +181,8 @@ TEST(ShardAssignTest, HostileValuesAreRefusedWholeBeforeAnyWrite) {
   RequestHeader begin = Values(h, 0, 7, 100, {mine[0]}, 2.0f, &d);
   begin.assign_phase = 0;
   expect_refused(begin, d, RejectReason::kSizeMismatch);
-  // Phase 8 is past the last phase (7: saved rows).
-  expect_refused(Assign(0, 7, 100, 8), {}, RejectReason::kUploadClaim);
+  // Phase 200 is past the last phase (8: clear tables).
+  expect_refused(Assign(0, 7, 100, 200), {}, RejectReason::kUploadClaim);
   // Phase 5 (rows with state) carries rows, nothing else.
   expect_refused(Assign(0, 7, 100, 5), {}, RejectReason::kSizeMismatch);
   expect_refused(Assign(0, 7, 0, 0), {}, RejectReason::kUploadClaim);

@@ -68,7 +68,7 @@ struct Sparse : ShardHarness {
                        const std::vector<uint64_t>& keys,
                        const std::vector<float>& grads, uint8_t codec = 0,
                        bool with_chunk = false, uint64_t id = 0,
-                       uint64_t done_below = 0) {
+                       uint64_t done_below = 0, uint32_t table = 0) {
     std::vector<ByteView> data;
     RequestHeader r;
     if (with_chunk) {
@@ -90,7 +90,7 @@ struct Sparse : ShardHarness {
       data.push_back(ByteView{b->data(), b->size(), b});
     }
     RowsRef ref;
-    ref.table = 0;
+    ref.table = table;
     ref.keys_frame = static_cast<uint32_t>(data.size() - 1);
     ref.rows_frame = static_cast<uint32_t>(data.size());
     ref.num_keys = keys.size();
@@ -102,10 +102,11 @@ struct Sparse : ShardHarness {
   }
   RequestHeader PullRows(int rank, int64_t clock,
                          const std::vector<uint64_t>& keys, uint8_t codec = 0,
-                         bool dense = false) {
+                         bool dense = false, uint32_t table = 0) {
     RequestHeader r = Pull(rank, clock);
     r.pull_dense = dense;
     RowsRef ref;
+    ref.table = table;
     ref.keys_frame = 1;
     ref.num_keys = keys.size();
     ref.codec = codec;
@@ -114,8 +115,10 @@ struct Sparse : ShardHarness {
   }
   // Rows of a pull answered now.
   std::vector<float> Read(int rank, int64_t clock,
-                          const std::vector<uint64_t>& keys) {
-    auto out = Send(PullRows(rank, clock, keys), {Keys(keys)});
+                          const std::vector<uint64_t>& keys,
+                          uint32_t table = 0) {
+    auto out =
+        Send(PullRows(rank, clock, keys, 0, false, table), {Keys(keys)});
     EXPECT_EQ(out.size(), 1u);
     if (out.empty()) return {};
     return RowsOf(out[0]);
@@ -1313,13 +1316,13 @@ ReplyHeader ScanPage(Sparse& s, uint64_t from, uint32_t max, Saved* out,
   return reply.header;
 }
 
-// Every entry of table 0, in pages of `page`.
-Saved ScanAll(Sparse& s, uint32_t page) {
+// Every entry of table `table`, in pages of `page`.
+Saved ScanAll(Sparse& s, uint32_t page, uint32_t table = 0) {
   Saved all;
   uint64_t from = 0;
   for (;;) {
     const size_t before = all.keys.size();
-    ReplyHeader h = ScanPage(s, from, page, &all);
+    ReplyHeader h = ScanPage(s, from, page, &all, table);
     EXPECT_TRUE(h.status.ok()) << h.status.ToString();
     if (!h.status.ok() || all.keys.size() - before < page) break;
     from = all.keys.back() + 1;
@@ -1443,6 +1446,134 @@ TEST(ShardSparseTest, ScannedEntriesRestoreATableExactly) {
   }
   EXPECT_EQ(ScanAll(b, 100), ScanAll(a, 100));
   EXPECT_EQ(b.Read(0, 7, keys), a.Read(0, 7, keys));
+}
+
+// Issue 22: a clear (kAssign phase 8) drops every entry of a table on the
+// shard -- cached, dirty, or evicted to RocksDB -- so saved entries restored
+// after it leave the table equal to the save: ids pushed after the save are
+// gone (read as their initial value), also after a restart from RocksDB;
+// other tables keep theirs; hostile clears are refused and drop nothing.
+ReplyHeader Clear(Sparse& s, RequestHeader claim, std::vector<RowsRef> refs,
+                  std::vector<ByteView> data = {}) {
+  claim.assign_phase = 8;
+  claim.rows = std::move(refs);
+  return s.Call(claim, std::move(data));
+}
+
+RowsRef TableRef(uint32_t table) {
+  RowsRef r;
+  r.table = table;
+  return r;
+}
+
+TEST(ShardSparseTest, ClearedTableHoldsExactlyTheRestoredEntries) {
+  char tmpl[] = "/tmp/asyncps_sparse_clear_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  TableSpec t = Emb();
+  t.optimizer.kind = RowOptimizerKind::kAdaGrad;
+  t.admit_after_pushes = 2;
+  TableSpec other = Emb(4);
+  other.name = "other";
+  ShardOptions o = Opts();
+  o.sparse.cache_bytes = 2048;  // a few rows: most go to RocksDB
+  auto keys_from = [](uint64_t first, size_t n) {
+    std::vector<uint64_t> k;
+    for (uint64_t i = 0; i < n; ++i)
+      k.push_back((first + i) * 0x9e3779b97f4a7c15ULL);
+    return k;
+  };
+  const std::vector<uint64_t> saved_keys = keys_from(1, 200);
+  const std::vector<uint64_t> extra = keys_from(1000, 150);
+  const std::vector<uint64_t> other_keys = keys_from(5000, 40);
+  auto grads = [](size_t n, float g) { return std::vector<float>(n * 4, g); };
+  Saved saved, other_before;
+  std::vector<float> other_rows;
+  RocksDbStoreOptions so;
+  so.path = dir + "/db";
+  {
+    auto store = OpenRocksDbStore(so);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    Sparse s(o, store->get(), {t, other});
+    // Rows of saved_keys (2 pushes: admitted), counters of half of extra.
+    ASSERT_TRUE(s.PushRows(0, 0, saved_keys, grads(200, 1.0f)).status.ok());
+    ASSERT_TRUE(s.PushRows(0, 0, saved_keys, grads(200, 0.5f)).status.ok());
+    ASSERT_TRUE(s.shard->Checkpoint().ok());
+    saved = ScanAll(s, 64);
+    ASSERT_EQ(saved.keys.size(), 200u);
+    // Trained on after the save: the saved rows step on, extra ids become
+    // rows (the first 100) or admission counters, table 1 gets rows.
+    std::vector<uint64_t> rows_extra(extra.begin(), extra.begin() + 100);
+    ASSERT_TRUE(s.PushRows(0, 1, saved_keys, grads(200, 2.0f)).status.ok());
+    ASSERT_TRUE(s.PushRows(0, 1, extra, grads(150, 1.0f)).status.ok());
+    ASSERT_TRUE(s.PushRows(0, 1, rows_extra, grads(100, 1.0f)).status.ok());
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(s.PushRows(0, 1, other_keys, grads(40, 0.25f), 0, false, 0,
+                             0, 1)
+                      .status.ok());
+    }
+    const Saved trained = ScanAll(s, 64);
+    ASSERT_EQ(trained.keys.size(), 350u);
+    EXPECT_GT(s.shard->sparse_tables()->table(0).counters().write_backs, 0u);
+    other_before = ScanAll(s, 64, 1);
+    other_rows = s.Read(0, 2, other_keys, 1);
+    ASSERT_EQ(other_before.keys.size(), 40u);
+
+    // Hostile clears: refused, nothing dropped.
+    RequestHeader claim = Claim(s);
+    RequestHeader stranger = claim;
+    stranger.assign_upload = 6;
+    RowsRef with_keys = TableRef(0);
+    with_keys.num_keys = 1;
+    RowsRef with_frame = TableRef(0);
+    with_frame.keys_frame = 1;
+    struct Bad {
+      RequestHeader claim;
+      std::vector<RowsRef> refs;
+      std::vector<ByteView> data;
+      StatusCode code;
+    };
+    const std::vector<Bad> bad = {
+        {stranger, {TableRef(0)}, {}, StatusCode::kFailedPrecondition},
+        {claim, {}, {}, StatusCode::kInvalidArgument},
+        {claim, {TableRef(2)}, {}, StatusCode::kNotFound},
+        {claim, {TableRef(0), TableRef(0)}, {}, StatusCode::kInvalidArgument},
+        {claim, {TableRef(0), TableRef(1), TableRef(0)}, {},
+         StatusCode::kInvalidArgument},
+        {claim, {TableRef(1), with_keys}, {}, StatusCode::kInvalidArgument},
+        {claim, {with_frame}, {Keys({1})}, StatusCode::kInvalidArgument},
+        {claim, {TableRef(0)}, {Keys({1})}, StatusCode::kInvalidArgument},
+    };
+    for (const Bad& b : bad) {
+      EXPECT_EQ(Clear(s, b.claim, b.refs, b.data).status.code(), b.code);
+      EXPECT_EQ(ScanAll(s, 64), trained);
+      EXPECT_EQ(ScanAll(s, 64, 1), other_before);
+    }
+    // The clear: table 0 is empty, cached and stored; table 1 untouched.
+    ASSERT_TRUE(Clear(s, claim, {TableRef(0)}).status.ok());
+    EXPECT_TRUE(ScanAll(s, 64).keys.empty());
+    EXPECT_EQ(s.shard->sparse_tables()->table(0).cache_rows(), 0u);
+    EXPECT_EQ(s.Read(0, 2, extra), Init(extra));
+    EXPECT_EQ(ScanAll(s, 64, 1), other_before);
+    // Resent (idempotent), then the saved entries and the commit.
+    ASSERT_TRUE(Clear(s, claim, {TableRef(0)}).status.ok());
+    ASSERT_TRUE(WriteSaved(s, claim, saved).status.ok());
+    RequestHeader commit = claim;
+    commit.assign_phase = 2;
+    ASSERT_TRUE(s.Call(commit).status.ok());
+    EXPECT_EQ(ScanAll(s, 64), saved);
+    EXPECT_EQ(ScanAll(s, 64, 1), other_before);
+    ASSERT_TRUE(s.shard->Checkpoint().ok());
+  }
+  // Restarted from RocksDB: the dropped ids do not come back.
+  auto store = OpenRocksDbStore(so);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  Sparse again(o, store->get(), {t, other});
+  EXPECT_EQ(ScanAll(again, 64), saved);
+  EXPECT_EQ(ScanAll(again, 7), saved);
+  EXPECT_EQ(again.Read(0, 2, extra), Init(extra));
+  EXPECT_EQ(again.Read(0, 2, other_keys, 1), other_rows);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

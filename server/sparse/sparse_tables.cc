@@ -304,6 +304,30 @@ Status SparseTables::Scan(uint32_t table, uint64_t from, size_t max,
   return t.ScanPage(from, max, clock_, owned, keys, out, n);
 }
 
+Status SparseTables::ClearTables(const std::vector<uint32_t>& tables) {
+  for (uint32_t t : tables) {
+    if (t < staged_.size() && !staged_[t].empty()) {
+      return Status::FailedPrecondition(
+          "clearing table '" + specs_[t].name +
+          "': a key-range move has rows of it staged here; retry after the "
+          "move");
+    }
+  }
+  if (store_ != nullptr) {
+    // Every store key of a table is 8 bytes (EncodeKey): all of them sort
+    // below nine 0xff bytes.
+    static const std::string kPastLastKey(9, '\xff');
+    std::unique_ptr<StoreBatch> batch = store_->NewBatch();
+    for (uint32_t t : tables)
+      batch->DeleteRange(tables_[t]->space(), std::string_view(), kPastLastKey);
+    RETURN_IF_ERROR(
+        store_->Write({}, batch.get(), SyncMode::kNoSync, WriteKind::kPartial)
+            .WithContext("clearing sparse tables"));
+  }
+  for (uint32_t t : tables) tables_[t]->DropCache();
+  return Status::OK();
+}
+
 Status SparseTables::ReadRecords(uint32_t table, const uint64_t* keys,
                                  size_t n, uint8_t* out) {
   SparseTable& t = *tables_[table];

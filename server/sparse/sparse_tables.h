@@ -155,6 +155,15 @@ class SparseTables {
   // to out (max x table(table).saved_record_bytes()).
   [[nodiscard]] Status Scan(uint32_t table, uint64_t from, size_t max,
                             uint64_t* keys, uint8_t* out, size_t* n);
+  // Drops every entry (rows and admission counters, cached -- dirty ones
+  // too -- or stored) of each table of `tables` (indices < num_tables()):
+  // one store write holding a range delete of each table's key space
+  // (kPartial: the next cut makes it part of one; bounded work whatever
+  // the table holds), then their cache entries. A failed write changes
+  // nothing. FailedPrecondition while a key-range move has records staged
+  // for one of them (retry after the move). BSP sums of the round in
+  // progress are kept: they are pushes, applied at the round's end.
+  [[nodiscard]] Status ClearTables(const std::vector<uint32_t>& tables);
   // Row records (SparseTable::ReadRecordSlice) of keys (checked) into out
   // (n x table(table).record_bytes()).
   [[nodiscard]] Status ReadRecords(uint32_t table, const uint64_t* keys,

@@ -13,17 +13,23 @@ class MemBatch final : public StoreBatch {
     SpaceId space;
     std::string key;
     std::optional<std::string> value;  // nullopt: delete
+    std::optional<std::string> end;    // a range delete of [key, end)
   };
   void Put(SpaceId space, std::string_view key, std::string_view head,
            std::string_view body) override {
     std::string v(head);
     v.append(body);
     bytes_ += key.size() + v.size();
-    ops_.push_back({space, std::string(key), std::move(v)});
+    ops_.push_back({space, std::string(key), std::move(v), std::nullopt});
   }
   void Delete(SpaceId space, std::string_view key) override {
     bytes_ += key.size();
-    ops_.push_back({space, std::string(key), std::nullopt});
+    ops_.push_back({space, std::string(key), std::nullopt, std::nullopt});
+  }
+  void DeleteRange(SpaceId space, std::string_view begin,
+                   std::string_view end) override {
+    bytes_ += begin.size() + end.size();
+    ops_.push_back({space, std::string(begin), std::nullopt, std::string(end)});
   }
   size_t count() const override { return ops_.size(); }
   size_t bytes() const override { return bytes_; }
@@ -57,6 +63,12 @@ Status MemStore::Write(const std::vector<StoreEntry>& entries,
         return Status::InvalidArgument("MemStore: unknown space");
       if (op.value) {
         kv_[{spaces_[op.space], op.key}] = *op.value;
+      } else if (op.end) {
+        const std::string& name = spaces_[op.space];
+        if (op.key < *op.end) {
+          kv_.erase(kv_.lower_bound({name, op.key}),
+                    kv_.lower_bound({name, *op.end}));
+        }
       } else {
         kv_.erase({spaces_[op.space], op.key});
       }

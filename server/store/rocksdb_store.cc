@@ -118,6 +118,10 @@ class RocksBatch final : public StoreBatch {
   void Delete(SpaceId space, std::string_view key) override {
     Check(batch_.Delete((*spaces_)[space], ToSlice(key)));
   }
+  void DeleteRange(SpaceId space, std::string_view begin,
+                   std::string_view end) override {
+    Check(batch_.DeleteRange((*spaces_)[space], ToSlice(begin), ToSlice(end)));
+  }
   size_t count() const override { return batch_.Count(); }
   size_t bytes() const override { return batch_.GetDataSize(); }
   void Clear() override {

@@ -90,6 +90,11 @@ class StoreBatch {
   virtual void Put(SpaceId space, std::string_view key, std::string_view head,
                    std::string_view body) = 0;
   virtual void Delete(SpaceId space, std::string_view key) = 0;
+  // Deletes every record of `space` whose key k has begin <= k < end
+  // (bytewise), whatever the range holds: O(1) in the batch (RocksDB: a
+  // range tombstone). Clearing a sparse table.
+  virtual void DeleteRange(SpaceId space, std::string_view begin,
+                           std::string_view end) = 0;
   // Records in the batch, and its approximate size in bytes.
   virtual size_t count() const = 0;
   virtual size_t bytes() const = 0;

@@ -318,7 +318,8 @@ class ParameterServer:
         every SparseEmbedding "saved": every entry of its table (any uint64
         id; ids, weight, slots, row_steps, admission counts, last-push
         clocks, the saver's clock: asyncps.torch_update). load_optimizer_
-        state_dict() writes it back (with "saved": exactly those entries)."""
+        state_dict() writes it back (with "saved": the table then holds
+        exactly those entries)."""
         return _update.shard_optimizer_state(self)
 
     def load_optimizer_state_dict(self, optimizer_state):
@@ -335,7 +336,14 @@ class ParameterServer:
         and steps, uploaded with the shards' current rows as values; the
         shards check every request whole again (another optimizer's state,
         NaN, negative sums of squares, steps > 2^53) before writing any row
-        of it."""
+        of it. A "tables" entry with "saved" (every save made by
+        optimizer_state_dict()) restores its table exactly: every shard
+        drops all the table's entries first, so ids that are not in the
+        save (rows trained or admitted after it, or on another fleet) are
+        gone and read as the table's initialiser gives them; the saved ids
+        get their rows, state, steps, admission counts and clocks back
+        bitwise. To keep other ids instead, delete "saved" from the entry
+        (only the rows of ids 0..N-1 are then set)."""
         _update.load_shard_optimizer_state(self, optimizer_state)
 
     def load_state_dict(self, state_dict, strict=True, optimizer_state=None):
@@ -347,7 +355,8 @@ class ParameterServer:
         moments and steps) restarts from zero, unless `optimizer_state` (an
         optimizer_state_dict()) is given: then it is written in the same
         upload, as load_optimizer_state_dict would (resuming a checkpoint
-        where it stopped). Rows of the wrong shape,
+        where it stopped; a table with "saved" then equals its save, ids
+        not in it gone). Rows of the wrong shape,
         NaN/Inf, or (strict) a missing one: asyncps.InvalidArgument before
         anything is written."""
         return _update.load_and_upload(self, state_dict, strict, optimizer_state)

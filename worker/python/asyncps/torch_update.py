@@ -64,8 +64,12 @@ hybrid consistency (--consistency=bsp --sparse_consistency=asp) with one
 worker, as test_sparse_resume checks. Every table is also saved whole in
 "tables"[key]["saved"] (ids, rows, optimizer state, admission counts, last-push
 clocks: a paged scan of the shards, kAssign phase 6) and restored exactly
-from it (phase 7, the entries routed by Client::ShardOfRow); an entry with
-"saved" is loaded from it, one without (saves made before) as before.
+from it: each shard first drops every entry of the table (phase 8: rows of
+ids that are not in the save -- a fleet that trained on, or saw other ids --
+are gone, and read as the initialiser gives them), then sets the saved ones
+(phase 7, routed by Client::ShardOfRow), so after the load the table equals
+the save. An entry with "saved" is loaded from it, one without (saves made
+before) as before: its rows of ids 0..N-1 set, other ids kept.
 """
 import collections
 import json
@@ -276,6 +280,12 @@ def _checked_table_state(ps, optimizer_state):
     return out
 
 
+def _cleared(table_state):
+    """The upload's clear argument: the tables restored from "saved" (each
+    shard drops their every entry before the saved ones are set)."""
+    return sorted(i for i, t in table_state.items() if t[0] == "saved")
+
+
 def _rows_upload(ps, values, table_state):
     """The upload's rows argument: embedding i's rows of ids 0..N-1 with
     values[i] (else the shards' own) and, from table_state[i], their state."""
@@ -432,7 +442,7 @@ def load_and_upload(ps, state_dict, strict=True, optimizer_state=None):
     result = ps.model.load_state_dict(dense, strict=strict)
     result.missing_keys.extend(missing)
     ps.client.upload([p.detach().to("cpu").contiguous().numpy() for p in ps.params],
-                     overwrite=True, state=state, rows=rows)
+                     overwrite=True, state=state, rows=rows, clear=_cleared(tables))
     for i, v in values.items():
         if ps.embeddings[i].num_embeddings is None:
             ps.embeddings[i].num_embeddings = len(v)
@@ -443,11 +453,12 @@ def load_and_upload(ps, state_dict, strict=True, optimizer_state=None):
 def load_shard_optimizer_state(ps, optimizer_state):
     """ps.load_optimizer_state_dict(): see the module comment."""
     state = _checked_state(ps, optimizer_state)
-    rows = _rows_upload(ps, {}, _checked_table_state(ps, optimizer_state))
+    tables = _checked_table_state(ps, optimizer_state)
+    rows = _rows_upload(ps, {}, tables)
     if state is None and not rows:
         return  # plain SGD keeps no state
     ps.client.upload([p.detach().to("cpu").contiguous().numpy() for p in ps.params],
-                     overwrite=True, state=state, rows=rows)
+                     overwrite=True, state=state, rows=rows, clear=_cleared(tables))
     ps.pull()
 
 

@@ -3,6 +3,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -73,6 +74,27 @@ void CheckedRowState(const TableSpec& table, size_t n, const py::tuple& t,
   out->clocks = clocks.data();
 }
 
+// A table index or name of an upload argument -> the table's index.
+uint32_t TableIndex(PyClient& self, py::handle t, const char* what) {
+  const std::vector<TableSpec>& tables = self.tables();
+  if (py::isinstance<py::str>(t)) {
+    const std::string name = t.cast<std::string>();
+    size_t i = 0;
+    while (i < tables.size() && tables[i].name != name) ++i;
+    if (i == tables.size()) {
+      Raise(Status::NotFound(std::string(what) + ": no registered table '" +
+                             name + "'"));
+    }
+    return static_cast<uint32_t>(i);
+  }
+  const uint32_t table = t.cast<uint32_t>();
+  if (table >= tables.size()) {
+    Raise(Status::NotFound(std::string(what) + ": no table " +
+                           std::to_string(table)));
+  }
+  return table;
+}
+
 // (table index or name, keys, values[, optimizer, state, steps]) ->
 // RowsValues pointing into the arrays, kept alive in `keep`.
 std::vector<worker::RowsValues> CheckedRows(PyClient& self,
@@ -87,19 +109,7 @@ std::vector<worker::RowsValues> CheckedRows(PyClient& self,
           "rows: each entry is (table, keys, values), (table, keys, values, "
           "optimizer, state, steps) or (..., steps, kinds, clocks)"));
     }
-    uint32_t table = 0;
-    if (py::isinstance<py::str>(t[0])) {
-      const std::string name = t[0].cast<std::string>();
-      size_t i = 0;
-      while (i < tables.size() && tables[i].name != name) ++i;
-      if (i == tables.size())
-        Raise(Status::NotFound("rows: no registered table '" + name + "'"));
-      table = static_cast<uint32_t>(i);
-    } else {
-      table = t[0].cast<uint32_t>();
-      if (table >= tables.size())
-        Raise(Status::NotFound("rows: no table " + std::to_string(table)));
-    }
+    const uint32_t table = TableIndex(self, t[0], "rows");
     KeysArray keys = KeysArray::ensure(t[1]);
     if (!keys || keys.ndim() != 1)
       Raise(Status::InvalidArgument("rows of '" + tables[table].name +
@@ -250,7 +260,8 @@ void AddAssignMethods(py::class_<PyClient, std::shared_ptr<PyClient>>& c) {
        "upload",
        [](PyClient& self, const py::sequence& arrays, bool overwrite,
           uint64_t max_request_bytes, double timeout_s,
-          const py::sequence& rows, const py::object& state) {
+          const py::sequence& rows, const py::object& state,
+          const py::sequence& clear) {
          if (!self.registered()) {
            Raise(Status::FailedPrecondition(
                "upload before register(): register the model first"));
@@ -261,6 +272,24 @@ void AddAssignMethods(py::class_<PyClient, std::shared_ptr<PyClient>>& c) {
          std::vector<py::object> keep;
          std::vector<worker::RowsValues> row_values =
              CheckedRows(self, rows, &keep);
+         // Tables cleared first (kAssign phase 8): their rows entry, or an
+         // entry of no rows.
+         for (py::handle item : clear) {
+           const uint32_t table = TableIndex(self, item, "clear");
+           auto it = std::find_if(
+               row_values.begin(), row_values.end(),
+               [&](const worker::RowsValues& r) { return r.table == table; });
+           if (it == row_values.end()) {
+             row_values.emplace_back();
+             row_values.back().table = table;
+             it = row_values.end() - 1;
+           } else if (it->clear) {
+             Raise(Status::InvalidArgument("clear: table '" +
+                                           self.tables()[table].name +
+                                           "' named twice"));
+           }
+           it->clear = true;
+         }
          worker::UploadOptions o;
          o.overwrite = overwrite;
          o.max_request_bytes = max_request_bytes;
@@ -279,7 +308,7 @@ void AddAssignMethods(py::class_<PyClient, std::shared_ptr<PyClient>>& c) {
        py::arg("values"), py::arg("overwrite") = false,
        py::arg("max_request_bytes") = uint64_t{16} << 20,
        py::arg("timeout_s") = 600.0, py::arg("rows") = py::list(),
-       py::arg("state") = py::none(),
+       py::arg("state") = py::none(), py::arg("clear") = py::list(),
        "Makes `values` (float32 arrays, one per registered tensor) the "
        "shards' weights, unless another worker's upload wins the race or "
        "the shards' values are final (trained or uploaded) and not "
@@ -294,7 +323,10 @@ void AddAssignMethods(py::class_<PyClient, std::shared_ptr<PyClient>>& c) {
        "of its chunks' optimizer steps or of one for all) becomes the "
        "shards' optimizer state (kAssign phase 4; a shard running another "
        "optimizer refuses it before any value is written); without it the "
-       "shards' optimizer state restarts from zero.")
+       "shards' optimizer state restarts from zero. `clear`: tables (index "
+       "or name) whose every entry each shard drops first (kAssign phase "
+       "8), so they hold exactly the rows given (a restore of a table "
+       "saved whole); other tables keep the rows of keys not given.")
       .def(
           "optimizer_state",
           [](PyClient& self, double timeout_s) {
