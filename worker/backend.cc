@@ -75,6 +75,21 @@ int64_t Backend::tensor_elems(size_t i) const {
   return (i % 2 == 0) ? int64_t{layers_[layer]} * out : out;
 }
 
+StatusOr<float> Backend::ForwardBackwardLayered(
+    const float* x, const uint8_t* y, int batch,
+    const std::vector<float*>& host_grads, const LayerHooks& hooks) {
+  (void)x, (void)y, (void)batch, (void)host_grads, (void)hooks;
+  return Status::Unimplemented("the " + name() +
+                               " backend has no layered step (--overlap)");
+}
+
+Status Backend::SetLayerParameters(int layer, const float* weight,
+                                   const float* bias) {
+  (void)layer, (void)weight, (void)bias;
+  return Status::Unimplemented("the " + name() +
+                               " backend has no layered step (--overlap)");
+}
+
 Status Backend::CheckParams(
     const std::vector<const float*>& host_tensors) const {
   if (host_tensors.size() != num_tensors()) {

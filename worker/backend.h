@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,6 +36,19 @@ struct BackendOptions {
   DeviceKind device = DeviceKind::kAuto;  // Default: auto.
   int threads = 1;  // CPU: OpenBLAS threads (process-wide), >= 1. Default: 1.
   int cuda_device = 0;  // CUDA: device ordinal. Default: 0.
+};
+
+// Callbacks of a layered step (Backend::ForwardBackwardLayered), called on
+// the calling thread; an error stops the step and is returned by it. Layer
+// l (0-based) holds tensors 2l (weight) and 2l+1 (bias), see model.h.
+struct LayerHooks {
+  // Before layer l's forward, l = 0, 1, ..., L-1: may set the layer's
+  // parameters (SetLayerParameters), e.g. once they arrived. Null: none.
+  std::function<Status(int layer)> before_forward;
+  // Once layer l's gradients are complete in host_grads[2l] and
+  // host_grads[2l+1], l = L-1, ..., 0 (backward order): may read (push)
+  // them while backward goes on with the layers below. Null: none.
+  std::function<Status(int layer)> after_backward;
 };
 
 struct EvalResult {
@@ -72,6 +86,24 @@ class Backend {
   virtual StatusOr<float> ForwardBackward(
       const float* x, const uint8_t* y, int batch,
       const std::vector<float*>& host_grads) = 0;
+
+  // True when ForwardBackwardLayered and SetLayerParameters are
+  // implemented (the CPU backend). Default: false.
+  virtual bool supports_layered_steps() const { return false; }
+
+  // As ForwardBackward with host gradients (required), calling `hooks`
+  // around each layer (LayerHooks); the loss and gradients are bitwise
+  // those of ForwardBackward with the same parameters. Default:
+  // Unimplemented.
+  virtual StatusOr<float> ForwardBackwardLayered(
+      const float* x, const uint8_t* y, int batch,
+      const std::vector<float*>& host_grads, const LayerHooks& hooks);
+
+  // As SetParameters for layer `layer`'s weight and bias only (host
+  // buffers, model.h shapes; reusable once this returns). Default:
+  // Unimplemented.
+  virtual Status SetLayerParameters(int layer, const float* weight,
+                                    const float* bias);
 
   // Loss and accuracy on n examples with the current parameters (forward
   // only, processed in chunks).

@@ -1,5 +1,5 @@
 # The parameter-server client library and the ps_worker binary.
-add_library(asyncps_client client.cc upload.cc ps_store.cc evaluator.cc internal/rows_plan.cc)
+add_library(asyncps_client client.cc upload.cc ps_store.cc evaluator.cc overlap.cc internal/rows_plan.cc)
 add_library(asyncps::client ALIAS asyncps_client)
 target_include_directories(asyncps_client PUBLIC ${PROJECT_SOURCE_DIR})
 target_link_libraries(asyncps_client

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "worker/internal/backends.h"
@@ -51,6 +52,17 @@ class CpuBackend final : public Backend {
   StatusOr<float> ForwardBackward(
       const float* x, const uint8_t* y, int batch,
       const std::vector<float*>& host_grads) override {
+    return ForwardBackwardLayered(x, y, batch, host_grads, LayerHooks());
+  }
+
+  bool supports_layered_steps() const override { return true; }
+
+  // The one implementation of the step: ForwardBackward is this without
+  // hooks, so both give the same bits.
+  StatusOr<float> ForwardBackwardLayered(const float* x, const uint8_t* y,
+                                         int batch,
+                                         const std::vector<float*>& host_grads,
+                                         const LayerHooks& hooks) override {
     RETURN_IF_ERROR(CheckStepArgs(x, y, batch, host_grads.size(),
                                   /*grads_optional=*/false));
     for (size_t i = 0; i < host_grads.size(); ++i) {
@@ -58,7 +70,7 @@ class CpuBackend final : public Backend {
         return Status::InvalidArgument("null gradient buffer");
     }
     EnsureCapacity(batch);
-    Forward(x, batch);
+    RETURN_IF_ERROR(Forward(x, batch, hooks.before_forward));
     const size_t L = layers_.size() - 1;
     const float loss = SoftmaxXent(act_[L].data(), y, batch, delta_[L].data());
     for (size_t l = L; l-- > 0;) {
@@ -68,6 +80,9 @@ class CpuBackend final : public Backend {
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, in, out, batch, 1.0f,
                   a_prev, in, dz, out, 0.0f, host_grads[2 * l], out);
       ColumnSums(dz, batch, out, host_grads[2 * l + 1]);
+      if (hooks.after_backward) {
+        RETURN_IF_ERROR(hooks.after_backward(static_cast<int>(l)));
+      }
       if (l > 0) {
         float* da = delta_[l].data();
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, batch, in, out,
@@ -76,6 +91,21 @@ class CpuBackend final : public Backend {
       }
     }
     return loss;
+  }
+
+  Status SetLayerParameters(int layer, const float* weight,
+                            const float* bias) override {
+    if (layer < 0 || static_cast<size_t>(layer) + 1 >= layers_.size()) {
+      return Status::InvalidArgument("SetLayerParameters: no layer " +
+                                     std::to_string(layer));
+    }
+    if (weight == nullptr || bias == nullptr)
+      return Status::InvalidArgument("SetLayerParameters: null tensor");
+    std::memcpy(params_[2 * layer].data(), weight,
+                params_[2 * layer].size() * sizeof(float));
+    std::memcpy(params_[2 * layer + 1].data(), bias,
+                params_[2 * layer + 1].size() * sizeof(float));
+    return Status::OK();
   }
 
   StatusOr<EvalResult> Evaluate(const float* x, const uint8_t* y,
@@ -95,7 +125,7 @@ class CpuBackend final : public Backend {
           return Status::InvalidArgument("label out of range");
       }
       EnsureCapacity(b);
-      Forward(x + begin * in_dim, b);
+      RETURN_IF_ERROR(Forward(x + begin * in_dim, b, nullptr));
       const float* logits = act_[L].data();
       for (int r = 0; r < b; ++r) {
         const float* z = logits + static_cast<size_t>(r) * classes;
@@ -128,11 +158,14 @@ class CpuBackend final : public Backend {
     capacity_ = batch;
   }
 
-  // act_[l] for l = 1..L: post-ReLU activations for hidden layers, logits last.
-  void Forward(const float* x, int batch) {
+  // act_[l] for l = 1..L: post-ReLU activations for hidden layers, logits
+  // last. `before` (may be null) runs before each layer.
+  Status Forward(const float* x, int batch,
+                 const std::function<Status(int)>& before) {
     const size_t L = layers_.size() - 1;
     const float* a = x;
     for (size_t l = 0; l < L; ++l) {
+      if (before) RETURN_IF_ERROR(before(static_cast<int>(l)));
       const int in = layers_[l], out = layers_[l + 1];
       float* z = act_[l + 1].data();
       const float* bias = params_[2 * l + 1].data();
@@ -145,6 +178,7 @@ class CpuBackend final : public Backend {
       if (l + 1 < L) Relu(z, static_cast<size_t>(batch) * out);
       a = z;
     }
+    return Status::OK();
   }
 
   static void Relu(float* __restrict z, size_t n) {

@@ -25,6 +25,7 @@
 #include "worker/evaluator.h"
 #include "worker/idx_reader.h"
 #include "worker/model.h"
+#include "worker/overlap.h"
 #include "worker/ps_store.h"
 #include "worker/trainer.h"
 
@@ -110,6 +111,21 @@ DEFINE_bool(prefetch_ahead, false,
             "network overlaps compute, and the weights lack this worker's "
             "own latest update (for ASP, or SSP with s >= 1)");
 
+DEFINE_bool(overlap, false,
+            "Overlap communication with backward (CPU backend): each "
+            "layer's gradients are pushed as soon as backward has them "
+            "(one push per shard under BSP), each shard is clocked as soon "
+            "as its pushes are out, and the next pull comes by layer groups "
+            "in forward order, each waited for just before its layer's "
+            "forward. Needs raw pulls (no --pull_codec), no --prefetch_ahead, "
+            "no --etcd; under BSP the weights are bitwise those without it");
+DEFINE_int32(pipeline_shards, 0,
+             "--overlap: after this many shards were clocked, the next push "
+             "waits until the pushes in flight are acknowledged, so that "
+             "their rounds close and their weights come down while it goes "
+             "up (about the number of hosts the shards run on); 0: never "
+             "wait");
+
 DEFINE_string(weights_out, "",
               "After training, pull the final weights (at the last clock) "
               "and write them to this file: every tensor's fp32 values in "
@@ -156,23 +172,58 @@ void PrintStepTime(const asyncps::worker::TrainResult& r) {
   std::fflush(stdout);
 }
 
-// --drop_last: true/false, or auto = on when shard 0 runs BSP.
-StatusOr<bool> ResolveDropLast(Client* client) {
-  if (FLAGS_drop_last == "true") return true;
-  if (FLAGS_drop_last == "false") return false;
+// Shard 0's consistency mode ("bsp", "ssp", "asp"), read from its stats.
+StatusOr<std::string> ShardConsistency(Client* client) {
   std::vector<std::string> stats;
-  RETURN_IF_ERROR(
-      client->Stats(&stats, std::chrono::seconds(FLAGS_timeout_s))
-          .WithContext("--drop_last=auto reads the shards' consistency"));
+  RETURN_IF_ERROR(client->Stats(&stats, std::chrono::seconds(FLAGS_timeout_s)));
   const nlohmann::json j = nlohmann::json::parse(
       stats.empty() ? std::string("{}") : stats[0], nullptr,
       /*allow_exceptions=*/false);
   if (!j.is_object() || !j.contains("consistency") ||
       !j["consistency"].is_string()) {
-    return Status::Internal(
-        "--drop_last=auto: shard 0's stats do not name its consistency");
+    return Status::Internal("shard 0's stats do not name its consistency");
   }
-  return j["consistency"].get<std::string>() == "bsp";
+  return j["consistency"].get<std::string>();
+}
+
+// --drop_last: true/false, or auto = on when shard 0 runs BSP.
+StatusOr<bool> ResolveDropLast(Client* client) {
+  if (FLAGS_drop_last == "true") return true;
+  if (FLAGS_drop_last == "false") return false;
+  StatusOr<std::string> mode = ShardConsistency(client);
+  RETURN_IF_ERROR(mode.status().WithContext(
+      "--drop_last=auto reads the shards' consistency"));
+  return *mode == "bsp";
+}
+
+// --overlap's checks that need no shard: InvalidArgument naming the flags.
+Status CheckOverlapFlags(bool eval_role) {
+  if (FLAGS_pipeline_shards < 0)
+    return Status::InvalidArgument("--pipeline_shards must be >= 0");
+  if (!FLAGS_overlap) {
+    if (FLAGS_pipeline_shards > 0) {
+      return Status::InvalidArgument(
+          "--pipeline_shards applies to --overlap only");
+    }
+    return Status::OK();
+  }
+  if (FLAGS_prefetch_ahead) {
+    return Status::InvalidArgument(
+        "--overlap pulls by layer groups behind each shard's clock and "
+        "cannot be combined with --prefetch_ahead");
+  }
+  if (!FLAGS_pull_codec.empty() && FLAGS_pull_codec != "none") {
+    return Status::InvalidArgument(
+        "--overlap needs raw pulls: drop --pull_codec=" + FLAGS_pull_codec);
+  }
+  if (!FLAGS_etcd.empty()) {
+    return Status::InvalidArgument(
+        "--overlap needs a fixed layout: an elastic fleet (--etcd) moves "
+        "chunks between shards during a step");
+  }
+  if (eval_role)
+    return Status::InvalidArgument("--overlap is for --role=train");
+  return Status::OK();
 }
 
 // --weights_out: the weights after the last update, pulled at `clock`.
@@ -248,6 +299,7 @@ Status Main() {
         "--device_compression must be auto, on or off");
   }
   ASSIGN_OR_RETURN(DeviceKind device, ParseDeviceKind(FLAGS_device));
+  RETURN_IF_ERROR(CheckOverlapFlags(eval_role));
   RETURN_IF_ERROR(metrics::ValidateMetricsFlags());
   if (FLAGS_metrics_linger_s < 0) {
     return Status::InvalidArgument("--metrics_linger_s must be >= 0");
@@ -264,6 +316,8 @@ Status Main() {
             << " chunk_elems=" << FLAGS_chunk_elems
             << " normalize=" << FLAGS_normalize
             << " prefetch_ahead=" << FLAGS_prefetch_ahead
+            << " overlap=" << FLAGS_overlap
+            << " pipeline_shards=" << FLAGS_pipeline_shards
             << " device_compression=" << FLAGS_device_compression
             << " metrics_csv='" << FLAGS_metrics_csv << "'";
 
@@ -288,6 +342,11 @@ Status Main() {
   bo.device = device;
   bo.threads = FLAGS_threads;
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, Backend::Create(bo));
+  if (FLAGS_overlap && !backend->supports_layered_steps()) {
+    return Status::InvalidArgument(
+        "--overlap needs the CPU backend (--device=cpu); the " +
+        backend->name() + " backend has no layered step");
+  }
 
   ClientOptions co;
   co.servers = servers;
@@ -414,9 +473,26 @@ Status Main() {
             << (device_push ? "device" : "host")
             << " (--device_compression=" << FLAGS_device_compression << ")";
 
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<Trainer> trainer,
-      Trainer::Create(to, backend.get(), store.get(), &train, &test));
+  std::unique_ptr<OverlapScheduler> overlap;
+  if (FLAGS_overlap) {
+    OverlapOptions oo;
+    for (size_t l = 0; l + 1 < layers.size(); ++l) {
+      oo.layers.push_back(
+          {static_cast<uint32_t>(2 * l), static_cast<uint32_t>(2 * l + 1)});
+    }
+    ASSIGN_OR_RETURN(std::string mode, ShardConsistency(client.get()));
+    oo.buckets =
+        mode == "bsp" ? PushBuckets::kPerShard : PushBuckets::kPerLayer;
+    oo.pipeline_shards = FLAGS_pipeline_shards;
+    ASSIGN_OR_RETURN(
+        overlap, OverlapScheduler::Create(store.get(), client->layout(), oo));
+    LOG(INFO) << "overlap: " << mode << " shards, pushes "
+              << (mode == "bsp" ? "per shard" : "per layer") << ", "
+              << overlap->pull_groups().size() << " pull groups";
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                   Trainer::Create(to, backend.get(), store.get(), &train,
+                                   &test, overlap.get()));
   LOG(INFO) << "training " << trainer->total_steps() << " steps ("
             << trainer->batches_per_epoch() << " per epoch) on "
             << backend->name() << " against " << servers.size() << " shard(s)";
@@ -443,6 +519,20 @@ Status Main() {
   LOG(INFO) << "codec: encode_ms_total=" << r.traffic.encode_ns / 1e6
             << " steps=" << r.steps;
   PrintStepTime(r);
+  if (overlap) {
+    // Parsed by the overlap tests and experiments/bench (stage waits are in
+    // STEP_TIME's other_ms).
+    const OverlapStats& os = overlap->stats();
+    std::printf(
+        "OVERLAP rank=%d steps=%lld pushes=%lld shard_clocks=%lld "
+        "stage_waits=%lld stage_wait_ms=%.3f pull_groups=%lld\n",
+        FLAGS_rank, static_cast<long long>(os.steps),
+        static_cast<long long>(os.pushes),
+        static_cast<long long>(os.shard_clocks),
+        static_cast<long long>(os.stage_waits), os.stage_wait_ns / 1e6,
+        static_cast<long long>(os.pull_groups));
+    std::fflush(stdout);
+  }
   if (metrics_server && FLAGS_metrics_linger_s > 0) {
     std::fflush(stdout);
     std::this_thread::sleep_for(

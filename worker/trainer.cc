@@ -26,10 +26,11 @@ const char kMetricsCsvHeader[] =
 
 Trainer::Trainer(const TrainerOptions& options, Backend* backend,
                  ParameterStore* store, const Dataset* train,
-                 const Dataset* test)
+                 const Dataset* test, LayeredStep* layered)
     : options_(options),
       backend_(backend),
       store_(store),
+      layered_(layered),
       train_(train),
       test_(test) {}
 
@@ -39,11 +40,9 @@ int64_t Trainer::batches_per_epoch() const {
   return batches_->batches_per_epoch();
 }
 
-StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o,
-                                                   Backend* backend,
-                                                   ParameterStore* store,
-                                                   const Dataset* train,
-                                                   const Dataset* test) {
+StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
+    const TrainerOptions& o, Backend* backend, ParameterStore* store,
+    const Dataset* train, const Dataset* test, LayeredStep* layered) {
   if (backend == nullptr || store == nullptr || train == nullptr) {
     return Status::InvalidArgument(
         "Trainer needs a backend, a parameter store and training data");
@@ -91,7 +90,14 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& o,
           " pixels, train images " + std::to_string(train->dim()));
     }
   }
-  std::unique_ptr<Trainer> t(new Trainer(o, backend, store, train, test));
+  if (layered != nullptr && !backend->supports_layered_steps()) {
+    return Status::InvalidArgument(
+        "overlapping communication with backward needs a backend with "
+        "layered steps (the CPU backend); " +
+        backend->name() + " has none");
+  }
+  std::unique_ptr<Trainer> t(
+      new Trainer(o, backend, store, train, test, layered));
   BatchOptions bo;
   bo.partition.rank = o.rank;
   bo.partition.num_workers = o.num_workers;
@@ -130,6 +136,12 @@ StatusOr<EvalResult> Trainer::Evaluate() {
                             test_->num_examples);
 }
 
+double Trainer::StoreSeconds() const {
+  const TrafficStats t = store_->traffic();
+  const int64_t uncounted = layered_ ? layered_->uncounted_wait_ns() : 0;
+  return (t.pull_wait_ns + t.push_ns + t.clock_ns + uncounted) / 1e9;
+}
+
 StatusOr<TrainResult> Trainer::Run() {
   TrainResult result;
   std::vector<float*> weight_ptrs;
@@ -142,8 +154,9 @@ StatusOr<TrainResult> Trainer::Run() {
 
   // Device path: the gradients stay on the GPU and the store compresses
   // them there; otherwise they are copied to grads_ and pushed from there.
-  const bool device_push =
-      backend_->device_grad(0) != nullptr && store_->AcceptsDeviceGradients();
+  const bool device_push = layered_ == nullptr &&
+                           backend_->device_grad(0) != nullptr &&
+                           store_->AcceptsDeviceGradients();
   std::vector<const float*> device_grads(backend_->num_tensors(), nullptr);
   const std::vector<float*> no_host_grads;
 
@@ -157,6 +170,31 @@ StatusOr<TrainResult> Trainer::Run() {
   int64_t last_log_samples = 0;
   double last_log_eval_s = 0;
 
+  // Layered steps: each layer's weights of the pull in flight are waited
+  // for right before its forward (`arriving`: this step's weights are
+  // those of a pull by layers), each layer's gradients handed over as soon
+  // as they are complete.
+  const int num_layers = static_cast<int>(options_.layers.size()) - 1;
+  bool arriving = false;
+  LayerHooks hooks;
+  if (layered_ != nullptr) {
+    hooks.before_forward = [&](int l) -> Status {
+      if (!arriving) return Status::OK();
+      RETURN_IF_ERROR(layered_->WaitLayer(l, weight_ptrs));
+      return backend_->SetLayerParameters(l, weights_[2 * l].data(),
+                                          weights_[2 * l + 1].data());
+    };
+    hooks.after_backward = [&](int l) {
+      return layered_->LayerGradientsReady(l);
+    };
+  }
+  // Completes a pull by layers in flight into weights_ and the backend.
+  auto finish_layered_pull = [&]() -> Status {
+    RETURN_IF_ERROR(layered_->WaitLayer(num_layers - 1, weight_ptrs));
+    arriving = false;
+    return backend_->SetParameters(weight_cptrs);
+  };
+
   auto evaluate = [&]() -> Status {
     const auto t0 = Clock::now();
     ASSIGN_OR_RETURN(EvalResult e, Evaluate());
@@ -169,21 +207,37 @@ StatusOr<TrainResult> Trainer::Run() {
 
   for (int64_t step = 0; step < total_steps_; ++step) {
     ASSIGN_OR_RETURN(const Batch* batch, batches_->Next());
-    RETURN_IF_ERROR(store_->Pull(step, weight_ptrs)
-                        .WithContext("pull at clock " + std::to_string(step)));
-    RETURN_IF_ERROR(backend_->SetParameters(weight_cptrs));
+    const std::string at = " at clock " + std::to_string(step);
+    arriving = layered_ != nullptr && layered_->pull_pending();
+    if (!arriving) {
+      RETURN_IF_ERROR(store_->Pull(step, weight_ptrs).WithContext("pull" + at));
+      RETURN_IF_ERROR(backend_->SetParameters(weight_cptrs));
+    }
     bool evaluated = false;
     if (options_.eval && options_.eval_every > 0 && step > 0 &&
         step % options_.eval_every == 0) {
+      if (arriving) {
+        RETURN_IF_ERROR(finish_layered_pull().WithContext("pull" + at));
+      }
       RETURN_IF_ERROR(evaluate());
       evaluated = true;
     }
     const auto c0 = Clock::now();
-    ASSIGN_OR_RETURN(
-        float loss,
-        backend_->ForwardBackward(batch->x.data(), batch->y.data(), batch->size,
-                                  device_push ? no_host_grads : grad_ptrs));
-    const double compute_s = Seconds(c0, Clock::now());
+    double compute_s = 0;
+    float loss = 0;
+    if (layered_ != nullptr) {
+      const double store_s = StoreSeconds();
+      RETURN_IF_ERROR(layered_->BeginBackward(step, grad_cptrs));
+      ASSIGN_OR_RETURN(loss, backend_->ForwardBackwardLayered(
+                                 batch->x.data(), batch->y.data(), batch->size,
+                                 grad_ptrs, hooks));
+      compute_s = Seconds(c0, Clock::now()) - (StoreSeconds() - store_s);
+    } else {
+      ASSIGN_OR_RETURN(loss, backend_->ForwardBackward(
+                                 batch->x.data(), batch->y.data(), batch->size,
+                                 device_push ? no_host_grads : grad_ptrs));
+      compute_s = Seconds(c0, Clock::now());
+    }
     if (!std::isfinite(loss)) {
       return Status::Internal(
           "training diverged: loss is " + std::to_string(loss) + " at step " +
@@ -193,7 +247,9 @@ StatusOr<TrainResult> Trainer::Run() {
       std::this_thread::sleep_for(
           std::chrono::duration<double>((options_.slowdown - 1.0) * compute_s));
     }
-    if (device_push) {
+    if (layered_ != nullptr) {
+      RETURN_IF_ERROR(layered_->EndStep().WithContext("overlapped push" + at));
+    } else if (device_push) {
       for (size_t i = 0; i < device_grads.size(); ++i)
         device_grads[i] = backend_->device_grad(i);
       RETURN_IF_ERROR(
@@ -204,7 +260,7 @@ StatusOr<TrainResult> Trainer::Run() {
           store_->Push(step, grad_cptrs)
               .WithContext("push at clock " + std::to_string(step)));
     }
-    RETURN_IF_ERROR(store_->Clock(step + 1));
+    if (layered_ == nullptr) RETURN_IF_ERROR(store_->Clock(step + 1));
     samples += batch->size;
     result.compute_s += compute_s;
     interval_loss += loss;
@@ -218,9 +274,13 @@ StatusOr<TrainResult> Trainer::Run() {
     const bool last = step + 1 == total_steps_;
     if (last && options_.eval) {
       // Final evaluation with the weights after the last update.
-      RETURN_IF_ERROR(
-          store_->Pull(step + 1, weight_ptrs).WithContext("final pull"));
-      RETURN_IF_ERROR(backend_->SetParameters(weight_cptrs));
+      if (layered_ != nullptr && layered_->pull_pending()) {
+        RETURN_IF_ERROR(finish_layered_pull().WithContext("final pull"));
+      } else {
+        RETURN_IF_ERROR(
+            store_->Pull(step + 1, weight_ptrs).WithContext("final pull"));
+        RETURN_IF_ERROR(backend_->SetParameters(weight_cptrs));
+      }
       RETURN_IF_ERROR(evaluate());
       evaluated = true;
     }

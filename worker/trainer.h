@@ -11,6 +11,15 @@
 // evaluated with the freshly pulled weights every `eval_every` steps and
 // after the last step.
 //
+// With a LayeredStep (worker/layered_step.h; ps_worker --overlap) every
+// step after the first runs Backend::ForwardBackwardLayered instead: each
+// layer waits for its own weights of the pull in flight before its forward
+// (Backend::SetLayerParameters), and each layer's gradients go to the
+// LayeredStep as soon as backward has them; LayeredStep::EndStep replaces
+// Push and Clock. compute_ms then leaves out the time spent in the store
+// (pull waits, pushes, clocks, LayeredStep::uncounted_wait_ns) during the
+// step.
+//
 // Output: a metrics CSV (one row per logged step, columns below), a
 // progress line on stderr every `log_every` steps, and a SUMMARY line on
 // stdout at the end:
@@ -32,6 +41,7 @@
 #include "worker/backend.h"
 #include "worker/data_partition.h"
 #include "worker/idx_reader.h"
+#include "worker/layered_step.h"
 #include "worker/parameter_store.h"
 #include "worker/worker_metrics.h"
 
@@ -106,10 +116,12 @@ class Trainer {
  public:
   // Validates options against the data and the backend (layer sizes, batch,
   // rank, test set present when eval is on). `test` may be null when
-  // options.eval is false.
+  // options.eval is false. `layered` (borrowed; may be null: no overlap)
+  // must drive the same store; the backend must then support layered steps.
   static StatusOr<std::unique_ptr<Trainer>> Create(
       const TrainerOptions& options, Backend* backend, ParameterStore* store,
-      const Dataset* train, const Dataset* test);
+      const Dataset* train, const Dataset* test,
+      LayeredStep* layered = nullptr);
   ~Trainer();
 
   // Steps a run with these options takes on a training set of n examples:
@@ -125,12 +137,17 @@ class Trainer {
 
  private:
   Trainer(const TrainerOptions& options, Backend* backend,
-          ParameterStore* store, const Dataset* train, const Dataset* test);
+          ParameterStore* store, const Dataset* train, const Dataset* test,
+          LayeredStep* layered);
   StatusOr<EvalResult> Evaluate();
+  // The store's time (pull waits, pushes, clocks, the LayeredStep's other
+  // waits) so far, in seconds.
+  double StoreSeconds() const;
 
   const TrainerOptions options_;
   Backend* const backend_;
   ParameterStore* const store_;
+  LayeredStep* const layered_;
   const Dataset* const train_;
   const Dataset* const test_;
   std::unique_ptr<BatchIterator> batches_;

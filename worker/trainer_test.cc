@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -350,6 +351,111 @@ TEST_F(TrainerTest, DeviceGradientsReachPushDeviceUnchanged) {
     EXPECT_EQ(host.no_host_grad_steps, 0);
     EXPECT_EQ(host.pushed, device.pushed);
   }
+}
+
+// A LayeredStep over a LocalParameterStore: keeps each layer's gradients
+// as its hook hands them over (a later change to the buffers would be
+// missed), pushes them and pulls the next weights at EndStep, and writes
+// them out layer by layer in WaitLayer. Records the calls.
+class RecordingLayeredStep : public LayeredStep {
+ public:
+  RecordingLayeredStep(LocalParameterStore* store, size_t num_layers)
+      : store_(store), num_layers_(num_layers) {
+    for (const TensorSpec& t : store->specs()) {
+      kept_.emplace_back(t.num_elements());
+      pulled_.emplace_back(t.num_elements());
+    }
+  }
+  Status BeginBackward(int64_t clock,
+                       const std::vector<const float*>& grads) override {
+    clock_ = clock, grads_ = grads;
+    return Status::OK();
+  }
+  Status LayerGradientsReady(int layer) override {
+    calls.push_back("g" + std::to_string(layer));
+    if (pending_) return Status::FailedPrecondition("pull pending");
+    for (size_t t : {2 * layer, 2 * layer + 1})
+      std::memcpy(kept_[t].data(), grads_[t], kept_[t].size() * 4);
+    return Status::OK();
+  }
+  Status EndStep() override {
+    calls.push_back("end");
+    std::vector<const float*> k;
+    std::vector<float*> p;
+    for (auto& t : kept_) k.push_back(t.data());
+    for (auto& t : pulled_) p.push_back(t.data());
+    RETURN_IF_ERROR(store_->Push(clock_, k));
+    RETURN_IF_ERROR(store_->Clock(clock_ + 1));
+    RETURN_IF_ERROR(store_->Pull(clock_ + 1, p));
+    pending_ = true, written_ = 0;
+    return Status::OK();
+  }
+  bool pull_pending() const override { return pending_; }
+  int64_t uncounted_wait_ns() const override { return 0; }
+  Status WaitLayer(int layer, const std::vector<float*>& tensors) override {
+    calls.push_back("w" + std::to_string(layer));
+    for (; pending_ && written_ <= static_cast<size_t>(layer); ++written_) {
+      for (size_t t : {2 * written_, 2 * written_ + 1})
+        std::memcpy(tensors[t], pulled_[t].data(), pulled_[t].size() * 4);
+    }
+    if (written_ == num_layers_) pending_ = false;
+    return Status::OK();
+  }
+  std::vector<std::string> calls;
+
+ private:
+  LocalParameterStore* store_;
+  size_t num_layers_;
+  int64_t clock_ = 0;
+  std::vector<const float*> grads_;
+  std::vector<std::vector<float>> kept_, pulled_;
+  bool pending_ = false;
+  size_t written_ = 0;
+};
+
+// Layered steps (--overlap) train exactly as plain ones: same final
+// weights and accuracy, bit for bit, with evaluations in between.
+TEST_F(TrainerTest, LayeredStepsTrainBitwiseAsPlainSteps) {
+  TrainerOptions to;
+  to.layers = {784, 32, 16, 10};
+  to.max_steps = 25;
+  to.epochs = 0;
+  to.eval_every = 10;
+  to.print_summary = false;
+  auto train = [&](bool layered, std::vector<std::string>* calls) {
+    auto backend = Cpu(to.layers);
+    auto store =
+        LocalParameterStore::Create(MlpTensorSpecs(to.layers, 1), SgdOptions{});
+    EXPECT_TRUE(store.ok());
+    RecordingLayeredStep step(store->get(), to.layers.size() - 1);
+    auto trainer = Trainer::Create(to, backend.get(), store->get(), train_,
+                                   test_, layered ? &step : nullptr);
+    EXPECT_TRUE(trainer.ok()) << trainer.status().ToString();
+    auto r = (*trainer)->Run();
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    std::vector<std::vector<float>> w;
+    std::vector<float*> p;
+    for (const TensorSpec& t : (*store)->specs())
+      w.emplace_back(t.num_elements());
+    for (auto& t : w) p.push_back(t.data());
+    EXPECT_TRUE((*store)->Pull(to.max_steps, p).ok());
+    w.push_back({static_cast<float>(r->final_test_acc)});
+    *calls = step.calls;
+    return w;
+  };
+  std::vector<std::string> plain_calls, calls;
+  EXPECT_EQ(train(false, &plain_calls), train(true, &calls));
+  EXPECT_TRUE(plain_calls.empty());
+  // Step 0 pulls whole; steps 1.. wait per layer before its forward (the
+  // evaluations at steps 10 and 20 and the final one wait for all first).
+  const std::vector<std::string> step0 = {"g2", "g1", "g0", "end"};
+  ASSERT_GE(calls.size(), 12u);
+  EXPECT_EQ(std::vector<std::string>(calls.begin(), calls.begin() + 4), step0);
+  EXPECT_EQ(
+      std::vector<std::string>(calls.begin() + 4, calls.begin() + 11),
+      (std::vector<std::string>{"w0", "w1", "w2", "g2", "g1", "g0", "end"}));
+  EXPECT_EQ(std::count(calls.begin(), calls.end(), "end"), 25);
+  EXPECT_EQ(calls.back(), "w2");  // the final evaluation's pull
 }
 
 // The default ParameterStore takes host gradients only.
