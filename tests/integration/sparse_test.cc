@@ -4,6 +4,7 @@
 // ps_ctr_worker processes on planted Criteo-format data.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -15,6 +16,7 @@
 #include "tests/util/etcd_fixture.h"
 #include "tests/util/process.h"
 #include "worker/client.h"
+#include "worker/upload.h"
 #include "worker/ctr/planted.h"
 
 namespace asyncps::testing {
@@ -293,6 +295,172 @@ TEST(SparseIntegrationTest, ElasticShardsMoveRowsBitwise) {
   EXPECT_EQ(rep["active"], nlohmann::json::array({1, 2}));
   train(10);  // routed by epoch 1: refused, re-routed
   check();
+}
+
+// Issue 22: Client::ScanRows against real shards (RocksDB, caches far
+// smaller than the table): in pages of 1, 3, 7 and 1000 entries every entry
+// (rows and admission counters) comes back exactly once, from its own shard,
+// in increasing key order, the same whatever the page; worker::ScanTable
+// merges the shards. Restored through the client (UploadValues with kinds
+// and clocks, clear) into a second fleet that held other ids, the second
+// fleet's scan equals the first's bitwise and the other ids are gone.
+struct Scanned {
+  std::vector<uint64_t> keys;
+  std::vector<uint8_t> records;
+  bool operator==(const Scanned& o) const {
+    return keys == o.keys && records == o.records;
+  }
+};
+
+Scanned ScanShard(Client& c, int shard, size_t page, size_t bytes) {
+  Scanned got;
+  uint64_t from = 0;
+  for (;;) {
+    const size_t before = got.keys.size();
+    Status s = c.ScanRows(shard, 0, from, page, &got.keys, &got.records,
+                          seconds(60));
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    const size_t n = got.keys.size() - before;
+    EXPECT_LE(n, page);
+    EXPECT_EQ(got.records.size(), got.keys.size() * bytes);
+    if (!s.ok() || n < page) break;
+    from = got.keys.back() + 1;
+  }
+  return got;
+}
+
+TEST(SparseIntegrationTest, ClientScansEveryEntryOnceInKeyOrderAndRestoresIt) {
+  TempDir dir;
+  const std::vector<std::string> flags = {
+      "--num_workers=1", "--optimizer=sgd", "--lr=0.1",
+      "--embedding_cache_bytes=1048576", "--worker_timeout_s=60"};
+  auto servers = StartShards(dir, 2, flags);
+  ASSERT_EQ(servers.size(), 2u);
+  TableSpec t = Emb(8, RowOptimizerKind::kAdaGrad);
+  t.admit_after_pushes = 2;
+  auto a = Connect(servers, 0);
+  ASSERT_TRUE(a);
+  ASSERT_TRUE(a->RegisterModel(Dense(), {}, {t}).ok());
+  // Rows: keys pushed twice; admission counters: keys pushed once.
+  std::vector<uint64_t> rows, counters;
+  for (uint64_t i = 1; i <= 30000; ++i) {
+    (i <= 20000 ? rows : counters).push_back(i * 0x9e3779b97f4a7c15ULL);
+  }
+  std::mt19937_64 rng(11);
+  ASSERT_TRUE(PushRows(*a, 0, rows, Grads(rows.size(), t.dim, rng)).ok());
+  ASSERT_TRUE(PushRows(*a, 0, rows, Grads(rows.size(), t.dim, rng)).ok());
+  ASSERT_TRUE(
+      PushRows(*a, 0, counters, Grads(counters.size(), t.dim, rng)).ok());
+  // Most entries were evicted: the scans merge RocksDB with the caches.
+  std::vector<std::string> stats;
+  ASSERT_TRUE(a->Stats(&stats, seconds(10)).ok());
+  for (const std::string& text : stats) {
+    auto j = nlohmann::json::parse(text, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << text;
+    EXPECT_GT(j["sparse"]["tables"][0]["evictions"].get<uint64_t>(), 5000u);
+  }
+  const size_t bytes = SavedRecordBytes(t);
+  std::map<uint64_t, uint32_t> want;  // key -> kind
+  for (uint64_t k : rows) want[k] = kSavedRow;
+  for (uint64_t k : counters) want[k] = kSavedCounter;
+  std::vector<Scanned> by_shard(2);
+  for (int s = 0; s < 2; ++s) {
+    by_shard[s] = ScanShard(*a, s, 1000, bytes);
+    const Scanned& got = by_shard[s];
+    EXPECT_GT(got.keys.size(), 10000u);
+    for (size_t i = 0; i < got.keys.size(); ++i) {
+      if (i > 0) ASSERT_LT(got.keys[i - 1], got.keys[i]);
+      EXPECT_EQ(a->ShardOfRow(0, got.keys[i]), s);
+      uint32_t kind;
+      uint64_t count;
+      std::memcpy(&kind, &got.records[i * bytes], 4);
+      std::memcpy(&count, &got.records[i * bytes + 8], 8);
+      auto it = want.find(got.keys[i]);
+      ASSERT_NE(it, want.end()) << got.keys[i];
+      EXPECT_EQ(kind, it->second);
+      if (kind == kSavedCounter) EXPECT_EQ(count, 1u);
+      want.erase(it);  // so a key seen twice fails above
+    }
+    for (size_t page : {1, 3, 7}) {
+      EXPECT_EQ(ScanShard(*a, s, page, bytes), got) << "pages of " << page;
+    }
+  }
+  EXPECT_TRUE(want.empty()) << want.size() << " entries not scanned";
+  worker::SavedRows merged;
+  ASSERT_TRUE(worker::ScanTable(a.get(), 0, 5, &merged, seconds(60)).ok());
+  EXPECT_EQ(merged.keys.size(), rows.size() + counters.size());
+  EXPECT_TRUE(std::is_sorted(merged.keys.begin(), merged.keys.end()));
+  // Refused: bad pages and tables (client), a page over the shard's limits.
+  std::vector<uint64_t> k;
+  std::vector<uint8_t> r;
+  EXPECT_EQ(a->ScanRows(0, 0, 0, 0, &k, &r, seconds(5)).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(a->ScanRows(2, 0, 0, 10, &k, &r, seconds(5)).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(a->ScanRows(0, 1, 0, 10, &k, &r, seconds(5)).code(),
+            StatusCode::kNotFound);
+  EXPECT_EQ(a->ScanRows(0, 0, 0, size_t{1} << 30, &k, &r, seconds(5)).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE(k.empty() && r.empty());
+
+  // A second fleet that holds other ids, restored from the scan.
+  auto second = StartShards(dir, 2, flags, "second");
+  ASSERT_EQ(second.size(), 2u);
+  auto b = Connect(second, 0);
+  ASSERT_TRUE(b);
+  ASSERT_TRUE(b->RegisterModel(Dense(), {}, {t}).ok());
+  std::vector<uint64_t> other;
+  for (uint64_t i = 0; i < 300; ++i) other.push_back(i * 7919 + 3);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(PushRows(*b, 0, other, Grads(other.size(), t.dim, rng)).ok());
+  }
+  const size_t n = merged.keys.size();
+  const size_t floats = (bytes - kSavedHeaderBytes) / sizeof(float);
+  std::vector<uint32_t> kinds(n);
+  std::vector<uint64_t> counts(n);
+  std::vector<int64_t> clocks(n);
+  std::vector<float> values(n * t.dim), state(n * (floats - t.dim));
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t* rec = merged.records.data() + i * bytes;
+    std::memcpy(&kinds[i], rec, 4);
+    std::memcpy(&counts[i], rec + 8, 8);
+    std::memcpy(&clocks[i], rec + 16, 8);
+    std::memcpy(&values[i * t.dim], rec + kSavedHeaderBytes,
+                t.dim * sizeof(float));
+    std::memcpy(&state[i * (floats - t.dim)],
+                rec + kSavedHeaderBytes + t.dim * sizeof(float),
+                (floats - t.dim) * sizeof(float));
+  }
+  worker::RowsValues rv;
+  rv.table = 0;
+  rv.keys = merged.keys.data();
+  rv.n = n;
+  rv.values = values.data();
+  rv.state = state.data();
+  rv.steps = counts.data();
+  rv.optimizer = "adagrad";
+  rv.kinds = kinds.data();
+  rv.clocks = clocks.data();
+  rv.clear = true;
+  worker::UploadOptions uo;
+  uo.overwrite = true;
+  uo.max_request_bytes = 200000;  // several requests per shard
+  std::vector<float> dense(8, 0.5f);
+  bool uploaded = false;
+  Status up = worker::UploadValues(b.get(), {dense.data()}, uo, &uploaded,
+                                   {rv});
+  ASSERT_TRUE(up.ok()) << up.ToString();
+  EXPECT_TRUE(uploaded);
+  for (int s = 0; s < 2; ++s)
+    EXPECT_EQ(ScanShard(*b, s, 333, bytes), by_shard[s]) << "shard " << s;
+  EXPECT_EQ(PullRows(*b, 0, rows, t.dim), PullRows(*a, 0, rows, t.dim));
+  std::vector<float> initial;
+  for (uint64_t key : other) {
+    std::vector<float> v(t.dim);
+    InitializeRow(t, key, v.data());
+    initial.insert(initial.end(), v.begin(), v.end());
+  }
+  EXPECT_EQ(PullRows(*b, 0, other, t.dim), initial);
 }
 
 // kill -9 and restart: with --durable every acknowledged push is there;
