@@ -1,5 +1,6 @@
 #include "worker/overlap.h"
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 
@@ -52,8 +53,9 @@ StatusOr<std::unique_ptr<OverlapScheduler>> OverlapScheduler::Create(
     std::vector<int>& ls = s->shard_layers_[c.shard];
     if (ls.empty() || ls.back() != l) ls.push_back(l);
   }
-  // Pull groups: consecutive layers until the group is large enough; the
-  // last, smaller rest is a group of its own.
+  // Pull groups: consecutive layers until the group is large enough; a
+  // smaller rest at the end joins the last group (each group is one more
+  // request and reply per shard).
   std::vector<uint32_t> current;
   uint64_t bytes = 0;
   s->layer_group_.resize(options.layers.size());
@@ -62,12 +64,18 @@ StatusOr<std::unique_ptr<OverlapScheduler>> OverlapScheduler::Create(
                    s->layer_chunks_[l].end());
     bytes += layer_bytes[l];
     s->layer_group_[l] = s->groups_.size();
-    if (bytes >= options.min_pull_group_bytes ||
-        l + 1 == options.layers.size()) {
+    if (bytes >= options.min_pull_group_bytes) {
       s->groups_.push_back(std::move(current));
       current.clear();
       bytes = 0;
     }
+  }
+  if (!current.empty() && !s->groups_.empty()) {
+    s->groups_.back().insert(s->groups_.back().end(), current.begin(),
+                             current.end());
+    for (size_t& g : s->layer_group_) g = std::min(g, s->groups_.size() - 1);
+  } else if (!current.empty()) {
+    s->groups_.push_back(std::move(current));
   }
   return s;
 }

@@ -20,8 +20,8 @@
 //    and all arrive at the end. EndStep clocks the shards left
 //    (ClockAndPullGroups).
 //  - Pulls by layer groups in forward order (P3): consecutive layers merged
-//    until a group holds min_pull_group_bytes; WaitLayer(l) waits only for
-//    the groups up to layer l's.
+//    until a group holds min_pull_group_bytes (a smaller rest joins the
+//    last group); WaitLayer(l) waits only for the groups up to layer l's.
 //
 // Needs raw pulls, prefetch_ahead off and a fixed layout (no elastic fleet):
 // the store refuses otherwise (FailedPrecondition), ps_worker checks first.
@@ -53,7 +53,7 @@ struct OverlapOptions {
   // How gradients are cut into pushes. Default: kPerShard.
   PushBuckets buckets = PushBuckets::kPerShard;
   // Pull groups: consecutive layers merged until a group holds at least
-  // this many bytes. Default: 64 KiB.
+  // this many bytes (a smaller rest joins the last group). Default: 64 KiB.
   size_t min_pull_group_bytes = size_t{64} << 10;
   // Shards clocked before the next push waits for the acknowledgements of
   // those in flight (see above); 0 = never wait. Default: 0.
