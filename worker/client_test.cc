@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -519,6 +520,78 @@ void ConnectStore(const std::vector<std::string>& servers,
   auto st = PsParameterStore::Create(client->get(), Model(), so);
   ASSERT_TRUE(st.ok()) << st.status().ToString();
   *store = std::move(*st);
+}
+
+// Gradients written into NextGradientBuffers' sets go to the shard as they
+// are (no copy: push_copy_ns stays 0), exactly; a set is reused once the
+// transport let go of it, never the set of the last push; a tensor pushed
+// from the caller's own buffer is copied as before.
+TEST(PsStoreTest, GradientBuffersArePushedWithoutACopy) {
+  std::mutex mu;
+  std::map<uint32_t, std::vector<float>> got;  // GUARDED_BY(mu): last push
+  FakeShard s0([&](const RequestHeader& req, const Message& msg, ReplyHeader*,
+                   std::vector<Frame>*) {
+    if (req.kind != RequestKind::kPush) return true;
+    std::lock_guard<std::mutex> l(mu);
+    for (const ChunkRef& c : req.chunks) {
+      EXPECT_EQ(c.codec, 0);
+      EXPECT_LT(c.frame, msg.frames.size());
+      if (c.frame >= msg.frames.size()) continue;
+      const ByteView& f = msg.frames[c.frame];
+      EXPECT_EQ(f.size, c.num_elems * 4);
+      std::vector<float> v(f.size / 4);
+      if (!v.empty()) std::memcpy(v.data(), f.data, v.size() * 4);
+      got[c.chunk] = std::move(v);
+    }
+    return true;
+  });
+  std::unique_ptr<Client> client;
+  std::unique_ptr<PsParameterStore> store;
+  ASSERT_NO_FATAL_FAILURE(
+      ConnectStore({s0.endpoint()}, SmallChunks(1), &client, &store));
+  const Layout& l = client->layout();
+  // What the shard must hold of the push of tensors (w, b).
+  auto expect_pushed = [&](const float* w, const float* b) {
+    std::lock_guard<std::mutex> lock(mu);
+    for (const ChunkSpec& c : l.chunks()) {
+      const float* want = (c.tensor == 0 ? w : b) + c.offset;
+      ASSERT_EQ(got[c.id].size(), c.num_elems) << "chunk " << c.id;
+      EXPECT_EQ(std::memcmp(got[c.id].data(), want, c.num_elems * 4), 0)
+          << "chunk " << c.id;
+    }
+  };
+  std::vector<std::vector<float*>> handed;
+  for (int step = 0; step < 6; ++step) {
+    std::vector<float*> g;
+    ASSERT_TRUE(store->NextGradientBuffers(&g));
+    ASSERT_EQ(g.size(), 2u);
+    for (int i = 0; i < 5000; ++i) g[0][i] = step * 10000.0f + i;
+    for (int i = 0; i < 50; ++i) g[1][i] = -step - i / 64.0f;
+    handed.push_back(g);
+    ASSERT_TRUE(store->Push(step, {g[0], g[1]}).ok());
+    ASSERT_TRUE(store->Flush().ok());
+    ASSERT_NO_FATAL_FAILURE(expect_pushed(g[0], g[1]));
+  }
+  EXPECT_EQ(store->traffic().push_copy_ns, 0);
+  EXPECT_EQ(store->traffic().bytes_pushed_raw, 6u * 5050 * 4);
+  for (size_t k = 1; k < handed.size(); ++k) {
+    EXPECT_NE(handed[k][0], handed[k - 1][0]) << "the last push's set again";
+    // Two sets take turns once the transport released them: nothing is
+    // allocated per step.
+    if (k >= 2) {
+      EXPECT_EQ(handed[k][0], handed[k - 2][0]);
+    }
+  }
+
+  // The bias from the caller's own buffer: copied, the weights still not.
+  std::vector<float*> g;
+  ASSERT_TRUE(store->NextGradientBuffers(&g));
+  std::vector<float> own_b(50, 7.5f);
+  std::fill(g[0], g[0] + 5000, 0.125f);
+  ASSERT_TRUE(store->Push(6, {g[0], own_b.data()}).ok());
+  ASSERT_TRUE(store->Flush().ok());
+  ASSERT_NO_FATAL_FAILURE(expect_pushed(g[0], own_b.data()));
+  EXPECT_GT(store->traffic().push_copy_ns, 0);
 }
 
 TEST(PsStoreTest, PushSubsetAndPullGroupsTouchOnlyTheirChunks) {

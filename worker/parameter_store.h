@@ -50,9 +50,21 @@ class ParameterStore {
   [[nodiscard]] virtual Status Pull(int64_t clock,
                                     const std::vector<float*>& tensors) = 0;
 
+  // Host buffers for the next step's gradients, one per tensor (each
+  // num_elements floats, contents undefined), valid until the next call:
+  // a store that offers them pushes gradients written there without
+  // copying them (they go to the transport as they are). Returns false
+  // when the store has none to offer: the caller keeps its own buffers.
+  // Default: false.
+  virtual bool NextGradientBuffers(std::vector<float*>* grads) {
+    (void)grads;
+    return false;
+  }
+
   // Sends the gradients (of the mean loss over this worker's minibatch)
   // computed from the weights pulled at `clock`. The buffers may be reused
-  // as soon as this returns.
+  // as soon as this returns (those of NextGradientBuffers are the store's:
+  // they are not written again before that call hands them out again).
   [[nodiscard]] virtual Status Push(int64_t clock,
                                     const std::vector<const float*>& grads) = 0;
 

@@ -408,6 +408,44 @@ Status PsParameterStore::Push(int64_t clock,
   return PushChunks(clock, grads, /*on_device=*/false);
 }
 
+bool PsParameterStore::NextGradientBuffers(std::vector<float*>* grads) {
+  auto released = [](const std::vector<BufferPtr>& set) {
+    for (const BufferPtr& b : set)
+      if (b.use_count() > 1) return false;
+    return true;
+  };
+  int pick = -1;
+  for (size_t i = 0; i < grad_sets_.size(); ++i) {
+    // Not the set of the last push: its gradients may be read again.
+    if (static_cast<int>(i) != grad_set_ && released(grad_sets_[i])) {
+      pick = static_cast<int>(i);
+      break;
+    }
+  }
+  if (pick < 0) {
+    std::vector<BufferPtr> set;
+    set.reserve(specs_.size());
+    for (const TensorSpec& t : specs_)
+      set.push_back(Buffer::Allocate(static_cast<size_t>(t.num_elements()) * sizeof(float)));
+    if (grad_sets_.size() < kGradSets) {
+      pick = static_cast<int>(grad_sets_.size());
+      grad_sets_.push_back(std::move(set));
+    } else {
+      // Every set busy: a new one takes the place of the next in turn
+      // (the transport keeps the old one alive until it lets go).
+      if (grad_set_next_ == grad_set_) grad_set_next_ = (grad_set_next_ + 1) % kGradSets;
+      pick = grad_set_next_;
+      grad_set_next_ = (grad_set_next_ + 1) % kGradSets;
+      grad_sets_[pick] = std::move(set);
+    }
+  }
+  grad_set_ = pick;
+  grads->resize(specs_.size());
+  for (size_t t = 0; t < specs_.size(); ++t)
+    (*grads)[t] = grad_sets_[pick][t]->floats();
+  return true;
+}
+
 Status PsParameterStore::PushDevice(
     int64_t clock, const std::vector<const float*>& device_grads) {
   if (!device_compressor_) {
@@ -477,7 +515,16 @@ Status PsParameterStore::PushChunks(int64_t clock,
     step_raw_[c.tensor] += bytes;
     ChunkPayload p;
     p.chunk = c.id;
-    if (raw_push_ || c.num_elems < min_elems_) {
+    const BufferPtr* in_set =
+        on_device || grad_set_ < 0 ||
+                grads[c.tensor] != grad_sets_[grad_set_][c.tensor]->floats()
+            ? nullptr
+            : &grad_sets_[grad_set_][c.tensor];
+    if ((raw_push_ || c.num_elems < min_elems_) && in_set != nullptr) {
+      // Written by the backend into NextGradientBuffers' set: sent as is.
+      p.codec = 0;
+      p.data = Frame::Ref(g, bytes, *in_set);
+    } else if (raw_push_ || c.num_elems < min_elems_) {
       BufferPtr& b = push_buffers_[c.id];
       if (!b || b.use_count() > 1) b = Buffer::Allocate(bytes);
       if (on_device) {

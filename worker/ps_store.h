@@ -80,6 +80,11 @@ class PsParameterStore : public ParameterStore {
 
   Status Pull(int64_t clock, const std::vector<float*>& tensors) override;
   Status Push(int64_t clock, const std::vector<const float*>& grads) override;
+  // One set of Buffers per tensor, taken from a few sets that the
+  // transport has released (a set still being sent, or kept for a resend
+  // until acknowledged, is skipped; a new one is made when every set is
+  // busy). Push sends the chunks of a set's tensors as views of it.
+  bool NextGradientBuffers(std::vector<float*>* grads) override;
   // True when options.device_compression took effect.
   bool AcceptsDeviceGradients() const override {
     return device_compressor_ != nullptr;
@@ -210,6 +215,12 @@ class PsParameterStore : public ParameterStore {
   // Per chunk: the buffer of its last raw push, reused once the transport
   // has released it (no allocation or page faults per push).
   std::vector<BufferPtr> push_buffers_;
+  // NextGradientBuffers: up to kGradSets sets of one Buffer per tensor,
+  // and the set handed out last (-1: none; Push then copies as before).
+  static constexpr int kGradSets = 4;
+  std::vector<std::vector<BufferPtr>> grad_sets_;
+  int grad_set_ = -1;
+  int grad_set_next_ = 0;  // the set replaced when every set is busy
   std::vector<uint64_t> step_wire_;  // wire bytes per tensor of one push
   std::vector<uint64_t> step_raw_;   // fp32 bytes per tensor of one push
   // The layered pull in flight: its clock, the chunks of each group, its

@@ -233,6 +233,10 @@ StatusOr<TrainResult> Trainer::Run() {
                                  grad_ptrs, hooks));
       compute_s = Seconds(c0, Clock::now()) - (StoreSeconds() - store_s);
     } else {
+      if (!device_push && store_->NextGradientBuffers(&grad_ptrs)) {
+        // The store's buffers: pushed from there without a copy.
+        grad_cptrs.assign(grad_ptrs.begin(), grad_ptrs.end());
+      }
       ASSIGN_OR_RETURN(loss, backend_->ForwardBackward(
                                  batch->x.data(), batch->y.data(), batch->size,
                                  device_push ? no_host_grads : grad_ptrs));
