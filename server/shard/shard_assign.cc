@@ -454,9 +454,18 @@ Status Shard::ScanRows(const std::string& peer, const RequestHeader& req,
                               (sizeof(uint64_t) + record))) +
                       " entries of " + std::to_string(record) + " bytes"));
   }
+  // The reply (held until ZeroMQ has sent it) and, while the page is
+  // gathered, the scan's scratch: both bounded by the page size, both
+  // charged, or the page is refused (ResourceExhausted: ask for a smaller
+  // one) before anything is allocated.
   StatusOr<MemoryBudget::Charge> charge =
       budget_->Reserve(bytes, "a page of a scan of rows");
   if (!charge.ok()) return Reject(RejectReason::kMemoryBudget, charge.status());
+  StatusOr<MemoryBudget::Charge> scratch = budget_->Reserve(
+      sparse::SparseTable::scan_scratch_bytes(max),
+      "the cached entries of a page of a scan of rows");
+  if (!scratch.ok())
+    return Reject(RejectReason::kMemoryBudget, scratch.status());
   auto held = std::make_shared<ChargedBuffer>();
   held->charge = std::move(charge).value();
   held->buffer = Buffer::Allocate(bytes);

@@ -1576,5 +1576,57 @@ TEST(ShardSparseTest, ClearedTableHoldsExactlyTheRestoredEntries) {
   std::filesystem::remove_all(dir);
 }
 
+// Issue 22: a scan page is charged to the shard's memory budget -- its
+// reply (keys and saved records) until the reply is gone, and the scan's
+// scratch (the cached entries of the page) while it is gathered -- and a
+// page the budget cannot hold is refused (ResourceExhausted) before
+// anything is allocated; the budget is back where it was afterwards.
+TEST(ShardSparseTest, ScanPagesAreChargedToTheMemoryBudget) {
+  ShardOptions o = Opts();
+  o.memory_budget_bytes = 2 << 20;
+  o.sparse.cache_bytes = 256 << 10;
+  Sparse s(o);
+  std::vector<uint64_t> keys;
+  for (uint64_t i = 1; i <= 100; ++i) keys.push_back(i * 0x9e3779b97f4a7c15ULL);
+  ASSERT_TRUE(s.PushRows(0, 0, keys, std::vector<float>(400, 0.5f)).status.ok());
+  const MemoryBudget& budget = s.shard->budget();
+  const uint64_t base = budget.used();
+  const uint64_t free = budget.capacity() - base;
+  const uint64_t reply_per_entry = 8 + SavedRecordBytes(Emb());
+  const uint64_t per_entry =
+      reply_per_entry + sparse::SparseTable::scan_scratch_bytes(1);
+  auto scan = [&](uint64_t max) {
+    RequestHeader r;
+    r.kind = RequestKind::kAssign;
+    r.rank = 0;
+    r.assign_upload = 1;
+    r.assign_phase = 6;
+    r.assign_scan_rows = static_cast<uint32_t>(max);
+    r.rows = {TableRef(0)};
+    return s.Send(r, {});
+  };
+  // Too big for the reply alone, and for the reply with its scratch (the
+  // reply alone would fit).
+  for (uint64_t max : {free / reply_per_entry + 1,
+                       free / ((reply_per_entry + per_entry) / 2)}) {
+    ASSERT_GT(max * per_entry, free);
+    auto got = scan(max);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0].header.status.code(), StatusCode::kResourceExhausted)
+        << max << " entries: " << got[0].header.status.ToString();
+    EXPECT_EQ(budget.used(), base);
+  }
+  // A page that fits: its reply stays charged while it exists.
+  const uint64_t max = free / per_entry;
+  auto got = scan(max);
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_TRUE(got[0].header.status.ok()) << got[0].header.status.ToString();
+  ASSERT_EQ(got[0].header.rows.size(), 1u);
+  EXPECT_EQ(got[0].header.rows[0].num_keys, 100u);
+  EXPECT_EQ(budget.used(), base + max * reply_per_entry);
+  got.clear();
+  EXPECT_EQ(budget.used(), base);
+}
+
 }  // namespace
 }  // namespace asyncps::server

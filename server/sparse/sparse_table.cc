@@ -369,38 +369,58 @@ Status SparseTable::ScanPage(uint64_t from, size_t max, int64_t now,
   *n = 0;
   if (max == 0) return Status::OK();
   // Live entries of the cache (they are newer than the store's records of
-  // their keys), the smallest `max` keys >= from.
-  struct Cached {
-    uint64_t key;
-    bool counter;
-    uint32_t slot;
+  // their keys), the smallest `max` keys >= from: a max-heap by key of at
+  // most `max` entries (scan_scratch_bytes(max)), whatever the cache holds.
+  std::vector<ScanCached> cached;
+  cached.reserve(std::min(max, rows_.entries() +
+                                   (admission_ ? admission_->entries() : 0)));
+  auto by_key = [](const ScanCached& a, const ScanCached& b) {
+    return a.key < b.key;
   };
-  std::vector<Cached> cached;
   auto collect = [&](RowCache& cache, bool counter) {
     cache.ForEach([&](uint32_t s) {
       const EntryMeta& m = cache.meta(s);
       if (m.key < from || !owned(m.key)) return;
       if (Expired(m.last_clock, now) && !(m.flags & EntryMeta::kUnevictable))
         return;
-      cached.push_back(Cached{m.key, counter, s});
+      if (cached.size() == max) {
+        if (m.key >= cached.front().key) return;
+        std::pop_heap(cached.begin(), cached.end(), by_key);
+        cached.pop_back();
+      }
+      cached.push_back(ScanCached{m.key, s, counter});
+      std::push_heap(cached.begin(), cached.end(), by_key);
     });
   };
   collect(rows_, false);
   if (admission_) collect(*admission_, true);
-  auto by_key = [](const Cached& a, const Cached& b) { return a.key < b.key; };
-  if (cached.size() > max) {
-    std::nth_element(cached.begin(), cached.begin() + max, cached.end(), by_key);
-    cached.resize(max);
-  }
-  std::sort(cached.begin(), cached.end(), by_key);
-  // The store's live records of keys not cached, the first `max` >= from.
-  struct Stored {
-    uint64_t key;
-    std::string value;
+  std::sort_heap(cached.begin(), cached.end(), by_key);
+  // Merged with the store's live records of keys not cached, in key order,
+  // each written straight into `out` (nothing copied in between).
+  const size_t floats = rows_.floats_per_entry();
+  const size_t bytes = saved_record_bytes();
+  auto emit = [&](uint64_t key, uint32_t kind, uint64_t count, int64_t clock,
+                  const void* row) {
+    uint8_t* rec = out + *n * bytes;
+    std::memset(rec, 0, bytes);
+    std::memcpy(rec, &kind, sizeof(kind));
+    std::memcpy(rec + 8, &count, sizeof(count));
+    std::memcpy(rec + 16, &clock, sizeof(clock));
+    if (row != nullptr)
+      std::memcpy(rec + kSavedHeaderBytes, row, floats * sizeof(float));
+    keys[(*n)++] = key;
   };
-  std::vector<Stored> stored;
-  Status bad;
+  size_t a = 0;
+  auto emit_cached_below = [&](uint64_t key, bool all) {
+    while (*n < max && a < cached.size() && (all || cached[a].key < key)) {
+      const ScanCached& e = cached[a++];
+      const EntryMeta& m = (e.counter ? *admission_ : rows_).meta(e.slot);
+      emit(e.key, e.counter ? kSavedCounter : kSavedRow, m.count,
+           m.last_clock, e.counter ? nullptr : rows_.floats(e.slot));
+    }
+  };
   if (store_ != nullptr) {
+    Status bad;
     const EncodedKey start = EncodeKey(from);
     RETURN_IF_ERROR(store_->ScanSpaceFrom(
         space_, start.view(), [&](std::string_view k, std::string_view v) {
@@ -413,60 +433,27 @@ Status SparseTable::ScanPage(uint64_t from, size_t max, int64_t now,
           uint64_t key = 0;
           for (int i = 0; i < 8; ++i)
             key = (key << 8) | static_cast<uint8_t>(k[i]);
+          emit_cached_below(key, false);
+          if (*n == max) return false;
           if (!owned(key) || rows_.Find(key) != RowCache::kNone ||
               (admission_ && admission_->Find(key) != RowCache::kNone))
             return true;
           RecordView rec;
-          Status p = ParseRecord(v, spec_.dim, rows_.floats_per_entry(), &rec);
+          Status p = ParseRecord(v, spec_.dim, floats, &rec);
           if (!p.ok()) {
             bad = p.WithContext("table '" + spec_.name + "'");
             return false;
           }
           if (Expired(rec.header.clock, now) || (!rec.is_row() && !admission_))
             return true;
-          stored.push_back(Stored{key, std::string(v)});
-          return stored.size() < max;
+          emit(key, rec.is_row() ? kSavedRow : kSavedCounter,
+               rec.header.count, rec.header.clock,
+               rec.is_row() ? rec.floats : nullptr);
+          return *n < max;
         }));
     RETURN_IF_ERROR(bad);
   }
-  // Merge the two key-ordered lists (no key is in both).
-  const size_t floats = rows_.floats_per_entry();
-  const size_t bytes = saved_record_bytes();
-  size_t a = 0, b = 0;
-  while (*n < max && (a < cached.size() || b < stored.size())) {
-    uint8_t* rec = out + *n * bytes;
-    uint32_t kind;
-    uint64_t count;
-    int64_t clock;
-    std::memset(rec, 0, bytes);
-    if (b == stored.size() ||
-        (a < cached.size() && cached[a].key < stored[b].key)) {
-      const Cached& e = cached[a++];
-      const EntryMeta& m = (e.counter ? *admission_ : rows_).meta(e.slot);
-      keys[*n] = e.key;
-      kind = e.counter ? kSavedCounter : kSavedRow;
-      count = m.count;
-      clock = m.last_clock;
-      if (!e.counter) {
-        std::memcpy(rec + kSavedHeaderBytes, rows_.floats(e.slot),
-                    floats * sizeof(float));
-      }
-    } else {
-      const Stored& e = stored[b++];
-      RecordView view;
-      (void)ParseRecord(e.value, spec_.dim, floats, &view);  // checked above
-      keys[*n] = e.key;
-      kind = view.is_row() ? kSavedRow : kSavedCounter;
-      count = view.header.count;
-      clock = view.header.clock;
-      if (view.is_row())
-        std::memcpy(rec + kSavedHeaderBytes, view.floats, floats * sizeof(float));
-    }
-    std::memcpy(rec, &kind, sizeof(kind));
-    std::memcpy(rec + 8, &count, sizeof(count));
-    std::memcpy(rec + 16, &clock, sizeof(clock));
-    ++*n;
-  }
+  emit_cached_below(0, true);
   return Status::OK();
 }
 

@@ -152,10 +152,16 @@ class SparseTable {
   // the first min(max, left) of them with key >= `from`, in key order;
   // their keys go to keys[0..*n) and their saved records (common/
   // sparse_table.h) to out (max x saved_record_bytes()). Leaves the cache
-  // as it is. Corruption for a bad stored record.
+  // as it is. Corruption for a bad stored record. Besides `out` it
+  // allocates at most scan_scratch_bytes(max) (the cached entries of the
+  // page; the store's are written straight into `out`), whatever the
+  // table holds.
   [[nodiscard]] Status ScanPage(uint64_t from, size_t max, int64_t now,
                                 const std::function<bool(uint64_t)>& owned,
                                 uint64_t* keys, uint8_t* out, size_t* n);
+  static size_t scan_scratch_bytes(size_t max) {
+    return max * sizeof(ScanCached);
+  }
   // Writes the row record (common/protocol.capnp, Assign phase 3: u64
   // steps, f32 weights[dim], f32 state[state_floats()]) of keys[0..n)
   // (unique, n <= kSliceKeys) to out (n x record_bytes(), unaligned): a
@@ -255,6 +261,12 @@ class SparseTable {
   SparseTable(const TableSpec& spec, Store* store, SpaceId space,
               std::unique_ptr<Optimizer> optimizer);
 
+  // A cached entry of a scan page (ScanPage).
+  struct ScanCached {
+    uint64_t key;
+    uint32_t slot;
+    bool counter;
+  };
   // slot_[i] of a row Resolve() copied straight into `direct_out`.
   static constexpr uint32_t kDirect = RowCache::kNone - 1;
   // Fills slot_[i] / counter_slot_[i] for keys[0..n), reading misses from
