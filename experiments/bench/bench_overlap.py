@@ -273,12 +273,8 @@ def bench_setting(setting, fleet, tmp, a):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--bin_dir", default=os.path.join(REPO, "build", "bin"))
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--settings", default="loopback,link")
-    ap.add_argument("--rate", default="100mbit")
+    add_fleet_args(ap)
     ap.add_argument("--batches", default="64,256")
-    ap.add_argument("--consistency", default="bsp", choices=["bsp", "ssp", "asp"])
     ap.add_argument("--shards", type=int, default=2,
                     help="ps_server shards (link: spread over the 2 shard hosts)")
     ap.add_argument("--bucket_mb", type=float, default=25.0)
@@ -310,19 +306,35 @@ def main():
         return ddp_main(a)
     if a.quick:
         a.settings, a.repeats, a.steps, a.warmup, a.batches = "loopback", 1, 8, 2, "64"
-    with tempfile.TemporaryDirectory(prefix="bench_overlap.") as tmp:
+    run_settings(ap, a, "ovb", bench_setting)
+
+
+def add_fleet_args(ap):
+    """The options of the fleet and its test beds (run_settings)."""
+    ap.add_argument("--bin_dir", default=os.path.join(REPO, "build", "bin"))
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--settings", default="loopback,link")
+    ap.add_argument("--rate", default="100mbit")
+    ap.add_argument("--consistency", default="bsp", choices=["bsp", "ssp", "asp"])
+
+
+def run_settings(ap, a, tag, bench):
+    """Calls bench(setting, fleet, tmp, a) for each of a.settings (loopback;
+    link: emulated hosts with links shaped to a.rate, namespaces tagged
+    tag + pid, skipped with a message where they cannot be made)."""
+    with tempfile.TemporaryDirectory(prefix="bench_%s." % tag) as tmp:
         for setting in a.settings.split(","):
             if setting == "loopback":
-                bench_setting(setting, Fleet(), tmp, a)
+                bench(setting, Fleet(), tmp, a)
             elif setting == "link":
                 from pslaunch import netns
-                missing = netns.unavailable("ovb%d" % os.getpid())
+                missing = netns.unavailable("%s%d" % (tag, os.getpid()))
                 if missing:
                     print("SKIP link: %s" % missing, file=sys.stderr)
                     continue
                 with netns.Network.create(SHARD_HOSTS + WORKERS, rate=netns.parse_rate(a.rate),
-                                          tag="ovb%d" % os.getpid()) as net:
-                    bench_setting(setting, Fleet(net), tmp, a)
+                                          tag="%s%d" % (tag, os.getpid())) as net:
+                    bench(setting, Fleet(net), tmp, a)
             else:
                 ap.error("unknown setting " + setting)
 
