@@ -179,7 +179,13 @@ struct Assign {
                              # next page starts at the last key + 1.
                              # scanRows in [1, --max_sparse_keys] and the
                              # reply within --max_sparse_reply_bytes, else
-                             # InvalidArgument.
+                             # InvalidArgument. Routed by layoutEpoch as a
+                             # pull (elastic shards: an older epoch is
+                             # refused with the shard's document, a newer
+                             # one is Unavailable, retry): a scan whose
+                             # pages carry one epoch sees every key once.
+                             # Scratch and reply charged to the memory
+                             # budget (ResourceExhausted: smaller pages).
                              # 7 saved rows (the claimant): as 5, with
                              # phase 6's records (kinds, counters, clocks
                              # restored; all checked before any is written)

@@ -666,6 +666,7 @@ class ClientImpl : public Client {
     return s.WithContext("scan of the rows of '" + tables_[table].name +
                          "' on shard " + std::to_string(shard));
   }
+  uint64_t layout_epoch() const override { return layout_epoch_; }
   uint64_t resends() const override { return resends_; }
   uint64_t failovers() const override { return failovers_; }
   uint64_t incarnation() const override { return incarnation_; }

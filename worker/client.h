@@ -327,6 +327,9 @@ class Client {
   // each, common/sparse_table.h) to *records. Fewer than max_rows: the
   // shard has no more. REQUIRES: Register() succeeded. Default:
   // Unimplemented.
+  // (A page carries the client's layout epoch: a shard that adopted a
+  // newer one refuses it, FailedPrecondition, and the client adopts that
+  // layout, layout_epoch() changes; worker::ScanTable then starts over.)
   virtual Status ScanRows(int shard, uint32_t table, uint64_t from,
                           size_t max_rows, std::vector<uint64_t>* keys,
                           std::vector<uint8_t>* records,
@@ -335,6 +338,10 @@ class Client {
         (void)records, (void)timeout;
     return Status::Unimplemented("this client cannot scan rows");
   }
+
+  // The elastic layout epoch requests are routed by (0: a static fleet,
+  // or no layout adopted yet). Default: 0.
+  virtual uint64_t layout_epoch() const { return 0; }
 
   // The learning rate every later push and clock carries (> 0: the shards
   // use it in place of their --lr and schedule, up to their --max_lr; 0: not

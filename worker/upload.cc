@@ -284,10 +284,12 @@ Status UploadValues(Client* client, const std::vector<const float*>& tensors,
   return Status::OK();
 }
 
-Status ScanTable(Client* client, uint32_t table, size_t page_rows,
-                 SavedRows* out, std::chrono::milliseconds timeout) {
-  if (table >= client->tables().size())
-    return Status::NotFound("scan of unknown table " + std::to_string(table));
+namespace {
+
+// ScanTable's one pass over every shard (pages routed by the client's
+// layout epoch as it stands).
+Status ScanTableOnce(Client* client, uint32_t table, size_t page_rows,
+                     SavedRows* out, std::chrono::milliseconds timeout) {
   const size_t bytes = SavedRecordBytes(client->tables()[table]);
   std::vector<SavedRows> shards(client->num_shards());
   for (int s = 0; s < client->num_shards(); ++s) {
@@ -325,6 +327,28 @@ Status ScanTable(Client* client, uint32_t table, size_t page_rows,
     out->records.insert(out->records.end(), rec, rec + bytes);
   }
   return Status::OK();
+}
+
+}  // namespace
+
+Status ScanTable(Client* client, uint32_t table, size_t page_rows,
+                 SavedRows* out, std::chrono::milliseconds timeout) {
+  if (table >= client->tables().size())
+    return Status::NotFound("scan of unknown table " + std::to_string(table));
+  // Every page of one pass carries one layout epoch (the shards refuse
+  // another), so a pass sees each key once. A pass that met a newer epoch
+  // (key ranges moved: the shard refused, the client adopted its layout)
+  // starts over by the new one.
+  Status s;
+  for (int pass = 0; pass < kScanPasses; ++pass) {
+    const uint64_t epoch = client->layout_epoch();
+    s = ScanTableOnce(client, table, page_rows, out, timeout);
+    if (client->layout_epoch() == epoch) return s;
+  }
+  return Status::Unavailable(
+      "scan of the rows of '" + client->tables()[table].name + "': the " +
+      "layout changed during each of " + std::to_string(kScanPasses) +
+      " passes (key ranges moving); retry. Last: " + s.ToString());
 }
 
 }  // namespace asyncps::worker

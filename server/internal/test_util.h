@@ -161,6 +161,25 @@ inline RequestHeader MigrateRequest(MigrateOp op, uint64_t epoch) {
   return r;
 }
 
+// A page of a scan of the entries of sparse table `table` (kAssign phase 6)
+// by rank 0: at most `max` entries with keys >= `from`, routed by layout
+// `epoch`.
+inline RequestHeader ScanRequest(uint32_t table, uint64_t from, uint32_t max,
+                                 uint64_t epoch = 0) {
+  RequestHeader r;
+  r.kind = RequestKind::kAssign;
+  r.rank = 0;
+  r.assign_upload = 1;
+  r.assign_phase = 6;
+  r.assign_cursor = from;
+  r.assign_scan_rows = max;
+  r.layout_epoch = epoch;
+  RowsRef ref;
+  ref.table = table;
+  r.rows = {ref};
+  return r;
+}
+
 // Shard `id` of `num_shards` in the elastic shards' tests: BSP, 2 workers,
 // Adam with lr 0.1.
 inline ShardOptions ElasticTestOptions(int id, int num_shards) {

@@ -27,7 +27,9 @@
 // state's read), a `scan` (phase 6, no claim needed) answers a page of a
 // table's entries (keys from a cursor, rows and admission counters with
 // their steps or counts and last-push clocks; the page size bounded by the
-// request limits), `saved` requests (phase 7) of the claimant set such
+// request limits; routed by the shard's layout epoch, as pushes and pulls,
+// so a scan never sees a moving key on two shards or on none), `saved`
+// requests (phase 7) of the claimant set such
 // entries back (checked as phase 5's, and their kinds, counts and clocks),
 // a `clear` (phase 8) of the claimant drops every entry of the tables it
 // names (cached and stored: a range delete, one store write; so a restore
@@ -437,6 +439,13 @@ Status Shard::ScanRows(const std::string& peer, const RequestHeader& req,
                                    std::to_string(sparse_->num_tables()) +
                                    " registered)"));
   }
+  // Every page of a scan is answered by the layout epoch the client routes
+  // by (an older one: refused with this shard's document, the client
+  // starts the scan again; a newer one: asked again shortly). So a scan
+  // whose pages all carried one epoch sees each key on exactly one shard,
+  // also while key ranges move: their rows change shards only at an adopt,
+  // which changes the epoch (staged rows are served by nobody before it).
+  RETURN_IF_ERROR(CheckRoute(req, &reply->header));
   const sparse::SparseOptions& limits = sparse_->options();
   const size_t max = req.assign_scan_rows;
   const size_t record = sparse_->table(table).saved_record_bytes();

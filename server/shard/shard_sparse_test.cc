@@ -1288,17 +1288,7 @@ struct Saved {
 
 ReplyHeader ScanPage(Sparse& s, uint64_t from, uint32_t max, Saved* out,
                      uint32_t table = 0, std::vector<ByteView> data = {}) {
-  RequestHeader r;
-  r.kind = RequestKind::kAssign;
-  r.rank = 0;
-  r.assign_upload = 1;
-  r.assign_phase = 6;
-  r.assign_cursor = from;
-  r.assign_scan_rows = max;
-  RowsRef ref;
-  ref.table = table;
-  r.rows = {ref};
-  auto got = s.Send(r, std::move(data));
+  auto got = s.Send(testing::ScanRequest(table, from, max), std::move(data));
   EXPECT_EQ(got.size(), 1u);
   if (got.empty()) return ReplyHeader{};
   const OutgoingReply& reply = got[0];
@@ -1596,14 +1586,7 @@ TEST(ShardSparseTest, ScanPagesAreChargedToTheMemoryBudget) {
   const uint64_t per_entry =
       reply_per_entry + sparse::SparseTable::scan_scratch_bytes(1);
   auto scan = [&](uint64_t max) {
-    RequestHeader r;
-    r.kind = RequestKind::kAssign;
-    r.rank = 0;
-    r.assign_upload = 1;
-    r.assign_phase = 6;
-    r.assign_scan_rows = static_cast<uint32_t>(max);
-    r.rows = {TableRef(0)};
-    return s.Send(r, {});
+    return s.Send(testing::ScanRequest(0, 0, static_cast<uint32_t>(max)), {});
   };
   // Too big for the reply alone, and for the reply with its scratch (the
   // reply alone would fit).
