@@ -27,11 +27,15 @@ ctest_stage() {
 
 BUILD=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
+SECONDS=0
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release
 cmake --build "$BUILD" -j"$JOBS"
+echo "run_tests: Release build took ${SECONDS} s"
+SECONDS=0
 # GPU tests skip themselves (GTEST_SKIP, reported Skipped) when no device is
 # visible; launch.ssh and launch.slurm_real run real fleets on the test beds.
 ctest_stage Release "$BUILD" --output-on-failure -j"$JOBS" --timeout 600
+echo "run_tests: Release tests took ${SECONDS} s"
 
 if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   # AddressSanitizer + UndefinedBehaviorSanitizer: the unit tests of common,
