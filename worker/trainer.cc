@@ -226,6 +226,10 @@ StatusOr<TrainResult> Trainer::Run() {
     double compute_s = 0;
     float loss = 0;
     if (layered_ != nullptr) {
+      if (store_->NextGradientBuffers(&grad_ptrs)) {
+        // The store's buffers: each layer's push sends them without a copy.
+        grad_cptrs.assign(grad_ptrs.begin(), grad_ptrs.end());
+      }
       const double store_s = StoreSeconds();
       RETURN_IF_ERROR(layered_->BeginBackward(step, grad_cptrs));
       ASSIGN_OR_RETURN(loss, backend_->ForwardBackwardLayered(
