@@ -47,9 +47,8 @@ if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   SAN="$BUILD-asan"
   cmake -S . -B "$SAN" -DCMAKE_BUILD_TYPE=Debug -DASYNCPS_ENABLE_CUDA=OFF \
     -DASYNCPS_SANITIZE=address,undefined
-  cmake --build "$SAN" -j"$JOBS" --target compression_test common_test \
-    server_test sparse_test client_test rows_plan_test server_integration_test \
-    net_fuzz_test hostile_fuzz_test elastic_shard_test ps_server ps_ctl ps_worker
+  # The test executables and binaries below, in one make run (CMakeLists.txt).
+  cmake --build "$SAN" -j"$JOBS" --target asyncps_asan_targets
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
   export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
   # The structure-aware fuzz (hostile values) against the ASan shard, short.
@@ -68,8 +67,7 @@ if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   TSAN="$BUILD-tsan"
   cmake -S . -B "$TSAN" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DASYNCPS_ENABLE_CUDA=OFF \
     -DASYNCPS_SANITIZE=thread
-  cmake --build "$TSAN" -j"$JOBS" --target server_test client_test sparse_test rows_plan_test \
-    replication_test etcd_client_test elastic_server_test
+  cmake --build "$TSAN" -j"$JOBS" --target asyncps_tsan_targets
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp" \
     ctest_stage TSan "$TSAN" --output-on-failure -j"$JOBS" --timeout 300 \
     -R '^(Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client|PushDedup|ShutdownWatchdog|Sparse|RowCache|RowsPlan|Store|LrSchedule|DelayCompensation|Replica|Replication|EtcdClient|ElasticServer)'
