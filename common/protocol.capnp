@@ -216,9 +216,21 @@ struct Assign {
 # answers with this request's id. A backup takes these only from the primary
 # of the layout it holds: a lower epoch is refused (a deposed primary cannot
 # get an update acknowledged).
+#
+# A round record (BSP with replication after aggregation, aggregate set):
+# frames 1..requests are the headers of the pushes and clocks the primary
+# applied since its last record, in order, without their data; frame
+# requests+1 the ids of the chunks whose round sums follow (u32 each, native
+# order), frames requests+2.. those sums (f32, one chunk per frame). The
+# backup sets each listed chunk's round sum, replays the headers (pushes:
+# de-duplication, clocks and round bookkeeping, no data) and closes its
+# round up to `round` if the primary's closed without a replayed clock.
 struct Replicate {
   epoch @0 :UInt64;          # the layout epoch the primary serves under
   group @1 :Int32;           # the replica group (shard index)
+  aggregate @2 :Bool;        # a round record (see above)
+  requests @3 :UInt32;       # round record: headers it carries
+  round @4 :Int64;           # round record: the primary's BSP round after it
 }
 
 # Re-replication: a primary copies its store, a consistent checkpoint, to a

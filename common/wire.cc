@@ -305,6 +305,9 @@ std::vector<uint8_t> EncodeRequest(const RequestHeader& h) {
       auto r = body.initReplicate();
       r.setEpoch(h.replicate_epoch);
       r.setGroup(h.replicate_group);
+      r.setAggregate(h.replicate_aggregate);
+      r.setRequests(h.replicate_requests);
+      r.setRound(h.replicate_round);
       break;
     }
     case RequestKind::kSnapshot: {
@@ -528,6 +531,9 @@ Status DecodeRequest(const uint8_t* data, size_t size,
             auto r = body.getReplicate();
             out->replicate_epoch = r.getEpoch();
             out->replicate_group = r.getGroup();
+            out->replicate_aggregate = r.getAggregate();
+            out->replicate_requests = r.getRequests();
+            out->replicate_round = r.getRound();
             return Status::OK();
           }
           case cw::Request::Body::SNAPSHOT: {

@@ -126,6 +126,11 @@ struct RequestHeader {
   // is the replicated request's header, frames 2.. its data.
   uint64_t replicate_epoch = 0;
   int32_t replicate_group = 0;
+  // kReplicate round record (replication after aggregation, see
+  // protocol.capnp): its header count and the primary's BSP round after it.
+  bool replicate_aggregate = false;
+  uint32_t replicate_requests = 0;
+  int64_t replicate_round = 0;
   // kSnapshot (epoch and group above): one piece of a store checkpoint.
   std::string snapshot_file;
   uint64_t snapshot_offset = 0;

@@ -120,19 +120,21 @@ def wait_pushing(fleet, workers, kill_after_bytes, out_path, timeout=90):
 def run_once(bin_dir, run_dir, servers=2, workers=2, epochs=3, victim_group=0,
              lease_ms=1000, attempt_timeout_ms=300, kill_after_bytes=20000, timeout_s=240,
              hosts=None, shard_hosts=None, link=None, partition_s=None, etcd=None,
-             disrupt=None):
+             disrupt=None, consistency="asp"):
     """One fleet, one kill (or cut); returns the repeat's record (see the
     module doc). hosts: psrun --emulate_hosts (shard_hosts, link): the victim
     is the host of group victim_group's primary, every process on it killed,
     or with partition_s its link cut for that many seconds. etcd: the fleet's
     etcd endpoints (psrun --etcd) instead of a local one psrun starts;
-    disrupt: called instead of the kill (e.g. an etcd outage), nothing killed."""
+    disrupt: called instead of the kill (e.g. an etcd outage), nothing killed;
+    consistency: the shards' --consistency (bsp: rounds handed on aggregated)."""
     os.makedirs(run_dir, exist_ok=True)
     fleet = os.path.join(run_dir, "run")
     argv = [sys.executable, PSRUN, "--servers", str(servers), "--workers", str(workers),
             "--replicas", "2", "--lease_ms", str(lease_ms), "--run_dir", fleet,
             "--bin_dir", bin_dir, "--grace", "3", "--start_timeout", "30", "--progress", "off",
-            "--server_flags", "--consistency=asp --optimizer=sgd --lr=0.05 --worker_timeout_s=20"]
+            "--server_flags",
+            "--consistency=%s --optimizer=sgd --lr=0.05 --worker_timeout_s=20" % consistency]
     if hosts:
         argv += ["--emulate_hosts", str(hosts)] + (
             ["--shard_hosts", str(shard_hosts)] if shard_hosts else []) + (
@@ -267,6 +269,8 @@ def main():
                     help="write failover.jsonl here (hosts.jsonl with --hosts, "
                          "partition.jsonl with --partition)")
     ap.add_argument("--work_dir", default=None, help="fleets' folders (default: a temp dir)")
+    ap.add_argument("--consistency", choices=["asp", "bsp"], default="asp",
+                    help="the shards' --consistency (bsp: replication after aggregation)")
     a = ap.parse_args()
     if (a.partition or a.link or a.shard_hosts) and not a.hosts:
         ap.error("--partition, --link and --shard_hosts need --hosts")
@@ -277,8 +281,10 @@ def main():
         rec = run_once(a.bin_dir, os.path.join(work, "r%02d" % i), servers=a.servers,
                        workers=a.workers, epochs=a.epochs, victim_group=i % a.servers,
                        hosts=a.hosts, shard_hosts=a.shard_hosts, link=a.link,
-                       partition_s=a.partition_s if a.partition else None)
+                       partition_s=a.partition_s if a.partition else None,
+                       consistency=a.consistency)
         rec["repeat"] = i
+        rec["consistency"] = a.consistency
         line = json.dumps(rec, sort_keys=True)
         print(line, flush=True)
         lines.append(rec)

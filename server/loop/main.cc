@@ -185,6 +185,11 @@ DEFINE_int32(replica_suspect_ms, 500,
              "a backup that heard nothing from its primary (which pings "
              "when idle) for this long has etcd promote it without waiting "
              "for the primary's lease to end; 0: leases only");
+DEFINE_bool(replicate_after_aggregation, true,
+            "--consistency bsp with --replicas > 1: the primary hands its "
+            "backups one record per round (the round's summed gradients "
+            "and the headers of its pushes and clocks) instead of every "
+            "push; false: every push is handed on (ASP/SSP always are)");
 DEFINE_string(advertise_endpoint, "",
               "endpoint other processes reach this one at (default: the "
               "bound --endpoint, with its real port)");
@@ -399,6 +404,7 @@ srv::ServerOptions OptionsFromFlags() {
     if (FLAGS_replica_suspect_ms > 0 && FLAGS_replica_suspect_ms < 200)
       BadFlag("--replica_suspect_ms below 200 would depose busy primaries");
     o.replica_suspect_after = std::chrono::milliseconds(FLAGS_replica_suspect_ms);
+    o.replicate_after_aggregation = FLAGS_replicate_after_aggregation;
   }
   if (!FLAGS_curve_secret_key.empty()) {
     StatusOr<std::string> k = asyncps::LoadCurveKey(FLAGS_curve_secret_key);

@@ -13,6 +13,12 @@
 namespace asyncps::server {
 namespace {
 
+// Replies of replicated requests (a backup applying them) go to no one:
+// the primary answers the worker. This peer name cannot be a ZeroMQ routing
+// id (those are 5 bytes starting with 0, or set by the peer; no peer sets
+// ids here).
+const std::string kInnerPeer("\x01replicated", 11);
+
 uint64_t MessageBytes(const Message& msg) {
   uint64_t bytes = 0;
   for (const ByteView& f : msg.frames) bytes += f.size;
@@ -51,6 +57,7 @@ void Server::UpdateView() {
     membership_->SuspectPrimary(epoch);
   }
   socket_->SetWakeSockets(replicator_->wake_sockets());
+  shard_->set_capture_rounds(replicator_->aggregating());
 }
 
 Status Server::CopyToSpare(const std::string& endpoint) {
@@ -254,6 +261,7 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
     ro.transport.max_message_bytes = options.max_message_bytes;
     ro.transport.max_frame_bytes = s->options_.max_frame_bytes;
     ro.suspect_after = options.replica_suspect_after;
+    ro.aggregate_rounds = options.replicate_after_aggregation;
     s->replicator_ = std::make_unique<replication::Replicator>(ro);
     ASSIGN_OR_RETURN(s->membership_, replication::Membership::Create(mo));
     s->UpdateView();
@@ -341,6 +349,7 @@ Status Server::Run(const std::atomic<bool>& stop) {
     }
     shard_->Tick(now, &out_);
     ResolveOverdueFreeze(now);
+    if (replicator_) ForwardRound(/*open=*/false);  // closed by an eviction
     SendAll();
     if (metrics_) metrics_->Publish(*shard_, now);
     if (options_.checkpoint_every.count() > 0 && store_ &&
@@ -475,11 +484,17 @@ void Server::Dispatch(const std::string& peer, Message& msg,
       return;
     }
   }
+  if (replicator_ && replicator_->Replicates(req_) &&
+      !replicator_->Batches(req_, shard_->AggregatesRounds())) {
+    // Handed on by itself: the batched pushes and clocks before it go
+    // first, so the backups apply everything in this process's order.
+    ForwardRound(/*open=*/true);
+  }
   const size_t first = out_.size();
   data_.assign(msg.frames.begin() + 1, msg.frames.end());
   try {
     shard_->Handle(peer, req_, data_, now, &out_);
-    if (replicator_ && replicator_->Replicates(req_)) Replicate(peer, msg, first);
+    if (replicator_) Replicate(peer, msg, first);
     if (replicator_ && req_.kind == RequestKind::kStats)
       AddReplicationStats(peer, first);
   } catch (const std::bad_alloc&) {
@@ -525,6 +540,9 @@ void Server::AddReplicationStats(const std::string& peer, size_t first) {
         {"snapshot_bytes_sent", c.snapshot_bytes_sent},
         {"spares_joined", c.spares_joined},
         {"snapshots_failed", c.snapshots_failed},
+        {"records_forwarded", c.records_forwarded},
+        {"batched", c.batched},
+        {"records_applied", c.records_applied},
         {"promotions", m.promotions.load()},
         {"suspicions", m.suspicions.load()},
         {"backups_dropped", m.backups_dropped.load()},
@@ -540,16 +558,29 @@ void Server::AddReplicationStats(const std::string& peer, size_t first) {
 
 void Server::Replicate(const std::string& peer, const Message& msg,
                        size_t first) {
-  for (size_t i = first; i < out_.size(); ++i) {
+  const bool batch = replicator_->Batches(req_, shard_->AggregatesRounds());
+  for (size_t i = first; replicator_->Replicates(req_) && i < out_.size(); ++i) {
     OutgoingReply& r = out_[i];
     if (r.peer != peer || r.header.id != req_.id || r.header.kind != req_.kind)
       continue;
-    if (!r.header.status.ok()) return;  // nothing applied: nothing to hand on
+    if (!r.header.status.ok()) break;  // nothing applied: nothing to hand on
     OutgoingReply hold = std::move(r);
     out_.erase(out_.begin() + static_cast<std::ptrdiff_t>(i));
-    replicator_->Forward(msg, &hold, &out_);
-    return;
+    if (batch) {
+      replicator_->Batch(msg, &hold);
+    } else {
+      replicator_->Forward(msg, &hold, &out_);
+    }
+    break;
   }
+  ForwardRound(/*open=*/false);  // a round this request closed
+}
+
+void Server::ForwardRound(bool open) {
+  RoundSums sums;
+  if (!shard_->TakeRoundSums(open && replicator_->num_batched() > 0, &sums))
+    return;
+  replicator_->ForwardRound(std::move(sums), &out_);
 }
 
 void Server::HandleReplicate(const std::string& peer, Message& msg,
@@ -563,6 +594,7 @@ void Server::HandleReplicate(const std::string& peer, Message& msg,
   }
   Status ok = replicator_->CheckReplicate(req_);
   if (!ok.ok()) return Reply(peer, ok, RejectReason::kNotPrimary);
+  if (req_.replicate_aggregate) return HandleRoundRecord(peer, msg, now);
   if (msg.frames.size() < 2) return Answer(peer, Status::OK());  // a ping
   Status decoded = DecodeRequest(msg.frames[1].data, msg.frames[1].size,
                                  DecodeLimits(), &inner_);
@@ -576,10 +608,6 @@ void Server::HandleReplicate(const std::string& peer, Message& msg,
                                                decoded.message()),
                  RejectReason::kMalformed);
   }
-  // The inner request's replies go to no one: the primary answers the
-  // worker. This peer name cannot be a ZeroMQ routing id (those are 5
-  // bytes starting with 0, or set by the peer; no peer sets ids here).
-  static const std::string kInnerPeer("\x01replicated", 11);
   const size_t first = out_.size();
   data_.assign(msg.frames.begin() + 2, msg.frames.end());
   Status applied;
@@ -589,19 +617,71 @@ void Server::HandleReplicate(const std::string& peer, Message& msg,
     applied = Status::ResourceExhausted("out of memory on the backup");
   }
   data_.clear();
+  TakeInnerReplies(first, &applied);
+  replicator_->CountApplied(/*record=*/false);
+  Answer(peer, applied);
+}
+
+void Server::TakeInnerReplies(size_t first, Status* applied) {
   for (size_t i = first; i < out_.size();) {
     if (out_[i].peer != kInnerPeer) {
       ++i;
       continue;
     }
-    if (!out_[i].header.status.ok() && applied.ok()) {
-      applied = Status::Internal("backup could not apply the " +
-                                 std::string(RequestKindName(inner_.kind)) +
-                                 ": " + out_[i].header.status.ToString());
+    if (!out_[i].header.status.ok() && applied->ok()) {
+      *applied = Status::Internal(
+          "backup could not apply the " +
+          std::string(RequestKindName(out_[i].header.kind)) +
+          " " + std::to_string(out_[i].header.id) + ": " +
+          out_[i].header.status.ToString());
     }
     out_.erase(out_.begin() + static_cast<std::ptrdiff_t>(i));
   }
-  replicator_->CountApplied();
+}
+
+void Server::HandleRoundRecord(const std::string& peer, Message& msg,
+                               std::chrono::steady_clock::time_point now) {
+  // Frames: the kReplicate header, the batched headers, the chunk ids, the
+  // sums (common/protocol.capnp, Replicate).
+  const size_t n = req_.replicate_requests;
+  if (msg.frames.size() < n + 2) {
+    return Reply(peer,
+                 Status::InvalidArgument(
+                     "round record of " + std::to_string(n) + " requests has " +
+                     std::to_string(msg.frames.size()) + " frames"),
+                 RejectReason::kMalformed);
+  }
+  std::vector<RequestHeader> inner(n);
+  for (size_t i = 0; i < n; ++i) {
+    Status d = DecodeRequest(msg.frames[i + 1].data, msg.frames[i + 1].size,
+                             DecodeLimits(), &inner[i]);
+    if (d.ok() && !(inner[i].kind == RequestKind::kClock ||
+                    (inner[i].kind == RequestKind::kPush && inner[i].rows.empty())))
+      d = Status::InvalidArgument("a round record carries pushes and clocks only");
+    if (!d.ok()) {
+      return Reply(peer, Status::InvalidArgument("round record: " + d.message()),
+                   RejectReason::kMalformed);
+    }
+  }
+  data_.assign(msg.frames.begin() + 1 + static_cast<std::ptrdiff_t>(n),
+               msg.frames.end());
+  // The sums first (replayed pushes add nothing), then the headers in the
+  // primary's order, then the round the primary moved to.
+  Status applied = shard_->InstallRoundSums(data_);
+  data_.clear();
+  const size_t first = out_.size();
+  shard_->set_replay_headers(true);
+  for (size_t i = 0; applied.ok() && i < n; ++i) {
+    try {
+      shard_->Handle(kInnerPeer, inner[i], {}, now, &out_);
+    } catch (const std::bad_alloc&) {
+      applied = Status::ResourceExhausted("out of memory on the backup");
+    }
+  }
+  shard_->set_replay_headers(false);
+  if (applied.ok()) applied = shard_->CatchUpRound(req_.replicate_round);
+  TakeInnerReplies(first, &applied);
+  replicator_->CountApplied(/*record=*/true);
   Answer(peer, applied);
 }
 

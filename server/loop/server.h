@@ -93,6 +93,11 @@ struct ServerOptions {
   // this long asks etcd to promote it; 0: only the primary's lease ending
   // does. Default: 500 ms.
   std::chrono::milliseconds replica_suspect_after{500};
+  // Replication after aggregation: under BSP a primary hands its backups one
+  // record per round (the round's sums and the headers of its pushes and
+  // clocks) instead of every push (server/replication/replicator.h).
+  // Default: true.
+  bool replicate_after_aggregation = true;
   // Elastic shards (server/elastic/): etcd endpoints and the fleet's prefix,
   // where ps_ctl add-shard / remove-shard commit each change. A shard frozen
   // for a change past its deadline reads <prefix>/elastic there: the change
@@ -139,9 +144,21 @@ class Server {
   // Backup side of replication: applies the request a kReplicate carries.
   void HandleReplicate(const std::string& peer, Message& msg,
                        std::chrono::steady_clock::time_point now);
+  // Backup side: applies a round record (replication after aggregation).
+  void HandleRoundRecord(const std::string& peer, Message& msg,
+                         std::chrono::steady_clock::time_point now);
+  // Backup side: takes the replies the shard gave the replicated requests
+  // (out_ from `first`) out of out_; the first error goes into *applied.
+  void TakeInnerReplies(size_t first, Status* applied);
   // Primary side: hands the request just applied to the backups, holding
-  // its reply (out_ from `first`) until they applied it.
+  // its reply (out_ from `first`) until they applied it; under BSP with
+  // replication after aggregation a push or clock goes into the next round
+  // record instead, and a round the shard closed is handed on.
   void Replicate(const std::string& peer, const Message& msg, size_t first);
+  // Primary side: hands on the round record when the shard closed a round
+  // (or, with `open`, when requests are batched: before handling a request
+  // that is handed on by itself, so backups apply everything in order).
+  void ForwardRound(bool open);
   // Adds the "replication" object (role, epoch, counters) to the stats
   // reply to the request in req_ (out_ from `first`).
   void AddReplicationStats(const std::string& peer, size_t first);

@@ -8,8 +8,12 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "server/internal/test_util.h"
@@ -178,8 +182,9 @@ class ReplicationTest : public ::testing::Test {
     std::filesystem::remove_all(dir_, ec);
   }
 
-  std::unique_ptr<Replica> StartReplica(int replica, int replicas,
-                                        const std::string& tag = "") {
+  std::unique_ptr<Replica> StartReplica(
+      int replica, int replicas, const std::string& tag = "",
+      const std::function<void(ServerOptions*)>& tweak = {}) {
     ServerOptions o;
     o.endpoint = "inproc://g0r" + std::to_string(replica) + tag;
     o.context = ctx_;
@@ -194,6 +199,7 @@ class ReplicationTest : public ::testing::Test {
     o.replication.poll = milliseconds(50);
     o.replication.startup_grace = milliseconds(3000);
     o.db_path = (dir_ / ("db-g0r" + std::to_string(replica) + tag)).string();
+    if (tweak) tweak(&o);
     auto r = std::make_unique<Replica>();
     auto s = Server::Create(o);
     EXPECT_TRUE(s.ok()) << s.status().ToString();
@@ -251,13 +257,41 @@ class ReplicationTest : public ::testing::Test {
     return r;
   }
 
-  uint64_t Version(ClientSocket& c) {
+  nlohmann::json Stats(ClientSocket& c) {
     RequestHeader s;
     s.kind = RequestKind::kStats;
     ReplyHeader r = Call(c, s);
     EXPECT_TRUE(r.status.ok()) << r.status.ToString();
     auto j = nlohmann::json::parse(r.text, nullptr, false);
-    return j.is_object() ? j.value("version", uint64_t{0}) : 0;
+    return j.is_object() ? j : nlohmann::json::object();
+  }
+  uint64_t Version(ClientSocket& c) { return Stats(c).value("version", uint64_t{0}); }
+
+  // Sends without waiting (BSP replies are held until the round's record
+  // is acknowledged); returns the id.
+  uint64_t Send(ClientSocket& c, RequestHeader req,
+                const std::vector<ByteView>& data = {}) {
+    if (req.id == 0) req.id = ++next_id_;
+    std::vector<Frame> frames;
+    frames.push_back(Frame::Owned(EncodeRequest(req)));
+    for (const ByteView& v : data) frames.push_back(Frame::Ref(v.data, v.size, v.owner));
+    EXPECT_TRUE(c.Send(frames).ok());
+    return req.id;
+  }
+  // Waits up to `wait` for the replies to `ids` on `c`: their statuses.
+  std::map<uint64_t, Status> Await(ClientSocket& c, const std::set<uint64_t>& ids,
+                                   milliseconds wait = milliseconds(5000)) {
+    std::map<uint64_t, Status> got;
+    const auto until = SteadyClock::now() + wait;
+    Message msg;
+    while (got.size() < ids.size() && SteadyClock::now() < until) {
+      auto r = c.Receive(&msg, milliseconds(20));
+      if (!r.ok() || !*r || msg.frames.empty()) continue;
+      ReplyHeader h;
+      if (!DecodeReply(msg.frames[0].data, msg.frames[0].size, {}, &h).ok()) continue;
+      if (ids.count(h.id)) got.emplace(h.id, h.status);
+    }
+    return got;
   }
 
   static RequestHeader Push(uint64_t incarnation) {
@@ -403,6 +437,222 @@ TEST_F(ReplicationTest, PrimaryAloneStopsWritingWithoutItsLease) {
   ASSERT_TRUE(etcd_->Restart().ok());
   ReplyHeader back = CallUntilOk(*c0, Push(9), data, milliseconds(10000));
   EXPECT_TRUE(back.status.ok()) << back.status.ToString();
+}
+
+
+// Replication after aggregation (BSP): `workers` workers, Adam, one shard.
+std::function<void(ServerOptions*)> BspOptions(int workers, bool aggregate,
+                                               const std::string& prefix) {
+  return [=](ServerOptions* o) {
+    o->shard.num_workers = workers;
+    o->shard.consistency = Consistency::kBsp;
+    o->shard.optimizer.kind = OptimizerKind::kAdam;
+    o->shard.optimizer.lr = 0.01f;
+    o->replicate_after_aggregation = aggregate;
+    o->replication.prefix = prefix;
+  };
+}
+
+// A push of every chunk of SmallModel() on one shard. Multiples of 1/16:
+// their sums are exact in any order, so the weights do not depend on the
+// order pushes of one round arrive in.
+RequestHeader BspPush(int rank, int64_t clock, std::vector<ByteView>* data) {
+  static const std::vector<uint64_t> kSizes{16, 16, 16, 16, 10};
+  data->clear();
+  std::vector<uint32_t> ids;
+  for (uint32_t id = 0; id < kSizes.size(); ++id) {
+    std::vector<float> g(kSizes[id]);
+    for (size_t i = 0; i < g.size(); ++i)
+      g[i] = 0.125f * static_cast<float>(rank + 1) + 0.0625f * static_cast<float>(i % 4) -
+             0.25f * static_cast<float>(clock % 3) + 0.5f * static_cast<float>(id);
+    data->push_back(server::testing::Floats(g));
+    ids.push_back(id);
+  }
+  return server::testing::ShardHarness::Push(rank, clock, ids, *data);
+}
+
+// Weights, optimizer state and versions of every chunk, as bytes.
+std::vector<std::vector<float>> ShardState(const Shard& shard) {
+  std::vector<std::vector<float>> all;
+  for (uint32_t id : shard.layout()->shard_chunks(0)) {
+    all.push_back(*shard.weights(id));
+    all.push_back(*shard.optimizer_state(id));
+    all.push_back({static_cast<float>(shard.chunk_version(id))});
+  }
+  all.push_back({static_cast<float>(shard.bsp_round()),
+                 static_cast<float>(shard.shard_version())});
+  return all;
+}
+
+bool BitwiseEqual(const std::vector<std::vector<float>>& a,
+                  const std::vector<std::vector<float>>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].size() != b[i].size() ||
+        std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)) != 0)
+      return false;
+  }
+  return true;
+}
+
+// Several BSP rounds of 3 workers: with aggregation the backup applies one
+// record per round (not one kReplicate per push and clock), the replies of
+// a round's pushes wait until the round closed and its record was
+// acknowledged, and the backup's weights, Adam state, versions and round
+// are bitwise the primary's, and the same as with every push handed on.
+TEST_F(ReplicationTest, BspRoundsAreHandedOnOnceAggregatedAndBackupIsBitwiseEqual) {
+  constexpr int kWorkers = 3;
+  constexpr int kRounds = 4;
+  std::vector<std::vector<float>> primary_state[2];
+  for (bool aggregate : {true, false}) {
+    const std::string tag = aggregate ? "-agg" : "-push";
+    replicas_.clear();
+    replicas_.push_back(StartReplica(0, 2, tag, BspOptions(kWorkers, aggregate, "/t" + tag)));
+    replicas_.push_back(StartReplica(1, 2, tag, BspOptions(kWorkers, aggregate, "/t" + tag)));
+    ASSERT_TRUE(replicas_[0] && replicas_[1]);
+    std::vector<std::unique_ptr<ClientSocket>> ws;
+    for (int r = 0; r < kWorkers; ++r) ws.push_back(Connect("inproc://g0r0" + tag));
+    auto c1 = Connect("inproc://g0r1" + tag);
+    const RequestHeader reg = server::testing::ShardHarness::Register(
+        0, server::testing::SmallModel(), server::testing::SmallLayout(1));
+    ASSERT_TRUE(CallUntilOk(*ws[0], reg).status.ok());
+    auto observer = Connect("inproc://g0r0" + tag);
+    for (int64_t c = 0; c < kRounds; ++c) {
+      std::vector<std::set<uint64_t>> ids(kWorkers);
+      std::vector<ByteView> data;
+      for (int r = 0; r < kWorkers; ++r) {
+        ids[r].insert(Send(*ws[r], BspPush(r, c, &data), data));
+        if (c == 1 && r == 1) {
+          // A request handed on by itself mid-round (a registration again):
+          // the batched pushes go first, in a record of their own, and it
+          // is acknowledged without waiting for the round.
+          RequestHeader again = reg;
+          again.rank = 1;
+          ASSERT_TRUE(Call(*observer, again).status.ok());
+        }
+        if (r + 1 < kWorkers)
+          ids[r].insert(Send(*ws[r], server::testing::ShardHarness::Clock(r, c + 1)));
+      }
+      if (aggregate && c == 0) {
+        // The round is open (the last worker has not clocked): nothing of
+        // it is acknowledged yet.
+        EXPECT_TRUE(Await(*ws[0], ids[0], milliseconds(300)).empty());
+      }
+      ids[kWorkers - 1].insert(
+          Send(*ws[kWorkers - 1], server::testing::ShardHarness::Clock(kWorkers - 1, c + 1)));
+      for (int r = 0; r < kWorkers; ++r) {
+        auto got = Await(*ws[r], ids[r]);
+        ASSERT_EQ(got.size(), ids[r].size()) << "round " << c << " rank " << r;
+        for (const auto& [id, st] : got) EXPECT_TRUE(st.ok()) << st.ToString();
+      }
+    }
+    // Acknowledged = on the backup: its stats before anything is stopped.
+    nlohmann::json b = Stats(*c1);
+    EXPECT_EQ(b.value("version", uint64_t{0}), uint64_t{kRounds});
+    EXPECT_EQ(b.value("bsp_round", int64_t{0}), int64_t{kRounds});
+    const nlohmann::json& rb = b["replication"];
+    const nlohmann::json rp = Stats(*ws[0])["replication"];
+    if (aggregate) {
+      // One record per round (plus the registration), every push and clock
+      // folded into them
+      // (and the mid-round registration, after a record of what came
+      // before it).
+      EXPECT_EQ(rb.value("records_applied", uint64_t{0}), uint64_t{kRounds + 1});
+      EXPECT_EQ(rb.value("applied", uint64_t{0}), uint64_t{2 + kRounds + 1});
+      EXPECT_EQ(rp.value("batched", uint64_t{0}), uint64_t{2 * kWorkers * kRounds});
+    } else {
+      EXPECT_EQ(rb.value("records_applied", uint64_t{1}), 0u);
+      EXPECT_EQ(rb.value("applied", uint64_t{0}), uint64_t{2 + 2 * kWorkers * kRounds});
+    }
+    replicas_[0]->Stop();
+    replicas_[1]->Stop();
+    const auto on_primary = ShardState(replicas_[0]->server->shard());
+    EXPECT_TRUE(BitwiseEqual(on_primary, ShardState(replicas_[1]->server->shard())))
+        << (aggregate ? "aggregated" : "per push");
+    primary_state[aggregate ? 0 : 1] = on_primary;
+  }
+  EXPECT_TRUE(BitwiseEqual(primary_state[0], primary_state[1]));
+}
+
+// The primary is lost mid-round (it applied pushes and a clock of round 1
+// and handed nothing of them on): the backup holds round 0 only, takes
+// over, and applies the workers' resends once each (a second resend and a
+// resend of an acknowledged round-0 push are duplicates): the weights are
+// those of every push applied exactly once.
+TEST_F(ReplicationTest, BspPrimaryLostMidRoundBackupAppliesEachResendOnce) {
+  constexpr int kWorkers = 2;
+  replicas_.push_back(StartReplica(0, 2, "", BspOptions(kWorkers, true, "/asyncps/test")));
+  replicas_.push_back(StartReplica(1, 2, "", BspOptions(kWorkers, true, "/asyncps/test")));
+  ASSERT_TRUE(replicas_[0] && replicas_[1]);
+  std::vector<std::unique_ptr<ClientSocket>> ws;
+  for (int r = 0; r < kWorkers; ++r) ws.push_back(Connect("inproc://g0r0"));
+  auto c1 = Connect("inproc://g0r1");
+  const RequestHeader reg = server::testing::ShardHarness::Register(
+      0, server::testing::SmallModel(), server::testing::SmallLayout(1));
+  ASSERT_TRUE(CallUntilOk(*ws[0], reg).status.ok());
+  // Round 0, acknowledged.
+  std::vector<ByteView> data;
+  std::vector<RequestHeader> round0(kWorkers);
+  for (int r = 0; r < kWorkers; ++r) {
+    round0[r] = BspPush(r, 0, &data);
+    round0[r].id = Send(*ws[r], round0[r], data);
+    const uint64_t clock = Send(*ws[r], server::testing::ShardHarness::Clock(r, 1));
+    if (r + 1 == kWorkers) {
+      for (int q = 0; q < kWorkers; ++q) {
+        std::set<uint64_t> want{round0[q].id};
+        if (q == r) want.insert(clock);
+        ASSERT_EQ(Await(*ws[q], want).size(), want.size());
+      }
+    }
+  }
+  // Round 1: rank 0 pushes and clocks, rank 1 pushes; then the primary goes.
+  RequestHeader p0 = BspPush(0, 1, &data);
+  p0.id = Send(*ws[0], p0, data);
+  RequestHeader k0 = server::testing::ShardHarness::Clock(0, 2);
+  k0.id = Send(*ws[0], k0);
+  RequestHeader p1 = BspPush(1, 1, &data);
+  p1.id = Send(*ws[1], p1, data);
+  EXPECT_TRUE(Await(*ws[0], {p0.id, k0.id}, milliseconds(300)).empty());
+  nlohmann::json b = Stats(*c1);
+  EXPECT_EQ(b.value("version", uint64_t{9}), 1u);  // round 0 only
+  EXPECT_EQ(b.value("duplicate_pushes", uint64_t{9}), 0u);
+  EXPECT_EQ(b["replication"].value("records_applied", uint64_t{0}), 1u);
+  replicas_[0]->Stop();
+  EXPECT_TRUE(Await(*ws[0], {p0.id, k0.id}, milliseconds(200)).empty());  // dropped
+
+  // The workers resend what was not acknowledged to the promoted backup.
+  std::vector<ByteView> d0, d1, dr;
+  BspPush(0, 1, &d0);
+  BspPush(1, 1, &d1);
+  BspPush(0, 0, &dr);
+  ASSERT_TRUE(CallUntilOk(*c1, p0, d0).status.ok());
+  ASSERT_TRUE(Call(*c1, p0, d0).status.ok());          // a second resend
+  ASSERT_TRUE(Call(*c1, round0[0], dr).status.ok());   // acknowledged before
+  ASSERT_TRUE(Call(*c1, k0).status.ok());
+  ASSERT_TRUE(Call(*c1, p1, d1).status.ok());
+  ASSERT_TRUE(Call(*c1, server::testing::ShardHarness::Clock(1, 2)).status.ok());
+  b = Stats(*c1);
+  EXPECT_EQ(b.value("version", uint64_t{0}), 2u);
+  EXPECT_EQ(b.value("bsp_round", int64_t{0}), 2);
+  EXPECT_EQ(b.value("duplicate_pushes", uint64_t{0}), 2u);
+  replicas_[1]->Stop();
+
+  // Every push once: a shard that saw each push exactly once.
+  ServerOptions so;
+  BspOptions(kWorkers, true, "")(&so);
+  so.shard.num_shards = 1;
+  server::testing::ShardHarness ref(so.shard);
+  ASSERT_TRUE(ref.Call(reg).status.ok());
+  for (int64_t c = 0; c < 2; ++c) {
+    for (int r = 0; r < kWorkers; ++r) {
+      std::vector<ByteView> g;
+      RequestHeader p = BspPush(r, c, &g);
+      ASSERT_TRUE(ref.Call(p, g).status.ok());
+      ASSERT_TRUE(ref.Call(server::testing::ShardHarness::Clock(r, c + 1)).status.ok());
+    }
+  }
+  EXPECT_EQ(ref.shard->shard_version(), 2u);
+  EXPECT_TRUE(BitwiseEqual(ShardState(replicas_[1]->server->shard()), ShardState(*ref.shard)));
 }
 
 }  // namespace

@@ -74,13 +74,14 @@ Status Replicator::SetView(const ReplicaView& view,
             << (view.primary_endpoint.empty() ? "?" : view.primary_endpoint)
             << ", " << view.backup_endpoints.size() << " backup(s)";
   if (!view.primary) {
-    if (was_primary && !held_.empty()) {
-      LOG(WARNING) << "no longer primary: " << held_.size()
+    if (was_primary && num_held() > 0) {
+      LOG(WARNING) << "no longer primary: " << num_held()
                    << " unacknowledged replies dropped (workers resend them "
                       "to the new primary)";
     }
-    counters_.dropped_held += held_.size();
+    counters_.dropped_held += held_.size() + batch_.size();
     held_.clear();
+    batch_.clear();
     backups_.clear();
     return Status::OK();
   }
@@ -111,6 +112,11 @@ Status Replicator::SetView(const ReplicaView& view,
     next.push_back(std::move(b));
   }
   backups_ = std::move(next);
+  if (backups_.empty() && !batch_.empty()) {
+    // Alone now: nothing to wait for (the sums stay with the shard).
+    for (Batched& b : batch_) out->push_back(std::move(b.reply));
+    batch_.clear();
+  }
   Release(out);
   return Status::OK();
 }
@@ -174,18 +180,65 @@ void Replicator::Forward(const Message& msg, OutgoingReply* hold,
     if (hold != nullptr) out->push_back(std::move(*hold));
     return;
   }
-  const uint64_t seq = next_seq_++;
+  const RequestHeader h = NewReplicate();
+  const uint64_t seq = h.id;
+  SendToBackups(h, msg.frames);
+  if (hold != nullptr) held_.push_back(Held{seq, std::move(*hold)});
+}
+
+RequestHeader Replicator::NewReplicate() {
   RequestHeader h;
   h.kind = RequestKind::kReplicate;
-  h.id = seq;
+  h.id = next_seq_++;
   h.rank = -1;
   h.replicate_epoch = view_.epoch;
   h.replicate_group = options_.group;
+  return h;
+}
+
+bool Replicator::aggregating() const {
+  return options_.aggregate_rounds && view_.primary && !backups_.empty();
+}
+
+bool Replicator::Batches(const RequestHeader& req, bool shard_aggregates) const {
+  return shard_aggregates && aggregating() && Replicates(req) &&
+         ((req.kind == RequestKind::kPush && req.rows.empty()) ||
+          req.kind == RequestKind::kClock);
+}
+
+void Replicator::Batch(const Message& msg, OutgoingReply* hold) {
+  ++counters_.batched;
+  batch_.push_back(Batched{msg.frames[0], std::move(*hold)});
+}
+
+void Replicator::ForwardRound(RoundSums sums, std::vector<OutgoingReply>* out) {
+  if (backups_.empty()) {
+    for (Batched& b : batch_) out->push_back(std::move(b.reply));
+    batch_.clear();
+    return;
+  }
+  RequestHeader h = NewReplicate();
+  const uint64_t seq = h.id;
+  h.replicate_aggregate = true;
+  h.replicate_requests = static_cast<uint32_t>(batch_.size());
+  h.replicate_round = sums.round;
+  std::vector<ByteView> frames;
+  frames.reserve(batch_.size() + sums.frames.size());
+  for (const Batched& b : batch_) frames.push_back(b.header);
+  for (ByteView& f : sums.frames) frames.push_back(std::move(f));
+  SendToBackups(h, frames);
+  counters_.records_forwarded += backups_.size();
+  for (Batched& b : batch_) held_.push_back(Held{seq, std::move(b.reply)});
+  batch_.clear();
+}
+
+void Replicator::SendToBackups(const RequestHeader& h,
+                               const std::vector<ByteView>& data) {
   const std::vector<uint8_t> header = EncodeRequest(h);
   for (auto& b : backups_) {
     frames_.clear();
     frames_.push_back(Frame::Copy(header.data(), header.size()));
-    for (const ByteView& f : msg.frames)
+    for (const ByteView& f : data)
       frames_.push_back(Frame::Ref(f.data, f.size, f.owner));
     Status s = b->socket->Send(frames_);
     b->sent_at = std::chrono::steady_clock::now();
@@ -198,7 +251,6 @@ void Replicator::Forward(const Message& msg, OutgoingReply* hold,
     ++counters_.forwarded;
   }
   frames_.clear();
-  if (hold != nullptr) held_.push_back(Held{seq, std::move(*hold)});
 }
 
 Status Replicator::CheckReplicate(const RequestHeader& req) {
@@ -240,12 +292,7 @@ void Replicator::Poll(std::vector<OutgoingReply>* out) {
     for (auto& b : backups_) {
       if (b->joining || b->socket == nullptr || now - b->sent_at < options_.ping_every)
         continue;
-      RequestHeader h;
-      h.kind = RequestKind::kReplicate;
-      h.id = next_seq_++;
-      h.rank = -1;
-      h.replicate_epoch = view_.epoch;
-      h.replicate_group = options_.group;
+      const RequestHeader h = NewReplicate();
       frames_.clear();
       frames_.push_back(Frame::Owned(EncodeRequest(h)));
       (void)b->socket->Send(frames_);  // a full queue: the backup is far behind

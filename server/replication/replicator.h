@@ -14,14 +14,45 @@
 // copied) to every backup as a kReplicate request stamped with the epoch.
 // The reply to the worker is held until every backup of the current view
 // has answered that kReplicate: an acknowledged update is applied by every
-// replica of the group ("replication after aggregation" with a fan-out of
-// the primary, not a chain: the acknowledgement waits for the slowest
-// backup either way, and one hop is shorter than R-1). Heartbeats are not
+// replica of the group (a fan-out of the primary, not a chain: the
+// acknowledgement waits for the slowest backup either way, and one hop is
+// shorter than R-1). Heartbeats are not
 // handed on: workers send theirs to every replica of a group. Requests that
 // failed on the primary changed nothing and
 // are not handed on; a resent push is handed on again and the backup's
 // de-duplication table, which holds what the primary's holds, applies it
 // once.
+//
+// Replication after aggregation (Li et al., OSDI'14), under BSP
+// (Shard::AggregatesRounds(): BSP, no sparse tables) unless ps_server
+// --replicate_after_aggregation=false: a primary hands its backups one
+// round record per round instead of every push and clock. Pushes and
+// clocks the shard accepted are batched (Batch: their headers, not their
+// data, and their replies, held); when the shard closes a round it keeps a
+// copy of the round's per-chunk sums (taken before they are averaged), and
+// ForwardRound sends one kReplicate carrying the batched headers and those
+// sums. The backup sets each chunk's round sum to the primary's, replays
+// the headers in order without data (a push: de-duplication entry, clock,
+// contributor count and per-rank round bookkeeping; a clock: the same
+// clock move, which closes the round there with the same code on the same
+// sums and counts), and closes the round itself when the primary's closed
+// by an eviction (the record names the round after it): its weights,
+// optimizer state, versions, round, clocks and de-duplication table are
+// bitwise the primary's. The replies of the round's pushes and clocks are
+// released once every backup acknowledged the record. That cannot
+// deadlock: a round closes on the workers' clocks, and no worker waits for
+// a push reply of a shard before it sent that shard its clock (the trainer
+// sends push, clock, then waits on its pull; the overlap scheduler under
+// BSP pushes one bucket per shard and clocks it at once before any stage
+// wait). A request handed on by itself (register, upload, elastic steps,
+// a push with sparse rows) is preceded by a record of what was batched
+// before it (the open round's sums so far), so backups apply everything in
+// the primary's order. A primary lost mid-round handed nothing of the
+// round on: its backups hold the previous rounds only, and the workers'
+// resends of the unacknowledged pushes and clocks are applied once by the
+// promoted backup (the records carried the de-duplication entries of
+// every acknowledged push). Pull replies are not held (as before). ASP/SSP
+// and shards with sparse tables hand on every request as described above.
 //
 // A backup applies kReplicate requests in arrival order (one DEALER per
 // backup keeps the primary's order) and answers each with the status of
@@ -35,7 +66,8 @@
 // When the view drops a backup (its lease ended), replies that only waited
 // for it are released. When this process stops being primary, held replies
 // are dropped unanswered: the workers resend them to the new primary, which
-// has every update this one handed on and de-duplicates the resends.
+// has every update this one handed on and de-duplicates the resends
+// (batched requests are dropped with them: nothing of them was handed on).
 //
 // Re-replication. A spare of the group (a live process the layout does not
 // list: a replacement) is copied to: the server hands the Replicator a
@@ -84,6 +116,10 @@ struct ReplicatorOptions {
   // heard from it at least once in the epoch) suspects it is gone
   // (PrimarySuspected()); 0: only its etcd lease tells. Default: 500 ms.
   std::chrono::milliseconds suspect_after{500};
+  // Replication after aggregation: under BSP (Shard::AggregatesRounds()) a
+  // primary hands on one round record per round instead of every push and
+  // clock (see the header comment). Default: true.
+  bool aggregate_rounds = true;
 };
 
 // Counters for stats and metrics.
@@ -101,6 +137,10 @@ struct ReplicatorCounters {
   uint64_t snapshot_bytes_sent = 0;
   uint64_t spares_joined = 0;        // acknowledged their snapshot
   uint64_t snapshots_failed = 0;
+  // Replication after aggregation.
+  uint64_t records_forwarded = 0;  // round records sent, all backups
+  uint64_t batched = 0;            // pushes and clocks folded into records
+  uint64_t records_applied = 0;    // round records applied as a backup
 };
 
 class Replicator {
@@ -133,11 +173,32 @@ class Replicator {
   void Forward(const Message& msg, OutgoingReply* hold,
                std::vector<OutgoingReply>* out);
 
+  // True when `req` (accepted by a shard whose rounds aggregate:
+  // Shard::AggregatesRounds()) goes into the next round record rather than
+  // its own kReplicate: options.aggregate_rounds, Replicates(req), and a
+  // push without sparse rows or a clock.
+  bool Batches(const RequestHeader& req, bool shard_aggregates) const;
+  // True while this process is a primary with backups that batches (the
+  // shard then captures its rounds' sums).
+  bool aggregating() const;
+  // Requests batched since the last record.
+  size_t num_batched() const { return batch_.size(); }
+  // Keeps `msg`'s header (not its data) for the next round record and its
+  // reply *hold, released once every backup acknowledged that record.
+  void Batch(const Message& msg, OutgoingReply* hold);
+  // Hands every backup one round record: the batched headers and `sums`
+  // (Shard::TakeRoundSums). The batched replies are held until every
+  // backup acknowledged it; without backups they go to `out` at once.
+  void ForwardRound(RoundSums sums, std::vector<OutgoingReply>* out);
+
   // Backup side: checks a kReplicate request against this view. OK means
   // apply its inner request.
   Status CheckReplicate(const RequestHeader& req);
-  // Backup side: counts an applied kReplicate request.
-  void CountApplied() { ++counters_.applied; }
+  // Backup side: counts an applied kReplicate request (a round record).
+  void CountApplied(bool record) {
+    ++counters_.applied;
+    if (record) ++counters_.records_applied;
+  }
   // Backup side: the epoch whose primary has been silent for
   // suspect_after (it sends pings when idle, so it is probably gone), or 0.
   // Promotion still goes through etcd (Membership), and is safe without
@@ -177,8 +238,8 @@ class Replicator {
   // (ServerSocket::SetWakeSockets); valid until the next SetView().
   std::vector<ClientSocket*> wake_sockets() const;
 
-  // Replies held now.
-  size_t num_held() const { return held_.size(); }
+  // Replies held now (batched ones too).
+  size_t num_held() const { return held_.size() + batch_.size(); }
   const ReplicatorCounters& counters() const { return counters_; }
 
  private:
@@ -188,11 +249,21 @@ class Replicator {
     OutgoingReply reply;
   };
   void Release(std::vector<OutgoingReply>* out);
+  // A kReplicate header with the next sequence number, epoch and group.
+  RequestHeader NewReplicate();
+  // Sends a kReplicate (header `h`, then `frames`) to every backup.
+  void SendToBackups(const RequestHeader& h, const std::vector<ByteView>& frames);
+  // Batched requests: the header frame and the reply to it.
+  struct Batched {
+    ByteView header;
+    OutgoingReply reply;
+  };
 
   ReplicatorOptions options_;
   ReplicaView view_;
   std::vector<std::unique_ptr<Backup>> backups_;
   std::deque<Held> held_;  // seq order
+  std::vector<Batched> batch_;  // since the last round record
   uint64_t next_seq_;      // starts random: unique across restarts
   std::vector<Frame> frames_;
   Message msg_;

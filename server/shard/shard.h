@@ -232,6 +232,16 @@ struct ShardOptions {
   Status Validate() const;
 };
 
+// A BSP round's sums as a shard averages and applies them: per chunk the
+// sum of the round's gradients (not yet divided by the contributors),
+// captured by a replicating primary (Shard::TakeRoundSums). Frame 0 is the
+// chunk ids (u32 each), frames 1.. the sums (f32, one chunk each); `round`
+// is the shard's round after the capture.
+struct RoundSums {
+  std::vector<ByteView> frames;
+  int64_t round = 0;
+};
+
 // A reply addressed to the peer that sent the request.
 struct OutgoingReply {
   std::string peer;
@@ -325,6 +335,31 @@ class Shard {
   }
   const std::vector<float>* optimizer_state(uint32_t chunk) const;
   uint64_t chunk_version(uint32_t chunk) const;
+
+  // --- Replication after aggregation (shard_round_sums.cc) ---
+  // Under BSP a replicating primary hands its backups the round's sums
+  // instead of every push (server/replication/replicator.h). True when this
+  // shard's rounds can be handed on that way: BSP, applying (not
+  // transport_only), no sparse tables (rows are handed on per push).
+  bool AggregatesRounds() const;
+  // Primary: while on, every BSP round this shard closes keeps a copy of
+  // its sums (taken before they are averaged) for TakeRoundSums().
+  // Default: off.
+  void set_capture_rounds(bool on) { capture_rounds_ = on; }
+  // Primary: the sums of the round closed since the last call (true), or
+  // false when none closed. With `open` the sums of the round open now are
+  // taken instead when none closed (a record handed on mid-round).
+  bool TakeRoundSums(bool open, RoundSums* sums);
+  // Backup: sets each listed chunk's round sum to the primary's (before the
+  // record's headers are replayed). InvalidArgument when a chunk is not
+  // this shard's or a size differs; nothing is set then.
+  Status InstallRoundSums(const std::vector<ByteView>& frames);
+  // Backup: while on, pushes are replayed from their headers alone (no
+  // data frames): de-duplication, clocks and round bookkeeping, no sums.
+  void set_replay_headers(bool on) { replay_headers_ = on; }
+  // Backup: closes the open round, moving it to `round`, when the
+  // primary's closed without a clock the record replays (an eviction).
+  Status CatchUpRound(int64_t round);
 
  private:
   struct Chunk;
@@ -525,6 +560,11 @@ class Shard {
   // BSP: true when `rank` already pushed for the round (pending_ holds the
   // push being handled).
   bool PushedThisRound(int rank) const;
+  // Backup, replay_headers_: fills pending_ from the chunk refs of a push
+  // replayed without its data (shard_round_sums.cc).
+  Status ReplayPushRefs(const RequestHeader& req);
+  // Copies the sums of chunks with contributors into a RoundSums.
+  RoundSums CaptureSums() const;
   // Marks the push done in the de-duplication table (memory only).
   void RecordPush(const RequestHeader& req);
   // RecordPush and, in durable mode, writes it.
@@ -628,6 +668,12 @@ class Shard {
   bool degraded_ = false;
   // BSP: the last round's rows could not be read; Tick() tries again.
   bool bsp_round_retry_ = false;
+  // Replication after aggregation (shard_round_sums.cc): capture closed
+  // rounds' sums (primary), the last capture, replay pushes without data
+  // (backup).
+  bool capture_rounds_ = false;
+  std::optional<RoundSums> captured_;
+  bool replay_headers_ = false;
   TimePoint next_repair_{};
   std::chrono::milliseconds repair_backoff_{100};
   // Sparse pull codecs (top-k, random-k) send each worker the change since

@@ -76,7 +76,9 @@ Status Shard::HandlePush(const RequestHeader& req,
   RETURN_IF_ERROR(CheckFrozen(req, reply));
   RETURN_IF_ERROR(CheckWorkerLr(req));
   const auto decode_start = std::chrono::steady_clock::now();
-  RETURN_IF_ERROR(ValidatePush(req, data));
+  // A backup replaying a round record has the header alone: the round's
+  // sums came with the record (shard_round_sums.cc).
+  RETURN_IF_ERROR(replay_headers_ ? ReplayPushRefs(req) : ValidatePush(req, data));
   counters_.validate_decode_ns += static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(
           std::chrono::steady_clock::now() - decode_start)
@@ -146,7 +148,7 @@ Status Shard::HandlePush(const RequestHeader& req,
     BeginWork();
     for (const PendingGrad& p : pending_) {
       Chunk& c = *p.chunk;
-      AddWork(&c, p.dense);
+      if (p.dense != nullptr) AddWork(&c, p.dense);  // none when replayed
       ++c.contributors;
       c.pushed_round[rank] = bsp_round_;
       touched_.push_back(&c);
@@ -460,6 +462,14 @@ Status Shard::ApplyBspRound(int64_t next, bool* applied) {
     }
   }
   *applied = true;
+  // A replicating primary hands its backups these sums, not the pushes.
+  if (capture_rounds_ && AggregatesRounds()) {
+    LOG_IF(ERROR, captured_.has_value())
+        << "BSP round " << bsp_round_ << " closed before the last one's sums "
+        << "were handed on";
+    captured_ = CaptureSums();
+    captured_->round = next;
+  }
   const int64_t applied_round = bsp_round_;
   bsp_round_ = next;
   touched_.clear();
