@@ -6,9 +6,20 @@ traces, then experiments/report.py. Checks that the per-seed and summary
 tables, the plots (PNG + .gp) and REPORT.md are produced, every number is
 finite, and the summaries hold the seeds' mean and interval.
 
+One part per ctest test, so that ctest -j runs them beside each other and
+beside the other tests (experiments/CMakeLists.txt):
+
+  experiments_quick_test.py STUDY --out DIR   # sync_vs_async, compression_study
+                                              # or staleness_study: runs it into
+                                              # DIR/STUDY (emptied first), checks it
+  experiments_quick_test.py report --out DIR  # copies the three studies from DIR
+                                              # into a temp dir, runs the simulator
+                                              # and report.py there, checks them
+
 Exit 77 (skipped) when the binaries or gnuplot are missing.
 Environment: ASYNCPS_BIN_DIR (default <repo>/build/bin).
 """
+import argparse
 import csv
 import math
 import os
@@ -110,64 +121,75 @@ def run(cmd, timeout):
     return r
 
 
-def main():
-    for b in ("ps_server", "ps_worker", "ps_ctl"):
-        if not os.access(os.path.join(BIN, b), os.X_OK):
-            print("SKIP: %s not built in %s" % (b, BIN))
-            return 77
-    if shutil.which("gnuplot") is None:
-        print("SKIP: gnuplot not installed")
-        return 77
+def run_study(study, out, max_steps, eval_every, only):
+    """experiments/STUDY/run.py --quick into `out`: the runs in `only`, each
+    with the three seeds."""
+    run([os.path.join(EXP, study, "run.py"), "--quick", "--bin_dir", BIN,
+         "--out", out, "--max_steps", max_steps, "--eval_every", eval_every,
+         "--only", only, "--seeds", SEEDS], 300)
+
+
+def run_sync(out):
+    run_study("sync_vs_async", out, MAX_STEPS, "10", "bsp,asp")
+    rows = check_csv(os.path.join(out, "runs.csv"), 6)
+    for r in rows:
+        if r["status"] != "ok":
+            fail("sync run %s seed %s: %s" % (r["run"], r["seed"], r["status"]))
+    summary = check_csv(os.path.join(out, "summary.csv"), 2)
+    check_aggregate(rows, summary, "idle_frac")
+    check_csv(os.path.join(out, "curves.csv"), 6)
+    for name in ("acc_vs_time", "acc_vs_time_straggler", "acc_vs_updates",
+                 "acc_vs_updates_straggler", "idle_vs_staleness"):
+        check_png(os.path.join(out, name + ".png"))
+
+
+def run_compression(out):
+    run_study("compression_study", out, "20", "10", "none,topk1_ef,none_slow")
+    rows = check_csv(os.path.join(out, "runs.csv"), 6)
+    summary = check_csv(os.path.join(out, "summary.csv"), 2)
+    check_aggregate(rows, summary, "final_eval_acc")
+    check_csv(os.path.join(out, "targets.csv"), 1)
+    by = {r["run"]: r for r in summary}
+    if float(by["topk1_ef"]["wire_ratio"]) < 20:
+        fail("top-k 1%% wire ratio %s" % by["topk1_ef"]["wire_ratio"])
+    for name in ("acc_vs_bytes", "acc_vs_time"):
+        check_png(os.path.join(out, name + ".png"))
+    if "none_slow" in by:
+        check_png(os.path.join(out, "acc_vs_time_slow.png"))
+
+
+def run_staleness(out):
+    run_study("staleness_study", out, "15", "5", "asp8_dc_a,bsp8_scaled_warmup")
+    rows = check_csv(os.path.join(out, "runs.csv"), 6)
+    if any(r["status"] not in ("ok", "diverged") for r in rows):
+        fail("staleness study: a run failed")
+    dc = [r for r in rows if r["run"] == "asp8_dc_a" and r["status"] == "ok"]
+    if not dc or not all(int(float(r["dc_compensated"])) > 0 for r in dc):
+        fail("DC-ASGD runs compensated no push")
+    check_png(os.path.join(out, "acc_vs_samples_dc.png"))
+
+
+STUDIES = {"sync_vs_async": run_sync, "compression_study": run_compression,
+           "staleness_study": run_staleness}
+
+
+def run_report(studies):
+    """The simulator on the sync and compression studies' results and
+    report.py over all three, in a temp dir of their own (the studies'
+    folders in `studies` are copied, never written)."""
     tmp = tempfile.mkdtemp(prefix="asyncps_exp_test_")
     try:
-        sync = os.path.join(tmp, "sync_vs_async")
-        comp = os.path.join(tmp, "compression_study")
-        stal = os.path.join(tmp, "staleness_study")
+        for study in STUDIES:
+            src = os.path.join(studies, study)
+            if not os.path.exists(os.path.join(src, "runs.csv")):
+                fail("no %s results in %s (its ctest test runs first)" % (study, src))
+            shutil.copytree(src, os.path.join(tmp, study))
         sim = os.path.join(tmp, "sim")
-        run([os.path.join(EXP, "sync_vs_async", "run.py"), "--quick",
-             "--bin_dir", BIN, "--out", sync, "--max_steps", MAX_STEPS,
-             "--eval_every", "10", "--only", "bsp,asp", "--seeds", SEEDS], 300)
-        run([os.path.join(EXP, "compression_study", "run.py"), "--quick",
-             "--bin_dir", BIN, "--out", comp, "--max_steps", "20",
-             "--eval_every", "10", "--only", "none,topk1_ef,none_slow",
-             "--seeds", SEEDS], 300)
-        run([os.path.join(EXP, "staleness_study", "run.py"), "--quick",
-             "--bin_dir", BIN, "--out", stal, "--max_steps", "15",
-             "--eval_every", "5", "--only", "asp8_dc_a,bsp8_scaled_warmup",
-             "--seeds", SEEDS], 300)
-        run([os.path.join(EXP, "sim", "run.py"), "--quick", "--runs", sync,
-             "--compression", comp, "--out", sim], 240)
+        run([os.path.join(EXP, "sim", "run.py"), "--quick",
+             "--runs", os.path.join(tmp, "sync_vs_async"),
+             "--compression", os.path.join(tmp, "compression_study"),
+             "--out", sim], 240)
         run([os.path.join(EXP, "report.py"), "--results", tmp], 120)
-
-        rows = check_csv(os.path.join(sync, "runs.csv"), 6)
-        for r in rows:
-            if r["status"] != "ok":
-                fail("sync run %s seed %s: %s" % (r["run"], r["seed"],
-                                                  r["status"]))
-        summary = check_csv(os.path.join(sync, "summary.csv"), 2)
-        check_aggregate(rows, summary, "idle_frac")
-        check_csv(os.path.join(sync, "curves.csv"), 6)
-        for name in ("acc_vs_time", "acc_vs_time_straggler", "acc_vs_updates",
-                     "acc_vs_updates_straggler", "idle_vs_staleness"):
-            check_png(os.path.join(sync, name + ".png"))
-        rows = check_csv(os.path.join(comp, "runs.csv"), 6)
-        summary = check_csv(os.path.join(comp, "summary.csv"), 2)
-        check_aggregate(rows, summary, "final_eval_acc")
-        check_csv(os.path.join(comp, "targets.csv"), 1)
-        by = {r["run"]: r for r in summary}
-        if float(by["topk1_ef"]["wire_ratio"]) < 20:
-            fail("top-k 1%% wire ratio %s" % by["topk1_ef"]["wire_ratio"])
-        for name in ("acc_vs_bytes", "acc_vs_time"):
-            check_png(os.path.join(comp, name + ".png"))
-        if "none_slow" in by:
-            check_png(os.path.join(comp, "acc_vs_time_slow.png"))
-        rows = check_csv(os.path.join(stal, "runs.csv"), 6)
-        if any(r["status"] not in ("ok", "diverged") for r in rows):
-            fail("staleness study: a run failed")
-        dc = [r for r in rows if r["run"] == "asp8_dc_a" and r["status"] == "ok"]
-        if not dc or not all(int(float(r["dc_compensated"])) > 0 for r in dc):
-            fail("DC-ASGD runs compensated no push")
-        check_png(os.path.join(stal, "acc_vs_samples_dc.png"))
         check_csv(os.path.join(sim, "validation.csv"), 6)
         check_csv(os.path.join(sim, "idle_vs_bound.csv"), 7)
         for name in ("validation_idle", "sim_idle_vs_bound",
@@ -182,18 +204,43 @@ def main():
                 fail("REPORT.md lacks " + repr(needle))
         if "nan" in report.lower().split() or " inf " in report:
             fail("REPORT.md has a non-finite number")
-        # The study deletes the namespace it created (named after its PID).
-        ns = subprocess.run(["ip", "netns", "list"], capture_output=True,
-                            text=True).stdout
-        for name in ns.split():
-            if name.startswith("asyncps_slow_"):
-                pid = name.rsplit("_", 1)[-1]
-                if pid.isdigit() and not os.path.exists("/proc/" + pid):
-                    fail("namespace %s left behind" % name)
-        print("PASS")
-        return 0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def check_no_namespace_left():
+    """A study deletes the namespace it created (named after its PID)."""
+    ns = subprocess.run(["ip", "netns", "list"], capture_output=True,
+                        text=True).stdout
+    for name in ns.split():
+        if name.startswith("asyncps_slow_"):
+            pid = name.rsplit("_", 1)[-1]
+            if pid.isdigit() and not os.path.exists("/proc/" + pid):
+                fail("namespace %s left behind" % name)
+
+
+def main(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("part", choices=sorted(STUDIES) + ["report"])
+    parser.add_argument("--out", required=True,
+                        help="folder of the studies' results (DIR/STUDY)")
+    args = parser.parse_args(argv)
+    for b in ("ps_server", "ps_worker", "ps_ctl"):
+        if not os.access(os.path.join(BIN, b), os.X_OK):
+            print("SKIP: %s not built in %s" % (b, BIN))
+            return 77
+    if shutil.which("gnuplot") is None:
+        print("SKIP: gnuplot not installed")
+        return 77
+    if args.part == "report":
+        run_report(args.out)
+    else:
+        out = os.path.join(args.out, args.part)
+        shutil.rmtree(out, ignore_errors=True)
+        STUDIES[args.part](out)
+        check_no_namespace_left()
+    print("PASS")
+    return 0
 
 
 def check_aggregate(rows, summary, key):
@@ -211,4 +258,4 @@ def check_aggregate(rows, summary, key):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
