@@ -225,6 +225,11 @@ def main(argv):
     parser.add_argument("--out", required=True,
                         help="folder of the studies' results (DIR/STUDY)")
     args = parser.parse_args(argv)
+    out = os.path.join(args.out, args.part)
+    if args.part in STUDIES:
+        # Emptied first, skipped or not: the report never reads a result that
+        # this run of the study did not produce.
+        shutil.rmtree(out, ignore_errors=True)
     for b in ("ps_server", "ps_worker", "ps_ctl"):
         if not os.access(os.path.join(BIN, b), os.X_OK):
             print("SKIP: %s not built in %s" % (b, BIN))
@@ -235,8 +240,6 @@ def main(argv):
     if args.part == "report":
         run_report(args.out)
     else:
-        out = os.path.join(args.out, args.part)
-        shutil.rmtree(out, ignore_errors=True)
         STUDIES[args.part](out)
         check_no_namespace_left()
     print("PASS")
