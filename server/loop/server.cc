@@ -479,6 +479,7 @@ void Server::Dispatch(const std::string& peer, Message& msg,
     std::string redirect;
     Status admitted = replicator_->Admit(req_.kind, now, &redirect);
     if (!admitted.ok()) {
+      shard_->NoteRefusedPush(req_);
       Reply(peer, admitted, RejectReason::kNotPrimary);
       out_.back().header.redirect = redirect;
       return;

@@ -655,5 +655,45 @@ TEST_F(ReplicationTest, BspPrimaryLostMidRoundBackupAppliesEachResendOnce) {
   EXPECT_TRUE(BitwiseEqual(ShardState(replicas_[1]->server->shard()), ShardState(*ref.shard)));
 }
 
+
+// A push refused by a replica that is not (yet) the primary holds back the
+// rank's later clocks there: promoted, it refuses them (retry) until the
+// push came back, so a clock never closes a BSP round without the push
+// (its refusal and the clock's acceptance on either side of a promotion).
+TEST_F(ReplicationTest, BspClockWaitsForAPushTheReplicaRefusedBeforeItsPromotion) {
+  replicas_.push_back(StartReplica(0, 2, "", BspOptions(1, true, "/asyncps/test")));
+  replicas_.push_back(StartReplica(1, 2, "", BspOptions(1, true, "/asyncps/test")));
+  ASSERT_TRUE(replicas_[0] && replicas_[1]);
+  auto c0 = Connect("inproc://g0r0");
+  auto c1 = Connect("inproc://g0r1");
+  ASSERT_TRUE(CallUntilOk(*c0, server::testing::ShardHarness::Register(
+                                   0, server::testing::SmallModel(),
+                                   server::testing::SmallLayout(1)))
+                  .status.ok());
+  std::vector<ByteView> data;
+  RequestHeader push = BspPush(0, 0, &data);
+  push.id = ++next_id_;
+  ReplyHeader refused = Call(*c1, push, data);
+  ASSERT_EQ(refused.status.code(), StatusCode::kUnavailable);
+  EXPECT_EQ(refused.redirect, "inproc://g0r0");
+  replicas_[0]->Stop();  // g0r1 takes over
+  RequestHeader clock = server::testing::ShardHarness::Clock(0, 1);
+  ReplyHeader r;
+  const auto until = SteadyClock::now() + milliseconds(8000);
+  do {
+    r = Call(*c1, clock);
+    std::this_thread::sleep_for(milliseconds(20));
+  } while (r.epoch < 2 && SteadyClock::now() < until);
+  EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.ToString();
+  EXPECT_GT(r.retry_ms, 0u);
+  EXPECT_EQ(Stats(*c1).value("bsp_round", int64_t{9}), 0);  // not closed
+  ASSERT_TRUE(CallUntilOk(*c1, push, data).status.ok());
+  ASSERT_TRUE(CallUntilOk(*c1, clock).status.ok());
+  nlohmann::json b = Stats(*c1);
+  EXPECT_EQ(b.value("bsp_round", int64_t{0}), 1);
+  EXPECT_EQ(b.value("pushes", uint64_t{0}), 1u);
+  EXPECT_EQ(b.value("skipped_pushes", uint64_t{9}), 0u);
+}
+
 }  // namespace
 }  // namespace asyncps::server::replication

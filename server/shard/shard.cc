@@ -359,6 +359,13 @@ void Shard::NoteHeldPush(const RequestHeader& req, const Status& st) {
   }
 }
 
+void Shard::NoteRefusedPush(const RequestHeader& req) {
+  if (req.kind != RequestKind::kPush || req.rank < 0 ||
+      req.rank >= options_.num_workers || req.clock < 0 || req.clock > kMaxClock)
+    return;
+  NoteHeldPush(req, Status::Unavailable("refused before the shard"));
+}
+
 Status Shard::CheckHeldPush(const RequestHeader& req, ReplyHeader* reply) {
   HeldPush& h = held_push_[req.rank];
   if (h.clock < 0) return Status::OK();

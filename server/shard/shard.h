@@ -336,6 +336,14 @@ class Shard {
   const std::vector<float>* optimizer_state(uint32_t chunk) const;
   uint64_t chunk_version(uint32_t chunk) const;
 
+  // A push refused before it reached the shard (a replica that is not the
+  // primary, or cannot take writes now): like a push this shard asked to be
+  // sent again, this rank's later clocks are refused until it comes back
+  // (or a later push of the rank is applied, here or replayed from the
+  // primary). Otherwise a clock accepted right after the refusal (the
+  // process was promoted in between) would close a BSP round without it.
+  void NoteRefusedPush(const RequestHeader& req);
+
   // --- Replication after aggregation (shard_round_sums.cc) ---
   // Under BSP a replicating primary hands its backups the round's sums
   // instead of every push (server/replication/replicator.h). True when this
