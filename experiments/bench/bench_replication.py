@@ -9,7 +9,16 @@ whole fleet (psrun's waited-for children: shards, workers, etcd) per sample:
 cpu_ceiling = cpu(R=1) / cpu(R=2) is the ratio R=2 can reach where the cores
 are the limit.
 
+--consistency bsp trains under BSP instead of ASP (rows "op": "train_bsp").
+--compare_aggregation (BSP) runs three fleets per repeat, interleaved in a
+rotating order: R=2 with replication after aggregation (ps_server
+--replicate_after_aggregation, one record per round to the backup), R=2
+handing on every push (--replicate_after_aggregation=false) and R=1; three
+JSON lines: each R=2 mode against R=1, and aggregated against per-push, with
+load1 at the start of every repeat.
+
   experiments/bench/bench_replication.py --repeats 5
+  experiments/bench/bench_replication.py --consistency bsp --compare_aggregation --repeats 5
 """
 import argparse
 import json
@@ -27,11 +36,15 @@ PSRUN = os.path.join(REPO, "launch", "psrun")
 BATCH = 64
 
 
-def run(bin_dir, work, replicas, servers, workers, steps, layers):
+def run(bin_dir, work, replicas, servers, workers, steps, layers, consistency="asp",
+        aggregate=True):
     run_dir = os.path.join(work, "r%d-%d" % (replicas, len(os.listdir(work))))
+    server_flags = "--consistency=%s --optimizer=sgd --lr=0.05" % consistency
+    if not aggregate:
+        server_flags += " --replicate_after_aggregation=false"
     argv = [sys.executable, PSRUN, "--servers", str(servers), "--workers", str(workers),
             "--run_dir", run_dir, "--bin_dir", bin_dir, "--progress", "off", "--quiet",
-            "--server_flags", "--consistency=asp --optimizer=sgd --lr=0.05"]
+            "--server_flags", server_flags]
     if replicas > 1:
         argv += ["--replicas", str(replicas)]
     argv += ["--", "--layers=" + layers, "--batch=%d" % BATCH, "--epochs=1",
@@ -53,6 +66,52 @@ def spread(v):
     return bench_stats.spread(v, count="n")
 
 
+def row(a, mode, baseline, runs, base_runs, loads):
+    """One JSON line: `runs` (rate, cpu) against `base_runs`, same repeats."""
+    rates, cpus = [r for r, _ in runs], [c for _, c in runs]
+    base_rates, base_cpus = [r for r, _ in base_runs], [c for _, c in base_runs]
+    ratios = [t / o for t, o in zip(rates, base_rates)]
+    # Where the cores are the limit, `mode` reaches at most cpu(base) / cpu(mode).
+    ceilings = [c1 / c2 for c1, c2 in zip(base_cpus, cpus)]
+    out = {
+        "bench": "replication", "op": "train" if a.consistency == "asp" else "train_bsp",
+        "mode": mode, "consistency": a.consistency, "layers": a.layers,
+        "servers": a.servers, "workers": a.workers, "steps": a.steps,
+        "samples_per_s": round(statistics.median(rates), 1), "samples_per_s_spread": spread(rates),
+        "baseline": baseline, "baseline_samples_per_s": round(statistics.median(base_rates), 1),
+        "baseline_spread": spread(base_rates), "ratio_metric": "samples_per_s",
+        "ratio": round(statistics.median(ratios), 3), "ratio_spread": spread(ratios),
+        "cpu_us_per_sample": round(statistics.median(cpus), 2),
+        "baseline_cpu_us_per_sample": round(statistics.median(base_cpus), 2),
+        "cpu_ceiling": round(statistics.median(ceilings), 3),
+        "ratio_vs_cpu_ceiling": round(statistics.median(ratios) / statistics.median(ceilings), 3),
+        "load": os.getloadavg()}
+    if loads:
+        out["load1_per_repeat"] = loads
+    return json.dumps(out)
+
+
+def compare_aggregation(a):
+    """R=2 aggregated, R=2 per push and R=1, interleaved (rotating order)."""
+    modes = [("replicas2_aggregated", 2, True), ("replicas2_per_push", 2, False),
+             ("replicas1", 1, True)]
+    runs = {m: [] for m, _, _ in modes}
+    loads = []
+    with tempfile.TemporaryDirectory(prefix="bench-replication-") as work:
+        for i in range(a.repeats):
+            loads.append(round(os.getloadavg()[0], 2))
+            for m, replicas, aggregate in modes[i % 3:] + modes[:i % 3]:
+                runs[m].append(run(a.bin_dir, work, replicas, a.servers, a.workers, a.steps,
+                                   a.layers, a.consistency, aggregate))
+    print(row(a, "replicas2_aggregated", "replicas1", runs["replicas2_aggregated"],
+              runs["replicas1"], loads))
+    print(row(a, "replicas2_per_push", "replicas1", runs["replicas2_per_push"],
+              runs["replicas1"], loads))
+    print(row(a, "replicas2_aggregated", "replicas2_per_push", runs["replicas2_aggregated"],
+              runs["replicas2_per_push"], loads))
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -62,34 +121,25 @@ def main():
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--layers", default="784,256,128,10")
+    ap.add_argument("--consistency", choices=["asp", "bsp"], default="asp")
+    ap.add_argument("--compare_aggregation", action="store_true",
+                    help="BSP: R=2 aggregated, R=2 per push and R=1 (see above)")
     ap.add_argument("--quick", action="store_true", help="1 repeat, 200 steps")
     a = ap.parse_args()
     if a.quick:
         a.repeats, a.steps = 1, 200
+    if a.compare_aggregation:
+        if a.consistency != "bsp":
+            ap.error("--compare_aggregation needs --consistency bsp")
+        return compare_aggregation(a)
     with tempfile.TemporaryDirectory(prefix="bench-replication-") as work:
-        one, two, cpu_one, cpu_two = [], [], [], []
+        one, two = [], []
         for _ in range(a.repeats):
-            rate, cpu = run(a.bin_dir, work, 1, a.servers, a.workers, a.steps, a.layers)
-            one.append(rate)
-            cpu_one.append(cpu)
-            rate, cpu = run(a.bin_dir, work, 2, a.servers, a.workers, a.steps, a.layers)
-            two.append(rate)
-            cpu_two.append(cpu)
-    ratios = [t / o for t, o in zip(two, one)]
-    # Where the cores are the limit, R=2 reaches at most cpu(R=1) / cpu(R=2).
-    ceilings = [c1 / c2 for c1, c2 in zip(cpu_one, cpu_two)]
-    print(json.dumps({
-        "bench": "replication", "op": "train", "mode": "replicas2", "layers": a.layers,
-        "servers": a.servers, "workers": a.workers, "steps": a.steps,
-        "samples_per_s": round(statistics.median(two), 1), "samples_per_s_spread": spread(two),
-        "baseline": "replicas1", "baseline_samples_per_s": round(statistics.median(one), 1),
-        "baseline_spread": spread(one), "ratio_metric": "samples_per_s",
-        "ratio": round(statistics.median(ratios), 3), "ratio_spread": spread(ratios),
-        "cpu_us_per_sample": round(statistics.median(cpu_two), 2),
-        "baseline_cpu_us_per_sample": round(statistics.median(cpu_one), 2),
-        "cpu_ceiling": round(statistics.median(ceilings), 3),
-        "ratio_vs_cpu_ceiling": round(statistics.median(ratios) / statistics.median(ceilings), 3),
-        "load": os.getloadavg()}))
+            one.append(run(a.bin_dir, work, 1, a.servers, a.workers, a.steps, a.layers,
+                           a.consistency))
+            two.append(run(a.bin_dir, work, 2, a.servers, a.workers, a.steps, a.layers,
+                           a.consistency))
+    print(row(a, "replicas2", "replicas1", two, one, None))
     return 0
 
 
