@@ -525,7 +525,12 @@ TEST_F(ReplicationTest, BspRoundsAreHandedOnOnceAggregatedAndBackupIsBitwiseEqua
         if (c == 1 && r == 1) {
           // A request handed on by itself mid-round (a registration again):
           // the batched pushes go first, in a record of their own, and it
-          // is acknowledged without waiting for the round.
+          // is acknowledged without waiting for the round. (Sent once the
+          // primary counted this round's pushes so far: other sockets.)
+          const auto until = SteadyClock::now() + milliseconds(5000);
+          while (Stats(*observer).value("pushes", uint64_t{0}) < uint64_t(kWorkers + 2) &&
+                 SteadyClock::now() < until)
+            std::this_thread::sleep_for(milliseconds(5));
           RequestHeader again = reg;
           again.rank = 1;
           ASSERT_TRUE(Call(*observer, again).status.ok());
@@ -680,10 +685,11 @@ TEST_F(ReplicationTest, BspClockWaitsForAPushTheReplicaRefusedBeforeItsPromotion
   RequestHeader clock = server::testing::ShardHarness::Clock(0, 1);
   ReplyHeader r;
   const auto until = SteadyClock::now() + milliseconds(8000);
-  do {
+  do {  // until promoted and past any refusal of writes while it starts
     r = Call(*c1, clock);
     std::this_thread::sleep_for(milliseconds(20));
-  } while (r.epoch < 2 && SteadyClock::now() < until);
+  } while ((r.epoch < 2 || (!r.status.ok() && r.retry_ms == 0)) &&
+           SteadyClock::now() < until);
   EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.ToString();
   EXPECT_GT(r.retry_ms, 0u);
   EXPECT_EQ(Stats(*c1).value("bsp_round", int64_t{9}), 0);  // not closed
