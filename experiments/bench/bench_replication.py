@@ -40,8 +40,7 @@ def run(bin_dir, work, replicas, servers, workers, steps, layers, consistency="a
         aggregate=True):
     run_dir = os.path.join(work, "r%d-%d" % (replicas, len(os.listdir(work))))
     server_flags = "--consistency=%s --optimizer=sgd --lr=0.05" % consistency
-    if not aggregate:
-        server_flags += " --replicate_after_aggregation=false"
+    server_flags += " --replicate_after_aggregation=%s" % ("true" if aggregate else "false")
     argv = [sys.executable, PSRUN, "--servers", str(servers), "--workers", str(workers),
             "--run_dir", run_dir, "--bin_dir", bin_dir, "--progress", "off", "--quiet",
             "--server_flags", server_flags]

@@ -134,7 +134,8 @@ def run_once(bin_dir, run_dir, servers=2, workers=2, epochs=3, victim_group=0,
             "--replicas", "2", "--lease_ms", str(lease_ms), "--run_dir", fleet,
             "--bin_dir", bin_dir, "--grace", "3", "--start_timeout", "30", "--progress", "off",
             "--server_flags",
-            "--consistency=%s --optimizer=sgd --lr=0.05 --worker_timeout_s=20" % consistency]
+            "--consistency=%s --optimizer=sgd --lr=0.05 --worker_timeout_s=20%s" % (
+                consistency, " --replicate_after_aggregation" if consistency == "bsp" else "")]
     if hosts:
         argv += ["--emulate_hosts", str(hosts)] + (
             ["--shard_hosts", str(shard_hosts)] if shard_hosts else []) + (

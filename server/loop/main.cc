@@ -185,11 +185,12 @@ DEFINE_int32(replica_suspect_ms, 500,
              "a backup that heard nothing from its primary (which pings "
              "when idle) for this long has etcd promote it without waiting "
              "for the primary's lease to end; 0: leases only");
-DEFINE_bool(replicate_after_aggregation, true,
+DEFINE_bool(replicate_after_aggregation, false,
             "--consistency bsp with --replicas > 1: the primary hands its "
             "backups one record per round (the round's summed gradients "
             "and the headers of its pushes and clocks) instead of every "
-            "push; false: every push is handed on (ASP/SSP always are)");
+            "push; false (default until it works with elastic fleets: launch.elastic's --replicas 2 run stalls with it): every push "
+            "is handed on (ASP/SSP always are)");
 DEFINE_string(advertise_endpoint, "",
               "endpoint other processes reach this one at (default: the "
               "bound --endpoint, with its real port)");

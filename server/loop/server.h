@@ -96,8 +96,9 @@ struct ServerOptions {
   // Replication after aggregation: under BSP a primary hands its backups one
   // record per round (the round's sums and the headers of its pushes and
   // clocks) instead of every push (server/replication/replicator.h).
-  // Default: true.
-  bool replicate_after_aggregation = true;
+  // Default: false (with elastic shards and replicas a BSP run stalled with
+  // it on: launch.elastic, --replicas 2).
+  bool replicate_after_aggregation = false;
   // Elastic shards (server/elastic/): etcd endpoints and the fleet's prefix,
   // where ps_ctl add-shard / remove-shard commit each change. A shard frozen
   // for a change past its deadline reads <prefix>/elastic there: the change

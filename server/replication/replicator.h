@@ -24,8 +24,9 @@
 // once.
 //
 // Replication after aggregation (Li et al., OSDI'14), under BSP
-// (Shard::AggregatesRounds(): BSP, no sparse tables) unless ps_server
-// --replicate_after_aggregation=false: a primary hands its backups one
+// (Shard::AggregatesRounds(): BSP, no sparse tables) with ps_server
+// --replicate_after_aggregation (off by default: an elastic change with
+// replicas under BSP stalled with it on, launch.elastic): a primary hands its backups one
 // round record per round instead of every push and clock. Pushes and
 // clocks the shard accepted are batched (Batch: their headers, not their
 // data, and their replies, held); when the shard closes a round it keeps a
@@ -118,8 +119,8 @@ struct ReplicatorOptions {
   std::chrono::milliseconds suspect_after{500};
   // Replication after aggregation: under BSP (Shard::AggregatesRounds()) a
   // primary hands on one round record per round instead of every push and
-  // clock (see the header comment). Default: true.
-  bool aggregate_rounds = true;
+  // clock (see the header comment). Default: false (ServerOptions).
+  bool aggregate_rounds = false;
 };
 
 // Counters for stats and metrics.
