@@ -204,6 +204,8 @@ class ShippedGoalsTest(unittest.TestCase):
         "pytorch": {"model", "baseline"},
         "overlap": {"setting", "consistency", "batch", "prefetch_ahead", "baseline",
                     "shards"},
+        "worker_overlap": {"setting", "consistency", "pipeline_shards", "baseline", "shards",
+                           "batch"},
         "elastic": {"change"},
         "replication": {"op", "mode", "layers"},
     }
