@@ -127,15 +127,15 @@ def run_once(bin_dir, run_dir, servers=2, workers=2, epochs=3, victim_group=0,
     or with partition_s its link cut for that many seconds. etcd: the fleet's
     etcd endpoints (psrun --etcd) instead of a local one psrun starts;
     disrupt: called instead of the kill (e.g. an etcd outage), nothing killed;
-    consistency: the shards' --consistency (bsp: rounds handed on aggregated)."""
+    consistency: the shards' --consistency (bsp: rounds handed on aggregated,
+    ps_server's default)."""
     os.makedirs(run_dir, exist_ok=True)
     fleet = os.path.join(run_dir, "run")
     argv = [sys.executable, PSRUN, "--servers", str(servers), "--workers", str(workers),
             "--replicas", "2", "--lease_ms", str(lease_ms), "--run_dir", fleet,
             "--bin_dir", bin_dir, "--grace", "3", "--start_timeout", "30", "--progress", "off",
             "--server_flags",
-            "--consistency=%s --optimizer=sgd --lr=0.05 --worker_timeout_s=20%s" % (
-                consistency, " --replicate_after_aggregation" if consistency == "bsp" else "")]
+            "--consistency=%s --optimizer=sgd --lr=0.05 --worker_timeout_s=20" % consistency]
     if hosts:
         argv += ["--emulate_hosts", str(hosts)] + (
             ["--shard_hosts", str(shard_hosts)] if shard_hosts else []) + (

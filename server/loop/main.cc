@@ -185,12 +185,17 @@ DEFINE_int32(replica_suspect_ms, 500,
              "a backup that heard nothing from its primary (which pings "
              "when idle) for this long has etcd promote it without waiting "
              "for the primary's lease to end; 0: leases only");
-DEFINE_bool(replicate_after_aggregation, false,
+DEFINE_bool(replicate_after_aggregation, true,
             "--consistency bsp with --replicas > 1: the primary hands its "
             "backups one record per round (the round's summed gradients "
             "and the headers of its pushes and clocks) instead of every "
-            "push; false (default until it works with elastic fleets: launch.elastic's --replicas 2 run stalls with it): every push "
-            "is handed on (ASP/SSP always are)");
+            "push; false: every push is handed on (ASP/SSP always are)");
+DEFINE_int32(round_record_flush_ms, 20,
+             "with --replicate_after_aggregation: a worker's push that "
+             "waited this long for that worker's clock sends the open "
+             "round's record to the backups, releasing the push's reply "
+             "(a worker rerouting pushes after an elastic change waits for "
+             "them before it clocks); > 0");
 DEFINE_string(advertise_endpoint, "",
               "endpoint other processes reach this one at (default: the "
               "bound --endpoint, with its real port)");
@@ -406,6 +411,9 @@ srv::ServerOptions OptionsFromFlags() {
       BadFlag("--replica_suspect_ms below 200 would depose busy primaries");
     o.replica_suspect_after = std::chrono::milliseconds(FLAGS_replica_suspect_ms);
     o.replicate_after_aggregation = FLAGS_replicate_after_aggregation;
+    if (FLAGS_round_record_flush_ms < 1 || FLAGS_round_record_flush_ms > 600000)
+      BadFlag("--round_record_flush_ms must be in [1, 600000]");
+    o.round_record_flush_after = std::chrono::milliseconds(FLAGS_round_record_flush_ms);
   }
   if (!FLAGS_curve_secret_key.empty()) {
     StatusOr<std::string> k = asyncps::LoadCurveKey(FLAGS_curve_secret_key);

@@ -262,6 +262,7 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
     ro.transport.max_frame_bytes = s->options_.max_frame_bytes;
     ro.suspect_after = options.replica_suspect_after;
     ro.aggregate_rounds = options.replicate_after_aggregation;
+    ro.flush_unclocked_after = options.round_record_flush_after;
     s->replicator_ = std::make_unique<replication::Replicator>(ro);
     ASSIGN_OR_RETURN(s->membership_, replication::Membership::Create(mo));
     s->UpdateView();
@@ -349,7 +350,12 @@ Status Server::Run(const std::atomic<bool>& stop) {
     }
     shard_->Tick(now, &out_);
     ResolveOverdueFreeze(now);
-    if (replicator_) ForwardRound(/*open=*/false);  // closed by an eviction
+    if (replicator_) {
+      ForwardRound(/*open=*/false);  // closed by an eviction
+      // A worker waiting for a push reply before its clock (a rerouted
+      // push, elastic change): the open round's record releases it.
+      if (replicator_->RankAwaitsClock(now)) ForwardRound(/*open=*/true);
+    }
     SendAll();
     if (metrics_) metrics_->Publish(*shard_, now);
     if (options_.checkpoint_every.count() > 0 && store_ &&
@@ -495,7 +501,7 @@ void Server::Dispatch(const std::string& peer, Message& msg,
   data_.assign(msg.frames.begin() + 1, msg.frames.end());
   try {
     shard_->Handle(peer, req_, data_, now, &out_);
-    if (replicator_) Replicate(peer, msg, first);
+    if (replicator_) Replicate(peer, msg, first, now);
     if (replicator_ && req_.kind == RequestKind::kStats)
       AddReplicationStats(peer, first);
   } catch (const std::bad_alloc&) {
@@ -558,7 +564,7 @@ void Server::AddReplicationStats(const std::string& peer, size_t first) {
 }
 
 void Server::Replicate(const std::string& peer, const Message& msg,
-                       size_t first) {
+                       size_t first, std::chrono::steady_clock::time_point now) {
   const bool batch = replicator_->Batches(req_, shard_->AggregatesRounds());
   for (size_t i = first; replicator_->Replicates(req_) && i < out_.size(); ++i) {
     OutgoingReply& r = out_[i];
@@ -568,7 +574,7 @@ void Server::Replicate(const std::string& peer, const Message& msg,
     OutgoingReply hold = std::move(r);
     out_.erase(out_.begin() + static_cast<std::ptrdiff_t>(i));
     if (batch) {
-      replicator_->Batch(msg, &hold);
+      replicator_->Batch(msg, req_, &hold, now);
     } else {
       replicator_->Forward(msg, &hold, &out_);
     }

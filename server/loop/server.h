@@ -96,9 +96,12 @@ struct ServerOptions {
   // Replication after aggregation: under BSP a primary hands its backups one
   // record per round (the round's sums and the headers of its pushes and
   // clocks) instead of every push (server/replication/replicator.h).
-  // Default: false (with elastic shards and replicas a BSP run stalled with
-  // it on: launch.elastic, --replicas 2).
-  bool replicate_after_aggregation = false;
+  // Default: true.
+  bool replicate_after_aggregation = true;
+  // With it: a rank's batched push that waited this long for the rank's
+  // clock sends the open round's record, releasing the push's reply
+  // (replication::ReplicatorOptions::flush_unclocked_after). Default: 20 ms.
+  std::chrono::milliseconds round_record_flush_after{20};
   // Elastic shards (server/elastic/): etcd endpoints and the fleet's prefix,
   // where ps_ctl add-shard / remove-shard commit each change. A shard frozen
   // for a change past its deadline reads <prefix>/elastic there: the change
@@ -155,7 +158,8 @@ class Server {
   // its reply (out_ from `first`) until they applied it; under BSP with
   // replication after aggregation a push or clock goes into the next round
   // record instead, and a round the shard closed is handed on.
-  void Replicate(const std::string& peer, const Message& msg, size_t first);
+  void Replicate(const std::string& peer, const Message& msg, size_t first,
+                 std::chrono::steady_clock::time_point now);
   // Primary side: hands on the round record when the shard closed a round
   // (or, with `open`, when requests are batched: before handling a request
   // that is handed on by itself, so backups apply everything in order).

@@ -294,6 +294,27 @@ class ReplicationTest : public ::testing::Test {
     return got;
   }
 
+  // A fresh group of two replicas (inproc://g0r0<tag>, g0r1<tag>) with
+  // `opts` (its etcd prefix too): `workers` sockets on the primary, returned
+  // once the first registered SmallModel() (*reg); *backup on the backup.
+  // Empty when the group did not start.
+  std::vector<std::unique_ptr<ClientSocket>> StartGroup(
+      const std::string& tag, int workers,
+      const std::function<void(ServerOptions*)>& opts,
+      std::unique_ptr<ClientSocket>* backup, RequestHeader* reg) {
+    replicas_.clear();
+    replicas_.push_back(StartReplica(0, 2, tag, opts));
+    replicas_.push_back(StartReplica(1, 2, tag, opts));
+    std::vector<std::unique_ptr<ClientSocket>> ws;
+    if (!replicas_[0] || !replicas_[1]) return ws;
+    for (int r = 0; r < workers; ++r) ws.push_back(Connect("inproc://g0r0" + tag));
+    *backup = Connect("inproc://g0r1" + tag);
+    *reg = server::testing::ShardHarness::Register(0, server::testing::SmallModel(),
+                                                   server::testing::SmallLayout(1));
+    EXPECT_TRUE(CallUntilOk(*ws[0], *reg).status.ok());
+    return ws;
+  }
+
   static RequestHeader Push(uint64_t incarnation) {
     RequestHeader p = server::testing::ShardHarness::Push(
         0, 0, {0}, {server::testing::Floats(grad_)});
@@ -447,14 +468,19 @@ TEST_F(ReplicationTest, PrimaryAloneStopsWritingWithoutItsLease) {
 
 
 // Replication after aggregation (BSP): `workers` workers, Adam, one shard.
-std::function<void(ServerOptions*)> BspOptions(int workers, bool aggregate,
-                                               const std::string& prefix) {
+// `flush_after`: how long a push waits for its rank's clock before the open
+// round's record goes out; the default (an hour) keeps a round's replies
+// held until it closes, which the tests below count on.
+std::function<void(ServerOptions*)> BspOptions(
+    int workers, bool aggregate, const std::string& prefix,
+    milliseconds flush_after = milliseconds(3600 * 1000)) {
   return [=](ServerOptions* o) {
     o->shard.num_workers = workers;
     o->shard.consistency = Consistency::kBsp;
     o->shard.optimizer.kind = OptimizerKind::kAdam;
     o->shard.optimizer.lr = 0.01f;
     o->replicate_after_aggregation = aggregate;
+    o->round_record_flush_after = flush_after;
     o->replication.prefix = prefix;
   };
 }
@@ -501,6 +527,29 @@ bool BitwiseEqual(const std::vector<std::vector<float>>& a,
   return true;
 }
 
+// The state of one shard (no replication) that registered `reg` and saw
+// BspPush(r, c) and Clock(r, c + 1) once for each of `rounds` rounds and
+// `workers` ranks; empty if any was refused.
+std::vector<std::vector<float>> BspReference(int workers, int rounds,
+                                             const RequestHeader& reg) {
+  ServerOptions so;
+  BspOptions(workers, true, "")(&so);
+  so.shard.num_shards = 1;
+  server::testing::ShardHarness ref(so.shard);
+  if (!ref.Call(reg).status.ok()) return {};
+  for (int64_t c = 0; c < rounds; ++c) {
+    for (int r = 0; r < workers; ++r) {
+      std::vector<ByteView> g;
+      const RequestHeader p = BspPush(r, c, &g);
+      if (!ref.Call(p, g).status.ok() ||
+          !ref.Call(server::testing::ShardHarness::Clock(r, c + 1)).status.ok())
+        return {};
+    }
+  }
+  EXPECT_EQ(ref.shard->shard_version(), static_cast<uint64_t>(rounds));
+  return ShardState(*ref.shard);
+}
+
 // Several BSP rounds of 3 workers: with aggregation the backup applies one
 // record per round (not one kReplicate per push and clock), the replies of
 // a round's pushes wait until the round closed and its record was
@@ -512,16 +561,10 @@ TEST_F(ReplicationTest, BspRoundsAreHandedOnOnceAggregatedAndBackupIsBitwiseEqua
   std::vector<std::vector<float>> primary_state[2];
   for (bool aggregate : {true, false}) {
     const std::string tag = aggregate ? "-agg" : "-push";
-    replicas_.clear();
-    replicas_.push_back(StartReplica(0, 2, tag, BspOptions(kWorkers, aggregate, "/t" + tag)));
-    replicas_.push_back(StartReplica(1, 2, tag, BspOptions(kWorkers, aggregate, "/t" + tag)));
-    ASSERT_TRUE(replicas_[0] && replicas_[1]);
-    std::vector<std::unique_ptr<ClientSocket>> ws;
-    for (int r = 0; r < kWorkers; ++r) ws.push_back(Connect("inproc://g0r0" + tag));
-    auto c1 = Connect("inproc://g0r1" + tag);
-    const RequestHeader reg = server::testing::ShardHarness::Register(
-        0, server::testing::SmallModel(), server::testing::SmallLayout(1));
-    ASSERT_TRUE(CallUntilOk(*ws[0], reg).status.ok());
+    std::unique_ptr<ClientSocket> c1;
+    RequestHeader reg;
+    auto ws = StartGroup(tag, kWorkers, BspOptions(kWorkers, aggregate, "/t" + tag), &c1, &reg);
+    ASSERT_EQ(ws.size(), size_t{kWorkers});
     auto observer = Connect("inproc://g0r0" + tag);
     for (int64_t c = 0; c < kRounds; ++c) {
       std::vector<std::set<uint64_t>> ids(kWorkers);
@@ -649,23 +692,63 @@ TEST_F(ReplicationTest, BspPrimaryLostMidRoundBackupAppliesEachResendOnce) {
   replicas_[1]->Stop();
 
   // Every push once: a shard that saw each push exactly once.
-  ServerOptions so;
-  BspOptions(kWorkers, true, "")(&so);
-  so.shard.num_shards = 1;
-  server::testing::ShardHarness ref(so.shard);
-  ASSERT_TRUE(ref.Call(reg).status.ok());
-  for (int64_t c = 0; c < 2; ++c) {
-    for (int r = 0; r < kWorkers; ++r) {
-      std::vector<ByteView> g;
-      RequestHeader p = BspPush(r, c, &g);
-      ASSERT_TRUE(ref.Call(p, g).status.ok());
-      ASSERT_TRUE(ref.Call(server::testing::ShardHarness::Clock(r, c + 1)).status.ok());
-    }
-  }
-  EXPECT_EQ(ref.shard->shard_version(), 2u);
-  EXPECT_TRUE(BitwiseEqual(ShardState(replicas_[1]->server->shard()), ShardState(*ref.shard)));
+  const auto want = BspReference(kWorkers, 2, reg);
+  ASSERT_FALSE(want.empty());
+  EXPECT_TRUE(BitwiseEqual(ShardState(replicas_[1]->server->shard()), want));
 }
 
+
+// A worker whose clock a shard refused for a stale elastic layout sends it
+// again only once its rerouted pushes are acknowledged (worker/client.cc,
+// Reroute). With rounds handed on aggregated, those replies are held until
+// the round's record, and the round waits for that clock: a push that sees
+// no clock of its rank for round_record_flush_after sends the open round's
+// record, so the backups hold the push and its reply goes out. The clock
+// then closes the round: both replicas bitwise a shard that saw each push
+// once. (launch.elastic's --replicas 2 run stalled without this.)
+TEST_F(ReplicationTest, BspPushWaitingForItsClockIsAcknowledgedThroughAnOpenRecord) {
+  constexpr int kWorkers = 2;
+  for (const milliseconds flush : {milliseconds(20), milliseconds(3600 * 1000)}) {
+    const std::string tag = flush.count() < 1000 ? "-flush" : "-held";
+    std::unique_ptr<ClientSocket> c1;
+    RequestHeader reg;
+    auto ws = StartGroup(tag, kWorkers, BspOptions(kWorkers, true, "/f" + tag, flush), &c1, &reg);
+    ASSERT_EQ(ws.size(), size_t{kWorkers});
+    // Rank 0 pushes and clocks; rank 1 pushes and waits for the reply.
+    std::vector<ByteView> data;
+    const uint64_t p0 = Send(*ws[0], BspPush(0, 0, &data), data);
+    const uint64_t k0 = Send(*ws[0], server::testing::ShardHarness::Clock(0, 1));
+    const uint64_t p1 = Send(*ws[1], BspPush(1, 0, &data), data);
+    if (flush.count() >= 1000) {
+      // Held until the round closes, which needs rank 1's clock.
+      EXPECT_TRUE(Await(*ws[1], {p1}, milliseconds(500)).empty());
+      EXPECT_TRUE(Await(*ws[0], {p0, k0}, milliseconds(10)).empty());
+      continue;
+    }
+    auto got = Await(*ws[1], {p1}, milliseconds(5000));
+    ASSERT_EQ(got.size(), 1u) << "the push waiting for its clock was not acknowledged";
+    EXPECT_TRUE(got[p1].ok()) << got[p1].ToString();
+    got = Await(*ws[0], {p0, k0}, milliseconds(5000));
+    ASSERT_EQ(got.size(), 2u);
+    // Acknowledged = held by the backup: both pushes counted, round open.
+    nlohmann::json b = Stats(*c1);
+    EXPECT_EQ(b.value("bsp_round", int64_t{9}), 0);
+    EXPECT_EQ(b.value("pushes", uint64_t{0}), 2u);
+    EXPECT_GE(b["replication"].value("records_applied", uint64_t{0}), 1u);
+    // The clock closes the round on both.
+    ASSERT_TRUE(Call(*ws[1], server::testing::ShardHarness::Clock(1, 1)).status.ok());
+    b = Stats(*c1);
+    EXPECT_EQ(b.value("bsp_round", int64_t{0}), 1);
+    EXPECT_EQ(b.value("version", uint64_t{0}), 1u);
+    EXPECT_EQ(b.value("duplicate_pushes", uint64_t{9}), 0u);
+    replicas_[0]->Stop();
+    replicas_[1]->Stop();
+    const auto want = BspReference(kWorkers, 1, reg);
+    ASSERT_FALSE(want.empty());
+    EXPECT_TRUE(BitwiseEqual(ShardState(replicas_[0]->server->shard()), want));
+    EXPECT_TRUE(BitwiseEqual(ShardState(replicas_[1]->server->shard()), want));
+  }
+}
 
 // A push refused by a replica that is not (yet) the primary holds back the
 // rank's later clocks there: promoted, it refuses them (retry) until the

@@ -116,6 +116,7 @@ Status Replicator::SetView(const ReplicaView& view,
     // Alone now: nothing to wait for (the sums stay with the shard).
     for (Batched& b : batch_) out->push_back(std::move(b.reply));
     batch_.clear();
+    unclocked_.clear();
   }
   Release(out);
   return Status::OK();
@@ -206,15 +207,30 @@ bool Replicator::Batches(const RequestHeader& req, bool shard_aggregates) const 
           req.kind == RequestKind::kClock);
 }
 
-void Replicator::Batch(const Message& msg, OutgoingReply* hold) {
+void Replicator::Batch(const Message& msg, const RequestHeader& req,
+                       OutgoingReply* hold, TimePoint now) {
   ++counters_.batched;
   batch_.push_back(Batched{msg.frames[0], std::move(*hold)});
+  auto it = std::find_if(unclocked_.begin(), unclocked_.end(),
+                         [&](const auto& e) { return e.first == req.rank; });
+  if (req.kind == RequestKind::kClock) {
+    if (it != unclocked_.end()) unclocked_.erase(it);
+  } else if (it == unclocked_.end()) {
+    unclocked_.emplace_back(req.rank, now);
+  }
+}
+
+bool Replicator::RankAwaitsClock(TimePoint now) const {
+  return std::any_of(unclocked_.begin(), unclocked_.end(), [&](const auto& e) {
+    return now - e.second >= options_.flush_unclocked_after;
+  });
 }
 
 void Replicator::ForwardRound(RoundSums sums, std::vector<OutgoingReply>* out) {
   if (backups_.empty()) {
     for (Batched& b : batch_) out->push_back(std::move(b.reply));
     batch_.clear();
+    unclocked_.clear();
     return;
   }
   RequestHeader h = NewReplicate();
@@ -230,6 +246,7 @@ void Replicator::ForwardRound(RoundSums sums, std::vector<OutgoingReply>* out) {
   counters_.records_forwarded += backups_.size();
   for (Batched& b : batch_) held_.push_back(Held{seq, std::move(b.reply)});
   batch_.clear();
+  unclocked_.clear();
 }
 
 void Replicator::SendToBackups(const RequestHeader& h,

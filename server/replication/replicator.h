@@ -25,8 +25,7 @@
 //
 // Replication after aggregation (Li et al., OSDI'14), under BSP
 // (Shard::AggregatesRounds(): BSP, no sparse tables) with ps_server
-// --replicate_after_aggregation (off by default: an elastic change with
-// replicas under BSP stalled with it on, launch.elastic): a primary hands its backups one
+// --replicate_after_aggregation (the default): a primary hands its backups one
 // round record per round instead of every push and clock. Pushes and
 // clocks the shard accepted are batched (Batch: their headers, not their
 // data, and their replies, held); when the shard closes a round it keeps a
@@ -45,7 +44,13 @@
 // a push reply of a shard before it sent that shard its clock (the trainer
 // sends push, clock, then waits on its pull; the overlap scheduler under
 // BSP pushes one bucket per shard and clocks it at once before any stage
-// wait). A request handed on by itself (register, upload, elastic steps,
+// wait). The one worker that does wait for push replies before its clock
+// is one whose clock a shard refused for a stale elastic layout: its
+// clock is sent again only once every push of the step is acknowledged
+// (a rerouted push must reach its new owner first). So a rank whose
+// batched push sees no clock of its own for flush_unclocked_after gets
+// the open round's record sent (RankAwaitsClock()), which releases the
+// reply. A request handed on by itself (register, upload, elastic steps,
 // a push with sparse rows) is preceded by a record of what was batched
 // before it (the open round's sums so far), so backups apply everything in
 // the primary's order. A primary lost mid-round handed nothing of the
@@ -119,8 +124,14 @@ struct ReplicatorOptions {
   std::chrono::milliseconds suspect_after{500};
   // Replication after aggregation: under BSP (Shard::AggregatesRounds()) a
   // primary hands on one round record per round instead of every push and
-  // clock (see the header comment). Default: false (ServerOptions).
+  // clock (see the header comment). Default: false (ServerOptions: true).
   bool aggregate_rounds = false;
+  // Replication after aggregation: a round record of the open round goes
+  // out when a rank's batched push waited this long for that rank's clock
+  // (RankAwaitsClock()), so its reply is released; a worker that must see
+  // a rerouted push acknowledged before it clocks (an elastic change) would
+  // otherwise wait for a round that waits for its clock. Default: 20 ms.
+  std::chrono::milliseconds flush_unclocked_after{20};
 };
 
 // Counters for stats and metrics.
@@ -186,7 +197,14 @@ class Replicator {
   size_t num_batched() const { return batch_.size(); }
   // Keeps `msg`'s header (not its data) for the next round record and its
   // reply *hold, released once every backup acknowledged that record.
-  void Batch(const Message& msg, OutgoingReply* hold);
+  // `req` is msg's decoded header (its kind and rank), `now` its arrival.
+  void Batch(const Message& msg, const RequestHeader& req, OutgoingReply* hold,
+             TimePoint now);
+  // True when a rank's push has been in the batch, without a clock of that
+  // rank after it, for options.flush_unclocked_after: the open round's
+  // record should go out (Server::ForwardRound(open)) so that the push's
+  // reply is released.
+  bool RankAwaitsClock(TimePoint now) const;
   // Hands every backup one round record: the batched headers and `sums`
   // (Shard::TakeRoundSums). The batched replies are held until every
   // backup acknowledged it; without backups they go to `out` at once.
@@ -265,6 +283,9 @@ class Replicator {
   std::vector<std::unique_ptr<Backup>> backups_;
   std::deque<Held> held_;  // seq order
   std::vector<Batched> batch_;  // since the last round record
+  // Ranks with a batched push and no batched clock after it, and since
+  // when (at most one entry per accepted rank; cleared with the batch).
+  std::vector<std::pair<int32_t, TimePoint>> unclocked_;
   uint64_t next_seq_;      // starts random: unique across restarts
   std::vector<Frame> frames_;
   Message msg_;
