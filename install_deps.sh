@@ -6,7 +6,7 @@
 set -euo pipefail
 
 PKGS=(
-  build-essential cmake pkg-config git
+  build-essential cmake ninja-build lld pkg-config git
   libzmq3-dev cppzmq-dev
   capnproto libcapnp-dev
   librocksdb-dev

@@ -25,10 +25,24 @@ ctest_stage() {
   return "$rc"
 }
 
+# configure DIR [CMAKE ARGS...]: Ninja for a new tree where it is installed
+# (install_deps.sh installs it): it compiles a target's sources as soon as
+# their own inputs exist, where make first finishes every target it depends
+# on, leaving a core idle at each library's last compile and archive. A tree
+# configured before keeps its generator (cmake refuses to change it).
+configure() {
+  local dir=$1 gen=()
+  shift
+  if [ ! -f "$dir/CMakeCache.txt" ] && command -v ninja >/dev/null; then
+    gen=(-G Ninja)
+  fi
+  cmake -S . -B "$dir" "${gen[@]}" "$@"
+}
+
 BUILD=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 SECONDS=0
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release
+configure "$BUILD" -DCMAKE_BUILD_TYPE=Release
 cmake --build "$BUILD" -j"$JOBS"
 echo "run_tests: Release build took ${SECONDS} s"
 SECONDS=0
@@ -45,9 +59,9 @@ if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   # worker) against an ASan ps_server. ThreadSanitizer: server_test and client_test.
   SECONDS=0
   SAN="$BUILD-asan"
-  cmake -S . -B "$SAN" -DCMAKE_BUILD_TYPE=Debug -DASYNCPS_ENABLE_CUDA=OFF \
+  configure "$SAN" -DCMAKE_BUILD_TYPE=Debug -DASYNCPS_ENABLE_CUDA=OFF \
     -DASYNCPS_SANITIZE=address,undefined
-  # The test executables and binaries below, in one make run (CMakeLists.txt).
+  # The test executables and binaries below, in one build run (CMakeLists.txt).
   cmake --build "$SAN" -j"$JOBS" --target asyncps_asan_targets
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
   export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
@@ -65,7 +79,7 @@ if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   # common/transport.cc; tests/tsan.supp silences reports inside libzmq.
   SECONDS=0
   TSAN="$BUILD-tsan"
-  cmake -S . -B "$TSAN" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DASYNCPS_ENABLE_CUDA=OFF \
+  configure "$TSAN" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DASYNCPS_ENABLE_CUDA=OFF \
     -DASYNCPS_SANITIZE=thread
   cmake --build "$TSAN" -j"$JOBS" --target asyncps_tsan_targets
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp" \
