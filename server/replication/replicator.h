@@ -39,25 +39,25 @@
 // by an eviction (the record names the round after it): its weights,
 // optimizer state, versions, round, clocks and de-duplication table are
 // bitwise the primary's. The replies of the round's pushes and clocks are
-// released once every backup acknowledged the record. That cannot
-// deadlock: a round closes on the workers' clocks, and no worker waits for
-// a push reply of a shard before it sent that shard its clock (the trainer
-// sends push, clock, then waits on its pull; the overlap scheduler under
-// BSP pushes one bucket per shard and clocks it at once before any stage
-// wait). The one worker that does wait for push replies before its clock
-// is one whose clock a shard refused for a stale elastic layout: its
-// clock is sent again only once every push of the step is acknowledged
-// (a rerouted push must reach its new owner first). So a rank whose
-// batched push sees no clock of its own for flush_unclocked_after gets
-// the open round's record sent (RankAwaitsClock()), which releases the
-// reply. A request handed on by itself (register, upload, elastic steps,
-// a push with sparse rows) is preceded by a record of what was batched
-// before it (the open round's sums so far), so backups apply everything in
-// the primary's order. A primary lost mid-round handed nothing of the
-// round on: its backups hold the previous rounds only, and the workers'
-// resends of the unacknowledged pushes and clocks are applied once by the
-// promoted backup (the records carried the de-duplication entries of
-// every acknowledged push). Pull replies are not held (as before). ASP/SSP
+// released once every backup acknowledged the record. A round closes on
+// the workers' clocks, and a worker normally sends a shard its clock right
+// behind its push (the trainer sends push, clock, then waits on its pull;
+// the overlap scheduler under BSP pushes one bucket per shard and clocks it
+// at once before any stage wait). A worker whose clock a shard refused for
+// a stale elastic layout does wait for push replies first: it sends the
+// clock again only once every push of the step is acknowledged (a
+// rerouted push must reach its new owner first), and the round waits for
+// that clock. So a rank whose batched push sees no clock of its own for
+// flush_unclocked_after gets the open round's record sent
+// (RankAwaitsClock()), which releases the reply; without it that was a
+// deadlock (launch.elastic, --replicas 2). A request handed on by itself
+// (register, upload, elastic steps, a push with sparse rows) is preceded
+// by a record of what was batched before it (the open round's sums so
+// far), so backups apply everything in the primary's order. A primary
+// lost mid-round handed at most such open records of the round on; the
+// workers' resends of the unacknowledged pushes and clocks are applied
+// once by the promoted backup (the records carried the de-duplication
+// entries of every acknowledged push). Pull replies are not held (as before). ASP/SSP
 // and shards with sparse tables hand on every request as described above.
 //
 // A backup applies kReplicate requests in arrival order (one DEALER per
