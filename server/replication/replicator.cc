@@ -81,7 +81,7 @@ Status Replicator::SetView(const ReplicaView& view,
     }
     counters_.dropped_held += held_.size() + batch_.size();
     held_.clear();
-    batch_.clear();
+    ClearBatch();
     backups_.clear();
     return Status::OK();
   }
@@ -114,9 +114,7 @@ Status Replicator::SetView(const ReplicaView& view,
   backups_ = std::move(next);
   if (backups_.empty() && !batch_.empty()) {
     // Alone now: nothing to wait for (the sums stay with the shard).
-    for (Batched& b : batch_) out->push_back(std::move(b.reply));
-    batch_.clear();
-    unclocked_.clear();
+    ReleaseBatch(out);
   }
   Release(out);
   return Status::OK();
@@ -228,9 +226,7 @@ bool Replicator::RankAwaitsClock(TimePoint now) const {
 
 void Replicator::ForwardRound(RoundSums sums, std::vector<OutgoingReply>* out) {
   if (backups_.empty()) {
-    for (Batched& b : batch_) out->push_back(std::move(b.reply));
-    batch_.clear();
-    unclocked_.clear();
+    ReleaseBatch(out);
     return;
   }
   RequestHeader h = NewReplicate();
@@ -245,6 +241,15 @@ void Replicator::ForwardRound(RoundSums sums, std::vector<OutgoingReply>* out) {
   SendToBackups(h, frames);
   counters_.records_forwarded += backups_.size();
   for (Batched& b : batch_) held_.push_back(Held{seq, std::move(b.reply)});
+  ClearBatch();
+}
+
+void Replicator::ReleaseBatch(std::vector<OutgoingReply>* out) {
+  for (Batched& b : batch_) out->push_back(std::move(b.reply));
+  ClearBatch();
+}
+
+void Replicator::ClearBatch() {
   batch_.clear();
   unclocked_.clear();
 }

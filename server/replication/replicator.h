@@ -268,6 +268,11 @@ class Replicator {
     OutgoingReply reply;
   };
   void Release(std::vector<OutgoingReply>* out);
+  // The batched replies to `out` at once (no backup to wait for), then
+  // ClearBatch().
+  void ReleaseBatch(std::vector<OutgoingReply>* out);
+  // Empties the batch and what it knows of ranks awaiting their clocks.
+  void ClearBatch();
   // A kReplicate header with the next sequence number, epoch and group.
   RequestHeader NewReplicate();
   // Sends a kReplicate (header `h`, then `frames`) to every backup.
