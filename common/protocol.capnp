@@ -225,12 +225,26 @@ struct Assign {
 # backup sets each listed chunk's round sum, replays the headers (pushes:
 # de-duplication, clocks and round bookkeeping, no data) and closes its
 # round up to `round` if the primary's closed without a replayed clock.
+#
+# A liveness record (workers set, no data frame): the primary evicted
+# silent workers, or took back an evicted one on a request it does not hand
+# on (a heartbeat, a pull). Each entry is the worker's state on the primary
+# after the change; the backup sets it exactly, at this point of the
+# primary's order, with the same consequences (rounds closed, sparse rows
+# expired, per-worker reads freed). A backup never evicts on its own timer.
 struct Replicate {
   epoch @0 :UInt64;          # the layout epoch the primary serves under
   group @1 :Int32;           # the replica group (shard index)
   aggregate @2 :Bool;        # a round record (see above)
   requests @3 :UInt32;       # round record: headers it carries
   round @4 :Int64;           # round record: the primary's BSP round after it
+  workers @5 :List(WorkerState);  # liveness record (see above)
+}
+
+struct WorkerState {
+  rank @0 :Int32;
+  live @1 :Bool;             # counted in the clock minimum
+  clock @2 :Int64;
 }
 
 # Re-replication: a primary copies its store, a consistent checkpoint, to a

@@ -308,6 +308,14 @@ std::vector<uint8_t> EncodeRequest(const RequestHeader& h) {
       r.setAggregate(h.replicate_aggregate);
       r.setRequests(h.replicate_requests);
       r.setRound(h.replicate_round);
+      if (!h.replicate_workers.empty()) {
+        auto ws = r.initWorkers(static_cast<unsigned>(h.replicate_workers.size()));
+        for (size_t i = 0; i < h.replicate_workers.size(); ++i) {
+          ws[i].setRank(h.replicate_workers[i].rank);
+          ws[i].setLive(h.replicate_workers[i].live);
+          ws[i].setClock(h.replicate_workers[i].clock);
+        }
+      }
       break;
     }
     case RequestKind::kSnapshot: {
@@ -415,6 +423,7 @@ Status DecodeRequest(const uint8_t* data, size_t size,
         out->shm_size = 0;
         out->shm_token = 0;
         out->pull_shm_slot = 0;
+        out->replicate_workers.clear();
         out->done_below = r.getDoneBelow();
         auto body = r.getBody();
         switch (body.which()) {
@@ -534,6 +543,15 @@ Status DecodeRequest(const uint8_t* data, size_t size,
             out->replicate_aggregate = r.getAggregate();
             out->replicate_requests = r.getRequests();
             out->replicate_round = r.getRound();
+            auto ws = r.getWorkers();
+            if (ws.size() > limits.max_list_entries)
+              return Status::ResourceExhausted("too many worker states");
+            out->replicate_workers.resize(ws.size());
+            for (uint32_t i = 0; i < ws.size(); ++i) {
+              out->replicate_workers[i].rank = ws[i].getRank();
+              out->replicate_workers[i].live = ws[i].getLive();
+              out->replicate_workers[i].clock = ws[i].getClock();
+            }
             return Status::OK();
           }
           case cw::Request::Body::SNAPSHOT: {

@@ -71,6 +71,16 @@ struct RowsRef {
   uint8_t codec = 0;  // compression::CodecId of a dense codec; 0 = fp32
 };
 
+// A worker's liveness and clock on a primary (kReplicate liveness record).
+struct WorkerLiveness {
+  int32_t rank = 0;
+  bool live = true;
+  int64_t clock = 0;
+  bool operator==(const WorkerLiveness& o) const {
+    return rank == o.rank && live == o.live && clock == o.clock;
+  }
+};
+
 struct RequestHeader {
   uint16_t version = kProtocolVersion;
   uint64_t id = 0;
@@ -131,6 +141,8 @@ struct RequestHeader {
   bool replicate_aggregate = false;
   uint32_t replicate_requests = 0;
   int64_t replicate_round = 0;
+  // kReplicate liveness record (no data frame): workers' states to set.
+  std::vector<WorkerLiveness> replicate_workers;
   // kSnapshot (epoch and group above): one piece of a store checkpoint.
   std::string snapshot_file;
   uint64_t snapshot_offset = 0;

@@ -59,6 +59,31 @@ TEST(WireTest, AssignStateRoundTrip) {
   EXPECT_FALSE(DecodeRequest(bytes.data(), bytes.size(), {}, &d).ok());
 }
 
+// A liveness record of a replica group's primary, then a plain request
+// decoded into the same header: the worker states do not stay behind.
+TEST(WireTest, ReplicateLivenessRoundTrip) {
+  RequestHeader h;
+  h.kind = RequestKind::kReplicate;
+  h.replicate_epoch = 7;
+  h.replicate_group = 2;
+  h.replicate_workers = {{0, false, 12}, {3, true, int64_t{1} << 40}};
+  auto bytes = EncodeRequest(h);
+  RequestHeader d;
+  ASSERT_TRUE(DecodeRequest(bytes.data(), bytes.size(), {}, &d).ok());
+  EXPECT_EQ(d.kind, RequestKind::kReplicate);
+  EXPECT_EQ(d.replicate_epoch, 7u);
+  EXPECT_EQ(d.replicate_workers, h.replicate_workers);
+  DecodeLimits tight;
+  tight.max_list_entries = 1;
+  EXPECT_EQ(DecodeRequest(bytes.data(), bytes.size(), tight, &d).code(),
+            StatusCode::kResourceExhausted);
+  RequestHeader hb;
+  hb.kind = RequestKind::kHeartbeat;
+  bytes = EncodeRequest(hb);
+  ASSERT_TRUE(DecodeRequest(bytes.data(), bytes.size(), {}, &d).ok());
+  EXPECT_TRUE(d.replicate_workers.empty());
+}
+
 TEST(WireTest, RegisterAndPullRoundTrip) {
   RequestHeader h;
   h.kind = RequestKind::kRegister;

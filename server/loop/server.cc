@@ -58,6 +58,7 @@ void Server::UpdateView() {
   }
   socket_->SetWakeSockets(replicator_->wake_sockets());
   shard_->set_capture_rounds(replicator_->aggregating());
+  shard_->set_follower(!replicator_->view().primary);
 }
 
 Status Server::CopyToSpare(const std::string& endpoint) {
@@ -76,6 +77,8 @@ Status Server::CopyToSpare(const std::string& endpoint) {
   Status s = store_->ExportCheckpoint(dir);
   if (s.ok()) s = replicator_->StartJoin(endpoint, dir);
   fs::remove_all(dir, ec);
+  // The snapshot restores every worker live: the evicted ones follow.
+  if (s.ok()) replicator_->ForwardWorkers(shard_->WorkerStates());
   return s;
 }
 
@@ -265,6 +268,10 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
     ro.flush_unclocked_after = options.round_record_flush_after;
     s->replicator_ = std::make_unique<replication::Replicator>(ro);
     ASSIGN_OR_RETURN(s->membership_, replication::Membership::Create(mo));
+    // A backup until the layout names it the primary: it evicts no worker
+    // by itself (see Shard::set_follower), its primary tells it whom.
+    s->shard_->set_follower(true);
+    s->shard_->set_log_worker_changes(true);
     s->UpdateView();
   }
   return s;
@@ -352,6 +359,7 @@ Status Server::Run(const std::atomic<bool>& stop) {
     ResolveOverdueFreeze(now);
     if (replicator_) {
       ForwardRound(/*open=*/false);  // closed by an eviction
+      ForwardWorkerChanges(/*replayed=*/false);  // the eviction
       // A worker waiting for a push reply before its clock (a rerouted
       // push, elastic change): the open round's record releases it.
       if (replicator_->RankAwaitsClock(now)) ForwardRound(/*open=*/true);
@@ -427,7 +435,9 @@ void Server::Answer(const std::string& peer, const Status& status) {
 
 void Server::HandleMessage(const std::string& peer, Message& msg,
                            std::chrono::steady_clock::time_point now) {
+  handed_on_ = false;
   Dispatch(peer, msg, now);
+  if (replicator_) ForwardWorkerChanges(handed_on_);
   if (metrics_) {
     // Rejected requests count under the kind their header claimed
     // (heartbeat when it did not decode).
@@ -550,6 +560,7 @@ void Server::AddReplicationStats(const std::string& peer, size_t first) {
         {"records_forwarded", c.records_forwarded},
         {"batched", c.batched},
         {"records_applied", c.records_applied},
+        {"liveness_forwarded", c.liveness_forwarded},
         {"promotions", m.promotions.load()},
         {"suspicions", m.suspicions.load()},
         {"backups_dropped", m.backups_dropped.load()},
@@ -573,6 +584,7 @@ void Server::Replicate(const std::string& peer, const Message& msg,
     if (!r.header.status.ok()) break;  // nothing applied: nothing to hand on
     OutgoingReply hold = std::move(r);
     out_.erase(out_.begin() + static_cast<std::ptrdiff_t>(i));
+    handed_on_ = true;
     if (batch) {
       replicator_->Batch(msg, req_, &hold, now);
     } else {
@@ -590,6 +602,15 @@ void Server::ForwardRound(bool open) {
   replicator_->ForwardRound(std::move(sums), &out_);
 }
 
+void Server::ForwardWorkerChanges(bool replayed) {
+  std::vector<WorkerLiveness> states;
+  if (!shard_->TakeWorkerChanges(&states) || replayed ||
+      !replicator_->view().primary)
+    return;
+  ForwardRound(/*open=*/true);  // what was batched before the change
+  replicator_->ForwardWorkers(std::move(states));
+}
+
 void Server::HandleReplicate(const std::string& peer, Message& msg,
                              std::chrono::steady_clock::time_point now) {
   if (!replicator_) {
@@ -601,6 +622,18 @@ void Server::HandleReplicate(const std::string& peer, Message& msg,
   }
   Status ok = replicator_->CheckReplicate(req_);
   if (!ok.ok()) return Reply(peer, ok, RejectReason::kNotPrimary);
+  if (!req_.replicate_workers.empty()) {
+    // A liveness record: the primary's evictions and rejoins.
+    if (req_.replicate_aggregate || msg.frames.size() > 1) {
+      return Reply(peer,
+                   Status::InvalidArgument(
+                       "a replicated liveness record carries worker states only"),
+                   RejectReason::kMalformed);
+    }
+    Status set = shard_->SetWorkerStates(req_.replicate_workers, now, &out_);
+    replicator_->CountApplied(/*record=*/false);
+    return Answer(peer, set);
+  }
   if (req_.replicate_aggregate) return HandleRoundRecord(peer, msg, now);
   if (msg.frames.size() < 2) return Answer(peer, Status::OK());  // a ping
   Status decoded = DecodeRequest(msg.frames[1].data, msg.frames[1].size,

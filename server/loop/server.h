@@ -164,6 +164,12 @@ class Server {
   // (or, with `open`, when requests are batched: before handling a request
   // that is handed on by itself, so backups apply everything in order).
   void ForwardRound(bool open);
+  // Primary side: hands the backups the workers whose liveness the shard
+  // changed (an eviction, a rejoin) unless the request just handled was
+  // handed on (`replayed`: the backups replay the same change with it),
+  // after the batched requests before it. Elsewhere the changes are
+  // dropped (a backup follows its primary's).
+  void ForwardWorkerChanges(bool replayed);
   // Adds the "replication" object (role, epoch, counters) to the stats
   // reply to the request in req_ (out_ from `first`).
   void AddReplicationStats(const std::string& peer, size_t first);
@@ -204,6 +210,8 @@ class Server {
   static constexpr uint64_t kMaxSnapshotBytes = uint64_t{1} << 40;
   // Reused per message.
   RequestHeader req_;
+  // Set by Replicate() when the request in req_ was handed on (batched too).
+  bool handed_on_ = false;
   std::vector<ByteView> data_;
   std::vector<OutgoingReply> out_;
   std::vector<Frame> frames_;

@@ -750,6 +750,98 @@ TEST_F(ReplicationTest, BspPushWaitingForItsClockIsAcknowledgedThroughAnOpenReco
   }
 }
 
+// Only the primary evicts a silent worker. Here the workers' heartbeats go
+// to the primary alone, so the backup hears nothing from them: it keeps
+// them (it evicted both on its own timer before), and takes the primary's
+// eviction of rank 1 and the rank's return (a heartbeat to the primary,
+// which is not handed on) at the same points of the primary's order. Rounds
+// close on rank 0 alone meanwhile; liveness, clocks, rounds and weights stay
+// bitwise the primary's, with rounds handed on aggregated or push by push.
+TEST_F(ReplicationTest, OnlyThePrimaryEvictsAndItsEvictionsAndRejoinsReachTheBackup) {
+  constexpr int kWorkers = 2;
+  for (bool aggregate : {true, false}) {
+    const std::string tag = aggregate ? "-agg" : "-push";
+    auto opts = [&](ServerOptions* o) {
+      BspOptions(kWorkers, aggregate, "/live" + tag)(o);
+      o->shard.worker_timeout = milliseconds(1000);
+    };
+    std::unique_ptr<ClientSocket> c1;
+    RequestHeader reg;
+    auto ws = StartGroup(tag, kWorkers, opts, &c1, &reg);
+    ASSERT_EQ(ws.size(), size_t{kWorkers});
+    auto beat = [&](int rank) {
+      RequestHeader h;
+      h.kind = RequestKind::kHeartbeat;
+      h.rank = rank;
+      EXPECT_TRUE(Call(*ws[rank], h).status.ok());
+    };
+    // Liveness records reach the backup behind the primary's reply: wait.
+    auto live = [&](ClientSocket& c, const nlohmann::json& want) {
+      nlohmann::json got;
+      const auto until = SteadyClock::now() + milliseconds(5000);
+      do {
+        got = Stats(c)["worker_live"];
+        if (got == want) break;
+        std::this_thread::sleep_for(milliseconds(20));
+      } while (SteadyClock::now() < until);
+      return got;
+    };
+    auto round = [&](const std::vector<int>& ranks, int64_t c) {
+      std::vector<std::set<uint64_t>> ids(kWorkers);
+      std::vector<ByteView> data;
+      for (int r : ranks) {
+        ids[r].insert(Send(*ws[r], BspPush(r, c, &data), data));
+        ids[r].insert(Send(*ws[r], server::testing::ShardHarness::Clock(r, c + 1)));
+      }
+      for (int r : ranks) {
+        auto got = Await(*ws[r], ids[r]);
+        ASSERT_EQ(got.size(), ids[r].size()) << "round " << c << " rank " << r;
+        for (const auto& [id, st] : got) EXPECT_TRUE(st.ok()) << st.ToString();
+      }
+    };
+    // Both beat the primary for longer than the timeout: nobody is evicted.
+    for (int i = 0; i < 16; ++i) {
+      beat(0);
+      beat(1);
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+    EXPECT_EQ(live(*c1, {true, true}), nlohmann::json({true, true})) << tag;
+    EXPECT_EQ(live(*ws[0], {true, true}), nlohmann::json({true, true}));
+    round({0, 1}, 0);
+    // Rank 1 goes silent: the primary evicts it, the backup with it.
+    const auto until = SteadyClock::now() + milliseconds(8000);
+    while (Stats(*ws[0])["worker_live"] != nlohmann::json({true, false}) &&
+           SteadyClock::now() < until) {
+      beat(0);
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+    ASSERT_EQ(Stats(*ws[0])["worker_live"], nlohmann::json({true, false}));
+    round({0}, 1);
+    round({0}, 2);
+    nlohmann::json b = Stats(*c1), p = Stats(*ws[0]);
+    EXPECT_EQ(b["worker_live"], nlohmann::json({true, false}));
+    EXPECT_EQ(b["worker_clocks"], p["worker_clocks"]);
+    EXPECT_EQ(b.value("bsp_round", int64_t{0}), 3);
+    // It comes back with a heartbeat to the primary, at the round the
+    // others reached: the backup takes it back at the same clock.
+    beat(1);
+    beat(0);
+    EXPECT_EQ(live(*c1, {true, true}), nlohmann::json({true, true}));
+    b = Stats(*c1);
+    p = Stats(*ws[0]);
+    EXPECT_EQ(p["worker_clocks"], nlohmann::json({3, 3}));
+    EXPECT_EQ(b["worker_clocks"], p["worker_clocks"]);
+    EXPECT_GE(p["replication"].value("liveness_forwarded", uint64_t{0}), 2u);
+    round({0, 1}, 3);
+    EXPECT_EQ(Stats(*c1).value("bsp_round", int64_t{0}), 4);
+    replicas_[0]->Stop();
+    replicas_[1]->Stop();
+    EXPECT_TRUE(BitwiseEqual(ShardState(replicas_[0]->server->shard()),
+                             ShardState(replicas_[1]->server->shard())))
+        << tag;
+  }
+}
+
 // A push refused by a replica that is not (yet) the primary holds back the
 // rank's later clocks there: promoted, it refuses them (retry) until the
 // push came back, so a clock never closes a BSP round without the push

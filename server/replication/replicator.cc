@@ -244,6 +244,14 @@ void Replicator::ForwardRound(RoundSums sums, std::vector<OutgoingReply>* out) {
   ClearBatch();
 }
 
+void Replicator::ForwardWorkers(std::vector<WorkerLiveness> states) {
+  if (!view_.primary || backups_.empty() || states.empty()) return;
+  RequestHeader h = NewReplicate();
+  h.replicate_workers = std::move(states);
+  SendToBackups(h, {});
+  counters_.liveness_forwarded += backups_.size();
+}
+
 void Replicator::ReleaseBatch(std::vector<OutgoingReply>* out) {
   for (Batched& b : batch_) out->push_back(std::move(b.reply));
   ClearBatch();

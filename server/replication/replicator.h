@@ -60,6 +60,20 @@
 // entries of every acknowledged push). Pull replies are not held (as before). ASP/SSP
 // and shards with sparse tables hand on every request as described above.
 //
+// Workers' liveness. A worker silent for --worker_timeout_ms leaves the
+// clock minimum (server/shard/worker_clocks.h), which closes BSP rounds
+// without it, expires sparse rows and frees its per-worker state: only the
+// primary decides this. A backup evicts nobody on its own timer
+// (Shard::set_follower) and takes an evicted worker back only on a request
+// it replays. The primary hands on a liveness record (ForwardWorkers: the
+// liveness and clock of each worker that changed) after an eviction and
+// after a rejoin on a request it does not hand on (a heartbeat, a pull),
+// behind the open round's record when requests are batched; the backup
+// sets those states at that point of the primary's order. A spare copied
+// to gets every worker's state after its snapshot. Promoted, a process
+// evicts by its own timer again, from when it last heard from each worker
+// (workers send their heartbeats to every replica).
+//
 // A backup applies kReplicate requests in arrival order (one DEALER per
 // backup keeps the primary's order) and answers each with the status of
 // the applied request. It refuses one from an epoch lower than its own, or
@@ -153,6 +167,8 @@ struct ReplicatorCounters {
   uint64_t records_forwarded = 0;  // round records sent, all backups
   uint64_t batched = 0;            // pushes and clocks folded into records
   uint64_t records_applied = 0;    // round records applied as a backup
+  // Liveness records (workers evicted or taken back) sent, all backups.
+  uint64_t liveness_forwarded = 0;
 };
 
 class Replicator {
@@ -209,6 +225,11 @@ class Replicator {
   // (Shard::TakeRoundSums). The batched replies are held until every
   // backup acknowledged it; without backups they go to `out` at once.
   void ForwardRound(RoundSums sums, std::vector<OutgoingReply>* out);
+  // Hands every backup a liveness record: the primary's state of the
+  // workers it evicted or took back on a request it does not hand on (a
+  // heartbeat, a pull). Nothing waits for it; the replies handed on after
+  // it wait for their own acknowledgements, which come after its.
+  void ForwardWorkers(std::vector<WorkerLiveness> states);
 
   // Backup side: checks a kReplicate request against this view. OK means
   // apply its inner request.

@@ -197,7 +197,16 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
   bool parked = false;
   Status st = Admit(req, !data.empty());
   if (st.ok()) {
-    if (rank >= 0) clocks_.Touch(rank, now);
+    // A backup (follower) takes an evicted worker back only where its
+    // primary did: on a request replayed from it. The others a backup
+    // sees with a rank are the workers' heartbeats (it redirects their
+    // data requests), which only count as heard from.
+    if (rank >= 0) {
+      clocks_.Touch(rank, now,
+                    req.kind == RequestKind::kPush || req.kind == RequestKind::kClock ||
+                        req.kind == RequestKind::kRegister ||
+                        req.kind == RequestKind::kAssign);
+    }
     switch (req.kind) {
       case RequestKind::kRegister:
         st = HandleRegister(req, &r.header);
@@ -429,15 +438,7 @@ void Shard::Tick(TimePoint now, std::vector<OutgoingReply>* out) {
     if (p->req.rank >= 0) clocks_.Touch(p->req.rank, now);
   }
   if (clocks_.Expire(now) > 0) {
-    // An evicted worker's replica is a copy of the shard it may never ask
-    // for again: it resyncs with whole weights if it comes back.
-    for (int r = 0; r < clocks_.num_workers(); ++r) {
-      if (!clocks_.live(r)) {
-        FreeReplica(r);
-        FreeDcReads(r);
-        DropShm(r);
-      }
-    }
+    FreeEvicted();
     OnClocksChanged(out);
   }
   TryRepair(now);

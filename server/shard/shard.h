@@ -369,7 +369,34 @@ class Shard {
   // primary's closed without a clock the record replays (an eviction).
   Status CatchUpRound(int64_t round);
 
+  // --- Workers' liveness in a replica group (shard_liveness.cc) ---
+  // Backup: while on, the shard evicts no worker on its own timer and takes
+  // an evicted one back only on a request replayed from the primary (a
+  // push, clock, registration or upload); the primary's other evictions
+  // and rejoins arrive as SetWorkerStates(). Default: off.
+  void set_follower(bool on) { clocks_.set_follow(on); }
+  bool follower() const { return clocks_.follow(); }
+  // Primary: records which workers' liveness changes, for
+  // TakeWorkerChanges(). Default: off.
+  void set_log_worker_changes(bool on) { clocks_.set_log_changes(on); }
+  // Primary: the state (liveness, clock) of every worker whose liveness
+  // changed since the last call; false when none did.
+  bool TakeWorkerChanges(std::vector<WorkerLiveness>* states);
+  // The state of every worker (a spare joining the group gets it after the
+  // snapshot, whose restore counts every worker live).
+  std::vector<WorkerLiveness> WorkerStates() const;
+  // Backup: sets each worker's liveness and clock to the primary's, with
+  // what an eviction or rejoin here does (an evicted worker's replica, DC
+  // reads and shared memory freed; rounds closed, sparse rows expired by
+  // the new clock minimum). InvalidArgument (nothing set) for a rank out of
+  // range, a rank listed twice or a negative clock.
+  Status SetWorkerStates(const std::vector<WorkerLiveness>& states, TimePoint now,
+                         std::vector<OutgoingReply>* out);
+
  private:
+  // After workers were evicted: frees what only they used.
+  void FreeEvicted();
+
   struct Chunk;
   struct PendingGrad;
   struct ParkedPull;

@@ -1,0 +1,68 @@
+// Shard: workers' liveness in a replica group. A worker silent for longer
+// than --worker_timeout_ms leaves the clock minimum (WorkerClocks), which
+// closes BSP rounds without it, expires sparse rows by the new minimum and
+// frees its pull replica and delay-compensation reads: all state a backup
+// must hold exactly as its primary does. So only the primary decides: a
+// backup (follower) evicts nobody on its own timer, takes an evicted worker
+// back only on a request replayed from the primary, and gets the primary's
+// other evictions and rejoins as worker states (a kReplicate liveness
+// record, server/replication/replicator.h), set here at the same point of
+// the primary's order.
+#include <glog/logging.h>
+
+#include <string>
+
+#include "server/shard/shard.h"
+
+namespace asyncps::server {
+
+void Shard::FreeEvicted() {
+  // An evicted worker's replica is a copy of the shard it may never ask
+  // for again: it resyncs with whole weights if it comes back.
+  for (int r = 0; r < clocks_.num_workers(); ++r) {
+    if (!clocks_.live(r)) {
+      FreeReplica(r);
+      FreeDcReads(r);
+      DropShm(r);
+    }
+  }
+}
+
+bool Shard::TakeWorkerChanges(std::vector<WorkerLiveness>* states) {
+  states->clear();
+  for (int r : clocks_.TakeChanged())
+    states->push_back(WorkerLiveness{r, clocks_.live(r), clocks_.clock(r)});
+  return !states->empty();
+}
+
+std::vector<WorkerLiveness> Shard::WorkerStates() const {
+  std::vector<WorkerLiveness> all;
+  for (int r = 0; r < clocks_.num_workers(); ++r)
+    all.push_back(WorkerLiveness{r, clocks_.live(r), clocks_.clock(r)});
+  return all;
+}
+
+Status Shard::SetWorkerStates(const std::vector<WorkerLiveness>& states, TimePoint now,
+                              std::vector<OutgoingReply>* out) {
+  std::vector<uint8_t> seen(clocks_.num_workers(), 0);
+  for (const WorkerLiveness& w : states) {
+    if (w.rank < 0 || w.rank >= clocks_.num_workers() || w.clock < 0 || seen[w.rank]) {
+      return Status::InvalidArgument(
+          "worker state of rank " + std::to_string(w.rank) + " at clock " +
+          std::to_string(w.clock) + ": " +
+          (w.rank < 0 || w.rank >= clocks_.num_workers()
+               ? "no such rank (" + std::to_string(clocks_.num_workers()) + " workers)"
+               : w.clock < 0 ? std::string("negative clock") : std::string("listed twice")));
+    }
+    seen[w.rank] = 1;
+  }
+  bool evicted = false;
+  for (const WorkerLiveness& w : states) {
+    if (clocks_.Set(w.rank, w.live, w.clock, now) && !w.live) evicted = true;
+  }
+  if (evicted) FreeEvicted();
+  OnClocksChanged(out);
+  return Status::OK();
+}
+
+}  // namespace asyncps::server
