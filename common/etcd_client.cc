@@ -600,8 +600,24 @@ StatusOr<std::optional<EtcdKeyValue>> EtcdClient::Get(const std::string& key,
 
 StatusOr<std::vector<EtcdKeyValue>> EtcdClient::GetPrefix(
     const std::string& prefix, int64_t* revision) {
-  json req = json::object();
-  SetPrefixRange(prefix, &req);
+  return Range(prefix.empty() ? std::string(1, '\0') : prefix, PrefixEnd(prefix),
+               revision);
+}
+
+StatusOr<std::vector<EtcdKeyValue>> EtcdClient::GetRange(const std::string& from,
+                                                         const std::string& end,
+                                                         int64_t* revision) {
+  if (from.empty() || end <= from) {
+    return Status::InvalidArgument("etcd range [" + from + ", " + end +
+                                   "): needs a first key below the end");
+  }
+  return Range(from, end, revision);
+}
+
+StatusOr<std::vector<EtcdKeyValue>> EtcdClient::Range(const std::string& key,
+                                                      const std::string& range_end,
+                                                      int64_t* revision) {
+  const json req = {{"key", Base64Encode(key)}, {"range_end", Base64Encode(range_end)}};
   ASSIGN_OR_RETURN(json answer, impl_->Call("/v3/kv/range", req));
   if (revision != nullptr) RETURN_IF_ERROR(HeaderRevision(answer, revision));
   const json* kvs;

@@ -154,6 +154,11 @@ class EtcdClient {
   // Every key starting with `prefix` (all keys for ""), in key order.
   StatusOr<std::vector<EtcdKeyValue>> GetPrefix(const std::string& prefix,
                                                 int64_t* revision = nullptr);
+  // Every key k with from <= k < end (bytewise), in key order: several
+  // keys read at one revision in one request.
+  StatusOr<std::vector<EtcdKeyValue>> GetRange(const std::string& from,
+                                               const std::string& end,
+                                               int64_t* revision = nullptr);
   // Deletes the key; OK when it did not exist.
   Status Delete(const std::string& key);
 
@@ -188,6 +193,10 @@ class EtcdClient {
  private:
   struct Impl;
   explicit EtcdClient(std::unique_ptr<Impl> impl);
+  // Keys in [key, range_end) (the gateway's range request).
+  StatusOr<std::vector<EtcdKeyValue>> Range(const std::string& key,
+                                            const std::string& range_end,
+                                            int64_t* revision);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -273,6 +273,21 @@ TEST_F(EtcdClientTest, PutGetPrefixDelete) {
   auto all = client_->GetPrefix("");
   ASSERT_TRUE(all.ok());
   EXPECT_EQ(all->size(), 3u);
+  // A range: its first key in, its end out, across prefixes.
+  int64_t range_rev = 0;
+  auto range = client_->GetRange("/a/2", "/b/2", &range_rev);
+  ASSERT_TRUE(range.ok()) << range.status().ToString();
+  ASSERT_EQ(range->size(), 2u);
+  EXPECT_EQ((*range)[0].key, "/a/2");
+  EXPECT_EQ((*range)[1].key, "/b/1");
+  EXPECT_EQ((*range)[1].value, "other");
+  EXPECT_EQ(range_rev, *r3);
+  range = client_->GetRange("/a/1", "/a/2");
+  ASSERT_TRUE(range.ok());
+  ASSERT_EQ(range->size(), 1u);
+  EXPECT_EQ((*range)[0].value, "uno");
+  EXPECT_EQ(client_->GetRange("/b", "/a").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->GetRange("", "/a").status().code(), StatusCode::kInvalidArgument);
 
   // Any bytes, every base64 padding length, empty values.
   std::string binary("\0\xff\x01/\xfe", 5);

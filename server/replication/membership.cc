@@ -139,9 +139,23 @@ Status Membership::KeepAlive(SteadyClock::time_point now) {
 }
 
 Status Membership::Step(SteadyClock::time_point now) {
-  RETURN_IF_ERROR(KeepAlive(now));
+  if (now >= next_keepalive_) {
+    RETURN_IF_ERROR(KeepAlive(now));  // a failed one is tried next step
+    const std::chrono::milliseconds every =
+        options_.keepalive_every.count() > 0 ? options_.keepalive_every
+                                             : options_.lease_ttl / 4;
+    next_keepalive_ = now + std::max(every, options_.poll);
+  }
   const std::string layout_key = options_.prefix + "/layout";
-  ASSIGN_OR_RETURN(std::optional<EtcdKeyValue> kv, etcd_->Get(layout_key));
+  const std::string members = options_.prefix + "/members/";
+  // The layout key and the member keys in one read: "<prefix>/layout" sorts
+  // right before "<prefix>/members/", which ends before "<prefix>/members0".
+  ASSIGN_OR_RETURN(std::vector<EtcdKeyValue> kvs,
+                   etcd_->GetRange(layout_key, options_.prefix + "/members0"));
+  std::optional<EtcdKeyValue> kv;
+  for (EtcdKeyValue& k : kvs) {
+    if (k.key == layout_key) kv = std::move(k);
+  }
   if (!kv) {
     // Deleted by hand: put the initial layout back (create-only).
     const ReplicaLayout initial =
@@ -183,13 +197,13 @@ Status Membership::Step(SteadyClock::time_point now) {
         std::to_string(options_.groups) + " as group " +
         std::to_string(options_.group));
   }
-  ASSIGN_OR_RETURN(std::vector<EtcdKeyValue> kvs,
-                   etcd_->GetPrefix(options_.prefix + "/members/"));
   std::map<std::string, Member> alive;
-  const size_t cut = options_.prefix.size() + 9;  // "/members/"
+  const size_t cut = members.size();
   for (const EtcdKeyValue& m : kvs) {
     Member mem;
-    if (m.key.size() <= cut || !ParseMember(m.value, &mem)) continue;
+    if (m.key.size() <= cut || m.key.compare(0, cut, members) != 0 ||
+        !ParseMember(m.value, &mem))
+      continue;
     alive[m.key.substr(cut)] = mem;
   }
   // Who is who. A listed name stands for the process its incarnation is
@@ -415,23 +429,31 @@ void Membership::Run() {
                                << s.ToString();
     }
     l.lock();
-    cv_.wait_until(l, now + options_.poll, [this] { return stop_; });
+    cv_.wait_until(l, now + options_.poll, [this] { return stop_ || wake_; });
+    wake_ = false;
   }
 }
 
 void Membership::SuspectPrimary(uint64_t epoch) {
   std::lock_guard<std::mutex> l(mu_);
-  suspect_epoch_ = std::max(suspect_epoch_, epoch);
+  if (epoch <= suspect_epoch_) return;  // asked every loop while it lasts
+  suspect_epoch_ = epoch;
+  wake_ = true;
+  cv_.notify_all();
 }
 
 void Membership::DropBackup(const std::string& endpoint, bool silent) {
   std::lock_guard<std::mutex> l(mu_);
   drop_backups_.emplace_back(endpoint, silent);
+  wake_ = true;
+  cv_.notify_all();
 }
 
 void Membership::AddBackup(const std::string& endpoint) {
   std::lock_guard<std::mutex> l(mu_);
   add_backups_.push_back(endpoint);
+  wake_ = true;
+  cv_.notify_all();
 }
 
 bool Membership::TakeView(ReplicaView* view) {
