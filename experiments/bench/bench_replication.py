@@ -17,12 +17,30 @@ handing on every push (--replicate_after_aggregation=false) and R=1; three
 JSON lines: each R=2 mode against R=1, and aggregated against per-push, with
 load1 at the start of every repeat.
 
+--compare_overlap (BSP) runs the C++ worker with and without --overlap
+--pipeline_shards=K (pushes per shard during backward, per-shard clocks,
+pushes in stages that wait for the acknowledgements of K clocked shards:
+worker/overlap.h), with R=2 and R=1, four fleets per repeat in a rotating
+order, on --emulate_hosts N hosts (--shard_hosts M of them for the shards,
+each replica of a group on another host, --link RATE both ways; root):
+with replicas a stage waits for its shards' round records to be
+acknowledged by their backups, over the shard hosts' own links. Rows: R=2
+overlap vs R=2 plain, R=1 overlap vs R=1 plain, R=2 overlap vs R=1 overlap,
+R=2 plain vs R=1 plain, plus the workers' median stage wait per step.
+
+Each worker runs --steps steps (--epochs=0 --max_steps; rows committed
+before 2026-12-05 ran --epochs=1, which ended each worker after its share of
+one epoch: 468 steps with 2 workers, 234 with 4).
+
   experiments/bench/bench_replication.py --repeats 5
   experiments/bench/bench_replication.py --consistency bsp --compare_aggregation --repeats 5
+  experiments/bench/bench_replication.py --consistency bsp --compare_overlap --servers 4 \
+      --emulate_hosts 4 --shard_hosts 2 --link 100mbit --steps 100 --repeats 5
 """
 import argparse
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -37,7 +55,7 @@ BATCH = 64
 
 
 def run(bin_dir, work, replicas, servers, workers, steps, layers, consistency="asp",
-        aggregate=True):
+        aggregate=True, psrun_flags=(), worker_flags=(), stage_waits=None):
     run_dir = os.path.join(work, "r%d-%d" % (replicas, len(os.listdir(work))))
     server_flags = "--consistency=%s --optimizer=sgd --lr=0.05" % consistency
     server_flags += " --replicate_after_aggregation=%s" % ("true" if aggregate else "false")
@@ -46,9 +64,10 @@ def run(bin_dir, work, replicas, servers, workers, steps, layers, consistency="a
             "--server_flags", server_flags]
     if replicas > 1:
         argv += ["--replicas", str(replicas)]
-    argv += ["--", "--layers=" + layers, "--batch=%d" % BATCH, "--epochs=1",
+    argv += list(psrun_flags)
+    argv += ["--", "--layers=" + layers, "--batch=%d" % BATCH, "--epochs=0",
              "--max_steps=%d" % steps,
-             "--log_every=1000", "--threads=1", "--eval=false"]
+             "--log_every=1000", "--threads=1", "--eval=false"] + list(worker_flags)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    timeout=600)
@@ -58,6 +77,13 @@ def run(bin_dir, work, replicas, servers, workers, steps, layers, consistency="a
     cpu_s = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     with open(os.path.join(run_dir, "summary.json")) as f:
         totals = json.load(f)["totals"]
+    if stage_waits is not None:
+        # The overlap scheduler's OVERLAP line: stage waits per step, each worker.
+        for w in range(workers):
+            with open(os.path.join(run_dir, "worker-%d.log" % w)) as f:
+                m = re.search(r"OVERLAP .*steps=(\d+) .*stage_wait_ms=([0-9.]+)", f.read())
+            if m and int(m.group(1)) > 0:
+                stage_waits.append(float(m.group(2)) / int(m.group(1)))
     return totals["samples_per_s"], cpu_s / max(1, totals["steps"] * BATCH) * 1e6
 
 
@@ -111,6 +137,45 @@ def compare_aggregation(a):
     return 0
 
 
+def compare_overlap(a):
+    """R=2 and R=1, each with and without --overlap, interleaved (rotating)."""
+    psrun_flags = []
+    if a.emulate_hosts:
+        psrun_flags += ["--emulate_hosts", str(a.emulate_hosts)]
+        if a.shard_hosts:
+            psrun_flags += ["--shard_hosts", str(a.shard_hosts)]
+        if a.link:
+            psrun_flags += ["--link", a.link]
+    overlap = ["--overlap", "--pipeline_shards=%d" % a.pipeline_shards]
+    modes = [("replicas2_overlap", 2, overlap), ("replicas2_plain", 2, []),
+             ("replicas1_overlap", 1, overlap), ("replicas1_plain", 1, [])]
+    runs = {m: [] for m, _, _ in modes}
+    waits = {m: [] for m, _, _ in modes}
+    loads = []
+    with tempfile.TemporaryDirectory(prefix="bench-replication-") as work:
+        for i in range(a.repeats):
+            loads.append(round(os.getloadavg()[0], 2))
+            for m, replicas, flags in modes[i % 4:] + modes[:i % 4]:
+                runs[m].append(run(a.bin_dir, work, replicas, a.servers, a.workers, a.steps,
+                                   a.layers, a.consistency, True, psrun_flags, flags,
+                                   waits[m]))
+    setting = {"emulate_hosts": a.emulate_hosts, "shard_hosts": a.shard_hosts,
+               "link": a.link, "pipeline_shards": a.pipeline_shards}
+    for mode, base in (("replicas2_overlap", "replicas2_plain"),
+                       ("replicas1_overlap", "replicas1_plain"),
+                       ("replicas2_overlap", "replicas1_overlap"),
+                       ("replicas2_plain", "replicas1_plain")):
+        out = json.loads(row(a, mode, base, runs[mode], runs[base], loads))
+        out["op"] = "train_bsp_overlap"
+        out.update(setting)
+        for name, m in (("stage_wait_ms_per_step", mode), ("baseline_stage_wait_ms_per_step",
+                                                            base)):
+            if waits[m]:
+                out[name] = spread([round(x, 2) for x in waits[m]])
+        print(json.dumps(out))
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -123,10 +188,21 @@ def main():
     ap.add_argument("--consistency", choices=["asp", "bsp"], default="asp")
     ap.add_argument("--compare_aggregation", action="store_true",
                     help="BSP: R=2 aggregated, R=2 per push and R=1 (see above)")
+    ap.add_argument("--compare_overlap", action="store_true",
+                    help="BSP: R=2 and R=1, each with and without ps_worker --overlap")
+    ap.add_argument("--pipeline_shards", type=int, default=2,
+                    help="--compare_overlap: ps_worker --pipeline_shards")
+    ap.add_argument("--emulate_hosts", type=int, help="psrun --emulate_hosts (root)")
+    ap.add_argument("--shard_hosts", type=int, help="psrun --shard_hosts")
+    ap.add_argument("--link", help="psrun --link, e.g. 100mbit")
     ap.add_argument("--quick", action="store_true", help="1 repeat, 200 steps")
     a = ap.parse_args()
     if a.quick:
         a.repeats, a.steps = 1, 200
+    if a.compare_overlap:
+        if a.consistency != "bsp":
+            ap.error("--compare_overlap needs --consistency bsp")
+        return compare_overlap(a)
     if a.compare_aggregation:
         if a.consistency != "bsp":
             ap.error("--compare_aggregation needs --consistency bsp")
