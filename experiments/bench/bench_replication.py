@@ -116,18 +116,29 @@ def row(a, mode, baseline, runs, base_runs, loads):
     return json.dumps(out)
 
 
-def compare_aggregation(a):
-    """R=2 aggregated, R=2 per push and R=1, interleaved (rotating order)."""
-    modes = [("replicas2_aggregated", 2, True), ("replicas2_per_push", 2, False),
-             ("replicas1", 1, True)]
-    runs = {m: [] for m, _, _ in modes}
+def interleaved(a, modes):
+    """Runs every mode (name, run()'s keyword arguments) once per repeat, in
+    an order rotating by one each repeat: {name: [(rate, cpu)]}, load1 at the
+    start of each repeat."""
+    runs = {m: [] for m, _ in modes}
     loads = []
     with tempfile.TemporaryDirectory(prefix="bench-replication-") as work:
         for i in range(a.repeats):
             loads.append(round(os.getloadavg()[0], 2))
-            for m, replicas, aggregate in modes[i % 3:] + modes[:i % 3]:
-                runs[m].append(run(a.bin_dir, work, replicas, a.servers, a.workers, a.steps,
-                                   a.layers, a.consistency, aggregate))
+            k = i % len(modes)
+            for m, kw in modes[k:] + modes[:k]:
+                runs[m].append(run(a.bin_dir, work, servers=a.servers, workers=a.workers,
+                                   steps=a.steps, layers=a.layers,
+                                   consistency=a.consistency, **kw))
+    return runs, loads
+
+
+def compare_aggregation(a):
+    """R=2 aggregated, R=2 per push and R=1, interleaved (rotating order)."""
+    runs, loads = interleaved(a, [
+        ("replicas2_aggregated", {"replicas": 2, "aggregate": True}),
+        ("replicas2_per_push", {"replicas": 2, "aggregate": False}),
+        ("replicas1", {"replicas": 1})])
     print(row(a, "replicas2_aggregated", "replicas1", runs["replicas2_aggregated"],
               runs["replicas1"], loads))
     print(row(a, "replicas2_per_push", "replicas1", runs["replicas2_per_push"],
@@ -147,18 +158,14 @@ def compare_overlap(a):
         if a.link:
             psrun_flags += ["--link", a.link]
     overlap = ["--overlap", "--pipeline_shards=%d" % a.pipeline_shards]
-    modes = [("replicas2_overlap", 2, overlap), ("replicas2_plain", 2, []),
-             ("replicas1_overlap", 1, overlap), ("replicas1_plain", 1, [])]
-    runs = {m: [] for m, _, _ in modes}
-    waits = {m: [] for m, _, _ in modes}
-    loads = []
-    with tempfile.TemporaryDirectory(prefix="bench-replication-") as work:
-        for i in range(a.repeats):
-            loads.append(round(os.getloadavg()[0], 2))
-            for m, replicas, flags in modes[i % 4:] + modes[:i % 4]:
-                runs[m].append(run(a.bin_dir, work, replicas, a.servers, a.workers, a.steps,
-                                   a.layers, a.consistency, True, psrun_flags, flags,
-                                   waits[m]))
+    waits = {}
+    modes = []
+    for name, replicas, flags in (("replicas2_overlap", 2, overlap), ("replicas2_plain", 2, []),
+                                  ("replicas1_overlap", 1, overlap), ("replicas1_plain", 1, [])):
+        waits[name] = []
+        modes.append((name, {"replicas": replicas, "psrun_flags": psrun_flags,
+                             "worker_flags": flags, "stage_waits": waits[name]}))
+    runs, loads = interleaved(a, modes)
     setting = {"emulate_hosts": a.emulate_hosts, "shard_hosts": a.shard_hosts,
                "link": a.link, "pipeline_shards": a.pipeline_shards}
     for mode, base in (("replicas2_overlap", "replicas2_plain"),
