@@ -750,7 +750,7 @@ TEST_F(ReplicationTest, BspPushWaitingForItsClockIsAcknowledgedThroughAnOpenReco
   }
 }
 
-// Only the primary evicts a silent worker. Here the workers' heartbeats go
+// Only the primary evicts a silent worker (2 s here). Here the workers' heartbeats go
 // to the primary alone, so the backup hears nothing from them: it keeps
 // them (it evicted both on its own timer before), and takes the primary's
 // eviction of rank 1 and the rank's return (a heartbeat to the primary,
@@ -763,7 +763,8 @@ TEST_F(ReplicationTest, OnlyThePrimaryEvictsAndItsEvictionsAndRejoinsReachTheBac
     const std::string tag = aggregate ? "-agg" : "-push";
     auto opts = [&](ServerOptions* o) {
       BspOptions(kWorkers, aggregate, "/live" + tag)(o);
-      o->shard.worker_timeout = milliseconds(1000);
+      // Long enough for a sanitizer build under load to keep rank 0 live.
+      o->shard.worker_timeout = milliseconds(2000);
     };
     std::unique_ptr<ClientSocket> c1;
     RequestHeader reg;
@@ -800,7 +801,7 @@ TEST_F(ReplicationTest, OnlyThePrimaryEvictsAndItsEvictionsAndRejoinsReachTheBac
       }
     };
     // Both beat the primary for longer than the timeout: nobody is evicted.
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < 25; ++i) {
       beat(0);
       beat(1);
       std::this_thread::sleep_for(milliseconds(100));
