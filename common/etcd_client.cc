@@ -242,9 +242,14 @@ std::string PrefixEnd(const std::string& prefix) {
   return std::string(1, '\0');
 }
 
+// First key of the range over `prefix`: "\0" (all keys) for "".
+std::string PrefixStart(const std::string& prefix) {
+  return prefix.empty() ? std::string(1, '\0') : prefix;
+}
+
 // The range over `prefix`: key and range_end in the gateway's JSON.
 void SetPrefixRange(const std::string& prefix, json* req) {
-  (*req)["key"] = Base64Encode(prefix.empty() ? std::string(1, '\0') : prefix);
+  (*req)["key"] = Base64Encode(PrefixStart(prefix));
   (*req)["range_end"] = Base64Encode(PrefixEnd(prefix));
 }
 
@@ -600,8 +605,7 @@ StatusOr<std::optional<EtcdKeyValue>> EtcdClient::Get(const std::string& key,
 
 StatusOr<std::vector<EtcdKeyValue>> EtcdClient::GetPrefix(
     const std::string& prefix, int64_t* revision) {
-  return Range(prefix.empty() ? std::string(1, '\0') : prefix, PrefixEnd(prefix),
-               revision);
+  return Range(PrefixStart(prefix), PrefixEnd(prefix), revision);
 }
 
 StatusOr<std::vector<EtcdKeyValue>> EtcdClient::GetRange(const std::string& from,

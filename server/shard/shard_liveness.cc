@@ -44,15 +44,20 @@ std::vector<WorkerLiveness> Shard::WorkerStates() const {
 
 Status Shard::SetWorkerStates(const std::vector<WorkerLiveness>& states, TimePoint now,
                               std::vector<OutgoingReply>* out) {
-  std::vector<uint8_t> seen(clocks_.num_workers(), 0);
+  const int n = clocks_.num_workers();
+  std::vector<uint8_t> seen(n, 0);
   for (const WorkerLiveness& w : states) {
-    if (w.rank < 0 || w.rank >= clocks_.num_workers() || w.clock < 0 || seen[w.rank]) {
-      return Status::InvalidArgument(
-          "worker state of rank " + std::to_string(w.rank) + " at clock " +
-          std::to_string(w.clock) + ": " +
-          (w.rank < 0 || w.rank >= clocks_.num_workers()
-               ? "no such rank (" + std::to_string(clocks_.num_workers()) + " workers)"
-               : w.clock < 0 ? std::string("negative clock") : std::string("listed twice")));
+    std::string why;
+    if (w.rank < 0 || w.rank >= n) {
+      why = "no such rank (" + std::to_string(n) + " workers)";
+    } else if (w.clock < 0) {
+      why = "negative clock";
+    } else if (seen[w.rank]) {
+      why = "listed twice";
+    }
+    if (!why.empty()) {
+      return Status::InvalidArgument("worker state of rank " + std::to_string(w.rank) +
+                                     " at clock " + std::to_string(w.clock) + ": " + why);
     }
     seen[w.rank] = 1;
   }

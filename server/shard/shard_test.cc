@@ -421,6 +421,32 @@ TEST(ShardTest, StalenessAwareLearningRate) {
   EXPECT_FLOAT_EQ((*h.shard->weights(4))[0], 0.25f - 1.0f - 0.5f);
 }
 
+// A backup sets its primary's worker states: bad ones are refused whole
+// (nothing set), good ones evict and take back as given, and a follower's
+// own timer evicts nobody.
+TEST(ShardTest, FollowerSetsItsPrimarysWorkerStatesAndRefusesBadOnes) {
+  ShardOptions o = Opts(Consistency::kSsp, 2);
+  o.worker_timeout = std::chrono::milliseconds(1000);
+  ShardHarness h(o);
+  h.shard->set_follower(true);
+  std::vector<OutgoingReply> out;
+  for (const std::vector<WorkerLiveness>& bad :
+       {std::vector<WorkerLiveness>{{0, false, 3}, {2, false, 1}},
+        std::vector<WorkerLiveness>{{1, false, 3}, {1, true, 4}},
+        std::vector<WorkerLiveness>{{0, false, -1}}}) {
+    EXPECT_EQ(h.shard->SetWorkerStates(bad, h.now, &out).code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(h.shard->clocks().live(0) && h.shard->clocks().live(1));
+    EXPECT_EQ(h.shard->clocks().clock(0), 0);
+  }
+  ASSERT_TRUE(h.shard->SetWorkerStates({{1, false, 2}, {0, true, 5}}, h.now, &out).ok());
+  EXPECT_FALSE(h.shard->clocks().live(1));
+  EXPECT_EQ(h.shard->clocks().clock(0), 5);
+  EXPECT_EQ(h.shard->clocks().MinLiveClock(), 5);
+  h.now += std::chrono::seconds(10);
+  h.shard->Tick(h.now, &out);
+  EXPECT_TRUE(h.shard->clocks().live(0));
+}
+
 }  // namespace
 }  // namespace asyncps::server
 
