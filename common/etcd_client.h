@@ -70,6 +70,10 @@ struct EtcdOptions {
   // Limit for connecting, sending and receiving one request, >= 1 ms.
   // Default: 2000 ms.
   std::chrono::milliseconds request_timeout{2000};
+  // Keeps the connections of unary calls open for the next call (up to 4
+  // idle per endpoint); false opens one per call. A watch always has its
+  // own. Default: true.
+  bool keep_alive = true;
 };
 
 struct EtcdKeyValue {

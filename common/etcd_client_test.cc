@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include "tests/util/etcd_fixture.h"
@@ -122,14 +124,28 @@ TEST(EtcdClientTransportTest, NoAnswerIsUnavailableAfterTimeout) {
 }
 
 // A fake gateway answering what a test sets, for the parsing paths.
+// It counts the client connections it served (by their ports); `port` 0
+// binds any free port.
 class FakeGateway {
  public:
-  FakeGateway() {
-    server_.Post(".*", [this](const httplib::Request&, httplib::Response& res) {
+  explicit FakeGateway(int port = 0) {
+    server_.set_keep_alive_max_count(1000);
+    server_.set_keep_alive_timeout(1);  // stop() waits for idle connections
+    server_.Post(".*", [this](const httplib::Request& req,
+                              httplib::Response& res) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++requests_;
+        client_ports_.insert(req.remote_port);
+      }
       res.status = status_;
       res.set_content(body_, "application/json");
     });
-    port_ = server_.bind_to_any_port("127.0.0.1");
+    if (port == 0) {
+      port_ = server_.bind_to_any_port("127.0.0.1");
+    } else {
+      port_ = server_.bind_to_port("127.0.0.1", port) ? port : -1;
+    }
     // Bound and listening already: requests queue until the loop runs.
     thread_ = std::thread([this] { server_.listen_after_bind(); });
   }
@@ -144,14 +160,76 @@ class FakeGateway {
   std::string endpoint() const {
     return "http://127.0.0.1:" + std::to_string(port_);
   }
+  int port() const { return port_; }
+  int requests() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return requests_;
+  }
+  size_t connections() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return client_ports_.size();
+  }
 
  private:
+  std::mutex mu_;
+  int requests_ = 0;
+  std::set<int> client_ports_;
   httplib::Server server_;
   std::thread thread_;
   int port_ = 0;
   int status_ = 200;
   std::string body_;
 };
+
+// Unary calls keep one connection open (etcd is polled every 100 ms by
+// each shard); a watch gets its own; an error answer closes its connection;
+// and a connection etcd closed (a restart) is not an error for the next
+// call.
+TEST(EtcdClientTransportTest, UnaryCallsReuseTheirConnection) {
+  const std::string ok_range =
+      R"({"header":{"revision":"7"},"kvs":[{"key":"a2V5","value":"dg=="}]})";
+  auto gw = std::make_unique<FakeGateway>();
+  ASSERT_GT(gw->port(), 0);
+  gw->Answer(200, ok_range);
+  auto client = MakeClient({gw->endpoint()});
+  for (int i = 0; i < 6; ++i) {
+    auto got = client->Get("key");
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_TRUE(got->has_value());
+    EXPECT_EQ((*got)->value, "v");
+  }
+  EXPECT_EQ(gw->requests(), 6);
+  EXPECT_EQ(gw->connections(), 1u);
+  // An error answer read whole leaves the connection usable.
+  gw->Answer(
+      400,
+      R"({"error":"etcdserver: boom","message":"etcdserver: boom","code":3})");
+  EXPECT_EQ(client->Put("k", "v").status().code(),
+            StatusCode::kInvalidArgument);
+  gw->Answer(200, ok_range);
+  ASSERT_TRUE(client->Get("key").ok());
+  EXPECT_EQ(gw->connections(), 1u);
+  // A watch streams on a connection of its own (this one fails: the fake
+  // answers a range), and the unary calls keep theirs.
+  int64_t next = 0;
+  EXPECT_FALSE(client->Watch("p", 1, milliseconds(200), &next).ok());
+  ASSERT_TRUE(client->Get("key").ok());
+  EXPECT_EQ(gw->requests(), 10);
+  EXPECT_EQ(gw->connections(), 2u);
+  // Restarted on the same port: the idle connection is dead, the next call
+  // opens another and succeeds.
+  const int port = gw->port();
+  gw.reset();
+  gw = std::make_unique<FakeGateway>(port);
+  ASSERT_EQ(gw->port(), port);
+  gw->Answer(200, ok_range);
+  for (int i = 0; i < 3; ++i) {
+    auto got = client->Get("key");
+    ASSERT_TRUE(got.ok()) << i << ": " << got.status().ToString();
+  }
+  EXPECT_EQ(gw->requests(), 3);
+  EXPECT_EQ(gw->connections(), 1u);
+}
 
 TEST(EtcdClientTransportTest, MalformedAnswersAreErrorsNotCrashes) {
   FakeGateway gw;
