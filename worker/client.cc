@@ -398,19 +398,32 @@ class ClientImpl : public Client {
     return StartClockShards(clock, AllShards());
   }
 
-  StatusOr<Ticket> StartClockShards(int64_t clock,
-                                    const std::vector<int>& shards) override {
+  // InvalidArgument unless every shard is in [0, num_shards()) and listed
+  // once; `what` names the request.
+  Status CheckShardList(const char* what, const std::vector<int>& shards) {
     std::vector<bool> seen(num_shards());
     for (int s : shards) {
       if (s < 0 || s >= num_shards() || seen[s]) {
         return Status::InvalidArgument(
-            "clock to shard " + std::to_string(s) +
+            std::string(what) + " to shard " + std::to_string(s) +
             (s < 0 || s >= num_shards()
                  ? ", not in [0, " + std::to_string(num_shards()) + ")"
                  : ", listed twice"));
       }
       seen[s] = true;
     }
+    return Status::OK();
+  }
+
+  StatusOr<Ticket> StartHeartbeatShards(
+      const std::vector<int>& shards) override {
+    RETURN_IF_ERROR(CheckShardList("heartbeat", shards));
+    return StartOnShards(NewHeader(RequestKind::kHeartbeat), shards);
+  }
+
+  StatusOr<Ticket> StartClockShards(int64_t clock,
+                                    const std::vector<int>& shards) override {
+    RETURN_IF_ERROR(CheckShardList("clock", shards));
     RequestHeader h = NewHeader(RequestKind::kClock);
     h.clock = clock;
     ASSIGN_OR_RETURN(Ticket t, StartOnShards(h, shards));

@@ -274,6 +274,15 @@ class Client {
   virtual StatusOr<Ticket> StartClockShards(int64_t clock,
                                             const std::vector<int>& shards) = 0;
 
+  // Starts a heartbeat to the shards `shards` (as StartClockShards), on the
+  // connections this client's requests use. A shard handles what arrives
+  // in order, so its reply says that every request started to it before
+  // has arrived, even one whose own reply is held (a replicated primary
+  // answers a push once its backups have it): the overlap pipeline's stage
+  // wait (PsParameterStore::WaitReceived).
+  virtual StatusOr<Ticket> StartHeartbeatShards(
+      const std::vector<int>& shards) = 0;
+
   // Waits until `ticket` completes: its status (the first error from any
   // shard), or TimedOut when `timeout` (capped by the request deadline)
   // passes first, in which case the ticket is abandoned.

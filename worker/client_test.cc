@@ -429,6 +429,55 @@ TEST(ClientTest, ClockToSomeShardsIsKeptPerShard) {
   EXPECT_EQ(seen[1].load(), 3);
 }
 
+// The stage wait of the overlap pipeline: a heartbeat to some shards goes
+// behind the requests started to them and completes without their replies
+// (a replicated primary holds a push's until its round closed).
+TEST(ClientTest, HeartbeatToSomeShardsFollowsTheirRequests) {
+  std::mutex mu;
+  std::vector<RequestKind> kinds[2];  // arrival order per shard
+  auto handler = [&](int shard) {
+    return [&, shard](const RequestHeader& req, const Message&, ReplyHeader*,
+                      std::vector<Frame>*) {
+      if (req.kind == RequestKind::kRegister) return true;
+      std::lock_guard<std::mutex> l(mu);
+      kinds[shard].push_back(req.kind);
+      return req.kind != RequestKind::kPush;  // pushes stay unanswered
+    };
+  };
+  FakeShard s0(handler(0));
+  FakeShard s1(handler(1));
+  ClientOptions o;
+  o.servers = {s0.endpoint(), s1.endpoint()};
+  o.rank = 0;
+  o.attempt_timeout = milliseconds(5000);
+  auto client = Client::Create(o);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->Register({Model()[1]}, {}).ok());
+  const int owner = (*client)->layout().shard_chunks(0).empty() ? 1 : 0;
+  auto buf = Buffer::Allocate(50 * 4);
+  std::vector<ChunkPayload> p{{0, 0, Frame::Ref(buf)}};
+  auto push = (*client)->StartPush(0, std::move(p));
+  ASSERT_TRUE(push.ok());
+  auto hb = (*client)->StartHeartbeatShards({owner});
+  ASSERT_TRUE(hb.ok());
+  EXPECT_TRUE((*client)->Wait(*hb, milliseconds(3000)).ok());
+  {
+    std::lock_guard<std::mutex> l(mu);
+    EXPECT_EQ(kinds[owner],
+              (std::vector<RequestKind>{RequestKind::kPush,
+                                        RequestKind::kHeartbeat}));
+    EXPECT_TRUE(kinds[1 - owner].empty());
+  }
+  EXPECT_EQ((*client)->StartHeartbeatShards({2}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ((*client)->StartHeartbeatShards({0, 0}).status().code(),
+            StatusCode::kInvalidArgument);
+  // An empty list sends nothing and completes.
+  auto none = (*client)->StartHeartbeatShards({});
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE((*client)->Wait(*none, milliseconds(1000)).ok());
+}
+
 // device_compression without a GPU (or without CUDA): the store takes host
 // gradients only, and Push compresses and counts as before.
 TEST(PsStoreTest, DeviceCompressionFallsBackToHostPushes) {

@@ -96,20 +96,24 @@ Status OverlapScheduler::BeginBackward(int64_t clock,
   shard_unsent_.assign(num_shards_, 0);
   for (int s = 0; s < num_shards_; ++s)
     shard_unsent_[s] = shard_chunks_[s].size();
-  unacked_shards_ = 0;
+  stage_clocked_ = 0;
+  stage_pushed_.clear();
+  in_stage_.assign(num_shards_, false);
   return Status::OK();
 }
 
 Status OverlapScheduler::SendBucket(const std::vector<uint32_t>& chunks) {
   if (chunks.empty()) return Status::OK();
   if (options_.pipeline_shards > 0 &&
-      unacked_shards_ >= options_.pipeline_shards) {
+      stage_clocked_ >= options_.pipeline_shards) {
     // The shards just clocked get the link to themselves: their rounds
     // close and their pulls come down while this push goes up.
-    unacked_shards_ = 0;
+    stage_clocked_ = 0;
     ++stats_.stage_waits;
     const auto start = std::chrono::steady_clock::now();
-    Status s = store_->WaitAcks();
+    Status s = store_->WaitReceived(stage_pushed_);
+    for (int sh : stage_pushed_) in_stage_[sh] = false;
+    stage_pushed_.clear();
     stats_.stage_wait_ns +=
         std::chrono::duration_cast<std::chrono::nanoseconds>(
             std::chrono::steady_clock::now() - start)
@@ -121,12 +125,16 @@ Status OverlapScheduler::SendBucket(const std::vector<uint32_t>& chunks) {
   std::vector<int> done;
   for (uint32_t id : chunks) {
     const int s = chunk_shard_[id];
+    if (!in_stage_[s]) {
+      in_stage_[s] = true;
+      stage_pushed_.push_back(s);
+    }
     if (--shard_unsent_[s] == 0) done.push_back(s);
   }
   if (done.empty()) return Status::OK();
   RETURN_IF_ERROR(store_->ClockShardsAndPullGroups(clock_ + 1, done, groups_));
   ++stats_.shard_clocks;
-  unacked_shards_ += static_cast<int>(done.size());
+  stage_clocked_ += static_cast<int>(done.size());
   return Status::OK();
 }
 

@@ -15,9 +15,12 @@
 //    each pull group (PsParameterStore::ClockShardsAndPullGroups), so its
 //    round can close and its weights come down while the next shard's push
 //    goes up. With pipeline_shards = k > 0, once k shards were clocked the
-//    next push first waits for the pushes in flight to be acknowledged
-//    (PsParameterStore::WaitAcks): pushes started together share the link
-//    and all arrive at the end. EndStep clocks the shards left
+//    next push first waits until the shards pushed to since the last wait
+//    have received those pushes (PsParameterStore::WaitReceived): pushes
+//    started together share the link and all arrive at the end. It waits
+//    for their arrival, not their acknowledgement, which a replicated
+//    primary holds until the round closed and its backups have it.
+//    EndStep clocks the shards left
 //    (ClockAndPullGroups).
 //  - Pulls by layer groups in forward order (P3): consecutive layers merged
 //    until a group holds min_pull_group_bytes (a smaller rest joins the
@@ -65,7 +68,7 @@ struct OverlapStats {
   int64_t steps = 0;          // EndStep calls
   int64_t pushes = 0;         // PushSubset calls
   int64_t shard_clocks = 0;   // ClockShardsAndPullGroups calls
-  int64_t stage_waits = 0;    // WaitAcks calls (pipeline_shards)
+  int64_t stage_waits = 0;    // WaitReceived calls (pipeline_shards)
   int64_t stage_wait_ns = 0;  // time in them
   int64_t pull_groups = 0;    // groups pulled
 };
@@ -118,7 +121,9 @@ class OverlapScheduler final : public LayeredStep {
   std::vector<bool> layer_sent_;      // kPerLayer
   std::vector<bool> shard_sent_;      // kPerShard
   std::vector<size_t> shard_unsent_;  // chunks of each shard not pushed
-  int unacked_shards_ = 0;            // clocked since the last pipeline wait
+  int stage_clocked_ = 0;  // shards clocked since the last pipeline wait
+  std::vector<int> stage_pushed_;     // shards pushed to since then
+  std::vector<bool> in_stage_;        // per shard: in stage_pushed_
   // The pull by groups in flight.
   bool pull_pending_ = false;
   size_t groups_waited_ = 0;

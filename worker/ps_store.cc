@@ -181,6 +181,12 @@ Status PsParameterStore::WaitAcks() {
   return s;
 }
 
+Status PsParameterStore::WaitReceived(const std::vector<int>& shards) {
+  if (shards.empty()) return Status::OK();
+  ASSIGN_OR_RETURN(Client::Ticket t, client_->StartHeartbeatShards(shards));
+  return client_->Wait(t, options_.timeout, nullptr);
+}
+
 Status PsParameterStore::CollectAcks(int64_t horizon, int64_t* staleness) {
   *staleness = std::max(*staleness, acked_staleness_);
   acked_staleness_ = -1;

@@ -158,6 +158,14 @@ class PsParameterStore : public ParameterStore {
   // instead of every shard's push sharing the link and all of them
   // arriving at the end.
   Status WaitAcks();
+  // Waits until the shards `shards` (indices, each once) have received
+  // every request started to them so far: a heartbeat behind them on each
+  // connection, answered in order (Client::StartHeartbeatShards). The
+  // overlap pipeline's stage wait: unlike WaitAcks it does not wait for
+  // replies a shard holds, such as a replicated primary's acknowledgement
+  // of a push, which waits for the round to close and its backups to have
+  // it. First error.
+  Status WaitReceived(const std::vector<int>& shards);
 
   // Waits for every request still in flight.
   Status Flush();

@@ -628,6 +628,37 @@ TEST_F(ReplicationTest, BspRoundsAreHandedOnOnceAggregatedAndBackupIsBitwiseEqua
   EXPECT_TRUE(BitwiseEqual(primary_state[0], primary_state[1]));
 }
 
+// The overlap pipeline's stage wait (PsParameterStore::WaitReceived): a
+// heartbeat sent behind a push is answered once the push arrived, while the
+// push's own acknowledgement is held until its round closed and the backup
+// has the round's record.
+TEST_F(ReplicationTest, HeartbeatBehindAHeldPushIsAnsweredAtOnce) {
+  constexpr int kWorkers = 2;
+  std::unique_ptr<ClientSocket> backup;
+  RequestHeader reg;
+  auto ws = StartGroup("-hb", kWorkers, BspOptions(kWorkers, true, "/t-hb"), &backup, &reg);
+  ASSERT_EQ(ws.size(), size_t{kWorkers});
+  std::vector<ByteView> data;
+  const uint64_t push0 = Send(*ws[0], BspPush(0, 0, &data), data);
+  const uint64_t clock0 = Send(*ws[0], server::testing::ShardHarness::Clock(0, 1));
+  RequestHeader hb;
+  hb.kind = RequestKind::kHeartbeat;
+  hb.rank = 0;
+  const uint64_t heartbeat = Send(*ws[0], hb);
+  auto got = Await(*ws[0], {push0, clock0, heartbeat}, milliseconds(1000));
+  ASSERT_EQ(got.size(), 1u) << "only the heartbeat is answered";
+  ASSERT_EQ(got.count(heartbeat), 1u);
+  EXPECT_TRUE(got[heartbeat].ok()) << got[heartbeat].ToString();
+  // The round closes with rank 1: rank 0's push and clock are acknowledged.
+  std::set<uint64_t> ids1 = {Send(*ws[1], BspPush(1, 0, &data), data)};
+  ids1.insert(Send(*ws[1], server::testing::ShardHarness::Clock(1, 1)));
+  got = Await(*ws[0], {push0, clock0});
+  ASSERT_EQ(got.size(), 2u);
+  for (const auto& [id, st] : got) EXPECT_TRUE(st.ok()) << st.ToString();
+  EXPECT_EQ(Await(*ws[1], ids1).size(), 2u);
+  EXPECT_EQ(Stats(*backup).value("version", uint64_t{0}), 1u);
+}
+
 // The primary is lost mid-round (it applied pushes and a clock of round 1
 // and handed nothing of them on): the backup holds round 0 only, takes
 // over, and applies the workers' resends once each (a second resend and a

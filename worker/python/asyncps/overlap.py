@@ -27,8 +27,11 @@ OverlapScheduler: a per-step scheduler above the existing Store calls
     instead of the whole gradient up and then the whole model down. That
     needs the pushes to go in stages: pushes started together share the
     link and all arrive at the end, so with pipeline_shards = k the sender,
-    once k shards were clocked, waits until their pushes were acknowledged
-    (Store.wait_acks) before the next push. k = the number of hosts the
+    once k shards were clocked, waits until the shards pushed to since the
+    last wait have received those pushes (Store.wait_received: a heartbeat
+    behind them, answered in order) before the next push. It waits for
+    their arrival, not their acknowledgement, which a replicated primary
+    holds until the round closed and its backups have it. k = the number of hosts the
     shards run on keeps every shard host's link busy in each stage (2
     shard hosts with 4 shards: 1.25-1.36x of no overlap at 100 Mbit/s,
     where k = 0 gives 1.05x; experiments/results/overlap/REPORT.md).
@@ -114,7 +117,8 @@ class _Sender(threading.Thread):
         # limit). OverlapScheduler sets it.
         self.window = 0
         self._unacked = 0  # shards clocked since the last wait
-        self.stage_waits = 0  # wait_acks calls made
+        self._stage_pushed = []  # shards pushed to since the last wait
+        self.stage_waits = 0  # wait_received calls made
 
     def put(self, priority, clock, chunk_ids, arrays, clock_shards=(), groups=None):
         """Queues a bucket; then, once every bucket holding chunks of the
@@ -163,9 +167,14 @@ class _Sender(threading.Thread):
                     # and every shard's round closes at the end).
                     self._unacked = 0
                     self.stage_waits += 1
-                    self._store.wait_acks()
+                    shards, self._stage_pushed = self._stage_pushed, []
+                    self._store.wait_received(shards)
                 if not skip:
                     self._store.push_chunks(clock, ids, arrays)
+                    for c in ids:
+                        s = self._chunk_shard[c]
+                        if s not in self._stage_pushed:
+                            self._stage_pushed.append(s)
                     self.pushes += 1
             except BaseException as e:  # noqa: BLE001 - raised by drain()
                 with self._cv:

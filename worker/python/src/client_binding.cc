@@ -136,6 +136,16 @@ class PyStore {
     }));
   }
 
+  void WaitReceived(const std::vector<int>& shards) {
+    ThrowIfError(client_->Run([&] {
+      return WithStore([&](PsParameterStore& st) {
+        return st.WaitReceived(shards).WithContext(
+            "heartbeat behind the requests to " +
+            std::to_string(shards.size()) + " shards");
+      });
+    }));
+  }
+
   void WaitPullGroup(size_t group, const py::sequence& arrays) {
     std::vector<float*> ptrs = CheckedBuffers(arrays, specs_, true, "pull");
     ThrowIfError(client_->Run([&] {
@@ -483,6 +493,13 @@ pull(c, bufs) -> compute -> push(c, grads) -> clock(c + 1).)doc")
       .def("wait_acks", &PyStore::WaitAcks,
            "Waits until every push and clock started so far was acknowledged "
            "(the overlap pipeline: one shard's push on the link at a time).")
+      .def("wait_received", &PyStore::WaitReceived, py::arg("shards"),
+           "Waits until the shards `shards` (indices, each once) have "
+           "received every request started to them so far: a heartbeat "
+           "behind them, answered in order. Unlike wait_acks it does not "
+           "wait for acknowledgements a shard holds (a replicated primary's "
+           "of a push, until the round closed and its backups have it): the "
+           "overlap pipeline's stage wait.")
       .def("wait_pull_group", &PyStore::WaitPullGroup, py::arg("group"),
            py::arg("buffers"),
            "Waits for one group of clock_and_pull_groups and writes its "
