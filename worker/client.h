@@ -279,7 +279,7 @@ class Client {
   // in order, so its reply says that every request started to it before
   // has arrived, even one whose own reply is held (a replicated primary
   // answers a push once its backups have it): the overlap pipeline's stage
-  // wait (PsParameterStore::WaitReceived).
+  // wait (PsParameterStore::StartReceipts).
   virtual StatusOr<Ticket> StartHeartbeatShards(
       const std::vector<int>& shards) = 0;
 

@@ -121,10 +121,15 @@ DEFINE_bool(overlap, false,
             "no --etcd; under BSP the weights are bitwise those without it");
 DEFINE_int32(pipeline_shards, 0,
              "--overlap: after this many shards were clocked, the next push "
-             "waits until the pushes in flight are acknowledged, so that "
-             "their rounds close and their weights come down while it goes "
-             "up (about the number of hosts the shards run on); 0: never "
-             "wait");
+             "waits until the shards pushed to have received their pushes, "
+             "so that their rounds close and their weights come down while "
+             "it goes up (about the number of hosts the shards run on); 0: "
+             "never wait");
+DEFINE_bool(overlap_sender_thread, false,
+            "--overlap: push from a thread of its own, so that a bucket is "
+            "compressed (--codec) and sent, and the stage waits of "
+            "--pipeline_shards are waited, while backward computes the "
+            "layers below; the step's end waits for the last bucket");
 
 DEFINE_string(weights_out, "",
               "After training, pull the final weights (at the last clock) "
@@ -204,6 +209,10 @@ Status CheckOverlapFlags(bool eval_role) {
     if (FLAGS_pipeline_shards > 0) {
       return Status::InvalidArgument(
           "--pipeline_shards applies to --overlap only");
+    }
+    if (FLAGS_overlap_sender_thread) {
+      return Status::InvalidArgument(
+          "--overlap_sender_thread applies to --overlap only");
     }
     return Status::OK();
   }
@@ -484,6 +493,7 @@ Status Main() {
     oo.buckets =
         mode == "bsp" ? PushBuckets::kPerShard : PushBuckets::kPerLayer;
     oo.pipeline_shards = FLAGS_pipeline_shards;
+    oo.sender_thread = FLAGS_overlap_sender_thread;
     ASSIGN_OR_RETURN(
         overlap, OverlapScheduler::Create(store.get(), client->layout(), oo));
     LOG(INFO) << "overlap: " << mode << " shards, pushes "
@@ -525,12 +535,14 @@ Status Main() {
     const OverlapStats& os = overlap->stats();
     std::printf(
         "OVERLAP rank=%d steps=%lld pushes=%lld shard_clocks=%lld "
-        "stage_waits=%lld stage_wait_ms=%.3f pull_groups=%lld\n",
+        "stage_waits=%lld stage_wait_ms=%.3f pull_groups=%lld "
+        "sender_waits=%lld sender_wait_ms=%.3f\n",
         FLAGS_rank, static_cast<long long>(os.steps),
         static_cast<long long>(os.pushes),
         static_cast<long long>(os.shard_clocks),
         static_cast<long long>(os.stage_waits), os.stage_wait_ns / 1e6,
-        static_cast<long long>(os.pull_groups));
+        static_cast<long long>(os.pull_groups),
+        static_cast<long long>(os.sender_waits), os.sender_wait_ns / 1e6);
     std::fflush(stdout);
   }
   if (metrics_server && FLAGS_metrics_linger_s > 0) {

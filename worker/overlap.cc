@@ -77,7 +77,64 @@ StatusOr<std::unique_ptr<OverlapScheduler>> OverlapScheduler::Create(
   } else if (!current.empty()) {
     s->groups_.push_back(std::move(current));
   }
+  if (options.sender_thread) {
+    OverlapScheduler* raw = s.get();
+    s->sender_ = std::thread([raw] { raw->SenderLoop(); });
+  }
   return s;
+}
+
+OverlapScheduler::~OverlapScheduler() {
+  if (!sender_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  sender_.join();
+}
+
+void OverlapScheduler::SenderLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    if (stop_) return;  // what is left belongs to a step that failed
+    const std::vector<uint32_t>* chunks = queue_.front();
+    queue_.pop_front();
+    // After a failed bucket the step's later ones are dropped: EndStep
+    // returns the error and the trainer stops.
+    if (send_error_.ok()) {
+      sending_ = true;
+      lock.unlock();
+      Status st = SendBucket(*chunks);
+      lock.lock();
+      sending_ = false;
+      if (send_error_.ok() && !st.ok()) send_error_ = st;
+    }
+    cv_.notify_all();
+  }
+}
+
+Status OverlapScheduler::Dispatch(const std::vector<uint32_t>* chunks) {
+  if (!options_.sender_thread) return SendBucket(*chunks);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!send_error_.ok()) return send_error_;
+    queue_.push_back(chunks);
+  }
+  cv_.notify_all();
+  return Status::OK();
+}
+
+Status OverlapScheduler::WaitForSender() {
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return queue_.empty() && !sending_; });
+  ++stats_.sender_waits;
+  stats_.sender_wait_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               std::chrono::steady_clock::now() - start)
+                               .count();
+  return send_error_;
 }
 
 Status OverlapScheduler::BeginBackward(int64_t clock,
@@ -86,6 +143,12 @@ Status OverlapScheduler::BeginBackward(int64_t clock,
     return Status::InvalidArgument(
         "overlap: expected " + std::to_string(tensor_layer_.size()) +
         " gradient buffers, got " + std::to_string(grads.size()));
+  }
+  if (options_.sender_thread) {
+    // A step that failed may have left buckets (skipped) and its error.
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return queue_.empty() && !sending_; });
+    send_error_ = Status::OK();
   }
   clock_ = clock;
   in_step_ = true;
@@ -97,8 +160,9 @@ Status OverlapScheduler::BeginBackward(int64_t clock,
   for (int s = 0; s < num_shards_; ++s)
     shard_unsent_[s] = shard_chunks_[s].size();
   stage_clocked_ = 0;
-  stage_pushed_.clear();
-  in_stage_.assign(num_shards_, false);
+  in_push_.assign(num_shards_, false);
+  // The last stage's receipts (long back by now).
+  if (options_.pipeline_shards > 0) RETURN_IF_ERROR(store_->WaitReceipts());
   return Status::OK();
 }
 
@@ -111,9 +175,7 @@ Status OverlapScheduler::SendBucket(const std::vector<uint32_t>& chunks) {
     stage_clocked_ = 0;
     ++stats_.stage_waits;
     const auto start = std::chrono::steady_clock::now();
-    Status s = store_->WaitReceived(stage_pushed_);
-    for (int sh : stage_pushed_) in_stage_[sh] = false;
-    stage_pushed_.clear();
+    Status s = store_->WaitReceipts();
     stats_.stage_wait_ns +=
         std::chrono::duration_cast<std::chrono::nanoseconds>(
             std::chrono::steady_clock::now() - start)
@@ -122,15 +184,19 @@ Status OverlapScheduler::SendBucket(const std::vector<uint32_t>& chunks) {
   }
   RETURN_IF_ERROR(store_->PushSubset(clock_, chunks, grads_));
   ++stats_.pushes;
-  std::vector<int> done;
+  std::vector<int> pushed, done;
   for (uint32_t id : chunks) {
     const int s = chunk_shard_[id];
-    if (!in_stage_[s]) {
-      in_stage_[s] = true;
-      stage_pushed_.push_back(s);
+    if (!in_push_[s]) {
+      in_push_[s] = true;
+      pushed.push_back(s);
     }
     if (--shard_unsent_[s] == 0) done.push_back(s);
   }
+  for (int s : pushed) in_push_[s] = false;
+  // The receipt goes right behind the push, before the clock and pulls.
+  if (options_.pipeline_shards > 0)
+    RETURN_IF_ERROR(store_->StartReceipts(pushed));
   if (done.empty()) return Status::OK();
   RETURN_IF_ERROR(store_->ClockShardsAndPullGroups(clock_ + 1, done, groups_));
   ++stats_.shard_clocks;
@@ -158,7 +224,7 @@ Status OverlapScheduler::LayerGradientsReady(int layer) {
   layer_ready_[layer] = true;
   if (options_.buckets == PushBuckets::kPerLayer) {
     layer_sent_[layer] = true;
-    return SendBucket(layer_chunks_[layer]);
+    return Dispatch(&layer_chunks_[layer]);
   }
   for (int s = 0; s < num_shards_; ++s) {
     if (shard_sent_[s]) continue;
@@ -166,7 +232,7 @@ Status OverlapScheduler::LayerGradientsReady(int layer) {
     for (int l : shard_layers_[s]) ready = ready && layer_ready_[l];
     if (!ready) continue;
     shard_sent_[s] = true;
-    RETURN_IF_ERROR(SendBucket(shard_chunks_[s]));
+    RETURN_IF_ERROR(Dispatch(&shard_chunks_[s]));
   }
   return Status::OK();
 }
@@ -177,13 +243,14 @@ Status OverlapScheduler::EndStep() {
   // Whatever the hooks did not send (a backward that reported no layers).
   if (options_.buckets == PushBuckets::kPerLayer) {
     for (size_t l = 0; l < layer_sent_.size(); ++l) {
-      if (!layer_sent_[l]) RETURN_IF_ERROR(SendBucket(layer_chunks_[l]));
+      if (!layer_sent_[l]) RETURN_IF_ERROR(Dispatch(&layer_chunks_[l]));
     }
   } else {
     for (int s = 0; s < num_shards_; ++s) {
-      if (!shard_sent_[s]) RETURN_IF_ERROR(SendBucket(shard_chunks_[s]));
+      if (!shard_sent_[s]) RETURN_IF_ERROR(Dispatch(&shard_chunks_[s]));
     }
   }
+  if (options_.sender_thread) RETURN_IF_ERROR(WaitForSender());
   RETURN_IF_ERROR(store_->ClockAndPullGroups(clock_ + 1, groups_));
   ++stats_.steps;
   stats_.pull_groups += static_cast<int64_t>(groups_.size());

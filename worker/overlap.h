@@ -15,26 +15,40 @@
 //    each pull group (PsParameterStore::ClockShardsAndPullGroups), so its
 //    round can close and its weights come down while the next shard's push
 //    goes up. With pipeline_shards = k > 0, once k shards were clocked the
-//    next push first waits until the shards pushed to since the last wait
-//    have received those pushes (PsParameterStore::WaitReceived): pushes
-//    started together share the link and all arrive at the end. It waits
-//    for their arrival, not their acknowledgement, which a replicated
-//    primary holds until the round closed and its backups have it.
+//    next push first waits until the pushes sent since the last wait have
+//    arrived (PsParameterStore::StartReceipts right behind each push,
+//    WaitReceipts): pushes started together share the link and all arrive
+//    at the end. It waits for their arrival, not their acknowledgement,
+//    which a replicated primary holds until the round closed and its
+//    backups have it.
 //    EndStep clocks the shards left
 //    (ClockAndPullGroups).
 //  - Pulls by layer groups in forward order (P3): consecutive layers merged
 //    until a group holds min_pull_group_bytes (a smaller rest joins the
 //    last group); WaitLayer(l) waits only for the groups up to layer l's.
 //
+//  - A sender thread (OverlapOptions::sender_thread): the pushes above
+//    (compression with a push codec, the stage waits and the per-shard
+//    clocks) run on a thread of the scheduler's own, as asyncps.overlap's
+//    sender does, so a bucket is compressed and sent while backward goes
+//    on with the layers below instead of between them. Buckets go in the
+//    order they were ready; EndStep waits until the last one left.
+//
 // Needs raw pulls, prefetch_ahead off and a fixed layout (no elastic fleet):
 // the store refuses otherwise (FailedPrecondition), ps_worker checks first.
 //
 // Ownership: borrows the store, which must outlive the scheduler.
-// Thread safety: the trainer's thread only (as the store).
+// Thread safety: the trainer's thread only. With a sender thread the store
+// is used by that thread between BeginBackward and the end of EndStep's
+// wait for it, and by the trainer's thread otherwise, never by both.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "common/layout.h"
@@ -61,6 +75,8 @@ struct OverlapOptions {
   // Shards clocked before the next push waits for the acknowledgements of
   // those in flight (see above); 0 = never wait. Default: 0.
   int pipeline_shards = 0;
+  // Pushes from a thread of the scheduler's own (see above). Default: false.
+  bool sender_thread = false;
 };
 
 // Counters since creation.
@@ -68,8 +84,12 @@ struct OverlapStats {
   int64_t steps = 0;          // EndStep calls
   int64_t pushes = 0;         // PushSubset calls
   int64_t shard_clocks = 0;   // ClockShardsAndPullGroups calls
-  int64_t stage_waits = 0;    // WaitReceived calls (pipeline_shards)
+  int64_t stage_waits = 0;    // WaitReceipts calls (pipeline_shards)
   int64_t stage_wait_ns = 0;  // time in them
+  // sender_thread: EndStep's waits for the sender, and their time (the
+  // trainer's thread blocked; the stage waits are the sender's then).
+  int64_t sender_waits = 0;
+  int64_t sender_wait_ns = 0;
   int64_t pull_groups = 0;    // groups pulled
 };
 
@@ -88,7 +108,11 @@ class OverlapScheduler final : public LayeredStep {
   Status EndStep() override;
   bool pull_pending() const override { return pull_pending_; }
   Status WaitLayer(int layer, const std::vector<float*>& tensors) override;
-  int64_t uncounted_wait_ns() const override { return stats_.stage_wait_ns; }
+  int64_t uncounted_wait_ns() const override {
+    return options_.sender_thread ? stats_.sender_wait_ns
+                                  : stats_.stage_wait_ns;
+  }
+  ~OverlapScheduler() override;
 
   // The pull groups (chunk ids), in forward order.
   const std::vector<std::vector<uint32_t>>& pull_groups() const {
@@ -101,6 +125,13 @@ class OverlapScheduler final : public LayeredStep {
   // Pushes `chunks` (pipeline wait first) and clocks the shards whose
   // chunks were then all pushed.
   Status SendBucket(const std::vector<uint32_t>& chunks);
+  // SendBucket now, or on the sender thread (`chunks` must outlive the
+  // step: a member's). An error of an earlier bucket is returned here.
+  Status Dispatch(const std::vector<uint32_t>* chunks);
+  // Waits until the sender thread sent every bucket handed to it; the
+  // first error of this step's buckets.
+  Status WaitForSender();
+  void SenderLoop();
 
   PsParameterStore* store_ = nullptr;
   OverlapOptions options_;
@@ -121,13 +152,21 @@ class OverlapScheduler final : public LayeredStep {
   std::vector<bool> layer_sent_;      // kPerLayer
   std::vector<bool> shard_sent_;      // kPerShard
   std::vector<size_t> shard_unsent_;  // chunks of each shard not pushed
-  int stage_clocked_ = 0;  // shards clocked since the last pipeline wait
-  std::vector<int> stage_pushed_;     // shards pushed to since then
-  std::vector<bool> in_stage_;        // per shard: in stage_pushed_
+  int stage_clocked_ = 0;       // shards clocked since the last stage wait
+  std::vector<bool> in_push_;   // per shard: scratch of SendBucket
   // The pull by groups in flight.
   bool pull_pending_ = false;
   size_t groups_waited_ = 0;
   OverlapStats stats_;
+  // The sender thread (sender_thread): buckets in order, the one it is
+  // sending, and the first error of the step; all under mu_.
+  std::thread sender_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<const std::vector<uint32_t>*> queue_;
+  bool sending_ = false;
+  bool stop_ = false;
+  Status send_error_;
 };
 
 }  // namespace asyncps::worker

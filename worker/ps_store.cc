@@ -78,7 +78,7 @@ StatusOr<std::unique_ptr<PsParameterStore>> PsParameterStore::Create(
 PsParameterStore::~PsParameterStore() { (void)Flush(); }
 
 Status PsParameterStore::Flush() {
-  Status first;
+  Status first = WaitReceipts();
   for (auto& [t, sent_at] : acks_) {
     Status s = client_->Wait(t, options_.timeout);
     if (first.ok()) first = s;
@@ -181,10 +181,21 @@ Status PsParameterStore::WaitAcks() {
   return s;
 }
 
-Status PsParameterStore::WaitReceived(const std::vector<int>& shards) {
+Status PsParameterStore::StartReceipts(const std::vector<int>& shards) {
   if (shards.empty()) return Status::OK();
   ASSIGN_OR_RETURN(Client::Ticket t, client_->StartHeartbeatShards(shards));
-  return client_->Wait(t, options_.timeout, nullptr);
+  receipts_.push_back(t);
+  return Status::OK();
+}
+
+Status PsParameterStore::WaitReceipts() {
+  Status first;
+  for (Client::Ticket t : receipts_) {
+    Status s = client_->Wait(t, options_.timeout, nullptr);
+    if (first.ok()) first = s;
+  }
+  receipts_.clear();
+  return first;
 }
 
 Status PsParameterStore::CollectAcks(int64_t horizon, int64_t* staleness) {

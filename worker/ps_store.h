@@ -158,14 +158,18 @@ class PsParameterStore : public ParameterStore {
   // instead of every shard's push sharing the link and all of them
   // arriving at the end.
   Status WaitAcks();
-  // Waits until the shards `shards` (indices, each once) have received
-  // every request started to them so far: a heartbeat behind them on each
-  // connection, answered in order (Client::StartHeartbeatShards). The
-  // overlap pipeline's stage wait: unlike WaitAcks it does not wait for
-  // replies a shard holds, such as a replicated primary's acknowledgement
-  // of a push, which waits for the round to close and its backups to have
-  // it. First error.
-  Status WaitReceived(const std::vector<int>& shards);
+  // Receipts, the overlap pipeline's stage wait. StartReceipts sends the
+  // shards `shards` (indices, each once) a heartbeat behind the requests
+  // started to them so far (Client::StartHeartbeatShards): a shard handles
+  // what arrives in order, so its reply says those requests arrived.
+  // WaitReceipts waits for every receipt started since its last call; first
+  // error. Unlike WaitAcks this does not wait for replies a shard holds,
+  // such as a replicated primary's acknowledgement of a push (until the
+  // round closed and its backups have it). Started right behind a push,
+  // before the clock and pulls that follow it, a receipt does not queue
+  // behind the pull replies a closing round sends down the same link.
+  Status StartReceipts(const std::vector<int>& shards);
+  Status WaitReceipts();
 
   // Waits for every request still in flight.
   Status Flush();
@@ -219,6 +223,7 @@ class PsParameterStore : public ParameterStore {
   int64_t clock_offset_ = 0;  // wire clock - trainer step (skips ahead)
   // Pushes and clocks not yet confirmed, with the clock they were sent at.
   std::vector<std::pair<Client::Ticket, int64_t>> acks_;
+  std::vector<Client::Ticket> receipts_;  // StartReceipts, not waited for
   std::vector<uint8_t> scratch_;
   // Per chunk: the buffer of its last raw push, reused once the transport
   // has released it (no allocation or page faults per push).

@@ -21,6 +21,14 @@ Usage (as root for `link`):
   /usr/bin/python3 experiments/bench/bench_worker_overlap.py \\
       [--bin_dir build/bin] [--repeats 5] [--settings loopback,link] \\
       [--rate 100mbit] [--shards 4] [--pipeline_shards 2] [--batches 64]
+--codec SPEC gives every ps_worker --codec=SPEC (push compression).
+--compare_sender_thread: both runs overlap, the measured one with
+--overlap_sender_thread (compression, pushes and stage waits on a thread of
+their own while backward goes on), the baseline without; with a
+compressing --codec that is where the thread pays:
+  /usr/bin/python3 experiments/bench/bench_worker_overlap.py --settings loopback \
+      --compare_sender_thread --codec topk:ratio=0.01,ef=1 --shards 2 \
+      --pipeline_shards 0 --repeats 7 --steps 600
 --quick (CI): loopback only, few steps, one repeat: figures only indicative.
 Results: experiments/results/overlap/ (REPORT.md, bench_worker_overlap.jsonl).
 """
@@ -43,7 +51,7 @@ WORKERS = bench_overlap.WORKERS
 SHARD_HOSTS = bench_overlap.SHARD_HOSTS
 
 
-def run_fleet(fleet, tmp, a, batch, overlap):
+def run_fleet(fleet, tmp, a, batch, overlap, sender_thread=False):
     """Sum of the workers' samples/s and their STEP_TIME lines."""
     shards, eps = bench_overlap.start_shards(fleet, tmp, a.bin_dir, a.consistency, a.shards)
     try:
@@ -54,8 +62,12 @@ def run_fleet(fleet, tmp, a, batch, overlap):
                     "--threads=1", "--layers=" + a.layers, "--batch=%d" % batch,
                     "--epochs=0", "--max_steps=%d" % a.steps, "--eval=false",
                     "--log_every=0", "--chunk_elems=%d" % a.chunk_elems]
+            if a.codec:
+                argv.append("--codec=" + a.codec)
             if overlap:
                 argv += ["--overlap", "--pipeline_shards=%d" % a.pipeline_shards]
+            if sender_thread:
+                argv.append("--overlap_sender_thread")
             host = SHARD_HOSTS + r if fleet.net else 0
             procs.append(subprocess.Popen(fleet.prefix(host) + argv, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True,
@@ -96,10 +108,11 @@ def bench_setting(setting, fleet, tmp, a):
         plain, over, plain_st, over_st, loads = [], [], [], [], []
         for _ in range(a.repeats):  # interleaved: load drifts hit both alike
             loads.append(round(os.getloadavg()[0], 2))
-            rate, st = run_fleet(fleet, tmp, a, batch, False)
+            # --compare_sender_thread: the baseline overlaps too.
+            rate, st = run_fleet(fleet, tmp, a, batch, a.compare_sender_thread)
             plain.append(rate)
             plain_st.append(st)
-            rate, st = run_fleet(fleet, tmp, a, batch, True)
+            rate, st = run_fleet(fleet, tmp, a, batch, True, a.compare_sender_thread)
             over.append(rate)
             over_st.append(st)
         bench_overlap.emit({
@@ -108,11 +121,15 @@ def bench_setting(setting, fleet, tmp, a):
             "consistency": a.consistency, "shards": a.shards, "workers": WORKERS,
             "batch": batch, "threads": 1, "chunk_elems": a.chunk_elems,
             "pipeline_shards": a.pipeline_shards, "steps_per_worker": a.steps,
+            "codec": a.codec or "none",
+            "sender_thread": a.compare_sender_thread,
             "samples_per_s": bench_stats.spread(over, 1),
-            "baseline": "ps_worker_no_overlap",
+            "baseline": ("ps_worker_overlap_no_sender_thread" if a.compare_sender_thread
+                         else "ps_worker_no_overlap"),
             "baseline_samples_per_s": bench_stats.spread(plain, 1),
             "ratio": bench_stats.spread([o / p for o, p in zip(over, plain)], 3),
-            "target": 0.97 if setting == "loopback" else 1.3,
+            "target": (None if a.compare_sender_thread
+                       else 0.97 if setting == "loopback" else 1.3),
             "step_time_ms": median_step_time(over_st),
             "baseline_step_time_ms": median_step_time(plain_st),
             "load1": loads})
@@ -129,6 +146,9 @@ def main():
                     help="the overlapped runs' --pipeline_shards (0: no stages)")
     ap.add_argument("--chunk_elems", type=int, default=1 << 20)
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--codec", default="", help="every ps_worker's --codec (push compression)")
+    ap.add_argument("--compare_sender_thread", action="store_true",
+                    help="overlap with --overlap_sender_thread vs overlap without")
     ap.add_argument("--quick", action="store_true", help="CI: loopback, few steps, 1 repeat")
     a = ap.parse_args()
     if a.quick:

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <filesystem>
@@ -94,12 +95,15 @@ FleetRun RunFleet(int shards, const std::vector<std::string>& server_flags,
 }
 
 // Issue 22's correctness bar: BSP with --overlap ends on the same bits.
-void CheckBspBitwise(int shards, const std::vector<std::string>& overlap) {
+// `both` go to both runs.
+void CheckBspBitwise(int shards, const std::vector<std::string>& overlap,
+                     const std::vector<std::string>& both = {}) {
   if (!HaveData()) GTEST_SKIP() << "Fashion-MNIST not installed";
   const std::vector<std::string> server = {"--consistency=bsp",
                                            "--optimizer=momentum", "--lr=0.05"};
-  const std::vector<std::string> common = {"--epochs=0", "--max_steps=24",
-                                           "--batch=32", "--eval_every=10"};
+  std::vector<std::string> common = {"--epochs=0", "--max_steps=24",
+                                     "--batch=32", "--eval_every=10"};
+  common.insert(common.end(), both.begin(), both.end());
   FleetRun plain = RunFleet(shards, server, common);
   std::vector<std::string> flags = common;
   flags.insert(flags.end(), overlap.begin(), overlap.end());
@@ -121,6 +125,12 @@ void CheckBspBitwise(int shards, const std::vector<std::string>& overlap) {
     EXPECT_EQ(LineValue(over.logs[r], "OVERLAP", "pushes"), 24 * shards);
     EXPECT_GE(LineValue(over.logs[r], "OVERLAP", "shard_clocks"), 24);
     EXPECT_EQ(LineValue(over.logs[r], "OVERLAP", "pull_groups"), 24 * 2);
+    // With a sender thread, each step's end waited for it once.
+    const bool sender =
+        std::find(overlap.begin(), overlap.end(), "--overlap_sender_thread") !=
+        overlap.end();
+    EXPECT_EQ(LineValue(over.logs[r], "OVERLAP", "sender_waits"),
+              sender ? 24 : 0);
     EXPECT_TRUE(std::isnan(LineValue(plain.logs[r], "OVERLAP", "steps")));
   }
   // Rank 0 evaluated on the same weights both ways.
@@ -134,6 +144,14 @@ TEST(OverlapIntegrationTest, BspOneShardIsBitwiseEqualWithoutOverlap) {
 
 TEST(OverlapIntegrationTest, BspTwoShardsPipelinedIsBitwiseEqual) {
   CheckBspBitwise(2, {"--overlap", "--pipeline_shards=1"});
+}
+
+// The pushes, stage waits and per-shard clocks from the sender thread, with
+// a compressing codec (error feedback on the sender's side): the same bits.
+TEST(OverlapIntegrationTest, BspSenderThreadIsBitwiseEqual) {
+  CheckBspBitwise(2, {"--overlap", "--pipeline_shards=1",
+                      "--overlap_sender_thread"},
+                  {"--codec=topk:ratio=0.05,ef=1"});
 }
 
 // SSP: pushes go per layer; training reaches the plain path's accuracy bar.
@@ -272,6 +290,7 @@ TEST(OverlapIntegrationTest, BadFlagCombinationsAreClearErrors) {
       {{"--overlap", "--prefetch_ahead"}, "--prefetch_ahead"},
       {{"--overlap", "--pull_codec=fp16"}, "--pull_codec"},
       {{"--pipeline_shards=2"}, "--pipeline_shards applies to --overlap"},
+      {{"--overlap_sender_thread"}, "--overlap_sender_thread applies to --overlap"},
       {{"--overlap", "--pipeline_shards=-1"}, "--pipeline_shards must be"},
       {{"--overlap", "--etcd=http://127.0.0.1:1"}, "--etcd"},
       {{"--overlap", "--role=eval"}, "--role=train"},

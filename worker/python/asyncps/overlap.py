@@ -27,9 +27,9 @@ OverlapScheduler: a per-step scheduler above the existing Store calls
     instead of the whole gradient up and then the whole model down. That
     needs the pushes to go in stages: pushes started together share the
     link and all arrive at the end, so with pipeline_shards = k the sender,
-    once k shards were clocked, waits until the shards pushed to since the
-    last wait have received those pushes (Store.wait_received: a heartbeat
-    behind them, answered in order) before the next push. It waits for
+    once k shards were clocked, waits until the pushes sent since the last
+    wait have arrived (Store.start_receipts right behind each push, a
+    heartbeat answered in order; Store.wait_receipts) before the next push. It waits for
     their arrival, not their acknowledgement, which a replicated primary
     holds until the round closed and its backups have it. k = the number of hosts the
     shards run on keeps every shard host's link busy in each stage (2
@@ -117,8 +117,7 @@ class _Sender(threading.Thread):
         # limit). OverlapScheduler sets it.
         self.window = 0
         self._unacked = 0  # shards clocked since the last wait
-        self._stage_pushed = []  # shards pushed to since the last wait
-        self.stage_waits = 0  # wait_received calls made
+        self.stage_waits = 0  # wait_receipts calls made
 
     def put(self, priority, clock, chunk_ids, arrays, clock_shards=(), groups=None):
         """Queues a bucket; then, once every bucket holding chunks of the
@@ -167,14 +166,14 @@ class _Sender(threading.Thread):
                     # and every shard's round closes at the end).
                     self._unacked = 0
                     self.stage_waits += 1
-                    shards, self._stage_pushed = self._stage_pushed, []
-                    self._store.wait_received(shards)
+                    self._store.wait_receipts()
                 if not skip:
                     self._store.push_chunks(clock, ids, arrays)
-                    for c in ids:
-                        s = self._chunk_shard[c]
-                        if s not in self._stage_pushed:
-                            self._stage_pushed.append(s)
+                    if self.window:
+                        # Right behind the push, before its shards' clock
+                        # and pulls (whose replies would delay it).
+                        self._store.start_receipts(
+                            sorted({self._chunk_shard[c] for c in ids}))
                     self.pushes += 1
             except BaseException as e:  # noqa: BLE001 - raised by drain()
                 with self._cv:

@@ -136,12 +136,19 @@ class PyStore {
     }));
   }
 
-  void WaitReceived(const std::vector<int>& shards) {
+  void StartReceipts(const std::vector<int>& shards) {
     ThrowIfError(client_->Run([&] {
       return WithStore([&](PsParameterStore& st) {
-        return st.WaitReceived(shards).WithContext(
-            "heartbeat behind the requests to " +
-            std::to_string(shards.size()) + " shards");
+        return st.StartReceipts(shards).WithContext(
+            "receipt from " + std::to_string(shards.size()) + " shards");
+      });
+    }));
+  }
+
+  void WaitReceipts() {
+    ThrowIfError(client_->Run([&] {
+      return WithStore([&](PsParameterStore& st) {
+        return st.WaitReceipts().WithContext("receipts of pushes");
       });
     }));
   }
@@ -493,13 +500,17 @@ pull(c, bufs) -> compute -> push(c, grads) -> clock(c + 1).)doc")
       .def("wait_acks", &PyStore::WaitAcks,
            "Waits until every push and clock started so far was acknowledged "
            "(the overlap pipeline: one shard's push on the link at a time).")
-      .def("wait_received", &PyStore::WaitReceived, py::arg("shards"),
-           "Waits until the shards `shards` (indices, each once) have "
-           "received every request started to them so far: a heartbeat "
-           "behind them, answered in order. Unlike wait_acks it does not "
-           "wait for acknowledgements a shard holds (a replicated primary's "
-           "of a push, until the round closed and its backups have it): the "
-           "overlap pipeline's stage wait.")
+      .def("start_receipts", &PyStore::StartReceipts, py::arg("shards"),
+           "Sends the shards `shards` (indices, each once) a heartbeat behind "
+           "the requests started to them so far; wait_receipts waits for it. "
+           "A shard handles what arrives in order, so its reply says those "
+           "requests arrived (the overlap pipeline's stage wait; call it "
+           "right behind a push, before the clock and pulls).")
+      .def("wait_receipts", &PyStore::WaitReceipts,
+           "Waits for every receipt started since the last call. Unlike "
+           "wait_acks it does not wait for acknowledgements a shard holds "
+           "(a replicated primary's of a push, until the round closed and "
+           "its backups have it).")
       .def("wait_pull_group", &PyStore::WaitPullGroup, py::arg("group"),
            py::arg("buffers"),
            "Waits for one group of clock_and_pull_groups and writes its "
