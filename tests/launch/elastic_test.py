@@ -159,18 +159,21 @@ class ElasticRuns:
     equal), on the local backend here and through sshd / Slurm in
     ssh_test.py / slurm_real_test.py (`backend`: their psrun arguments)."""
 
-    def elastic_psrun(self, name, plan, backend=(), env=None, timeout=120):
-        """Runs psrun (2 shards, 2 workers x STEPS steps) into TMP/name,
-        --elastic `plan` unless None; asserts exit 0; returns the run folder."""
+    def elastic_psrun(self, name, plan, backend=(), env=None, timeout=120,
+                      steps=STEPS, server_extra="", worker_extra=()):
+        """Runs psrun (2 shards, 2 workers x `steps` steps) into TMP/name,
+        --elastic `plan` unless None; asserts exit 0; returns the run folder.
+        `server_extra` / `worker_extra`: more ps_server / ps_worker flags."""
         run_dir = os.path.join(self.tmp.name, name)
         argv = [sys.executable, u.PSRUN, "--servers", "2", "--workers", "2",
                 "--run_dir", run_dir, "--bin_dir", u.bin_dir(), "--grace", "3",
-                "--start_timeout", "20", "--progress", "off", "--server_flags", SERVER]
+                "--start_timeout", "20", "--progress", "off", "--server_flags",
+                (SERVER + " " + server_extra).strip()]
         argv += list(backend)
         if plan:
             argv += ["--elastic", plan]
-        argv += ["--"] + WORKER + [
-            "--max_steps=%d" % STEPS,
+        argv += ["--"] + WORKER + list(worker_extra) + [
+            "--max_steps=%d" % steps,
             "--weights_out=" + os.path.join(run_dir, "weights-{rank}.bin"),
             "--push_log=" + os.path.join(run_dir, "push-{rank}.log")]
         r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)

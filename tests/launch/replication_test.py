@@ -8,10 +8,12 @@ no acknowledged push may be lost: for every group, the pushes each surviving
 replica applied equal the distinct pushes the workers' own logs
 (--push_log) say were acknowledged. Exit 77 without etcd or the binaries."""
 import os
+import re
 import signal
 import sys
 import time
 
+import elastic_test
 import launch_test_util as u
 
 sys.path.insert(0, os.path.join(u.REPO, "experiments", "chaos"))
@@ -21,7 +23,7 @@ import failover  # noqa: E402
 ETCD = "/usr/bin/etcd"
 
 
-class ReplicationTest(u.LaunchTestCase):
+class ReplicationTest(elastic_test.ElasticRuns, u.LaunchTestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
@@ -79,6 +81,34 @@ class ReplicationTest(u.LaunchTestCase):
         self.assertEqual(rec["promotions"], 0, rec)
         u.note("launch.replication: etcd killed for 3 s while 2 workers trained: %s pushes "
                "acknowledged per group, no promotion, none lost" % rec["acked"])
+
+    def test_overlap_stages_on_replicas_are_bitwise(self):
+        """ps_worker --overlap --pipeline_shards=1 on 2 groups x 2 replicas
+        (BSP, rounds handed on aggregated): a stage waits for receipts (a
+        heartbeat right behind each push), not for the acknowledgements the
+        primaries hold until the round's record reached the backups. The
+        final weights are bitwise those of plain steps on unreplicated
+        shards."""
+        steps = 600
+        over = self.elastic_psrun(
+            "overlap_r2", None, backend=["--replicas", "2"], steps=steps,
+            server_extra="--replicate_after_aggregation=true",
+            worker_extra=["--overlap", "--pipeline_shards=1"])
+        plain = self.elastic_psrun("plain_r1", None, steps=steps)
+        self.assertEqual(self.weights(over), self.weights(plain),
+                         "overlap stages on replicas changed the weights:\n"
+                         + self.clues(over))
+        waits = []
+        for r in (0, 1):
+            with open(os.path.join(over, "worker-%d.log" % r), errors="replace") as f:
+                m = re.search(r"^OVERLAP .*stage_waits=(\d+)", f.read(), re.M)
+            self.assertIsNotNone(m, "worker %d printed no OVERLAP line" % r)
+            waits.append(int(m.group(1)))
+        # One stage wait per step from the second on (2 shards, k=1).
+        self.assertTrue(all(w >= steps - 1 for w in waits), waits)
+        u.note("launch.replication: --overlap --pipeline_shards=1 on 2 groups x 2 replicas "
+               "(BSP, aggregated), 2 workers x %d steps: final weights bitwise those of plain "
+               "steps on 2 unreplicated shards; stage waits %s" % (steps, waits))
 
 
 if __name__ == "__main__":
