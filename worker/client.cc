@@ -130,7 +130,9 @@ std::vector<internal::RowsInput> Inputs(const std::vector<Rows>& rows) {
 class ClientImpl : public Client {
  public:
   explicit ClientImpl(const ClientOptions& o)
-      : Client(o), incarnation_(RandomIncarnation()) {}
+      : Client(o),
+        incarnation_(RandomIncarnation()),
+        cut_shards_(static_cast<int>(o.servers.size())) {}
 
   ~ClientImpl() override {
     if (heartbeater_) heartbeater_->Stop();
@@ -175,7 +177,7 @@ class ClientImpl : public Client {
   Status RegisterModel(const std::vector<TensorSpec>& tensors,
                        LayoutOptions layout,
                        const std::vector<TableSpec>& tables) override {
-    layout.num_shards = num_shards();
+    layout.num_shards = cut_shards_;
     ASSIGN_OR_RETURN(Layout l, Layout::Create(tensors, layout));
     RETURN_IF_ERROR(ValidateTables(tables));
     if (options_.rows_codec >= compression::kNumCodecs ||
@@ -194,7 +196,9 @@ class ClientImpl : public Client {
     ASSIGN_OR_RETURN(Ticket t, StartOnShards(h, targets));
     TicketResult r;
     RETURN_IF_ERROR(Wait(t, options_.deadline, &r));
-    SetLayout(std::move(l));
+    // Registered before and routing by an elastic layout already: the
+    // shards found the same model, keep that routing.
+    if (layout_epoch_ == 0) SetLayout(std::move(l));
     tables_ = tables;
     if (!register_doc_.empty()) {
       // Shards joined or left since the fleet started: route by their
@@ -207,10 +211,10 @@ class ClientImpl : public Client {
 
   Status UseLayout(const std::vector<TensorSpec>& tensors,
                    LayoutOptions layout) override {
-    layout.num_shards = num_shards();
+    layout.num_shards = cut_shards_;
     ASSIGN_OR_RETURN(Layout l, Layout::Create(tensors, layout));
     RETURN_IF_ERROR(ShardsFromEtcd().status());
-    SetLayout(std::move(l));
+    if (layout_epoch_ == 0) SetLayout(std::move(l));  // as RegisterModel
     if (!register_doc_.empty()) RETURN_IF_ERROR(AdoptLayout(register_doc_));
     AttachShared();
     return Status::OK();
@@ -1793,6 +1797,11 @@ class ClientImpl : public Client {
   }
 
   uint64_t incarnation_;
+  // The shards the chunks were cut for: the servers this client was given
+  // (the fleet's first shards). Shards that joined later (ConnectJoined)
+  // own chunks of that cut, so a registration, the second one too, names
+  // this count, whatever num_shards() has grown to.
+  const int cut_shards_;
   std::vector<std::unique_ptr<ClientSocket>> sockets_;
   std::vector<ClientSocket*> raw_sockets_;
   std::unique_ptr<Heartbeater> heartbeater_;
