@@ -77,6 +77,10 @@ def make_parser():
                         "local (with --emulate_hosts: each new shard on a new emulated host), "
                         "ssh, slurm, k8s (a rendered Job scales the StatefulSet) "
                         "(launch/README.md; uses etcd: --etcd, or psrun's)")
+    p.add_argument("--elastic_from", choices=["start", "training"], default="start",
+                   help="--elastic: the plan's seconds count from the workers' start (default) "
+                        "or from when they began training (every initial shard counted a push; "
+                        "not with --backend k8s)")
     p.add_argument("--lease_ms", type=int,
                    help="shards' etcd lease TTL in ms (etcd rounds up to whole seconds; "
                         "default 1000)")

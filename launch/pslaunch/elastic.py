@@ -1,7 +1,10 @@
 """psrun --elastic PLAN: shards that join and leave while the workers train.
 
 A plan is a comma-separated list of steps, each at a time in seconds after
-the workers started:
+the workers started (--elastic_from start, the default) or after they began
+training (--elastic_from training: every initial shard counted a push, asked
+with `ps_ctl stats` every 0.25 s; for workers that take a while to start,
+such as PyTorch scripts on a loaded machine):
   +N@T     start N new shards (one at a time) and move chunks onto each:
            ps_server --shard_id=K --num_shards=K+1 (K: the next shard index),
            then `ps_ctl add-shard ENDPOINT`
@@ -120,6 +123,9 @@ def check_opts(opts):
     if opts.backend not in BACKENDS:
         return "--elastic runs on --backend %s, not --backend %s" % (", ".join(BACKENDS),
                                                                      opts.backend)
+    if getattr(opts, "elastic_from", "start") == "training" and opts.backend == "k8s":
+        return ("--elastic_from training: the k8s backend runs the plan in a Job of its own, "
+                "which counts from the workers' start")
     return None
 
 
@@ -138,6 +144,10 @@ class Elastic:
     def __init__(self, fleet, steps):
         self.fleet = fleet
         self.steps = list(steps)
+        # When the plan's clock started (--elastic_from): the workers' start,
+        # or the first time every initial shard had counted a push.
+        self.anchor = None
+        self.asked_at = 0.0
         self.records = []
         self.stops = []  # (time, member): removed shards to shut down
         self.initial = None
@@ -155,10 +165,34 @@ class Elastic:
             if now >= due:
                 self.stops.remove((due, m))
                 self.stop(m)
-        while self.steps and now - f.worker_start >= self.steps[0].at_s:
+        if self.anchor is None:
+            self.anchor = self.training_began(now)
+            if self.anchor is None:
+                return
+        while self.steps and now - self.anchor >= self.steps[0].at_s:
             step = self.steps.pop(0)
             for _ in range(step.count):
                 self.run_step(step)
+
+    def training_began(self, now):
+        """The plan's time zero, or None while it is not known yet."""
+        f = self.fleet
+        if getattr(f.o, "elastic_from", "start") != "training":
+            return f.worker_start
+        if now - self.asked_at < 0.25:
+            return None
+        self.asked_at = now
+        code, out, _ = f.ps_ctl("stats", self.initial, timeout_ms=1000)
+        try:
+            shards = json.loads(out.strip().splitlines()[-1])["shards"] if out.strip() else []
+        except (ValueError, KeyError, IndexError, TypeError):
+            return None
+        if code != 0 or not shards or not all(
+                s.get("ok") and (s.get("stats") or {}).get("pushes", 0) > 0 for s in shards):
+            return None
+        f.log("psrun: elastic plan counts from now, %.1f s after the workers started: every "
+              "shard counted a push" % (now - f.worker_start))
+        return now
 
     def finish(self):
         """The workers are done: steps not run are recorded as skipped,
@@ -203,7 +237,7 @@ class Elastic:
         from .fleet import LaunchError, Member
         f = self.fleet
         t0 = time.time()
-        at = t0 - f.worker_start
+        at = t0 - self.anchor
         if step.op == "add":
             group = 1 + max(m.group for m in f.shards)
             if f.replicated():
@@ -283,7 +317,7 @@ class Elastic:
         f.log("psrun: %s (removed from the fleet) shut down" % m.name)
 
     def record(self, step, at, m, rec, why, t0):
-        """at: seconds after the workers started; t0/t1 (wall clock, s since
+        """at: seconds after the plan's time zero (--elastic_from); t0/t1 (wall clock, s since
         the epoch): when the step began and ended (a new shard's start
         included)."""
         t1 = time.time()
@@ -296,7 +330,12 @@ class Elastic:
         self.write()
 
     def write(self):
-        summary_mod.write_json(self.fleet.path("elastic.json"), {"steps": self.records})
+        f = self.fleet
+        doc = {"steps": self.records, "from": getattr(f.o, "elastic_from", "start")}
+        if self.anchor is not None and f.worker_start is not None:
+            # When the plan's clock started, in seconds after the workers'.
+            doc["from_s"] = round(self.anchor - f.worker_start, 3)
+        summary_mod.write_json(f.path("elastic.json"), doc)
 
 
 # Pauses around a change, from the workers' --push_log files (used by

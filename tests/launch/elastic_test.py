@@ -68,6 +68,8 @@ class PlanTest(u.LaunchTestCase):
                              "+1@1,-1@2,+1@3"], "would recreate pod shard-2"),
                            (["--emulate_hosts", "2", "--etcd", "http://127.0.0.1:2379"],
                             "reaches nothing outside it"),
+                           (["--backend", "k8s", "--render", render, "--elastic_from",
+                             "training"], "counts from the workers' start"),
                            ([], "leaves no shard")):
             argv = [sys.executable, u.PSRUN, "--servers", "1" if not extra else "2",
                     "--workers", "1", "--run_dir", os.path.join(self.tmp.name, "r"),
