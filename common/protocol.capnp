@@ -208,6 +208,25 @@ struct Assign {
                              # "adagrad", "adam"), refused unless the table's
   cursor @6 :UInt64;         # scan: the first key of the page
   scanRows @7 :UInt32;       # scan: most entries in the reply
+  snapshot @8 :UInt64;       # scan: the point-in-time scan this page is of
+                             # (as the reply to its first page named it);
+                             # 0 = none
+  openSnapshot @9 :Bool;     # scan (snapshot 0): start a point-in-time scan
+                             # of the table: the shard writes a checkpoint
+                             # (every dirty row goes to its store), takes a
+                             # snapshot of its store (without a store: a copy
+                             # of the table's entries, charged to the memory
+                             # budget) at its expiry clock, and answers this
+                             # page and every later one naming the reply's
+                             # scanSnapshot from it, whatever is pushed
+                             # meanwhile. The shard drops it after its last
+                             # page (fewer than scanRows), after
+                             # --scan_snapshot_idle_s without a page, when its
+                             # layout epoch changes or it restarts; a page naming
+                             # one it dropped (or another table's) is
+                             # FailedPrecondition: start the scan again. At
+                             # most 4 open at once, one opened per 50 ms
+                             # (Unavailable: retry).
 }
 
 # Replication (server/replication/): a primary hands a request it applied to
@@ -353,4 +372,5 @@ struct Reply {
                              # epoch, servers, owners), to route by and resend
   retryMs @18 :UInt32;       # Unavailable: ask again after this many ms
                              # (0: the client's own backoff)
+  scanSnapshot @19 :UInt64;  # a page of a point-in-time scan: its id
 }

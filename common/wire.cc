@@ -298,6 +298,8 @@ std::vector<uint8_t> EncodeRequest(const RequestHeader& h) {
       if (!h.assign_optimizer.empty()) a.setOptimizer(h.assign_optimizer);
       a.setCursor(h.assign_cursor);
       a.setScanRows(h.assign_scan_rows);
+      a.setSnapshot(h.assign_snapshot);
+      a.setOpenSnapshot(h.assign_open_snapshot);
       if (!h.rows.empty()) FillRowsRefs(a.initRows(h.rows.size()), h.rows);
       break;
     }
@@ -383,6 +385,7 @@ std::vector<uint8_t> EncodeReply(const ReplyHeader& h) {
   r.setEpoch(h.epoch);
   if (!h.layout_doc.empty()) r.setLayoutDoc(h.layout_doc);
   r.setRetryMs(h.retry_ms);
+  r.setScanSnapshot(h.scan_snapshot);
   return Serialize(builder);
 }
 
@@ -414,6 +417,8 @@ Status DecodeRequest(const uint8_t* data, size_t size,
         out->assign_optimizer.clear();
         out->assign_cursor = 0;
         out->assign_scan_rows = 0;
+        out->assign_snapshot = 0;
+        out->assign_open_snapshot = false;
         out->tables.clear();
         out->rows.clear();
         out->pull_dense = true;
@@ -502,6 +507,8 @@ Status DecodeRequest(const uint8_t* data, size_t size,
             out->assign_overwrite = a.getOverwrite();
             out->assign_cursor = a.getCursor();
             out->assign_scan_rows = a.getScanRows();
+            out->assign_snapshot = a.getSnapshot();
+            out->assign_open_snapshot = a.getOpenSnapshot();
             if (a.hasOptimizer()) {
               auto name = a.getOptimizer();
               if (name.size() > 64) {
@@ -634,6 +641,7 @@ Status DecodeReply(const uint8_t* data, size_t size, const DecodeLimits& limits,
         out->epoch = r.getEpoch();
         out->layout_doc = r.getLayoutDoc().cStr();
         out->retry_ms = r.getRetryMs();
+        out->scan_snapshot = r.getScanSnapshot();
         RETURN_IF_ERROR(ReadChunkRefs(r.getChunks(), limits, &out->chunks));
         return ReadRowsRefs(r.getRows(), limits, &out->rows);
       });

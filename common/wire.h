@@ -108,6 +108,10 @@ struct RequestHeader {
   // Phase 6 (scan of a table's rows): the first key and most entries.
   uint64_t assign_cursor = 0;
   uint32_t assign_scan_rows = 0;
+  // Phase 6, point-in-time: the scan to page (0 none) or, with
+  // assign_open_snapshot, open one (protocol.capnp Assign.openSnapshot).
+  uint64_t assign_snapshot = 0;
+  bool assign_open_snapshot = false;
   // kPush: one per data frame.
   std::vector<ChunkRef> chunks;
   // kPull: chunk ids wanted (empty = all of the shard's), pull codec spec.
@@ -187,6 +191,8 @@ struct ReplyHeader {
   std::string layout_doc;
   // Unavailable: ask again after this many ms (0: the client's backoff).
   uint32_t retry_ms = 0;
+  // A page of a point-in-time scan: its id (0: none).
+  uint64_t scan_snapshot = 0;
 };
 
 // Limits applied while decoding a header.

@@ -59,6 +59,38 @@ TEST(WireTest, AssignStateRoundTrip) {
   EXPECT_FALSE(DecodeRequest(bytes.data(), bytes.size(), {}, &d).ok());
 }
 
+// A page of a point-in-time scan and its reply; a later header decoded into
+// the same struct does not keep the scan's fields.
+TEST(WireTest, PointInTimeScanRoundTrip) {
+  RequestHeader h;
+  h.kind = RequestKind::kAssign;
+  h.assign_phase = 6;
+  h.assign_cursor = 12;
+  h.assign_scan_rows = 100;
+  h.assign_snapshot = 0xfedcba9876543210ull;
+  h.assign_open_snapshot = true;
+  auto bytes = EncodeRequest(h);
+  RequestHeader d;
+  ASSERT_TRUE(DecodeRequest(bytes.data(), bytes.size(), {}, &d).ok());
+  EXPECT_EQ(d.assign_snapshot, 0xfedcba9876543210ull);
+  EXPECT_TRUE(d.assign_open_snapshot);
+  EXPECT_EQ(d.assign_cursor, 12u);
+  RequestHeader plain;
+  plain.kind = RequestKind::kHeartbeat;
+  bytes = EncodeRequest(plain);
+  ASSERT_TRUE(DecodeRequest(bytes.data(), bytes.size(), {}, &d).ok());
+  EXPECT_EQ(d.assign_snapshot, 0u);
+  EXPECT_FALSE(d.assign_open_snapshot);
+
+  ReplyHeader r;
+  r.kind = RequestKind::kAssign;
+  r.scan_snapshot = 41;
+  bytes = EncodeReply(r);
+  ReplyHeader got;
+  ASSERT_TRUE(DecodeReply(bytes.data(), bytes.size(), {}, &got).ok());
+  EXPECT_EQ(got.scan_snapshot, 41u);
+}
+
 // A liveness record of a replica group's primary, then a plain request
 // decoded into the same header: the worker states do not stay behind.
 TEST(WireTest, ReplicateLivenessRoundTrip) {

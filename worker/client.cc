@@ -651,7 +651,7 @@ class ClientImpl : public Client {
   }
   Status ScanRows(int shard, uint32_t table, uint64_t from, size_t max_rows,
                   std::vector<uint64_t>* keys, std::vector<uint8_t>* records,
-                  milliseconds timeout) override {
+                  milliseconds timeout, uint64_t* snapshot) override {
     if (!layout_) return Status::FailedPrecondition("scan before Register()");
     if (table >= tables_.size()) {
       return Status::NotFound("no sparse table " + std::to_string(table) +
@@ -669,16 +669,23 @@ class ClientImpl : public Client {
     h.assign_phase = 6;
     h.assign_cursor = from;
     h.assign_scan_rows = static_cast<uint32_t>(max_rows);
+    if (snapshot != nullptr) {
+      h.assign_snapshot = *snapshot;
+      h.assign_open_snapshot = *snapshot == 0;
+    }
     RowsRef ref;
     ref.table = table;
     h.rows.push_back(ref);
     scan_sink_ = ScanSink{table, from, max_rows,
-                          SavedRecordBytes(tables_[table]), keys, records};
+                          SavedRecordBytes(tables_[table]), keys, records,
+                          snapshot != nullptr,
+                          snapshot != nullptr ? *snapshot : 0};
     Status s = [&]() -> Status {
       Ticket t = NewTicket();
       RETURN_IF_ERROR(Enqueue(t, shard, h, std::vector<Frame>(1)));
       return Wait(t, timeout, nullptr);
     }();
+    if (s.ok() && snapshot != nullptr) *snapshot = scan_sink_.snapshot;
     scan_sink_ = ScanSink{};
     return s.WithContext("scan of the rows of '" + tables_[table].name +
                          "' on shard " + std::to_string(shard));
@@ -1264,7 +1271,7 @@ class ClientImpl : public Client {
   // A page of a scan (ScanRows): the reply's one rows ref checked (sizes,
   // keys increasing from the cursor) before anything is appended.
   Status AbsorbScan() {
-    const ScanSink& k = scan_sink_;
+    ScanSink& k = scan_sink_;
     const RowsRef* r = reply_.rows.size() == 1 ? &reply_.rows[0] : nullptr;
     const size_t frames = msg_.frames.size();
     if (r == nullptr || !reply_.chunks.empty() || r->table != k.table ||
@@ -1274,6 +1281,16 @@ class ClientImpl : public Client {
         msg_.frames[r->keys_frame].size != r->num_keys * sizeof(uint64_t) ||
         msg_.frames[r->rows_frame].size != r->num_keys * k.bytes) {
       return Status::Corruption("bad reply to a scan of rows");
+    }
+    // A page of a point-in-time scan names it: the one asked for, or a
+    // new one when this page opened it.
+    if (k.point_in_time
+            ? reply_.scan_snapshot == 0 ||
+                  (k.snapshot != 0 && reply_.scan_snapshot != k.snapshot)
+            : reply_.scan_snapshot != 0) {
+      return Status::Corruption(
+          "a page of point-in-time scan " + std::to_string(k.snapshot) +
+          " (0: to open) named scan " + std::to_string(reply_.scan_snapshot));
     }
     const uint8_t* src = msg_.frames[r->keys_frame].data;
     const size_t at = k.keys->size();
@@ -1287,6 +1304,7 @@ class ClientImpl : public Client {
     }
     const uint8_t* rec = msg_.frames[r->rows_frame].data;
     k.records->insert(k.records->end(), rec, rec + r->num_keys * k.bytes);
+    k.snapshot = reply_.scan_snapshot;
     return Status::OK();
   }
 
@@ -1865,6 +1883,10 @@ class ClientImpl : public Client {
     size_t bytes = 0;
     std::vector<uint64_t>* keys = nullptr;
     std::vector<uint8_t>* records = nullptr;
+    // A point-in-time scan: the id asked for (0: open one), then the id
+    // the reply named.
+    bool point_in_time = false;
+    uint64_t snapshot = 0;
   };
   ScanSink scan_sink_;
   std::unique_ptr<ShmSegment> shm_;  // shared_memory_bytes > 0

@@ -339,12 +339,19 @@ class Client {
   // (A page carries the client's layout epoch: a shard that adopted a
   // newer one refuses it, FailedPrecondition, and the client adopts that
   // layout, layout_epoch() changes; worker::ScanTable then starts over.)
+  // With `snapshot`, a page of a point-in-time scan (common/protocol.capnp
+  // Assign.openSnapshot): *snapshot == 0 opens one on the shard (the table
+  // as it stands now) and reads its first page; its id goes to *snapshot,
+  // and the later pages naming it read the table as it was then. A page
+  // of a scan the shard no longer holds is FailedPrecondition (start
+  // again).
   virtual Status ScanRows(int shard, uint32_t table, uint64_t from,
                           size_t max_rows, std::vector<uint64_t>* keys,
                           std::vector<uint8_t>* records,
-                          std::chrono::milliseconds timeout) {
+                          std::chrono::milliseconds timeout,
+                          uint64_t* snapshot = nullptr) {
     (void)shard, (void)table, (void)from, (void)max_rows, (void)keys,
-        (void)records, (void)timeout;
+        (void)records, (void)timeout, (void)snapshot;
     return Status::Unimplemented("this client cannot scan rows");
   }
 

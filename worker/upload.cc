@@ -287,26 +287,44 @@ Status UploadValues(Client* client, const std::vector<const float*>& tensors,
 namespace {
 
 // ScanTable's one pass over every shard (pages routed by the client's
-// layout epoch as it stands).
+// layout epoch as it stands), each a point-in-time scan. The shards get a
+// page each in turn: the first pages open every shard's scan (their
+// snapshots are taken one page apart), and no open scan idles while
+// another shard's pages are read. *gone: a shard no longer held the scan
+// a page named (FailedPrecondition; start again).
 Status ScanTableOnce(Client* client, uint32_t table, size_t page_rows,
-                     SavedRows* out, std::chrono::milliseconds timeout) {
+                     SavedRows* out, std::chrono::milliseconds timeout,
+                     bool* gone) {
+  *gone = false;
   const size_t bytes = SavedRecordBytes(client->tables()[table]);
-  std::vector<SavedRows> shards(client->num_shards());
-  for (int s = 0; s < client->num_shards(); ++s) {
-    SavedRows& got = shards[s];
-    uint64_t from = 0;
-    for (;;) {
+  const int num_shards = client->num_shards();
+  std::vector<SavedRows> shards(num_shards);
+  std::vector<uint64_t> snapshot(num_shards, 0), from(num_shards, 0);
+  std::vector<uint8_t> done(num_shards, 0);
+  for (int left = num_shards; left > 0;) {
+    for (int s = 0; s < num_shards; ++s) {
+      if (done[s]) continue;
+      SavedRows& got = shards[s];
       const size_t before = got.keys.size();
-      RETURN_IF_ERROR(client->ScanRows(s, table, from, page_rows, &got.keys,
-                                       &got.records, timeout));
+      Status st = client->ScanRows(s, table, from[s], page_rows, &got.keys,
+                                   &got.records, timeout, &snapshot[s]);
+      if (!st.ok()) {
+        *gone = snapshot[s] != 0 &&
+                st.code() == StatusCode::kFailedPrecondition;
+        return st;
+      }
       const size_t n = got.keys.size() - before;
-      if (n < page_rows || got.keys.back() == UINT64_MAX) break;
-      from = got.keys.back() + 1;
+      if (n < page_rows || got.keys.back() == UINT64_MAX) {
+        done[s] = 1;
+        --left;
+      } else {
+        from[s] = got.keys.back() + 1;
+      }
     }
   }
   // Every key is held by one shard: merge the shards' ordered lists.
   std::vector<std::pair<uint64_t, std::pair<int, size_t>>> order;
-  for (int s = 0; s < client->num_shards(); ++s) {
+  for (int s = 0; s < num_shards; ++s) {
     for (size_t i = 0; i < shards[s].keys.size(); ++i)
       order.push_back({shards[s].keys[i], {s, i}});
   }
@@ -337,18 +355,20 @@ Status ScanTable(Client* client, uint32_t table, size_t page_rows,
     return Status::NotFound("scan of unknown table " + std::to_string(table));
   // Every page of one pass carries one layout epoch (the shards refuse
   // another), so a pass sees each key once. A pass that met a newer epoch
-  // (key ranges moved: the shard refused, the client adopted its layout)
-  // starts over by the new one.
+  // (key ranges moved: the shard refused, the client adopted its layout),
+  // or a shard that dropped its point-in-time scan (it restarted, failed
+  // over, or the scan idled), starts over.
   Status s;
   for (int pass = 0; pass < kScanPasses; ++pass) {
     const uint64_t epoch = client->layout_epoch();
-    s = ScanTableOnce(client, table, page_rows, out, timeout);
-    if (client->layout_epoch() == epoch) return s;
+    bool gone = false;
+    s = ScanTableOnce(client, table, page_rows, out, timeout, &gone);
+    if (client->layout_epoch() == epoch && !gone) return s;
   }
   return Status::Unavailable(
       "scan of the rows of '" + client->tables()[table].name + "': the " +
-      "layout changed during each of " + std::to_string(kScanPasses) +
-      " passes (key ranges moving); retry. Last: " + s.ToString());
+      "layout changed, or a shard dropped the scan, during each of " +
+      std::to_string(kScanPasses) + " passes; retry. Last: " + s.ToString());
 }
 
 }  // namespace asyncps::worker

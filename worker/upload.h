@@ -112,10 +112,13 @@ struct SavedRows {
 
 // Reads every entry (row or admission counter, not expired) of registered
 // table `table` from every shard, in pages of at most `page_rows` entries
-// (Client::ScanRows), into *out (keys in increasing order). Each key once,
+// (Client::ScanRows), into *out (keys in increasing order). Each shard's
+// entries are a point-in-time scan: the table as it stood when the shard
+// answered its first page (the shards' first pages are read one after
+// the other), whatever is pushed while the pages are read. Each key once,
 // also while elastic shards move key ranges: a pass whose pages met a newer
-// layout epoch starts over by it (at most kScanPasses passes, then
-// Unavailable: retry).
+// layout epoch, or a shard that dropped its scan, starts over (at most
+// kScanPasses passes, then Unavailable: retry).
 inline constexpr int kScanPasses = 4;
 Status ScanTable(Client* client, uint32_t table, size_t page_rows,
                  SavedRows* out, std::chrono::milliseconds timeout);

@@ -60,6 +60,22 @@ struct ChargedBuffer {
   MemoryBudget::Charge charge;
 };
 
+// An open point-in-time scan of a sparse table (server/shard/shard_scan.cc).
+struct Shard::ScanSnapshot {
+  uint64_t id = 0;
+  uint32_t table = 0;
+  const void* tables = nullptr;  // the SparseTables it was taken of
+  uint64_t epoch = 0;            // the layout epoch it was taken under
+  int64_t clock = 0;             // the expiry clock when it was taken
+  // With a store: its snapshot, taken right after a checkpoint.
+  std::unique_ptr<StoreSnapshot> store;
+  // Without: frozen_max keys, then as many saved records; frozen_n used.
+  std::shared_ptr<ChargedBuffer> frozen;
+  size_t frozen_max = 0;
+  size_t frozen_n = 0;
+  Shard::TimePoint used;  // when a page of it was last asked for
+};
+
 // One validated gradient of a push, waiting for phase 2 (apply).
 struct Shard::PendingGrad {
   Chunk* chunk = nullptr;

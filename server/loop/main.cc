@@ -127,6 +127,10 @@ DEFINE_double(shutdown_timeout_s, 60.0,
               "event loop has not stopped within this many seconds (a second "
               "signal exits at once)");
 DEFINE_int64(max_parked_pulls, 4096, "most pulls waiting at once");
+DEFINE_double(scan_snapshot_idle_s, 60.0,
+              "a point-in-time scan of a sparse table (ps.state_dict()'s "
+              "saved entries) with no page asked for this long is dropped "
+              "(the worker starts it again)");
 DEFINE_int64(max_shm_segments, 256,
              "most shared-memory segments of colocated clients mapped at "
              "once (the oldest is dropped past it); 0 refuses shared memory");
@@ -365,6 +369,10 @@ srv::ServerOptions OptionsFromFlags() {
     BadFlag("--max_park_s must be in [0.001, 1e6]");
   s.max_park_time = std::chrono::milliseconds(
       static_cast<int64_t>(FLAGS_max_park_s * 1000));
+  if (FLAGS_scan_snapshot_idle_s < 0.001 || FLAGS_scan_snapshot_idle_s > 1e6)
+    BadFlag("--scan_snapshot_idle_s must be in [0.001, 1e6]");
+  s.scan_snapshot_idle = std::chrono::milliseconds(
+      static_cast<int64_t>(FLAGS_scan_snapshot_idle_s * 1000));
   if (FLAGS_shutdown_timeout_s <= 0) BadFlag("--shutdown_timeout_s must be > 0");
   if (FLAGS_replicas < 1 || FLAGS_replicas > 16)
     BadFlag("--replicas must be in [1, 16]");

@@ -446,6 +446,7 @@ void Shard::Tick(TimePoint now, std::vector<OutgoingReply>* out) {
   ReleaseParked(out);
   ExpireParked(now, out);
   PruneUnsent();
+  if (!scans_.empty()) ExpireScanSnapshots(now);
 }
 
 void Shard::OnClocksChanged(std::vector<OutgoingReply>* out) {

@@ -177,6 +177,10 @@ struct ShardOptions {
   // A pull parked this long is answered Unavailable (the client resends it),
   // so no request waits forever. Default: 30 s.
   std::chrono::milliseconds max_park_time{30000};
+  // A point-in-time scan of a sparse table (shard_scan.cc) with no page
+  // asked for this long is dropped (its store snapshot or copy released;
+  // a later page of it is FailedPrecondition: start again). Default: 60 s.
+  std::chrono::milliseconds scan_snapshot_idle{60000};
   // Memory this shard may hold for what peers ask of it, in bytes (see the
   // class comment); over it, a registration or pull gets ResourceExhausted
   // with the numbers. ps_server's default is derived from the machine
@@ -493,10 +497,21 @@ class Shard {
   // saved optimizer state; every row checked before any is written.
   Status WriteRowRecords(const RequestHeader& req,
                          const std::vector<ByteView>& data);
+  // Point-in-time scans (shard_scan.cc): opens one of `table` (its id in
+  // reply->scan_snapshot, the snapshot last in scans_); drops scans_[i];
+  // drops the idle ones; holds the sparse tables' expiry for the open ones.
+  struct ScanSnapshot;
+  static constexpr size_t kMaxScanSnapshots = 4;
+  static constexpr std::chrono::milliseconds kScanOpenInterval{50};
+  Status OpenScanSnapshot(uint32_t table, TimePoint now, ReplyHeader* reply);
+  void DropScanSnapshot(size_t i, const char* why);
+  void ExpireScanSnapshots(TimePoint now);
+  void UpdateExpiryHold();
   // Phase 6 of kAssign: a page of a scan of one table's entries (keys and
   // saved records, common/protocol.capnp).
   Status ScanRows(const std::string& peer, const RequestHeader& req,
-                  const std::vector<ByteView>& data, OutgoingReply* reply);
+                  const std::vector<ByteView>& data, TimePoint now,
+                  OutgoingReply* reply);
   // Phase 8 of kAssign (the claimant's): drops every entry of the tables
   // the request names (all checked first).
   Status ClearTables(const RequestHeader& req,
@@ -767,6 +782,12 @@ class Shard {
 
   // Sparse tables (nullptr until a model with tables is registered).
   std::unique_ptr<sparse::SparseTables> sparse_;
+  // Open point-in-time scans of its tables (destroyed before sparse_ and
+  // the store) and the id of the next one (random start).
+  std::vector<std::unique_ptr<ScanSnapshot>> scans_;
+  uint64_t next_scan_id_ = 0;
+  uint64_t scans_opened_ = 0;
+  TimePoint last_scan_open_;
   // A push's rows, validated and decoded, waiting for phase 2.
   struct PendingRows {
     uint32_t table = 0;

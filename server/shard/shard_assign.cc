@@ -28,7 +28,8 @@
 // table's entries (keys from a cursor, rows and admission counters with
 // their steps or counts and last-push clocks; the page size bounded by the
 // request limits; routed by the shard's layout epoch, as pushes and pulls,
-// so a scan never sees a moving key on two shards or on none), `saved`
+// so a scan never sees a moving key on two shards or on none; plain or
+// point-in-time: server/shard/shard_scan.cc), `saved`
 // requests (phase 7) of the claimant set such
 // entries back (checked as phase 5's, and their kinds, counts and clocks),
 // a `clear` (phase 8) of the claimant drops every entry of the tables it
@@ -180,7 +181,7 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
                       "got phase " +
                       std::to_string(req.assign_phase)));
   }
-  if (req.assign_phase == kScan) return ScanRows(peer, req, data, out);
+  if (req.assign_phase == kScan) return ScanRows(peer, req, data, now, out);
   const bool read_rows = req.assign_phase == kRead && req.chunks.empty() &&
                          !req.rows.empty();
   const bool records =
@@ -410,92 +411,6 @@ Status Shard::ReadRowRecords(const std::string& peer, const RequestHeader& req,
     at += size;
   }
   pending_rows_.clear();
-  PinUnsent(peer, req.rank, bytes, reply);
-  return Status::OK();
-}
-
-Status Shard::ScanRows(const std::string& peer, const RequestHeader& req,
-                       const std::vector<ByteView>& data,
-                       OutgoingReply* reply) {
-  if (!sparse_) {
-    return Reject(RejectReason::kUnknownChunk,
-                  Status::NotFound("scan of rows: no sparse table is "
-                                   "registered"));
-  }
-  if (req.rows.size() != 1 || !req.chunks.empty() || !data.empty()) {
-    return Reject(RejectReason::kSizeMismatch,
-                  Status::InvalidArgument(
-                      "a scan of rows names one table (one rows ref) and "
-                      "carries no chunks or frames; got " +
-                      std::to_string(req.rows.size()) + " rows refs, " +
-                      std::to_string(req.chunks.size()) + " chunks, " +
-                      std::to_string(data.size()) + " frames"));
-  }
-  const uint32_t table = req.rows[0].table;
-  if (table >= sparse_->num_tables()) {
-    return Reject(RejectReason::kUnknownChunk,
-                  Status::NotFound("scan of unknown table " +
-                                   std::to_string(table) + " (" +
-                                   std::to_string(sparse_->num_tables()) +
-                                   " registered)"));
-  }
-  // Every page of a scan is answered by the layout epoch the client routes
-  // by (an older one: refused with this shard's document, the client
-  // starts the scan again; a newer one: asked again shortly). So a scan
-  // whose pages all carried one epoch sees each key on exactly one shard,
-  // also while key ranges move: their rows change shards only at an adopt,
-  // which changes the epoch (staged rows are served by nobody before it).
-  RETURN_IF_ERROR(CheckRoute(req, &reply->header));
-  const sparse::SparseOptions& limits = sparse_->options();
-  const size_t max = req.assign_scan_rows;
-  const size_t record = sparse_->table(table).saved_record_bytes();
-  const uint64_t bytes = max * (sizeof(uint64_t) + record);
-  if (max == 0 || max > limits.max_keys_per_request ||
-      bytes > limits.max_reply_bytes) {
-    return Reject(RejectReason::kOversize,
-                  Status::InvalidArgument(
-                      "scan of table '" + sparse_->specs()[table].name +
-                      "': pages of " + std::to_string(max) +
-                      " entries; a page holds 1 to " +
-                      std::to_string(std::min<uint64_t>(
-                          limits.max_keys_per_request,
-                          limits.max_reply_bytes /
-                              (sizeof(uint64_t) + record))) +
-                      " entries of " + std::to_string(record) + " bytes"));
-  }
-  // The reply (held until ZeroMQ has sent it) and, while the page is
-  // gathered, the scan's scratch: both bounded by the page size, both
-  // charged, or the page is refused (ResourceExhausted: ask for a smaller
-  // one) before anything is allocated.
-  StatusOr<MemoryBudget::Charge> charge =
-      budget_->Reserve(bytes, "a page of a scan of rows");
-  if (!charge.ok()) return Reject(RejectReason::kMemoryBudget, charge.status());
-  StatusOr<MemoryBudget::Charge> scratch = budget_->Reserve(
-      sparse::SparseTable::scan_scratch_bytes(max),
-      "the cached entries of a page of a scan of rows");
-  if (!scratch.ok())
-    return Reject(RejectReason::kMemoryBudget, scratch.status());
-  auto held = std::make_shared<ChargedBuffer>();
-  held->charge = std::move(charge).value();
-  held->buffer = Buffer::Allocate(bytes);
-  uint8_t* keys = held->buffer->data();  // 64-byte aligned
-  uint8_t* records = keys + max * sizeof(uint64_t);
-  size_t n = 0;
-  Status s = sparse_->Scan(table, req.assign_cursor, max,
-                           reinterpret_cast<uint64_t*>(keys), records, &n);
-  if (!s.ok()) {
-    return Reject(RejectReason::kStore,
-                  Status::Unavailable("scan of rows: " + s.ToString() +
-                                      "; retry"));
-  }
-  RowsRef out;
-  out.table = table;
-  out.num_keys = n;
-  out.keys_frame = 1;
-  out.rows_frame = 2;
-  reply->header.rows.push_back(out);
-  reply->frames.push_back(ByteView{keys, n * sizeof(uint64_t), held});
-  reply->frames.push_back(ByteView{records, n * record, held});
   PinUnsent(peer, req.rank, bytes, reply);
   return Status::OK();
 }

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <limits>
 #include <random>
+#include <set>
 #include <utility>
 
 #include "compression/codec.h"
@@ -1436,6 +1437,239 @@ TEST(ShardSparseTest, ScannedEntriesRestoreATableExactly) {
   }
   EXPECT_EQ(ScanAll(b, 100), ScanAll(a, 100));
   EXPECT_EQ(b.Read(0, 7, keys), a.Read(0, 7, keys));
+}
+
+// A page of a point-in-time scan: `open` starts one (the harness's clock
+// moved past the shard's interval between opens first), else `*snapshot`
+// names it; the reply's id goes to *snapshot.
+ReplyHeader SnapshotPage(Sparse& s, uint64_t from, uint32_t max, Saved* out,
+                         uint64_t* snapshot, bool open, uint32_t table = 0) {
+  if (open) s.now += std::chrono::milliseconds(60);
+  RequestHeader r = testing::ScanRequest(table, from, max);
+  r.assign_open_snapshot = open;
+  r.assign_snapshot = open ? 0 : *snapshot;
+  auto got = s.Send(r);
+  EXPECT_EQ(got.size(), 1u);
+  if (got.empty()) return ReplyHeader{};
+  const OutgoingReply& reply = got[0];
+  if (!reply.header.status.ok()) return reply.header;
+  *snapshot = reply.header.scan_snapshot;
+  const RowsRef& rows = reply.header.rows.at(0);
+  const ByteView& k = reply.frames[rows.keys_frame - 1];
+  const ByteView& v = reply.frames[rows.rows_frame - 1];
+  const size_t at = out->keys.size();
+  out->keys.resize(at + rows.num_keys);
+  if (k.size > 0) std::memcpy(out->keys.data() + at, k.data, k.size);
+  if (v.size > 0)
+    out->records.insert(out->records.end(), v.data, v.data + v.size);
+  return reply.header;
+}
+
+// Issue 22 item 4: a point-in-time scan (Assign.openSnapshot) reads every
+// page from the table as it stood at its first page, whatever is pushed
+// between pages -- updated rows, new keys before and after the cursor,
+// admitted counters -- with a store (the shard checkpoints, then takes the
+// store's snapshot; a small cache, so most rows live only in the store) and
+// without (a copy charged to the budget). A plain scan meanwhile sees the
+// pushes. The snapshot is dropped after its last page, when idle, and is
+// bounded in number; hostile pages are refused.
+TEST(ShardSparseTest, PointInTimeScanSeesTheTableAsItWasOpened) {
+  for (bool with_store : {true, false}) {
+    SCOPED_TRACE(with_store ? "with a store" : "without a store");
+    TableSpec t = Emb();
+    t.admit_after_pushes = 2;
+    ShardOptions o = testing::TestOptions(Consistency::kAsp, 1);
+    o.scan_snapshot_idle = std::chrono::seconds(5);
+    if (with_store) o.sparse.cache_bytes = 16 << 10;
+    MemStore store;
+    Sparse a(o, with_store ? &store : nullptr, {t});
+    std::vector<uint64_t> keys;
+    for (uint64_t i = 1; keys.size() < 400; ++i) {
+      const uint64_t k = i * 0x9e3779b97f4a7c15ULL;
+      if (ShardOfKey(t, k, 2) == 0) keys.push_back(k);
+    }
+    auto push = [&](int64_t clock, const std::vector<uint64_t>& ks, float g) {
+      std::vector<float> grads(ks.size() * 4, g);
+      ReplyHeader h = a.PushRows(0, clock, ks, grads);
+      ASSERT_TRUE(h.status.ok()) << h.status.ToString();
+    };
+    // keys[0..300): rows; keys[300..350): counters of 1; the rest unseen.
+    const std::vector<uint64_t> rows(keys.begin(), keys.begin() + 300);
+    push(0, rows, 1.0f);
+    push(0, rows, 0.5f);
+    push(0, std::vector<uint64_t>(keys.begin() + 300, keys.begin() + 350),
+         1.0f);
+    const Saved before = ScanAll(a, 1000);
+    ASSERT_EQ(before.keys.size(), 350u);
+
+    Saved got;
+    uint64_t id = 0;
+    ReplyHeader h = SnapshotPage(a, 0, 64, &got, &id, /*open=*/true);
+    ASSERT_TRUE(h.status.ok()) << h.status.ToString();
+    ASSERT_NE(id, 0u);
+    // Pushes between pages: every row again, the counters admitted, new
+    // keys everywhere in the key space.
+    push(1, rows, 2.0f);
+    push(1, std::vector<uint64_t>(keys.begin() + 300, keys.begin() + 400),
+         1.0f);
+    push(1, std::vector<uint64_t>(keys.begin() + 350, keys.begin() + 400),
+         1.0f);
+    const Saved after = ScanAll(a, 1000);
+    ASSERT_EQ(after.keys.size(), 400u);
+    for (;;) {
+      const size_t n = got.keys.size();
+      const uint64_t was = id;
+      h = SnapshotPage(a, got.keys.back() + 1, 64, &got, &id, false);
+      ASSERT_TRUE(h.status.ok()) << h.status.ToString();
+      EXPECT_EQ(id, was);
+      if (got.keys.size() - n < 64) break;
+      push(2, rows, -1.0f);  // and more, while it pages
+    }
+    EXPECT_EQ(got, before);
+    EXPECT_FALSE(ScanAll(a, 1000) == before);
+    // The last page dropped it.
+    Saved none;
+    EXPECT_EQ(SnapshotPage(a, 0, 64, &none, &id, false).status.code(),
+              StatusCode::kFailedPrecondition);
+
+    // Idle past --scan_snapshot_idle_s: dropped at a Tick.
+    ASSERT_TRUE(SnapshotPage(a, 0, 8, &none, &id, true).status.ok());
+    std::vector<OutgoingReply> out;
+    a.now += std::chrono::seconds(6);
+    a.shard->Tick(a.now, &out);
+    EXPECT_EQ(SnapshotPage(a, 9, 8, &none, &id, false).status.code(),
+              StatusCode::kFailedPrecondition);
+    // At most 4 open: a fifth is Unavailable; one finished makes room.
+    std::vector<uint64_t> open(4, 0);
+    for (uint64_t& s : open)
+      ASSERT_TRUE(SnapshotPage(a, 0, 8, &none, &s, true).status.ok());
+    uint64_t fifth = 0;
+    EXPECT_EQ(SnapshotPage(a, 0, 8, &none, &fifth, true).status.code(),
+              StatusCode::kUnavailable);
+    EXPECT_EQ(std::set<uint64_t>(open.begin(), open.end()).size(), 4u);
+    ASSERT_TRUE(
+        SnapshotPage(a, ~uint64_t{0}, 8, &none, &open[0], false).status.ok());
+    EXPECT_TRUE(SnapshotPage(a, 0, 8, &none, &fifth, true).status.ok());
+    // One open per 50 ms: with room for one more, an open right after the
+    // last is Unavailable (retry).
+    ASSERT_TRUE(
+        SnapshotPage(a, ~uint64_t{0}, 8, &none, &fifth, false).status.ok());
+    RequestHeader again = testing::ScanRequest(0, 0, 8);
+    again.assign_open_snapshot = true;
+    {
+      auto replies = a.Send(again);
+      ASSERT_EQ(replies.size(), 1u);
+      EXPECT_EQ(replies[0].header.status.code(), StatusCode::kUnavailable);
+      EXPECT_EQ(replies[0].header.retry_ms, 50u);
+      EXPECT_EQ(replies[0].header.scan_snapshot, 0u);
+    }
+    // Hostile pages: both open and named, an unknown id, an unknown table.
+    RequestHeader both = testing::ScanRequest(0, 0, 8);
+    both.assign_open_snapshot = true;
+    both.assign_snapshot = open[1];
+    EXPECT_EQ(a.Call(both).status.code(), StatusCode::kInvalidArgument);
+    uint64_t unknown = open[1] ^ 0x5555;
+    EXPECT_EQ(SnapshotPage(a, 0, 8, &none, &unknown, false).status.code(),
+              StatusCode::kFailedPrecondition);
+    EXPECT_EQ(SnapshotPage(a, 0, 8, &none, &open[2], false, 5).status.code(),
+              StatusCode::kNotFound);
+    // A page of 0 entries, or too many, opens nothing.
+    uint64_t bad = 0;
+    EXPECT_EQ(SnapshotPage(a, 0, 0, &none, &bad, true).status.code(),
+              StatusCode::kInvalidArgument);
+    EXPECT_EQ(bad, 0u);
+  }
+}
+
+// With RocksDB and expiring rows: rows live when a point-in-time scan was
+// opened stay in it while the expiry clock moves on and compaction runs
+// (the tables hold the store's expiry back while it is open: RocksDB's
+// compaction filter does not spare snapshots); once it is closed, the
+// expiry catches up.
+TEST(ShardSparseTest, PointInTimeScanKeepsRowsThatExpireWhileItIsOpen) {
+  char tmpl[] = "/tmp/asyncps_pit_expiry_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  TableSpec t = Emb();
+  t.expire_after_clocks = 2;
+  ShardOptions o = testing::TestOptions(Consistency::kAsp, 1);
+  RocksDbStoreOptions so;
+  so.path = dir + "/db";
+  auto store = OpenRocksDbStore(so);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  {
+    Sparse s(o, store->get(), {t});
+    std::vector<uint64_t> keys;
+    for (uint64_t i = 1; keys.size() < 100; ++i) {
+      const uint64_t k = i * 0x9e3779b97f4a7c15ULL;
+      if (ShardOfKey(t, k, 2) == 0) keys.push_back(k);
+    }
+    ASSERT_TRUE(s.PushRows(0, 0, keys, std::vector<float>(400, 1.0f))
+                    .status.ok());
+    for (int64_t c = 1; c <= 2; ++c) s.Call(ShardHarness::Clock(0, c));
+    Saved got;
+    uint64_t id = 0;
+    ASSERT_TRUE(SnapshotPage(s, 0, 10, &got, &id, true).status.ok());
+    // The rows expire (clock 9 - 0 > 2); a checkpoint sets the store's
+    // expiry, and compaction runs over every key space.
+    for (int64_t c = 3; c <= 9; ++c) s.Call(ShardHarness::Clock(0, c));
+    ASSERT_TRUE(s.shard->Checkpoint().ok());
+    for (SpaceId sp = 1; sp <= 2; ++sp) (void)(*store)->CompactSpace(sp);
+    EXPECT_TRUE(ScanAll(s, 1000).keys.empty());
+    for (;;) {
+      const size_t n = got.keys.size();
+      ASSERT_TRUE(
+          SnapshotPage(s, got.keys.back() + 1, 10, &got, &id, false).status.ok());
+      if (got.keys.size() - n < 10) break;
+    }
+    std::sort(keys.begin(), keys.end());
+    EXPECT_EQ(got.keys, keys);
+    // Closed: the next checkpoint lets compaction drop them.
+    ASSERT_TRUE(s.shard->Checkpoint().ok());
+    for (SpaceId sp = 1; sp <= 2; ++sp) (void)(*store)->CompactSpace(sp);
+    EXPECT_EQ((*store)->GetSpaceStats(1).estimated_keys +
+                  (*store)->GetSpaceStats(2).estimated_keys,
+              0u);
+  }
+  store->reset();
+  std::filesystem::remove_all(dir);
+}
+
+// Without a store, a point-in-time scan copies the table: one that does not
+// fit the memory budget is refused (ResourceExhausted) and opens nothing.
+TEST(ShardSparseTest, PointInTimeScanCopyIsChargedToTheBudget) {
+  TableSpec t = Emb(64);
+  ShardOptions o = testing::TestOptions(Consistency::kAsp, 1);
+  Sparse a(o, nullptr, {t});
+  std::vector<uint64_t> keys;
+  for (uint64_t i = 1; keys.size() < 2000; ++i) {
+    const uint64_t k = i * 0x9e3779b97f4a7c15ULL;
+    if (ShardOfKey(t, k, 2) == 0) keys.push_back(k);
+  }
+  ASSERT_TRUE(
+      a.PushRows(0, 0, keys, std::vector<float>(keys.size() * 64, 1.0f))
+          .status.ok());
+  const uint64_t copy = keys.size() * (8 + SavedRecordBytes(t));
+  const uint64_t used = a.shard->budget().used();
+  // Room for a page, not for the copy.
+  ShardOptions tight = o;
+  tight.memory_budget_bytes = used + copy / 2;
+  Sparse b(tight, nullptr, {t});
+  ASSERT_TRUE(
+      b.PushRows(0, 0, keys, std::vector<float>(keys.size() * 64, 1.0f))
+          .status.ok());
+  Saved none;
+  uint64_t id = 0;
+  const ReplyHeader h = SnapshotPage(b, 0, 16, &none, &id, true);
+  EXPECT_EQ(h.status.code(), StatusCode::kResourceExhausted)
+      << h.status.ToString();
+  EXPECT_EQ(id, 0u);
+  EXPECT_TRUE(none.keys.empty());
+  // A plain page still fits; with room, the copy is made.
+  Saved plain;
+  EXPECT_TRUE(ScanPage(b, 0, 16, &plain).status.ok());
+  EXPECT_TRUE(SnapshotPage(a, 0, 16, &none, &id, true).status.ok());
+  EXPECT_NE(id, 0u);
 }
 
 // Issue 22: a clear (kAssign phase 8) drops every entry of a table on the

@@ -365,7 +365,8 @@ Status SparseTable::AssignSlice(const uint64_t* keys, const float* values,
 
 Status SparseTable::ScanPage(uint64_t from, size_t max, int64_t now,
                              const std::function<bool(uint64_t)>& owned,
-                             uint64_t* keys, uint8_t* out, size_t* n) {
+                             uint64_t* keys, uint8_t* out, size_t* n,
+                             const StoreSnapshot* snapshot) {
   *n = 0;
   if (max == 0) return Status::OK();
   // Live entries of the cache (they are newer than the store's records of
@@ -392,8 +393,10 @@ Status SparseTable::ScanPage(uint64_t from, size_t max, int64_t now,
       std::push_heap(cached.begin(), cached.end(), by_key);
     });
   };
-  collect(rows_, false);
-  if (admission_) collect(*admission_, true);
+  if (snapshot == nullptr) {
+    collect(rows_, false);
+    if (admission_) collect(*admission_, true);
+  }
   std::sort_heap(cached.begin(), cached.end(), by_key);
   // Merged with the store's live records of keys not cached, in key order,
   // each written straight into `out` (nothing copied in between).
@@ -422,35 +425,39 @@ Status SparseTable::ScanPage(uint64_t from, size_t max, int64_t now,
   if (store_ != nullptr) {
     Status bad;
     const EncodedKey start = EncodeKey(from);
-    RETURN_IF_ERROR(store_->ScanSpaceFrom(
-        space_, start.view(), [&](std::string_view k, std::string_view v) {
-          if (k.size() != 8) {
-            bad = Status::Corruption("table '" + spec_.name +
-                                     "': a stored key of " +
-                                     std::to_string(k.size()) + " bytes");
-            return false;
-          }
-          uint64_t key = 0;
-          for (int i = 0; i < 8; ++i)
-            key = (key << 8) | static_cast<uint8_t>(k[i]);
-          emit_cached_below(key, false);
-          if (*n == max) return false;
-          if (!owned(key) || rows_.Find(key) != RowCache::kNone ||
-              (admission_ && admission_->Find(key) != RowCache::kNone))
-            return true;
-          RecordView rec;
-          Status p = ParseRecord(v, spec_.dim, floats, &rec);
-          if (!p.ok()) {
-            bad = p.WithContext("table '" + spec_.name + "'");
-            return false;
-          }
-          if (Expired(rec.header.clock, now) || (!rec.is_row() && !admission_))
-            return true;
-          emit(key, rec.is_row() ? kSavedRow : kSavedCounter,
-               rec.header.count, rec.header.clock,
-               rec.is_row() ? rec.floats : nullptr);
-          return *n < max;
-        }));
+    auto each = [&](std::string_view k, std::string_view v) {
+      if (k.size() != 8) {
+        bad = Status::Corruption("table '" + spec_.name +
+                                 "': a stored key of " +
+                                 std::to_string(k.size()) + " bytes");
+        return false;
+      }
+      uint64_t key = 0;
+      for (int i = 0; i < 8; ++i)
+        key = (key << 8) | static_cast<uint8_t>(k[i]);
+      emit_cached_below(key, false);
+      if (*n == max) return false;
+      if (!owned(key)) return true;
+      if (snapshot == nullptr &&
+          (rows_.Find(key) != RowCache::kNone ||
+           (admission_ && admission_->Find(key) != RowCache::kNone)))
+        return true;
+      RecordView rec;
+      Status p = ParseRecord(v, spec_.dim, floats, &rec);
+      if (!p.ok()) {
+        bad = p.WithContext("table '" + spec_.name + "'");
+        return false;
+      }
+      if (Expired(rec.header.clock, now) || (!rec.is_row() && !admission_))
+        return true;
+      emit(key, rec.is_row() ? kSavedRow : kSavedCounter,
+           rec.header.count, rec.header.clock,
+           rec.is_row() ? rec.floats : nullptr);
+      return *n < max;
+    };
+    RETURN_IF_ERROR(snapshot != nullptr
+                        ? snapshot->ScanSpaceFrom(space_, start.view(), each)
+                        : store_->ScanSpaceFrom(space_, start.view(), each));
     RETURN_IF_ERROR(bad);
   }
   emit_cached_below(0, true);

@@ -156,9 +156,13 @@ class SparseTable {
   // allocates at most scan_scratch_bytes(max) (the cached entries of the
   // page; the store's are written straight into `out`), whatever the
   // table holds.
+  // With `snapshot`: the page is read from the store as the snapshot holds
+  // it, the cache not at all (the caller took the snapshot right after
+  // writing every dirty entry to the store: a point-in-time scan).
   [[nodiscard]] Status ScanPage(uint64_t from, size_t max, int64_t now,
                                 const std::function<bool(uint64_t)>& owned,
-                                uint64_t* keys, uint8_t* out, size_t* n);
+                                uint64_t* keys, uint8_t* out, size_t* n,
+                                const StoreSnapshot* snapshot = nullptr);
   static size_t scan_scratch_bytes(size_t max) {
     return max * sizeof(ScanCached);
   }

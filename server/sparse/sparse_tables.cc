@@ -295,13 +295,15 @@ int SparseTables::OwnerOf(uint64_t name_hash, uint64_t key) const {
 }
 
 Status SparseTables::Scan(uint32_t table, uint64_t from, size_t max,
-                          uint64_t* keys, uint8_t* out, size_t* n) {
+                          uint64_t* keys, uint8_t* out, size_t* n,
+                          const StoreSnapshot* snapshot, int64_t clock) {
   SparseTable& t = *tables_[table];
   const uint64_t h = t.name_hash();
   auto owned = [&](uint64_t key) {
     return OwnerOf(h, key) == options_.shard_id;
   };
-  return t.ScanPage(from, max, clock_, owned, keys, out, n);
+  return t.ScanPage(from, max, snapshot != nullptr ? clock : clock_, owned,
+                    keys, out, n, snapshot);
 }
 
 Status SparseTables::ClearTables(const std::vector<uint32_t>& tables) {
@@ -419,9 +421,11 @@ void SparseTables::CommitDurable(bool ok) {
   if (ok && store_ != nullptr) {
     for (auto& t : tables_) {
       if (t->spec().expire_after_clocks > 0) {
-        store_->SetSpaceExpiry(
-            t->space(), kRecordClockOffset,
-            persisted_clock_ - t->spec().expire_after_clocks);
+        const int64_t at = expiry_hold_
+                               ? std::min(persisted_clock_, *expiry_hold_)
+                               : persisted_clock_;
+        store_->SetSpaceExpiry(t->space(), kRecordClockOffset,
+                               at - t->spec().expire_after_clocks);
       }
     }
   }

@@ -46,6 +46,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -153,8 +154,17 @@ class SparseTables {
   // A page of a scan of table `table` (SparseTable::ScanPage, the keys this
   // shard owns, at its expiry clock): keys to keys[0..*n), saved records
   // to out (max x table(table).saved_record_bytes()).
+  // With `snapshot` (a point-in-time scan: the store's snapshot taken right
+  // after a checkpoint wrote every dirty entry), the page is read from it,
+  // entries expired at `clock` (the expiry clock when it was taken) left out.
   [[nodiscard]] Status Scan(uint32_t table, uint64_t from, size_t max,
-                            uint64_t* keys, uint8_t* out, size_t* n);
+                            uint64_t* keys, uint8_t* out, size_t* n,
+                            const StoreSnapshot* snapshot = nullptr,
+                            int64_t clock = 0);
+  // Expiry holds for point-in-time scans: while `clock` is set, the store
+  // may delete (compaction) only records that were already expired at
+  // `clock`, so a snapshot taken at that expiry clock loses nothing.
+  void HoldExpiry(std::optional<int64_t> clock) { expiry_hold_ = clock; }
   // Drops every entry (rows and admission counters, cached -- dirty ones
   // too -- or stored) of each table of `tables` (indices < num_tables()):
   // one store write holding a range delete of each table's key space
@@ -283,6 +293,7 @@ class SparseTables {
   std::vector<RoundSums> round_;  // per table
   int64_t clock_ = 0;             // expiry clock
   int64_t persisted_clock_ = 0;   // expiry clock of the last cut written
+  std::optional<int64_t> expiry_hold_;  // HoldExpiry
   std::unique_ptr<StoreBatch> writeback_;
   // The request in progress.
   KeySet seen_;  // duplicate detection, per table: key ^ table salt

@@ -130,17 +130,52 @@ Status MemStore::ScanSpace(
   return Status::OK();
 }
 
-Status MemStore::ScanSpaceFrom(
-    SpaceId space, std::string_view start,
+namespace {
+
+using Map = std::map<std::pair<std::string, std::string>, std::string>;
+
+// ScanSpaceFrom over the (space name, key) -> value map `kv`.
+Status ScanMapFrom(
+    const Map& kv, const std::vector<std::string>& spaces, SpaceId space,
+    std::string_view start,
     const std::function<bool(std::string_view, std::string_view)>& fn) {
-  if (space >= spaces_.size())
+  if (space >= spaces.size())
     return Status::InvalidArgument("MemStore: unknown space");
-  const std::string& name = spaces_[space];
-  for (auto it = kv_.lower_bound({name, std::string(start)});
-       it != kv_.end() && it->first.first == name; ++it) {
+  const std::string& name = spaces[space];
+  for (auto it = kv.lower_bound({name, std::string(start)});
+       it != kv.end() && it->first.first == name; ++it) {
     if (!fn(it->first.second, it->second)) break;
   }
   return Status::OK();
+}
+
+// A copy of a MemStore's contents.
+class MemSnapshot final : public StoreSnapshot {
+ public:
+  MemSnapshot(Map kv, std::vector<std::string> spaces)
+      : kv_(std::move(kv)), spaces_(std::move(spaces)) {}
+  Status ScanSpaceFrom(
+      SpaceId space, std::string_view start,
+      const std::function<bool(std::string_view, std::string_view)>& fn)
+      const override {
+    return ScanMapFrom(kv_, spaces_, space, start, fn);
+  }
+
+ private:
+  const Map kv_;
+  const std::vector<std::string> spaces_;
+};
+
+}  // namespace
+
+Status MemStore::ScanSpaceFrom(
+    SpaceId space, std::string_view start,
+    const std::function<bool(std::string_view, std::string_view)>& fn) {
+  return ScanMapFrom(kv_, spaces_, space, start, fn);
+}
+
+StatusOr<std::unique_ptr<StoreSnapshot>> MemStore::NewSnapshot() {
+  return std::unique_ptr<StoreSnapshot>(new MemSnapshot(kv_, spaces_));
 }
 
 SpaceStats MemStore::GetSpaceStats(SpaceId space) {

@@ -140,6 +140,40 @@ class RocksBatch final : public StoreBatch {
   rocksdb::Status error_;
 };
 
+// A RocksDB snapshot; released when destroyed (before the store is).
+class RocksSnapshot final : public StoreSnapshot {
+ public:
+  RocksSnapshot(rocksdb::DB* db,
+                const std::vector<rocksdb::ColumnFamilyHandle*>* spaces,
+                const rocksdb::Snapshot* snapshot)
+      : db_(db), spaces_(spaces), snapshot_(snapshot) {}
+  ~RocksSnapshot() override { db_->ReleaseSnapshot(snapshot_); }
+
+  Status ScanSpaceFrom(
+      SpaceId space, std::string_view start,
+      const std::function<bool(std::string_view, std::string_view)>& fn)
+      const override {
+    if (space >= spaces_->size())
+      return Status::InvalidArgument("unknown key space");
+    rocksdb::ReadOptions ro;
+    ro.verify_checksums = true;
+    ro.snapshot = snapshot_;
+    std::unique_ptr<rocksdb::Iterator> it(
+        db_->NewIterator(ro, (*spaces_)[space]));
+    for (it->Seek(ToSlice(start)); it->Valid(); it->Next()) {
+      if (!fn(std::string_view(it->key().data(), it->key().size()),
+              std::string_view(it->value().data(), it->value().size())))
+        break;
+    }
+    return FromRocks(it->status(), "rocksdb scan of a key space's snapshot");
+  }
+
+ private:
+  rocksdb::DB* const db_;
+  const std::vector<rocksdb::ColumnFamilyHandle*>* const spaces_;
+  const rocksdb::Snapshot* const snapshot_;
+};
+
 class RocksDbStore final : public Store {
  public:
   explicit RocksDbStore(const RocksDbStoreOptions& o) : options_(o) {}
@@ -317,6 +351,11 @@ class RocksDbStore final : public Store {
         break;
     }
     return FromRocks(it->status(), "rocksdb scan of a key space");
+  }
+
+  StatusOr<std::unique_ptr<StoreSnapshot>> NewSnapshot() override {
+    return std::unique_ptr<StoreSnapshot>(
+        new RocksSnapshot(db_.get(), &spaces_, db_->GetSnapshot()));
   }
 
   SpaceStats GetSpaceStats(SpaceId space) override {

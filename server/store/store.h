@@ -129,6 +129,19 @@ struct StoreStats {
   uint64_t pending_compaction_bytes = 0;  // estimate
 };
 
+// A point-in-time view of a store (Store::NewSnapshot): reads through it
+// see every space as it was when it was taken, whatever is written later.
+// It must be destroyed before its store. Same threading as the store.
+class StoreSnapshot {
+ public:
+  virtual ~StoreSnapshot() = default;
+  // As Store::ScanSpaceFrom, over the space as it was at the snapshot.
+  [[nodiscard]] virtual Status ScanSpaceFrom(
+      SpaceId space, std::string_view start,
+      const std::function<bool(std::string_view key, std::string_view value)>&
+          fn) const = 0;
+};
+
 class Store {
  public:
   virtual ~Store() = default;
@@ -190,6 +203,15 @@ class Store {
       if (more && k >= start) more = fn(k, v);
       return Status::OK();
     });
+  }
+
+  // A point-in-time view of the store as it is now (RocksDB: a snapshot,
+  // which costs nothing until later writes overwrite what it sees; the
+  // versions it holds are kept until it is destroyed). Default:
+  // Unimplemented.
+  [[nodiscard]] virtual StatusOr<std::unique_ptr<StoreSnapshot>>
+  NewSnapshot() {
+    return Status::Unimplemented("this store cannot take snapshots");
   }
 
   // Size of a space (estimates, for stats).
@@ -268,6 +290,8 @@ class MemStore final : public Store {
       SpaceId space, std::string_view start,
       const std::function<bool(std::string_view, std::string_view)>& fn)
       override;
+  // A copy of the store's contents (a test store: small).
+  StatusOr<std::unique_ptr<StoreSnapshot>> NewSnapshot() override;
   SpaceStats GetSpaceStats(SpaceId space) override;
 
   // Rolls back to the preserved cut if a partial write happened since the

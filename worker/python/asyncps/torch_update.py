@@ -63,7 +63,8 @@ naming rows, written with phase 5: common/protocol.capnp); bitwise under
 hybrid consistency (--consistency=bsp --sparse_consistency=asp) with one
 worker, as test_sparse_resume checks. Every table is also saved whole in
 "tables"[key]["saved"] (ids, rows, optimizer state, admission counts, last-push
-clocks: a paged scan of the shards, kAssign phase 6) and restored exactly
+clocks: a paged scan of the shards, kAssign phase 6, point-in-time on each
+shard: its pages read a snapshot taken at its first one) and restored exactly
 from it: each shard first drops every entry of the table (phase 8: rows of
 ids that are not in the save -- a fleet that trained on, or saw other ids --
 are gone, and read as the initialiser gives them), then sets the saved ones
