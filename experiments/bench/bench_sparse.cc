@@ -26,6 +26,13 @@
 //    "ratio_hashmap":..,"ratio_rocksdb":..,"repeats":..,
 //    "rows_per_s_min":..,"rows_per_s_max":..,"ratio_hashmap_min":..,
 //    "ratio_hashmap_max":..,"ratio_rocksdb_min":..,"ratio_rocksdb_max":..}
+// With --scan, per regime also
+//   {"bench":"sparse","op":"scan",...,"entries":..,"rows_per_s":..,
+//    "baseline":"plain_scan","baseline_rows_per_s":..,"ratio":..,
+//    "open_ms":..}: a whole point-in-time scan of the table (what a save of
+// it reads: a checkpoint of its dirty rows, a RocksDB snapshot, pages of
+// 4096 from the snapshot) against plain pages of the live table, each after
+// the same 16 batches of pushes; open_ms is the checkpoint and snapshot.
 // rows_per_s etc. are medians over the repeats (each repeat measures the
 // table and both baselines back to back); ratios are per repeat, then the
 // median and the spread (min, max). "baseline" is the bound of the regime:
@@ -68,6 +75,9 @@ DEFINE_int32(repeats, 3, "repeats (table and baselines alternate)");
 DEFINE_string(regimes, "hit100,hit50,hit0", "cache regimes");
 DEFINE_string(dir, "", "scratch directory (default: a new dir in /tmp)");
 DEFINE_bool(quick, false, "short run: vocab 200000, 0.3 s, 3 repeats");
+DEFINE_bool(scan, true,
+            "also a whole scan per regime: point-in-time (checkpoint, store "
+            "snapshot, pages from it) against plain pages (op \"scan\")");
 
 namespace {
 
@@ -315,6 +325,97 @@ double HitRate(SparseTables& t, const std::vector<std::vector<uint64_t>>& b,
   return hits / static_cast<double>(hits + (after.misses - before.misses));
 }
 
+// One whole scan of table 0 in pages of `page` entries (what a save reads:
+// kAssign phase 6), from `snapshot` when given; returns the entries.
+size_t ScanAll(SparseTables& t, size_t page, const StoreSnapshot* snapshot,
+               int64_t clock) {
+  const size_t rec = t.table(0).saved_record_bytes();
+  std::vector<uint64_t> keys(page);
+  std::vector<uint8_t> out(page * rec);
+  size_t total = 0;
+  for (uint64_t from = 0;;) {
+    size_t n = 0;
+    Check(t.Scan(0, from, page, keys.data(), out.data(), &n, snapshot, clock),
+          "scan");
+    total += n;
+    if (n < page || keys[n - 1] == UINT64_MAX) return total;
+    from = keys[n - 1] + 1;
+  }
+}
+
+// What a shard does to open a point-in-time scan (server/shard/
+// shard_scan.cc): a checkpoint of the tables' dirty entries, synced, then a
+// store snapshot.
+std::unique_ptr<StoreSnapshot> OpenSnapshot(SparseTables& t, Store& store) {
+  auto batch = store.NewBatch();
+  Check(t.FlushForCheckpoint(batch.get()), "flush");
+  Check(store.Write({}, batch.get(), SyncMode::kSync, WriteKind::kCut),
+        "write");
+  t.CommitCheckpoint();
+  auto snap = store.NewSnapshot();
+  Check(snap.status(), "snapshot");
+  return std::move(snap).value();
+}
+
+// Rows per second of a point-in-time scan (open: checkpoint + snapshot,
+// then its pages) against a plain paged scan of the same table in the same
+// run (the baseline), each after the same pushes made rows dirty.
+void RunScan(SparseTables& t, Store& store, const std::string& regime,
+             double hit, uint64_t budget, uint32_t dim,
+             const std::vector<std::vector<uint64_t>>& batches,
+             const std::vector<float>& grads) {
+  const size_t page = 4096;
+  auto dirty = [&] {
+    for (size_t i = 0; i < 16; ++i) Push(t, batches[i], grads.data());
+  };
+  std::vector<double> pit, plain, ratio, open_ms;
+  size_t entries = 0;
+  for (int rep = 0; rep < FLAGS_repeats; ++rep) {
+    for (int order = 0; order < 2; ++order) {
+      const bool snapshot = (order == 0) == (rep % 2 == 0);
+      dirty();
+      const auto start = Clock::now();
+      size_t n;
+      if (snapshot) {
+        std::unique_ptr<StoreSnapshot> snap = OpenSnapshot(t, store);
+        open_ms.push_back(
+            std::chrono::duration<double, std::milli>(Clock::now() - start)
+                .count());
+        n = ScanAll(t, page, snap.get(), t.clock());
+      } else {
+        n = ScanAll(t, page, nullptr, 0);
+      }
+      const double s =
+          std::chrono::duration<double>(Clock::now() - start).count();
+      (snapshot ? pit : plain).push_back(static_cast<double>(n) / s);
+      entries = n;
+    }
+    ratio.push_back(pit.back() / plain.back());
+  }
+  const auto vs = bench::SpreadOf(ratio);
+  const auto rows = [](double v) { return std::llround(v); };
+  bench::Json j;
+  j["bench"] = "sparse";
+  j["op"] = "scan";
+  j["dim"] = dim;
+  j["regime"] = regime;
+  j["hit_rate"] = bench::Round(hit, 3);
+  j["page"] = page;
+  j["entries"] = entries;
+  j["cache_bytes"] = budget;
+  j["rows_per_s"] = rows(Median(pit));
+  j["baseline"] = "plain_scan";
+  j["baseline_rows_per_s"] = rows(Median(plain));
+  j["ratio"] = bench::Round(vs.median, 3);
+  j["ratio_spread"] = bench::ToJson(vs);
+  j["open_ms"] = bench::Round(Median(open_ms), 2);
+  j["open_ms_max"] =
+      bench::Round(*std::max_element(open_ms.begin(), open_ms.end()), 2);
+  j["dirty_batches"] = 16;
+  j["repeats"] = FLAGS_repeats;
+  bench::Emit(j);
+}
+
 void RunDim(const std::string& dir, uint32_t dim) {
   const uint64_t vocab = FLAGS_vocab;
   const auto batches = MakeBatches(vocab, FLAGS_batch, 64, FLAGS_zipf);
@@ -418,6 +519,7 @@ void RunDim(const std::string& dir, uint32_t dim) {
       j["ratio_rocksdb_max"] = bench::Round(vs_rk.max, 3);
       bench::Emit(j);
     }
+    if (FLAGS_scan) RunScan(*t, *store, regime, hit, budget, dim, batches, grads);
   }
 }
 
