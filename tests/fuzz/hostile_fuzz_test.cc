@@ -197,9 +197,11 @@ TEST(HostileFuzzTest, BspAndSspShardsAnswerEveryHostileRequest) {
   }
 }
 
-// Sparse tables (issues 12 and 13): hostile row refs in pushes and pulls and
-// hostile table definitions against shard 0 of two (RocksDB stores, caches
-// far smaller than the rows touched, so evictions write back meanwhile).
+// Sparse tables (issues 12 and 13): hostile row refs in pushes and pulls,
+// hostile table definitions and hostile scans (plain and point-in-time:
+// opens, unknown ids, both at once, any page size and cursor) against shard
+// 0 of two (RocksDB stores, caches far smaller than the rows touched, so
+// evictions write back meanwhile).
 // Every request is answered, the shard stays up, and since legal hostile
 // updates carry zero gradients (SGD), every row and weight a real client
 // wrote before reads back bitwise the same; the shard then still trains.
@@ -296,12 +298,14 @@ TEST(HostileFuzzTest, SparseShardAnswersEveryHostileRowRequest) {
   EXPECT_EQ(report.unanswered, 0) << report.ToJson();
   EXPECT_EQ(report.answered, report.sent) << report.ToJson();
   EXPECT_EQ(report.sent, messages);
-  int row_shapes = 0;
+  int row_shapes = 0, scan_shapes = 0;
   for (const auto& [shape, n] : report.shapes) {
     if (shape.rfind("rows/", 0) == 0 || shape.rfind("pull_rows/", 0) == 0)
       row_shapes += n > 0;
+    if (shape.rfind("scan/", 0) == 0) scan_shapes += n > 0;
   }
   EXPECT_GE(row_shapes, 20) << report.ToJson();
+  EXPECT_EQ(scan_shapes, 5) << report.ToJson();
   EXPECT_GT(report.codes.at("OK"), 0);
   // Nothing a real client wrote changed.
   read(&rows_after, &dense_after);

@@ -423,6 +423,8 @@ void HostileGenerator::Next(HostileMessage* m) {
     m->shape = "clock";
   } else if (pick < 85) {
     Register(m);
+  } else if (pick < 88 && rows) {
+    ScanRows(m);
   } else if (pick < 88) {
     h.kind = RequestKind::kHeartbeat;
     m->shape = "heartbeat";

@@ -68,6 +68,7 @@ class HostileGenerator {
   // distinct keys this shard owns, zero rows), then one mutation.
   void PushRows(HostileMessage* m);
   void PullRows(HostileMessage* m);
+  void ScanRows(HostileMessage* m);
   void HostileTables(HostileMessage* m);
   // `n` distinct keys of `table` that the target shard owns.
   std::vector<uint64_t> OwnedKeys(uint32_t table, size_t n);

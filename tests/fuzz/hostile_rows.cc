@@ -288,6 +288,49 @@ void HostileGenerator::PullRows(HostileMessage* m) {
   }
 }
 
+// A page of a scan of a table's rows (kAssign phase 6), plain or
+// point-in-time: any table, cursor, page size and scan id, opens and
+// names together, stray frames; each answered, none crashes the shard, and
+// the opens are bounded (4 open, one per 50 ms: the rest Unavailable).
+void HostileGenerator::ScanRows(HostileMessage* m) {
+  RequestHeader& h = m->header;
+  h.kind = RequestKind::kAssign;
+  h.assign_phase = 6;
+  h.assign_upload = OneIn(8) ? 0 : rng_() | 1;
+  RowsRef ref;
+  ref.table = static_cast<uint32_t>(
+      OneIn(4) ? rng_() : Uniform(0, static_cast<int64_t>(tables_.size()) - 1));
+  h.rows = {ref};
+  h.assign_cursor = OneIn(2) ? 0 : rng_();
+  h.assign_scan_rows = static_cast<uint32_t>(
+      OneIn(4) ? rng_() : (OneIn(4) ? 0 : Uniform(1, 512)));
+  switch (Uniform(0, 4)) {
+    case 0:
+      m->shape = "scan/plain";
+      return;
+    case 1:
+      m->shape = "scan/open";
+      h.assign_open_snapshot = true;
+      return;
+    case 2:
+      m->shape = "scan/unknown_snapshot";
+      h.assign_snapshot = OneIn(2) ? rng_() : Uniform(1, 8);
+      return;
+    case 3:
+      m->shape = "scan/open_and_named";
+      h.assign_open_snapshot = true;
+      h.assign_snapshot = rng_() | 1;
+      return;
+    default:
+      m->shape = "scan/frames";
+      h.assign_open_snapshot = OneIn(2);
+      if (OneIn(2)) h.rows.push_back(ref);
+      m->frames.push_back(std::vector<uint8_t>(
+          static_cast<size_t>(Uniform(0, 64)), static_cast<uint8_t>(rng_())));
+      return;
+  }
+}
+
 void HostileGenerator::HostileTables(HostileMessage* m) {
   RequestHeader& h = m->header;
   TableSpec& t = h.tables[Uniform(0, static_cast<int64_t>(h.tables.size()) - 1)];
