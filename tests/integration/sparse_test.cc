@@ -494,15 +494,16 @@ TEST(SparseIntegrationTest, ClientScansEveryEntryOnceInKeyOrderAndRestoresIt) {
 // scans are opened, then every row is pushed again and new ids arrive, and
 // only then are the other pages read: they give the table as it was
 // opened, which equals a scan made before the pushes, while a plain scan
-// sees the pushes. A shard drops a scan idle longer than
-// --scan_snapshot_idle_s (FailedPrecondition); worker::ScanTable, whose
+// sees the pushes (the pushes take well under --scan_snapshot_idle_s=6,
+// also on a loaded machine). A shard drops a scan idle longer than that
+// (FailedPrecondition); worker::ScanTable, whose
 // pages come one after the other, is point-in-time by itself.
 TEST(SparseIntegrationTest, PointInTimeScanIgnoresPushesBetweenItsPages) {
   TempDir dir;
   const std::vector<std::string> flags = {
       "--num_workers=1", "--optimizer=sgd", "--lr=0.1",
       "--embedding_cache_bytes=1048576", "--worker_timeout_s=60",
-      "--scan_snapshot_idle_s=2"};
+      "--scan_snapshot_idle_s=6"};
   auto servers = StartShards(dir, 2, flags);
   ASSERT_EQ(servers.size(), 2u);
   TableSpec t = Emb(8, RowOptimizerKind::kAdaGrad);
@@ -555,7 +556,7 @@ TEST(SparseIntegrationTest, PointInTimeScanIgnoresPushesBetweenItsPages) {
             StatusCode::kFailedPrecondition);
   uint64_t idle = 0;
   ASSERT_TRUE(a->ScanRows(1, 0, 0, 10, &k, &r, seconds(5), &idle).ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  std::this_thread::sleep_for(std::chrono::milliseconds(6500));
   EXPECT_EQ(a->ScanRows(1, 0, k.back() + 1, 10, &k, &r, seconds(5), &idle)
                 .code(),
             StatusCode::kFailedPrecondition);
