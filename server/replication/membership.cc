@@ -247,6 +247,12 @@ Status Membership::Step(SteadyClock::time_point now) {
                               g.incarnations.at(name_) == incarnation_);
 
   const bool was_primary = g.primary == name_ && me_listed;
+  // Backups the replicator asked to drop (DropBackup), taken for this step;
+  // given back if the layout changed under it (another group's write won):
+  // lost, a silent backup would stay listed until its lease ended, and the
+  // primary's acknowledgements wait for it meanwhile.
+  std::vector<std::pair<std::string, bool>> broken;
+  uint64_t dropped = 0;
   bool change = false;   // roles changed: a new epoch
   bool bind = false;     // only incarnations bound
   if (me_listed && g.incarnations.count(name_) == 0) {
@@ -290,7 +296,6 @@ Status Membership::Step(SteadyClock::time_point now) {
     }
   } else if (me_listed && g.primary == name_) {
     std::vector<std::string> keep;
-    std::vector<std::pair<std::string, bool>> broken;
     {
       std::lock_guard<std::mutex> l(mu_);
       broken.swap(drop_backups_);
@@ -307,7 +312,7 @@ Status Membership::Step(SteadyClock::time_point now) {
         LOG(WARNING) << "backup " << b << " of group " << options_.group
                      << (drop->second ? " is silent" : " diverged")
                      << ": dropped (epoch " << layout.epoch + 1 << ")";
-        ++counters_.backups_dropped;
+        ++dropped;
         if (drop->second && g.incarnations.count(b))
           deposed_[b] = {g.incarnations.at(b), now};
         g.incarnations.erase(b);
@@ -317,7 +322,7 @@ Status Membership::Step(SteadyClock::time_point now) {
       if (gone(b)) {
         LOG(WARNING) << "backup " << b << " of group " << options_.group
                      << " is gone: dropped (epoch " << layout.epoch + 1 << ")";
-        ++counters_.backups_dropped;
+        ++dropped;
         if (g.incarnations.count(b)) deposed_[b] = {g.incarnations.at(b), now};
         g.incarnations.erase(b);
         change = true;
@@ -369,15 +374,32 @@ Status Membership::Step(SteadyClock::time_point now) {
   }
   if (change || bind) {
     if (change) g.epoch = ++layout.epoch;
-    ASSIGN_OR_RETURN(bool written,
-                     etcd_->CompareAndPut(layout_key, layout.ToJson(),
-                                          kv->mod_revision));
-    if (!written) {
-      ++counters_.cas_conflicts;
+    // Not written (a conflict or an etcd error): what this step took is
+    // asked for again, at once.
+    auto retry = [&] {
       std::lock_guard<std::mutex> l(mu_);
       add_backups_.insert(add_backups_.end(), add.begin(), add.end());
-      return Status::OK();  // someone else changed it: read again next time
+      drop_backups_.insert(drop_backups_.begin(), broken.begin(),
+                           broken.end());
+      wake_ = true;
+    };
+    StatusOr<bool> written = etcd_->CompareAndPut(
+        layout_key, layout.ToJson(), kv->mod_revision);
+    if (!written.ok()) {
+      retry();
+      return written.status();
     }
+    if (!*written) {
+      ++counters_.cas_conflicts;
+      if (change) {
+        LOG(WARNING) << "group " << options_.group << ": the layout changed "
+                     << "before epoch " << layout.epoch
+                     << " was written (another group's change): trying again";
+      }
+      retry();
+      return Status::OK();
+    }
+    counters_.backups_dropped += dropped;
     if (change && g.primary == name_ && !was_primary) ++counters_.promotions;
   }
   const bool me_now = listed_in(g, name_) &&

@@ -289,11 +289,22 @@ Status Replicator::CheckReplicate(const RequestHeader& req) {
   // read comes from a primary that read a layout listing it (a primary hands
   // updates only to the backups its layout lists): this process has not
   // caught up yet (it is starting, say) and takes it.
+  // A spare that installed a snapshot at epoch E and was then listed (a
+  // later epoch) takes updates the same primary still stamps with an epoch
+  // from E on until it reads the layout that lists the spare: they come in
+  // order from the process its view still names as primary, which no other
+  // process has replaced in between (then the view would name that one).
+  // Refused, the primary would drop the new backup as diverged.
+  const bool joined_primary_behind =
+      joined_epoch_ > 0 && req.replicate_epoch >= joined_epoch_ &&
+      view_.backup && !joined_primary_.empty() &&
+      view_.primary_endpoint == joined_primary_;
   const bool member =
       view_.backup ||
       (!view_.primary && req.replicate_epoch > view_.epoch) ||
       (joined_epoch_ > 0 && req.replicate_epoch >= joined_epoch_);
-  if (view_.primary || !member || req.replicate_epoch < view_.epoch ||
+  if (view_.primary || !member ||
+      (req.replicate_epoch < view_.epoch && !joined_primary_behind) ||
       req.replicate_group != options_.group) {
     ++counters_.refused_stale;
     return Status::FailedPrecondition(

@@ -267,7 +267,10 @@ class Replicator {
   Status CheckSnapshot(const RequestHeader& req);
   // Spare side: a snapshot of `epoch` was installed; kReplicate requests of
   // that epoch on are taken.
-  void SetJoined(uint64_t epoch) { joined_epoch_ = epoch; }
+  void SetJoined(uint64_t epoch) {
+    joined_epoch_ = epoch;
+    joined_primary_ = view_.primary_endpoint;
+  }
 
   // Reads the backups' acknowledgements and releases (into `out`) every held
   // reply all of them acknowledged.
@@ -322,6 +325,7 @@ class Replicator {
   std::vector<std::string> broken_;  // TakeBroken()
   std::vector<std::string> silent_;  // TakeSilent()
   uint64_t joined_epoch_ = 0;        // spare side: 0 = no snapshot installed
+  std::string joined_primary_;       // the primary its view named then
   // Backup side: when the primary of `heard_epoch_` was last heard from.
   TimePoint heard_at_{};
   uint64_t heard_epoch_ = 0;
