@@ -343,15 +343,19 @@ size_t ScanAll(SparseTables& t, size_t page, const StoreSnapshot* snapshot,
   }
 }
 
+// Every dirty entry of the tables to the store, in one cut.
+void WriteCut(SparseTables& t, Store& store, SyncMode sync) {
+  auto batch = store.NewBatch();
+  Check(t.FlushForCheckpoint(batch.get()), "flush");
+  Check(store.Write({}, batch.get(), sync, WriteKind::kCut), "write");
+  t.CommitCheckpoint();
+}
+
 // What a shard does to open a point-in-time scan (server/shard/
 // shard_scan.cc): a checkpoint of the tables' dirty entries, synced, then a
 // store snapshot.
 std::unique_ptr<StoreSnapshot> OpenSnapshot(SparseTables& t, Store& store) {
-  auto batch = store.NewBatch();
-  Check(t.FlushForCheckpoint(batch.get()), "flush");
-  Check(store.Write({}, batch.get(), SyncMode::kSync, WriteKind::kCut),
-        "write");
-  t.CommitCheckpoint();
+  WriteCut(t, store, SyncMode::kSync);
   auto snap = store.NewSnapshot();
   Check(snap.status(), "snapshot");
   return std::move(snap).value();
@@ -443,11 +447,7 @@ void RunDim(const std::string& dir, uint32_t dim) {
         keys.clear();
       }
     }
-    auto batch = store->NewBatch();
-    Check(t->FlushForCheckpoint(batch.get()), "flush");
-    Check(store->Write({}, batch.get(), SyncMode::kNoSync, WriteKind::kCut),
-          "write");
-    t->CommitCheckpoint();
+    WriteCut(*t, *store, SyncMode::kNoSync);
     Check(store->CompactSpace(t->table(0).space()), "compact");
   }
   const size_t entry = dim * sizeof(float) + sizeof(EntryMeta);

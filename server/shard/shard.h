@@ -786,8 +786,7 @@ class Shard {
   // the store) and the id of the next one (random start).
   std::vector<std::unique_ptr<ScanSnapshot>> scans_;
   uint64_t next_scan_id_ = 0;
-  uint64_t scans_opened_ = 0;
-  TimePoint last_scan_open_;
+  std::optional<TimePoint> last_scan_open_;
   // A push's rows, validated and decoded, waiting for phase 2.
   struct PendingRows {
     uint32_t table = 0;

@@ -80,7 +80,7 @@ Status Shard::OpenScanSnapshot(uint32_t table, TimePoint now,
   }
   // Each open writes a checkpoint: a peer that opens scans over and over
   // gets one per kScanOpenInterval at most.
-  if (scans_opened_ > 0 && now - last_scan_open_ < kScanOpenInterval) {
+  if (last_scan_open_ && now - *last_scan_open_ < kScanOpenInterval) {
     reply->retry_ms = static_cast<uint32_t>(kScanOpenInterval.count());
     return Reject(RejectReason::kOther,
                   Status::Unavailable(
@@ -154,7 +154,6 @@ Status Shard::OpenScanSnapshot(uint32_t table, TimePoint now,
             << (snap->store ? "" : std::to_string(snap->frozen_n) + " entries")
             << ")";
   scans_.push_back(std::move(snap));
-  ++scans_opened_;
   last_scan_open_ = now;
   UpdateExpiryHold();
   reply->scan_snapshot = scans_.back()->id;
@@ -218,8 +217,10 @@ Status Shard::ScanRows(const std::string& peer, const RequestHeader& req,
   }
   // The point-in-time scan this page reads from, opened by it or named.
   ScanSnapshot* snap = nullptr;
+  size_t snap_at = 0;  // its index in scans_
   if (req.assign_open_snapshot) {
     RETURN_IF_ERROR(OpenScanSnapshot(table, now, &reply->header));
+    snap_at = scans_.size() - 1;
     snap = scans_.back().get();
   } else if (req.assign_snapshot != 0) {
     ExpireScanSnapshots(now);
@@ -232,6 +233,7 @@ Status Shard::ScanRows(const std::string& peer, const RequestHeader& req,
         break;
       }
       snap = &s;
+      snap_at = i;
     }
     if (snap == nullptr) {
       return Reject(RejectReason::kOther,
@@ -286,14 +288,8 @@ Status Shard::ScanRows(const std::string& peer, const RequestHeader& req,
                                         "; retry"));
     }
   }
-  if (snap != nullptr && n < max) {
-    for (size_t i = 0; i < scans_.size(); ++i) {
-      if (scans_[i].get() == snap) {
-        DropScanSnapshot(i, "its last page was read");
-        break;
-      }
-    }
-  }
+  if (snap != nullptr && n < max)
+    DropScanSnapshot(snap_at, "its last page was read");
   RowsRef out;
   out.table = table;
   out.num_keys = n;
