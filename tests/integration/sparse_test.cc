@@ -395,7 +395,9 @@ TEST(SparseIntegrationTest, ClientScansEveryEntryOnceInKeyOrderAndRestoresIt) {
     const Scanned& got = by_shard[s];
     EXPECT_GT(got.keys.size(), 10000u);
     for (size_t i = 0; i < got.keys.size(); ++i) {
-      if (i > 0) ASSERT_LT(got.keys[i - 1], got.keys[i]);
+      if (i > 0) {
+        ASSERT_LT(got.keys[i - 1], got.keys[i]);
+      }
       EXPECT_EQ(a->ShardOfRow(0, got.keys[i]), s);
       uint32_t kind;
       uint64_t count;
@@ -404,7 +406,9 @@ TEST(SparseIntegrationTest, ClientScansEveryEntryOnceInKeyOrderAndRestoresIt) {
       auto it = want.find(got.keys[i]);
       ASSERT_NE(it, want.end()) << got.keys[i];
       EXPECT_EQ(kind, it->second);
-      if (kind == kSavedCounter) EXPECT_EQ(count, 1u);
+      if (kind == kSavedCounter) {
+        EXPECT_EQ(count, 1u);
+      }
       want.erase(it);  // so a key seen twice fails above
     }
     for (size_t page : {1, 3, 7}) {
