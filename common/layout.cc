@@ -40,6 +40,10 @@ Status ValidateSpecs(const std::vector<TensorSpec>& tensors,
   }
   if (options.chunk_elems < 1)
     return Status::InvalidArgument("chunk_elems must be >= 1");
+  if (static_cast<uint8_t>(options.placement) > kMaxPlacement) {
+    return Status::InvalidArgument(
+        "unknown placement " + std::to_string(static_cast<int>(options.placement)));
+  }
   if (tensors.empty())
     return Status::InvalidArgument("a layout needs at least one tensor");
   std::unordered_set<std::string> names;
@@ -90,6 +94,42 @@ uint64_t PieceElems(uint64_t total, const LayoutOptions& options) {
       options.chunk_elems,
       std::max<uint64_t>(target, std::min<uint64_t>(options.min_chunk_elems,
                                                     options.chunk_elems)));
+}
+
+// LPT: largest first (ties by id), each to the least-loaded shard (ties by
+// index).
+void PlaceLargestFirst(int S, std::vector<ChunkSpec>* chunks) {
+  std::vector<uint32_t> order(chunks->size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    return (*chunks)[a].num_elems > (*chunks)[b].num_elems;
+  });
+  // Min-heap of (load, shard): the least-loaded shard, lowest index on ties.
+  using Slot = std::pair<uint64_t, int>;
+  std::priority_queue<Slot, std::vector<Slot>, std::greater<Slot>> least;
+  for (int s = 0; s < S; ++s) least.push({0, s});
+  for (uint32_t id : order) {
+    Slot best = least.top();
+    least.pop();
+    (*chunks)[id].shard = best.second;
+    least.push({best.first + (*chunks)[id].num_elems, best.second});
+  }
+}
+
+// In registration order: a chunk goes to the shard whose equal share of the
+// model, [s, s + 1) x total / S, holds the chunk's midpoint. A shard's load is
+// then its share plus at most half a piece at either end; every shard gets
+// at least one chunk when every piece is at most total / S.
+void PlaceInOrder(uint64_t total, int S, std::vector<ChunkSpec>* chunks) {
+  const auto s64 = static_cast<unsigned __int128>(S);
+  uint64_t before = 0;
+  for (ChunkSpec& c : *chunks) {
+    // 2 x midpoint x S / (2 x total), in 128 bits: total < 2^61.
+    const unsigned __int128 mid2 = 2 * static_cast<unsigned __int128>(before) + c.num_elems;
+    const auto s = static_cast<uint64_t>(mid2 * s64 / (2 * static_cast<unsigned __int128>(total)));
+    c.shard = static_cast<int>(std::min<uint64_t>(s, static_cast<uint64_t>(S - 1)));
+    before += c.num_elems;
+  }
 }
 
 }  // namespace
@@ -145,27 +185,27 @@ StatusOr<Layout> Layout::Create(std::vector<TensorSpec> tensors,
       off += len;
     }
   }
-  // LPT: largest first (ties by id), each to the least-loaded shard (ties by
-  // index).
-  std::vector<uint32_t> order(l.chunks_.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
-    return l.chunks_[a].num_elems > l.chunks_[b].num_elems;
-  });
-  // Min-heap of (load, shard): the least-loaded shard, lowest index on ties.
-  using Slot = std::pair<uint64_t, int>;
-  std::priority_queue<Slot, std::vector<Slot>, std::greater<Slot>> least;
-  for (int s = 0; s < S; ++s) least.push({0, s});
-  for (uint32_t id : order) {
-    Slot best = least.top();
-    least.pop();
-    l.chunks_[id].shard = best.second;
-    least.push({best.first + l.chunks_[id].num_elems, best.second});
+  if (options.placement == Placement::kInOrder) {
+    PlaceInOrder(total, S, &l.chunks_);
+  } else {
+    PlaceLargestFirst(S, &l.chunks_);
   }
   l.num_shards_ = S;
   l.shard_chunks_.resize(S);
   for (const ChunkSpec& c : l.chunks_) l.shard_chunks_[c.shard].push_back(c.id);
   return l;
+}
+
+
+const char* PlacementName(Placement p) {
+  return p == Placement::kInOrder ? "in_order" : "balanced";
+}
+
+StatusOr<Placement> ParsePlacement(const std::string& name) {
+  if (name == "balanced") return Placement::kBalanced;
+  if (name == "in_order") return Placement::kInOrder;
+  return Status::InvalidArgument("unknown placement '" + name +
+                                 "' (balanced or in_order)");
 }
 
 StatusOr<Layout> Layout::WithOwners(const std::vector<int>& owners,

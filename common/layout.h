@@ -6,10 +6,18 @@
 // process computes the same layout without a coordinator.
 //
 // Balancing: chunks are cut small enough that each shard receives several of
-// them, then assigned largest-first to the least-loaded shard (LPT). With at
-// least four chunks per shard the largest shard holds at most ~1.125 x the
-// mean bytes (see layout_test.cc), unlike key-range partitioning where every
-// small dense tensor lands on server 0.
+// them, then placed by one of two rules (LayoutOptions::placement), both
+// bounding the largest shard by the mean bytes plus one piece (~1.125 x the
+// mean; see layout_test.cc), unlike key-range partitioning where every small
+// dense tensor lands on server 0:
+//   kBalanced: largest first to the least-loaded shard (LPT); every shard
+//              holds pieces of the large tensors, wherever they are.
+//   kInOrder:  the chunks in registration order, cut into num_shards
+//              contiguous ranges of about equal bytes: shard 0 holds the
+//              first tensors, the last shard the last ones. With tensors
+//              registered in forward order, backward completes the last
+//              shards' gradients first, so under BSP their pushes (and
+//              rounds) can go while backward still runs (asyncps.overlap).
 //
 // A Layout is immutable after Create() and safe to share between threads.
 #pragma once
@@ -46,6 +54,17 @@ struct TensorSpec {
   bool operator!=(const TensorSpec& o) const { return !(*this == o); }
 };
 
+// How chunks are placed on shards (see above). Travels on the wire and in
+// shard checkpoints: never renumber.
+enum class Placement : uint8_t {
+  kBalanced = 0,
+  kInOrder = 1,
+};
+inline constexpr uint8_t kMaxPlacement = static_cast<uint8_t>(Placement::kInOrder);
+// "balanced" / "in_order", and back (InvalidArgument naming both).
+const char* PlacementName(Placement p);
+StatusOr<Placement> ParsePlacement(const std::string& name);
+
 struct LayoutOptions {
   // Largest chunk, in floats. Default: 1 Mi floats (4 MiB), so no single
   // message frame grows past a few MiB.
@@ -55,6 +74,8 @@ struct LayoutOptions {
   size_t min_chunk_elems = 4096;
   // Number of shards. Default: 1.
   int num_shards = 1;
+  // Which shard each chunk goes to. Default: kBalanced (LPT).
+  Placement placement = Placement::kBalanced;
 };
 
 struct ChunkSpec {

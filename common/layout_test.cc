@@ -79,20 +79,27 @@ TEST(LayoutTest, OneHugeAndManySmallTensors) {
   }
 }
 
+// 1-30 tensors of log-uniform sizes (1 to ~9M floats), and random shard
+// counts and chunk bounds in *o.
+std::vector<TensorSpec> RandomModel(std::mt19937& rng, LayoutOptions* o) {
+  std::vector<TensorSpec> ts;
+  int n = 1 + rng() % 30;
+  for (int i = 0; i < n; ++i) {
+    int64_t size = 1 + static_cast<int64_t>(std::exp(
+                           std::uniform_real_distribution<>(0, 16)(rng)));
+    ts.push_back(T("t" + std::to_string(i), {size}));
+  }
+  o->num_shards = 1 + rng() % 12;
+  o->chunk_elems = 1 << (10 + rng() % 12);
+  o->min_chunk_elems = std::min<size_t>(o->chunk_elems, 1 << (rng() % 13));
+  return ts;
+}
+
 TEST(LayoutTest, RandomModelsStayWithinBound) {
   std::mt19937 rng(1);
   for (int trial = 0; trial < 200; ++trial) {
-    std::vector<TensorSpec> ts;
-    int n = 1 + rng() % 30;
-    for (int i = 0; i < n; ++i) {
-      int64_t size = 1 + static_cast<int64_t>(std::exp(
-                             std::uniform_real_distribution<>(0, 16)(rng)));
-      ts.push_back(T("t" + std::to_string(i), {size}));
-    }
     LayoutOptions o;
-    o.num_shards = 1 + rng() % 12;
-    o.chunk_elems = 1 << (10 + rng() % 12);
-    o.min_chunk_elems = std::min<size_t>(o.chunk_elems, 1 << (rng() % 13));
+    std::vector<TensorSpec> ts = RandomModel(rng, &o);
     auto l = Layout::Create(ts, o);
     ASSERT_TRUE(l.ok());
     ExpectCovers(*l);
@@ -100,6 +107,91 @@ TEST(LayoutTest, RandomModelsStayWithinBound) {
       EXPECT_LE(MaxOverMean(*l), 1.15) << "trial " << trial;
     }
   }
+}
+
+// Placement::kInOrder: contiguous ranges in registration order, every shard
+// at most its share plus one chunk, and within 1.15 x the mean whenever the
+// pieces are an eighth of a share (the cut was not clamped by min/max).
+TEST(LayoutTest, InOrderPlacementIsContiguousAndBalanced) {
+  std::mt19937 rng(3);
+  int unclamped = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    LayoutOptions o;
+    std::vector<TensorSpec> ts = RandomModel(rng, &o);
+    o.placement = Placement::kInOrder;
+    auto l = Layout::Create(ts, o);
+    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    ExpectCovers(*l);
+    uint64_t largest = 0;
+    for (size_t c = 0; c < l->chunks().size(); ++c) {
+      largest = std::max(largest, l->chunks()[c].num_elems);
+      if (c > 0) {
+        ASSERT_GE(l->chunks()[c].shard, l->chunks()[c - 1].shard) << "trial " << trial;
+      }
+    }
+    const double mean = static_cast<double>(l->total_elems()) / o.num_shards;
+    auto bytes = l->ShardBytes();
+    for (int s = 0; s < o.num_shards; ++s) {
+      EXPECT_LE(bytes[s] / 4.0, mean + largest) << "trial " << trial << " shard " << s;
+      if (largest <= mean) {
+        EXPECT_FALSE(l->shard_chunks(s).empty()) << "trial " << trial << " shard " << s;
+      }
+    }
+    if (largest * 8 <= mean + 8 && o.num_shards > 1) {
+      ++unclamped;
+      EXPECT_LE(MaxOverMean(*l), 1.15) << "trial " << trial;
+    }
+  }
+  EXPECT_GE(unclamped, 20);  // the bound above was checked, not skipped
+}
+
+// The CNN of worker/python/examples/cnn.py on 4 shards: the convolutions
+// (first) on shard 0, the last layer on shard 3, the large fc layer across
+// all four; LPT instead gives every shard a piece of the fc layer and the
+// convolutions' chunks wherever they fit. Both placements cut alike.
+TEST(LayoutTest, InOrderPlacementPutsTheLastLayersOnTheLastShard) {
+  std::vector<TensorSpec> ts{T("0.weight", {32, 1, 5, 5}), T("0.bias", {32}),
+                             T("1.weight", {32}), T("1.bias", {32}),
+                             T("4.weight", {64, 32, 5, 5}), T("4.bias", {64}),
+                             T("5.weight", {64}), T("5.bias", {64}),
+                             T("9.weight", {128, 3136}), T("9.bias", {128}),
+                             T("12.weight", {10, 128}), T("12.bias", {10})};
+  LayoutOptions o;
+  o.num_shards = 4;
+  auto balanced = Layout::Create(ts, o);
+  o.placement = Placement::kInOrder;
+  auto in_order = Layout::Create(ts, o);
+  ASSERT_TRUE(balanced.ok() && in_order.ok());
+  ASSERT_EQ(balanced->chunks().size(), in_order->chunks().size());
+  for (size_t c = 0; c < in_order->chunks().size(); ++c) {
+    EXPECT_EQ(balanced->chunks()[c].num_elems, in_order->chunks()[c].num_elems);
+  }
+  const auto shard_of = [&](const Layout& l, const std::string& name) {
+    return l.chunks()[l.tensor_chunks(*l.FindTensor(name)).front()].shard;
+  };
+  EXPECT_EQ(shard_of(*in_order, "4.weight"), 0);
+  EXPECT_EQ(shard_of(*in_order, "12.bias"), 3);
+  std::vector<int> fc_shards;
+  for (uint32_t id : in_order->tensor_chunks(*in_order->FindTensor("9.weight")))
+    fc_shards.push_back(in_order->chunks()[id].shard);
+  EXPECT_EQ(fc_shards.front(), 0);
+  EXPECT_EQ(fc_shards.back(), 3);
+  EXPECT_LE(MaxOverMean(*in_order), 1.15);
+  EXPECT_LE(MaxOverMean(*balanced), 1.15);
+  EXPECT_NE(in_order->Owners(), balanced->Owners());
+}
+
+TEST(LayoutTest, PlacementNamesRoundTrip) {
+  for (Placement p : {Placement::kBalanced, Placement::kInOrder}) {
+    auto back = ParsePlacement(PlacementName(p));
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(*back, p);
+  }
+  EXPECT_EQ(ParsePlacement("lpt").status().code(), StatusCode::kInvalidArgument);
+  LayoutOptions o;
+  o.placement = static_cast<Placement>(2);
+  EXPECT_EQ(Layout::Create({T("a", {3})}, o).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST(LayoutTest, DeterministicAndIndependentOfProcess) {

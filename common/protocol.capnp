@@ -73,6 +73,8 @@ struct Register {
   minChunkElems @2 :UInt64;
   numShards @3 :UInt32;
   tables @4 :List(TableSpec);  # sparse tables of the model (may be empty)
+  placement @5 :UInt8;         # which shard holds each chunk (common/layout.h
+                               # Placement): 0 = balanced (LPT), 1 = in order
 }
 
 struct Push {

@@ -245,6 +245,7 @@ std::vector<uint8_t> EncodeRequest(const RequestHeader& h) {
       reg.setChunkElems(h.layout.chunk_elems);
       reg.setMinChunkElems(h.layout.min_chunk_elems);
       reg.setNumShards(static_cast<uint32_t>(h.layout.num_shards));
+      reg.setPlacement(static_cast<uint8_t>(h.layout.placement));
       if (!h.tables.empty())
         FillTableSpecs(reg.initTables(h.tables.size()), h.tables);
       break;
@@ -462,6 +463,11 @@ Status DecodeRequest(const uint8_t* data, size_t size,
             out->layout.min_chunk_elems = reg.getMinChunkElems();
             out->layout.num_shards = static_cast<int>(
                 std::min<uint32_t>(reg.getNumShards(), 1u << 20));
+            if (reg.getPlacement() > kMaxPlacement) {
+              return Status::InvalidArgument("unknown placement " +
+                                             std::to_string(reg.getPlacement()));
+            }
+            out->layout.placement = static_cast<Placement>(reg.getPlacement());
             return ReadTableSpecs(reg.getTables(), limits, &out->tables);
           }
           case cw::Request::Body::PUSH: {

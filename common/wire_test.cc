@@ -134,6 +134,16 @@ TEST(WireTest, RegisterAndPullRoundTrip) {
   EXPECT_EQ(d.tensors[0], t);
   EXPECT_EQ(d.layout.chunk_elems, 4096u);
   EXPECT_EQ(d.layout.num_shards, 2);
+  EXPECT_EQ(d.layout.placement, Placement::kBalanced);  // the default, 0
+  h.layout.placement = Placement::kInOrder;
+  bytes = EncodeRequest(h);
+  ASSERT_TRUE(DecodeRequest(bytes.data(), bytes.size(), {}, &d).ok());
+  EXPECT_EQ(d.layout.placement, Placement::kInOrder);
+  h.layout.placement = static_cast<Placement>(kMaxPlacement + 1);  // a newer peer's
+  bytes = EncodeRequest(h);
+  Status bad = DecodeRequest(bytes.data(), bytes.size(), {}, &d);
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("placement"), std::string::npos) << bad.ToString();
 
   RequestHeader p;
   p.kind = RequestKind::kPull;

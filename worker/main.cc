@@ -80,6 +80,12 @@ DEFINE_string(pull_codec, "",
               "topk:ratio=R (the top-k of the change since this worker's "
               "last pull)");
 DEFINE_int64(chunk_elems, 1 << 20, "Largest chunk of a tensor, in floats");
+DEFINE_string(placement, "balanced",
+              "Which shard holds each chunk: balanced (largest chunks first to "
+              "the least-loaded shard) or in_order (contiguous ranges in layer "
+              "order, the last layers on the last shard: with --overlap under "
+              "BSP their pushes leave during backward). Every worker and "
+              "observer of a job names the same one");
 DEFINE_int32(
     timeout_s, 120,
     "Longest wait for any reply (a shard restart must finish within it)");
@@ -283,6 +289,7 @@ Status Main() {
     return Status::InvalidArgument("--slowdown must be >= 1");
   if (FLAGS_chunk_elems < 1)
     return Status::InvalidArgument("--chunk_elems must be >= 1");
+  RETURN_IF_ERROR(ParsePlacement(FLAGS_placement).status().WithContext("--placement"));
   if (FLAGS_timeout_s < 1)
     return Status::InvalidArgument("--timeout_s must be >= 1");
   if (FLAGS_role != "train" && FLAGS_role != "eval") {
@@ -442,6 +449,7 @@ Status Main() {
   if (eval_role) {
     LayoutOptions lo;
     lo.chunk_elems = static_cast<size_t>(FLAGS_chunk_elems);
+    lo.placement = *ParsePlacement(FLAGS_placement);
     // An observer does not register: it pulls what the workers registered
     // (and waits for them to do so).
     RETURN_IF_ERROR(client->UseLayout(MlpTensorSpecs(layers, FLAGS_seed), lo)
@@ -462,6 +470,7 @@ Status Main() {
   so.prefetch_ahead = FLAGS_prefetch_ahead;
   so.timeout = std::chrono::seconds(FLAGS_timeout_s);
   so.layout.chunk_elems = static_cast<size_t>(FLAGS_chunk_elems);
+  so.layout.placement = *ParsePlacement(FLAGS_placement);
   so.steps_per_epoch = std::max<int64_t>(
       1, train.num_examples / FLAGS_num_workers / FLAGS_batch);
   const bool cuda_backend = backend->device_grad(0) != nullptr;

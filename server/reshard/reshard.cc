@@ -27,6 +27,7 @@
 #include "common/sparse_table.h"
 #include "server/internal/binary_io.h"
 #include "server/internal/chunk_recut.h"
+#include "server/internal/layout_record.h"
 #include "server/internal/push_dedup.h"
 #include "server/internal/shard_records.h"
 #include "server/sparse/row_format.h"
@@ -38,7 +39,6 @@ namespace {
 using internal::kChunkMagic;
 using internal::kChunkPrefix;
 using internal::kLayoutKey;
-using internal::kLayoutMagic;
 using internal::kStateKey;
 using internal::kStateMagic;
 using internal::kStateMagicV1;
@@ -115,38 +115,6 @@ struct Source {
   // Chunk records: id -> (key, value).
   std::map<uint32_t, std::pair<std::string, std::string>> chunks;
 };
-
-Status ParseLayout(std::string_view value, std::vector<TensorSpec>* tensors,
-                   LayoutOptions* lo) {
-  Reader r(value);
-  uint32_t magic = 0, num_shards = 0, nt = 0;
-  uint64_t ce = 0, mce = 0;
-  if (!r.Get(&magic) || magic != kLayoutMagic || !r.Get(&num_shards) ||
-      !r.Get(&ce) || !r.Get(&mce) || !r.Get(&nt) || nt > r.remaining()) {
-    return Status::Corruption("header");
-  }
-  lo->num_shards = static_cast<int>(num_shards);
-  lo->chunk_elems = ce;
-  lo->min_chunk_elems = mce;
-  tensors->assign(nt, TensorSpec());
-  for (TensorSpec& t : *tensors) {
-    uint32_t len = 0, nd = 0;
-    uint8_t init = 0;
-    if (!r.Get(&len) || len > r.remaining()) return Status::Corruption("name");
-    t.name.resize(len);
-    if (!r.GetBytes(t.name.data(), len) || !r.Get(&nd) || nd > 8)
-      return Status::Corruption("shape");
-    t.shape.resize(nd);
-    for (int64_t& d : t.shape) {
-      if (!r.Get(&d)) return Status::Corruption("shape");
-    }
-    if (!r.Get(&init) || !r.Get(&t.init_param) || !r.Get(&t.seed))
-      return Status::Corruption("initialiser");
-    t.init = static_cast<InitKind>(init);
-  }
-  if (r.remaining() != 0) return Status::Corruption("trailing bytes");
-  return Status::OK();
-}
 
 Status ParseState(std::string_view value, ShardState* st, int32_t* shard_id,
                   int32_t* num_shards) {
@@ -519,7 +487,7 @@ Status Reshard(const std::vector<Store*>& from, const std::vector<Store*>& to,
   std::vector<TensorSpec> tensors;
   LayoutOptions lo;
   {
-    Status s = ParseLayout(*sources[0].layout, &tensors, &lo);
+    Status s = internal::ParseLayoutRecord(*sources[0].layout, &tensors, &lo);
     if (!s.ok()) return Damaged(0, kLayoutKey, s.message());
   }
   if (lo.num_shards != S) {

@@ -65,7 +65,8 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
 class Fleet {
  public:
   Fleet(const std::vector<Store*>& stores, bool register_model = true,
-        std::vector<TensorSpec> model = SmallModel(), TableSpec t = Emb())
+        std::vector<TensorSpec> model = SmallModel(), TableSpec t = Emb(),
+        Placement placement = Placement::kBalanced)
       : table(std::move(t)) {
     const int n = static_cast<int>(stores.size());
     for (int s = 0; s < n; ++s) {
@@ -73,6 +74,7 @@ class Fleet {
           std::make_unique<ShardHarness>(Options(s, n), stores[s]));
       if (!register_model || shards.back()->shard->registered()) continue;
       RequestHeader r = ShardHarness::Register(0, model, SmallLayout(n));
+      r.layout.placement = placement;
       r.tables = {table};
       ReplyHeader h = shards.back()->Call(r);
       EXPECT_TRUE(h.status.ok()) << h.status.ToString();
@@ -241,6 +243,37 @@ TEST(ReshardTest, ThreeToTwoBitwise) {
   for (int j = 0; j < 2; ++j) {
     RequestHeader r = ShardHarness::Register(0, SmallModel(), SmallLayout(2));
     r.tables = {Emb()};
+    EXPECT_TRUE(new_fleet.shards[j]->Call(r).status.ok());
+  }
+}
+
+// A model placed in order is restored in order onto the new shard count:
+// the new shards own the chunks Layout::Create gives that count, and refuse
+// a registration naming the balanced placement.
+TEST(ReshardTest, InOrderPlacementIsKept) {
+  std::vector<MemStore> old_stores(3), new_stores(2);
+  Fleet old_fleet(Ptrs(old_stores), true, SmallModel(), Emb(), Placement::kInOrder);
+  old_fleet.Train(3);
+  old_fleet.Checkpoint();
+  ReshardReport report;
+  ASSERT_TRUE(Reshard(Ptrs(old_stores), Ptrs(new_stores), {}, &report).ok());
+  Fleet new_fleet(Ptrs(new_stores), /*register_model=*/false);
+  LayoutOptions lo = SmallLayout(2);
+  lo.placement = Placement::kInOrder;
+  auto expect = Layout::Create(SmallModel(), lo);
+  ASSERT_TRUE(expect.ok());
+  for (int j = 0; j < 2; ++j) {
+    const Layout* l = new_fleet.shards[j]->shard->layout();
+    ASSERT_NE(l, nullptr);
+    EXPECT_EQ(l->options().placement, Placement::kInOrder);
+    EXPECT_EQ(l->Owners(), expect->Owners());
+  }
+  ExpectSameChunks(old_fleet, new_fleet);
+  for (int j = 0; j < 2; ++j) {
+    RequestHeader r = ShardHarness::Register(0, SmallModel(), SmallLayout(2));
+    r.tables = {Emb()};
+    EXPECT_EQ(new_fleet.shards[j]->Call(r).status.code(), StatusCode::kAlreadyExists);
+    r.layout.placement = Placement::kInOrder;
     EXPECT_TRUE(new_fleet.shards[j]->Call(r).status.ok());
   }
 }

@@ -567,10 +567,6 @@ class Shard {
                       const std::vector<ByteView>& data);
   Status Adopt(const RequestHeader& req, std::vector<OutgoingReply>* out);
   void EndFreeze(const char* why);
-  // Parses a layout record ("0layout", shard_persist.cc).
-  static Status ParseLayoutRecord(std::string_view value,
-                                  std::vector<TensorSpec>* tensors,
-                                  LayoutOptions* options);
   // Applies the adopted elastic owners to layout_ (recovery, import).
   Status ApplyElasticOwners();
   // shard_migrate_rows.cc: the rows of sparse tables move by key-range

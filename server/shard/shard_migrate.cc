@@ -26,6 +26,7 @@
 #include <algorithm>
 
 #include "server/elastic/elastic_doc.h"
+#include "server/internal/layout_record.h"
 #include "server/internal/shard_records.h"
 #include "server/internal/shard_types.h"
 #include "server/shard/shard.h"
@@ -319,7 +320,7 @@ Status Shard::ImportChunks(const RequestHeader& req, const std::vector<ByteView>
   std::vector<TensorSpec> tensors;
   LayoutOptions lo;
   {
-    Status s = ParseLayoutRecord(
+    Status s = internal::ParseLayoutRecord(
         std::string_view(reinterpret_cast<const char*>(data[0].data), data[0].size),
         &tensors, &lo);
     if (!s.ok()) return Reject(RejectReason::kMalformed, Status::InvalidArgument(s.message()));
@@ -364,7 +365,8 @@ Status Shard::ImportChunks(const RequestHeader& req, const std::vector<ByteView>
     candidate = std::move(mine).value();
   } else if (tensors != layout_->tensors() ||
              lo.chunk_elems != layout_->options().chunk_elems ||
-             lo.min_chunk_elems != layout_->options().min_chunk_elems) {
+             lo.min_chunk_elems != layout_->options().min_chunk_elems ||
+             lo.placement != layout_->options().placement) {
     return Reject(RejectReason::kRegistrationMismatch,
                   Status::AlreadyExists("import of another model's chunks"));
   }
@@ -581,40 +583,6 @@ Status Shard::Adopt(const RequestHeader& req, std::vector<OutgoingReply>* out) {
                  << " failed: " << s.ToString();
       EnterDegraded(s);
     }
-  }
-  return Status::OK();
-}
-
-Status Shard::ParseLayoutRecord(std::string_view value, std::vector<TensorSpec>* tensors,
-                                LayoutOptions* lo) {
-  Reader r(value);
-  uint32_t magic = 0, num_shards = 0, nt = 0;
-  uint64_t ce = 0, mce = 0;
-  if (!r.Get(&magic) || magic != internal::kLayoutMagic || !r.Get(&num_shards) ||
-      !r.Get(&ce) || !r.Get(&mce) || !r.Get(&nt) || nt > (1u << 24) ||
-      num_shards < 1 || num_shards > 4096) {
-    return Status::Corruption("layout record is damaged");
-  }
-  lo->num_shards = static_cast<int>(num_shards);
-  lo->chunk_elems = ce;
-  lo->min_chunk_elems = mce;
-  if (nt > r.remaining()) return Status::Corruption("layout record is damaged");
-  tensors->assign(nt, TensorSpec{});
-  for (TensorSpec& t : *tensors) {
-    uint32_t len = 0, nd = 0;
-    uint8_t init = 0;
-    if (!r.Get(&len) || len > r.remaining()) return Status::Corruption("layout record is damaged");
-    t.name.resize(len);
-    if (!r.GetBytes(t.name.data(), len) || !r.Get(&nd) || nd > 8)
-      return Status::Corruption("layout record is damaged");
-    t.shape.resize(nd);
-    for (int64_t& d : t.shape) {
-      if (!r.Get(&d)) return Status::Corruption("layout record is damaged");
-    }
-    if (!r.Get(&init) || !r.Get(&t.init_param) || !r.Get(&t.seed) ||
-        init > static_cast<uint8_t>(InitKind::kXavierUniform))
-      return Status::Corruption("layout record is damaged");
-    t.init = static_cast<InitKind>(init);
   }
   return Status::OK();
 }

@@ -1,10 +1,8 @@
 // Shard: checkpoints, durable writes and recovery.
 //
 // Store keys and value formats (little-endian, fixed width):
-//   "0layout"          u32 'LAY1', u32 num_shards, u64 chunk_elems,
-//                      u64 min_chunk_elems, u32 num_tensors, then per tensor:
-//                      u32 name_len, name, u32 ndims, i64 dims[ndims],
-//                      u8 init, f32 init_param, u64 seed
+//   "0layout"          the model: its tensors and the options its chunks
+//                      were cut by (server/internal/layout_record.h)
 //   "1state"           u32 'STA2', i32 shard_id, i32 num_shards,
 //                      u32 num_workers, u64 shard_version, i64 bsp_round,
 //                      per worker: i64 clock, u64 last_read,
@@ -36,6 +34,7 @@
 #include <cstring>
 
 #include "server/elastic/elastic_doc.h"
+#include "server/internal/layout_record.h"
 #include "server/internal/push_dedup.h"
 #include "server/internal/shard_records.h"
 #include "server/internal/shard_types.h"
@@ -49,7 +48,6 @@ using internal::kChunkMagic;
 using internal::kChunkPrefix;
 using internal::kElasticKey;
 using internal::kLayoutKey;
-using internal::kLayoutMagic;
 using internal::kStateKey;
 using internal::kStateMagic;
 using internal::kStateMagicV1;
@@ -119,22 +117,7 @@ Status Shard::TimedWrite(bool checkpoint, SyncMode mode, uint64_t* ns) {
 void Shard::AddLayoutEntry(std::vector<StoreEntry>* entries) const {
   StoreEntry e;
   e.key = std::string(kLayoutKey);
-  std::string& h = e.head;
-  const Layout& l = *layout_;
-  Put<uint32_t>(&h, kLayoutMagic);
-  Put<uint32_t>(&h, static_cast<uint32_t>(l.options().num_shards));  // the cut's
-  Put<uint64_t>(&h, l.options().chunk_elems);
-  Put<uint64_t>(&h, l.options().min_chunk_elems);
-  Put<uint32_t>(&h, static_cast<uint32_t>(l.tensors().size()));
-  for (const TensorSpec& t : l.tensors()) {
-    Put<uint32_t>(&h, static_cast<uint32_t>(t.name.size()));
-    h += t.name;
-    Put<uint32_t>(&h, static_cast<uint32_t>(t.shape.size()));
-    for (int64_t d : t.shape) Put<int64_t>(&h, d);
-    Put<uint8_t>(&h, static_cast<uint8_t>(t.init));
-    Put<float>(&h, t.init_param);
-    Put<uint64_t>(&h, t.seed);
-  }
+  e.head = internal::EncodeLayoutRecord(*layout_);
   entries->push_back(std::move(e));
 }
 
@@ -249,7 +232,7 @@ Status Shard::Recover() {
 Status Shard::RestoreLayout(std::string_view value) {
   std::vector<TensorSpec> tensors;
   LayoutOptions lo;
-  if (!ParseLayoutRecord(value, &tensors, &lo).ok()) return Damaged("layout");
+  if (!internal::ParseLayoutRecord(value, &tensors, &lo).ok()) return Damaged("layout");
   // An elastic fleet's layout was cut for its first shard count.
   if (elastic_->epoch == 0 && lo.num_shards != options_.num_shards) {
     return Status::FailedPrecondition("store holds a layout for " +

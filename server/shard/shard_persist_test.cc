@@ -91,6 +91,43 @@ TEST(ShardPersistTest, CheckpointRecoversBitwise) {
   Drive(a, 0);
 }
 
+// A model registered with in-order placement: the shard holds the chunks
+// that placement gives it, refuses a registration naming another placement,
+// and keeps the placement across a restart (the layout record's version 2).
+TEST(ShardPersistTest, InOrderPlacementIsKeptAndEnforced) {
+  MemStore store;
+  LayoutOptions in_order = SmallLayout(2);
+  in_order.placement = Placement::kInOrder;
+  ShardHarness a(AdamOpts(), &store);
+  ReplyHeader r = a.Call(ShardHarness::Register(0, SmallModel(), in_order));
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_EQ(a.shard->layout()->options().placement, Placement::kInOrder);
+  // 74 floats: "w" in chunks 0-3 of 16, "b" chunk 4. In order: 0-1 here.
+  EXPECT_EQ(a.shard->layout()->shard_chunks(0), (std::vector<uint32_t>{0, 1}));
+  r = a.Call(ShardHarness::Register(1, SmallModel(), SmallLayout(2)));
+  EXPECT_EQ(r.status.code(), StatusCode::kAlreadyExists);
+  EXPECT_NE(r.status.message().find("placement balanced"), std::string::npos)
+      << r.status.ToString();
+  EXPECT_EQ(a.shard->counters()
+                .rejected[static_cast<size_t>(RejectReason::kRegistrationMismatch)],
+            1u);
+  auto g = Floats(std::vector<float>(16, 0.5f));
+  ASSERT_TRUE(a.Call(ShardHarness::Push(0, 0, {1}, {g}), {g}).status.ok());
+  ASSERT_TRUE(a.shard->Checkpoint().ok());
+
+  ShardHarness b(AdamOpts(), &store);
+  ASSERT_TRUE(b.shard->registered());
+  EXPECT_EQ(b.shard->layout()->options().placement, Placement::kInOrder);
+  EXPECT_EQ(b.shard->layout()->shard_chunks(0), (std::vector<uint32_t>{0, 1}));
+  EXPECT_EQ(b.AllWeights(), a.AllWeights());
+  EXPECT_EQ(b.Call(ShardHarness::Register(1, SmallModel(), SmallLayout(2))).status.code(),
+            StatusCode::kAlreadyExists);
+  r = b.Call(ShardHarness::Register(1, SmallModel(), in_order));
+  EXPECT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_FALSE(r.created);
+  EXPECT_EQ(b.AllWeights(), a.AllWeights());
+}
+
 TEST(ShardPersistTest, WithoutCheckpointRestartLosesPushesButKeepsLayout) {
   MemStore store;
   ShardHarness a(AdamOpts(), &store);

@@ -44,6 +44,13 @@ Status Shard::HandleRegister(const RequestHeader& req, ReplyHeader* reply) {
           Status::AlreadyExists("chunk_elems/min_chunk_elems differ from the "
                                 "registered layout"));
     }
+    if (req.layout.placement != layout_->options().placement) {
+      return Reject(RejectReason::kRegistrationMismatch,
+                    Status::AlreadyExists(
+                        std::string("placement ") + PlacementName(req.layout.placement) +
+                        " differs from the registered layout's, " +
+                        PlacementName(layout_->options().placement)));
+    }
     RETURN_IF_ERROR(RegisterTables(req.tables, /*created=*/false));
     reply->created = false;
     return Status::OK();

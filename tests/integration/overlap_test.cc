@@ -147,11 +147,12 @@ TEST(OverlapIntegrationTest, BspTwoShardsPipelinedIsBitwiseEqual) {
 }
 
 // The pushes, stage waits and per-shard clocks from the sender thread, with
-// a compressing codec (error feedback on the sender's side): the same bits.
+// a compressing codec (error feedback on the sender's side) and the layers in
+// order on the shards (fc2 and the end of fc0 first): the same bits.
 TEST(OverlapIntegrationTest, BspSenderThreadIsBitwiseEqual) {
   CheckBspBitwise(2, {"--overlap", "--pipeline_shards=1",
                       "--overlap_sender_thread"},
-                  {"--codec=topk:ratio=0.05,ef=1"});
+                  {"--codec=topk:ratio=0.05,ef=1", "--placement=in_order"});
 }
 
 // SSP: pushes go per layer; training reaches the plain path's accuracy bar.
@@ -294,6 +295,7 @@ TEST(OverlapIntegrationTest, BadFlagCombinationsAreClearErrors) {
       {{"--overlap", "--pipeline_shards=-1"}, "--pipeline_shards must be"},
       {{"--overlap", "--etcd=http://127.0.0.1:1"}, "--etcd"},
       {{"--overlap", "--role=eval"}, "--role=train"},
+      {{"--placement=lpt"}, "--placement: unknown placement 'lpt'"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     std::vector<std::string> a = {BinPath("ps_worker"),

@@ -178,13 +178,22 @@ class ParameterServer:
     the next forward waits for the pull on first use (asyncps.overlap);
     pipeline_shards (overlap=True, per-shard clocks): shards clocked whose
     pushes may share the link before the next push waits for them (0: no
-    limit; the number of hosts the shards run on is a good value)."""
+    limit; the number of hosts the shards run on is a good value).
+    placement: which shard holds each chunk (common/layout.h). "balanced"
+    (default): largest chunks first to the least-loaded shard, so every shard
+    holds pieces of the large layers. "in_order": contiguous ranges of the
+    parameters in registration order, the last layers on the last shards;
+    backward finishes those shards' gradients first, so with overlap=True
+    under BSP their pushes and rounds go while backward still runs (use it
+    with models whose parameters are registered in forward order). Every
+    worker of a job must name the same placement (the shards refuse another,
+    AlreadyExists), and so must a job that resumes a checkpoint."""
 
     def __init__(self, model, servers=None, rank=None, num_workers=None, codec="none",
                  pull_codec="", prefetch_ahead=False, seed=1, steps_per_epoch=1000,
                  timeout_s=120.0, heartbeat_s=1.0, chunk_elems=1 << 20, init=None,
                  curve_server_key=None, curve_secret_key=None, curve_public_key=None,
-                 overlap=False, bucket_mb=25.0, pipeline_shards=0):
+                 overlap=False, bucket_mb=25.0, pipeline_shards=0, placement="balanced"):
         env = worker_env(servers, rank, num_workers)
         self.rank = env.rank
         self.num_workers = env.num_workers
@@ -222,13 +231,13 @@ class ParameterServer:
                         "bsp the shards count one push per worker and round; ps_ctr_worker "
                         "sends rows and chunks in one push)")
             self.client.register(self.specs, chunk_elems=chunk_elems,
-                                 tables=[e.spec for e in self.embeddings])
+                                 tables=[e.spec for e in self.embeddings], placement=placement)
             for i, e in enumerate(self.embeddings):
                 e._attach(self, i)
         self.store = _asyncps.Store(
             self.client, self.specs, push_codec=codec, pull_codec=pull_codec, seed=seed,
             steps_per_epoch=steps_per_epoch, timeout_s=timeout_s, chunk_elems=chunk_elems,
-            prefetch_ahead=prefetch_ahead,
+            prefetch_ahead=prefetch_ahead, placement=placement,
             device_compression=self._on_cuda and _parse_codec(codec) != "none")
         if self._on_cuda:
             self._host = [torch.empty(s, dtype=torch.float32).pin_memory() for s in self._shapes]

@@ -3,7 +3,8 @@
 It takes ps_worker's flags (--batch, --epochs, --max_steps, --codec,
 --pull_codec, --prefetch_ahead, --drop_last, --eval, --eval_every, --log_every,
 --metrics_csv, --seed, --threads, --slowdown, --timeout_s, --heartbeat_ms,
---normalize, --chunk_elems, --data_dir), so a psrun flag file's [worker]
+--normalize, --chunk_elems, --placement, --overlap, --pipeline_shards,
+--data_dir), so a psrun flag file's [worker]
 section drives a Python worker unchanged; flags it does not know are
 reported and ignored. --servers/--rank/--num_workers default from the
 environment psrun sets (asyncps.env). With --local, or when no servers are
@@ -59,6 +60,11 @@ def parser(description, batch=64):
     a("--heartbeat_ms", type=int, default=1000)
     a("--normalize", type=_bool, nargs="?", const=True, default=True)
     a("--chunk_elems", type=int, default=1 << 20)
+    a("--placement", default="balanced", choices=["balanced", "in_order"],
+      help="which shard holds each chunk (ParameterServer placement)")
+    a("--overlap", type=_bool, nargs="?", const=True, default=False,
+      help="push gradients while backward runs, pull layers in forward order")
+    a("--pipeline_shards", type=int, default=0, help="--overlap: shards per push stage")
     a("--local", action="store_true", help="train in this process, no parameter server")
     a("--lr", type=float, default=0.05, help="--local: learning rate")
     a("--momentum", type=float, default=0.9, help="--local: SGD momentum")
@@ -107,7 +113,8 @@ def run(args, model, init=None):
             model, env.servers, rank, workers, codec=args.codec, pull_codec=args.pull_codec,
             prefetch_ahead=args.prefetch_ahead, seed=args.seed, steps_per_epoch=per_epoch,
             timeout_s=args.timeout_s, heartbeat_s=args.heartbeat_ms / 1000.0,
-            chunk_elems=args.chunk_elems, init=init)
+            chunk_elems=args.chunk_elems, init=init, placement=args.placement,
+            overlap=args.overlap, pipeline_shards=args.pipeline_shards)
         opt = apt.DistributedOptimizer(ps)
         if args.drop_last == "auto":
             drop_last = shards_run_bsp(ps)

@@ -36,14 +36,26 @@ std::chrono::milliseconds Millis(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
 }
 
+// The layout options a registration names (the shard count is the client's);
+// ValueError for an unknown placement.
+LayoutOptions LayoutFor(size_t chunk_elems, size_t min_chunk_elems,
+                     const std::string& placement) {
+  LayoutOptions lo;
+  lo.chunk_elems = chunk_elems;
+  lo.min_chunk_elems = min_chunk_elems;
+  StatusOr<Placement> p = ParsePlacement(placement);
+  if (!p.ok()) Raise(p.status());
+  lo.placement = *p;
+  return lo;
+}
+
 class PyStore {
  public:
   PyStore(std::shared_ptr<PyClient> client, std::vector<TensorSpec> specs,
           PsStoreOptions o)
       : client_(std::move(client)), specs_(std::move(specs)) {
     if (o.register_model) {
-      client_->Register(specs_, o.layout.chunk_elems,
-                        o.layout.min_chunk_elems, client_->tables());
+      client_->Register(specs_, o.layout, client_->tables());
       o.register_model = false;  // done, under Python's view of the client
     } else if (!client_->registered()) {
       Raise(Status::FailedPrecondition(
@@ -374,13 +386,22 @@ left still joins (servers stays the fleet's first shards).)doc");
            py::arg("shared_memory_mb") = 0,
            py::arg("etcd") = std::vector<std::string>{},
            py::arg("etcd_prefix") = "/asyncps/default")
-      .def("register", &PyClient::Register, py::arg("tensors"),
-           py::arg("chunk_elems") = size_t{1} << 20,
-           py::arg("min_chunk_elems") = 4096,
-           py::arg("tables") = std::vector<TableSpec>{},
-           "Registers the model (tensors and sparse tables) on every shard "
-           "(idempotent; AlreadyExists naming the tensor or table when a "
-           "shard holds a different one).")
+      .def(
+          "register",
+          [](PyClient& c, const std::vector<TensorSpec>& tensors, size_t chunk_elems,
+             size_t min_chunk_elems, const std::vector<TableSpec>& tables,
+             const std::string& placement) {
+            c.Register(tensors, LayoutFor(chunk_elems, min_chunk_elems, placement), tables);
+          },
+          py::arg("tensors"), py::arg("chunk_elems") = size_t{1} << 20,
+          py::arg("min_chunk_elems") = 4096, py::arg("tables") = std::vector<TableSpec>{},
+          py::arg("placement") = "balanced",
+          "Registers the model (tensors and sparse tables) on every shard "
+          "(idempotent; AlreadyExists naming the tensor or table when a "
+          "shard holds a different one). placement: 'balanced' (largest "
+          "chunks first to the least-loaded shard) or 'in_order' (contiguous "
+          "ranges in registration order: the last tensors on the last shard, "
+          "so their pushes can leave during backward; common/layout.h).")
       .def_property_readonly("registered", &PyClient::registered)
       .def_property_readonly("num_shards",
                              [](PyClient& c) { return c.get()->num_shards(); })
@@ -444,7 +465,7 @@ pull(c, bufs) -> compute -> push(c, grads) -> clock(c + 1).)doc")
                        int64_t steps_per_epoch, double timeout_s,
                        size_t chunk_elems, size_t min_chunk_elems,
                        bool prefetch_ahead, bool register_model,
-                       bool device_compression) {
+                       bool device_compression, const std::string& placement) {
              PsStoreOptions o;
              o.push_codec = std::move(push_codec);
              o.pull_codec = std::move(pull_codec);
@@ -453,8 +474,7 @@ pull(c, bufs) -> compute -> push(c, grads) -> clock(c + 1).)doc")
              if (timeout_s <= 0)
                Raise(Status::InvalidArgument("timeout_s must be > 0"));
              o.timeout = Millis(timeout_s);
-             o.layout.chunk_elems = chunk_elems;
-             o.layout.min_chunk_elems = min_chunk_elems;
+             o.layout = LayoutFor(chunk_elems, min_chunk_elems, placement);
              o.prefetch_ahead = prefetch_ahead;
              o.register_model = register_model;
              o.device_compression = device_compression;
@@ -467,7 +487,7 @@ pull(c, bufs) -> compute -> push(c, grads) -> clock(c + 1).)doc")
            py::arg("chunk_elems") = size_t{1} << 20,
            py::arg("min_chunk_elems") = 4096,
            py::arg("prefetch_ahead") = false, py::arg("register") = true,
-           py::arg("device_compression") = false,
+           py::arg("device_compression") = false, py::arg("placement") = "balanced",
            py::keep_alive<1, 2>())
       .def("pull", &PyStore::Pull, py::arg("clock"), py::arg("buffers"),
            "Writes weights at least as fresh as the consistency mode requires "

@@ -78,11 +78,10 @@ class PyClient {
   }
 
   // Registers the tensors and sparse tables (worker::Client::RegisterModel).
-  void Register(const std::vector<TensorSpec>& specs, size_t chunk_elems,
-                size_t min_chunk_elems, const std::vector<TableSpec>& tables) {
-    LayoutOptions lo;
-    lo.chunk_elems = chunk_elems;
-    lo.min_chunk_elems = min_chunk_elems;
+  // Of `lo`, the cut (chunk_elems, min_chunk_elems) and the placement count;
+  // the shard count is the client's.
+  void Register(const std::vector<TensorSpec>& specs, const LayoutOptions& lo,
+                const std::vector<TableSpec>& tables) {
     ThrowIfError(Run([&] {
       return client_->RegisterModel(specs, lo, tables).WithContext("register");
     }));

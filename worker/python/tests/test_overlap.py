@@ -31,7 +31,8 @@ def run_workers(fn, n):
     assert not errors, errors
 
 
-def train_bsp(eps, overlap, steps=6, codec="none", bucket_mb=25.0, pipeline_shards=0):
+def train_bsp(eps, overlap, steps=6, codec="none", bucket_mb=25.0, pipeline_shards=0,
+              placement="balanced"):
     """2 workers (threads) x `steps` BSP steps of small_cnn on fixed random
     batches; returns the final weights of each worker (pulled after the last
     step) and the overlap stats."""
@@ -44,7 +45,9 @@ def train_bsp(eps, overlap, steps=6, codec="none", bucket_mb=25.0, pipeline_shar
         m = small_cnn()
         ps = apt.ParameterServer(m, servers=eps, rank=rank, num_workers=2, codec=codec,
                                  overlap=overlap, bucket_mb=bucket_mb,
-                                 pipeline_shards=pipeline_shards)
+                                 pipeline_shards=pipeline_shards, placement=placement)
+        if rank == 0:
+            stats["chunks"] = ps.client.chunks()
         if overlap:
             ps._overlap.min_group_bytes = 1  # a pull group per module
         opt = apt.DistributedOptimizer(ps)
@@ -85,6 +88,35 @@ def test_bsp_overlap_is_bitwise_equal_to_the_plain_path(shards, codec, pipeline)
         for a, b in zip(plain[rank], over[rank]):
             assert torch.equal(a, b)
     assert any(not torch.equal(a, b) for a, b in zip(plain[0], small_cnn().parameters()))
+
+
+def test_in_order_placement_trains_like_balanced_and_is_enforced(shards):
+    """placement="in_order" (the last layers on the last shard, so their
+    pushes leave during backward) changes where chunks live, not what BSP
+    computes: with and without overlap the weights equal the balanced plain
+    path's bitwise. A worker naming another placement is refused."""
+    torch.set_num_threads(1)
+    flags = ["--consistency=bsp", "--optimizer=momentum", "--lr=0.05"]
+    balanced, bstats = train_bsp(endpoints(shards(2, flags, num_workers=2)), False)
+    plain, pstats = train_bsp(endpoints(shards(2, flags, num_workers=2)), False,
+                              placement="in_order")
+    eps = endpoints(shards(2, flags, num_workers=2))
+    over, stats = train_bsp(eps, True, pipeline_shards=1, placement="in_order")
+    for rank in (0, 1):
+        assert stats[rank]["buckets"] == 12 and stats[rank]["shard_clocks"] >= 5
+        for a, b, c in zip(balanced[rank], plain[rank], over[rank]):
+            assert torch.equal(a, b) and torch.equal(a, c)
+    # (id, tensor, offset, num_elems, shard): in order, shards never go back,
+    # the first tensor is on shard 0 and the last on shard 1; balanced is not.
+    owners = [c[4] for c in pstats["chunks"]]
+    assert owners == sorted(owners) and owners[0] == 0 and owners[-1] == 1
+    assert [c[4] for c in stats["chunks"]] == owners
+    assert [c[4] for c in bstats["chunks"]] != owners
+    with pytest.raises(asyncps.AlreadyExists, match="placement"):
+        apt.ParameterServer(small_cnn(), servers=eps, rank=0, num_workers=2)
+    with pytest.raises(asyncps.InvalidArgument, match="placement"):
+        apt.ParameterServer(small_cnn(), servers=eps, rank=0, num_workers=2,
+                            placement="contiguous")
 
 
 class Sums(torch.nn.Module):
