@@ -26,7 +26,7 @@ Usage (as root for `link`):
       [--bin_dir build/bin] [--repeats 5] [--settings loopback,link] \\
       [--rate 100mbit] [--batches 64,256] [--consistency bsp] [--quick]
 --quick (CI): loopback only, few steps, one repeat: figures only indicative.
---chunk_elems / --prefetch_ahead apply to both asyncps paths; --shards N
+--chunk_elems / --placement / --prefetch_ahead apply to both asyncps paths; --shards N
 runs N shards (link: shard i on h(i % 2)); --pipeline_shards k is the
 overlap path's ParameterServer(pipeline_shards=k) (asyncps.overlap). With
 BENCH_OVERLAP_TRAFFIC=1 each asyncps worker prints its Store.traffic()
@@ -95,7 +95,8 @@ def worker_main(a):
     ps = apt.ParameterServer(model, servers=a.servers.split(","), rank=a.rank,
                              num_workers=a.num_workers, overlap=a.overlap == 1,
                              bucket_mb=a.bucket_mb, chunk_elems=a.chunk_elems,
-                             prefetch_ahead=a.prefetch_ahead, pipeline_shards=a.pipeline_shards)
+                             prefetch_ahead=a.prefetch_ahead, pipeline_shards=a.pipeline_shards,
+                             placement=a.placement)
     rate = timed_loop(model, apt.DistributedOptimizer(ps), data, a)
     if os.environ.get("BENCH_OVERLAP_TRAFFIC"):  # where the time went (ns, summed)
         stats = ps._overlap.stats if ps._overlap is not None else {}
@@ -218,7 +219,7 @@ def run_ps(fleet, tmp, bin_dir, consistency, overlap, a, batch):
             "--rank", str(r), "--num_workers", str(WORKERS), "--overlap", str(int(overlap)),
             "--bucket_mb", str(a.bucket_mb), "--batch", str(batch), "--steps", str(a.steps),
             "--warmup", str(a.warmup), "--chunk_elems", str(a.chunk_elems),
-            "--pipeline_shards", str(a.pipeline_shards)] +
+            "--pipeline_shards", str(a.pipeline_shards), "--placement", a.placement] +
             (["--prefetch_ahead"] if a.prefetch_ahead else []) for r in range(WORKERS)])
     finally:
         stop_all(shards)
@@ -258,7 +259,8 @@ def bench_setting(setting, fleet, tmp, a):
                   "link": a.rate if setting == "link" else "loopback",
                   "consistency": a.consistency, "shards": a.shards, "workers": WORKERS,
                   "batch": batch, "threads": 1, "bucket_mb": a.bucket_mb,
-                  "chunk_elems": a.chunk_elems, "prefetch_ahead": a.prefetch_ahead,
+                  "chunk_elems": a.chunk_elems, "placement": a.placement,
+                  "prefetch_ahead": a.prefetch_ahead,
                   "pipeline_shards": a.pipeline_shards,
                   "steps_per_worker": a.steps, "warmup_steps": a.warmup,
                   "samples_per_s": spread(over)}
@@ -284,6 +286,9 @@ def main():
     ap.add_argument("--chunk_elems", type=int, default=1 << 20,
                     help="layout chunk size (ParameterServer chunk_elems); smaller spreads "
                     "the CNN's large layer over both shards")
+    ap.add_argument("--placement", default="balanced", choices=["balanced", "in_order"],
+                    help="layout placement (ParameterServer placement): in_order puts the "
+                    "last layers on the last shards, whose pushes then leave during backward")
     ap.add_argument("--prefetch_ahead", action="store_true",
                     help="both asyncps paths pull ahead (ASP/SSP)")
     ap.add_argument("--steps", type=int, default=60)
