@@ -203,7 +203,7 @@ class ShippedGoalsTest(unittest.TestCase):
         "metrics_overhead": {"variant"},
         "pytorch": {"model", "baseline"},
         "overlap": {"setting", "consistency", "batch", "prefetch_ahead", "baseline",
-                    "shards"},
+                    "shards", "placement"},
         "worker_overlap": {"setting", "consistency", "pipeline_shards", "baseline", "shards",
                            "batch"},
         "elastic": {"change"},

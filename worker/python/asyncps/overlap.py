@@ -43,9 +43,13 @@ OverlapScheduler: a per-step scheduler above the existing Store calls
     to every shard at the end, as without).
   - BSP: a shard counts one push per worker and round (server/shard/shard.h),
     so under BSP a bucket is one shard's chunks, sent as soon as every tensor
-    with a chunk on that shard is ready (with 2+ shards the shard holding the
-    last layers' chunks goes out during backward). The values pushed are the
-    same as without overlap, so BSP results are bitwise equal.
+    with a chunk on that shard is ready. With ParameterServer(placement=
+    "in_order") the shards holding the last layers' chunks are complete
+    early and go out while backward still runs (1.39x of no overlap where
+    the default placement, which gives every shard pieces of the large
+    layers and so completes every shard at the end, gives 1.24x;
+    experiments/results/overlap/REPORT.md). The values pushed are the same
+    as without overlap, so BSP results are bitwise equal.
   - Priority (P3 / ByteScheduler): when several buckets wait for the sender,
     the one holding the earliest layer (registration order, which is forward
     order for nn.Sequential-style models) goes first.
