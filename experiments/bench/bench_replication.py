@@ -30,11 +30,17 @@ lost: 0.969x of plain with R=2). Rows: R=2
 overlap vs R=2 plain, R=1 overlap vs R=1 plain, R=2 overlap vs R=1 overlap,
 R=2 plain vs R=1 plain, plus the workers' median stage wait per step.
 
+--model cnn trains the PyTorch CNN of worker/python/examples/cnn.py
+(psrun --worker_cmd, Debian's python3; --layers unused; rows carry "model")
+instead of ps_worker's MLP: about 20x the worker compute per sample, so the
+shards' and backups' share of the cores is small.
+
 Each worker runs --steps steps (--epochs=0 --max_steps; rows committed
 before 2026-12-05 ran --epochs=1, which ended each worker after its share of
 one epoch: 468 steps with 2 workers, 234 with 4).
 
   experiments/bench/bench_replication.py --repeats 5
+  experiments/bench/bench_replication.py --model cnn --workers 4 --steps 150 --repeats 5
   experiments/bench/bench_replication.py --consistency bsp --compare_aggregation --repeats 5
   experiments/bench/bench_replication.py --consistency bsp --compare_overlap --servers 4 \
       --emulate_hosts 4 --shard_hosts 2 --link 100mbit --steps 100 --repeats 5
@@ -53,11 +59,12 @@ import bench_stats
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 PSRUN = os.path.join(REPO, "launch", "psrun")
-BATCH = 64
+CNN_CMD = "/usr/bin/python3 " + os.path.join(REPO, "worker", "python", "examples", "cnn.py")
+BATCH = 64  # default of --batch
 
 
 def run(bin_dir, work, replicas, servers, workers, steps, layers, consistency="asp",
-        aggregate=True, psrun_flags=(), worker_flags=(), stage_waits=None):
+        aggregate=True, psrun_flags=(), worker_flags=(), stage_waits=None, batch=BATCH):
     run_dir = os.path.join(work, "r%d-%d" % (replicas, len(os.listdir(work))))
     server_flags = "--consistency=%s --optimizer=sgd --lr=0.05" % consistency
     server_flags += " --replicate_after_aggregation=%s" % ("true" if aggregate else "false")
@@ -67,7 +74,11 @@ def run(bin_dir, work, replicas, servers, workers, steps, layers, consistency="a
     if replicas > 1:
         argv += ["--replicas", str(replicas)]
     argv += list(psrun_flags)
-    argv += ["--", "--layers=" + layers, "--batch=%d" % BATCH, "--epochs=0",
+    if layers == "cnn":
+        argv += ["--worker_cmd", CNN_CMD, "--"]
+    else:
+        argv += ["--", "--layers=" + layers]
+    argv += ["--batch=%d" % batch, "--epochs=0",
              "--max_steps=%d" % steps,
              "--log_every=1000", "--threads=1", "--eval=false"] + list(worker_flags)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -86,7 +97,7 @@ def run(bin_dir, work, replicas, servers, workers, steps, layers, consistency="a
                 m = re.search(r"OVERLAP .*steps=(\d+) .*stage_wait_ms=([0-9.]+)", f.read())
             if m and int(m.group(1)) > 0:
                 stage_waits.append(float(m.group(2)) / int(m.group(1)))
-    return totals["samples_per_s"], cpu_s / max(1, totals["steps"] * BATCH) * 1e6
+    return totals["samples_per_s"], cpu_s / max(1, totals["steps"] * batch) * 1e6
 
 
 def spread(v):
@@ -102,8 +113,9 @@ def row(a, mode, baseline, runs, base_runs, loads):
     ceilings = [c1 / c2 for c1, c2 in zip(base_cpus, cpus)]
     out = {
         "bench": "replication", "op": "train" if a.consistency == "asp" else "train_bsp",
-        "mode": mode, "consistency": a.consistency, "layers": a.layers,
-        "servers": a.servers, "workers": a.workers, "steps": a.steps,
+        "mode": mode, "consistency": a.consistency, "model": a.model,
+        "layers": a.layers if a.model == "mlp" else "",
+        "servers": a.servers, "workers": a.workers, "steps": a.steps, "batch": a.batch,
         "samples_per_s": round(statistics.median(rates), 1), "samples_per_s_spread": spread(rates),
         "baseline": baseline, "baseline_samples_per_s": round(statistics.median(base_rates), 1),
         "baseline_spread": spread(base_rates), "ratio_metric": "samples_per_s",
@@ -131,7 +143,7 @@ def interleaved(a, modes):
             for m, kw in modes[k:] + modes[:k]:
                 runs[m].append(run(a.bin_dir, work, servers=a.servers, workers=a.workers,
                                    steps=a.steps, layers=a.layers,
-                                   consistency=a.consistency, **kw))
+                                   consistency=a.consistency, batch=a.batch, **kw))
     return runs, loads
 
 
@@ -193,7 +205,10 @@ def main():
     ap.add_argument("--servers", type=int, default=2)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--batch", type=int, default=BATCH, help="per worker and step")
     ap.add_argument("--layers", default="784,256,128,10")
+    ap.add_argument("--model", choices=["mlp", "cnn"], default="mlp",
+                    help="mlp: ps_worker --layers; cnn: worker/python/examples/cnn.py")
     ap.add_argument("--consistency", choices=["asp", "bsp"], default="asp")
     ap.add_argument("--compare_aggregation", action="store_true",
                     help="BSP: R=2 aggregated, R=2 per push and R=1 (see above)")
@@ -208,6 +223,8 @@ def main():
     a = ap.parse_args()
     if a.quick:
         a.repeats, a.steps = 1, 200
+    if a.model == "cnn":
+        a.layers = "cnn"  # run() starts the PyTorch worker
     if a.compare_overlap:
         if a.consistency != "bsp":
             ap.error("--compare_overlap needs --consistency bsp")
@@ -220,9 +237,9 @@ def main():
         one, two = [], []
         for _ in range(a.repeats):
             one.append(run(a.bin_dir, work, 1, a.servers, a.workers, a.steps, a.layers,
-                           a.consistency))
+                           a.consistency, batch=a.batch))
             two.append(run(a.bin_dir, work, 2, a.servers, a.workers, a.steps, a.layers,
-                           a.consistency))
+                           a.consistency, batch=a.batch))
     print(row(a, "replicas2", "replicas1", two, one, None))
     return 0
 
