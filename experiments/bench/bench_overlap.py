@@ -96,7 +96,7 @@ def worker_main(a):
                              num_workers=a.num_workers, overlap=a.overlap == 1,
                              bucket_mb=a.bucket_mb, chunk_elems=a.chunk_elems,
                              prefetch_ahead=a.prefetch_ahead, pipeline_shards=a.pipeline_shards,
-                             placement=a.placement)
+                             placement=a.placement, first_bucket_mb=a.first_bucket_mb)
     rate = timed_loop(model, apt.DistributedOptimizer(ps), data, a)
     if os.environ.get("BENCH_OVERLAP_TRAFFIC"):  # where the time went (ns, summed)
         stats = ps._overlap.stats if ps._overlap is not None else {}
@@ -217,7 +217,8 @@ def run_ps(fleet, tmp, bin_dir, consistency, overlap, a, batch):
         return run_children(fleet, [[
             PY, os.path.abspath(__file__), "--worker", "--servers", ",".join(eps),
             "--rank", str(r), "--num_workers", str(WORKERS), "--overlap", str(int(overlap)),
-            "--bucket_mb", str(a.bucket_mb), "--batch", str(batch), "--steps", str(a.steps),
+            "--bucket_mb", str(a.bucket_mb), "--first_bucket_mb", str(a.first_bucket_mb),
+            "--batch", str(batch), "--steps", str(a.steps),
             "--warmup", str(a.warmup), "--chunk_elems", str(a.chunk_elems),
             "--pipeline_shards", str(a.pipeline_shards), "--placement", a.placement] +
             (["--prefetch_ahead"] if a.prefetch_ahead else []) for r in range(WORKERS)])
@@ -259,6 +260,7 @@ def bench_setting(setting, fleet, tmp, a):
                   "link": a.rate if setting == "link" else "loopback",
                   "consistency": a.consistency, "shards": a.shards, "workers": WORKERS,
                   "batch": batch, "threads": 1, "bucket_mb": a.bucket_mb,
+                  "first_bucket_mb": a.first_bucket_mb,
                   "chunk_elems": a.chunk_elems, "placement": a.placement,
                   "prefetch_ahead": a.prefetch_ahead,
                   "pipeline_shards": a.pipeline_shards,
@@ -280,6 +282,8 @@ def main():
     ap.add_argument("--shards", type=int, default=2,
                     help="ps_server shards (link: spread over the 2 shard hosts)")
     ap.add_argument("--bucket_mb", type=float, default=25.0)
+    ap.add_argument("--first_bucket_mb", type=float, default=1.0,
+                    help="ParameterServer first_bucket_mb (each step's first bucket; ASP/SSP)")
     ap.add_argument("--pipeline_shards", type=int, default=0,
                     help="overlap path: ParameterServer(pipeline_shards=), clocked shards whose "
                     "pushes may share the link before the next push waits (0: no limit)")

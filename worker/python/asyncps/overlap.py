@@ -9,7 +9,9 @@ OverlapScheduler: a per-step scheduler above the existing Store calls
     backward's gradient; torch >= 2.1's register_post_accumulate_grad_hook is
     used instead where it exists) marks the parameter ready. Ready gradients
     are grouped into buckets of about bucket_mb MiB in the order backward
-    produces them (DDP's default: 25 MiB) and each full bucket is handed to a
+    produces them (DDP's default: 25 MiB; as in DDP, each step's first bucket
+    closes at first_bucket_mb, 1 MiB, so the last layers' gradients leave
+    while backward computes the rest) and each full bucket is handed to a
     sender thread, which encodes (compresses) it and starts its push
     (Store.push_chunks: the GIL is released around the encode and the send),
     while the main thread goes on with backward. ParameterServer.push() sends
@@ -91,6 +93,10 @@ import numpy as np
 from .errors import FailedPrecondition, InvalidArgument
 
 DEFAULT_BUCKET_MB = 25.0
+# The first bucket of a step closes at this size (DDP's first_bucket_bytes_cap,
+# 1 MiB): the last layers' gradients, which backward produces first, leave
+# while it computes the rest instead of waiting for bucket_mb MiB.
+DEFAULT_FIRST_BUCKET_MB = 1.0
 
 
 class _Sender(threading.Thread):
@@ -219,19 +225,24 @@ class _Sender(threading.Thread):
 class OverlapScheduler:
     """The overlap of one ParameterServer (see the module doc). Made by
     ParameterServer(overlap=True); bucket_mb: bucket size in MiB (> 0;
-    BSP shards: one bucket per shard whatever the size); pipeline_shards:
+    BSP shards: one bucket per shard whatever the size); first_bucket_mb:
+    the size at which each step's first bucket closes (> 0; as DDP, so the
+    first gradients leave early; at most bucket_mb counts); pipeline_shards:
     per-shard clocks' window (module doc; 0: no limit)."""
 
     def __init__(self, ps, bucket_mb=DEFAULT_BUCKET_MB, min_pull_group_kb=64.0,
-                 pipeline_shards=0):
+                 pipeline_shards=0, first_bucket_mb=DEFAULT_FIRST_BUCKET_MB):
         if not bucket_mb > 0:
             raise InvalidArgument("bucket_mb must be > 0, got %r" % (bucket_mb,))
+        if not first_bucket_mb > 0:
+            raise InvalidArgument("first_bucket_mb must be > 0, got %r" % (first_bucket_mb,))
         if ps._on_cuda:
             raise InvalidArgument(
                 "overlap=True takes CPU parameters; a CUDA model uses overlap=False (its "
                 "gradients are compressed on the device)")
         self.ps = ps
         self.bucket_bytes = int(bucket_mb * (1 << 20))
+        self.first_bucket_bytes = min(self.bucket_bytes, int(first_bucket_mb * (1 << 20)))
         n = len(ps.params)
         self.bsp = any(json.loads(t).get("consistency") == "bsp" for t in ps.client.stats())
         # Chunks of each tensor and, per shard, the tensors it holds chunks of.
@@ -399,6 +410,7 @@ class OverlapScheduler:
         self.shard_sent = set()          # BSP: shards whose push was handed over
         self.pending = []                # ready, not yet in a bucket (non-BSP)
         self.pending_bytes = 0
+        self.step_buckets = 0            # buckets flushed this step (non-BSP)
         self.shard_left = {s: len(ts) for s, ts in self.shard_tensors.items()}
         # Per shard: its chunks not yet handed to the sender this step.
         self.shard_unsent = {s: len(c) for s, c in self.shard_chunks.items()}
@@ -420,11 +432,13 @@ class OverlapScheduler:
             return
         self.pending.append(i)
         self.pending_bytes += self.nbytes[i]
-        if self.pending_bytes >= self.bucket_bytes:
+        if self.pending_bytes >= (self.first_bucket_bytes if self.step_buckets == 0
+                                  else self.bucket_bytes):
             self._flush_pending()
 
     def _flush_pending(self):
         if self.pending:
+            self.step_buckets += 1
             tensors, self.pending, self.pending_bytes = self.pending, [], 0
             self._send(tensors, sorted(c for t in tensors for c in self.tensor_chunks[t]))
 

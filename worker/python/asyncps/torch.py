@@ -174,7 +174,8 @@ class ParameterServer:
     timeout_s bounds every wait (a shard restart must finish within it);
     heartbeat_s keeps this worker in the shards' clock minimum. CURVE keys
     default from ASYNCPS_CURVE_* (file paths or Z85 text). overlap=True:
-    gradients are pushed in buckets of bucket_mb MiB while backward runs and
+    gradients are pushed in buckets of bucket_mb MiB (each step's first one
+    closes at first_bucket_mb, as DDP's) while backward runs and
     the next forward waits for the pull on first use (asyncps.overlap);
     pipeline_shards (overlap=True, per-shard clocks): shards clocked whose
     pushes may share the link before the next push waits for them (0: no
@@ -193,7 +194,8 @@ class ParameterServer:
                  pull_codec="", prefetch_ahead=False, seed=1, steps_per_epoch=1000,
                  timeout_s=120.0, heartbeat_s=1.0, chunk_elems=1 << 20, init=None,
                  curve_server_key=None, curve_secret_key=None, curve_public_key=None,
-                 overlap=False, bucket_mb=25.0, pipeline_shards=0, placement="balanced"):
+                 overlap=False, bucket_mb=25.0, pipeline_shards=0, placement="balanced",
+                 first_bucket_mb=1.0):
         env = worker_env(servers, rank, num_workers)
         self.rank = env.rank
         self.num_workers = env.num_workers
@@ -259,7 +261,8 @@ class ParameterServer:
         self.pull()
         if overlap:
             from .overlap import OverlapScheduler
-            self._overlap = OverlapScheduler(self, bucket_mb, pipeline_shards=pipeline_shards)
+            self._overlap = OverlapScheduler(self, bucket_mb, pipeline_shards=pipeline_shards,
+                                             first_bucket_mb=first_bucket_mb)
 
     # ---- the step ----------------------------------------------------------
     def pull(self):

@@ -223,6 +223,30 @@ def test_two_backwards_in_one_step_are_refused(shards):
                             overlap=True, bucket_mb=0)
 
 
+@pytest.mark.parametrize("first_mb,per_step", [(1e-6, 2), (25.0, 1)])
+def test_first_bucket_of_a_step_closes_early(shards, first_mb, per_step):
+    """As DDP's first bucket: the first gradient of a step leaves alone once
+    first_bucket_mb is reached (1e-6: the first parameter ready), the rest
+    with the 25 MiB bucket at the end; every gradient applied once."""
+    eps = endpoints(shards(1, ["--optimizer=sgd", "--lr=0.1"]))
+    m = Sums()
+    ps = apt.ParameterServer(m, servers=eps, rank=0, num_workers=1, init=SUMS_INIT,
+                             overlap=True, first_bucket_mb=first_mb)
+    for _ in range(3):
+        for p in ps.params:
+            p.grad = None
+        m(torch.ones(())).backward()
+        ps.step()
+    assert ps._overlap.stats["buckets"] == 3 * per_step
+    ps.pull()
+    for p in ps.params:
+        assert torch.allclose(p.detach(), torch.full_like(p, -0.3))
+    ps.close()
+    with pytest.raises(asyncps.InvalidArgument, match="first_bucket_mb"):
+        apt.ParameterServer(Sums(), servers=eps, rank=0, num_workers=1, init=SUMS_INIT,
+                            overlap=True, first_bucket_mb=0)
+
+
 class Reversed(torch.nn.Module):
     """Registered a, b, c; run c, b, a."""
 
