@@ -196,7 +196,6 @@ StatusOr<Layout> Layout::Create(std::vector<TensorSpec> tensors,
   return l;
 }
 
-
 const char* PlacementName(Placement p) {
   return p == Placement::kInOrder ? "in_order" : "balanced";
 }

@@ -64,7 +64,8 @@ BATCH = 64  # default of --batch
 
 
 def run(bin_dir, work, replicas, servers, workers, steps, layers, consistency="asp",
-        aggregate=True, psrun_flags=(), worker_flags=(), stage_waits=None, batch=BATCH):
+        aggregate=True, psrun_flags=(), worker_flags=(), stage_waits=None, batch=BATCH,
+        model="mlp"):
     run_dir = os.path.join(work, "r%d-%d" % (replicas, len(os.listdir(work))))
     server_flags = "--consistency=%s --optimizer=sgd --lr=0.05" % consistency
     server_flags += " --replicate_after_aggregation=%s" % ("true" if aggregate else "false")
@@ -74,7 +75,7 @@ def run(bin_dir, work, replicas, servers, workers, steps, layers, consistency="a
     if replicas > 1:
         argv += ["--replicas", str(replicas)]
     argv += list(psrun_flags)
-    if layers == "cnn":
+    if model == "cnn":
         argv += ["--worker_cmd", CNN_CMD, "--"]
     else:
         argv += ["--", "--layers=" + layers]
@@ -143,7 +144,8 @@ def interleaved(a, modes):
             for m, kw in modes[k:] + modes[:k]:
                 runs[m].append(run(a.bin_dir, work, servers=a.servers, workers=a.workers,
                                    steps=a.steps, layers=a.layers,
-                                   consistency=a.consistency, batch=a.batch, **kw))
+                                   consistency=a.consistency, batch=a.batch, model=a.model,
+                                   **kw))
     return runs, loads
 
 
@@ -223,8 +225,6 @@ def main():
     a = ap.parse_args()
     if a.quick:
         a.repeats, a.steps = 1, 200
-    if a.model == "cnn":
-        a.layers = "cnn"  # run() starts the PyTorch worker
     if a.compare_overlap:
         if a.consistency != "bsp":
             ap.error("--compare_overlap needs --consistency bsp")
@@ -237,9 +237,9 @@ def main():
         one, two = [], []
         for _ in range(a.repeats):
             one.append(run(a.bin_dir, work, 1, a.servers, a.workers, a.steps, a.layers,
-                           a.consistency, batch=a.batch))
+                           a.consistency, batch=a.batch, model=a.model))
             two.append(run(a.bin_dir, work, 2, a.servers, a.workers, a.steps, a.layers,
-                           a.consistency, batch=a.batch))
+                           a.consistency, batch=a.batch, model=a.model))
     print(row(a, "replicas2", "replicas1", two, one, None))
     return 0
 

@@ -39,7 +39,7 @@ std::chrono::milliseconds Millis(double seconds) {
 // The layout options a registration names (the shard count is the client's);
 // ValueError for an unknown placement.
 LayoutOptions LayoutFor(size_t chunk_elems, size_t min_chunk_elems,
-                     const std::string& placement) {
+                        const std::string& placement) {
   LayoutOptions lo;
   lo.chunk_elems = chunk_elems;
   lo.min_chunk_elems = min_chunk_elems;
