@@ -4,7 +4,8 @@
 #   tests/gpu/run.sh [build_dir]      (default: build-gpu in the repo root)
 #
 # 1. Configures and builds Release with CUDA (arch 90).
-# 2. Runs every test labelled gpu (worker_gpu_test, compression_gpu_test, ...).
+# 2. Runs every test labelled gpu (worker_gpu_test, compression_gpu_test, and
+#    python.device_path: asyncps.torch with a CUDA model, exact updates, PushDevice).
 # 3. Benchmarks ps_train_local end to end, CPU vs GPU, at batch 256 and 1024,
 #    and trains 10 epochs on the GPU as an accuracy check. Prints one JSON
 #    line per run (prefix "JSON "), with the GPU/CPU ratio of the same run.

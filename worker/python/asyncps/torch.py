@@ -248,7 +248,8 @@ class ParameterServer:
             self._host = None
             self._pull_bufs = [_host_view(p) for p in self.params]
         self._ptrs = [p.data_ptr() for p in self.params]
-        self._grads = [None] * len(self.params)  # (grad tensor, its array)
+        self._grads = [None] * len(self.params)  # CPU: (grad tensor, its view, data_ptr)
+        self._grad_host = None  # CUDA: pinned host copies of the gradients
         self._zeros = {}
         self.clock = 0
         self._overlap = None
@@ -444,16 +445,24 @@ class ParameterServer:
         return g
 
     def _grad_array(self, i):
+        """Parameter i's gradient as a float32 numpy array: a view of a CPU
+        gradient, or a CUDA gradient copied (now, every call) into a pinned
+        host buffer of its own (not the pull buffer: a pull between two
+        pushes would otherwise be pushed as the next gradient)."""
         g = self._grad_tensor(i)
+        if g.device.type == "cuda":
+            if self._grad_host is None:
+                self._grad_host = [None] * len(self.params)
+            h = self._grad_host[i]
+            if h is None:
+                h = self._grad_host[i] = torch.empty(
+                    self._shapes[i], dtype=torch.float32).pin_memory()
+            h.copy_(g)  # synchronous: the host copy is complete when it returns
+            return _host_view(h)
         cached = self._grads[i]
         if cached is not None and cached[0] is g and cached[2] == g.data_ptr():
-            return cached[1]
-        if g.device.type == "cuda":
-            h = self._host[i]
-            h.copy_(g)
-            arr = _host_view(h)
-        else:
-            arr = _host_view(g)
+            return cached[1]  # the view shares g's memory: this step's values
+        arr = _host_view(g)
         self._grads[i] = (g, arr, g.data_ptr())
         return arr
 

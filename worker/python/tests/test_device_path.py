@@ -1,0 +1,111 @@
+"""asyncps.torch with the model on each device: the CPU always, and a CUDA
+device where one is visible (tests/gpu/run.sh runs this file on a GPU
+machine: ctest -L gpu). Every step's update is checked exactly against the
+gradient the model computed that step, so a gradient pushed twice, a stale
+host copy or a pull pushed as a gradient fails it."""
+import pytest
+
+import asyncps
+
+torch = pytest.importorskip("torch")  # a GPU machine may lack python3-torch: Skipped
+import asyncps.torch as apt  # noqa: E402
+from conftest import endpoints  # noqa: E402
+
+HAVE_CUDA = asyncps.built_with_cuda and torch.cuda.is_available()
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not HAVE_CUDA, reason="no CUDA device visible (or asyncps built without CUDA): "
+    "tests/gpu/run.sh runs it on a GPU machine"))]
+LR = 0.5  # a power of two: w - LR * g is one rounding, as on the shard
+
+
+def mlp(device):
+    torch.manual_seed(3)
+    return torch.nn.Sequential(torch.nn.Linear(20, 16), torch.nn.Tanh(),
+                               torch.nn.Linear(16, 3)).to(device)
+
+
+def batch(step, device):
+    gen = torch.Generator().manual_seed(100 + step)
+    return (torch.randn(32, 20, generator=gen).to(device),
+            torch.randint(0, 3, (32,), generator=gen).to(device))
+
+
+def host(tensors):
+    return [t.detach().to("cpu").clone() for t in tensors]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_each_step_applies_exactly_that_steps_gradient(shards, device):
+    eps = endpoints(shards(1, ["--consistency=asp", "--optimizer=sgd", "--lr=%g" % LR]))
+    model = mlp(device)
+    ps = apt.ParameterServer(model, servers=eps, rank=0, num_workers=1)
+    opt = apt.DistributedOptimizer(ps)
+    assert not ps.store.accepts_device_gradients  # no codec: the host path
+    grads_seen = []
+    for step in range(3):
+        # In place (torch < 2's default): the same gradient tensors every step.
+        opt.zero_grad(set_to_none=False)
+        x, y = batch(step, device)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        w, g = host(model.parameters()), host(p.grad for p in model.parameters())
+        grads_seen.append(g)
+        opt.step()  # push, then pull: one worker under ASP sees its own push
+        for name, p, w0, g0 in zip(ps.names, model.parameters(), w, g):
+            assert p.device.type == device, name
+            assert torch.equal(p.detach().to("cpu"), w0 - LR * g0), (step, name)
+    # The steps' gradients differ, so a gradient pushed again would have shown.
+    assert not torch.equal(grads_seen[1][0], grads_seen[2][0])
+    ps.close()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_top_k_sends_the_largest_entries_of_each_steps_gradient(shards, device):
+    eps = endpoints(shards(1, ["--consistency=asp", "--optimizer=sgd", "--lr=%g" % LR]))
+    model = mlp(device)
+    ps = apt.ParameterServer(model, servers=eps, rank=0, num_workers=1,
+                             codec="topk:ratio=0.25,min_elems=1")
+    opt = apt.DistributedOptimizer(ps)
+    # A CUDA model is compressed on the device (PushDevice), a CPU one on the host.
+    assert ps.store.accepts_device_gradients == (device == "cuda")
+    for step in range(2):
+        opt.zero_grad(set_to_none=False)
+        x, y = batch(step, device)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        w, g = host(model.parameters()), host(p.grad for p in model.parameters())
+        opt.step()
+        for name, p, w0, g0 in zip(ps.names, model.parameters(), w, g):
+            now = p.detach().to("cpu")
+            changed = now != w0
+            n = g0.numel()
+            # At most a quarter of each tensor moves (one chunk each here;
+            # min_elems=1 compresses the small ones too), each moved weight
+            # by exactly its own gradient entry...
+            assert 0 < int(changed.sum()) <= -(-n // 4) + 1, (step, name)
+            assert torch.equal(now[changed], (w0 - LR * g0)[changed]), (step, name)
+            # ... and those are the largest entries of the gradient.
+            if int(changed.sum()) < n:
+                assert float(g0[changed].abs().min()) >= float(g0[~changed].abs().max()), \
+                    (step, name)
+    ps.close()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_state_dict_of_the_model_loads_into_a_plain_cpu_model(shards, tmp_path, device):
+    eps = endpoints(shards(1, ["--consistency=asp", "--optimizer=sgd", "--lr=%g" % LR]))
+    model = mlp(device)
+    ps = apt.ParameterServer(model, servers=eps, rank=0, num_workers=1)
+    opt = apt.DistributedOptimizer(ps)
+    x, y = batch(0, device)
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    path = tmp_path / "model.pt"
+    torch.save(ps.state_dict(), path)
+    plain = mlp("cpu")
+    plain.load_state_dict(torch.load(path))
+    for (name, a), b in zip(plain.named_parameters(), model.parameters()):
+        assert a.device.type == "cpu"
+        assert torch.equal(a.detach(), b.detach().to("cpu")), name
+    if device == "cpu":  # same weights, same kernels: the same outputs
+        assert torch.equal(plain(x), model(x))
+    ps.close()
