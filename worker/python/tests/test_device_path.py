@@ -109,3 +109,27 @@ def test_state_dict_of_the_model_loads_into_a_plain_cpu_model(shards, tmp_path, 
     if device == "cpu":  # same weights, same kernels: the same outputs
         assert torch.equal(plain(x), model(x))
     ps.close()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_worker_side_optimizer_steps_the_model_on_its_device(shards, device):
+    # The shards only sum (sgd, lr 1 carried); torch.optim.SGD runs on the
+    # model's device with the gradient the pull brought back.
+    eps = endpoints(shards(1, ["--consistency=asp", "--optimizer=sgd", "--lr=0.1"]))
+    model = mlp(device)
+    ps = apt.ParameterServer(model, servers=eps, rank=0, num_workers=1)
+    opt = apt.WorkerOptimizer(ps, torch.optim.SGD(model.parameters(), lr=LR))
+    for step in range(3):
+        opt.zero_grad(set_to_none=False)
+        x, y = batch(step, device)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        w, g = host(model.parameters()), host(p.grad for p in model.parameters())
+        opt.step()
+        for name, p, w0, g0 in zip(ps.names, model.parameters(), w, g):
+            assert p.device.type == device and p.grad.device.type == device, name
+            # The gradient came back as (pulled before) - (pulled now): g up
+            # to the rounding of the shard's sum.
+            torch.testing.assert_close(p.detach().to("cpu"), w0 - LR * g0,
+                                       rtol=1e-5, atol=1e-6, msg=lambda m: "%d %s: %s" % (
+                                           step, name, m))
+    ps.close()
