@@ -34,6 +34,18 @@ def host(tensors):
     return [t.detach().to("cpu").clone() for t in tensors]
 
 
+def train_step(model, opt, step, device):
+    """One step on batch `step`, the gradients zeroed in place (torch < 2's
+    default: the same gradient tensors every step); returns the weights and
+    gradients the step started from, copied to the CPU."""
+    opt.zero_grad(set_to_none=False)
+    x, y = batch(step, device)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    w, g = host(model.parameters()), host(p.grad for p in model.parameters())
+    opt.step()
+    return w, g
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_each_step_applies_exactly_that_steps_gradient(shards, device):
     eps = endpoints(shards(1, ["--consistency=asp", "--optimizer=sgd", "--lr=%g" % LR]))
@@ -43,13 +55,9 @@ def test_each_step_applies_exactly_that_steps_gradient(shards, device):
     assert not ps.store.accepts_device_gradients  # no codec: the host path
     grads_seen = []
     for step in range(3):
-        # In place (torch < 2's default): the same gradient tensors every step.
-        opt.zero_grad(set_to_none=False)
-        x, y = batch(step, device)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        w, g = host(model.parameters()), host(p.grad for p in model.parameters())
+        # opt.step(): push, then pull; one worker under ASP sees its own push.
+        w, g = train_step(model, opt, step, device)
         grads_seen.append(g)
-        opt.step()  # push, then pull: one worker under ASP sees its own push
         for name, p, w0, g0 in zip(ps.names, model.parameters(), w, g):
             assert p.device.type == device, name
             assert torch.equal(p.detach().to("cpu"), w0 - LR * g0), (step, name)
@@ -68,11 +76,7 @@ def test_top_k_sends_the_largest_entries_of_each_steps_gradient(shards, device):
     # A CUDA model is compressed on the device (PushDevice), a CPU one on the host.
     assert ps.store.accepts_device_gradients == (device == "cuda")
     for step in range(2):
-        opt.zero_grad(set_to_none=False)
-        x, y = batch(step, device)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        w, g = host(model.parameters()), host(p.grad for p in model.parameters())
-        opt.step()
+        w, g = train_step(model, opt, step, device)
         for name, p, w0, g0 in zip(ps.names, model.parameters(), w, g):
             now = p.detach().to("cpu")
             changed = now != w0
@@ -95,10 +99,8 @@ def test_state_dict_of_the_model_loads_into_a_plain_cpu_model(shards, tmp_path, 
     model = mlp(device)
     ps = apt.ParameterServer(model, servers=eps, rank=0, num_workers=1)
     opt = apt.DistributedOptimizer(ps)
-    x, y = batch(0, device)
-    opt.zero_grad()
-    torch.nn.functional.cross_entropy(model(x), y).backward()
-    opt.step()
+    train_step(model, opt, 0, device)
+    x, _ = batch(1, device)
     path = tmp_path / "model.pt"
     torch.save(ps.state_dict(), path)
     plain = mlp("cpu")
@@ -120,11 +122,7 @@ def test_worker_side_optimizer_steps_the_model_on_its_device(shards, device):
     ps = apt.ParameterServer(model, servers=eps, rank=0, num_workers=1)
     opt = apt.WorkerOptimizer(ps, torch.optim.SGD(model.parameters(), lr=LR))
     for step in range(3):
-        opt.zero_grad(set_to_none=False)
-        x, y = batch(step, device)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        w, g = host(model.parameters()), host(p.grad for p in model.parameters())
-        opt.step()
+        w, g = train_step(model, opt, step, device)
         for name, p, w0, g0 in zip(ps.names, model.parameters(), w, g):
             assert p.device.type == device and p.grad.device.type == device, name
             # The gradient came back as (pulled before) - (pulled now): g up
