@@ -3,6 +3,7 @@ device where one is visible (tests/gpu/run.sh runs this file on a GPU
 machine: ctest -L gpu). Every step's update is checked exactly against the
 gradient the model computed that step, so a gradient pushed twice, a stale
 host copy or a pull pushed as a gradient fails it."""
+import numpy as np
 import pytest
 
 import asyncps
@@ -130,4 +131,35 @@ def test_worker_side_optimizer_steps_the_model_on_its_device(shards, device):
             torch.testing.assert_close(p.detach().to("cpu"), w0 - LR * g0,
                                        rtol=1e-5, atol=1e-6, msg=lambda m: "%d %s: %s" % (
                                            step, name, m))
+    ps.close()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sparse_rows_come_to_the_device_and_their_gradients_go_back(shards, device):
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = apt.SparseEmbedding("e", 2, init="zeros", optimizer="sgd", lr=1.0)
+            self.b = torch.nn.Parameter(torch.zeros(1, device=device))
+
+        def forward(self, ids):
+            return self.emb(ids).sum() + self.b.sum()
+
+    eps = endpoints(shards(1, ["--consistency=asp", "--optimizer=sgd", "--lr=0.1"]))
+    model = Model()
+    ps = apt.ParameterServer(model, servers=eps, rank=0, num_workers=1,
+                             init={"b": ("zeros", 0.0)})
+    opt = apt.DistributedOptimizer(ps)
+    ids = torch.tensor([3, 4, 3], device=device)
+    assert model.emb(ids).device.type == device
+    opt.zero_grad()
+    # Two forward passes in one step: id 3 gets 2 + 1, id 4 gets 1.
+    (model(ids) + model(torch.tensor([3], device=device))).backward()
+    opt.step()
+    rows = ps.client.pull_rows("e", np.array([3, 4, 5], np.uint64), clock=ps.clock)
+    assert np.array_equal(rows, np.array([[-3, -3], [-1, -1], [0, 0]], np.float32))
+    with torch.no_grad():  # a lookup outside a step: nothing to push
+        out = model.emb(torch.tensor([4, 5], device=device))
+    assert out.device.type == device
+    assert torch.equal(out.detach().to("cpu"), torch.tensor([[-1.0, -1.0], [0.0, 0.0]]))
     ps.close()
