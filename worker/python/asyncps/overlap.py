@@ -71,9 +71,11 @@ OverlapScheduler: a per-step scheduler above the existing Store calls
 
 One backward per step: a parameter whose gradient arrives twice in one step
 (gradient accumulation over micro-batches) raises FailedPrecondition, since
-its first gradient was already sent; use overlap=False there. CPU
-parameters only (CUDA models: overlap=False, which compresses on the
-device). Reading the weights between step() and the next forward (for
+its first gradient was already sent; use overlap=False there. CUDA
+models: each gradient is copied into pinned host memory as backward
+produces it (ParameterServer._grad_array) and each pull group is copied to
+the device as its module's forward waits for it; a push codec then encodes
+on the host (overlap=False compresses on the device, PushDevice). Reading the weights between step() and the next forward (for
 example to save them) needs ParameterServer.pull() first, and so does a
 parameter read in forward outside the module that holds it before that
 module runs (weights tied across modules): use overlap=False there.
@@ -89,6 +91,7 @@ import json
 import threading
 
 import numpy as np
+import torch
 
 from .errors import FailedPrecondition, InvalidArgument
 
@@ -236,10 +239,6 @@ class OverlapScheduler:
             raise InvalidArgument("bucket_mb must be > 0, got %r" % (bucket_mb,))
         if not first_bucket_mb > 0:
             raise InvalidArgument("first_bucket_mb must be > 0, got %r" % (first_bucket_mb,))
-        if ps._on_cuda:
-            raise InvalidArgument(
-                "overlap=True takes CPU parameters; a CUDA model uses overlap=False (its "
-                "gradients are compressed on the device)")
         self.ps = ps
         self.bucket_bytes = int(bucket_mb * (1 << 20))
         self.first_bucket_bytes = min(self.bucket_bytes, int(first_bucket_mb * (1 << 20)))
@@ -340,6 +339,10 @@ class OverlapScheduler:
             self.ps._check_tensors()  # p.data replaced: write into the new one
         while self._waited <= last:
             self.ps.store.wait_pull_group(self._waited, self.ps._pull_bufs)
+            if self.ps._host is not None:  # CUDA: the group's host copies to the device
+                with torch.no_grad():
+                    for t in self.groups[self._waited][0]:
+                        self.ps.params[t].copy_(self.ps._host[t])
             self._waited += 1
         if self._waited == len(self.groups):
             self.pull_pending = False

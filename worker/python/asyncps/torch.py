@@ -240,7 +240,8 @@ class ParameterServer:
             self.client, self.specs, push_codec=codec, pull_codec=pull_codec, seed=seed,
             steps_per_epoch=steps_per_epoch, timeout_s=timeout_s, chunk_elems=chunk_elems,
             prefetch_ahead=prefetch_ahead, placement=placement,
-            device_compression=self._on_cuda and _parse_codec(codec) != "none")
+            # overlap=True pushes host copies bucket by bucket: compressed on the host.
+            device_compression=self._on_cuda and _parse_codec(codec) != "none" and not overlap)
         if self._on_cuda:
             self._host = [torch.empty(s, dtype=torch.float32).pin_memory() for s in self._shapes]
             self._pull_bufs = [_host_view(h) for h in self._host]
@@ -284,12 +285,12 @@ class ParameterServer:
         self._check_model()
         for e in self.embeddings:
             e._push(self.clock)
-        if self._on_cuda and self.store.accepts_device_gradients:
+        if self._overlap is not None:
+            self._overlap.push_rest()  # most buckets went during backward
+        elif self._on_cuda and self.store.accepts_device_gradients:
             torch.cuda.synchronize()
             self.store.push_device(self.clock, [self._grad_tensor(i).data_ptr()
                                                 for i in range(len(self.params))])
-        elif self._overlap is not None:
-            self._overlap.push_rest()  # most buckets went during backward
         else:
             self.store.push(self.clock, [self._grad_array(i) for i in range(len(self.params))])
         if self._overlap is not None:

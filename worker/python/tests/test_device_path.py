@@ -67,17 +67,20 @@ def test_each_step_applies_exactly_that_steps_gradient(shards, device):
     ps.close()
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("device", DEVICES)
-def test_top_k_sends_the_largest_entries_of_each_steps_gradient(shards, device):
+def test_top_k_sends_the_largest_entries_of_each_steps_gradient(shards, device, overlap):
     eps = endpoints(shards(1, ["--consistency=asp", "--optimizer=sgd", "--lr=%g" % LR]))
     model = mlp(device)
-    ps = apt.ParameterServer(model, servers=eps, rank=0, num_workers=1,
+    ps = apt.ParameterServer(model, servers=eps, rank=0, num_workers=1, overlap=overlap,
                              codec="topk:ratio=0.25,min_elems=1")
     opt = apt.DistributedOptimizer(ps)
-    # A CUDA model is compressed on the device (PushDevice), a CPU one on the host.
-    assert ps.store.accepts_device_gradients == (device == "cuda")
+    # A CUDA model is compressed on the device (PushDevice), a CPU one on the
+    # host; with overlap=True each bucket's host copy is, on either device.
+    assert ps.store.accepts_device_gradients == (device == "cuda" and not overlap)
     for step in range(2):
         w, g = train_step(model, opt, step, device)
+        ps.pull()  # overlap=True: the pull the next forward would wait for
         for name, p, w0, g0 in zip(ps.names, model.parameters(), w, g):
             now = p.detach().to("cpu")
             changed = now != w0
@@ -162,4 +165,28 @@ def test_sparse_rows_come_to_the_device_and_their_gradients_go_back(shards, devi
         out = model.emb(torch.tensor([4, 5], device=device))
     assert out.device.type == device
     assert torch.equal(out.detach().to("cpu"), torch.tensor([[-1.0, -1.0], [0.0, 0.0]]))
+    ps.close()
+
+
+@pytest.mark.parametrize("consistency", ["asp", "bsp"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_overlap_pushes_each_steps_gradient_and_pulls_by_groups(shards, device, consistency):
+    # Buckets of 100 bytes (2 per step under ASP; one per shard under
+    # BSP) and layered pulls; after ps.pull() the weights are each step's
+    # exact update, written into the model on its device.
+    eps = endpoints(shards(2, ["--consistency=" + consistency, "--optimizer=sgd",
+                               "--lr=%g" % LR]))
+    model = mlp(device)
+    ps = apt.ParameterServer(model, servers=eps, rank=0, num_workers=1, overlap=True,
+                             bucket_mb=0.0001, first_bucket_mb=0.0001)
+    opt = apt.DistributedOptimizer(ps)
+    for step in range(3):
+        w, g = train_step(model, opt, step, device)
+        ps.pull()  # the layered pull the next forward would wait for, now
+        for name, p, w0, g0 in zip(ps.names, model.parameters(), w, g):
+            assert p.device.type == device, name
+            assert torch.equal(p.detach().to("cpu"), w0 - LR * g0), (step, name)
+    stats = ps._overlap.stats
+    assert stats["steps"] == 3 and stats["buckets"] >= 6, stats
+    assert stats["pull_groups"] > 0, stats  # the pulls went by groups
     ps.close()
