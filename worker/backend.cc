@@ -90,6 +90,28 @@ Status Backend::SetLayerParameters(int layer, const float* weight,
                                " backend has no layered step (--overlap)");
 }
 
+Status Backend::CheckLayeredStepArgs(
+    const float* x, const uint8_t* y, int batch,
+    const std::vector<float*>& host_grads) const {
+  RETURN_IF_ERROR(CheckStepArgs(x, y, batch, host_grads.size(),
+                                /*grads_optional=*/false));
+  for (const float* g : host_grads) {
+    if (g == nullptr) return Status::InvalidArgument("null gradient buffer");
+  }
+  return Status::OK();
+}
+
+Status Backend::CheckLayerParams(int layer, const float* weight,
+                                 const float* bias) const {
+  if (layer < 0 || static_cast<size_t>(layer) + 1 >= layers_.size()) {
+    return Status::InvalidArgument("SetLayerParameters: no layer " +
+                                   std::to_string(layer));
+  }
+  if (weight == nullptr || bias == nullptr)
+    return Status::InvalidArgument("SetLayerParameters: null tensor");
+  return Status::OK();
+}
+
 Status Backend::CheckParams(
     const std::vector<const float*>& host_tensors) const {
   if (host_tensors.size() != num_tensors()) {

@@ -88,7 +88,7 @@ class Backend {
       const std::vector<float*>& host_grads) = 0;
 
   // True when ForwardBackwardLayered and SetLayerParameters are
-  // implemented (the CPU backend). Default: false.
+  // implemented (the CPU and CUDA backends). Default: false.
   virtual bool supports_layered_steps() const { return false; }
 
   // As ForwardBackward with host gradients (required), calling `hooks`
@@ -120,6 +120,12 @@ class Backend {
   Status CheckStepArgs(const float* x, const uint8_t* y, int batch,
                        size_t num_grads, bool grads_optional) const;
   Status CheckParams(const std::vector<const float*>& host_tensors) const;
+  // ... for ForwardBackwardLayered (every gradient buffer required) and
+  // SetLayerParameters.
+  Status CheckLayeredStepArgs(const float* x, const uint8_t* y, int batch,
+                              const std::vector<float*>& host_grads) const;
+  Status CheckLayerParams(int layer, const float* weight,
+                          const float* bias) const;
 
   const std::vector<int> layers_;
 };

@@ -63,12 +63,7 @@ class CpuBackend final : public Backend {
                                          int batch,
                                          const std::vector<float*>& host_grads,
                                          const LayerHooks& hooks) override {
-    RETURN_IF_ERROR(CheckStepArgs(x, y, batch, host_grads.size(),
-                                  /*grads_optional=*/false));
-    for (size_t i = 0; i < host_grads.size(); ++i) {
-      if (host_grads[i] == nullptr)
-        return Status::InvalidArgument("null gradient buffer");
-    }
+    RETURN_IF_ERROR(CheckLayeredStepArgs(x, y, batch, host_grads));
     EnsureCapacity(batch);
     RETURN_IF_ERROR(Forward(x, batch, hooks.before_forward));
     const size_t L = layers_.size() - 1;
@@ -95,12 +90,7 @@ class CpuBackend final : public Backend {
 
   Status SetLayerParameters(int layer, const float* weight,
                             const float* bias) override {
-    if (layer < 0 || static_cast<size_t>(layer) + 1 >= layers_.size()) {
-      return Status::InvalidArgument("SetLayerParameters: no layer " +
-                                     std::to_string(layer));
-    }
-    if (weight == nullptr || bias == nullptr)
-      return Status::InvalidArgument("SetLayerParameters: null tensor");
+    RETURN_IF_ERROR(CheckLayerParams(layer, weight, bias));
     std::memcpy(params_[2 * layer].data(), weight,
                 params_[2 * layer].size() * sizeof(float));
     std::memcpy(params_[2 * layer + 1].data(), bias,

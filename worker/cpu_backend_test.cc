@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "tests/util/layered_step_check.h"
 #include "worker/backend.h"
 #include "worker/model.h"
 
@@ -161,62 +162,10 @@ TEST(CpuBackendTest, RejectsBadArguments) {
 TEST(CpuBackendTest, LayeredStepIsBitwiseTheFusedStep) {
   const std::vector<int> layers = {20, 16, 12, 5};
   Problem p = MakeProblem(layers, 9, 11);
-  std::vector<const float*> params;
-  for (auto& t : p.params) params.push_back(t.data());
   auto fused = MakeCpu(layers);
-  ASSERT_TRUE(fused->SetParameters(params).ok());
-  std::vector<std::vector<float>> g1, g2, seen;
-  std::vector<float*> p1, p2;
-  for (auto& t : p.params) {
-    g1.emplace_back(t.size(), 0.0f);
-    g2.emplace_back(t.size(), -7.0f);
-    seen.emplace_back(t.size(), 0.0f);
-  }
-  for (size_t i = 0; i < g1.size(); ++i)
-    p1.push_back(g1[i].data()), p2.push_back(g2[i].data());
-  auto loss1 = fused->ForwardBackward(p.x.data(), p.y.data(), p.batch, p1);
-  ASSERT_TRUE(loss1.ok()) << loss1.status().ToString();
-
   auto layered = MakeCpu(layers);
-  ASSERT_TRUE(layered->supports_layered_steps());
-  // Stale weights everywhere; each layer gets the real ones just in time.
-  std::vector<std::vector<float>> stale;
-  std::vector<const float*> stale_ptrs;
-  for (auto& t : p.params) stale.emplace_back(t.size(), 0.5f);
-  for (auto& t : stale) stale_ptrs.push_back(t.data());
-  ASSERT_TRUE(layered->SetParameters(stale_ptrs).ok());
-  std::vector<int> order;
-  LayerHooks hooks;
-  hooks.before_forward = [&](int l) {
-    order.push_back(l);
-    return layered->SetLayerParameters(l, params[2 * l], params[2 * l + 1]);
-  };
-  hooks.after_backward = [&](int l) {
-    order.push_back(100 + l);
-    seen[2 * l] = g2[2 * l];
-    seen[2 * l + 1] = g2[2 * l + 1];
-    return Status::OK();
-  };
-  auto loss2 = layered->ForwardBackwardLayered(p.x.data(), p.y.data(), p.batch,
-                                               p2, hooks);
-  ASSERT_TRUE(loss2.ok()) << loss2.status().ToString();
-  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 102, 101, 100}));
-  EXPECT_EQ(std::memcmp(&*loss1, &*loss2, sizeof(float)), 0);
-  for (size_t t = 0; t < g1.size(); ++t) {
-    ASSERT_EQ(std::memcmp(g1[t].data(), g2[t].data(), g1[t].size() * 4), 0)
-        << "tensor " << t;
-    ASSERT_EQ(std::memcmp(g1[t].data(), seen[t].data(), g1[t].size() * 4), 0)
-        << "tensor " << t << " was not complete when its hook ran";
-  }
-
-  // A hook's error ends the step with it.
-  hooks.after_backward = [](int l) {
-    return l == 1 ? Status::Unavailable("shard gone") : Status::OK();
-  };
-  auto failed = layered->ForwardBackwardLayered(p.x.data(), p.y.data(), p.batch,
-                                                p2, hooks);
-  EXPECT_EQ(failed.status().code(), StatusCode::kUnavailable);
-  EXPECT_FALSE(layered->SetLayerParameters(3, params[0], params[1]).ok());
+  ExpectLayeredStepIsTheFusedStep(fused.get(), layered.get(), p.params,
+                                  p.x.data(), p.y.data(), p.batch);
 }
 
 TEST(BackendTest, DeviceSelection) {

@@ -118,7 +118,7 @@ DEFINE_bool(prefetch_ahead, false,
             "own latest update (for ASP, or SSP with s >= 1)");
 
 DEFINE_bool(overlap, false,
-            "Overlap communication with backward (CPU backend): each "
+            "Overlap communication with backward (CPU or CUDA backend): each "
             "layer's gradients are pushed as soon as backward has them "
             "(one push per shard under BSP), each shard is clocked as soon "
             "as its pushes are out, and the next pull comes by layer groups "
@@ -360,8 +360,8 @@ Status Main() {
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, Backend::Create(bo));
   if (FLAGS_overlap && !backend->supports_layered_steps()) {
     return Status::InvalidArgument(
-        "--overlap needs the CPU backend (--device=cpu); the " +
-        backend->name() + " backend has no layered step");
+        "--overlap needs a backend with a layered step (cpu, cuda); the " +
+        backend->name() + " backend has none");
   }
 
   ClientOptions co;

@@ -93,7 +93,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   if (layered != nullptr && !backend->supports_layered_steps()) {
     return Status::InvalidArgument(
         "overlapping communication with backward needs a backend with "
-        "layered steps (the CPU backend); " +
+        "layered steps (the CPU and CUDA backends); " +
         backend->name() + " has none");
   }
   std::unique_ptr<Trainer> t(

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "worker/cuda/cublas_api.h"
@@ -261,64 +262,39 @@ class CudaBackend final : public Backend {
       const std::vector<float*>& host_grads) override {
     RETURN_IF_ERROR(
         CheckStepArgs(x, y, batch, host_grads.size(), /*grads_optional=*/true));
-    RETURN_IF_ERROR(EnsureCapacity(batch));
-    RETURN_IF_ERROR(Upload(x, y, batch));
-    RETURN_IF_ERROR(Forward(d_x_.get(), batch));
-    const size_t L = layers_.size() - 1;
-    const int classes = layers_[L];
-    SoftmaxXentKernel<<<(batch * 32 + kThreads - 1) / kThreads, kThreads, 0,
-                        stream_>>>(act_[L].get(), d_y_.get(), batch, classes,
-                                   1.0f / batch, delta_[L].get(),
-                                   row_loss_.get(), nullptr);
-    CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    SumTwoKernel<<<1, 1024, 0, stream_>>>(row_loss_.get(), nullptr, batch,
-                                          sums_.get());
-    for (size_t l = L; l-- > 0;) {
-      const int in = layers_[l], out = layers_[l + 1];
-      const float* a_prev = l == 0 ? d_x_.get() : act_[l].get();
-      const float* dz = delta_[l + 1].get();
-      // dW [in,out] = a_prev^T [in,B] * dz [B,out]
-      RETURN_IF_ERROR(Gemm(true, false, in, out, batch, a_prev, in, dz, out,
-                           0.0f, grads_[2 * l].get(), out));
-      ColumnSumsKernel<<<(out + 31) / 32, dim3(32, 8), 0, stream_>>>(
-          dz, batch, out, grads_[2 * l + 1].get());
-      if (l > 0) {
-        // da [B,in] = dz [B,out] * W^T [out,in]
-        float* da = delta_[l].get();
-        RETURN_IF_ERROR(Gemm(false, true, batch, in, out, dz, out,
-                             params_[2 * l].get(), out, 0.0f, da, in));
-        const size_t n = static_cast<size_t>(batch) * in;
-        ReluBackwardKernel<<<Blocks(n), kThreads, 0, stream_>>>(act_[l].get(),
-                                                                n, da);
-      }
+    return Step(x, y, batch, host_grads, LayerHooks());
+  }
+
+  bool supports_layered_steps() const override { return true; }
+
+  // The same kernels in the same order as ForwardBackward (so the same
+  // bits); each layer's two gradients are copied to the host right after
+  // their kernels, before after_backward(l), while ForwardBackward copies
+  // them all at the end.
+  StatusOr<float> ForwardBackwardLayered(const float* x, const uint8_t* y,
+                                         int batch,
+                                         const std::vector<float*>& host_grads,
+                                         const LayerHooks& hooks) override {
+    RETURN_IF_ERROR(CheckLayeredStepArgs(x, y, batch, host_grads));
+    return Step(x, y, batch, host_grads, hooks);
+  }
+
+  Status SetLayerParameters(int layer, const float* weight,
+                            const float* bias) override {
+    RETURN_IF_ERROR(CheckLayerParams(layer, weight, bias));
+    // The layer's part of the pinned staging copy may still feed an upload
+    // (the kernels queued before it are cheap to wait for).
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    float* stage = staging_params_.get();
+    for (const size_t i : {size_t(2 * layer), size_t(2 * layer + 1)}) {
+      const size_t n = tensor_elems(i);
+      std::memcpy(stage + StagingOffset(i), i % 2 == 0 ? weight : bias,
+                  n * sizeof(float));
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+          params_[i].get(), stage + StagingOffset(i), n * sizeof(float),
+          cudaMemcpyHostToDevice, stream_));
     }
-    CUDA_RETURN_IF_ERROR(cudaGetLastError());
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_sums_.get(), sums_.get(),
-                                         2 * sizeof(float),
-                                         cudaMemcpyDeviceToHost, stream_));
-    if (!host_grads.empty()) {
-      float* stage = staging_grads_.get();
-      size_t off = 0;
-      for (size_t i = 0; i < num_tensors(); ++i) {
-        const size_t n = tensor_elems(i);
-        CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(stage + off, grads_[i].get(),
-                                             n * sizeof(float),
-                                             cudaMemcpyDeviceToHost, stream_));
-        off += n;
-      }
-      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-      off = 0;
-      for (size_t i = 0; i < num_tensors(); ++i) {
-        if (host_grads[i] == nullptr)
-          return Status::InvalidArgument("null gradient buffer");
-        const size_t n = tensor_elems(i);
-        std::memcpy(host_grads[i], stage + off, n * sizeof(float));
-        off += n;
-      }
-    } else {
-      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-    }
-    return host_sums_.get()[0] / static_cast<float>(batch);
+    return Status::OK();
   }
 
   StatusOr<EvalResult> Evaluate(const float* x, const uint8_t* y,
@@ -365,6 +341,101 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // Offset of tensor i in the staging copies of all tensors.
+  size_t StagingOffset(size_t i) const {
+    size_t off = 0;
+    for (size_t j = 0; j < i; ++j) off += tensor_elems(j);
+    return off;
+  }
+
+  // Copies the gradients of `layer` (tensors 2l, 2l+1) to host_grads once
+  // the kernels queued so far have computed them.
+  Status LayerGradientsToHost(size_t layer,
+                              const std::vector<float*>& host_grads) {
+    float* stage = staging_grads_.get();
+    for (const size_t i : {2 * layer, 2 * layer + 1}) {
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+          stage + StagingOffset(i), grads_[i].get(),
+          tensor_elems(i) * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    }
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    for (const size_t i : {2 * layer, 2 * layer + 1}) {
+      std::memcpy(host_grads[i], stage + StagingOffset(i),
+                  tensor_elems(i) * sizeof(float));
+    }
+    return Status::OK();
+  }
+
+  // One step (arguments checked): host_grads may be empty without hooks
+  // (the gradients then stay on the device, device_grad()).
+  StatusOr<float> Step(const float* x, const uint8_t* y, int batch,
+                       const std::vector<float*>& host_grads,
+                       const LayerHooks& hooks) {
+    RETURN_IF_ERROR(EnsureCapacity(batch));
+    RETURN_IF_ERROR(Upload(x, y, batch));
+    RETURN_IF_ERROR(Forward(d_x_.get(), batch, hooks.before_forward));
+    const size_t L = layers_.size() - 1;
+    const int classes = layers_[L];
+    SoftmaxXentKernel<<<(batch * 32 + kThreads - 1) / kThreads, kThreads, 0,
+                        stream_>>>(act_[L].get(), d_y_.get(), batch, classes,
+                                   1.0f / batch, delta_[L].get(),
+                                   row_loss_.get(), nullptr);
+    CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    SumTwoKernel<<<1, 1024, 0, stream_>>>(row_loss_.get(), nullptr, batch,
+                                          sums_.get());
+    for (size_t l = L; l-- > 0;) {
+      const int in = layers_[l], out = layers_[l + 1];
+      const float* a_prev = l == 0 ? d_x_.get() : act_[l].get();
+      const float* dz = delta_[l + 1].get();
+      // dW [in,out] = a_prev^T [in,B] * dz [B,out]
+      RETURN_IF_ERROR(Gemm(true, false, in, out, batch, a_prev, in, dz, out,
+                           0.0f, grads_[2 * l].get(), out));
+      ColumnSumsKernel<<<(out + 31) / 32, dim3(32, 8), 0, stream_>>>(
+          dz, batch, out, grads_[2 * l + 1].get());
+      if (hooks.after_backward) {
+        CUDA_RETURN_IF_ERROR(cudaGetLastError());
+        RETURN_IF_ERROR(LayerGradientsToHost(l, host_grads));
+        RETURN_IF_ERROR(hooks.after_backward(static_cast<int>(l)));
+      }
+      if (l > 0) {
+        // da [B,in] = dz [B,out] * W^T [out,in]
+        float* da = delta_[l].get();
+        RETURN_IF_ERROR(Gemm(false, true, batch, in, out, dz, out,
+                             params_[2 * l].get(), out, 0.0f, da, in));
+        const size_t n = static_cast<size_t>(batch) * in;
+        ReluBackwardKernel<<<Blocks(n), kThreads, 0, stream_>>>(act_[l].get(),
+                                                                n, da);
+      }
+    }
+    CUDA_RETURN_IF_ERROR(cudaGetLastError());
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_sums_.get(), sums_.get(),
+                                         2 * sizeof(float),
+                                         cudaMemcpyDeviceToHost, stream_));
+    if (!host_grads.empty() && !hooks.after_backward) {
+      float* stage = staging_grads_.get();
+      size_t off = 0;
+      for (size_t i = 0; i < num_tensors(); ++i) {
+        const size_t n = tensor_elems(i);
+        CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(stage + off, grads_[i].get(),
+                                             n * sizeof(float),
+                                             cudaMemcpyDeviceToHost, stream_));
+        off += n;
+      }
+      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+      off = 0;
+      for (size_t i = 0; i < num_tensors(); ++i) {
+        if (host_grads[i] == nullptr)
+          return Status::InvalidArgument("null gradient buffer");
+        const size_t n = tensor_elems(i);
+        std::memcpy(host_grads[i], stage + off, n * sizeof(float));
+        off += n;
+      }
+    } else {
+      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    }
+    return host_sums_.get()[0] / static_cast<float>(batch);
+  }
+
   Status EnsureCapacity(int batch) {
     if (batch <= capacity_) return Status::OK();
     for (size_t l = 1; l < layers_.size(); ++l) {
@@ -411,10 +482,14 @@ class CudaBackend final : public Backend {
     return Status::OK();
   }
 
-  Status Forward(const float* x, int batch) {
+  // before_forward(l) (may be null) runs before layer l's kernels are
+  // queued, so parameters it sets (SetLayerParameters) are used by them.
+  Status Forward(const float* x, int batch,
+                 const std::function<Status(int)>& before_forward = nullptr) {
     const size_t L = layers_.size() - 1;
     const float* a = x;
     for (size_t l = 0; l < L; ++l) {
+      if (before_forward) RETURN_IF_ERROR(before_forward(static_cast<int>(l)));
       const int in = layers_[l], out = layers_[l + 1];
       float* z = act_[l + 1].get();
       const size_t n = static_cast<size_t>(batch) * out;

@@ -6,6 +6,7 @@
 #include <random>
 #include <vector>
 
+#include "tests/util/layered_step_check.h"
 #include "worker/backend.h"
 #include "worker/model.h"
 
@@ -109,6 +110,27 @@ TEST_F(CudaBackendTest, EvaluateManyChunks) {
   ASSERT_TRUE(ec.ok() && eg.ok());
   EXPECT_NEAR(eg->loss, ec->loss, 1e-4 * ec->loss);
   EXPECT_NEAR(eg->accuracy, ec->accuracy, 2e-4);
+}
+
+// ps_worker --overlap on the GPU: the layered step runs the fused step's
+// kernels in the same order, so loss and gradients are the same bits; each
+// layer's gradients are on the host when its hook runs, and parameters set
+// by before_forward (stale ones everywhere before) are the ones used.
+TEST_F(CudaBackendTest, LayeredStepIsBitwiseTheFusedStep) {
+  const std::vector<int> layers = {784, 64, 32, 10};
+  const int batch = 37;
+  auto params = InitializeTensors(MlpTensorSpecs(layers, 5));
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(batch) * layers[0]);
+  for (auto& v : x) v = u(rng);
+  std::vector<uint8_t> y(batch);
+  for (auto& v : y) v = rng() % 10;
+  auto fused = Make(DeviceKind::kCuda, layers);
+  auto layered = Make(DeviceKind::kCuda, layers);
+  ASSERT_TRUE(fused && layered);
+  ExpectLayeredStepIsTheFusedStep(fused.get(), layered.get(), params,
+                                  x.data(), y.data(), batch);
 }
 
 }  // namespace
