@@ -5,7 +5,8 @@
 #
 # 1. Configures and builds Release with CUDA (arch 90).
 # 2. Runs every test labelled gpu (worker_gpu_test, compression_gpu_test, and
-#    python.device_path: asyncps.torch with a CUDA model, exact updates, PushDevice).
+#    python.device_path: asyncps.torch with a CUDA model, exact updates, PushDevice),
+#    and OverlapIntegrationTest.CudaBspIsBitwiseEqual (ps_worker --overlap on the GPU).
 # 3. Benchmarks ps_train_local end to end, CPU vs GPU, at batch 256 and 1024,
 #    and trains 10 epochs on the GPU as an accuracy check. Prints one JSON
 #    line per run (prefix "JSON "), with the GPU/CPU ratio of the same run.
@@ -35,8 +36,10 @@ timeout 240 cmake --build "$BUILD" -j"$JOBS" >"$BUILD.build.log" 2>&1 ||
   { tail -60 "$BUILD.build.log"; exit 1; }
 fi
 
-log "ctest -L gpu"
+log "ctest -L gpu, and ps_worker --overlap on the GPU (real processes)"
 (cd "$BUILD" && timeout 150 ctest -L gpu --output-on-failure --timeout 120) || status=1
+(cd "$BUILD" && timeout 150 ctest -R '^OverlapIntegrationTest\.CudaBspIsBitwiseEqual$' \
+  --output-on-failure --timeout 120) || status=1
 
 BIN="$BUILD/bin/ps_train_local"
 if [[ ! -d "$DATA" ]]; then

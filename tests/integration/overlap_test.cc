@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "tests/util/process.h"
+#include "worker/backend.h"
 #include "worker/client.h"
 #include "worker/ps_store.h"
 
@@ -153,6 +154,14 @@ TEST(OverlapIntegrationTest, BspSenderThreadIsBitwiseEqual) {
   CheckBspBitwise(2, {"--overlap", "--pipeline_shards=1",
                       "--overlap_sender_thread"},
                   {"--codec=topk:ratio=0.05,ef=1", "--placement=in_order"});
+}
+
+// The same on the GPU (the CUDA backend's layered step; tests/gpu/run.sh
+// runs it on a GPU machine): both runs train on the device.
+TEST(OverlapIntegrationTest, CudaBspIsBitwiseEqual) {
+  if (!worker::BuiltWithCuda()) GTEST_SKIP() << "built without CUDA";
+  if (worker::VisibleCudaDevices() == 0) GTEST_SKIP() << "no CUDA device visible";
+  CheckBspBitwise(2, {"--overlap", "--pipeline_shards=1"}, {"--device=cuda"});
 }
 
 // SSP: pushes go per layer; training reaches the plain path's accuracy bar.
