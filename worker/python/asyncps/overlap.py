@@ -75,7 +75,8 @@ its first gradient was already sent; use overlap=False there. CUDA
 models: each gradient is copied into pinned host memory as backward
 produces it (ParameterServer._grad_array) and each pull group is copied to
 the device as its module's forward waits for it; a push codec then encodes
-on the host (overlap=False compresses on the device, PushDevice). Reading the weights between step() and the next forward (for
+on the host (overlap=False compresses on the device, PushDevice). Reading
+the weights between step() and the next forward (for
 example to save them) needs ParameterServer.pull() first, and so does a
 parameter read in forward outside the module that holds it before that
 module runs (weights tied across modules): use overlap=False there.
