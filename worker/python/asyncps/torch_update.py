@@ -502,6 +502,15 @@ class WorkerOptimizer:
         self.ps = ps
         self.optimizer = optimizer
         ps._worker_update = True
+        # Every push carries lr 1 (the shards add the gradients as they are),
+        # from now on: with overlap=True buckets leave during backward, before
+        # step() runs.
+        ps.client.lr = 1.0
+        if ps._overlap is not None:
+            # Gradients still leave in buckets during backward; the sums come
+            # back as one pull into this optimizer's buffers (step() needs them
+            # all before optimizer.step()), not by groups into the model.
+            ps._overlap.layered = False
         # What the shards held at the last pull: the model's weights now.
         self._prev = [p.detach().to("cpu", copy=True).contiguous() for p in ps.params]
         self._new = [torch.empty_like(t) for t in self._prev]
@@ -513,6 +522,7 @@ class WorkerOptimizer:
         return self.optimizer.param_groups
 
     def zero_grad(self, set_to_none=True):
+        self.ps.client.lr = 1.0  # before backward, as DistributedOptimizer's
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     @torch.no_grad()

@@ -117,13 +117,16 @@ def test_state_dict_of_the_model_loads_into_a_plain_cpu_model(shards, tmp_path, 
     ps.close()
 
 
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("device", DEVICES)
-def test_worker_side_optimizer_steps_the_model_on_its_device(shards, device):
+def test_worker_side_optimizer_steps_the_model_on_its_device(shards, device, overlap):
     # The shards only sum (sgd, lr 1 carried); torch.optim.SGD runs on the
-    # model's device with the gradient the pull brought back.
+    # model's device with the gradient the pull brought back. With overlap
+    # the gradients leave in buckets during backward (the pull stays whole).
     eps = endpoints(shards(1, ["--consistency=asp", "--optimizer=sgd", "--lr=0.1"]))
     model = mlp(device)
-    ps = apt.ParameterServer(model, servers=eps, rank=0, num_workers=1)
+    ps = apt.ParameterServer(model, servers=eps, rank=0, num_workers=1, overlap=overlap,
+                             bucket_mb=0.0001, first_bucket_mb=0.0001)
     opt = apt.WorkerOptimizer(ps, torch.optim.SGD(model.parameters(), lr=LR))
     for step in range(3):
         w, g = train_step(model, opt, step, device)
@@ -134,6 +137,8 @@ def test_worker_side_optimizer_steps_the_model_on_its_device(shards, device):
             torch.testing.assert_close(p.detach().to("cpu"), w0 - LR * g0,
                                        rtol=1e-5, atol=1e-6, msg=lambda m: "%d %s: %s" % (
                                            step, name, m))
+    if overlap:
+        assert ps._overlap.stats["buckets"] >= 2 * 3, ps._overlap.stats
     ps.close()
 
 
