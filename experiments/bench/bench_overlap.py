@@ -26,6 +26,14 @@ Usage (as root for `link`):
       [--bin_dir build/bin] [--repeats 5] [--settings loopback,link] \\
       [--rate 100mbit] [--batches 64,256] [--consistency bsp] [--quick]
 --quick (CI): loopback only, few steps, one repeat: figures only indicative.
+--hidden H sets the CNN's hidden units (default 128, the example's 1.8 MB
+model; 1024 gives 13.7 MB, communication-bound on a 1gbit link as the
+default is on 100mbit); rows name it in "model" ("cnn", "cnn_hidden1024")
+and carry the link's rate in "link". Each row also carries the CPU of each
+worker process per timed step (all threads; cpu_ms_per_step, and
+baseline_cpu_ms_per_step for its baseline) and of each shard process over its
+life per step (shard_cpu_ms_per_step), to tell a link-bound step from a
+CPU-bound one on a small machine.
 --chunk_elems / --placement / --prefetch_ahead apply to both asyncps paths; --shards N
 runs N shards (link: shard i on h(i % 2)); --pipeline_shards k is the
 overlap path's ParameterServer(pipeline_shards=k) (asyncps.overlap). With
@@ -54,7 +62,7 @@ SHARD_HOSTS = 2  # link: shards on h0, h1; workers on h2, h3
 
 
 # ---- the processes ----------------------------------------------------------
-def make_model(batch):
+def make_model(batch, hidden=128):
     import torch
     sys.path.insert(0, EXAMPLES)
     import cnn
@@ -62,11 +70,12 @@ def make_model(batch):
     gen = torch.Generator().manual_seed(2)
     data = [(torch.randn(batch, 1, 28, 28, generator=gen),
              torch.randint(0, 10, (batch,), generator=gen)) for _ in range(4)]
-    return cnn.make_cnn(), data
+    return cnn.make_cnn(hidden=hidden), data
 
 
 def timed_loop(model, opt, data, a):
-    """--warmup steps, then --steps timed; returns samples/s."""
+    """--warmup steps, then --steps timed; returns samples/s and sets
+    a.cpu_ms_per_step (this process's CPU, all its threads, per timed step)."""
     import torch
 
     def step(i):
@@ -80,18 +89,19 @@ def timed_loop(model, opt, data, a):
 
     for i in range(a.warmup):
         step(i)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for i in range(a.warmup, a.warmup + a.steps):
         step(i)
+    a.cpu_ms_per_step = (time.process_time() - c0) * 1e3 / a.steps
     return a.steps * a.batch / (time.perf_counter() - t0)
 
 
 def worker_main(a):
-    """One asyncps worker: prints samples_per_s=X."""
+    """One asyncps worker: prints samples_per_s=X cpu_ms_per_step=Y."""
     import torch
     import asyncps.torch as apt
     torch.set_num_threads(1)
-    model, data = make_model(a.batch)
+    model, data = make_model(a.batch, a.hidden)
     ps = apt.ParameterServer(model, servers=a.servers.split(","), rank=a.rank,
                              num_workers=a.num_workers, overlap=a.overlap == 1,
                              bucket_mb=a.bucket_mb, chunk_elems=a.chunk_elems,
@@ -103,23 +113,23 @@ def worker_main(a):
         print(json.dumps(dict(ps.traffic(), rank=a.rank, overlap=a.overlap,
                               backward_ns=int(a.backward_s * 1e9), **stats)), file=sys.stderr)
     ps.close()
-    print("samples_per_s=%.3f" % rate, flush=True)
+    print("samples_per_s=%.3f cpu_ms_per_step=%.3f" % (rate, a.cpu_ms_per_step), flush=True)
 
 
 def ddp_main(a):
-    """One DDP rank: prints samples_per_s=X."""
+    """One DDP rank: prints samples_per_s=X cpu_ms_per_step=Y."""
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
     host, port = a.master.rsplit(":", 1)
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = host, port
     dist.init_process_group("gloo", rank=a.rank, world_size=a.num_workers)
-    model, data = make_model(a.batch)
+    model, data = make_model(a.batch, a.hidden)
     model = torch.nn.parallel.DistributedDataParallel(model)
     rate = timed_loop(model, torch.optim.SGD(model.parameters(), lr=0.05), data, a)
     dist.barrier()
     dist.destroy_process_group()
-    print("samples_per_s=%.3f" % rate, flush=True)
+    print("samples_per_s=%.3f cpu_ms_per_step=%.3f" % (rate, a.cpu_ms_per_step), flush=True)
 
 
 # ---- the fleet ----------------------------------------------------------------
@@ -181,15 +191,26 @@ def start_shards(fleet, tmp, bin_dir, consistency, shards):
     return procs, eps
 
 
+def cpu_seconds(proc):
+    """CPU time (user + system, all threads) a running child has used so
+    far, from /proc; None where it cannot be read."""
+    try:
+        with open("/proc/%d/stat" % proc.pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def stop_all(procs):
     for p in procs:
         if p.poll() is None:
             bench_worker.stop(p)
 
 
-def run_children(fleet, argvs):
+def run_children(fleet, argvs, cpu=None):
     """Runs one child per worker host (h2, h3 / local) and returns the sum
-    of their samples/s."""
+    of their samples/s; appends each child's CPU ms per step to `cpu`."""
     procs = [subprocess.Popen(fleet.prefix(SHARD_HOSTS + r if fleet.net else 0) + argv,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=fleet.env()) for r, argv in enumerate(argvs)]
@@ -205,23 +226,36 @@ def run_children(fleet, argvs):
             continue
         if os.environ.get("BENCH_OVERLAP_TRAFFIC"):
             sys.stderr.write(err)
-        total += float(out.strip().rsplit("samples_per_s=", 1)[1])
+        fields = dict(kv.split("=", 1) for kv in out.strip().splitlines()[-1].split())
+        total += float(fields["samples_per_s"])
+        if cpu is not None:
+            cpu.append(float(fields["cpu_ms_per_step"]))
     if errors:
         raise RuntimeError("a child failed:\n" + "\n".join(errors))
     return total
 
 
-def run_ps(fleet, tmp, bin_dir, consistency, overlap, a, batch):
+def run_ps(fleet, tmp, bin_dir, consistency, overlap, a, batch, cpu=None, shard_cpu=None):
+    """One asyncps run; appends the workers' CPU ms per timed step to `cpu`
+    and each shard's (its whole life, start-up and warm-up included, per
+    step) to `shard_cpu`."""
     shards, eps = start_shards(fleet, tmp, bin_dir, consistency, a.shards)
     try:
-        return run_children(fleet, [[
+        rate = run_children(fleet, [[
             PY, os.path.abspath(__file__), "--worker", "--servers", ",".join(eps),
             "--rank", str(r), "--num_workers", str(WORKERS), "--overlap", str(int(overlap)),
             "--bucket_mb", str(a.bucket_mb), "--first_bucket_mb", str(a.first_bucket_mb),
             "--batch", str(batch), "--steps", str(a.steps),
             "--warmup", str(a.warmup), "--chunk_elems", str(a.chunk_elems),
-            "--pipeline_shards", str(a.pipeline_shards), "--placement", a.placement] +
-            (["--prefetch_ahead"] if a.prefetch_ahead else []) for r in range(WORKERS)])
+            "--pipeline_shards", str(a.pipeline_shards), "--placement", a.placement,
+            "--hidden", str(a.hidden)] +
+            (["--prefetch_ahead"] if a.prefetch_ahead else []) for r in range(WORKERS)], cpu)
+        if shard_cpu is not None:
+            for p in shards:
+                c = cpu_seconds(p)
+                if c is not None:
+                    shard_cpu.append(c * 1e3 / (a.warmup + a.steps))
+        return rate
     finally:
         stop_all(shards)
 
@@ -232,16 +266,21 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_ddp(fleet, a, batch):
+def run_ddp(fleet, a, batch, cpu=None):
     master = "%s:%d" % (fleet.address(SHARD_HOSTS) if fleet.net else "127.0.0.1", free_port())
     return run_children(fleet, [[
         PY, os.path.abspath(__file__), "--ddp", "--master", master, "--rank", str(r),
         "--num_workers", str(WORKERS), "--batch", str(batch), "--steps", str(a.steps),
-        "--warmup", str(a.warmup)] for r in range(WORKERS)])
+        "--warmup", str(a.warmup), "--hidden", str(a.hidden)] for r in range(WORKERS)], cpu)
 
 
 def spread(values, digits=1):
     return bench_stats.spread(values, digits)
+
+
+def cpu_spread(values):
+    """spread() of CPU figures, one per process and run ("values")."""
+    return bench_stats.spread(values, 1, "values")
 
 
 def emit(obj):
@@ -251,12 +290,14 @@ def emit(obj):
 def bench_setting(setting, fleet, tmp, a):
     for batch in [int(b) for b in a.batches.split(",")]:
         plain, over, ddp = [], [], []
+        cpu_plain, cpu_over, cpu_ddp, cpu_shards = [], [], [], []
         for _ in range(a.repeats):  # interleaved: load drifts hit all three alike
-            plain.append(run_ps(fleet, tmp, a.bin_dir, a.consistency, False, a, batch))
-            over.append(run_ps(fleet, tmp, a.bin_dir, a.consistency, True, a, batch))
+            plain.append(run_ps(fleet, tmp, a.bin_dir, a.consistency, False, a, batch, cpu_plain))
+            over.append(run_ps(fleet, tmp, a.bin_dir, a.consistency, True, a, batch, cpu_over,
+                               cpu_shards))
             if setting == "link" or a.ddp_on_loopback:
-                ddp.append(run_ddp(fleet, a, batch))
-        common = {"bench": "overlap", "model": "cnn", "setting": setting,
+                ddp.append(run_ddp(fleet, a, batch, cpu_ddp))
+        common = {"bench": "overlap", "model": "cnn" if a.hidden == 128 else "cnn_hidden%d" % a.hidden, "setting": setting,
                   "link": a.rate if setting == "link" else "loopback",
                   "consistency": a.consistency, "shards": a.shards, "workers": WORKERS,
                   "batch": batch, "threads": 1, "bucket_mb": a.bucket_mb,
@@ -265,13 +306,19 @@ def bench_setting(setting, fleet, tmp, a):
                   "prefetch_ahead": a.prefetch_ahead,
                   "pipeline_shards": a.pipeline_shards,
                   "steps_per_worker": a.steps, "warmup_steps": a.warmup,
-                  "samples_per_s": spread(over)}
+                  "samples_per_s": spread(over),
+                  # CPU per timed step of each worker process (all threads), and of
+                  # each shard over its life (start-up and warm-up included)
+                  "cpu_ms_per_step": cpu_spread(cpu_over),
+                  "shard_cpu_ms_per_step": cpu_spread(cpu_shards)}
         emit(dict(common, baseline="asyncps_no_overlap", baseline_samples_per_s=spread(plain),
+                  baseline_cpu_ms_per_step=cpu_spread(cpu_plain),
                   ratio=spread([o / p for o, p in zip(over, plain)], 3),
                   target=0.97 if setting == "loopback" else 1.3))
         if ddp:
             emit(dict(common, baseline="pytorch_ddp_gloo_2proc",
                       baseline_samples_per_s=spread(ddp),
+                      baseline_cpu_ms_per_step=cpu_spread(cpu_ddp),
                       ratio=spread([o / d for o, d in zip(over, ddp)], 3), target=1.0))
 
 
@@ -295,6 +342,9 @@ def main():
                     "last layers on the last shards, whose pushes then leave during backward")
     ap.add_argument("--prefetch_ahead", action="store_true",
                     help="both asyncps paths pull ahead (ASP/SSP)")
+    ap.add_argument("--hidden", type=int, default=128,
+                    help="units of the CNN's hidden layer (cnn.make_cnn hidden): 128 is "
+                    "the example's 1.8 MB model; 1024 a 13.7 MB one")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--ddp_on_loopback", action="store_true")
