@@ -34,7 +34,9 @@ worker process per timed step (all threads; cpu_ms_per_step, and
 baseline_cpu_ms_per_step for its baseline) and of each shard process over its
 life per step (shard_cpu_ms_per_step), to tell a link-bound step from a
 CPU-bound one on a small machine.
---chunk_elems / --placement / --prefetch_ahead apply to both asyncps paths; --shards N
+--chunk_elems / --placement / --prefetch_ahead apply to both asyncps paths
+(with --plain_loop a third asyncps run has neither overlap nor prefetch_ahead:
+the loop the issue starts from, backward, push, then pull); --shards N
 runs N shards (link: shard i on h(i % 2)); --pipeline_shards k is the
 overlap path's ParameterServer(pipeline_shards=k) (asyncps.overlap). With
 BENCH_OVERLAP_TRAFFIC=1 each asyncps worker prints its Store.traffic()
@@ -235,10 +237,13 @@ def run_children(fleet, argvs, cpu=None):
     return total
 
 
-def run_ps(fleet, tmp, bin_dir, consistency, overlap, a, batch, cpu=None, shard_cpu=None):
+def run_ps(fleet, tmp, bin_dir, consistency, overlap, a, batch, cpu=None, shard_cpu=None,
+           prefetch_ahead=None):
     """One asyncps run; appends the workers' CPU ms per timed step to `cpu`
     and each shard's (its whole life, start-up and warm-up included, per
-    step) to `shard_cpu`."""
+    step) to `shard_cpu`. prefetch_ahead: None is a.prefetch_ahead."""
+    if prefetch_ahead is None:
+        prefetch_ahead = a.prefetch_ahead
     shards, eps = start_shards(fleet, tmp, bin_dir, consistency, a.shards)
     try:
         rate = run_children(fleet, [[
@@ -249,7 +254,7 @@ def run_ps(fleet, tmp, bin_dir, consistency, overlap, a, batch, cpu=None, shard_
             "--warmup", str(a.warmup), "--chunk_elems", str(a.chunk_elems),
             "--pipeline_shards", str(a.pipeline_shards), "--placement", a.placement,
             "--hidden", str(a.hidden)] +
-            (["--prefetch_ahead"] if a.prefetch_ahead else []) for r in range(WORKERS)], cpu)
+            (["--prefetch_ahead"] if prefetch_ahead else []) for r in range(WORKERS)], cpu)
         if shard_cpu is not None:
             for p in shards:
                 c = cpu_seconds(p)
@@ -291,12 +296,16 @@ def bench_setting(setting, fleet, tmp, a):
     for batch in [int(b) for b in a.batches.split(",")]:
         plain, over, ddp = [], [], []
         cpu_plain, cpu_over, cpu_ddp, cpu_shards = [], [], [], []
+        loop, cpu_loop = [], []  # --plain_loop: no overlap and no prefetch
         for _ in range(a.repeats):  # interleaved: load drifts hit all three alike
             plain.append(run_ps(fleet, tmp, a.bin_dir, a.consistency, False, a, batch, cpu_plain))
             over.append(run_ps(fleet, tmp, a.bin_dir, a.consistency, True, a, batch, cpu_over,
                                cpu_shards))
             if setting == "link" or a.ddp_on_loopback:
                 ddp.append(run_ddp(fleet, a, batch, cpu_ddp))
+            if a.plain_loop and a.prefetch_ahead:
+                loop.append(run_ps(fleet, tmp, a.bin_dir, a.consistency, False, a, batch,
+                                   cpu_loop, prefetch_ahead=False))
         common = {"bench": "overlap", "model": "cnn" if a.hidden == 128 else "cnn_hidden%d" % a.hidden, "setting": setting,
                   "link": a.rate if setting == "link" else "loopback",
                   "consistency": a.consistency, "shards": a.shards, "workers": WORKERS,
@@ -315,6 +324,11 @@ def bench_setting(setting, fleet, tmp, a):
                   baseline_cpu_ms_per_step=cpu_spread(cpu_plain),
                   ratio=spread([o / p for o, p in zip(over, plain)], 3),
                   target=0.97 if setting == "loopback" else 1.3))
+        if loop:  # the loop of asyncps.torch without overlap or prefetch_ahead
+            emit(dict(common, baseline="asyncps_plain_loop", baseline_samples_per_s=spread(loop),
+                      baseline_cpu_ms_per_step=cpu_spread(cpu_loop),
+                      ratio=spread([o / p for o, p in zip(over, loop)], 3),
+                      target=0.97 if setting == "loopback" else 1.3))
         if ddp:
             emit(dict(common, baseline="pytorch_ddp_gloo_2proc",
                       baseline_samples_per_s=spread(ddp),
@@ -345,6 +359,10 @@ def main():
     ap.add_argument("--hidden", type=int, default=128,
                     help="units of the CNN's hidden layer (cnn.make_cnn hidden): 128 is "
                     "the example's 1.8 MB model; 1024 a 13.7 MB one")
+    ap.add_argument("--plain_loop", action="store_true",
+                    help="with --prefetch_ahead: also run asyncps without overlap and without "
+                    "prefetch_ahead (push after backward, then pull) as a third baseline, "
+                    "asyncps_plain_loop")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--ddp_on_loopback", action="store_true")
