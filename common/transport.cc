@@ -233,6 +233,8 @@ void ApplyCommonOptions(zmq::socket_t& s, const TransportOptions& o) {
     s.set(zmq::sockopt::sndbuf, o.socket_buffer_bytes);
     s.set(zmq::sockopt::rcvbuf, o.socket_buffer_bytes);
   }
+  // ZeroMQ sets SO_SNDBUF on every TCP connection the socket makes or takes.
+  if (o.send_buffer_bytes > 0) s.set(zmq::sockopt::sndbuf, o.send_buffer_bytes);
 }
 
 // Receives the remaining parts of a message whose first part is `first`.
@@ -695,8 +697,34 @@ Frame Frame::Ref(const void* data, size_t size,
   return Frame{data, size, std::move(owner)};
 }
 
+Status CheckSendBufferBytes(int64_t bytes, const std::string& what) {
+  if (bytes == 0 ||
+      (bytes >= kMinSendBufferBytes && bytes <= kMaxSendBufferBytes)) {
+    return Status::OK();
+  }
+  return Status::InvalidArgument(
+      what + " must be 0 (the OS default) or " +
+      std::to_string(kMinSendBufferBytes >> 10) + " KiB to " +
+      std::to_string(kMaxSendBufferBytes >> 20) + " MiB, got " +
+      std::to_string(bytes) + " bytes");
+}
+
+Status CheckSendBufferKb(int64_t kb, const std::string& what) {
+  if (kb == 0 || (kb >= (kMinSendBufferBytes >> 10) &&
+                  kb <= (kMaxSendBufferBytes >> 10))) {
+    return Status::OK();
+  }
+  return Status::InvalidArgument(
+      what + " must be 0 (the OS default) or " +
+      std::to_string(kMinSendBufferBytes >> 10) + " to " +
+      std::to_string(kMaxSendBufferBytes >> 10) + " KiB, got " +
+      std::to_string(kb));
+}
+
 StatusOr<std::unique_ptr<ServerSocket>> ServerSocket::Bind(
     const std::string& endpoint, const TransportOptions& options) {
+  RETURN_IF_ERROR(
+      CheckSendBufferBytes(options.send_buffer_bytes, "send_buffer_bytes"));
   try {
     auto s = std::make_unique<ServerSocketImpl>(ContextOf(options), options);
     RETURN_IF_ERROR(s->Init(endpoint));
@@ -708,6 +736,8 @@ StatusOr<std::unique_ptr<ServerSocket>> ServerSocket::Bind(
 
 StatusOr<std::unique_ptr<ClientSocket>> ClientSocket::Connect(
     const std::string& endpoint, const TransportOptions& options) {
+  RETURN_IF_ERROR(
+      CheckSendBufferBytes(options.send_buffer_bytes, "send_buffer_bytes"));
   try {
     auto s = std::make_unique<ClientSocketImpl>(ContextOf(options), options);
     RETURN_IF_ERROR(s->Init(endpoint));

@@ -56,6 +56,15 @@ struct TransportOptions {
   int hwm = 10000;
   // Kernel socket buffer size, bytes; 0 keeps the OS default. Default: 0.
   int socket_buffer_bytes = 0;
+  // Kernel send buffer (SO_SNDBUF) of each TCP connection, bytes; overrides
+  // socket_buffer_bytes for sending. 0 keeps the OS default (autotuned).
+  // TCP keeps at most this much of a connection's data unacknowledged, so
+  // it bounds how much of it waits in a saturated link's queue: traffic
+  // the other way (the acknowledgements of a transfer coming in, the next
+  // request) then is not held behind a whole push. Too small caps the
+  // connection at about bytes / round trip. 0 or CheckSendBufferBytes'
+  // range. Default: 0.
+  int send_buffer_bytes = 0;
   // CurveZMQ keys (Z85, 40 chars). Server: its secret key. Client: its
   // secret key plus the server's public key (its own public key is derived
   // from the secret key when left empty). Empty: no encryption.
@@ -226,6 +235,14 @@ struct AllocatorTuning {
 // such knobs or the allocator in use ignores them (sanitizers); the
 // transport works the same without them, only slower.
 Status TuneAllocatorForMessages(const AllocatorTuning& tuning = {});
+
+// TransportOptions::send_buffer_bytes: 0 (the OS default) or 4 KiB to
+// 64 MiB; InvalidArgument naming `what` (a flag or argument) otherwise.
+inline constexpr int64_t kMinSendBufferBytes = int64_t{4} << 10;
+inline constexpr int64_t kMaxSendBufferBytes = int64_t{64} << 20;
+Status CheckSendBufferBytes(int64_t bytes, const std::string& what);
+// The same range in KiB (the flags' and the Python API's unit).
+Status CheckSendBufferKb(int64_t kb, const std::string& what);
 
 // Generates a CurveZMQ key pair (Z85 text, 40 characters each).
 Status GenerateCurveKeyPair(std::string* public_key, std::string* secret_key);

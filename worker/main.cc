@@ -112,6 +112,12 @@ DEFINE_string(drop_last, "auto",
               "Skip each epoch's short last batch: auto (when the shards run "
               "BSP, read from their stats: a short batch weighs as much as a "
               "full one in the round's average) | true | false");
+DEFINE_int32(send_buffer_kb, 0,
+             "SO_SNDBUF of each shard connection, KiB (4 to 65536; 0: the OS "
+             "default, autotuned). On a saturated link a small one keeps a "
+             "push from filling the link's queue ahead of the next pull's "
+             "request and the acknowledgements of the pull coming in; too "
+             "small caps a connection at about the buffer per round trip");
 DEFINE_bool(prefetch_ahead, false,
             "Pull the next step's weights while computing this one: the "
             "network overlaps compute, and the weights lack this worker's "
@@ -383,6 +389,8 @@ Status Main() {
     return Status::InvalidArgument("--shared_memory_mb must be in [0, 2^20]");
   }
   co.shared_memory_bytes = static_cast<size_t>(FLAGS_shared_memory_mb) << 20;
+  RETURN_IF_ERROR(CheckSendBufferKb(FLAGS_send_buffer_kb, "--send_buffer_kb"));
+  co.transport.send_buffer_bytes = FLAGS_send_buffer_kb * 1024;
   RETURN_IF_ERROR(CurveClientKeysFromFlags(&co.transport));
   int push_log = -1;
   if (!FLAGS_push_log.empty()) {

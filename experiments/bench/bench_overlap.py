@@ -34,7 +34,8 @@ worker process per timed step (all threads; cpu_ms_per_step, and
 baseline_cpu_ms_per_step for its baseline) and of each shard process over its
 life per step (shard_cpu_ms_per_step), to tell a link-bound step from a
 CPU-bound one on a small machine.
---chunk_elems / --placement / --prefetch_ahead apply to both asyncps paths
+--chunk_elems / --placement / --prefetch_ahead / --send_buffer_kb apply to
+both asyncps paths
 (with --plain_loop a third asyncps run has neither overlap nor prefetch_ahead:
 the loop the issue starts from, backward, push, then pull); --shards N
 runs N shards (link: shard i on h(i % 2)); --pipeline_shards k is the
@@ -108,7 +109,8 @@ def worker_main(a):
                              num_workers=a.num_workers, overlap=a.overlap == 1,
                              bucket_mb=a.bucket_mb, chunk_elems=a.chunk_elems,
                              prefetch_ahead=a.prefetch_ahead, pipeline_shards=a.pipeline_shards,
-                             placement=a.placement, first_bucket_mb=a.first_bucket_mb)
+                             placement=a.placement, first_bucket_mb=a.first_bucket_mb,
+                             send_buffer_kb=a.send_buffer_kb)
     rate = timed_loop(model, apt.DistributedOptimizer(ps), data, a)
     if os.environ.get("BENCH_OVERLAP_TRAFFIC"):  # where the time went (ns, summed)
         stats = ps._overlap.stats if ps._overlap is not None else {}
@@ -164,7 +166,7 @@ class Fleet:
         return e
 
 
-def start_shards(fleet, tmp, bin_dir, consistency, shards):
+def start_shards(fleet, tmp, bin_dir, consistency, shards, send_buffer_kb=0):
     procs, eps = [], []
     for i in range(shards):
         ready = os.path.join(tmp, "ready-%d-%d" % (i, time.monotonic_ns()))
@@ -174,7 +176,8 @@ def start_shards(fleet, tmp, bin_dir, consistency, shards):
             os.path.join(bin_dir, "ps_server"), "--endpoint=tcp://%s:0" % fleet.address(host),
             "--ready_file=" + ready, "--shard_id=%d" % i, "--num_shards=%d" % shards,
             "--num_workers=%d" % WORKERS, "--consistency=" + consistency,
-            "--optimizer=sgd", "--lr=0.05", "--checkpoint_every_s=0"]
+            "--optimizer=sgd", "--lr=0.05", "--checkpoint_every_s=0",
+            "--send_buffer_kb=%d" % send_buffer_kb]
         if fleet.net:  # an address other than loopback, inside our own namespaces
             argv += ["--insecure", "--allow_remote_admin"]
         p = subprocess.Popen(argv, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
@@ -244,7 +247,7 @@ def run_ps(fleet, tmp, bin_dir, consistency, overlap, a, batch, cpu=None, shard_
     step) to `shard_cpu`. prefetch_ahead: None is a.prefetch_ahead."""
     if prefetch_ahead is None:
         prefetch_ahead = a.prefetch_ahead
-    shards, eps = start_shards(fleet, tmp, bin_dir, consistency, a.shards)
+    shards, eps = start_shards(fleet, tmp, bin_dir, consistency, a.shards, a.send_buffer_kb)
     try:
         rate = run_children(fleet, [[
             PY, os.path.abspath(__file__), "--worker", "--servers", ",".join(eps),
@@ -253,7 +256,7 @@ def run_ps(fleet, tmp, bin_dir, consistency, overlap, a, batch, cpu=None, shard_
             "--batch", str(batch), "--steps", str(a.steps),
             "--warmup", str(a.warmup), "--chunk_elems", str(a.chunk_elems),
             "--pipeline_shards", str(a.pipeline_shards), "--placement", a.placement,
-            "--hidden", str(a.hidden)] +
+            "--hidden", str(a.hidden), "--send_buffer_kb", str(a.send_buffer_kb)] +
             (["--prefetch_ahead"] if prefetch_ahead else []) for r in range(WORKERS)], cpu)
         if shard_cpu is not None:
             for p in shards:
@@ -312,7 +315,8 @@ def bench_setting(setting, fleet, tmp, a):
                   "batch": batch, "threads": 1, "bucket_mb": a.bucket_mb,
                   "first_bucket_mb": a.first_bucket_mb,
                   "chunk_elems": a.chunk_elems, "placement": a.placement,
-                  "prefetch_ahead": a.prefetch_ahead,
+                  "prefetch_ahead": a.prefetch_ahead, "send_buffer_kb": a.send_buffer_kb,
+                  "tcp_wmem": a.tcp_wmem,
                   "pipeline_shards": a.pipeline_shards,
                   "steps_per_worker": a.steps, "warmup_steps": a.warmup,
                   "samples_per_s": spread(over),
@@ -359,6 +363,13 @@ def main():
     ap.add_argument("--hidden", type=int, default=128,
                     help="units of the CNN's hidden layer (cnn.make_cnn hidden): 128 is "
                     "the example's 1.8 MB model; 1024 a 13.7 MB one")
+    ap.add_argument("--send_buffer_kb", type=int, default=0,
+                    help="both asyncps paths: ps_server --send_buffer_kb and "
+                    "ParameterServer(send_buffer_kb=) (0: the OS default)")
+    ap.add_argument("--tcp_wmem", default="",
+                    help="link: net.ipv4.tcp_wmem of every emulated host ('min default "
+                    "max' bytes), the system-wide cap of autotuned send buffers, DDP's "
+                    "included (compare with --send_buffer_kb, which only asyncps sets)")
     ap.add_argument("--plain_loop", action="store_true",
                     help="with --prefetch_ahead: also run asyncps without overlap and without "
                     "prefetch_ahead (push after backward, then pull) as a third baseline, "
@@ -411,6 +422,11 @@ def run_settings(ap, a, tag, bench):
                     continue
                 with netns.Network.create(SHARD_HOSTS + WORKERS, rate=netns.parse_rate(a.rate),
                                           tag="%s%d" % (tag, os.getpid())) as net:
+                    if getattr(a, "tcp_wmem", ""):  # every host's TCP, DDP's too
+                        for h in net.hosts:
+                            subprocess.run(net.exec_argv(h) + [
+                                "sysctl", "-q", "-w", "net.ipv4.tcp_wmem=" + a.tcp_wmem],
+                                check=True)
                     bench(setting, Fleet(net), tmp, a)
             else:
                 ap.error("unknown setting " + setting)

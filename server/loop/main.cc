@@ -95,6 +95,12 @@ DEFINE_double(
 DEFINE_int64(max_message_bytes, int64_t{1} << 30,
              "largest request accepted (all frames), bytes; a larger one is "
              "answered InvalidArgument with its id");
+DEFINE_int32(send_buffer_kb, 0,
+             "SO_SNDBUF of each worker's connection, KiB (4 to 65536; 0: the "
+             "OS default, autotuned). On a saturated link a small one keeps "
+             "this shard's replies from filling the link's queue ahead of "
+             "the workers' acknowledgements and requests; too small caps a "
+             "connection at about the buffer per round trip");
 DEFINE_int64(max_frame_bytes, int64_t{256} << 20,
              "largest frame accepted, bytes (capped at --max_message_bytes): "
              "ZeroMQ "
@@ -262,6 +268,11 @@ srv::ServerOptions OptionsFromFlags() {
   o.max_message_bytes = FLAGS_max_message_bytes;
   if (FLAGS_max_frame_bytes < 1024) BadFlag("--max_frame_bytes must be >= 1024");
   o.max_frame_bytes = FLAGS_max_frame_bytes;
+  if (Status sb = asyncps::CheckSendBufferKb(FLAGS_send_buffer_kb,
+                                             "--send_buffer_kb");
+      !sb.ok())
+    BadFlag(sb.ToString());
+  o.send_buffer_bytes = FLAGS_send_buffer_kb * 1024;
   o.allow_remote_admin = FLAGS_allow_remote_admin;
   if (FLAGS_io_threads < 1 || FLAGS_io_threads > 64)
     BadFlag("--io_threads must be in [1, 64]");

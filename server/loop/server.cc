@@ -233,6 +233,7 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
   to.context = options.context;
   to.max_message_bytes = options.max_message_bytes;
   to.max_frame_bytes = s->options_.max_frame_bytes;
+  to.send_buffer_bytes = options.send_buffer_bytes;
   to.curve_secret_key = options.curve_secret_key;
   to.curve_allowed_client_keys = options.curve_allowed_client_keys;
   if (!to.curve_allowed_client_keys.empty()) {

@@ -61,6 +61,11 @@ struct ServerOptions {
   // (ZMQ_MAXMSGSIZE). Registrations whose chunks would not fit are refused.
   // Default: 256 MiB.
   int64_t max_frame_bytes = int64_t{256} << 20;
+  // SO_SNDBUF of each worker's connection, bytes (TransportOptions::
+  // send_buffer_bytes): bounds how much of this shard's replies waits in a
+  // saturated link's queue ahead of the workers' acknowledgements. 0: the
+  // OS default. Default: 0.
+  int send_buffer_bytes = 0;
   // Longest wait for a message before timers run. Default: 20 ms.
   std::chrono::milliseconds tick{20};
   // ZeroMQ context to use; nullptr creates one. Default: nullptr.

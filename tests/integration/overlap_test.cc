@@ -305,6 +305,9 @@ TEST(OverlapIntegrationTest, BadFlagCombinationsAreClearErrors) {
       {{"--overlap", "--etcd=http://127.0.0.1:1"}, "--etcd"},
       {{"--overlap", "--role=eval"}, "--role=train"},
       {{"--placement=lpt"}, "--placement: unknown placement 'lpt'"},
+      {{"--send_buffer_kb=3"},
+       "--send_buffer_kb must be 0 (the OS default) or 4 to 65536 KiB, got 3"},
+      {{"--send_buffer_kb=-64"}, "--send_buffer_kb must be 0"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     std::vector<std::string> a = {BinPath("ps_worker"),

@@ -188,14 +188,21 @@ class ParameterServer:
     under BSP their pushes and rounds go while backward still runs (use it
     with models whose parameters are registered in forward order). Every
     worker of a job must name the same placement (the shards refuse another,
-    AlreadyExists), and so must a job that resumes a checkpoint."""
+    AlreadyExists), and so must a job that resumes a checkpoint.
+    send_buffer_kb: SO_SNDBUF of each shard connection, KiB (4 to 65536; 0,
+    the default: the OS's, autotuned). On a link both directions of which
+    are busy (a push going up while the prefetched pull comes down) a small
+    one, e.g. 64, keeps the push from filling the link's queue ahead of the
+    pull's acknowledgements; run the shards with the same ps_server
+    --send_buffer_kb. Too small caps a connection at about the buffer per
+    round trip (experiments/results/overlap/REPORT.md)."""
 
     def __init__(self, model, servers=None, rank=None, num_workers=None, codec="none",
                  pull_codec="", prefetch_ahead=False, seed=1, steps_per_epoch=1000,
                  timeout_s=120.0, heartbeat_s=1.0, chunk_elems=1 << 20, init=None,
                  curve_server_key=None, curve_secret_key=None, curve_public_key=None,
                  overlap=False, bucket_mb=25.0, pipeline_shards=0, placement="balanced",
-                 first_bucket_mb=1.0):
+                 first_bucket_mb=1.0, send_buffer_kb=0):
         env = worker_env(servers, rank, num_workers)
         self.rank = env.rank
         self.num_workers = env.num_workers
@@ -218,7 +225,7 @@ class ParameterServer:
             curve_server_key=env.curve_server_key if curve_server_key is None else curve_server_key,
             curve_secret_key=env.curve_secret_key if curve_secret_key is None else curve_secret_key,
             curve_public_key=env.curve_public_key if curve_public_key is None else curve_public_key,
-            etcd=env.etcd, etcd_prefix=env.etcd_prefix)
+            etcd=env.etcd, etcd_prefix=env.etcd_prefix, send_buffer_kb=send_buffer_kb)
         if self.embeddings:
             # Under BSP a shard counts one push per worker and round: rows
             # and chunks travel in two pushes here, so BSP would drop one,

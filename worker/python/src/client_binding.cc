@@ -287,8 +287,11 @@ std::shared_ptr<PyClient> MakeClient(std::vector<std::string> servers, int rank,
                                 double interrupt_poll_s,
                                 size_t shared_memory_mb,
                                 std::vector<std::string> etcd,
-                                const std::string& etcd_prefix) {
+                                const std::string& etcd_prefix,
+                                int64_t send_buffer_kb) {
   ClientOptions o;
+  ThrowIfError(CheckSendBufferKb(send_buffer_kb, "send_buffer_kb"));
+  o.transport.send_buffer_bytes = static_cast<int>(send_buffer_kb * 1024);
   o.etcd_endpoints = std::move(etcd);
   o.etcd_prefix = etcd_prefix;
   if (shared_memory_mb > (size_t{1} << 20)) {
@@ -385,7 +388,7 @@ left still joins (servers stays the fleet's first shards).)doc");
            py::arg("max_in_flight") = 256, py::arg("interrupt_poll_s") = 0.05,
            py::arg("shared_memory_mb") = 0,
            py::arg("etcd") = std::vector<std::string>{},
-           py::arg("etcd_prefix") = "/asyncps/default")
+           py::arg("etcd_prefix") = "/asyncps/default", py::arg("send_buffer_kb") = 0)
       .def(
           "register",
           [](PyClient& c, const std::vector<TensorSpec>& tensors, size_t chunk_elems,

@@ -39,8 +39,10 @@ def grads(steps, seed=3):
             for _ in range(steps)]
 
 
-def python_trajectory(eps, steps, codec, pull_codec="", prefetch=False, shared_memory_mb=0):
-    client = asyncps.Client(eps, rank=0, timeout_s=30, shared_memory_mb=shared_memory_mb)
+def python_trajectory(eps, steps, codec, pull_codec="", prefetch=False, shared_memory_mb=0,
+                      send_buffer_kb=0):
+    client = asyncps.Client(eps, rank=0, timeout_s=30, shared_memory_mb=shared_memory_mb,
+                            send_buffer_kb=send_buffer_kb)
     store = asyncps.Store(client, specs(), push_codec=codec, pull_codec=pull_codec, seed=1,
                           prefetch_ahead=prefetch)
     out, w = [], buffers()
@@ -86,6 +88,26 @@ def test_round_trip_bitwise_equal_to_cpp_client(shards, tmp_path, codec, pull_co
         set(np.nonzero(py != cpp)[0].tolist()))
     # The pushes did something: the weights moved.
     assert not np.array_equal(py[0], py[-1])
+
+
+def test_small_send_buffers_train_bitwise_alike_and_bad_sizes_are_refused(shards):
+    """send_buffer_kb (the client's SO_SNDBUF) and ps_server --send_buffer_kb
+    change no bit of training (prefetch_ahead, 2 shards), and out-of-range
+    sizes are refused by the client and by ps_server, naming the option."""
+    flags = ["--optimizer=momentum", "--lr=0.05", "--consistency=asp"]
+    small = python_trajectory(endpoints(shards(2, flags + ["--send_buffer_kb=16"])), 6, "none",
+                              prefetch=True, send_buffer_kb=16)
+    plain = python_trajectory(endpoints(shards(2, flags)), 6, "none", prefetch=True)
+    assert small.tobytes() == plain.tobytes()
+    assert not np.array_equal(small[0], small[-1])
+    eps = endpoints(shards(1, flags))
+    for bad in (-1, 3, 65537):
+        with pytest.raises(asyncps.InvalidArgument, match="send_buffer_kb must be 0"):
+            asyncps.Client(eps, rank=0, send_buffer_kb=bad)
+    r = subprocess.run([binary("ps_server"), "--endpoint=tcp://127.0.0.1:0",
+                        "--send_buffer_kb=70000"], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "--send_buffer_kb must be 0 (the OS default) or 4 to 65536 KiB, got 70000" in r.stderr
 
 
 @pytest.mark.parametrize("prefetch", [False, True])
