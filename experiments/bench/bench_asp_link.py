@@ -26,7 +26,8 @@ so the figures are the network's and the store's, not the CPU's. Modes:
 
 Usage (as root):
   PYTHONPATH=build/python /usr/bin/python3 experiments/bench/bench_asp_link.py \\
-      [--repeats 3] [--steps 40] [--rate 100mbit] [--compute_ms 57] [--early_ms 25]
+      [--repeats 3] [--steps 40] [--rate 100mbit] [--compute_ms 57] [--early_ms 25] \\
+      [--send_buffer_kb 0]
 --quick (CI): one run of 4 steps per mode, figures only indicative; without
 root, ip or tc it exits 77 (skipped), as every test bed's test does.
 Results and analysis: experiments/results/overlap/REPORT.md.
@@ -58,12 +59,13 @@ def worker_main(a):
     import cnn
     _, params, specs = apt.tensor_specs(cnn.make_cnn())
     servers = a.servers.split(",")
-    client = asyncps.Client(servers, rank=a.rank, heartbeat_s=1.0)
+    client = asyncps.Client(servers, rank=a.rank, heartbeat_s=1.0,
+                            send_buffer_kb=a.send_buffer_kb)
     client.register(specs)
     store = asyncps.Store(client, specs, prefetch_ahead=True)
     pulls = store
     if a.mode.endswith("_lane"):
-        lane = asyncps.Client(servers, rank=a.rank)
+        lane = asyncps.Client(servers, rank=a.rank, send_buffer_kb=a.send_buffer_kb)
         lane.register(specs)
         pulls = asyncps.Store(lane, specs, prefetch_ahead=True)
     chunks = client.chunks()
@@ -100,14 +102,14 @@ def worker_main(a):
 
 
 def run_mode(fleet, tmp, a, mode):
-    shards, eps = bo.start_shards(fleet, tmp, a.bin_dir, "asp", 2)
+    shards, eps = bo.start_shards(fleet, tmp, a.bin_dir, "asp", 2, a.send_buffer_kb)
     try:
         procs = [subprocess.Popen(
             fleet.prefix(bo.SHARD_HOSTS + r) +
             [bo.PY, os.path.abspath(__file__), "--worker", "--servers", ",".join(eps),
              "--rank", str(r), "--mode", mode, "--steps", str(a.steps),
              "--warmup", str(a.warmup), "--compute_ms", str(a.compute_ms),
-             "--early_ms", str(a.early_ms)],
+             "--early_ms", str(a.early_ms), "--send_buffer_kb", str(a.send_buffer_kb)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=fleet.env())
             for r in range(bo.WORKERS)]
         out = []
@@ -140,6 +142,7 @@ def bench(setting, fleet, tmp, a):
                "link": a.rate, "consistency": "asp", "prefetch_ahead": True, "shards": 2,
                "workers": bo.WORKERS, "mode": mode, "compute_ms": a.compute_ms,
                "early_ms": a.early_ms if mode.startswith("early") else None,
+               "send_buffer_kb": a.send_buffer_kb,
                "steps_per_worker": a.steps,
                "step_ms": bench_stats.spread(got[mode]["step"], 1, "samples"),
                "pull_wait_ms": bench_stats.spread(got[mode]["wait"], 1, "samples"),
@@ -162,6 +165,8 @@ def main():
     ap.add_argument("--early_ms", type=float, default=25.0,
                     help="early modes: when the large layer's gradient is pushed")
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--send_buffer_kb", type=int, default=0,
+                    help="ps_server --send_buffer_kb and Client(send_buffer_kb=) (0: the OS's)")
     ap.add_argument("--quick", action="store_true",
                     help="CI: 1 repeat of 4 steps; exits 77 (skipped) without the test bed")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
