@@ -2,26 +2,42 @@
 inlined as datablocks) that draws it, so a figure can be restyled by hand.
 
 line_plot draws curves; band_plot draws the mean of several seeds' curves
-over a shaded 95% t-band; errorbar_plot draws means with 95% error bars."""
+over a shaded 95% t-band; errorbar_plot draws means with 95% error bars.
+
+Text (titles, labels, legend entries, file names: a study's or a
+configuration's name among them) reaches a script only through quote():
+gnuplot runs backticked text as a shell command even inside a double-quoted
+string, so a study named with one ran it, and again whenever its .gp was
+opened."""
 import os
+import re
 import shutil
 import subprocess
+
+# A newline would end the command (the rest of the text would be the next
+# one); the others are no text either. U+0085, U+2028 and U+2029 end lines
+# for some readers of the script.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def have_gnuplot():
     return shutil.which("gnuplot") is not None
 
 
-def _q(s):
-    return '"' + str(s).replace("\\", "\\\\").replace('"', '\\"') + '"'
+def quote(text):
+    """text (str() of it) as a gnuplot string literal that stands for the
+    text itself: single-quoted, where gnuplot expands no backticks, @macros
+    or backslash escapes and a quote is written twice; control characters
+    (newlines) become spaces."""
+    return "'" + _CONTROL.sub(" ", str(text)).replace("'", "''") + "'"
 
 
 def _header(png, title, xlabel, ylabel, logx, yrange, key, logy=False):
     lines = ["set terminal pngcairo size 900,560 enhanced font 'sans,10'"
              if _has_cairo() else "set terminal png size 900,560",
-             "set output " + _q(os.path.basename(png)),
-             "set title " + _q(title) + " noenhanced",
-             "set xlabel " + _q(xlabel), "set ylabel " + _q(ylabel),
+             "set output " + quote(os.path.basename(png)),
+             "set title " + quote(title) + " noenhanced",
+             "set xlabel " + quote(xlabel), "set ylabel " + quote(ylabel),
              "set grid", "set key " + key + " noenhanced"]
     if logx:
         lines.append("set logscale x")
@@ -36,16 +52,20 @@ def _render(png, lines, plots):
     """Appends the plot command (or a 'no data' frame), writes the .gp next
     to png and runs gnuplot; RuntimeError if it fails."""
     gp = os.path.splitext(png)[0] + ".gp"
+    if _CONTROL.search(os.path.basename(png)):
+        raise ValueError("%r: a control character in a plot's file name (gnuplot "
+                         "cannot be given it)" % png)
     if not plots:
         # [0:1] is not a range a log axis can take.
         lines.append("unset logscale")
-        lines.append("set label 1 'no data' at graph 0.5,0.5 center")
+        lines.append("set label 1 %s at graph 0.5,0.5 center" % quote("no data"))
         lines.append("plot [0:1] [0:1] NaN notitle")
     else:
         lines.append("plot " + ", \\\n     ".join(plots))
     with open(gp, "w") as f:
         f.write("\n".join(lines) + "\n")
-    r = subprocess.run(["gnuplot", os.path.basename(gp)],
+    # "./": a name starting with '-' is no option.
+    r = subprocess.run(["gnuplot", "./" + os.path.basename(gp)],
                        cwd=os.path.dirname(os.path.abspath(gp)),
                        capture_output=True, text=True)
     if r.returncode != 0 or not os.path.exists(png):
@@ -77,7 +97,7 @@ def line_plot(png, title, xlabel, ylabel, series, logx=False, yrange=None,
             continue
         style = "linespoints pt 7 ps 0.6" if points else "lines"
         plots.append("$d%d using 1:2 with %s lw 2 lc %d title %s" %
-                     (i, style, i + 1, _q(label)))
+                     (i, style, i + 1, quote(label)))
     return _render(png, lines, plots)
 
 
@@ -93,7 +113,7 @@ def band_plot(png, title, xlabel, ylabel, series, logx=False, yrange=None,
         plots.append("$d%d using 1:3:4 with filledcurves fs transparent "
                      "solid 0.18 noborder lc %d notitle" % (i, i + 1))
         plots.append("$d%d using 1:2 with lines lw 2 lc %d title %s" %
-                     (i, i + 1, _q(label)))
+                     (i, i + 1, quote(label)))
     return _render(png, lines, plots)
 
 
@@ -102,7 +122,7 @@ def errorbar_plot(png, title, xlabel, ylabel, series, logx=False,
                   extra=()):
     """series: [(label, [(x, y, lo, hi), ...])]: points with error bars
     (joined by lines when lines_too). extra: more gnuplot set commands
-    (e.g. 'set xrange [0.5:3.5]')."""
+    (e.g. 'set xrange [0.5:3.5]'; code: any text in them through quote())."""
     lines = _header(png, title, xlabel, ylabel, logx, yrange, key, logy)
     lines += list(extra)
     plots = []
@@ -111,7 +131,7 @@ def errorbar_plot(png, title, xlabel, ylabel, series, logx=False,
             continue
         style = "yerrorlines" if lines_too else "yerrorbars"
         plots.append("$d%d using 1:2:3:4 with %s lw 2 pt 7 ps 0.8 lc %d "
-                     "title %s" % (i, style, i + 1, _q(label)))
+                     "title %s" % (i, style, i + 1, quote(label)))
     return _render(png, lines, plots)
 
 
