@@ -30,6 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "launch"))
 
 from pslaunch import monitoring  # noqa: E402
+from psstudy_lib.plots import quote  # noqa: E402  (text into gnuplot: single-quoted)
 
 PSRUN = os.path.join(ROOT, "launch", "psrun")
 
@@ -152,14 +153,16 @@ def plot(out_dir, rows):
     gp = os.path.join(out_dir, "series.gp")
     with open(gp, "w") as f:
         f.write("set terminal pngcairo size 1200,800 font ',10' noenhanced\n")
-        f.write("set output '%s'\n" % os.path.join(out_dir, "series.png"))
-        f.write("set multiplot layout 2,2 title 'asyncps fleet as Prometheus recorded it "
-                "(2 shards, 3 workers, SSP s=2; scraped every 1 s)'\n")
-        f.write("set xlabel 'seconds since the first scrape'\nset grid\n")
+        f.write("set output %s\n" % quote(os.path.join(out_dir, "series.png")))
+        f.write("set multiplot layout 2,2 title %s\n" % quote(
+            "asyncps fleet as Prometheus recorded it (2 shards, 3 workers, SSP s=2; "
+            "scraped every 1 s)"))
+        f.write("set xlabel %s\nset grid\n" % quote("seconds since the first scrape"))
         for title, names in panels:
-            f.write("set title '%s'\n" % title)
-            plots = ["'%s' using 1:2 with lines lw 2 title '%s'" %
-                     (os.path.join(out_dir, n + ".dat"), n) for n in names if n in by]
+            f.write("set title %s\n" % quote(title))
+            plots = ["%s using 1:2 with lines lw 2 title %s" %
+                     (quote(os.path.join(out_dir, n + ".dat")), quote(n))
+                     for n in names if n in by]
             f.write("plot " + ", ".join(plots) + "\n" if plots else "clear\n")
         f.write("unset multiplot\n")
     subprocess.run(["gnuplot", gp], check=True)

@@ -6,13 +6,16 @@
     drawing its empty straggler plot);
   - hostile text in every field that reaches a script (title, axis labels,
     legend entries, the PNG's name): backticks, $(...), @macros, system(),
-    quotes, backslashes, newlines. gnuplot runs backticked text even inside double quotes, so a study named
+    quotes, backslashes, newlines; and the folder of the script that
+    experiments/monitoring/run.py writes itself (PNG and data file names).
+    gnuplot runs backticked text even inside double quotes, so a study named
     with `touch FILE` in backticks created FILE, and so did opening its saved
     .gp. Each script is run by the module and once more as saved; no command
     may run, and each text must appear in the script only inside a
     single-quoted literal.
 
 Exit 77 (skipped) without gnuplot."""
+import importlib.util
 import os
 import re
 import shutil
@@ -202,6 +205,23 @@ class PlotsTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "control character"):
             plots.line_plot(png, "t", "x", "y", [("a", [(1, 2), (2, 3)])])
         self.assertEqual(pwned(self.tmp), [])
+
+    def test_monitoring_plot_quotes_its_folder(self):
+        spec = importlib.util.spec_from_file_location(
+            "monitoring_run", os.path.join(REPO, "experiments", "monitoring", "run.py"))
+        run = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(run)
+        out = os.path.join(self.tmp, "o'ut \"`touch %s/PWNED-mon`\" @foo "
+                           "$(touch %s/PWNED-mon2)" % (self.tmp, self.tmp))
+        os.makedirs(out)
+        run.plot(out, [(0.0, "samples_per_s", 1.0), (1.0, "samples_per_s", 2.0),
+                       (0.0, "train_loss", 1.0), (1.0, "train_loss", 0.5)])
+        self.assertGreater(os.path.getsize(os.path.join(out, "series.png")), 0)
+        self.assertEqual(pwned(self.tmp), [])
+        with open(os.path.join(out, "series.gp.txt")) as f:
+            vals = script_literals(self, f.read())
+        self.assertIn(os.path.join(out, "series.png"), vals)
+        self.assertIn(os.path.join(out, "train_loss.dat"), vals)
 
 
 if __name__ == "__main__":
