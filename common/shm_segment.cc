@@ -18,6 +18,9 @@ namespace {
 constexpr uint64_t kMagic = 0x31306d6873707361ull;  // "asypshm01"
 constexpr uint64_t kHeaderBytes = 64;
 constexpr uint64_t kPage = 4096;
+constexpr char kAttachRefused[] =
+    "not a sealed shared-memory segment of this user's with that pid, fd, "
+    "size and token";
 
 // The first 64 bytes of a segment.
 struct Header {
@@ -40,6 +43,23 @@ uint64_t DataOffset(uint32_t num_slots) {
 std::string Errno(const std::string& what) {
   return what + ": " + std::strerror(errno);
 }
+
+#if defined(__linux__) && defined(MFD_ALLOW_SEALING)
+// The device of the kernel's internal mount that holds every memfd: a
+// memfd of this process's own, made once, tells it.
+StatusOr<dev_t> MemfdDevice() {
+  static const StatusOr<dev_t> dev = []() -> StatusOr<dev_t> {
+    const int f = memfd_create("asyncps-probe", MFD_CLOEXEC);
+    if (f < 0) return Status::Unimplemented(Errno("memfd_create"));
+    struct stat st {};
+    const int rc = fstat(f, &st);
+    close(f);
+    if (rc != 0) return Status::Unavailable(Errno("fstat of a memfd"));
+    return st.st_dev;
+  }();
+  return dev;
+}
+#endif
 
 uint64_t RandomToken() {
   std::random_device rd;
@@ -101,71 +121,77 @@ StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(size_t data_bytes,
 #endif
 }
 
-StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Attach(uint32_t pid,
-                                                         int32_t fd,
-                                                         uint64_t size,
-                                                         uint64_t token,
-                                                         uint64_t max_bytes) {
-#if defined(__linux__) && defined(F_GET_SEALS)
-  if (pid == 0 || fd < 0) return Status::InvalidArgument("bad pid or fd");
+StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Attach(
+    uint32_t pid, int32_t fd, uint64_t size, uint64_t token, uint64_t max_bytes,
+    std::string* why) {
+#if defined(__linux__) && defined(MFD_ALLOW_SEALING) && defined(O_PATH)
+  // One answer for every refusal, so that a peer learns nothing about which
+  // descriptors exist in which process, or their sizes; `why` (for the
+  // server's log only) says which check failed.
+  auto refuse = [why](const std::string& reason) {
+    if (why != nullptr) *why = reason;
+    return Status::InvalidArgument(kAttachRefused);
+  };
+  if (pid == 0 || fd < 0) return refuse("bad pid or fd");
+  // Never a descriptor of this process: reopening one of its files and
+  // closing that would drop every fcntl lock the process holds on it (the
+  // RocksDB LOCK file among them).
+  if (pid == static_cast<uint32_t>(getpid()))
+    return refuse("the pid named is this process's own");
   if (size < DataOffset(1) + kPage || size > max_bytes) {
-    return Status::InvalidArgument(
-        "shared memory of " + std::to_string(size) +
-        " bytes: out of range (at most " + std::to_string(max_bytes) + ")");
+    return refuse("size " + std::to_string(size) + " out of range (at most " +
+                  std::to_string(max_bytes) + ")");
   }
   const std::string path =
       "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
-  // Checked before opening: opening a device or a FIFO of another process
-  // can block or have side effects. O_NONBLOCK | O_NOCTTY, and the same
-  // inode after opening, cover a swap in between.
-  struct stat before {};
-  if (stat(path.c_str(), &before) != 0) {
-    return errno == ENOENT ? Status::NotFound(Errno("stat of " + path))
-                           : Status::InvalidArgument(Errno("stat of " + path));
-  }
-  if (!S_ISREG(before.st_mode))
-    return Status::InvalidArgument(path + " is not a memory file");
-  int f = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-  if (f < 0) {
-    return errno == ENOENT ? Status::NotFound(Errno("opening " + path))
-                           : Status::InvalidArgument(Errno("opening " + path));
-  }
-  auto fail = [&](Status s) {
-    close(f);
-    return s;
+  // O_PATH opens nothing (no device or FIFO side effects, no blocking), and
+  // closing an O_PATH descriptor drops no lock: every check before the real
+  // open is made on it.
+  const int o = open(path.c_str(), O_PATH | O_CLOEXEC);
+  if (o < 0) return refuse(Errno("opening " + path + " with O_PATH"));
+  auto fail = [&](int f, const std::string& reason) {
+    if (f >= 0) close(f);
+    close(o);
+    return refuse(reason);
   };
+  const std::string self = "/proc/self/fd/" + std::to_string(o);
+  char target[64] = {};
+  const ssize_t n = readlink(self.c_str(), target, sizeof(target) - 1);
+  if (n < 7 || std::memcmp(target, "/memfd:", 7) != 0)
+    return fail(-1, path + " is not a memfd");
   struct stat st {};
-  if (fstat(f, &st) != 0) return fail(Status::InvalidArgument(Errno("fstat")));
-  if (!S_ISREG(st.st_mode) || st.st_ino != before.st_ino ||
-      st.st_dev != before.st_dev)
-    return fail(Status::InvalidArgument(path + " is not a memory file"));
-  if (st.st_uid != geteuid()) {
-    return fail(Status::InvalidArgument(
-        path + " belongs to another user than this server's"));
-  }
+  if (fstat(o, &st) != 0) return fail(-1, Errno("fstat of " + path));
+  const StatusOr<dev_t> memfd_dev = MemfdDevice();
+  if (!memfd_dev.ok() || st.st_dev != *memfd_dev || !S_ISREG(st.st_mode))
+    return fail(-1, path + " is not a memfd");
+  if (st.st_uid != geteuid())
+    return fail(-1, path + " belongs to another user than this server's");
   if (static_cast<uint64_t>(st.st_size) != size) {
-    return fail(Status::InvalidArgument(
-        path + " is " + std::to_string(st.st_size) + " bytes, not " +
-        std::to_string(size)));
+    return fail(-1, path + " is " + std::to_string(st.st_size) +
+                        " bytes, not " + std::to_string(size));
   }
+  // Only now the real open, of the very file checked (the O_PATH
+  // descriptor's own link, not the other process's, which may have changed).
+  const int f = open(self.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (f < 0) return fail(-1, Errno("reopening " + path));
+  struct stat again {};
+  if (fstat(f, &again) != 0 || again.st_ino != st.st_ino ||
+      again.st_dev != st.st_dev)
+    return fail(f, path + " changed while it was opened");
   const int seals = fcntl(f, F_GET_SEALS);
-  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
-    return fail(Status::InvalidArgument(
-        path + " is not sealed against shrinking (a sealed memfd is needed)"));
-  }
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0)
+    return fail(f, path + " is not sealed against shrinking");
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
-  if (p == MAP_FAILED)
-    return fail(Status::InvalidArgument(Errno("mmap of " + path)));
+  if (p == MAP_FAILED) return fail(f, Errno("mmap of " + path));
   close(f);  // the mapping keeps the file
+  close(o);
   Header h;
   std::memcpy(&h, p, sizeof(h));
   if (h.magic != kMagic || h.token != token || h.size != size ||
       h.num_slots == 0 || h.num_slots > kMaxSlots ||
       h.data_offset != DataOffset(h.num_slots) || h.data_offset >= size) {
     munmap(p, size);
-    return Status::InvalidArgument(path +
-                                   " is not the segment named (bad header or "
-                                   "token)");
+    return refuse(path + " is not the segment named (bad header or token)");
   }
   auto seg = std::unique_ptr<ShmSegment>(new ShmSegment());
   seg->base_ = static_cast<uint8_t*>(p);
@@ -182,6 +208,7 @@ StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Attach(uint32_t pid,
   (void)size;
   (void)token;
   (void)max_bytes;
+  (void)why;
   return Status::Unimplemented("shared memory needs Linux memfd sealing");
 #endif
 }

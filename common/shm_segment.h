@@ -4,13 +4,19 @@
 // A client creates one segment: a sealed memfd (memfd_create with
 // F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL, so no one can truncate it under
 // a mapping and fault the shard with SIGBUS). The client tells each shard
-// the segment's (pid, fd, size, token) in an attach request; the shard opens
-// /proc/<pid>/fd/<fd> and accepts it only if it is a regular file owned by
-// the shard's own user, of exactly that size (and at most the shard's
-// limit), sealed against shrinking, whose header holds the magic and the
-// 64-bit random token. Knowing the token proves the client could read the
-// segment: a client cannot make a shard write into memory of a process it
-// has no access to.
+// the segment's (pid, fd, size, token) in an attach request. The shard
+// refuses its own pid, then opens /proc/<pid>/fd/<fd> with O_PATH (which
+// opens nothing, and whose close drops no fcntl lock: reopening and closing
+// a file the shard itself holds, such as RocksDB's LOCK, would drop the
+// shard's locks on it) and checks on that descriptor that it is a memfd
+// (its link reads "/memfd:..." and it lies on the memfds' internal mount),
+// a regular file owned by the shard's own user, of exactly that size (and
+// at most the shard's limit). Only then is it reopened read-write and
+// required to be sealed against shrinking, and its header to hold the magic
+// and the 64-bit random token. Knowing the token proves the client could
+// read the segment: a client cannot make a shard write into memory of a
+// process it has no access to. Every refusal is the same InvalidArgument,
+// so that a peer cannot probe which descriptors exist or their sizes.
 //
 // Layout: a 64-byte header, then one 8-byte slot per shard, then the data
 // area (from data_offset(), 4 KiB aligned). A pull whose destinations lie in
@@ -40,6 +46,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "common/status.h"
 
@@ -59,13 +66,14 @@ class ShmSegment {
                                                       uint32_t num_slots);
 
   // Maps the segment another process created (see the header comment for
-  // the checks). `max_bytes` bounds the size accepted. Every failure is a
-  // Status (PermissionDenied-like checks as InvalidArgument, a missing
-  // process or fd as NotFound); nothing is left mapped.
-  static StatusOr<std::unique_ptr<ShmSegment>> Attach(uint32_t pid, int32_t fd,
-                                                      uint64_t size,
-                                                      uint64_t token,
-                                                      uint64_t max_bytes);
+  // the checks). `max_bytes` bounds the size accepted. Every refusal is
+  // InvalidArgument with one message whatever the cause; if `why` is not
+  // null it receives the cause, for the caller's own log (never for the
+  // peer). Nothing is left mapped or open on failure, and no lock of this
+  // process is touched.
+  static StatusOr<std::unique_ptr<ShmSegment>> Attach(
+      uint32_t pid, int32_t fd, uint64_t size, uint64_t token,
+      uint64_t max_bytes, std::string* why = nullptr);
 
   ~ShmSegment();
   ShmSegment(const ShmSegment&) = delete;

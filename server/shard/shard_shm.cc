@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "server/internal/shard_types.h"
 #include "server/shard/shard.h"
@@ -28,10 +29,15 @@ Status Shard::HandleAttachShm(const RequestHeader& req) {
                       "shared memory is off on this shard (--max_shm_segments "
                       "0)"));
   }
+  std::string why;
   StatusOr<std::unique_ptr<ShmSegment>> seg =
       ShmSegment::Attach(req.shm_pid, req.shm_fd, req.shm_size, req.shm_token,
-                         options_.max_shm_bytes);
+                         options_.max_shm_bytes, &why);
   if (!seg.ok()) {
+    // The cause stays in this log: the reply says the same for every
+    // refusal (shm_segment.h).
+    VLOG(1) << "attach_shm of rank " << req.rank << " (pid " << req.shm_pid
+            << ", fd " << req.shm_fd << ") refused: " << why;
     return Reject(RejectReason::kSharedMemory,
                   seg.status().WithContext("shared memory not attached"));
   }

@@ -1,11 +1,14 @@
 // Pulls through shared memory (common/shm_segment.h) from a real ps_server
 // process: the weights a shard writes into a client's segment equal those
 // it sends over the socket, a restarted shard is given the segment again,
-// and hostile attach requests and pulls are refused with nothing written.
+// and hostile attach requests and pulls are refused with nothing written
+// (nor any lock of the shard's dropped).
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "common/shm_segment.h"
@@ -326,6 +329,90 @@ TEST(SharedMemoryTest, HostileAttachesAndPullsAreRefusedWithNothingWritten) {
             StatusCode::kFailedPrecondition);
   EXPECT_TRUE(untouched());
   EXPECT_TRUE(server->process->Running());
+}
+
+// The descriptors open in process `pid` (from /proc/<pid>/fd).
+std::vector<int> OpenFds(pid_t pid) {
+  std::vector<int> fds;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(
+           "/proc/" + std::to_string(pid) + "/fd", ec)) {
+    fds.push_back(std::stoi(e.path().filename().string()));
+  }
+  return fds;
+}
+
+// Starts another ps_server on `db_path` and returns its exit code; an error
+// if it got ready instead (it serves the same RocksDB directory).
+StatusOr<int> SecondServerExitCode(const TempDir& dir, const std::string& name,
+                                   const std::string& db_path) {
+  const std::string ready = dir.Sub(name + ".ready");
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<Process> p,
+      Process::Start(
+          {BinPath("ps_server"), "--endpoint=tcp://127.0.0.1:0",
+           "--ready_file=" + ready, "--shard_id=0", "--num_shards=1",
+           "--num_workers=1", "--checkpoint_every_s=0", "--db_path=" + db_path},
+          dir.Sub(name + ".log")));
+  for (int i = 0; i < 3000; ++i) {
+    if (!ReadFile(ready).empty()) {
+      return Status::FailedPrecondition("a second ps_server serves " + db_path +
+                                        " while the first runs:\n" + p->Log());
+    }
+    StatusOr<int> code = p->Wait(milliseconds(10));
+    if (code.ok()) return *code;
+  }
+  return Status::TimedOut("second ps_server neither ready nor exited");
+}
+
+// Issue 40: attach_shm opened /proc/<pid>/fd/<fd> for whatever the request
+// named, and closing that descriptor again dropped the shard's fcntl locks
+// on the file, RocksDB's LOCK among them: a second ps_server then opened the
+// same RocksDB directory while the first ran. Every descriptor of the
+// shard's own process, named in turn, must leave the lock held (and every
+// refusal say the same).
+TEST(SharedMemoryTest, AttachesNamingTheServersOwnFdsKeepItsRocksDbLock) {
+  TempDir dir;
+  const std::string db = dir.Sub("db");
+  auto server =
+      StartServer(dir, "first",
+                  {"--shard_id=0", "--num_shards=1", "--num_workers=1",
+                   "--checkpoint_every_s=0", "--db_path=" + db});
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  // The lock works before: a second server on the directory is refused.
+  StatusOr<int> before = SecondServerExitCode(dir, "second0", db);
+  ASSERT_TRUE(before.ok()) << before.status().ToString();
+  EXPECT_NE(*before, 0);
+
+  const pid_t pid = server->process->pid();
+  const std::vector<int> fds = OpenFds(pid);
+  ASSERT_GT(fds.size(), 3u);
+  Raw raw(server->endpoint);
+  std::set<std::string> said;
+  for (int fd : fds) {
+    for (uint64_t size : {uint64_t{0}, uint64_t{1} << 20, uint64_t{2} << 20}) {
+      RequestHeader h;
+      h.kind = RequestKind::kAttachShm;
+      h.shm_pid = static_cast<uint32_t>(pid);
+      h.shm_fd = fd;
+      h.shm_size = size;
+      h.shm_token = 0x1234;
+      const Status st = raw.Call(h).status;
+      EXPECT_FALSE(st.ok()) << "fd " << fd;
+      said.insert(st.message());
+    }
+  }
+  EXPECT_EQ(said.size(), 1u) << "refusals tell descriptors apart";
+
+  ASSERT_TRUE(server->process->Running());
+  StatusOr<int> after = SecondServerExitCode(dir, "second1", db);
+  ASSERT_TRUE(after.ok()) << after.status().ToString();
+  EXPECT_NE(*after, 0);
+  // The first still serves.
+  auto ref = Connect(server->endpoint, 0, 0);
+  ASSERT_TRUE(ref && ref->Register(Model(), Chunking()).ok());
+  std::vector<float> w(300 * 500), b(500);
+  EXPECT_TRUE(Pull(ref.get(), {w.data(), b.data()}).ok());
 }
 
 }  // namespace
