@@ -2,7 +2,7 @@
 //
 //   ps_ctl --servers=tcp://127.0.0.1:5000,tcp://127.0.0.1:5001 stats
 //   ps_ctl --servers=... checkpoint | shutdown [--timeout_ms=5000]
-//   ps_ctl keygen [--out=PREFIX]     # CurveZMQ key pair
+//   ps_ctl keygen [--out=PREFIX [--force]]  # CurveZMQ key pair
 //   ps_ctl --servers=... top [--interval_ms=1000] [--iterations=N]
 //                                    # live view until Ctrl-C (ctl_top.h)
 //   ps_ctl --etcd=http://127.0.0.1:2379 [--etcd_prefix=/asyncps/JOB]
@@ -18,25 +18,30 @@
 // added must run with --shard_id=N --num_shards=N+1, N the fleet's shard
 // count so far. Errors: {"command", "ok": false, "code", "message"}, exit 1.
 //
-// keygen writes PREFIX.key (the secret key, mode 0600) and PREFIX.pub (the
-// public key), Z85 text on one line each after a comment; without --out it
-// prints both. A server takes --curve_secret_key=server.key; its clients
+// keygen writes PREFIX.key (the secret key, mode 0600 from its creation) and
+// PREFIX.pub (the public key), Z85 text on one line each after a comment;
+// without --out it prints both. A file or symlink already at either path is
+// refused (exit 1, nothing written) unless --force, which replaces it
+// without following a symlink. A server takes --curve_secret_key=server.key;
+// its clients
 // --curve_server_key=server.pub plus their own --curve_secret_key; the
 // server's --curve_allowed_clients file lists the clients' .pub lines.
 //
 // Prints one JSON document: {"command":..,"ok":..,"shards":[{"endpoint":..,
 // "ok":..,"code":..,"message":..,"version":..,"min_clock":..,"stats":{..}}]}.
 // Exit status 0 if every shard answered OK, 1 otherwise, 2 on bad usage.
+#include <fcntl.h>
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdio>
-#include <fstream>
-#include <nlohmann/json.hpp>
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -52,6 +57,9 @@ DEFINE_string(servers, "",
               "group 'ep1|ep2' is asked member by member");
 DEFINE_int32(timeout_ms, 5000, "deadline for each shard's reply, milliseconds");
 DEFINE_string(out, "", "keygen: write PREFIX.key and PREFIX.pub");
+DEFINE_bool(force, false,
+            "keygen: replace an existing PREFIX.key / PREFIX.pub (a symlink "
+            "there is replaced, never followed); without it they are refused");
 DEFINE_int32(interval_ms, 1000, "top: milliseconds between frames");
 DEFINE_int32(iterations, 0, "top: frames to draw, 0: until Ctrl-C");
 DEFINE_string(etcd, "",
@@ -104,16 +112,68 @@ Status Call(const std::shared_ptr<Context>& ctx, const std::string& endpoint,
                      reply);
 }
 
-// Writes `text` to `path` with permissions `mode` (created fresh).
-bool WriteKeyFile(const std::string& path, const std::string& text,
-                  mode_t mode) {
-  std::remove(path.c_str());
-  {
-    std::ofstream f(path, std::ios::trunc);
-    f << text;
-    if (!f.flush()) return false;
+// Creates `path` (which must not exist: O_EXCL, and O_NOFOLLOW so that a
+// symlink there is never followed) with permissions exactly `mode` from the
+// first moment (open's mode, then fchmod for what the umask took away; the
+// umask only ever removes bits), and writes `text` to it.
+Status CreateKeyFile(const std::string& path, const std::string& text,
+                     mode_t mode) {
+  const int fd = open(
+      path.c_str(), O_CREAT | O_EXCL | O_NOFOLLOW | O_WRONLY | O_CLOEXEC, mode);
+  if (fd < 0) {
+    return errno == EEXIST
+               ? Status::AlreadyExists(path + " exists (a file or a symlink)")
+               : Status::Unavailable("cannot create " + path + ": " +
+                                     std::strerror(errno));
   }
-  return chmod(path.c_str(), mode) == 0;
+  auto fail = [&](Status s) {
+    close(fd);
+    unlink(path.c_str());  // ours: just created with O_EXCL
+    return s;
+  };
+  auto io_error = [&](const std::string& what) {
+    return fail(Status::Unavailable("cannot " + what + " " + path + ": " +
+                                    std::strerror(errno)));
+  };
+  struct stat st {};
+  if (fchmod(fd, mode) != 0 || fstat(fd, &st) != 0) return io_error("chmod");
+  if ((st.st_mode & 07777) != mode) {
+    std::ostringstream m;
+    m << path << " has mode 0" << std::oct << (st.st_mode & 07777)
+      << " after fchmod, not 0" << mode;
+    return fail(Status::Internal(m.str()));
+  }
+  for (size_t at = 0; at < text.size();) {
+    const ssize_t n = write(fd, text.data() + at, text.size() - at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return io_error("write");
+    at += static_cast<size_t>(n);
+  }
+  if (fsync(fd) != 0) return io_error("sync");
+  if (close(fd) != 0) {
+    unlink(path.c_str());
+    return Status::Unavailable("cannot write " + path + ": " +
+                               std::strerror(errno));
+  }
+  return Status::OK();
+}
+
+// Writes a key file at `path`. Without `replace`, whatever exists there (a
+// file or a symlink) is refused. With it, the new file is made beside it
+// (CreateKeyFile) and renamed over it: a symlink at `path` is replaced,
+// never followed, and the old file stays whole until the new one is.
+Status WriteKeyFile(const std::string& path, const std::string& text,
+                    mode_t mode, bool replace) {
+  if (!replace) return CreateKeyFile(path, text, mode);
+  const std::string tmp = path + ".tmp" + std::to_string(getpid());
+  RETURN_IF_ERROR(CreateKeyFile(tmp, text, mode));
+  if (rename(tmp.c_str(), path.c_str()) != 0) {
+    Status s = Status::Unavailable("cannot rename " + tmp + " to " + path +
+                                   ": " + std::strerror(errno));
+    unlink(tmp.c_str());
+    return s;
+  }
+  return Status::OK();
 }
 
 int KeyGen() {
@@ -128,14 +188,31 @@ int KeyGen() {
     return 0;
   }
   const std::string key = FLAGS_out + ".key", pubf = FLAGS_out + ".pub";
-  if (!WriteKeyFile(
-          key,
-          "# asyncps CurveZMQ secret key (Z85); keep private\n" + sec + "\n",
-          0600) ||
-      !WriteKeyFile(pubf, "# asyncps CurveZMQ public key (Z85)\n" + pub + "\n",
-                    0644)) {
-    std::fprintf(stderr, "ps_ctl keygen: cannot write %s / %s\n", key.c_str(),
-                 pubf.c_str());
+  // Both refused before either is written: a refusal leaves nothing behind.
+  struct stat st {};
+  for (const std::string& path : {key, pubf}) {
+    if (!FLAGS_force && lstat(path.c_str(), &st) == 0) {
+      std::fprintf(stderr,
+                   "ps_ctl keygen: %s exists (a file or a symlink); not "
+                   "replaced without --force\n",
+                   path.c_str());
+      return 1;
+    }
+  }
+  s = WriteKeyFile(
+      key, "# asyncps CurveZMQ secret key (Z85); keep private\n" + sec + "\n",
+      0600, FLAGS_force);
+  if (s.ok()) {
+    s = WriteKeyFile(pubf, "# asyncps CurveZMQ public key (Z85)\n" + pub + "\n",
+                     0644, FLAGS_force);
+    // Without --force the .key is new (O_EXCL): no half pair is left.
+    if (!s.ok() && !FLAGS_force) unlink(key.c_str());
+  }
+  if (!s.ok()) {
+    std::fprintf(stderr, "ps_ctl keygen: %s%s\n", s.message().c_str(),
+                 s.code() == StatusCode::kAlreadyExists
+                     ? "; not replaced without --force"
+                     : "");
     return 1;
   }
   const Json out = {{"command", "keygen"},
@@ -254,7 +331,7 @@ int Elastic(const std::string& cmd, const std::string& endpoint) {
 int main(int argc, char** argv) {
   gflags::SetUsageMessage(
       "ps_ctl --servers=EP[,EP...] stats|checkpoint|shutdown | ps_ctl keygen "
-      "[--out=PREFIX]");
+      "[--out=PREFIX [--force]]");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
@@ -273,7 +350,7 @@ int main(int argc, char** argv) {
     std::fprintf(
         stderr,
         "usage: ps_ctl --servers=EP[,EP...] stats|checkpoint|shutdown\n"
-        "       ps_ctl keygen [--out=PREFIX]\n"
+        "       ps_ctl keygen [--out=PREFIX [--force]]\n"
         "       ps_ctl --etcd=EP [--servers=...] add-shard|remove-shard "
         "ENDPOINT\n");
     return 2;
