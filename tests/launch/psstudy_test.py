@@ -7,7 +7,10 @@
   - a worker script that crashes in one configuration: that run is recorded
     as failed with its log tail (runs.csv, REPORT.md) and the study goes on;
   - study files with a bad key or value: exit 2 naming the key (no binaries
-    needed), and the grid's expansion and flags (unit).
+    needed), and the grid's expansion and flags (unit);
+  - --report_only over runs on disk, the study and its configurations named
+    with backticked commands: none runs (gnuplot ran backticked text in the
+    plots' titles and legends), the PNGs are written (needs gnuplot).
 Exit 77 without the binaries or Fashion-MNIST (the fleet tests)."""
 import csv
 import json
@@ -22,7 +25,7 @@ import unittest
 
 import launch_test_util as u
 
-from psstudy_lib import grid, rankwrap
+from psstudy_lib import execute, grid, plots, rankwrap
 
 PSSTUDY = os.path.join(u.REPO, "launch", "psstudy")
 MLP = os.path.join(u.REPO, "worker", "python", "examples", "mlp.py")
@@ -122,6 +125,52 @@ class GridTest(unittest.TestCase):
         argv, e = rankwrap.wrapped_argv(["0", "3", "", "--", "python3", "t.py"], env)
         self.assertEqual(argv, ["python3", "t.py"])
         self.assertNotIn("ASYNCPS_SLOWDOWN", e)
+
+
+class ReportOnlyTest(unittest.TestCase):
+    """--report_only: rewrites the report from the runs on disk, runs nothing."""
+
+    def setUp(self):
+        if not plots.have_gnuplot():
+            self.skipTest("gnuplot not installed")
+        self.tmp = tempfile.TemporaryDirectory(prefix="psstudy-test-")
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def test_names_with_commands_run_nothing(self):
+        d = self.tmp.name
+        path = write_study(os.path.join(d, "s.json"), {
+            "name": "s `touch %s/PWNED-name` $(touch %s/PWNED-name2)\n!touch %s/PWNED-name3"
+                    % (d, d, d),
+            "workers": 2, "seeds": [1, 2], "target": 0.5,
+            "grid": {"worker_flags": ["--a=`touch %s/PWNED-cfg1`" % d,
+                                      "--b=\"'.system(\\\"touch %s/PWNED-cfg2\\\").'\"" % d,
+                                      "--c=\\\n!touch %s/PWNED-cfg3\n@foo" % d]}})
+        out = os.path.join(d, "out")
+        study = grid.load(path)
+        for c in study.configs:
+            for seed in study.seeds:
+                rdir = execute.run_dir(out, c, seed)
+                os.makedirs(rdir)
+                row = {"final_test_acc": 0.6 + 0.01 * seed, "best_test_acc": 0.7,
+                       "time_to_target_s": 2.0 + seed, "wall_s": 5.0, "bytes_wire": 1e6 * seed}
+                curves = [{"rank": 0, "name": "test_acc", "wall_s": t, "step": 10 * t,
+                           "value": 0.1 * t, "bytes_wire_est": 1e5 * t} for t in range(1, 6)]
+                execute.write_result(rdir, {
+                    "settings": c.settings(seed), "status": "ok", "exit_code": 0,
+                    "wall_s_total": 5.0, "run_dir": os.path.relpath(rdir, out), "row": row,
+                    "curves": curves})
+        r = subprocess.run([sys.executable, PSSTUDY, path, "--out", out, "--report_only"],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(sorted(n for _, _, fs in os.walk(d) for n in fs
+                                if n.startswith("PWNED")), [], "commands ran")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("6 finished on disk (skipped), 0 to run", r.stdout)
+        for png in ("test_acc_vs_time.png", "test_acc_vs_bytes.png", "time_to_target.png",
+                    "final_test_acc.png", "bytes_wire.png"):
+            self.assertGreater(os.path.getsize(os.path.join(out, png)), 1000, png)
+        self.assertIn("## Comparisons", read(os.path.join(out, "REPORT.md")))
 
 
 class StudyTest(u.LaunchTestCase):
