@@ -14,6 +14,9 @@ PKGS=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenblas-dev zlib1g-dev
   libcpp-httplib-dev nlohmann-json3-dev prometheus
+  # Replica authentication and etcd over TLS; openssl makes psrun's etcd
+  # certificates.
+  libssl-dev openssl
   # etcd holds shard membership and the layout (common/etcd_client.h).
   etcd-server etcd-client
   dataset-fashion-mnist

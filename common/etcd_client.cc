@@ -203,10 +203,10 @@ Status FromGrpc(int64_t code, const std::string& message) {
   static constexpr C kCodes[] = {
       C::kInternal,           C::kCancelled,          C::kInternal,
       C::kInvalidArgument,    C::kTimedOut,           C::kNotFound,
-      C::kAlreadyExists,      C::kFailedPrecondition, C::kResourceExhausted,
+      C::kAlreadyExists,      C::kPermissionDenied,   C::kResourceExhausted,
       C::kFailedPrecondition, C::kUnavailable,        C::kFailedPrecondition,
       C::kUnimplemented,      C::kInternal,           C::kUnavailable,
-      C::kCorruption,         C::kFailedPrecondition};
+      C::kCorruption,         C::kPermissionDenied};
   const bool known = code > 0 && code < int64_t(std::size(kCodes));
   return Status(known ? kCodes[code] : C::kInternal, message);
 }

@@ -253,6 +253,15 @@ struct Assign {
 # after the change; the backup sets it exactly, at this point of the
 # primary's order, with the same consequences (rounds closed, sparse rows
 # expired, per-worker reads freed). A backup never evicts on its own timer.
+#
+# Who sent it (`sender`): a replica request is applied only when it comes
+# from the process the receiver's layout names as its group's primary
+# (server/replication/replica_auth.h). With CurveZMQ the receiver compares
+# the sender's handshake key with the key in that process's etcd member
+# record; without, the message carries one more frame after its data: a
+# 16-byte tag (ChaCha20-Poly1305 over every frame before it, the header
+# included, under a key derived from the group's secret and `session`,
+# with the request id as nonce), and ids of one session only grow.
 struct Replicate {
   epoch @0 :UInt64;          # the layout epoch the primary serves under
   group @1 :Int32;           # the replica group (shard index)
@@ -260,6 +269,14 @@ struct Replicate {
   requests @3 :UInt32;       # round record: headers it carries
   round @4 :Int64;           # round record: the primary's BSP round after it
   workers @5 :List(WorkerState);  # liveness record (see above)
+  sender @6 :ReplicaSender;
+}
+
+struct ReplicaSender {
+  name @0 :Text;             # replica name, "g<group>r<replica>"
+  incarnation @1 :UInt64;    # of its process (its etcd member record)
+  session @2 :Data;          # 16 random bytes per sending process: which
+                             # key the tag is under (no CURVE)
 }
 
 struct WorkerState {
@@ -281,6 +298,7 @@ struct Snapshot {
   fileSize @4 :UInt64;       # the whole file
   totalBytes @5 :UInt64;     # all files of the snapshot
   last @6 :Bool;             # the snapshot's last piece
+  sender @7 :ReplicaSender;  # as in Replicate: only the primary may send one
 }
 
 # Elastic shards (server/elastic/): ps_ctl moves chunks between shards while

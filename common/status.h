@@ -32,6 +32,9 @@ enum class StatusCode : uint8_t {
   kInternal = 9,            // A bug or an unexpected library failure.
   kCancelled = 10,          // Shut down while waiting.
   kUnimplemented = 11,      // Not supported by this build or version.
+  kPermissionDenied = 12,   // The sender may not make this request: do not
+                            // retry (a replica request from a process that
+                            // is not its group's primary, bad credentials).
 };
 
 // Returns a stable name such as "InvalidArgument".
@@ -75,6 +78,9 @@ class [[nodiscard]] Status {
   }
   static Status Unimplemented(std::string_view m) {
     return {StatusCode::kUnimplemented, m};
+  }
+  static Status PermissionDenied(std::string_view m) {
+    return {StatusCode::kPermissionDenied, m};
   }
 
   bool ok() const { return code_ == StatusCode::kOk; }

@@ -216,6 +216,27 @@ Status WithReader(const uint8_t* data, size_t size, const DecodeLimits& limits,
   return result;
 }
 
+// The sender of a kReplicate or kSnapshot (protocol.capnp ReplicaSender).
+void SetSender(const RequestHeader& h, cw::ReplicaSender::Builder b) {
+  b.setName(h.replica_sender);
+  b.setIncarnation(h.replica_incarnation);
+  b.setSession(kj::arrayPtr(
+      reinterpret_cast<const kj::byte*>(h.replica_session.data()),
+      h.replica_session.size()));
+}
+
+Status GetSender(cw::ReplicaSender::Reader r, RequestHeader* out) {
+  constexpr size_t kMaxName = 64, kMaxSession = 64;
+  if (r.getName().size() > kMaxName || r.getSession().size() > kMaxSession)
+    return Status::InvalidArgument("replica sender too long");
+  out->replica_sender = r.getName().cStr();
+  out->replica_incarnation = r.getIncarnation();
+  auto session = r.getSession();
+  out->replica_session.assign(reinterpret_cast<const char*>(session.begin()),
+                              session.size());
+  return Status::OK();
+}
+
 }  // namespace
 
 std::vector<uint8_t> EncodeRequest(const RequestHeader& h) {
@@ -311,6 +332,7 @@ std::vector<uint8_t> EncodeRequest(const RequestHeader& h) {
       r.setAggregate(h.replicate_aggregate);
       r.setRequests(h.replicate_requests);
       r.setRound(h.replicate_round);
+      SetSender(h, r.initSender());
       if (!h.replicate_workers.empty()) {
         auto ws = r.initWorkers(static_cast<unsigned>(h.replicate_workers.size()));
         for (size_t i = 0; i < h.replicate_workers.size(); ++i) {
@@ -330,6 +352,7 @@ std::vector<uint8_t> EncodeRequest(const RequestHeader& h) {
       r.setFileSize(h.snapshot_file_size);
       r.setTotalBytes(h.snapshot_total_bytes);
       r.setLast(h.snapshot_last);
+      SetSender(h, r.initSender());
       break;
     }
     case RequestKind::kMigrate: {
@@ -430,6 +453,9 @@ Status DecodeRequest(const uint8_t* data, size_t size,
         out->shm_token = 0;
         out->pull_shm_slot = 0;
         out->replicate_workers.clear();
+        out->replica_sender.clear();
+        out->replica_incarnation = 0;
+        out->replica_session.clear();
         out->done_below = r.getDoneBelow();
         auto body = r.getBody();
         switch (body.which()) {
@@ -556,6 +582,7 @@ Status DecodeRequest(const uint8_t* data, size_t size,
             out->replicate_aggregate = r.getAggregate();
             out->replicate_requests = r.getRequests();
             out->replicate_round = r.getRound();
+            RETURN_IF_ERROR(GetSender(r.getSender(), out));
             auto ws = r.getWorkers();
             if (ws.size() > limits.max_list_entries)
               return Status::ResourceExhausted("too many worker states");
@@ -577,6 +604,7 @@ Status DecodeRequest(const uint8_t* data, size_t size,
             out->snapshot_file_size = r.getFileSize();
             out->snapshot_total_bytes = r.getTotalBytes();
             out->snapshot_last = r.getLast();
+            RETURN_IF_ERROR(GetSender(r.getSender(), out));
             return Status::OK();
           }
           case cw::Request::Body::MIGRATE: {
@@ -625,7 +653,7 @@ Status DecodeReply(const uint8_t* data, size_t size, const DecodeLimits& limits,
                                             " not supported");
         }
         uint8_t code = r.getCode();
-        if (code > static_cast<uint8_t>(StatusCode::kUnimplemented)) {
+        if (code > static_cast<uint8_t>(StatusCode::kPermissionDenied)) {
           return Status::InvalidArgument("unknown status code " +
                                          std::to_string(code));
         }

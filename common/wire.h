@@ -153,6 +153,11 @@ struct RequestHeader {
   uint64_t snapshot_file_size = 0;
   uint64_t snapshot_total_bytes = 0;
   bool snapshot_last = false;
+  // kReplicate, kSnapshot: the sending replica (protocol.capnp
+  // ReplicaSender): its name, incarnation and MAC session (16 bytes).
+  std::string replica_sender;
+  uint64_t replica_incarnation = 0;
+  std::string replica_session;
   // kPush, kPull: the elastic layout epoch the client routed by (0 = static).
   uint64_t layout_epoch = 0;
   // kMigrate (server/elastic/): see common/protocol.capnp.

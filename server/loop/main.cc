@@ -25,6 +25,7 @@
 #include "common/transport.h"
 #include "server/loop/server.h"
 #include "server/loop/shutdown_watchdog.h"
+#include "server/replication/replica_auth.h"
 
 DEFINE_string(endpoint, "tcp://127.0.0.1:*",
               "ZeroMQ endpoint to bind; tcp://127.0.0.1:* picks a free port");
@@ -208,7 +209,15 @@ DEFINE_int32(round_record_flush_ms, 20,
              "them before it clocks); > 0");
 DEFINE_string(advertise_endpoint, "",
               "endpoint other processes reach this one at (default: the "
-              "bound --endpoint, with its real port)");
+              "bound --endpoint, with its real port); checked at start by a "
+              "probe that must come back to this process");
+DEFINE_string(replica_secret_file, "",
+              "with --etcd and no --curve_secret_key: a file (mode 600) "
+              "holding the replica group's secret, 64 hex digits (ps_ctl "
+              "secretgen), the same for every replica of the group; replica "
+              "traffic carries a tag of it. Empty: the group's secret in etcd "
+              "(<--etcd_prefix>/secrets/g<shard_id>, created with the group; "
+              "give etcd authentication so that workers cannot read it)");
 
 namespace {
 
@@ -406,10 +415,15 @@ srv::ServerOptions OptionsFromFlags() {
       BadFlag("--staleness_lr and --dc_lambda depend on pulls, which "
               "backups do not see: not supported with --etcd");
     }
-    if (!FLAGS_curve_secret_key.empty()) {
-      BadFlag("--etcd with --curve_secret_key: replicas do not yet connect "
-              "to each other with CurveZMQ keys; run replicated fleets on "
-              "a trusted network");
+    if (!FLAGS_replica_secret_file.empty()) {
+      if (!FLAGS_curve_secret_key.empty()) {
+        BadFlag("--replica_secret_file with --curve_secret_key: with CURVE "
+                "the replicas' keys authenticate replica traffic");
+      }
+      StatusOr<std::string> secret =
+          srv::replication::LoadReplicaSecret(FLAGS_replica_secret_file);
+      if (!secret.ok()) BadFlag("--replica_secret_file: " + secret.status().message());
+      o.replica_secret = *secret;
     }
     if (FLAGS_lease_ms < 100 || FLAGS_lease_ms > 600000)
       BadFlag("--lease_ms must be in [100, 600000]");

@@ -1,12 +1,15 @@
 #include "server/loop/server.h"
 
 #include "common/elastic_doc.h"
+#include "server/loop/trust.h"
+#include "server/replication/replica_auth.h"
 
 #include <glog/logging.h>
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -56,6 +59,14 @@ void Server::UpdateView() {
           replicator_->PrimarySuspected(std::chrono::steady_clock::now())) {
     membership_->SuspectPrimary(epoch);
   }
+  std::vector<std::string> keys = replicator_->member_keys();
+  if (keys != member_keys_) {
+    Status k = socket_->SetExtraAllowedKeys(keys);
+    if (!k.ok()) {
+      LOG_EVERY_N(ERROR, 20) << "replica keys: " << k.ToString();
+    }
+    member_keys_ = std::move(keys);
+  }
   socket_->SetWakeSockets(replicator_->wake_sockets());
   shard_->set_capture_rounds(replicator_->aggregating());
   shard_->set_follower(!replicator_->view().primary);
@@ -83,15 +94,10 @@ Status Server::CopyToSpare(const std::string& endpoint) {
 }
 
 void Server::HandleSnapshot(const std::string& peer, Message& msg,
+                            const replication::ReplicaMember& sender,
                             std::chrono::steady_clock::time_point now) {
   namespace fs = std::filesystem;
-  if (!replicator_) {
-    return Reply(peer,
-                 Status::InvalidArgument("snapshot to a server that is not a "
-                                         "replica (started without --etcd)"),
-                 RejectReason::kNotPrimary);
-  }
-  Status ok = replicator_->CheckSnapshot(req_);
+  Status ok = replicator_->CheckSnapshot(req_, sender);
   if (!ok.ok()) return Reply(peer, ok, RejectReason::kNotPrimary);
   const std::string& name = req_.snapshot_file;
   // A plain file name: nothing a peer sends may point outside the folder.
@@ -164,7 +170,7 @@ void Server::HandleSnapshot(const std::string& peer, Message& msg,
   incoming_total_ = 0;
   Status installed = InstallSnapshot(staging, now);
   if (installed.ok()) {
-    replicator_->SetJoined(req_.replicate_epoch);
+    replicator_->SetJoined(req_.replicate_epoch, sender);
     LOG(INFO) << "installed the primary's snapshot (" << incoming_bytes_
               << " bytes, epoch " << req_.replicate_epoch << "): version "
               << shard_->shard_version();
@@ -267,8 +273,32 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
     ro.suspect_after = options.replica_suspect_after;
     ro.aggregate_rounds = options.replicate_after_aggregation;
     ro.flush_unclocked_after = options.round_record_flush_after;
-    s->replicator_ = std::make_unique<replication::Replicator>(ro);
+    if (!options.curve_secret_key.empty()) {
+      // A replica key pair of this process's own, never written down: the
+      // client key of its connections to its backups, published (public
+      // half) in its member record.
+      RETURN_IF_ERROR(GenerateCurveKeyPair(&ro.transport.curve_public_key,
+                                           &ro.transport.curve_secret_key));
+      mo.replica_key = ro.transport.curve_public_key;
+      ASSIGN_OR_RETURN(mo.server_key, DeriveCurvePublicKey(options.curve_secret_key));
+      s->member_keys_ = {mo.replica_key};
+      RETURN_IF_ERROR(s->socket_->SetExtraAllowedKeys(s->member_keys_));
+    } else if (options.replica_secret.empty()) {
+      mo.group_secret_in_etcd = true;
+    }
+    if (options.advertise_probe_timeout.count() > 0) {
+      RETURN_IF_ERROR(s->ProbeAdvertisedEndpoint(mo.endpoint, ro.transport)
+                          .WithContext("this replica's advertised endpoint " +
+                                       mo.endpoint));
+    }
     ASSIGN_OR_RETURN(s->membership_, replication::Membership::Create(mo));
+    ro.name = s->membership_->name();
+    ro.incarnation = s->membership_->incarnation();
+    if (options.curve_secret_key.empty()) {
+      ro.secret = options.replica_secret.empty() ? s->membership_->group_secret()
+                                                 : options.replica_secret;
+    }
+    ASSIGN_OR_RETURN(s->replicator_, replication::Replicator::Create(ro));
     // A backup until the layout names it the primary: it evicts no worker
     // by itself (see Shard::set_follower), its primary tells it whom.
     s->shard_->set_follower(true);
@@ -279,6 +309,65 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
 }
 
 const std::string& Server::endpoint() const { return socket_->endpoint(); }
+
+namespace {
+
+// An endpoint others can connect to: tcp://host:port (port 1..65535),
+// ipc://path or inproc://name.
+Status CheckConnectable(const std::string& e) {
+  const auto bad = [&](const std::string& why) {
+    return Status::InvalidArgument("'" + e + "' " + why);
+  };
+  if (e.rfind("ipc://", 0) == 0 || e.rfind("inproc://", 0) == 0) {
+    return e.size() > e.find("://") + 3 ? Status::OK() : bad("names nothing");
+  }
+  if (e.rfind("tcp://", 0) != 0)
+    return bad("is not tcp://host:port, ipc://path or inproc://name");
+  const size_t colon = e.rfind(':');
+  const std::string host = e.substr(6, colon - 6), port = e.substr(colon + 1);
+  if (colon < 6 || host.empty() || host == "*")
+    return bad("has no host others can reach");
+  if (port.empty() || port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoi(port) < 1 || std::stoi(port) > 65535)
+    return bad("has no port in 1..65535");
+  return Status::OK();
+}
+
+}  // namespace
+
+Status Server::ProbeAdvertisedEndpoint(const std::string& endpoint,
+                                       const TransportOptions& transport) {
+  RETURN_IF_ERROR(CheckConnectable(endpoint));
+  TransportOptions to = transport;
+  if (!options_.curve_secret_key.empty()) {
+    ASSIGN_OR_RETURN(to.curve_server_key, DeriveCurvePublicKey(options_.curve_secret_key));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<ClientSocket> c, ClientSocket::Connect(endpoint, to));
+  // A probe no request can be mistaken for (it does not decode as one), with
+  // a random part: only this process's socket can show it back.
+  ASSIGN_OR_RETURN(std::string nonce, replication::RandomBytes(16));
+  const std::string probe = "asyncps advertised-endpoint probe " +
+                            replication::SecretToHex(nonce);
+  std::vector<Frame> frames{Frame::Copy(probe.data(), probe.size())};
+  RETURN_IF_ERROR(c->Send(frames));
+  const auto until = std::chrono::steady_clock::now() + options_.advertise_probe_timeout;
+  while (std::chrono::steady_clock::now() < until) {
+    std::string peer;
+    Message msg;
+    StatusOr<bool> got = socket_->Receive(&peer, &msg, std::chrono::milliseconds(20));
+    if (!got.ok() || !*got) continue;
+    if (msg.frames.size() == 1 && msg.frames[0].size == probe.size() &&
+        std::memcmp(msg.frames[0].data, probe.data(), probe.size()) == 0)
+      return Status::OK();
+    early_.emplace_back(std::move(peer), std::move(msg));
+  }
+  return Status::InvalidArgument(
+      "a probe sent there did not reach this process in " +
+      std::to_string(options_.advertise_probe_timeout.count()) +
+      " ms (bound at " + socket_->endpoint() +
+      "): fix --advertise_endpoint (other replicas and workers connect there)");
+}
 
 void Server::ResolveOverdueFreeze(std::chrono::steady_clock::time_point now) {
   if (!shard_->FreezeOverdue(now) || now < next_freeze_check_) return;
@@ -341,6 +430,13 @@ Status Server::Run(const std::atomic<bool>& stop) {
   std::string peer;
   Message msg;
   Clock::time_point last_checkpoint = Clock::now();
+  // What arrived while the advertised endpoint was probed.
+  for (auto& [p, m] : early_) {
+    if (membership_) UpdateView();
+    HandleMessage(p, m, Clock::now());
+    SendAll();
+  }
+  early_.clear();
   while (!stop.load(std::memory_order_relaxed) &&
          !shard_->shutdown_requested()) {
     msg.Clear();
@@ -476,21 +572,19 @@ void Server::Dispatch(const std::string& peer, Message& msg,
                      ? RejectReason::kVersion
                      : RejectReason::kMalformed);
   }
-  if (req_.kind == RequestKind::kCheckpoint ||
-      req_.kind == RequestKind::kShutdown ||
-      req_.kind == RequestKind::kMigrate) {
-    Status admin = CheckAdmin(msg);
-    if (!admin.ok()) {
-      LOG_EVERY_N(WARNING, 100) << RequestKindName(req_.kind) << " refused: "
-                                << admin.message();
-      return Reply(peer, admin, RejectReason::kAdminDenied);
-    }
+  replication::ReplicaMember sender;
+  RejectReason reason = RejectReason::kOther;
+  Status trusted = Authorize(msg, &sender, &reason);
+  if (!trusted.ok()) {
+    LOG_EVERY_N(WARNING, 100) << RequestKindName(req_.kind) << " refused: "
+                              << trusted.message();
+    return Reply(peer, trusted, reason);
   }
   if (req_.kind == RequestKind::kReplicate) {
-    return HandleReplicate(peer, msg, now);
+    return HandleReplicate(peer, msg, sender, now);
   }
   if (req_.kind == RequestKind::kSnapshot) {
-    return HandleSnapshot(peer, msg, now);
+    return HandleSnapshot(peer, msg, sender, now);
   }
   if (replicator_) {
     std::string redirect;
@@ -527,6 +621,27 @@ void Server::Dispatch(const std::string& peer, Message& msg,
   data_.clear();
 }
 
+Status Server::Authorize(Message& msg, replication::ReplicaMember* sender,
+                         RejectReason* reason) {
+  switch (RequiredRole(req_)) {
+    case Role::kAnyone:
+      return Status::OK();
+    case Role::kAdmin:
+      *reason = RejectReason::kAdminDenied;
+      return CheckAdmin(msg);
+    case Role::kPrimary:
+      if (!replicator_) {
+        *reason = RejectReason::kNotPrimary;
+        return Status::InvalidArgument(std::string(RequestKindName(req_.kind)) +
+                                       " request to a server that is not a "
+                                       "replica (started without --etcd)");
+      }
+      *reason = RejectReason::kUntrusted;
+      return replicator_->Authenticate(&msg, req_, sender);
+  }
+  return Status::Internal("unknown role");
+}
+
 void Server::AddReplicationStats(const std::string& peer, size_t first) {
   for (size_t i = first; i < out_.size(); ++i) {
     OutgoingReply& r = out_[i];
@@ -549,6 +664,8 @@ void Server::AddReplicationStats(const std::string& peer, size_t first) {
         {"acked", c.acked},
         {"applied", c.applied},
         {"refused_stale", c.refused_stale},
+        {"refused_sender", c.refused_sender},
+        {"backup_connect_errors", c.backup_connect_errors},
         {"backup_errors", c.backup_errors},
         {"dropped_held", c.dropped_held},
         {"refused_not_primary", c.refused_not_primary},
@@ -613,15 +730,9 @@ void Server::ForwardWorkerChanges(bool replayed) {
 }
 
 void Server::HandleReplicate(const std::string& peer, Message& msg,
+                             const replication::ReplicaMember& sender,
                              std::chrono::steady_clock::time_point now) {
-  if (!replicator_) {
-    return Reply(peer,
-                 Status::InvalidArgument(
-                     "replicate request to a server that is not a replica "
-                     "(started without --etcd)"),
-                 RejectReason::kNotPrimary);
-  }
-  Status ok = replicator_->CheckReplicate(req_);
+  Status ok = replicator_->CheckReplicate(req_, sender);
   if (!ok.ok()) return Reply(peer, ok, RejectReason::kNotPrimary);
   if (!req_.replicate_workers.empty()) {
     // A liveness record: the primary's evictions and rejoins.
@@ -639,11 +750,8 @@ void Server::HandleReplicate(const std::string& peer, Message& msg,
   if (msg.frames.size() < 2) return Answer(peer, Status::OK());  // a ping
   Status decoded = DecodeRequest(msg.frames[1].data, msg.frames[1].size,
                                  DecodeLimits(), &inner_);
-  if (decoded.ok() && !replication::HandedOn(inner_)) {
-    decoded = Status::InvalidArgument(
-        std::string("a ") + RequestKindName(inner_.kind) +
-        " request is not replicated");
-  }
+  // Judged as if it came alone, from the primary that relays it.
+  if (decoded.ok()) decoded = RelayedRequestOk(inner_);
   if (!decoded.ok()) {
     return Reply(peer, Status::InvalidArgument("replicated request: " +
                                                decoded.message()),
@@ -696,6 +804,7 @@ void Server::HandleRoundRecord(const std::string& peer, Message& msg,
   for (size_t i = 0; i < n; ++i) {
     Status d = DecodeRequest(msg.frames[i + 1].data, msg.frames[i + 1].size,
                              DecodeLimits(), &inner[i]);
+    if (d.ok()) d = RelayedRequestOk(inner[i]);
     if (d.ok() && !(inner[i].kind == RequestKind::kClock ||
                     (inner[i].kind == RequestKind::kPush && inner[i].rows.empty())))
       d = Status::InvalidArgument("a round record carries pushes and clocks only");

@@ -89,6 +89,18 @@ struct ServerOptions {
   // Without CURVE, admin requests are accepted only from loopback addresses
   // (and inproc/ipc) unless this is set. Default: false.
   bool allow_remote_admin = false;
+  // The replica group's secret (kReplicaSecretBytes bytes, ps_server
+  // --replica_secret_file): replica traffic is authenticated with it
+  // (server/replication/replica_auth.h). Empty: with CURVE the replicas'
+  // keys authenticate it instead; without, the group's secret in etcd
+  // (created with the group). Default: "".
+  std::string replica_secret;
+  // A replica first checks that its advertised endpoint
+  // (replication.endpoint) reaches it: a probe sent there must arrive on
+  // its own socket within this long, else Create() fails (a mistyped or
+  // foreign endpoint would have its group's primary replicate to no one).
+  // Default: 5 s.
+  std::chrono::milliseconds advertise_probe_timeout{5000};
   // Replica group membership: empty etcd_endpoints = a static fleet (no
   // replication). `group` is taken from shard.shard_id, `groups` from
   // shard.num_shards, `endpoint` (when empty) from the bound endpoint.
@@ -144,6 +156,17 @@ class Server {
   // Decodes and checks `msg`, hands it to the shard or answers an error.
   void Dispatch(const std::string& peer, Message& msg,
                 std::chrono::steady_clock::time_point now);
+  // The trust check of the request in req_ (server/loop/trust.h), the one
+  // place a request is judged by who sent it: OK, or the error to answer
+  // and the reason to count. A replica request's authenticated sender goes
+  // into *sender (its tag frame is removed from `msg`).
+  Status Authorize(Message& msg, replication::ReplicaMember* sender,
+                   RejectReason* reason);
+  // Sends a probe to the advertised `endpoint` and waits for it on the own
+  // socket (see ServerOptions::advertise_probe_timeout); messages that
+  // arrive meanwhile are kept for Run().
+  Status ProbeAdvertisedEndpoint(const std::string& endpoint,
+                                 const TransportOptions& transport);
   // OK when `msg` may carry an admin request (see curve_admin_keys,
   // allow_remote_admin).
   Status CheckAdmin(const Message& msg) const;
@@ -152,6 +175,7 @@ class Server {
   void Answer(const std::string& peer, const Status& status);
   // Backup side of replication: applies the request a kReplicate carries.
   void HandleReplicate(const std::string& peer, Message& msg,
+                       const replication::ReplicaMember& sender,
                        std::chrono::steady_clock::time_point now);
   // Backup side: applies a round record (replication after aggregation).
   void HandleRoundRecord(const std::string& peer, Message& msg,
@@ -185,6 +209,7 @@ class Server {
   Status CopyToSpare(const std::string& endpoint);
   // Spare: writes one piece of a snapshot; after the last, installs it.
   void HandleSnapshot(const std::string& peer, Message& msg,
+                      const replication::ReplicaMember& sender,
                       std::chrono::steady_clock::time_point now);
   // Replaces the store and the shard with the checkpoint in `staging`.
   Status InstallSnapshot(const std::string& staging,
@@ -204,6 +229,10 @@ class Server {
   std::unique_ptr<replication::Replicator> replicator_;
   std::unique_ptr<replication::Membership> membership_;
   RequestHeader inner_;  // a kReplicate's request, reused
+  // Messages that arrived while the advertised endpoint was probed:
+  // handled first by Run().
+  std::vector<std::pair<std::string, Message>> early_;
+  std::vector<std::string> member_keys_;  // last SetExtraAllowedKeys()
   std::unique_ptr<EtcdClient> elastic_etcd_;  // null without endpoints
   std::chrono::steady_clock::time_point next_freeze_check_{};
   // A snapshot being received (spare): its epoch, size and bytes so far.

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "common/etcd_client.h"
+#include "server/replication/replica_auth.h"
 
 namespace asyncps::server::replication {
 
@@ -19,25 +20,32 @@ struct Member {
   std::string endpoint;
   uint64_t incarnation = 0;
   int group = -1;
+  std::string replica_key;  // Z85, "" without CURVE
+  std::string server_key;
 };
 
-std::string MemberValue(const std::string& endpoint, int group, int replica,
-                        uint64_t incarnation) {
+std::string MemberValue(const MembershipOptions& o, uint64_t incarnation) {
   nlohmann::json j;
-  j["endpoint"] = endpoint;
-  j["group"] = group;
-  j["replica"] = replica;
+  j["endpoint"] = o.endpoint;
+  j["group"] = o.group;
+  j["replica"] = o.replica;
   j["incarnation"] = incarnation;
+  if (!o.replica_key.empty()) j["replica_key"] = o.replica_key;
+  if (!o.server_key.empty()) j["server_key"] = o.server_key;
   return j.dump();
 }
 
 bool ParseMember(const std::string& value, Member* m) {
+  // A member record is a few hundred bytes; anything much larger is not one.
+  if (value.size() > 4096) return false;
   nlohmann::json j = nlohmann::json::parse(value, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return false;
   try {
     m->endpoint = j.at("endpoint").get<std::string>();
     m->incarnation = j.at("incarnation").get<uint64_t>();
     m->group = j.at("group").get<int>();
+    m->replica_key = j.value("replica_key", std::string());
+    m->server_key = j.value("server_key", std::string());
   } catch (const nlohmann::json::exception&) {
     return false;
   }
@@ -81,10 +89,11 @@ StatusOr<std::unique_ptr<Membership>> Membership::Create(
   EtcdOptions eo;
   eo.endpoints = options.etcd_endpoints;
   eo.request_timeout = options.request_timeout;
+  eo.security = options.etcd_security;
   ASSIGN_OR_RETURN(m->etcd_, EtcdClient::Create(eo));
-  m->incarnation_ = RandomIncarnation();
-  m->member_value_ = MemberValue(options.endpoint, options.group,
-                                 options.replica, m->incarnation_);
+  m->incarnation_ =
+      options.incarnation != 0 ? options.incarnation : RandomIncarnation();
+  m->member_value_ = MemberValue(options, m->incarnation_);
   m->started_ = SteadyClock::now();
   // etcd may still be starting: a few tries.
   Status s;
@@ -94,6 +103,10 @@ StatusOr<std::unique_ptr<Membership>> Membership::Create(
     std::this_thread::sleep_for(options.poll);
   }
   RETURN_IF_ERROR(s.WithContext("joining the fleet in etcd"));
+  if (options.group_secret_in_etcd) {
+    RETURN_IF_ERROR(m->FetchGroupSecret().WithContext(
+        "reading the group's replica secret in etcd"));
+  }
   RETURN_IF_ERROR(m->Step(SteadyClock::now()));
   m->thread_ = std::thread([p = m.get()] { p->Run(); });
   return m;
@@ -117,6 +130,37 @@ Status Membership::Join() {
   LOG(INFO) << "member " << name_ << " joined (lease " << lease_ << ")"
             << (created ? ", created the layout" : "");
   return Status::OK();
+}
+
+Status Membership::FetchGroupSecret() {
+  // Created with the group by whichever member comes first (create-only),
+  // read by the others: every member ends up with the same one.
+  const std::string key =
+      options_.prefix + "/secrets/g" + std::to_string(options_.group);
+  Status last;
+  for (int i = 0; i < 20; ++i) {
+    StatusOr<std::optional<EtcdKeyValue>> kv = etcd_->Get(key);
+    if (kv.ok() && kv->has_value()) {
+      StatusOr<std::string> secret = SecretFromHex((*kv)->value);
+      if (!secret.ok()) {
+        return Status::Corruption("the replica secret at " + key +
+                                  " is not one: " + secret.status().message());
+      }
+      group_secret_ = std::move(secret).value();
+      return Status::OK();
+    }
+    if (kv.ok()) {
+      ASSIGN_OR_RETURN(std::string fresh, NewReplicaSecret());
+      StatusOr<bool> put = etcd_->CompareAndPut(key, SecretToHex(fresh), 0);
+      if (put.ok()) continue;  // read what won
+      last = put.status();
+    } else {
+      last = kv.status();
+    }
+    if (!last.IsRetryable()) return last;
+    std::this_thread::sleep_for(options_.poll);
+  }
+  return last;
 }
 
 Status Membership::KeepAlive(SteadyClock::time_point now) {
@@ -332,11 +376,16 @@ Status Membership::Step(SteadyClock::time_point now) {
     }
     g.backups = std::move(keep);
   } else if (!me_listed && gone(g.primary) &&
-             std::none_of(g.backups.begin(), g.backups.end(), is_alive)) {
+             std::none_of(g.backups.begin(), g.backups.end(), is_alive) &&
+             (g.primary.empty() || g.primary == name_)) {
     // No process of the group holds its state any more (every replica was
-    // lost, or there was only one): this spare resumes from what its own
-    // store holds, as a lone restarted shard does. Whatever was
-    // acknowledged after that store's last write is lost with the group.
+    // lost, or there was only one): the last primary, started again under
+    // its name, resumes from what its own store holds, as a lone restarted
+    // shard does (whatever was acknowledged after that store's last write
+    // is lost with the group, unless the shard is --durable). Any other
+    // spare waits for it: its store stopped at some older epoch (it was
+    // dropped, or never caught up), and resuming from it would lose every
+    // write the last primary acknowledged since.
     LOG(WARNING) << "group " << options_.group
                  << " has no live replica: " << name_
                  << " resumes it from its own store (epoch "
@@ -411,7 +460,18 @@ Status Membership::Step(SteadyClock::time_point now) {
   v.primary = me_now && g.primary == name_;
   v.backup = me_now && std::find(g.backups.begin(), g.backups.end(), name_) !=
                            g.backups.end();
-  if (is_alive(g.primary)) v.primary_endpoint = alive[g.primary].endpoint;
+  if (is_alive(g.primary)) {
+    const Member& pm = alive[g.primary];
+    v.primary_endpoint = pm.endpoint;
+    v.primary_name = g.primary;
+    v.primary_incarnation = pm.incarnation;  // the one the layout binds
+    v.primary_replica_key = pm.replica_key;
+  }
+  for (const auto& [n, m] : alive) {
+    if (m.group != options_.group) continue;
+    v.members.push_back(
+        ReplicaMember{n, m.incarnation, m.endpoint, m.replica_key, m.server_key});
+  }
   if (v.primary) {
     for (const std::string& b : g.backups) {
       if (is_alive(b)) {

@@ -43,12 +43,9 @@
 #include <thread>
 #include <vector>
 
+#include "common/etcd_client.h"
 #include "common/status.h"
 #include "server/replication/replica_view.h"
-
-namespace asyncps {
-class EtcdClient;
-}
 
 namespace asyncps::server::replication {
 
@@ -82,6 +79,20 @@ struct MembershipOptions {
   std::chrono::milliseconds startup_grace{15000};
   // Per-request timeout towards etcd. Default: 500 ms.
   std::chrono::milliseconds request_timeout{500};
+  // This process's incarnation (in its member record; the layout binds a
+  // listed name to one); 0: a random one. Default: 0.
+  uint64_t incarnation = 0;
+  // With CurveZMQ: this process's replica public key and server public key
+  // (Z85), published in its member record (server/replication/
+  // replica_auth.h). Default: "" (no CURVE).
+  std::string replica_key;
+  std::string server_key;
+  // Read the group's replica secret from etcd (<prefix>/secrets/g<group>),
+  // creating it (32 random bytes, create-only) when the group has none yet:
+  // group_secret(). Default: false.
+  bool group_secret_in_etcd = false;
+  // etcd's TLS and credentials (common/etcd_client.h). Default: none.
+  EtcdSecurity etcd_security;
 };
 
 struct MembershipCounters {
@@ -126,6 +137,9 @@ class Membership {
   void AddBackup(const std::string& endpoint);
 
   const std::string& name() const { return name_; }
+  uint64_t incarnation() const { return incarnation_; }
+  // With group_secret_in_etcd: the group's secret (kReplicaSecretBytes).
+  const std::string& group_secret() const { return group_secret_; }
   const MembershipCounters& counters() const { return counters_; }
 
   // Stops the thread and revokes the lease (the member key goes at once, so
@@ -135,6 +149,8 @@ class Membership {
  private:
   explicit Membership(const MembershipOptions& options);
   Status Join();
+  // Reads (or creates) the group's secret in etcd into group_secret_.
+  Status FetchGroupSecret();
   Status Step(std::chrono::steady_clock::time_point now);
   Status KeepAlive(std::chrono::steady_clock::time_point now);
   void Run();
@@ -142,7 +158,8 @@ class Membership {
   MembershipOptions options_;
   std::string name_;
   std::string member_value_;
-  uint64_t incarnation_ = 0;  // random, in the member key
+  uint64_t incarnation_ = 0;  // in the member key
+  std::string group_secret_;
   std::unique_ptr<EtcdClient> etcd_;  // private thread only (after Create)
   int64_t lease_ = 0;
   std::chrono::steady_clock::time_point started_;

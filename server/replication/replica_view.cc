@@ -73,4 +73,24 @@ StatusOr<ReplicaLayout> ReplicaLayout::FromJson(const std::string& json) {
   return l;
 }
 
+const ReplicaMember* ReplicaView::MemberAt(const std::string& endpoint) const {
+  for (const ReplicaMember& m : members)
+    if (m.endpoint == endpoint) return &m;
+  return nullptr;
+}
+
+const ReplicaMember* ReplicaView::MemberWithKey(const std::string& key) const {
+  if (key.empty()) return nullptr;
+  for (const ReplicaMember& m : members)
+    if (m.replica_key == key) return &m;
+  return nullptr;
+}
+
+const ReplicaMember* ReplicaView::Member(const std::string& name,
+                                         uint64_t incarnation) const {
+  for (const ReplicaMember& m : members)
+    if (m.name == name && m.incarnation == incarnation) return &m;
+  return nullptr;
+}
+
 }  // namespace asyncps::server::replication

@@ -55,6 +55,23 @@ struct ReplicaLayout {
 // "g<group>r<replica>".
 std::string ReplicaName(int group, int replica);
 
+// A live process of a group as its etcd member record says: who it is and
+// the keys it is known by.
+struct ReplicaMember {
+  std::string name;  // "g<group>r<replica>"
+  uint64_t incarnation = 0;
+  std::string endpoint;
+  // With CurveZMQ: its replica key (the client key of its connections to
+  // other replicas) and its server key, Z85; "" without.
+  std::string replica_key;
+  std::string server_key;
+  bool operator==(const ReplicaMember& o) const {
+    return name == o.name && incarnation == o.incarnation &&
+           endpoint == o.endpoint && replica_key == o.replica_key &&
+           server_key == o.server_key;
+  }
+};
+
 // What one process serves under the layout it last read.
 struct ReplicaView {
   using TimePoint = std::chrono::steady_clock::time_point;
@@ -69,6 +86,17 @@ struct ReplicaView {
   bool waiting_for_backups = false;
   // The primary's endpoint ("" = unknown): where refused workers are sent.
   std::string primary_endpoint;
+  // The primary as the layout binds it (name, incarnation) and its replica
+  // key: the only process whose replica traffic this one applies at `epoch`
+  // (server/replication/replica_auth.h). Empty/0 when none is alive.
+  std::string primary_name;
+  uint64_t primary_incarnation = 0;
+  std::string primary_replica_key;
+  // The live members of this group (this process included), in name
+  // order: a request of a newer epoch than this view's is taken only from
+  // one of them, and a primary connects to its backups with their server
+  // keys.
+  std::vector<ReplicaMember> members;
   // Primary only: its backups' endpoints (only those with a live member key).
   std::vector<std::string> backup_endpoints;
   // Primary only: live processes of its group the layout does not list
@@ -80,10 +108,19 @@ struct ReplicaView {
   // was sent). A primary without backups acknowledges writes only before it.
   TimePoint lease_valid_until{};
 
+  // The live member of this group at `endpoint` / with replica key `key`
+  // / named `name` with `incarnation`, or nullptr.
+  const ReplicaMember* MemberAt(const std::string& endpoint) const;
+  const ReplicaMember* MemberWithKey(const std::string& key) const;
+  const ReplicaMember* Member(const std::string& name, uint64_t incarnation) const;
+
   bool operator==(const ReplicaView& o) const {
     return epoch == o.epoch && primary == o.primary && backup == o.backup &&
            waiting_for_backups == o.waiting_for_backups &&
            primary_endpoint == o.primary_endpoint &&
+           primary_name == o.primary_name &&
+           primary_incarnation == o.primary_incarnation &&
+           primary_replica_key == o.primary_replica_key && members == o.members &&
            backup_endpoints == o.backup_endpoints &&
            spare_endpoints == o.spare_endpoints;
   }

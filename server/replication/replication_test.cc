@@ -19,6 +19,7 @@
 #include "server/internal/test_util.h"
 #include "common/etcd_client.h"
 #include "server/replication/membership.h"
+#include "server/replication/replica_auth.h"
 #include "server/replication/replica_view.h"
 #include "server/replication/replicator.h"
 #include "server/loop/server.h"
@@ -65,7 +66,12 @@ TEST(ReplicatorTest, RepliesWaitForEveryUpdateBeforeThemOnTheBackup) {
   ReplicatorOptions ro;
   ro.transport.context = ctx;
   ro.ping_every = milliseconds(100000);  // no pings in this test
-  Replicator rep(ro);
+  ro.name = "g0r0";
+  ro.incarnation = 42;
+  ro.secret = std::string(kReplicaSecretBytes, 's');
+  auto made = Replicator::Create(ro);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  Replicator& rep = **made;
   ReplicaView v;
   v.epoch = 3;
   v.primary = true;
@@ -111,7 +117,12 @@ TEST(ReplicatorTest, RepliesWaitForEveryUpdateBeforeThemOnTheBackup) {
     ASSERT_TRUE(DecodeRequest(m.frames[0].data, m.frames[0].size, {}, &h).ok());
     EXPECT_EQ(h.kind, RequestKind::kReplicate);
     EXPECT_EQ(h.replicate_epoch, 3u);
-    EXPECT_EQ(m.frames.size(), 2u);
+    // Header, the worker's header, the tag (replica_auth.h); the sender.
+    EXPECT_EQ(m.frames.size(), 3u);
+    EXPECT_EQ(m.frames.back().size, kReplicaTagBytes);
+    EXPECT_EQ(h.replica_sender, "g0r0");
+    EXPECT_EQ(h.replica_incarnation, 42u);
+    EXPECT_EQ(h.replica_session.size(), kReplicaSessionBytes);
     seqs.push_back(h.id);
     ReplyHeader a;
     a.id = h.id;
@@ -231,6 +242,10 @@ class ReplicationTest : public ::testing::Test {
     frames.push_back(Frame::Owned(EncodeRequest(req)));
     for (const ByteView& v : data) frames.push_back(Frame::Ref(v.data, v.size, v.owner));
     EXPECT_TRUE(c.Send(frames).ok());
+    return AwaitReply(c, req.id);
+  }
+  // The reply to request `id` on `c` (5 s at most).
+  ReplyHeader AwaitReply(ClientSocket& c, uint64_t id) {
     Message msg;
     ReplyHeader r;
     const auto until = SteadyClock::now() + milliseconds(5000);
@@ -238,7 +253,7 @@ class ReplicationTest : public ::testing::Test {
       auto got = c.Receive(&msg, milliseconds(100));
       if (!got.ok() || !*got || msg.frames.empty()) continue;
       EXPECT_TRUE(DecodeReply(msg.frames[0].data, msg.frames[0].size, {}, &r).ok());
-      if (r.id == req.id) return r;
+      if (r.id == id) return r;
     }
     r.status = Status::TimedOut("no reply");
     return r;
@@ -322,6 +337,96 @@ class ReplicationTest : public ::testing::Test {
         0, 0, {0}, {server::testing::Floats(grad_)});
     p.incarnation = incarnation;
     return p;
+  }
+
+  // The group's secret, as its replicas read it from etcd.
+  std::string GroupSecret(const std::string& prefix = "/asyncps/test") {
+    EtcdOptions eo;
+    eo.endpoints = {etcd_->endpoint()};
+    auto c = EtcdClient::Create(eo);
+    EXPECT_TRUE(c.ok());
+    auto kv = (*c)->Get(prefix + "/secrets/g0");
+    EXPECT_TRUE(kv.ok() && kv->has_value());
+    if (!kv.ok() || !kv->has_value()) return "";
+    auto secret = SecretFromHex((*kv)->value);
+    EXPECT_TRUE(secret.ok());
+    return secret.ok() ? *secret : "";
+  }
+  // The incarnation in `name`'s member record.
+  uint64_t IncarnationOf(const std::string& name) {
+    EtcdOptions eo;
+    eo.endpoints = {etcd_->endpoint()};
+    auto c = EtcdClient::Create(eo);
+    auto kv = (*c)->Get("/asyncps/test/members/" + name);
+    EXPECT_TRUE(kv.ok() && kv->has_value()) << name;
+    if (!kv.ok() || !kv->has_value()) return 0;
+    auto j = nlohmann::json::parse((*kv)->value, nullptr, false);
+    return j.value("incarnation", uint64_t{0});
+  }
+  // Sends the replica request `h` (kReplicate, kSnapshot) with `data`, with
+  // the tag of `mac` as its last frame when `mac` is set (signed as
+  // replica_auth.h says; `tamper` flips a bit of the tag), and returns the
+  // reply.
+  ReplyHeader CallReplica(ClientSocket& c, RequestHeader h,
+                          const std::vector<ByteView>& data, ReplicaMac* mac,
+                          bool tamper = false) {
+    if (h.id == 0) h.id = ++next_id_;
+    if (mac != nullptr) h.replica_session = mac->session();
+    const std::vector<uint8_t> header = EncodeRequest(h);
+    std::vector<Frame> frames;
+    frames.push_back(Frame::Copy(header.data(), header.size()));
+    std::vector<TagPiece> pieces{{header.data(), header.size()}};
+    for (const ByteView& v : data) {
+      frames.push_back(Frame::Ref(v.data, v.size, v.owner));
+      pieces.emplace_back(v.data, v.size);
+    }
+    if (mac != nullptr) {
+      auto tag = mac->Sign(h.id, pieces);
+      if (tamper) tag[3] ^= 1;
+      frames.push_back(Frame::Copy(tag.data(), tag.size()));
+    }
+    EXPECT_TRUE(c.Send(frames).ok());
+    return AwaitReply(c, h.id);
+  }
+  // Every weight the shard at `c` serves, its pull reply's data frames one
+  // after another (retried while the group fails over).
+  std::vector<uint8_t> PullAll(ClientSocket& c) {
+    const auto until = SteadyClock::now() + milliseconds(8000);
+    while (SteadyClock::now() < until) {
+      RequestHeader pull = server::testing::ShardHarness::Pull(0, 0);
+      pull.id = ++next_id_;
+      std::vector<Frame> frames{Frame::Owned(EncodeRequest(pull))};
+      EXPECT_TRUE(c.Send(frames).ok());
+      Message msg;
+      const auto reply_by = SteadyClock::now() + milliseconds(2000);
+      while (SteadyClock::now() < reply_by) {
+        auto got = c.Receive(&msg, milliseconds(50));
+        if (!got.ok() || !*got || msg.frames.empty()) continue;
+        ReplyHeader r;
+        if (!DecodeReply(msg.frames[0].data, msg.frames[0].size, {}, &r).ok() ||
+            r.id != pull.id)
+          continue;
+        if (!r.status.ok()) break;
+        std::vector<uint8_t> all;
+        for (size_t i = 1; i < msg.frames.size(); ++i)
+          all.insert(all.end(), msg.frames[i].data, msg.frames[i].data + msg.frames[i].size);
+        return all;
+      }
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+    ADD_FAILURE() << "no pull answered";
+    return {};
+  }
+  // What a forgery must not change on a backup: its version, clocks,
+  // liveness, round and de-duplication table (its stats).
+  static nlohmann::json StateOf(const nlohmann::json& stats) {
+    return {{"version", stats.value("version", nlohmann::json())},
+            {"worker_clocks", stats.value("worker_clocks", nlohmann::json())},
+            {"worker_live", stats.value("worker_live", nlohmann::json())},
+            {"min_clock", stats.value("min_clock", nlohmann::json())},
+            {"bsp_round", stats.value("bsp_round", nlohmann::json())},
+            {"push_table", stats.value("push_table", nlohmann::json())},
+            {"pushes", stats.value("pushes", nlohmann::json())}};
   }
 
   std::filesystem::path dir_;
@@ -466,14 +571,20 @@ TEST_F(ReplicationTest, BackupAppliesWhatThePrimaryAcknowledgesAndTakesOver) {
   ASSERT_TRUE(fresh.status.ok());
   EXPECT_EQ(Version(*c1), 6u);
 
-  // A deposed primary's replicate request is refused by the new primary.
+  // A deposed primary's replicate request is refused by the new primary
+  // (signed with the group's secret, as the deposed one would: it is a
+  // member, its epoch is stale); unsigned, it is refused before that.
   RequestHeader rep;
   rep.kind = RequestKind::kReplicate;
   rep.replicate_epoch = 1;
   rep.replicate_group = 0;
-  ReplyHeader stale = Call(*c1, rep);
+  rep.replica_sender = "g0r0";
+  auto mac = ReplicaMac::Create(GroupSecret(), 0);
+  ASSERT_TRUE(mac.ok());
+  ReplyHeader stale = CallReplica(*c1, rep, {}, mac->get());
   EXPECT_EQ(stale.status.code(), StatusCode::kFailedPrecondition)
       << stale.status.ToString();
+  EXPECT_EQ(Call(*c1, rep).status.code(), StatusCode::kPermissionDenied);
   EXPECT_EQ(Version(*c1), 6u);
 
   // A process back under the old name is a spare: not primary, not backup.
@@ -485,7 +596,8 @@ TEST_F(ReplicationTest, BackupAppliesWhatThePrimaryAcknowledgesAndTakesOver) {
   ReplyHeader spare = Call(*c2, Push(8), data);
   EXPECT_EQ(spare.status.code(), StatusCode::kUnavailable);
   EXPECT_EQ(spare.redirect, "inproc://g0r1");
-  EXPECT_EQ(Call(*c2, rep).status.code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(CallReplica(*c2, rep, {}, mac->get()).status.code(),
+            StatusCode::kFailedPrecondition);
 }
 
 TEST_F(ReplicationTest, ReplacementIsCopiedToAndBecomesABackup) {
@@ -1016,6 +1128,125 @@ TEST_F(ReplicationTest, BspClockWaitsForAPushTheReplicaRefusedBeforeItsPromotion
   EXPECT_EQ(b.value("bsp_round", int64_t{0}), 1);
   EXPECT_EQ(b.value("pushes", uint64_t{0}), 1u);
   EXPECT_EQ(b.value("skipped_pushes", uint64_t{9}), 0u);
+}
+
+namespace {
+
+// A kReplicate header carrying `inner` (frame 1) for group 0 at `epoch`,
+// sent as `sender`.
+RequestHeader ReplicateOf(uint64_t epoch, const std::string& sender = "g0r0",
+                          uint64_t incarnation = 0) {
+  RequestHeader h;
+  h.kind = RequestKind::kReplicate;
+  h.rank = -1;
+  h.replicate_epoch = epoch;
+  h.replicate_group = 0;
+  h.replica_sender = sender;
+  h.replica_incarnation = incarnation;
+  return h;
+}
+
+ByteView HeaderFrame(const RequestHeader& inner) {
+  auto bytes = std::make_shared<std::vector<uint8_t>>(EncodeRequest(inner));
+  return ByteView{bytes->data(), bytes->size(), bytes};
+}
+
+}  // namespace
+
+// Issue 40, finding 1: a backup applied replica traffic from anyone. Every
+// forgery below (a push, a liveness record, a migrate freeze wrapped in a
+// replicate, a snapshot piece, a ping), sent without the group's secret, with
+// a wrong one, with a tampered tag, as a member that is not the primary, or
+// replayed, is refused; the backup's clocks, liveness, round and
+// de-duplication table are what they were, and after a failover it serves
+// the true weights, bitwise.
+TEST_F(ReplicationTest, ForgedReplicaTrafficIsRefusedAndChangesNothing) {
+  std::unique_ptr<ClientSocket> c1;
+  RequestHeader reg;
+  auto workers = StartGroup("", 1, {}, &c1, &reg);
+  ASSERT_EQ(workers.size(), 1u);
+  ClientSocket* c0 = workers[0].get();
+  const std::vector<ByteView> data{server::testing::Floats(grad_)};
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(CallUntilOk(*c0, Push(7), data).status.ok());
+  const std::vector<uint8_t> weights = PullAll(*c0);
+  ASSERT_FALSE(weights.empty());
+  const nlohmann::json before = StateOf(Stats(*c1));
+  ASSERT_EQ(before["version"], 3u);
+
+  // The forgeries' payloads.
+  const std::vector<float> huge(16, 1000.0f);
+  RequestHeader push = Push(9);
+  push.id = 1000;
+  const std::vector<ByteView> forged_push{HeaderFrame(push), server::testing::Floats(huge)};
+  RequestHeader freeze = server::testing::MigrateRequest(MigrateOp::kFreeze, 5);
+  freeze.migrate_at_clock = -1;
+  const std::vector<ByteView> forged_freeze{HeaderFrame(freeze)};
+  RequestHeader liveness = ReplicateOf(1);
+  liveness.replicate_workers = {WorkerLiveness{0, true, 777777}};
+  RequestHeader snapshot = ReplicateOf(1);
+  snapshot.kind = RequestKind::kSnapshot;
+  snapshot.snapshot_file = "CURRENT";
+  snapshot.snapshot_file_size = 4;
+  snapshot.snapshot_total_bytes = 4;
+  snapshot.snapshot_last = true;
+  const std::vector<float> four(1, 0.0f);
+  const std::vector<ByteView> piece{server::testing::Floats(four)};
+
+  auto wrong = ReplicaMac::Create(std::string(kReplicaSecretBytes, 'x'), 0);
+  auto right = ReplicaMac::Create(GroupSecret(), 0);
+  ASSERT_TRUE(wrong.ok() && right.ok());
+  const uint64_t primary = IncarnationOf("g0r0");
+  ASSERT_NE(primary, 0u);
+  struct Forgery {
+    const char* what;
+    RequestHeader header;
+    std::vector<ByteView> data;
+  };
+  const std::vector<Forgery> forgeries = {
+      {"push", ReplicateOf(1, "g0r0", primary), forged_push},
+      {"liveness record", liveness, {}},
+      {"wrapped migrate freeze", ReplicateOf(1, "g0r0", primary), forged_freeze},
+      {"snapshot piece", snapshot, piece},
+      {"ping", ReplicateOf(1, "g0r0", primary), {}}};
+  for (const Forgery& f : forgeries) {
+    SCOPED_TRACE(f.what);
+    // No key at all; another secret; the group's secret with a bit flipped.
+    EXPECT_EQ(CallReplica(*c1, f.header, f.data, nullptr).status.code(),
+              StatusCode::kPermissionDenied);
+    EXPECT_EQ(CallReplica(*c1, f.header, f.data, wrong->get()).status.code(),
+              StatusCode::kPermissionDenied);
+    EXPECT_EQ(CallReplica(*c1, f.header, f.data, right->get(), /*tamper=*/true)
+                  .status.code(),
+              StatusCode::kPermissionDenied);
+    // A member of the group (it has the secret) that is not the primary:
+    // refused for its role.
+    RequestHeader other = f.header;
+    other.replica_sender = "g0r0";
+    other.replica_incarnation = primary + 1;
+    EXPECT_EQ(CallReplica(*c1, other, f.data, right->get()).status.code(),
+              StatusCode::kFailedPrecondition);
+  }
+  // A replayed message of the primary's session is refused: the first
+  // (a ping, which changes nothing) is taken, the same id again is not.
+  RequestHeader ping = ReplicateOf(1, "g0r0", primary);
+  ping.id = ++next_id_;
+  EXPECT_TRUE(CallReplica(*c1, ping, {}, right->get()).status.ok());
+  EXPECT_EQ(CallReplica(*c1, ping, {}, right->get()).status.code(),
+            StatusCode::kPermissionDenied);
+  // Replica traffic wrapped in replica traffic, even signed: never applied.
+  RequestHeader inner = ReplicateOf(1);
+  EXPECT_EQ(CallReplica(*c1, ReplicateOf(1, "g0r0", primary), {HeaderFrame(inner)},
+                        right->get())
+                .status.code(),
+            StatusCode::kInvalidArgument);
+
+  const nlohmann::json after_stats = Stats(*c1);
+  EXPECT_EQ(StateOf(after_stats), before);
+  EXPECT_GE(after_stats["replication"].value("refused_sender", 0), 15);
+  // The primary is lost: the backup takes over with the true weights.
+  replicas_[0]->Stop();
+  EXPECT_EQ(PullAll(*c1), weights);
+  EXPECT_EQ(Version(*c1), 3u);
 }
 
 }  // namespace

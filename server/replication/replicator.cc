@@ -59,6 +59,64 @@ bool Write(RequestKind k) {
 Replicator::Replicator(const ReplicatorOptions& options)
     : options_(options), next_seq_(RandomSeqStart()) {}
 
+StatusOr<std::unique_ptr<Replicator>> Replicator::Create(
+    const ReplicatorOptions& options) {
+  std::unique_ptr<Replicator> r(new Replicator(options));
+  if (!options.secret.empty()) {
+    ASSIGN_OR_RETURN(r->mac_, ReplicaMac::Create(options.secret, options.group));
+  } else if (options.transport.curve_secret_key.empty()) {
+    return Status::InvalidArgument(
+        "replica traffic needs authentication: the group's secret or a "
+        "CurveZMQ replica key");
+  }
+  return r;
+}
+
+StatusOr<std::unique_ptr<ClientSocket>> Replicator::ConnectTo(
+    const std::string& endpoint) const {
+  TransportOptions to = options_.transport;
+  if (!to.curve_secret_key.empty()) {
+    const ReplicaMember* m = view_.MemberAt(endpoint);
+    if (m == nullptr || m->server_key.empty()) {
+      return Status::FailedPrecondition(
+          "replica " + endpoint +
+          " has no server key in its etcd member record (CurveZMQ)");
+    }
+    to.curve_server_key = m->server_key;
+  }
+  return ClientSocket::Connect(endpoint, to);
+}
+
+const uint8_t* Replicator::Tag(uint64_t id, const std::vector<uint8_t>& header,
+                               const std::vector<ByteView>& data) {
+  if (!mac_) return nullptr;
+  std::vector<TagPiece> pieces;
+  pieces.reserve(data.size() + 1);
+  pieces.emplace_back(header.data(), header.size());
+  for (const ByteView& f : data) pieces.emplace_back(f.data, f.size);
+  tag_ = mac_->Sign(id, pieces);
+  return tag_.data();
+}
+
+Status Replicator::SendTo(Backup& b, const std::vector<uint8_t>& header,
+                          const std::vector<ByteView>& data, const uint8_t* tag) {
+  frames_.clear();
+  frames_.push_back(Frame::Copy(header.data(), header.size()));
+  for (const ByteView& f : data) frames_.push_back(Frame::Ref(f.data, f.size, f.owner));
+  if (tag != nullptr) frames_.push_back(Frame::Copy(tag, kReplicaTagBytes));
+  Status s = b.socket->Send(frames_);
+  frames_.clear();
+  b.sent_at = std::chrono::steady_clock::now();
+  return s;
+}
+
+std::vector<std::string> Replicator::member_keys() const {
+  std::vector<std::string> keys;
+  for (const ReplicaMember& m : view_.members)
+    if (!m.replica_key.empty()) keys.push_back(m.replica_key);
+  return keys;
+}
+
 Replicator::~Replicator() = default;
 
 Status Replicator::SetView(const ReplicaView& view,
@@ -87,7 +145,11 @@ Status Replicator::SetView(const ReplicaView& view,
   }
   // Keep the connections (and acknowledgement marks) of backups still
   // listed, and of spares being (or just) copied to that are still alive;
-  // connect to new backups.
+  // connect to new backups. One that cannot be connected to is listed all
+  // the same, without a socket, and holds every reply until Membership
+  // dropped it (TakeBroken): the view takes effect whole, never with a
+  // backup silently left out.
+  Status result;
   std::vector<std::unique_ptr<Backup>> next;
   for (auto& b : backups_) {
     if (b && !b->broken && !b->silent &&
@@ -106,9 +168,20 @@ Status Replicator::SetView(const ReplicaView& view,
     }
     auto b = std::make_unique<Backup>();
     b->endpoint = e;
-    ASSIGN_OR_RETURN(b->socket, ClientSocket::Connect(e, options_.transport));
     // Everything handed on before this backup joined is not its to answer.
     b->acked = next_seq_ - 1;
+    StatusOr<std::unique_ptr<ClientSocket>> c = ConnectTo(e);
+    if (c.ok()) {
+      b->socket = std::move(c).value();
+    } else {
+      ++counters_.backup_connect_errors;
+      b->broken = true;
+      broken_.push_back(e);
+      result = c.status().WithContext("backup " + e + " of epoch " +
+                                      std::to_string(view.epoch) +
+                                      " cannot be connected to (asking etcd "
+                                      "to drop it; replies wait until then)");
+    }
     next.push_back(std::move(b));
   }
   backups_ = std::move(next);
@@ -117,7 +190,7 @@ Status Replicator::SetView(const ReplicaView& view,
     ReleaseBatch(out);
   }
   Release(out);
-  return Status::OK();
+  return result;
 }
 
 Status Replicator::Admit(RequestKind kind, TimePoint now,
@@ -192,6 +265,9 @@ RequestHeader Replicator::NewReplicate() {
   h.rank = -1;
   h.replicate_epoch = view_.epoch;
   h.replicate_group = options_.group;
+  h.replica_sender = options_.name;
+  h.replica_incarnation = options_.incarnation;
+  if (mac_) h.replica_session = mac_->session();
   return h;
 }
 
@@ -265,13 +341,10 @@ void Replicator::ClearBatch() {
 void Replicator::SendToBackups(const RequestHeader& h,
                                const std::vector<ByteView>& data) {
   const std::vector<uint8_t> header = EncodeRequest(h);
+  const uint8_t* tag = Tag(h.id, header, data);  // one tag for every backup
   for (auto& b : backups_) {
-    frames_.clear();
-    frames_.push_back(Frame::Copy(header.data(), header.size()));
-    for (const ByteView& f : data)
-      frames_.push_back(Frame::Ref(f.data, f.size, f.owner));
-    Status s = b->socket->Send(frames_);
-    b->sent_at = std::chrono::steady_clock::now();
+    if (b->socket == nullptr) continue;  // not connected: it holds replies
+    Status s = SendTo(*b, header, data, tag);
     if (!s.ok()) {
       // Its queue is full: it is far behind or gone. The reply waits until
       // it answers or the view drops it.
@@ -280,40 +353,99 @@ void Replicator::SendToBackups(const RequestHeader& h,
     }
     ++counters_.forwarded;
   }
-  frames_.clear();
 }
 
-Status Replicator::CheckReplicate(const RequestHeader& req) {
-  // A spare that installed a snapshot takes its primary's updates before
-  // the layout lists it. A request from a newer epoch than this process has
-  // read comes from a primary that read a layout listing it (a primary hands
-  // updates only to the backups its layout lists): this process has not
-  // caught up yet (it is starting, say) and takes it.
+Status Replicator::Authenticate(Message* msg, const RequestHeader& req,
+                                ReplicaMember* sender) {
+  const Status refused = Status::PermissionDenied(
+      std::string(RequestKindName(req.kind)) +
+      " refused: its sender is not authenticated as a member of replica "
+      "group " + std::to_string(options_.group));
+  if (!mac_) {
+    const ReplicaMember* m = view_.MemberWithKey(msg->client_key);
+    if (m == nullptr) {
+      ++counters_.refused_sender;
+      return refused;
+    }
+    *sender = *m;
+    return Status::OK();
+  }
+  if (msg->frames.size() < 2) {
+    ++counters_.refused_sender;
+    return refused;
+  }
+  const ByteView& tag = msg->frames.back();
+  std::vector<TagPiece> pieces;
+  pieces.reserve(msg->frames.size() - 1);
+  for (size_t i = 0; i + 1 < msg->frames.size(); ++i)
+    pieces.emplace_back(msg->frames[i].data, msg->frames[i].size);
+  if (!mac_->Verify(req.replica_session, req.id, pieces, tag.data, tag.size).ok()) {
+    ++counters_.refused_sender;
+    return refused;
+  }
+  msg->frames.pop_back();
+  sender->name = req.replica_sender;
+  sender->incarnation = req.replica_incarnation;
+  const ReplicaMember* m = view_.Member(req.replica_sender, req.replica_incarnation);
+  if (m != nullptr) *sender = *m;
+  return Status::OK();
+}
+
+namespace {
+
+bool Same(const ReplicaMember& a, const std::string& name, uint64_t incarnation) {
+  return !name.empty() && a.name == name && a.incarnation == incarnation;
+}
+
+}  // namespace
+
+Status Replicator::CheckReplicate(const RequestHeader& req,
+                                  const ReplicaMember& sender) {
+  // From the primary the view names, at its epoch. A spare that installed
+  // a snapshot takes its primary's updates (from the snapshot's epoch on)
+  // before the layout lists it. A request from a newer epoch than this
+  // process has read comes from a primary that read a layout listing it (a
+  // primary hands updates only to the backups its layout lists): this
+  // process has not caught up yet (it is starting, say) and takes it, but
+  // only from a live member of its group.
   // A spare that installed a snapshot at epoch E and was then listed (a
   // later epoch) takes updates the same primary still stamps with an epoch
   // from E on until it reads the layout that lists the spare: they come in
   // order from the process its view still names as primary, which no other
   // process has replaced in between (then the view would name that one).
   // Refused, the primary would drop the new backup as diverged.
-  const bool joined_primary_behind =
+  const bool from_primary =
+      Same(sender, view_.primary_name, view_.primary_incarnation);
+  const bool from_joined =
       joined_epoch_ > 0 && req.replicate_epoch >= joined_epoch_ &&
-      view_.backup && !joined_primary_.empty() &&
-      view_.primary_endpoint == joined_primary_;
-  const bool member =
-      view_.backup ||
-      (!view_.primary && req.replicate_epoch > view_.epoch) ||
-      (joined_epoch_ > 0 && req.replicate_epoch >= joined_epoch_);
-  if (view_.primary || !member ||
-      (req.replicate_epoch < view_.epoch && !joined_primary_behind) ||
-      req.replicate_group != options_.group) {
+      Same(sender, joined_primary_.name, joined_primary_.incarnation);
+  const bool from_member = sender.name != options_.name &&
+                           view_.Member(sender.name, sender.incarnation) != nullptr;
+  const bool joined_primary_behind =
+      from_joined && view_.backup &&
+      Same(joined_primary_, view_.primary_name, view_.primary_incarnation);
+  bool ok = false;
+  if (req.replicate_epoch > view_.epoch) {
+    ok = from_member;
+  } else if (req.replicate_epoch == view_.epoch) {
+    ok = (view_.backup && from_primary) ||
+         (from_joined && (from_primary || view_.primary_name.empty()));
+  } else {
+    ok = joined_primary_behind;
+  }
+  if (view_.primary || !ok || req.replicate_group != options_.group) {
     ++counters_.refused_stale;
     return Status::FailedPrecondition(
         "replicate from epoch " + std::to_string(req.replicate_epoch) +
         " refused: this replica of group " + std::to_string(options_.group) +
         " is at epoch " + std::to_string(view_.epoch) +
         (view_.primary ? " and is the primary"
-                       : view_.backup ? "" : " and is not a backup"));
+                       : view_.backup ? "" : " and is not a backup") +
+        (from_primary || from_joined || req.replicate_epoch > view_.epoch
+             ? ""
+             : ", and the sender is not its primary"));
   }
+  // Only the primary's traffic (pings too) says it is alive.
   heard_at_ = std::chrono::steady_clock::now();
   heard_epoch_ = std::max(heard_epoch_, req.replicate_epoch);
   return Status::OK();
@@ -334,11 +466,9 @@ void Replicator::Poll(std::vector<OutgoingReply>* out) {
       if (b->joining || b->socket == nullptr || now - b->sent_at < options_.ping_every)
         continue;
       const RequestHeader h = NewReplicate();
-      frames_.clear();
-      frames_.push_back(Frame::Owned(EncodeRequest(h)));
-      (void)b->socket->Send(frames_);  // a full queue: the backup is far behind
-      frames_.clear();
-      b->sent_at = now;
+      const std::vector<uint8_t> header = EncodeRequest(h);
+      // A full queue: the backup is far behind.
+      (void)SendTo(*b, header, {}, Tag(h.id, header, {}));
     }
   }
   for (auto& b : backups_) {
@@ -410,10 +540,11 @@ void Replicator::Poll(std::vector<OutgoingReply>* out) {
       silent_.push_back(b->endpoint);
     }
   }
-  // Spares whose snapshot failed.
+  // Spares whose snapshot failed (a listed backup that could not be
+  // connected to stays: it holds replies until the view drops it).
   backups_.erase(std::remove_if(backups_.begin(), backups_.end(),
                                 [](const std::unique_ptr<Backup>& b) {
-                                  return b->socket == nullptr;
+                                  return b->joining && b->socket == nullptr;
                                 }),
                  backups_.end());
   if (any) Release(out);
@@ -480,7 +611,7 @@ Status Replicator::StartJoin(const std::string& endpoint,
   std::sort(files.begin(), files.end());
   auto b = std::make_unique<Backup>();
   b->endpoint = endpoint;
-  ASSIGN_OR_RETURN(b->socket, ClientSocket::Connect(endpoint, options_.transport));
+  ASSIGN_OR_RETURN(b->socket, ConnectTo(endpoint));
   b->joining = true;
   b->acked = next_seq_ - 1;
   for (size_t f = 0; f < files.size(); ++f) {
@@ -496,23 +627,19 @@ Status Replicator::StartJoin(const std::string& endpoint,
                             static_cast<std::streamsize>(n))) {
         return Status::Unavailable("reading " + dir + "/" + name);
       }
-      RequestHeader h;
+      RequestHeader h = NewReplicate();
       h.kind = RequestKind::kSnapshot;
-      h.id = next_seq_++;
-      h.rank = -1;
-      h.replicate_epoch = view_.epoch;
-      h.replicate_group = options_.group;
       h.snapshot_file = name;
       h.snapshot_offset = offset;
       h.snapshot_file_size = size;
       h.snapshot_total_bytes = total;
       offset += n;
       h.snapshot_last = f + 1 == files.size() && offset == size;
-      std::vector<Frame> frames;
-      frames.push_back(Frame::Owned(EncodeRequest(h)));
-      frames.push_back(Frame::Owned(std::move(bytes)));
-      RETURN_IF_ERROR(b->socket->Send(frames).WithContext(
-          "sending the snapshot to " + endpoint));
+      const std::vector<uint8_t> header = EncodeRequest(h);
+      auto piece = std::make_shared<std::vector<uint8_t>>(std::move(bytes));
+      const std::vector<ByteView> data{ByteView{piece->data(), piece->size(), piece}};
+      RETURN_IF_ERROR(SendTo(*b, header, data, Tag(h.id, header, data))
+                          .WithContext("sending the snapshot to " + endpoint));
       b->snapshot_seq = h.id;
     } while (offset < size);
   }
@@ -524,22 +651,33 @@ Status Replicator::StartJoin(const std::string& endpoint,
   return Status::OK();
 }
 
-Status Replicator::CheckSnapshot(const RequestHeader& req) {
+Status Replicator::CheckSnapshot(const RequestHeader& req,
+                                 const ReplicaMember& sender) {
+  // A spare's whole store is replaced by what it installs: only from the
+  // primary of its view's epoch, or of a newer epoch (this process has not
+  // read that layout yet) from a live member of its group.
+  const bool from_primary =
+      Same(sender, view_.primary_name, view_.primary_incarnation);
+  const bool from_member = sender.name != options_.name &&
+                           view_.Member(sender.name, sender.incarnation) != nullptr;
+  const bool sender_ok = req.replicate_epoch > view_.epoch ? from_member : from_primary;
   if (view_.primary || view_.backup || req.replicate_epoch < view_.epoch ||
-      req.replicate_group != options_.group) {
+      req.replicate_group != options_.group || !sender_ok) {
     ++counters_.refused_stale;
     return Status::FailedPrecondition(
         "snapshot from epoch " + std::to_string(req.replicate_epoch) +
         " refused: this process of group " + std::to_string(options_.group) +
         " is " + (view_.primary ? "its primary" : view_.backup ? "a backup" : "") +
-        (view_.primary || view_.backup ? "" : "at epoch " + std::to_string(view_.epoch)));
+        (view_.primary || view_.backup ? "" : "at epoch " + std::to_string(view_.epoch)) +
+        (sender_ok ? "" : ", and the sender is not its primary"));
   }
   return Status::OK();
 }
 
 std::vector<ClientSocket*> Replicator::wake_sockets() const {
   std::vector<ClientSocket*> v;
-  for (const auto& b : backups_) v.push_back(b->socket.get());
+  for (const auto& b : backups_)
+    if (b->socket != nullptr) v.push_back(b->socket.get());
   return v;
 }
 

@@ -103,6 +103,7 @@
 // the event loop's thread only.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -113,6 +114,7 @@
 #include "common/status.h"
 #include "common/transport.h"
 #include "common/wire.h"
+#include "server/replication/replica_auth.h"
 #include "server/replication/replica_view.h"
 #include "server/shard/shard.h"
 
@@ -127,7 +129,21 @@ bool HandedOn(const RequestHeader& req);
 struct ReplicatorOptions {
   // Replica group (shard index) this process serves. Default: 0.
   int group = 0;
-  // Socket options for the connections to backups (context, limits).
+  // This process as its etcd member record names it: its replica name
+  // ("g<group>r<replica>") and incarnation, stamped on every replica request
+  // it sends. Default: "", 0.
+  std::string name;
+  uint64_t incarnation = 0;
+  // The group's secret (kReplicaSecretBytes bytes): every replica request
+  // carries a tag of it and is applied only with a valid one (see
+  // server/replication/replica_auth.h). Empty: CurveZMQ authenticates the
+  // sender instead, and `transport` must hold this process's replica key
+  // pair (curve_secret_key, curve_public_key); each backup is connected to
+  // with the server key of its member record. One of the two is required.
+  // Default: "".
+  std::string secret;
+  // Socket options for the connections to backups (context, limits, and
+  // with CurveZMQ the replica key pair).
   TransportOptions transport;
   // A primary sends each backup a ping (a kReplicate carrying no request)
   // when it sent it nothing for this long. Default: 100 ms.
@@ -154,6 +170,10 @@ struct ReplicatorCounters {
   uint64_t acked = 0;           // their acknowledgements received
   uint64_t applied = 0;         // kReplicate requests applied as a backup
   uint64_t refused_stale = 0;   // kReplicate refused: stale epoch / primary
+  // Replica requests refused because their sender was not authenticated
+  // (no valid tag, not a member's key) or is not the group's primary.
+  uint64_t refused_sender = 0;
+  uint64_t backup_connect_errors = 0;  // a listed backup could not be connected
   uint64_t backup_errors = 0;   // acknowledgements carrying an error
   uint64_t dropped_held = 0;    // held replies dropped on losing the primary
   uint64_t refused_not_primary = 0;  // worker requests redirected
@@ -175,14 +195,20 @@ class Replicator {
  public:
   using TimePoint = std::chrono::steady_clock::time_point;
 
-  explicit Replicator(const ReplicatorOptions& options);
+  // InvalidArgument without a secret or a CurveZMQ replica key.
+  static StatusOr<std::unique_ptr<Replicator>> Create(const ReplicatorOptions& options);
   ~Replicator();
   Replicator(const Replicator&) = delete;
   Replicator& operator=(const Replicator&) = delete;
 
   // Takes a new view (from Membership). Connects to new backups, releases
   // replies that waited only for dropped ones (into `out`), and drops every
-  // held reply when this process is no longer the primary.
+  // held reply when this process is no longer the primary. The view takes
+  // effect whole: a listed backup that cannot be connected to (its
+  // endpoint does not parse, no server key with CURVE) still holds every
+  // reply from then on, as a backup that failed an update does, and is
+  // reported by TakeBroken() so that Membership drops it through etcd (a
+  // new epoch); the error returned says which.
   Status SetView(const ReplicaView& view, std::vector<OutgoingReply>* out);
   const ReplicaView& view() const { return view_; }
 
@@ -231,9 +257,19 @@ class Replicator {
   // it wait for their own acknowledgements, which come after its.
   void ForwardWorkers(std::vector<WorkerLiveness> states);
 
-  // Backup side: checks a kReplicate request against this view. OK means
-  // apply its inner request.
-  Status CheckReplicate(const RequestHeader& req);
+  // Backup and spare side: who sent `msg`, a kReplicate or kSnapshot whose
+  // decoded header is `req` (replica_auth.h): with CurveZMQ the member whose
+  // replica key the handshake authenticated; without, the sender the
+  // header names, once the tag (the last frame, removed from msg->frames
+  // here) verified under the group's secret. PermissionDenied otherwise
+  // (counted in refused_sender), with one message for every cause.
+  Status Authenticate(Message* msg, const RequestHeader& req, ReplicaMember* sender);
+  // Backup side: checks a kReplicate request from the authenticated
+  // `sender` against this view: it must come from the primary the view
+  // names (the epoch's), from the primary whose snapshot this spare
+  // installed, or, at an epoch this process has not read yet, from a live
+  // member of the group. OK means apply its inner request.
+  Status CheckReplicate(const RequestHeader& req, const ReplicaMember& sender);
   // Backup side: counts an applied kReplicate request (a round record).
   void CountApplied(bool record) {
     ++counters_.applied;
@@ -263,19 +299,27 @@ class Replicator {
   // updates waited on them (gone or cut off), since the last call: for
   // Membership to drop without waiting for their leases.
   std::vector<std::string> TakeSilent();
-  // Spare side: OK when a kSnapshot request may be installed.
-  Status CheckSnapshot(const RequestHeader& req);
-  // Spare side: a snapshot of `epoch` was installed; kReplicate requests of
-  // that epoch on are taken.
-  void SetJoined(uint64_t epoch) {
+  // Spare side: OK when a kSnapshot request from the authenticated `sender`
+  // may be installed: this process is neither primary nor backup, and the
+  // sender is the primary of the view's epoch (or, at a newer epoch, a live
+  // member of the group).
+  Status CheckSnapshot(const RequestHeader& req, const ReplicaMember& sender);
+  // Spare side: a snapshot of `epoch` from `sender` was installed;
+  // kReplicate requests of that epoch on are taken from that process.
+  void SetJoined(uint64_t epoch, const ReplicaMember& sender) {
     joined_epoch_ = epoch;
-    joined_primary_ = view_.primary_endpoint;
+    joined_primary_ = sender;
   }
 
   // Reads the backups' acknowledgements and releases (into `out`) every held
   // reply all of them acknowledged.
   // Also sends pings to backups idle for ping_every.
   void Poll(std::vector<OutgoingReply>* out);
+
+  // The replica keys of the group's live members (CurveZMQ): the keys a
+  // server socket with an allowed-key list must let in
+  // (ServerSocket::SetExtraAllowedKeys).
+  std::vector<std::string> member_keys() const;
 
   // The backups' sockets, for the event loop's poll
   // (ServerSocket::SetWakeSockets); valid until the next SetView().
@@ -291,6 +335,18 @@ class Replicator {
     uint64_t seq = 0;
     OutgoingReply reply;
   };
+  explicit Replicator(const ReplicatorOptions& options);
+  // A connection to the replica at `endpoint` (its server key from the
+  // view's member record with CURVE).
+  StatusOr<std::unique_ptr<ClientSocket>> ConnectTo(const std::string& endpoint) const;
+  // Sends one replica request (`header`, then `data`, then its tag without
+  // CURVE) to `b`.
+  Status SendTo(Backup& b, const std::vector<uint8_t>& header,
+                const std::vector<ByteView>& data, const uint8_t* tag);
+  // The tag of a replica request (header, data) with id `id`; nullptr
+  // with CURVE (nothing to add).
+  const uint8_t* Tag(uint64_t id, const std::vector<uint8_t>& header,
+                     const std::vector<ByteView>& data);
   void Release(std::vector<OutgoingReply>* out);
   // The batched replies to `out` at once (no backup to wait for), then
   // ClearBatch().
@@ -325,7 +381,9 @@ class Replicator {
   std::vector<std::string> broken_;  // TakeBroken()
   std::vector<std::string> silent_;  // TakeSilent()
   uint64_t joined_epoch_ = 0;        // spare side: 0 = no snapshot installed
-  std::string joined_primary_;       // the primary its view named then
+  ReplicaMember joined_primary_;     // who sent that snapshot
+  std::unique_ptr<ReplicaMac> mac_;  // null with CURVE
+  std::array<uint8_t, kReplicaTagBytes> tag_{};  // Tag()'s last
   // Backup side: when the primary of `heard_epoch_` was last heard from.
   TimePoint heard_at_{};
   uint64_t heard_epoch_ = 0;

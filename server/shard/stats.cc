@@ -64,6 +64,8 @@ const char* RejectReasonName(RejectReason r) {
       return "stale_layout";
     case RejectReason::kOptimizerState:
       return "optimizer_state";
+    case RejectReason::kUntrusted:
+      return "untrusted";
     case RejectReason::kCount:
       break;
   }

@@ -48,6 +48,8 @@ enum class RejectReason : uint8_t {
   kOptimizerState,   // an optimizer state upload (kAssign phase 4) for
                      // another optimizer (name, floats per weight) or out
                      // of range (steps, negative sums of squares)
+  kUntrusted,        // replica traffic (replicate, snapshot) from a sender
+                     // not authenticated as its group's member
   kCount,
 };
 inline constexpr size_t kNumRejectReasons =
