@@ -4,9 +4,12 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -206,6 +209,17 @@ TEST(Metrics, PromtoolAcceptsTheExposition) {
 
 // --- HTTP -------------------------------------------------------------------
 
+// Raw TCP connection to 127.0.0.1:port.
+int ConnectTo(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  return fd;
+}
+
 class MetricsHttp : public testing::Test {
  protected:
   void SetUp() override {
@@ -220,15 +234,7 @@ class MetricsHttp : public testing::Test {
   }
 
   // Raw TCP connection to the server.
-  int Connect() {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(server_->port()));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    return fd;
-  }
+  int Connect() { return ConnectTo(server_->port()); }
 
   // Sends `bytes`, returns everything read until the server closes.
   std::string RawExchange(const std::string& bytes) {
@@ -341,6 +347,151 @@ TEST_F(MetricsHttp, ManyConnections) {
   EXPECT_EQ(server_->scrapes(), 64u);
 }
 
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// A client that sends its request head one header line every 200 ms (each
+// line well within io_timeout) for up to `longest`; returns how long after
+// `start` the server cut it off (replied or closed), `longest` if never.
+Clock::duration DripHeaders(int port, Clock::time_point start,
+                            Clock::duration longest, int id) {
+  const int fd = ConnectTo(port);
+  std::string line = "GET /metrics HTTP/1.1\r\n";
+  while (Clock::now() - start < longest) {
+    if (send(fd, line.data(), line.size(), MSG_NOSIGNAL) !=
+        static_cast<ssize_t>(line.size()))
+      break;
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 200) != 0) break;  // a reply, EOF or a reset: cut off
+    line = "X-Slow-" + std::to_string(id) + ": x\r\n";
+  }
+  close(fd);
+  return std::min<Clock::duration>(Clock::now() - start, longest);
+}
+
+// Sends `head` as fast as the server takes it (stopping where it refuses
+// more), then returns what the server answered before closing.
+std::string SendAll(int port, const std::string& head) {
+  const int fd = ConnectTo(port);
+  for (size_t at = 0; at < head.size();) {
+    const ssize_t n =
+        send(fd, head.data() + at, std::min<size_t>(head.size() - at, 4096),
+             MSG_NOSIGNAL);
+    if (n <= 0) break;
+    at += static_cast<size_t>(n);
+  }
+  timeval tv{3, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  std::string got;
+  char buf[4096];
+  ssize_t n;
+  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) got.append(buf, n);
+  close(fd);
+  return got;
+}
+
+// Scrapes `port` until `until`; every scrape must be answered 200 within
+// `bound`. Returns how many were.
+int ScrapeUntil(int port, Clock::time_point until, Clock::duration bound) {
+  int ok = 0;
+  while (Clock::now() < until) {
+    const auto t0 = Clock::now();
+    httplib::Client c("127.0.0.1", port);
+    c.set_connection_timeout(std::chrono::seconds(2));
+    c.set_read_timeout(std::chrono::seconds(2));
+    auto res = c.Get("/metrics");
+    const auto took = Clock::now() - t0;
+    EXPECT_TRUE(res && res->status == 200)
+        << "scrape " << ok << ": "
+        << (res ? std::to_string(res->status)
+                : httplib::to_string(res.error()));
+    if (!res) return ok;
+    EXPECT_LT(took, bound)
+        << "scrape " << ok << " took "
+        << std::chrono::duration_cast<milliseconds>(took).count() << " ms";
+    EXPECT_TRUE(Contains(res->body, "asyncps_test_total 5\n"));
+    ++ok;
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  return ok;
+}
+
+// A MetricsServer with `o` on 127.0.0.1 and a client that sends its head
+// one line every 200 ms (DripHeaders) `slow_clients` times, from start().
+class MetricsHttpAbuse : public testing::Test {
+ protected:
+  void Start(const MetricsServerOptions& o, int slow_clients,
+             Clock::duration longest) {
+    registry_.AddCounter("asyncps_test_total", "A test counter.").Get().Inc(5);
+    auto s = MetricsServer::Start(o, &registry_);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    server_ = std::move(s).value();
+    port_ = server_->port();
+    start_ = Clock::now();
+    for (int i = 0; i < slow_clients; ++i) {
+      slow_.push_back(std::async(std::launch::async, DripHeaders, port_, start_,
+                                 longest, i));
+    }
+  }
+
+  Registry registry_;
+  std::unique_ptr<MetricsServer> server_;
+  int port_ = 0;
+  Clock::time_point start_;
+  std::vector<std::future<Clock::duration>> slow_;
+};
+
+// Issue 40: one header line a second from each of two clients kept both of
+// the pool's threads (the library's read timeout is per read, not per
+// request) and every scrape timed out for as long as they went on. Slow and
+// oversized requests must never delay a correct scraper; the slow ones are
+// cut off at request_timeout, the oversized ones get 4xx or a close.
+TEST_F(MetricsHttpAbuse, SlowAndOversizedClientsNeverDelayScrapes) {
+  MetricsServerOptions o;
+  o.io_timeout = milliseconds(500);
+  o.request_timeout = milliseconds(1000);
+  ASSERT_NO_FATAL_FAILURE(Start(o, 6, milliseconds(4000)));
+  std::string many = "GET /metrics HTTP/1.1\r\nHost: x\r\n";
+  for (int i = 0; i < 5000; ++i) many += "X-H-" + std::to_string(i) + ": v\r\n";
+  many += "\r\n";
+  const std::string huge = "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " +
+                           std::string(1 << 20, 'a') + "\r\n\r\n";
+  auto many_reply = std::async(std::launch::async, SendAll, port_, many);
+  auto huge_reply = std::async(std::launch::async, SendAll, port_, huge);
+  std::this_thread::sleep_for(milliseconds(300));  // the slow ones are in
+
+  EXPECT_GE(ScrapeUntil(port_, start_ + milliseconds(3000), milliseconds(500)),
+            10);
+  for (size_t i = 0; i < slow_.size(); ++i) {
+    const auto cut = slow_[i].get();
+    EXPECT_LT(cut, milliseconds(2500))
+        << "slow client " << i << " not cut off at the deadline";
+    EXPECT_GE(cut, milliseconds(900)) << "slow client " << i << " cut early";
+  }
+  for (auto* reply : {&many_reply, &huge_reply}) {
+    const std::string r = reply->get();
+    EXPECT_TRUE(r.empty() || r.rfind("HTTP/1.1 4", 0) == 0) << r.substr(0, 80);
+  }
+  EXPECT_EQ(
+      ScrapeUntil(port_, Clock::now() + milliseconds(1), milliseconds(500)), 1);
+}
+
+// More slow connections than max_connections: the oldest ones still
+// sending their heads make room, and scrapes are answered at once.
+TEST_F(MetricsHttpAbuse, ConnectionsBeyondTheCapEvictTheSlowest) {
+  MetricsServerOptions o;
+  o.io_timeout = milliseconds(1000);
+  o.request_timeout = milliseconds(5000);
+  o.max_connections = 4;
+  ASSERT_NO_FATAL_FAILURE(Start(o, 8, milliseconds(3000)));
+  std::this_thread::sleep_for(milliseconds(300));
+  EXPECT_GE(ScrapeUntil(port_, start_ + milliseconds(1500), milliseconds(500)),
+            5);
+  int evicted = 0;
+  for (auto& f : slow_) evicted += f.get() < milliseconds(2000);
+  EXPECT_GE(evicted, 4);
+}
+
 TEST(MetricsHttpOptions, BadOptionsAndBusyPort) {
   Registry r;
   MetricsServerOptions o;
@@ -350,6 +501,17 @@ TEST(MetricsHttpOptions, BadOptionsAndBusyPort) {
   o.port = 0;
   EXPECT_EQ(MetricsServer::Start(o, nullptr).status().code(),
             StatusCode::kInvalidArgument);
+  for (int bad = 0; bad < 5; ++bad) {
+    MetricsServerOptions b;
+    if (bad == 0) b.request_timeout = std::chrono::milliseconds(0);
+    if (bad == 1) b.max_headers = 0;
+    if (bad == 2) b.max_header_bytes = 100;
+    if (bad == 3) b.max_header_bytes = (1 << 20) + 1;
+    if (bad == 4) b.max_connections = 0;
+    EXPECT_EQ(MetricsServer::Start(b, &r).status().code(),
+              StatusCode::kInvalidArgument)
+        << "case " << bad;
+  }
   auto first = MetricsServer::Start(o, &r);
   ASSERT_TRUE(first.ok());
   o.port = (*first)->port();
