@@ -161,6 +161,69 @@ TEST(ReplicatorTest, RepliesWaitForEveryUpdateBeforeThemOnTheBackup) {
   EXPECT_EQ(out.size(), 3u);
 }
 
+// Issue 40, finding 2: a view naming a backup whose endpoint does not
+// parse left null entries behind (the primary crashed in wake_sockets() or
+// Admit(), or acknowledged writes replicated to nobody). Now the view takes
+// effect whole: the unreachable backup stays listed, holds every reply, and
+// is reported for Membership to drop through etcd; once the view drops it,
+// the replies the reachable backup acknowledged are released.
+TEST(ReplicatorTest, ABackupThatCannotBeConnectedHoldsRepliesUntilTheViewDropsIt) {
+  auto ctx = Context::Create(1);
+  TransportOptions to;
+  to.context = ctx;
+  auto backup = ServerSocket::Bind("inproc://good-backup", to);
+  ASSERT_TRUE(backup.ok());
+  ReplicatorOptions ro;
+  ro.transport.context = ctx;
+  ro.ping_every = milliseconds(100000);
+  ro.name = "g0r0";
+  ro.secret = std::string(kReplicaSecretBytes, 's');
+  auto made = Replicator::Create(ro);
+  ASSERT_TRUE(made.ok());
+  Replicator& rep = **made;
+  ReplicaView v;
+  v.epoch = 3;
+  v.primary = true;
+  v.backup_endpoints = {"inproc://good-backup", "tcp://127.0.0.1:notaport"};
+  v.lease_valid_until = SteadyClock::now() + std::chrono::hours(1);
+  std::vector<OutgoingReply> out;
+  Status set = rep.SetView(v, &out);
+  EXPECT_FALSE(set.ok());
+  EXPECT_NE(set.message().find("notaport"), std::string::npos) << set.ToString();
+  EXPECT_EQ(rep.TakeBroken(), std::vector<std::string>{"tcp://127.0.0.1:notaport"});
+  EXPECT_EQ(rep.wake_sockets().size(), 1u);  // no null socket handed out
+  std::string redirect;
+  EXPECT_TRUE(rep.Admit(RequestKind::kPush, SteadyClock::now(), &redirect).ok());
+  Message worker_msg;
+  auto bytes = std::make_shared<std::vector<uint8_t>>(EncodeRequest(RequestHeader{}));
+  worker_msg.frames.push_back({bytes->data(), bytes->size(), bytes});
+  OutgoingReply r;
+  r.header.id = 1;
+  rep.Forward(worker_msg, &r, &out);
+  // The good backup applies and acknowledges it; the reply still waits.
+  std::string peer;
+  Message m;
+  auto got = (*backup)->Receive(&peer, &m, milliseconds(2000));
+  ASSERT_TRUE(got.ok() && *got);
+  RequestHeader h;
+  ASSERT_TRUE(DecodeRequest(m.frames[0].data, m.frames[0].size, {}, &h).ok());
+  ReplyHeader a;
+  a.id = h.id;
+  a.kind = RequestKind::kReplicate;
+  std::vector<Frame> f{Frame::Owned(EncodeReply(a))};
+  ASSERT_TRUE((*backup)->Send(peer, f).ok());
+  const auto until = SteadyClock::now() + milliseconds(500);
+  while (SteadyClock::now() < until) rep.Poll(&out);
+  EXPECT_TRUE(out.empty());
+  EXPECT_EQ(rep.num_held(), 1u);
+  // Membership dropped it (a new epoch): the reply is released.
+  v.epoch = 4;
+  v.backup_endpoints = {"inproc://good-backup"};
+  ASSERT_TRUE(rep.SetView(v, &out).ok());
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].header.id, 1u);
+}
+
 // One replica: a Server on inproc://<name> running on its own thread.
 struct Replica {
   std::unique_ptr<Server> server;
