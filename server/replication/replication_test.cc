@@ -57,26 +57,47 @@ TEST(ReplicaLayoutTest, MalformedDocumentsAreCorruption) {
 // released only once every backup acknowledged it and everything before
 // it; a refusal stops a backup from counting (its later acknowledgements
 // release nothing) until the view drops it.
-TEST(ReplicatorTest, RepliesWaitForEveryUpdateBeforeThemOnTheBackup) {
-  auto ctx = Context::Create(1);
-  TransportOptions to;
-  to.context = ctx;
-  auto backup = ServerSocket::Bind("inproc://fake-backup", to);
-  ASSERT_TRUE(backup.ok());
-  ReplicatorOptions ro;
-  ro.transport.context = ctx;
-  ro.ping_every = milliseconds(100000);  // no pings in this test
-  ro.name = "g0r0";
-  ro.incarnation = 42;
-  ro.secret = std::string(kReplicaSecretBytes, 's');
-  auto made = Replicator::Create(ro);
-  ASSERT_TRUE(made.ok()) << made.status().ToString();
-  Replicator& rep = **made;
+// A primary's Replicator (g0r0, incarnation 42, a fixed secret, no pings)
+// and a backup the test plays, bound at `backup_endpoint`, on one context.
+struct FakeGroup {
+  explicit FakeGroup(const std::string& backup_endpoint) {
+    TransportOptions to;
+    to.context = ctx;
+    auto b = ServerSocket::Bind(backup_endpoint, to);
+    EXPECT_TRUE(b.ok());
+    if (b.ok()) backup = std::move(b).value();
+    ReplicatorOptions ro;
+    ro.transport.context = ctx;
+    ro.ping_every = milliseconds(100000);  // no pings in these tests
+    ro.name = "g0r0";
+    ro.incarnation = 42;
+    ro.secret = std::string(kReplicaSecretBytes, 's');
+    auto made = Replicator::Create(ro);
+    EXPECT_TRUE(made.ok()) << made.status().ToString();
+    if (made.ok()) rep = std::move(made).value();
+  }
+  bool ok() const { return backup && rep; }
+  std::shared_ptr<Context> ctx = Context::Create(1);
+  std::unique_ptr<ServerSocket> backup;
+  std::unique_ptr<Replicator> rep;
+};
+
+// A primary's view at `epoch` with `backups` and a lease for an hour.
+ReplicaView PrimaryView(uint64_t epoch, std::vector<std::string> backups) {
   ReplicaView v;
-  v.epoch = 3;
+  v.epoch = epoch;
   v.primary = true;
-  v.backup_endpoints = {"inproc://fake-backup"};
+  v.backup_endpoints = std::move(backups);
   v.lease_valid_until = SteadyClock::now() + std::chrono::hours(1);
+  return v;
+}
+
+TEST(ReplicatorTest, RepliesWaitForEveryUpdateBeforeThemOnTheBackup) {
+  FakeGroup g("inproc://fake-backup");
+  ASSERT_TRUE(g.ok());
+  Replicator& rep = *g.rep;
+  auto* backup = &g.backup;
+  ReplicaView v = PrimaryView(3, {"inproc://fake-backup"});
   std::vector<OutgoingReply> out;
   ASSERT_TRUE(rep.SetView(v, &out).ok());
   auto of = [](RequestKind kind, MigrateOp op = MigrateOp::kDescribe) {
@@ -168,24 +189,10 @@ TEST(ReplicatorTest, RepliesWaitForEveryUpdateBeforeThemOnTheBackup) {
 // is reported for Membership to drop through etcd; once the view drops it,
 // the replies the reachable backup acknowledged are released.
 TEST(ReplicatorTest, ABackupThatCannotBeConnectedHoldsRepliesUntilTheViewDropsIt) {
-  auto ctx = Context::Create(1);
-  TransportOptions to;
-  to.context = ctx;
-  auto backup = ServerSocket::Bind("inproc://good-backup", to);
-  ASSERT_TRUE(backup.ok());
-  ReplicatorOptions ro;
-  ro.transport.context = ctx;
-  ro.ping_every = milliseconds(100000);
-  ro.name = "g0r0";
-  ro.secret = std::string(kReplicaSecretBytes, 's');
-  auto made = Replicator::Create(ro);
-  ASSERT_TRUE(made.ok());
-  Replicator& rep = **made;
-  ReplicaView v;
-  v.epoch = 3;
-  v.primary = true;
-  v.backup_endpoints = {"inproc://good-backup", "tcp://127.0.0.1:notaport"};
-  v.lease_valid_until = SteadyClock::now() + std::chrono::hours(1);
+  FakeGroup g("inproc://good-backup");
+  ASSERT_TRUE(g.ok());
+  Replicator& rep = *g.rep;
+  ReplicaView v = PrimaryView(3, {"inproc://good-backup", "tcp://127.0.0.1:notaport"});
   std::vector<OutgoingReply> out;
   Status set = rep.SetView(v, &out);
   EXPECT_FALSE(set.ok());
@@ -203,7 +210,7 @@ TEST(ReplicatorTest, ABackupThatCannotBeConnectedHoldsRepliesUntilTheViewDropsIt
   // The good backup applies and acknowledges it; the reply still waits.
   std::string peer;
   Message m;
-  auto got = (*backup)->Receive(&peer, &m, milliseconds(2000));
+  auto got = g.backup->Receive(&peer, &m, milliseconds(2000));
   ASSERT_TRUE(got.ok() && *got);
   RequestHeader h;
   ASSERT_TRUE(DecodeRequest(m.frames[0].data, m.frames[0].size, {}, &h).ok());
@@ -211,7 +218,7 @@ TEST(ReplicatorTest, ABackupThatCannotBeConnectedHoldsRepliesUntilTheViewDropsIt
   a.id = h.id;
   a.kind = RequestKind::kReplicate;
   std::vector<Frame> f{Frame::Owned(EncodeReply(a))};
-  ASSERT_TRUE((*backup)->Send(peer, f).ok());
+  ASSERT_TRUE(g.backup->Send(peer, f).ok());
   const auto until = SteadyClock::now() + milliseconds(500);
   while (SteadyClock::now() < until) rep.Poll(&out);
   EXPECT_TRUE(out.empty());

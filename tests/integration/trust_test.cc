@@ -44,9 +44,7 @@ class TrustIntegrationTest : public ::testing::Test {
     auto e = EtcdServer::Start(dir_.Sub("etcd"), dir_.path().string());
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     etcd_ = std::move(e).value();
-    EtcdOptions eo;
-    eo.endpoints = {etcd_->endpoint()};
-    auto c = EtcdClient::Create(eo);
+    auto c = etcd_->NewClient();
     ASSERT_TRUE(c.ok());
     etcd_client_ = std::move(c).value();
   }

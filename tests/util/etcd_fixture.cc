@@ -126,6 +126,12 @@ Status EtcdServer::Launch() {
 
 std::string EtcdServer::Log() const { return ReadFile(log_path_); }
 
+StatusOr<std::unique_ptr<EtcdClient>> EtcdServer::NewClient() const {
+  EtcdOptions o;
+  o.endpoints = {endpoint_};
+  return EtcdClient::Create(o);
+}
+
 void EtcdServer::Stop() {
   if (!process_) return;
   if (process_->Running()) {

@@ -18,6 +18,7 @@
 #include <memory>
 #include <string>
 
+#include "common/etcd_client.h"
 #include "common/status.h"
 #include "tests/util/process.h"
 
@@ -51,6 +52,8 @@ class EtcdServer {
   pid_t pid() const { return process_ ? process_->pid() : -1; }
   // Everything etcd logged since its last (re)start.
   std::string Log() const;
+  // A client of this etcd (default options).
+  StatusOr<std::unique_ptr<EtcdClient>> NewClient() const;
 
   // SIGTERM, then SIGKILL after 10 s; waits for it to exit.
   void Stop();
