@@ -1319,5 +1319,57 @@ TEST_F(ReplicationTest, ForgedReplicaTrafficIsRefusedAndChangesNothing) {
   EXPECT_EQ(Version(*c1), 3u);
 }
 
+// With CurveZMQ the replicas' own keys authenticate replica traffic: the
+// primary hands its backup every update over a connection whose client key
+// is its replica key (let in by the backup's allowed-key list, which holds
+// only the worker's), and what a worker sends as replica traffic, with its
+// own valid key, is refused and changes nothing.
+TEST_F(ReplicationTest, WithCurveOnlyThePrimarysReplicaKeyIsTaken) {
+  std::string server_pub, server_sec, worker_pub, worker_sec;
+  ASSERT_TRUE(GenerateCurveKeyPair(&server_pub, &server_sec).ok());
+  ASSERT_TRUE(GenerateCurveKeyPair(&worker_pub, &worker_sec).ok());
+  auto curve = [&](ServerOptions* o) {
+    o->endpoint = "tcp://127.0.0.1:*";
+    o->curve_secret_key = server_sec;
+    o->curve_allowed_client_keys = {worker_pub};
+  };
+  replicas_.push_back(StartReplica(0, 2, "", curve));
+  replicas_.push_back(StartReplica(1, 2, "", curve));
+  ASSERT_TRUE(replicas_[0] && replicas_[1]);
+  auto connect = [&](const std::string& endpoint) {
+    TransportOptions to;
+    to.curve_server_key = server_pub;
+    to.curve_secret_key = worker_sec;
+    auto c = ClientSocket::Connect(endpoint, to);
+    EXPECT_TRUE(c.ok());
+    return std::move(c).value();
+  };
+  auto c0 = connect(replicas_[0]->server->endpoint());
+  auto c1 = connect(replicas_[1]->server->endpoint());
+  RequestHeader reg = server::testing::ShardHarness::Register(
+      0, server::testing::SmallModel(), server::testing::SmallLayout(1));
+  ASSERT_TRUE(CallUntilOk(*c0, reg).status.ok());
+  const std::vector<ByteView> data{server::testing::Floats(grad_)};
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(CallUntilOk(*c0, Push(7), data).status.ok());
+  EXPECT_EQ(Version(*c1), 3u);  // replicated over CURVE before acknowledged
+  const std::vector<uint8_t> weights = PullAll(*c0);
+  const nlohmann::json before = StateOf(Stats(*c1));
+  // The worker's key is valid for the socket, not for replica traffic.
+  RequestHeader push = Push(9);
+  push.id = 1000;
+  RequestHeader liveness = ReplicateOf(1, "g0r0", IncarnationOf("g0r0"));
+  liveness.replicate_workers = {WorkerLiveness{0, true, 777777}};
+  EXPECT_EQ(CallReplica(*c1, ReplicateOf(1, "g0r0", IncarnationOf("g0r0")),
+                        {HeaderFrame(push), server::testing::Floats(std::vector<float>(16, 1000.0f))},
+                        nullptr)
+                .status.code(),
+            StatusCode::kPermissionDenied);
+  EXPECT_EQ(CallReplica(*c1, liveness, {}, nullptr).status.code(),
+            StatusCode::kPermissionDenied);
+  EXPECT_EQ(StateOf(Stats(*c1)), before);
+  replicas_[0]->Stop();
+  EXPECT_EQ(PullAll(*c1), weights);
+}
+
 }  // namespace
 }  // namespace asyncps::server::replication
