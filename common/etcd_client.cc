@@ -2,9 +2,12 @@
 
 #include <httplib.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <charconv>
+#include <cstring>
 #include <functional>
 #include <iterator>
 #include <memory>
@@ -226,6 +229,13 @@ Status GatewayError(const json& err, const json& outer,
     if (message.empty()) message = GetString(outer, "error");
   }
   if (message.empty()) message = "unknown error";
+  // etcd answers missing or wrong credentials with InvalidArgument ("user
+  // name is empty", "authentication failed"): they are refusals of who
+  // asks, as its PERMISSION_DENIED and UNAUTHENTICATED are.
+  if (message.find("user name is empty") != std::string::npos ||
+      message.find("authentication failed") != std::string::npos) {
+    return Status::PermissionDenied(where + ": " + message);
+  }
   return FromGrpc(code, where + ": " + message);
 }
 
@@ -282,15 +292,17 @@ struct Endpoint {
   std::string url;  // As given, for messages.
   std::string host;
   int port = 0;
+  bool tls = false;  // https://
 };
 
 Status ParseEndpoint(const std::string& url, Endpoint* ep) {
   const std::string bad = "etcd endpoint \"" + url + "\": ";
-  constexpr std::string_view kScheme = "http://";
-  if (url.compare(0, kScheme.size(), kScheme) != 0) {
-    return Status::InvalidArgument(bad + "must start with http://");
+  constexpr std::string_view kHttp = "http://", kHttps = "https://";
+  ep->tls = url.compare(0, kHttps.size(), kHttps) == 0;
+  if (!ep->tls && url.compare(0, kHttp.size(), kHttp) != 0) {
+    return Status::InvalidArgument(bad + "must start with http:// or https://");
   }
-  std::string rest = url.substr(kScheme.size());
+  std::string rest = url.substr(ep->tls ? kHttps.size() : kHttp.size());
   if (!rest.empty() && rest.back() == '/') rest.pop_back();
   if (rest.find('/') != std::string::npos) {
     return Status::InvalidArgument(bad + "must have no path");
@@ -327,6 +339,7 @@ struct Exchange {
   httplib::Error error = httplib::Error::Success;
   int http_status = 0;
   std::string body;     // Unless the caller's receiver took it.
+  bool oversize = false;  // The answer was over max_answer_bytes.
   std::string refused;  // Endpoints that could not be reached, for messages.
 };
 
@@ -385,6 +398,38 @@ EtcdOp EtcdOp::Delete(std::string key) {
 struct EtcdClient::Impl {
   std::vector<Endpoint> endpoints;
   std::chrono::milliseconds request_timeout{2000};
+  EtcdSecurity security;
+  size_t max_answer_bytes = size_t{16} << 20;
+  // etcd's auth token (POST /v3/auth/authenticate), taken again when etcd
+  // says it is no longer valid.
+  std::mutex token_mu;
+  std::string token;  // GUARDED_BY(token_mu)
+
+  // A new connection to `ep` (TLS with the CA and client certificate for
+  // https://).
+  std::unique_ptr<httplib::Client> NewClient(const Endpoint& ep) const {
+    std::unique_ptr<httplib::Client> cli;
+    if (ep.tls) {
+      const std::string origin =
+          "https://" + (ep.host.find(':') != std::string::npos ? "[" + ep.host + "]"
+                                                                 : ep.host) +
+          ":" + std::to_string(ep.port);
+      cli = security.cert_file.empty()
+                ? std::make_unique<httplib::Client>(origin)
+                : std::make_unique<httplib::Client>(origin, security.cert_file,
+                                                    security.key_file);
+      cli->set_ca_cert_path(security.ca_file.c_str());
+      cli->enable_server_certificate_verification(true);
+    } else {
+      cli = std::make_unique<httplib::Client>(ep.host, ep.port);
+    }
+    return cli;
+  }
+
+  std::string Token() {
+    std::lock_guard<std::mutex> l(token_mu);
+    return token;
+  }
   // Index of the endpoint that answered last: tried first.
   std::atomic<size_t> preferred{0};
   bool keep_alive = true;  // EtcdOptions::keep_alive
@@ -420,7 +465,8 @@ struct EtcdClient::Impl {
   // streams in instead of Exchange::body. Never throws.
   Exchange Post(const char* path, const std::string& body,
                 std::chrono::milliseconds read_timeout,
-                const httplib::ContentReceiverWithProgress* receiver) {
+                const httplib::ContentReceiverWithProgress* receiver,
+                const std::string& token = std::string()) {
     Exchange ex;
     const size_t n = endpoints.size();
     const size_t first = preferred.load(std::memory_order_relaxed) % n;
@@ -435,7 +481,7 @@ struct EtcdClient::Impl {
       try {
         if (unary) cli = TakeIdle(idx);
         if (cli == nullptr) {
-          cli = std::make_unique<httplib::Client>(ep.host, ep.port);
+          cli = NewClient(ep);
           cli->set_connection_timeout(request_timeout);
           cli->set_write_timeout(request_timeout);
           cli->set_keep_alive(unary);
@@ -450,6 +496,7 @@ struct EtcdClient::Impl {
         req.path = path;
         req.body = body;
         req.set_header("Content-Type", "application/json");
+        if (!token.empty()) req.set_header("Authorization", token);
         // The body goes to a receiver and the status is taken from the
         // headers as they arrive, so that both survive the library's
         // failure on the trailers the gateway appends to error answers.
@@ -460,14 +507,21 @@ struct EtcdClient::Impl {
         if (receiver != nullptr) {
           req.content_receiver = *receiver;
         } else {
-          req.content_receiver = [&ex](const char* data, size_t len, uint64_t,
-                                       uint64_t) {
+          // An answer is read within max_answer_bytes: a larger one ends
+          // the call (Canceled), it is never buffered whole.
+          req.content_receiver = [this, &ex](const char* data, size_t len,
+                                             uint64_t, uint64_t) {
+            if (ex.body.size() + len > max_answer_bytes) {
+              ex.oversize = true;
+              return false;
+            }
             ex.body.append(data, len);
             return true;
           };
         }
         ex.http_status = 0;
         ex.body.clear();
+        ex.oversize = false;
         httplib::Result res = cli->send(req);
         ex.error = res.error();
         if (unary && ex.error == httplib::Error::Success)
@@ -487,15 +541,75 @@ struct EtcdClient::Impl {
     return ex;
   }
 
+  // Takes an auth token for security.user (POST /v3/auth/authenticate).
+  Status Authenticate() {
+    StatusOr<json> answer = CallOnce(
+        "/v3/auth/authenticate",
+        {{"name", security.user}, {"password", security.password}}, "");
+    if (!answer.ok()) {
+      if (answer.status().IsRetryable()) return answer.status();
+      return Status::PermissionDenied("etcd authentication as user '" +
+                                      security.user +
+                                      "' failed: " + answer.status().message());
+    }
+    std::string t = GetString(*answer, "token");
+    if (t.empty()) return Status::Corruption("etcd authenticate: no token");
+    std::lock_guard<std::mutex> l(token_mu);
+    token = std::move(t);
+    return Status::OK();
+  }
+
+  // The token to send (taken first when there is none yet); "" without a
+  // user.
+  StatusOr<std::string> CurrentToken() {
+    if (security.user.empty()) return std::string();
+    std::string t = Token();
+    if (t.empty()) {
+      RETURN_IF_ERROR(Authenticate());
+      t = Token();
+    }
+    return t;
+  }
+
+  // True for etcd's answer to a token it no longer takes (expired, or from
+  // before a restart): authenticate again and retry once.
+  static bool TokenRefused(const Status& s) {
+    return s.code() == StatusCode::kPermissionDenied &&
+           (s.message().find("token") != std::string::npos ||
+            s.message().find("user name is empty") != std::string::npos);
+  }
+
   // A unary call: the answer's JSON object, or the error it carries.
   StatusOr<json> Call(const char* path, const json& request) {
-    Exchange ex = Post(path, request.dump(), request_timeout, nullptr);
+    ASSIGN_OR_RETURN(std::string t, CurrentToken());
+    StatusOr<json> answer = CallOnce(path, request, t);
+    if (!security.user.empty() && TokenRefused(answer.status())) {
+      RETURN_IF_ERROR(Authenticate());
+      answer = CallOnce(path, request, Token());
+    }
+    return answer;
+  }
+
+  StatusOr<json> CallOnce(const char* path, const json& request,
+                          const std::string& token) {
+    Exchange ex = Post(path, request.dump(), request_timeout, nullptr, token);
     const std::string where = std::string("etcd ") + path + " at " +
                               (ex.endpoint ? ex.endpoint->url : "?");
     if (ex.error == httplib::Error::Connection ||
         ex.error == httplib::Error::ConnectionTimeout) {
       return Status::Unavailable(std::string("etcd ") + path +
                                  ": no endpoint reachable: " + ex.refused);
+    }
+    if (ex.oversize) {
+      return Status::ResourceExhausted(where + ": answer over " +
+                                       std::to_string(max_answer_bytes) +
+                                       " bytes (EtcdOptions::max_answer_bytes)");
+    }
+    if (ex.error == httplib::Error::SSLConnection ||
+        ex.error == httplib::Error::SSLServerVerification) {
+      return Status::Unavailable(where + ": TLS failed (" +
+                                 httplib::to_string(ex.error) +
+                                 "): check the CA and client certificates");
     }
     json answer = json::parse(ex.body, nullptr, /*allow_exceptions=*/false);
     // cpp-httplib 0.11 fails (Read) on the HTTP trailers
@@ -536,12 +650,22 @@ struct EtcdClient::Impl {
     std::string pending;
     std::function<bool(const json&)> on_message;
     Status status;  // Corruption when a line is not JSON.
+    size_t max_line = size_t{16} << 20;
 
     bool Feed(const char* data, size_t len) {
+      // httplib hands the stream over in pieces of a few KiB: `pending`
+      // stays within max_line plus one piece.
       pending.append(data, len);
       size_t start = 0;
+      auto too_long = [&] {
+        // A line (one event batch) longer than any answer may be.
+        status = Status::ResourceExhausted(
+            "etcd stream: a line over " + std::to_string(max_line) + " bytes");
+        return false;
+      };
       for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos;
            start = nl + 1) {
+        if (nl - start > max_line) return too_long();
         std::string_view line(pending.data() + start, nl - start);
         if (line.find_first_not_of(" \r\t") == std::string_view::npos) continue;
         json msg = json::parse(line, nullptr, /*allow_exceptions=*/false);
@@ -554,6 +678,7 @@ struct EtcdClient::Impl {
         if (!on_message(msg)) return false;
       }
       pending.erase(0, start);
+      if (pending.size() > max_line) return too_long();
       return true;
     }
   };
@@ -570,13 +695,45 @@ StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(
   if (options.request_timeout.count() < 1) {
     return Status::InvalidArgument("etcd: request_timeout must be >= 1 ms");
   }
+  if (options.max_answer_bytes < 1024) {
+    return Status::InvalidArgument("etcd: max_answer_bytes must be >= 1024");
+  }
   auto impl = std::make_unique<Impl>();
   impl->request_timeout = options.request_timeout;
   impl->keep_alive = options.keep_alive;
+  impl->security = options.security;
+  impl->max_answer_bytes = options.max_answer_bytes;
+  bool tls = false;
   for (const std::string& url : options.endpoints) {
     Endpoint ep;
     RETURN_IF_ERROR(ParseEndpoint(url, &ep));
+    tls = tls || ep.tls;
     impl->endpoints.push_back(std::move(ep));
+  }
+  const EtcdSecurity& sec = options.security;
+  if (tls && sec.ca_file.empty()) {
+    return Status::InvalidArgument(
+        "etcd: https:// endpoints need the CA that signed etcd's certificate "
+        "(--etcd_ca_file)");
+  }
+  if (sec.cert_file.empty() != sec.key_file.empty()) {
+    return Status::InvalidArgument(
+        "etcd: a client certificate needs its key, and a key its certificate "
+        "(--etcd_cert_file, --etcd_key_file)");
+  }
+  if (!tls && (!sec.ca_file.empty() || !sec.cert_file.empty())) {
+    return Status::InvalidArgument(
+        "etcd: TLS files given, but no endpoint is https://");
+  }
+  for (const std::string* f : {&sec.ca_file, &sec.cert_file, &sec.key_file}) {
+    if (!f->empty() && ::access(f->c_str(), R_OK) != 0) {
+      return Status::InvalidArgument("etcd: cannot read " + *f);
+    }
+  }
+  if (sec.user.empty() != sec.password.empty()) {
+    return Status::InvalidArgument(
+        "etcd: a user needs a password, and a password a user "
+        "(--etcd_user, --etcd_password_file)");
   }
   return std::unique_ptr<EtcdClient>(new EtcdClient(std::move(impl)));
 }
@@ -794,10 +951,16 @@ StatusOr<std::vector<EtcdWatchEvent>> EtcdClient::Watch(
       };
   // The read timeout bounds each wait for more of the stream: the whole
   // watch, since the stream opens at once with its "created" message.
-  Exchange ex = impl_->Post("/v3/watch", body, timeout, &receiver);
+  lines.max_line = impl_->max_answer_bytes;
+  ASSIGN_OR_RETURN(std::string token, impl_->CurrentToken());
+  Exchange ex = impl_->Post("/v3/watch", body, timeout, &receiver, token);
   const std::string where =
       "etcd watch at " + std::string(ex.endpoint ? ex.endpoint->url : "?");
   if (!lines.status.ok()) return lines.status.WithContext(where);
+  if (Impl::TokenRefused(stream_status)) {
+    // Expired: the next call brings a fresh one.
+    (void)impl_->Authenticate();
+  }
   if (!stream_status.ok()) return stream_status.WithContext(where);
   if (ex.error == httplib::Error::Connection ||
       ex.error == httplib::Error::ConnectionTimeout) {

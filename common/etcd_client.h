@@ -59,34 +59,15 @@
 #include <string>
 #include <vector>
 
+#include "common/etcd_security.h"
 #include "common/status.h"
 
 namespace asyncps {
 
-// How a client proves itself to etcd and checks etcd, as a secured etcd
-// deployment runs it: TLS with a CA and client certificates (etcd
-// --client-cert-auth) and etcd's user/password authentication.
-struct EtcdSecurity {
-  // PEM files: the CA that signed etcd's server certificate (required for
-  // https:// endpoints; the server's name is checked against it), and this
-  // client's certificate and its key (both or neither). Default: "".
-  std::string ca_file;
-  std::string cert_file;
-  std::string key_file;
-  // etcd user and password: with a user, each call carries the token of
-  // POST /v3/auth/authenticate (taken again when etcd says it expired).
-  // Default: "" (no authentication).
-  std::string user;
-  std::string password;
-  bool empty() const {
-    return ca_file.empty() && cert_file.empty() && key_file.empty() &&
-           user.empty();
-  }
-};
-
 struct EtcdOptions {
-  // Client URLs "http://host:port" (no path; https is not supported), tried
-  // in order, the next one on connection failure. Required, non-empty.
+  // Client URLs "http://host:port" or "https://host:port" (no path; https
+  // needs security.ca_file), tried in order, the next one on connection
+  // failure. Required, non-empty.
   std::vector<std::string> endpoints;
   // Limit for connecting, sending and receiving one request, >= 1 ms.
   // Default: 2000 ms.
@@ -94,6 +75,9 @@ struct EtcdOptions {
   // TLS and credentials; endpoints are then https://host:port. Default:
   // none (plain http, no authentication).
   EtcdSecurity security;
+  // Largest answer read, bytes (and longest line of a watch stream): a
+  // larger one is ResourceExhausted, never buffered whole. Default: 16 MiB.
+  size_t max_answer_bytes = size_t{16} << 20;
   // Keeps the connections of unary calls open for the next call (up to 4
   // idle per endpoint); false opens one per call. A watch always has its
   // own. Default: true.

@@ -286,6 +286,161 @@ TEST(EtcdClientTransportTest, MalformedAnswersAreErrorsNotCrashes) {
       << compacted.status().ToString();
 }
 
+// Issue 40, finding 4: etcd replies and watch lines were read with no size
+// limit. An answer or a line over max_answer_bytes ends the call with
+// ResourceExhausted; it is never buffered whole.
+TEST(EtcdClientTransportTest, AnswersAndWatchLinesAreReadWithinABound) {
+  FakeGateway gw;
+  EtcdOptions o;
+  o.endpoints = {gw.endpoint()};
+  o.max_answer_bytes = 64 << 10;
+  auto client = EtcdClient::Create(o);
+  ASSERT_TRUE(client.ok());
+  const std::string huge_value(1 << 20, 'A');
+  gw.Answer(200, R"({"header":{"revision":"3"},"kvs":[{"key":"a2V5","value":")" +
+                     huge_value + R"("}]})");
+  auto got = (*client)->Get("key");
+  EXPECT_EQ(got.status().code(), StatusCode::kResourceExhausted) << got.status().ToString();
+  // A watch stream whose line never ends, and one whose line is too long.
+  for (const std::string& stream :
+       {"{\"result\":{\"header\":{\"revision\":\"6\"},\"created\":true}}\n" +
+            std::string(1 << 20, ' '),
+        "{\"result\":{\"header\":{\"revision\":\"6\"},\"created\":true}}\n{\"x\":\"" +
+            huge_value + "\"}\n"}) {
+    gw.Answer(200, stream);
+    int64_t next = 0;
+    auto w = (*client)->Watch("p", 0, seconds(2), &next);
+    EXPECT_EQ(w.status().code(), StatusCode::kResourceExhausted) << w.status().ToString();
+  }
+  o.max_answer_bytes = 10;
+  EXPECT_EQ(EtcdClient::Create(o).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(EtcdClientOptionsTest, TlsAndCredentialsOptionsAreChecked) {
+  EtcdOptions o;
+  o.endpoints = {"https://127.0.0.1:2379"};
+  EXPECT_EQ(EtcdClient::Create(o).status().code(), StatusCode::kInvalidArgument);
+  o.security.ca_file = "/nonexistent/ca.pem";
+  EXPECT_EQ(EtcdClient::Create(o).status().code(), StatusCode::kInvalidArgument);
+  o.endpoints = {"http://127.0.0.1:2379"};
+  o.security.ca_file = "";
+  o.security.cert_file = "/etc/hostname";
+  EXPECT_EQ(EtcdClient::Create(o).status().code(), StatusCode::kInvalidArgument);
+  o.security.cert_file = "";
+  o.security.user = "u";
+  EXPECT_EQ(EtcdClient::Create(o).status().code(), StatusCode::kInvalidArgument);
+  o.security.password = "p";
+  EXPECT_TRUE(EtcdClient::Create(o).ok());
+}
+
+// etcd as a real deployment runs it (tests/util/etcd_fixture.h StartSecure:
+// TLS with client certificates, authentication, roles): the client signs in
+// and its calls work, a token etcd let expire is taken again, and every
+// missing or wrong credential is refused; the workers' user reads the
+// elastic layout and nothing else.
+class EtcdSecureTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!EtcdServer::Available()) {
+      GTEST_SKIP() << EtcdServer::Binary() << " not installed (Debian package etcd-server)";
+    }
+    auto etcd = EtcdServer::StartSecure(dir_.Sub("data"), dir_.Sub("logs"),
+                                        dir_.Sub("tls"), "/asyncps/secure");
+    if (!etcd.ok() && etcd.status().message().find("not installed") != std::string::npos)
+      GTEST_SKIP() << etcd.status().ToString();
+    ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
+    etcd_ = std::move(etcd).value();
+  }
+  StatusOr<std::unique_ptr<EtcdClient>> As(const EtcdSecurity& security) {
+    EtcdOptions o;
+    o.endpoints = {etcd_->endpoint()};
+    o.security = security;
+    return EtcdClient::Create(o);
+  }
+
+  TempDir dir_;
+  std::unique_ptr<EtcdServer> etcd_;
+};
+
+TEST_F(EtcdSecureTest, ServerUserWorksOverTlsAndSignsInAgainWhenItsTokenExpires) {
+  ASSERT_EQ(etcd_->endpoint().rfind("https://", 0), 0u);
+  auto c = As(etcd_->Security("asyncps-server"));
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EtcdClient& etcd = **c;
+  auto first = etcd.Put("/asyncps/secure/layout", "v1");
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  auto lease = etcd.GrantLease(milliseconds(5000));
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  ASSERT_TRUE(etcd.Put("/asyncps/secure/members/g0r0", "m", *lease).ok());
+  EXPECT_TRUE(etcd.KeepAlive(*lease).ok());
+  auto got = etcd.Get("/asyncps/secure/layout");
+  ASSERT_TRUE(got.ok() && got->has_value());
+  EXPECT_EQ((*got)->value, "v1");
+  EXPECT_TRUE(*etcd.CompareAndPut("/asyncps/secure/secrets/g0", "s", 0));
+  int64_t next = 0;
+  auto w = etcd.Watch("/asyncps/secure/", 1, seconds(2), &next);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_FALSE(w->empty());
+  // Outside its prefix it may not write.
+  EXPECT_EQ(etcd.Put("/other", "x").status().code(), StatusCode::kPermissionDenied);
+  // The fixture's etcd lets tokens live 2 s (--auth-token-ttl): the client
+  // signs in again by itself.
+  std::this_thread::sleep_for(milliseconds(3500));
+  auto again = etcd.Get("/asyncps/secure/layout");
+  EXPECT_TRUE(again.ok()) << again.status().ToString();
+}
+
+TEST_F(EtcdSecureTest, MissingOrWrongCredentialsAreRefused) {
+  const std::string key = "/asyncps/secure/layout";
+  // No client certificate: the TLS handshake fails.
+  EtcdSecurity no_cert = etcd_->Security("asyncps-server");
+  no_cert.cert_file.clear();
+  no_cert.key_file.clear();
+  auto c = As(no_cert);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ((*c)->Put(key, "x").status().code(), StatusCode::kUnavailable);
+  // Another CA's certificate for etcd: refused as well.
+  ASSERT_EQ(std::system(("cd " + std::string(ASYNCPS_SOURCE_DIR) +
+                         "/launch && /usr/bin/python3 -m pslaunch.etcd_tls certs " +
+                         dir_.Sub("other") + " >/dev/null 2>&1")
+                            .c_str()),
+            0);
+  EtcdSecurity other_ca = etcd_->Security("asyncps-server");
+  other_ca.ca_file = dir_.Sub("other") + "/ca.pem";
+  c = As(other_ca);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ((*c)->Get(key).status().code(), StatusCode::kUnavailable);
+  // A wrong password.
+  EtcdSecurity wrong = etcd_->Security("asyncps-server");
+  wrong.password = "not-it";
+  c = As(wrong);
+  ASSERT_TRUE(c.ok());
+  auto put = (*c)->Put(key, "x");
+  EXPECT_EQ(put.status().code(), StatusCode::kPermissionDenied) << put.status().ToString();
+  // The workers' user: reads the elastic layout, nothing else, writes nothing.
+  auto server = As(etcd_->Security("asyncps-server"));
+  ASSERT_TRUE(server.ok());
+  ASSERT_TRUE((*server)->Put("/asyncps/secure/elastic", "doc").ok());
+  ASSERT_TRUE((*server)->Put("/asyncps/secure/secrets/g0", "s").ok());
+  auto worker = As(etcd_->Security("asyncps-worker"));
+  ASSERT_TRUE(worker.ok());
+  auto doc = (*worker)->Get("/asyncps/secure/elastic");
+  ASSERT_TRUE(doc.ok()) << doc.status().ToString();
+  EXPECT_EQ((*doc)->value, "doc");
+  EXPECT_EQ((*worker)->Get("/asyncps/secure/secrets/g0").status().code(),
+            StatusCode::kPermissionDenied);
+  EXPECT_EQ((*worker)->Get("/asyncps/secure/layout").status().code(),
+            StatusCode::kPermissionDenied);
+  EXPECT_EQ((*worker)->Put("/asyncps/secure/elastic", "forged").status().code(),
+            StatusCode::kPermissionDenied);
+  // A certificate alone is no user (it has no CN, which etcd's gateway
+  // would refuse): without a password nothing is read.
+  auto cn_only = As(etcd_->Security("asyncps-worker", /*with_password=*/false));
+  ASSERT_TRUE(cn_only.ok());
+  EXPECT_EQ((*cn_only)->Get("/asyncps/secure/secrets/g0").status().code(),
+            StatusCode::kPermissionDenied);
+}
+
 class EtcdClientTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -147,6 +147,7 @@ class ClientImpl : public Client {
         return Status::InvalidArgument("etcd_prefix must start with /");
       EtcdOptions eo;
       eo.endpoints = options_.etcd_endpoints;
+      eo.security = options_.etcd_security;
       RETURN_IF_ERROR(EtcdClient::Create(eo).status());  // checks the URLs
     }
     if (!options_.transport.context)
@@ -1659,6 +1660,7 @@ class ClientImpl : public Client {
     if (options_.etcd_endpoints.empty() || layout_epoch_ > 0) return AllShards();
     EtcdOptions eo;
     eo.endpoints = options_.etcd_endpoints;
+    eo.security = options_.etcd_security;
     ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> etcd, EtcdClient::Create(eo));
     const std::string key = options_.etcd_prefix + "/elastic";
     StatusOr<std::optional<EtcdKeyValue>> kv = etcd->Get(key);

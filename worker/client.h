@@ -28,6 +28,7 @@
 
 #include "common/layout.h"
 #include "common/sparse_table.h"
+#include "common/etcd_security.h"
 #include "common/status.h"
 #include "common/transport.h"
 
@@ -104,6 +105,9 @@ struct ClientOptions {
   // differs. Default: none.
   std::vector<std::string> etcd_endpoints;
   std::string etcd_prefix;
+  // etcd's TLS files and credentials (https:// endpoints, etcd users).
+  // Default: none.
+  EtcdSecurity etcd_security;
 };
 
 // Rows of one sparse table in a push: n keys (repeats allowed: their

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "common/curve_flags.h"
+#include "common/etcd_flags.h"
 #include "common/metrics_flags.h"
 #include "compression/codec.h"
 #include "worker/backend.h"
@@ -380,6 +381,7 @@ Status Main() {
     co.etcd_endpoints = ParseEndpoints(FLAGS_etcd);
     co.etcd_prefix = FLAGS_etcd_prefix;
   }
+  RETURN_IF_ERROR(EtcdSecurityFromFlags(&co.etcd_security));
   if (FLAGS_attempt_timeout_ms < 10 || FLAGS_attempt_timeout_ms > 600000)
     return Status::InvalidArgument("--attempt_timeout_ms must be in [10, 600000]");
   co.attempt_timeout = std::chrono::milliseconds(FLAGS_attempt_timeout_ms);

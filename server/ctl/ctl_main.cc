@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "common/curve_flags.h"
+#include "common/etcd_flags.h"
 #include "common/transport.h"
 #include "common/wire.h"
 #include "server/ctl/ctl_top.h"
@@ -309,6 +310,8 @@ int Elastic(const std::string& cmd, const std::string& endpoint) {
   server::elastic::CoordinatorOptions o;
   o.etcd_endpoints = SplitList(FLAGS_etcd);
   o.etcd_prefix = FLAGS_etcd_prefix;
+  Status security = EtcdSecurityFromFlags(&o.etcd_security);
+  if (!security.ok()) return fail(security, 2);
   o.servers = SplitList(FLAGS_servers, /*members=*/false);  // groups whole
   o.request_timeout = std::chrono::milliseconds(FLAGS_timeout_ms);
   o.drain_timeout = std::chrono::milliseconds(FLAGS_drain_timeout_ms);

@@ -329,6 +329,7 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Create(
     impl->o.transport.context = Context::Create(1);
   EtcdOptions eo;
   eo.endpoints = options.etcd_endpoints;
+  eo.security = options.etcd_security;
   ASSIGN_OR_RETURN(impl->etcd, EtcdClient::Create(eo));
   return std::unique_ptr<Coordinator>(new Coordinator(std::move(impl)));
 }

@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "common/etcd_security.h"
 #include "common/status.h"
 #include "common/transport.h"
 
@@ -51,6 +52,8 @@ struct CoordinatorOptions {
   // Key prefix of the fleet in etcd: the document is <prefix>/elastic.
   // Default: "/asyncps/default" (ps_server's --etcd_prefix default).
   std::string etcd_prefix = "/asyncps/default";
+  // etcd's TLS files and credentials. Default: none.
+  EtcdSecurity etcd_security;
   // The shard endpoints in shard order, for a fleet without a document in
   // etcd yet (its static epoch-0 layout). Ignored once a document exists.
   // Default: empty.

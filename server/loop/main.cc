@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "common/etcd_flags.h"
 #include "common/file_util.h"
 #include "common/metrics_flags.h"
 #include "common/transport.h"
@@ -400,6 +401,13 @@ srv::ServerOptions OptionsFromFlags() {
     BadFlag("--replica must be in [0, --replicas)");
   if (FLAGS_replicas > 1 && FLAGS_etcd.empty())
     BadFlag("--replicas > 1 needs --etcd (the replica layout lives there)");
+  {
+    asyncps::EtcdSecurity security;
+    Status sec = asyncps::EtcdSecurityFromFlags(&security);
+    if (!sec.ok()) BadFlag(sec.message());
+    o.replication.etcd_security = security;
+    o.elastic_etcd_security = security;
+  }
   if (!FLAGS_elastic_etcd.empty()) {
     if (FLAGS_etcd_prefix.empty() || FLAGS_etcd_prefix[0] != '/')
       BadFlag("--etcd_prefix must start with /");

@@ -257,6 +257,7 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
   if (!options.elastic_etcd_endpoints.empty()) {
     EtcdOptions eo;
     eo.endpoints = options.elastic_etcd_endpoints;
+    eo.security = options.elastic_etcd_security;
     eo.request_timeout = std::chrono::milliseconds(300);
     ASSIGN_OR_RETURN(s->elastic_etcd_, EtcdClient::Create(eo));
   }

@@ -126,6 +126,9 @@ struct ServerOptions {
   // (never two owners of a chunk). Empty: stay frozen until ps_ctl ends it.
   // Default: empty.
   std::vector<std::string> elastic_etcd_endpoints;
+  // etcd's TLS files and credentials, for elastic_etcd_endpoints
+  // (replication.etcd_security for the replica layout). Default: none.
+  EtcdSecurity elastic_etcd_security;
   std::string elastic_prefix = "/asyncps/default";
 };
 

@@ -43,9 +43,13 @@
 #include <thread>
 #include <vector>
 
-#include "common/etcd_client.h"
+#include "common/etcd_security.h"
 #include "common/status.h"
 #include "server/replication/replica_view.h"
+
+namespace asyncps {
+class EtcdClient;
+}
 
 namespace asyncps::server::replication {
 

@@ -44,6 +44,18 @@ class EtcdServer {
   // get its ports, TimedOut when it does not become healthy.
   static StatusOr<std::unique_ptr<EtcdServer>> Start(
       const std::string& data_dir, const std::string& log_dir);
+  // The same, secured as a real deployment runs it (launch/pslaunch/
+  // etcd_tls.py): TLS with the run's CA and client certificates required,
+  // its certificates made in `tls_dir`, and etcd's authentication on, with
+  // users root, asyncps-server (read/write under `prefix`) and
+  // asyncps-worker (read <prefix>/elastic). endpoint() is https://.
+  // Unavailable without openssl or etcdctl.
+  static StatusOr<std::unique_ptr<EtcdServer>> StartSecure(
+      const std::string& data_dir, const std::string& log_dir,
+      const std::string& tls_dir, const std::string& prefix);
+  // With StartSecure: the TLS files and credentials of `user` (one of the
+  // above); `with_password` false leaves the password out.
+  EtcdSecurity Security(const std::string& user, bool with_password = true) const;
   ~EtcdServer();
 
   // "http://127.0.0.1:PORT": the client URL.
@@ -66,6 +78,7 @@ class EtcdServer {
 
   std::string data_dir_;
   std::string log_dir_;
+  std::string tls_dir_;  // StartSecure: the certificates
   int client_port_ = 0;
   int peer_port_ = 0;
   int starts_ = 0;

@@ -17,6 +17,11 @@ MASTER_ADDR/RANK/WORLD_SIZE:
     ASYNCPS_ETCD              elastic fleets (psrun --elastic): etcd's client URLs,
     ASYNCPS_ETCD_PREFIX         comma-separated, and the fleet's key prefix; the
                                 client reads the current layout there first
+    ASYNCPS_ETCD_CA_FILE      etcd over TLS: its CA, this worker's client
+    ASYNCPS_ETCD_CERT_FILE      certificate and key (PEM files)
+    ASYNCPS_ETCD_KEY_FILE
+    ASYNCPS_ETCD_USER         etcd authentication: the (read-only) user and a
+    ASYNCPS_ETCD_PASSWORD_FILE  file (mode 600) holding its password
     ASYNCPS_METRICS_PORT      psrun --metrics: -1 (any free port) or a port for
     ASYNCPS_METRICS_PORT_FILE   the Prometheus endpoint of asyncps.metrics, the file
     ASYNCPS_METRICS_LINGER_S    its port is written to, and how long it stays up
@@ -49,6 +54,17 @@ class WorkerEnv:
     curve_public_key: str = ""
     etcd: List[str] = field(default_factory=list)
     etcd_prefix: str = "/asyncps/default"
+    etcd_ca_file: str = ""
+    etcd_cert_file: str = ""
+    etcd_key_file: str = ""
+    etcd_user: str = ""
+    etcd_password_file: str = ""
+
+    def etcd_security(self):
+        """The Client keyword arguments of etcd's TLS files and credentials."""
+        return {"etcd_ca_file": self.etcd_ca_file, "etcd_cert_file": self.etcd_cert_file,
+                "etcd_key_file": self.etcd_key_file, "etcd_user": self.etcd_user,
+                "etcd_password_file": self.etcd_password_file}
 
     def to_environ(self):
         """The variables a launcher sets for this worker."""
@@ -61,7 +77,12 @@ class WorkerEnv:
                            ("ASYNCPS_CURVE_SECRET_KEY", self.curve_secret_key),
                            ("ASYNCPS_CURVE_PUBLIC_KEY", self.curve_public_key),
                            ("ASYNCPS_ETCD", ",".join(self.etcd)),
-                           ("ASYNCPS_ETCD_PREFIX", self.etcd_prefix if self.etcd else "")):
+                           ("ASYNCPS_ETCD_PREFIX", self.etcd_prefix if self.etcd else ""),
+                           ("ASYNCPS_ETCD_CA_FILE", self.etcd_ca_file),
+                           ("ASYNCPS_ETCD_CERT_FILE", self.etcd_cert_file),
+                           ("ASYNCPS_ETCD_KEY_FILE", self.etcd_key_file),
+                           ("ASYNCPS_ETCD_USER", self.etcd_user),
+                           ("ASYNCPS_ETCD_PASSWORD_FILE", self.etcd_password_file)):
             if value:
                 env[key] = value
         return env
@@ -111,4 +132,9 @@ def worker_env(servers=None, rank=None, num_workers=None, environ=None, require_
                      curve_secret_key=environ.get("ASYNCPS_CURVE_SECRET_KEY", ""),
                      curve_public_key=environ.get("ASYNCPS_CURVE_PUBLIC_KEY", ""),
                      etcd=split_servers(environ.get("ASYNCPS_ETCD")),
-                     etcd_prefix=environ.get("ASYNCPS_ETCD_PREFIX") or "/asyncps/default")
+                     etcd_prefix=environ.get("ASYNCPS_ETCD_PREFIX") or "/asyncps/default",
+                     etcd_ca_file=environ.get("ASYNCPS_ETCD_CA_FILE", ""),
+                     etcd_cert_file=environ.get("ASYNCPS_ETCD_CERT_FILE", ""),
+                     etcd_key_file=environ.get("ASYNCPS_ETCD_KEY_FILE", ""),
+                     etcd_user=environ.get("ASYNCPS_ETCD_USER", ""),
+                     etcd_password_file=environ.get("ASYNCPS_ETCD_PASSWORD_FILE", ""))

@@ -225,7 +225,8 @@ class ParameterServer:
             curve_server_key=env.curve_server_key if curve_server_key is None else curve_server_key,
             curve_secret_key=env.curve_secret_key if curve_secret_key is None else curve_secret_key,
             curve_public_key=env.curve_public_key if curve_public_key is None else curve_public_key,
-            etcd=env.etcd, etcd_prefix=env.etcd_prefix, send_buffer_kb=send_buffer_kb)
+            etcd=env.etcd, etcd_prefix=env.etcd_prefix, send_buffer_kb=send_buffer_kb,
+            **env.etcd_security())
         if self.embeddings:
             # Under BSP a shard counts one push per worker and round: rows
             # and chunks travel in two pushes here, so BSP would drop one,

@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 
+#include "common/etcd_security.h"
 #include "common/transport.h"
 #include "worker/client.h"
 #include "worker/ps_store.h"
@@ -288,8 +289,23 @@ std::shared_ptr<PyClient> MakeClient(std::vector<std::string> servers, int rank,
                                 size_t shared_memory_mb,
                                 std::vector<std::string> etcd,
                                 const std::string& etcd_prefix,
-                                int64_t send_buffer_kb) {
+                                int64_t send_buffer_kb,
+                                const std::string& etcd_ca_file,
+                                const std::string& etcd_cert_file,
+                                const std::string& etcd_key_file,
+                                const std::string& etcd_user,
+                                const std::string& etcd_password_file) {
   ClientOptions o;
+  o.etcd_security.ca_file = etcd_ca_file;
+  o.etcd_security.cert_file = etcd_cert_file;
+  o.etcd_security.key_file = etcd_key_file;
+  o.etcd_security.user = etcd_user;
+  if (etcd_user.empty() != etcd_password_file.empty()) {
+    Raise(Status::InvalidArgument("etcd_user and etcd_password_file go together"));
+  }
+  if (!etcd_password_file.empty()) {
+    ThrowIfError(LoadEtcdPassword(etcd_password_file, &o.etcd_security.password));
+  }
   ThrowIfError(CheckSendBufferKb(send_buffer_kb, "send_buffer_kb"));
   o.transport.send_buffer_bytes = static_cast<int>(send_buffer_kb * 1024);
   o.etcd_endpoints = std::move(etcd);
@@ -379,7 +395,10 @@ write pulled weights (a ParameterStore's) into shared memory of that many MiB
 (at least the model's fp32 size) instead of sending them over the socket.
 etcd (client URLs) and etcd_prefix: an elastic fleet's layout is read from
 etcd before registering, so a worker started after every shard in servers
-left still joins (servers stays the fleet's first shards).)doc");
+left still joins (servers stays the fleet's first shards). etcd_ca_file,
+etcd_cert_file, etcd_key_file: etcd over TLS (https:// URLs); etcd_user and
+etcd_password_file (mode 600, the password on its first line): etcd's
+authentication (psrun hands them to workers as ASYNCPS_ETCD_* variables).)doc");
   client.def(py::init(&MakeClient), py::arg("servers"),
            py::arg("rank") = -1, py::arg("timeout_s") = 120.0,
            py::arg("attempt_timeout_s") = 2.0, py::arg("max_backoff_s") = 4.0,
@@ -388,7 +407,10 @@ left still joins (servers stays the fleet's first shards).)doc");
            py::arg("max_in_flight") = 256, py::arg("interrupt_poll_s") = 0.05,
            py::arg("shared_memory_mb") = 0,
            py::arg("etcd") = std::vector<std::string>{},
-           py::arg("etcd_prefix") = "/asyncps/default", py::arg("send_buffer_kb") = 0)
+           py::arg("etcd_prefix") = "/asyncps/default", py::arg("send_buffer_kb") = 0,
+           py::arg("etcd_ca_file") = "", py::arg("etcd_cert_file") = "",
+           py::arg("etcd_key_file") = "", py::arg("etcd_user") = "",
+           py::arg("etcd_password_file") = "")
       .def(
           "register",
           [](PyClient& c, const std::vector<TensorSpec>& tensors, size_t chunk_elems,
