@@ -12,6 +12,8 @@
 #include <thread>
 #include <unordered_map>
 
+#include <nlohmann/json.hpp>
+
 #include "common/elastic_doc.h"
 #include "common/etcd_client.h"
 #include "common/hash.h"
@@ -932,6 +934,48 @@ class ClientImpl : public Client {
 
   // Replica groups: the index of `endpoint` among the shard's members (added
   // when the group grew since the list was given).
+  // True when a redirect of shard `shard`'s replica group to `endpoint`
+  // may be followed: the endpoint is a member of the group this client was
+  // given (ClientOptions::servers, an elastic layout document), or, with
+  // etcd, a live member of the group in etcd (a replacement). A reply's
+  // redirect is only what a peer says: followed anywhere, a hostile or
+  // stale shard could send this worker's gradients to any process (and
+  // take its pulls). Refusals are cached for a few seconds: no etcd read
+  // per reply.
+  bool RedirectInLayout(int shard, const std::string& endpoint,
+                        SteadyClock::time_point now) {
+    const auto& m = members_[shard];
+    if (std::find(m.begin(), m.end(), endpoint) != m.end()) return true;
+    auto refused = refused_redirects_.find(endpoint);
+    if (refused != refused_redirects_.end() && now < refused->second) return false;
+    bool member = false;
+    if (!options_.etcd_endpoints.empty()) {
+      EtcdOptions eo;
+      eo.endpoints = options_.etcd_endpoints;
+      eo.security = options_.etcd_security;
+      eo.request_timeout = milliseconds(500);
+      StatusOr<std::unique_ptr<EtcdClient>> etcd = EtcdClient::Create(eo);
+      StatusOr<std::vector<EtcdKeyValue>> kvs =
+          etcd.ok() ? (*etcd)->GetPrefix(options_.etcd_prefix + "/members/")
+                    : StatusOr<std::vector<EtcdKeyValue>>(etcd.status());
+      for (size_t i = 0; kvs.ok() && i < kvs->size() && !member; ++i) {
+        nlohmann::json j = nlohmann::json::parse((*kvs)[i].value, nullptr, false);
+        member = j.is_object() && j.value("endpoint", std::string()) == endpoint &&
+                 j.value("group", -1) == shard;
+      }
+    }
+    if (!member) {
+      LOG_EVERY_N(WARNING, 20)
+          << "shard " << shard << ": a redirect to " << endpoint
+          << " is not followed: not a member of its replica group"
+          << (options_.etcd_endpoints.empty() ? " as given (--servers)"
+                                              : " in etcd");
+      refused_redirects_[endpoint] = now + kRefusedRedirectFor;
+      if (refused_redirects_.size() > 1024) refused_redirects_.clear();
+    }
+    return member;
+  }
+
   size_t MemberIndex(int shard, const std::string& endpoint) {
     auto& m = members_[shard];
     for (size_t i = 0; i < m.size(); ++i)
@@ -1145,7 +1189,8 @@ class ClientImpl : public Client {
       // yet: the group is about to fail over); else ask again shortly.
       const auto now = SteadyClock::now();
       if (!reply_.redirect.empty() &&
-          reply_.redirect != members_[shard][current_[shard]]) {
+          reply_.redirect != members_[shard][current_[shard]] &&
+          RedirectInLayout(shard, reply_.redirect, now)) {
         const size_t to = MemberIndex(shard, reply_.redirect);
         if (to != abandoned_[shard] ||
             now - abandoned_at_[shard] > kAbandonedFor) {
@@ -1852,6 +1897,9 @@ class ClientImpl : public Client {
   // A member left for silence is not returned to on a redirect for this
   // long (its lease, and so the group's view of it, lasts about as long).
   static constexpr milliseconds kAbandonedFor{3000};
+  // Redirects not followed (RedirectInLayout), until when.
+  std::map<std::string, SteadyClock::time_point> refused_redirects_;
+  static constexpr milliseconds kRefusedRedirectFor{5000};
   // A replica's refusal is asked again after at most this long.
   static constexpr milliseconds kReplicaRetry{50};
   // Per shard: when its member last answered anything, and was last probed.

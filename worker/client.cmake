@@ -4,7 +4,8 @@ add_library(asyncps::client ALIAS asyncps_client)
 target_include_directories(asyncps_client PUBLIC ${PROJECT_SOURCE_DIR})
 target_link_libraries(asyncps_client
   PUBLIC asyncps::common
-  PRIVATE asyncps::compression asyncps::worker asyncps::etcd glog::glog asyncps_warnings)
+  PRIVATE asyncps::compression asyncps::worker asyncps::etcd glog::glog
+          nlohmann_json::nlohmann_json asyncps_warnings)
 
 add_executable(ps_worker main.cc)
 target_link_libraries(ps_worker PRIVATE asyncps::client asyncps::worker asyncps::etcd_flags asyncps::compression

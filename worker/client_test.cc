@@ -280,6 +280,43 @@ TEST(ClientTest, InconsistentPullReplyIsCorruptionAndWritesNothing) {
   EXPECT_EQ(w[0], -1.0f);
 }
 
+// Issue 40, finding 4: the client followed any redirect a reply named. A
+// replica that says "not the primary, go to X" is followed only to a member
+// of the group the client was given; a redirect elsewhere is not followed
+// (the process at X sees nothing of this worker) and the client keeps
+// asking its member, which answers once it is the primary.
+TEST(ClientTest, RedirectOutsideTheReplicaGroupIsNotFollowed) {
+  std::atomic<int> rogue_seen{0};
+  FakeShard rogue([&](const RequestHeader&, const Message&, ReplyHeader*,
+                      std::vector<Frame>*) {
+    ++rogue_seen;
+    return true;
+  });
+  std::atomic<int> seen{0};
+  FakeShard replica([&](const RequestHeader&, const Message&, ReplyHeader* rep,
+                        std::vector<Frame>*) {
+    rep->epoch = 3;
+    if (++seen < 5) {
+      rep->status = Status::Unavailable("not the primary");
+      rep->redirect = rogue.endpoint();
+    }
+    return true;
+  });
+  FakeShard other([&](const RequestHeader&, const Message&, ReplyHeader* rep,
+                      std::vector<Frame>*) {
+    rep->epoch = 3;
+    return true;
+  });
+  ClientOptions o;
+  o.servers = {replica.endpoint() + "|" + other.endpoint()};
+  o.attempt_timeout = milliseconds(200);
+  auto client = Client::Create(o);
+  ASSERT_TRUE(client.ok());
+  EXPECT_TRUE((*client)->Heartbeat(milliseconds(10000)).ok());
+  EXPECT_EQ(rogue_seen, 0);
+  EXPECT_GE(seen + other.requests(), 5);
+}
+
 TEST(ClientTest, RetryableErrorIsRetried) {
   std::atomic<int> seen{0};
   FakeShard s([&](const RequestHeader&, const Message&, ReplyHeader* rep,

@@ -3,6 +3,8 @@
 //   ps_ctl --servers=tcp://127.0.0.1:5000,tcp://127.0.0.1:5001 stats
 //   ps_ctl --servers=... checkpoint | shutdown [--timeout_ms=5000]
 //   ps_ctl keygen [--out=PREFIX [--force]]  # CurveZMQ key pair
+//   ps_ctl secretgen [--out=FILE [--force]] # a replica group's secret
+//                                    # (ps_server --replica_secret_file)
 //   ps_ctl --servers=... top [--interval_ms=1000] [--iterations=N]
 //                                    # live view until Ctrl-C (ctl_top.h)
 //   ps_ctl --etcd=http://127.0.0.1:2379 [--etcd_prefix=/asyncps/JOB]
@@ -47,6 +49,7 @@
 #include <vector>
 
 #include "common/curve_flags.h"
+#include "server/replication/replica_auth.h"
 #include "common/etcd_flags.h"
 #include "common/transport.h"
 #include "common/wire.h"
@@ -225,6 +228,43 @@ int KeyGen() {
   return 0;
 }
 
+// ps_ctl secretgen: a replica group's secret (server/replication/
+// replica_auth.h) for ps_server --replica_secret_file, written like a key.
+int SecretGen() {
+  StatusOr<std::string> secret = server::replication::NewReplicaSecret();
+  if (!secret.ok()) {
+    std::fprintf(stderr, "ps_ctl secretgen: %s\n", secret.status().ToString().c_str());
+    return 1;
+  }
+  const std::string hex = server::replication::SecretToHex(*secret);
+  if (FLAGS_out.empty()) {
+    std::printf("%s\n", hex.c_str());
+    return 0;
+  }
+  struct stat st {};
+  if (!FLAGS_force && lstat(FLAGS_out.c_str(), &st) == 0) {
+    std::fprintf(stderr,
+                 "ps_ctl secretgen: %s exists (a file or a symlink); not "
+                 "replaced without --force\n",
+                 FLAGS_out.c_str());
+    return 1;
+  }
+  Status s = WriteKeyFile(FLAGS_out,
+                          "# asyncps replica group secret: for the group's "
+                          "replicas only (--replica_secret_file)\n" +
+                              hex + "\n",
+                          0600, FLAGS_force);
+  if (!s.ok()) {
+    std::fprintf(stderr, "ps_ctl secretgen: %s\n", s.message().c_str());
+    return 1;
+  }
+  std::printf("%s\n", Json{{"command", "secretgen"}, {"ok", true},
+                           {"secret_file", FLAGS_out}}
+                           .dump()
+                           .c_str());
+  return 0;
+}
+
 // ps_ctl top: frames until Ctrl-C (SIGINT/SIGTERM are blocked and polled,
 // so the loop ends within its 50 ms polling step and the terminal is left
 // clean).
@@ -354,12 +394,14 @@ int main(int argc, char** argv) {
         stderr,
         "usage: ps_ctl --servers=EP[,EP...] stats|checkpoint|shutdown\n"
         "       ps_ctl keygen [--out=PREFIX [--force]]\n"
+        "       ps_ctl secretgen [--out=FILE [--force]]\n"
         "       ps_ctl --etcd=EP [--servers=...] add-shard|remove-shard "
         "ENDPOINT\n");
     return 2;
   }
   const std::string cmd = argv[1];
   if (cmd == "keygen") return KeyGen();
+  if (cmd == "secretgen") return SecretGen();
   RequestKind kind = RequestKind::kStats;
   if (cmd == "stats" || cmd == "top") {
     kind = RequestKind::kStats;

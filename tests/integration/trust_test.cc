@@ -12,6 +12,8 @@
 //    store; the primary, started again on its --durable store, does).
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -36,38 +38,10 @@ using Clock = std::chrono::steady_clock;
 
 constexpr char kPrefix[] = "/asyncps/trust";
 
-class TrustIntegrationTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!EtcdServer::Available())
-      GTEST_SKIP() << "etcd not installed (Debian's etcd-server)";
-    auto e = EtcdServer::Start(dir_.Sub("etcd"), dir_.path().string());
-    ASSERT_TRUE(e.ok()) << e.status().ToString();
-    etcd_ = std::move(e).value();
-    auto c = etcd_->NewClient();
-    ASSERT_TRUE(c.ok());
-    etcd_client_ = std::move(c).value();
-  }
-
-  std::vector<std::string> Flags(int replicas, int replica,
-                                 std::vector<std::string> extra = {}) {
-    std::vector<std::string> f = {
-        "--num_workers=1", "--consistency=asp", "--optimizer=sgd", "--lr=0.5",
-        "--replicas=" + std::to_string(replicas),
-        "--replica=" + std::to_string(replica), "--etcd=" + etcd_->endpoint(),
-        std::string("--etcd_prefix=") + kPrefix, "--lease_ms=1000"};
-    f.insert(f.end(), extra.begin(), extra.end());
-    return f;
-  }
-
-  StatusOr<ServerHandle> Start(int replicas, int replica,
-                               std::vector<std::string> extra = {},
-                               const std::string& tag = "") {
-    return StartServer(dir_, "g0r" + std::to_string(replica) + tag,
-                       Flags(replicas, replica, std::move(extra)),
-                       "tcp://127.0.0.1:*");
-  }
-
+// Requests built by hand: connections, retried calls, register, pushes,
+// stats.
+class TrustCalls {
+ public:
   std::unique_ptr<ClientSocket> Connect(const std::string& endpoint) {
     auto c = ClientSocket::Connect(endpoint, TransportOptions{});
     EXPECT_TRUE(c.ok());
@@ -151,6 +125,43 @@ class TrustIntegrationTest : public ::testing::Test {
     auto j = nlohmann::json::parse(r.text, nullptr, false);
     return j.is_object() ? j : nlohmann::json::object();
   }
+
+ private:
+  uint64_t next_id_ = 0;
+};
+
+class TrustIntegrationTest : public ::testing::Test, public TrustCalls {
+ protected:
+  void SetUp() override {
+    if (!EtcdServer::Available())
+      GTEST_SKIP() << "etcd not installed (Debian's etcd-server)";
+    auto e = EtcdServer::Start(dir_.Sub("etcd"), dir_.path().string());
+    ASSERT_TRUE(e.ok()) << e.status().ToString();
+    etcd_ = std::move(e).value();
+    auto c = etcd_->NewClient();
+    ASSERT_TRUE(c.ok());
+    etcd_client_ = std::move(c).value();
+  }
+
+  std::vector<std::string> Flags(int replicas, int replica,
+                                 std::vector<std::string> extra = {}) {
+    std::vector<std::string> f = {
+        "--num_workers=1", "--consistency=asp", "--optimizer=sgd", "--lr=0.5",
+        "--replicas=" + std::to_string(replicas),
+        "--replica=" + std::to_string(replica), "--etcd=" + etcd_->endpoint(),
+        std::string("--etcd_prefix=") + kPrefix, "--lease_ms=1000"};
+    f.insert(f.end(), extra.begin(), extra.end());
+    return f;
+  }
+
+  StatusOr<ServerHandle> Start(int replicas, int replica,
+                               std::vector<std::string> extra = {},
+                               const std::string& tag = "") {
+    return StartServer(dir_, "g0r" + std::to_string(replica) + tag,
+                       Flags(replicas, replica, std::move(extra)),
+                       "tcp://127.0.0.1:*");
+  }
+
   // The group's layout in etcd.
   nlohmann::json Layout() {
     auto kv = etcd_client_->Get(std::string(kPrefix) + "/layout");
@@ -186,7 +197,6 @@ class TrustIntegrationTest : public ::testing::Test {
   TempDir dir_;
   std::unique_ptr<EtcdServer> etcd_;
   std::unique_ptr<EtcdClient> etcd_client_;
-  uint64_t next_id_ = 0;
 };
 
 TEST_F(TrustIntegrationTest, AReplicaWhoseAdvertisedEndpointIsWrongRefusesToStart) {
@@ -284,6 +294,91 @@ TEST_F(TrustIntegrationTest, MistypedBackupEndpointLosesNoAcknowledgedPushTwoRep
   }
   EXPECT_EQ(s["replication"].value("role", ""), "primary") << s.dump();
   EXPECT_EQ(s.value("version", uint64_t{0}), static_cast<uint64_t>(acked));
+}
+
+// A group's secret from a file (ps_ctl secretgen, ps_server
+// --replica_secret_file) instead of etcd: the group replicates with it, the
+// secret never reaches etcd, and a file others can read is refused.
+TEST_F(TrustIntegrationTest, ReplicaSecretFileAuthenticatesTheGroup) {
+  const std::string secret = dir_.Sub("group0.secret");
+  auto gen = Process::Start({BinPath("ps_ctl"), "secretgen", "--out=" + secret},
+                            dir_.Sub("secretgen.log"));
+  ASSERT_TRUE(gen.ok());
+  ASSERT_EQ(*(*gen)->Wait(std::chrono::seconds(10)), 0) << (*gen)->Log();
+  auto p = Start(2, 0, {"--replica_secret_file=" + secret});
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  auto b = Start(2, 1, {"--replica_secret_file=" + secret});
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  auto c0 = Connect(p->endpoint);
+  auto c1 = Connect(b->endpoint);
+  ASSERT_TRUE(Until(*c0, Register()).status.ok());
+  EXPECT_EQ(PushAll(*c0, 3), 3);
+  EXPECT_EQ(Stats(*c1).value("version", uint64_t{0}), 3u);
+  auto kv = etcd_client_->Get(std::string(kPrefix) + "/secrets/g0");
+  ASSERT_TRUE(kv.ok());
+  EXPECT_FALSE(kv->has_value());
+  ASSERT_EQ(chmod(secret.c_str(), 0644), 0);
+  auto open_file = Start(2, 1, {"--replica_secret_file=" + secret}, "-world-readable");
+  ASSERT_FALSE(open_file.ok());
+  EXPECT_NE(open_file.status().message().find("readable by others"), std::string::npos)
+      << open_file.status().ToString();
+}
+
+// A replica group whose etcd is secured (TLS, client certificates, users):
+// the replicas sign in as asyncps-server, replicate, fail over; the group's
+// secret in etcd is out of the workers' reach.
+TEST(TrustSecureEtcdTest, ReplicaGroupOverTlsAndAuthenticatedEtcd) {
+  if (!EtcdServer::Available()) GTEST_SKIP() << "etcd not installed (Debian's etcd-server)";
+  TempDir dir;
+  auto e = EtcdServer::StartSecure(dir.Sub("etcd"), dir.path().string(), dir.Sub("tls"),
+                                   kPrefix);
+  if (!e.ok() && e.status().message().find("not installed") != std::string::npos)
+    GTEST_SKIP() << e.status().ToString();
+  ASSERT_TRUE(e.ok()) << e.status().ToString();
+  const std::string tls = dir.Sub("tls");
+  std::vector<std::string> flags = {
+      "--num_workers=1", "--consistency=asp", "--lr=0.5", "--replicas=2",
+      "--etcd=" + (*e)->endpoint(), std::string("--etcd_prefix=") + kPrefix,
+      "--etcd_ca_file=" + tls + "/ca.pem", "--etcd_cert_file=" + tls + "/asyncps-server.pem",
+      "--etcd_key_file=" + tls + "/asyncps-server.key", "--etcd_user=asyncps-server",
+      "--etcd_password_file=" + tls + "/asyncps-server.password"};
+  std::vector<ServerHandle> r;
+  for (int i = 0; i < 2; ++i) {
+    std::vector<std::string> f = flags;
+    f.push_back("--replica=" + std::to_string(i));
+    auto h = StartServer(dir, "g0r" + std::to_string(i), f, "tcp://127.0.0.1:*");
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    r.push_back(std::move(h).value());
+  }
+  // With etcd's CA and a client certificate but no user and password, a
+  // replica cannot even join: etcd refuses it.
+  std::vector<std::string> bare(flags.begin(), flags.begin() + 9);
+  bare.push_back("--replica=1");
+  auto refused = StartServer(dir, "g0r1-bare", bare, "tcp://127.0.0.1:*");
+  EXPECT_FALSE(refused.ok());
+  TrustCalls calls;
+  auto c0 = calls.Connect(r[0].endpoint);
+  auto c1 = calls.Connect(r[1].endpoint);
+  ASSERT_TRUE(calls.Until(*c0, calls.Register()).status.ok());
+  EXPECT_EQ(calls.PushAll(*c0, 5), 5);
+  EtcdOptions as_worker;
+  as_worker.endpoints = {(*e)->endpoint()};
+  as_worker.security = (*e)->Security("asyncps-worker");
+  auto worker = EtcdClient::Create(as_worker);
+  ASSERT_TRUE(worker.ok());
+  EXPECT_EQ((*worker)->Get(std::string(kPrefix) + "/secrets/g0").status().code(),
+            StatusCode::kPermissionDenied);
+  r[0].process->Kill(9);
+  const auto until = Clock::now() + milliseconds(15000);
+  nlohmann::json s;
+  while (Clock::now() < until) {
+    s = calls.Stats(*c1);
+    if (s["replication"].value("role", "") == "primary") break;
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_EQ(s["replication"].value("role", ""), "primary") << s.dump();
+  EXPECT_EQ(s.value("version", uint64_t{0}), 5u);
+  EXPECT_EQ(s["replication"].value("etcd_errors", 0), 0) << s.dump();
 }
 
 }  // namespace
