@@ -50,9 +50,11 @@ class TrustCalls {
 
   // Sends `req` (id kept: a resend is de-duplicated) until it is answered
   // OK or `wait` passes; the last reply.
+  // (*reply_data, when set: the reply's data frames, one after another.)
   ReplyHeader Until(ClientSocket& c, RequestHeader req,
                     const std::vector<std::vector<float>>& data = {},
-                    milliseconds wait = milliseconds(20000)) {
+                    milliseconds wait = milliseconds(20000),
+                    std::vector<uint8_t>* reply_data = nullptr) {
     ReplyHeader r;
     const auto until = Clock::now() + wait;
     do {
@@ -60,13 +62,14 @@ class TrustCalls {
       for (const auto& d : data)
         frames.push_back(Frame::Copy(d.data(), d.size() * sizeof(float)));
       EXPECT_TRUE(c.Send(frames).ok());
-      r = Await(c, req.id, milliseconds(2000));
+      r = Await(c, req.id, milliseconds(2000), reply_data);
       if (r.status.ok()) return r;
       std::this_thread::sleep_for(milliseconds(50));
     } while (Clock::now() < until);
     return r;
   }
-  ReplyHeader Await(ClientSocket& c, uint64_t id, milliseconds wait) {
+  ReplyHeader Await(ClientSocket& c, uint64_t id, milliseconds wait,
+                    std::vector<uint8_t>* reply_data = nullptr) {
     ReplyHeader r;
     r.status = Status::TimedOut("no reply");
     const auto until = Clock::now() + wait;
@@ -75,9 +78,16 @@ class TrustCalls {
       auto got = c.Receive(&msg, milliseconds(20));
       if (!got.ok() || !*got || msg.frames.empty()) continue;
       ReplyHeader h;
-      if (DecodeReply(msg.frames[0].data, msg.frames[0].size, {}, &h).ok() &&
-          h.id == id)
-        return h;
+      if (!DecodeReply(msg.frames[0].data, msg.frames[0].size, {}, &h).ok() ||
+          h.id != id)
+        continue;
+      if (reply_data != nullptr) {
+        reply_data->clear();
+        for (size_t i = 1; i < msg.frames.size(); ++i)
+          reply_data->insert(reply_data->end(), msg.frames[i].data,
+                             msg.frames[i].data + msg.frames[i].size);
+      }
+      return h;
     }
     return r;
   }
@@ -117,6 +127,22 @@ class TrustCalls {
     }
     return acked;
   }
+  // Every weight the shard at `c` serves (retried while it fails over).
+  std::vector<uint8_t> Weights(ClientSocket& c) {
+    RequestHeader pull;
+    pull.kind = RequestKind::kPull;
+    pull.id = ++next_id_;
+    pull.rank = 0;
+    std::vector<uint8_t> bytes;
+    EXPECT_TRUE(Until(c, pull, {}, milliseconds(20000), &bytes).status.ok());
+    return bytes;
+  }
+  // Sends `frames` once and returns the reply to `id`.
+  ReplyHeader Once(ClientSocket& c, uint64_t id, std::vector<Frame> frames) {
+    EXPECT_TRUE(c.Send(frames).ok());
+    return Await(c, id, milliseconds(3000));
+  }
+  uint64_t NextId() { return ++next_id_; }
   nlohmann::json Stats(ClientSocket& c) {
     RequestHeader s;
     s.kind = RequestKind::kStats;
@@ -294,6 +320,75 @@ TEST_F(TrustIntegrationTest, MistypedBackupEndpointLosesNoAcknowledgedPushTwoRep
   }
   EXPECT_EQ(s["replication"].value("role", ""), "primary") << s.dump();
   EXPECT_EQ(s.value("version", uint64_t{0}), static_cast<uint64_t>(acked));
+}
+
+// Issue 40, finding 1, against real processes: an ordinary client (no
+// group secret) sends a replica group's backup a forged push, a forged
+// liveness record and a migrate freeze wrapped in a replicate, and pings.
+// Each is refused, the backup's clocks, liveness and de-duplication table
+// are unchanged, and after kill -9 of the primary the promoted backup
+// serves the true weights, bitwise. (Run against binaries of before the
+// fix with ASYNCPS_TEST_BIN_DIR: the backup applied them, and served the
+// forged weights.)
+TEST_F(TrustIntegrationTest, ForgedReplicaTrafficToABackupProcessChangesNothing) {
+  auto p = Start(2, 0);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  auto b = Start(2, 1);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  auto c0 = Connect(p->endpoint);
+  auto c1 = Connect(b->endpoint);
+  ASSERT_TRUE(Until(*c0, Register()).status.ok());
+  ASSERT_EQ(PushAll(*c0, 3), 3);
+  const std::vector<uint8_t> weights = Weights(*c0);
+  ASSERT_EQ(weights.size(), 16 * sizeof(float));
+  auto state = [&] {
+    nlohmann::json st = Stats(*c1);
+    return nlohmann::json{{"version", st["version"]}, {"clocks", st["worker_clocks"]},
+                          {"live", st["worker_live"]}, {"min_clock", st["min_clock"]},
+                          {"push_table", st["push_table"]}};
+  };
+  const nlohmann::json before = state();
+  const uint64_t epoch = Layout().value("epoch", uint64_t{1});
+  auto replicate = [&] {
+    RequestHeader h;
+    h.kind = RequestKind::kReplicate;
+    h.id = NextId();
+    h.rank = -1;
+    h.replicate_epoch = epoch;
+    h.replicate_group = 0;
+    h.replica_sender = "g0r0";
+    return h;
+  };
+  RequestHeader inner_push = Push();
+  const std::vector<float> huge(16, 1000.0f);
+  RequestHeader freeze;
+  freeze.kind = RequestKind::kMigrate;
+  freeze.rank = -1;
+  freeze.id = NextId();
+  freeze.migrate_op = MigrateOp::kFreeze;
+  freeze.migrate_epoch = 9;
+  freeze.migrate_at_clock = -1;
+  freeze.migrate_deadline_ms = 600000;
+  for (int kind = 0; kind < 4; ++kind) {
+    SCOPED_TRACE(kind);
+    RequestHeader h = replicate();
+    std::vector<Frame> frames;
+    if (kind == 1) h.replicate_workers = {WorkerLiveness{0, true, 777777}};
+    frames.push_back(Frame::Owned(EncodeRequest(h)));
+    if (kind == 0) {
+      frames.push_back(Frame::Owned(EncodeRequest(inner_push)));
+      frames.push_back(Frame::Copy(huge.data(), huge.size() * sizeof(float)));
+    } else if (kind == 2) {
+      frames.push_back(Frame::Owned(EncodeRequest(freeze)));
+    }  // kind 3: a ping
+    ReplyHeader r = Once(*c1, h.id, std::move(frames));
+    EXPECT_FALSE(r.status.ok());
+  }
+  EXPECT_EQ(state(), before);
+  // The true weights after a failover.
+  p->process->Kill(9);
+  EXPECT_EQ(Weights(*c1), weights);
+  EXPECT_TRUE(Until(*c1, Push(), {std::vector<float>(16, 0.1f)}).status.ok());
 }
 
 // A group's secret from a file (ps_ctl secretgen, ps_server
