@@ -143,6 +143,18 @@ class TrustCalls {
     return Await(c, id, milliseconds(3000));
   }
   uint64_t NextId() { return ++next_id_; }
+  // The stats of the shard at `c` once it is its group's primary (15 s at
+  // most: then the last ones read).
+  nlohmann::json AwaitPrimary(ClientSocket& c) {
+    const auto until = Clock::now() + milliseconds(15000);
+    nlohmann::json s;
+    while (Clock::now() < until) {
+      s = Stats(c);
+      if (s["replication"].value("role", "") == "primary") break;
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+    return s;
+  }
   nlohmann::json Stats(ClientSocket& c) {
     RequestHeader s;
     s.kind = RequestKind::kStats;
@@ -270,13 +282,7 @@ TEST_F(TrustIntegrationTest, MistypedBackupEndpointLosesNoAcknowledgedPushThreeR
   EXPECT_EQ(acked, 30);
   r[0].process->Kill(9);
   // g0r1 takes over with every acknowledged push.
-  const auto until = Clock::now() + milliseconds(15000);
-  nlohmann::json s;
-  while (Clock::now() < until) {
-    s = Stats(*c1);
-    if (s["replication"].value("role", "") == "primary") break;
-    std::this_thread::sleep_for(milliseconds(100));
-  }
+  nlohmann::json s = AwaitPrimary(*c1);
   EXPECT_EQ(s["replication"].value("role", ""), "primary") << s.dump();
   EXPECT_EQ(s.value("version", uint64_t{0}), static_cast<uint64_t>(acked));
 }
@@ -312,12 +318,7 @@ TEST_F(TrustIntegrationTest, MistypedBackupEndpointLosesNoAcknowledgedPushTwoRep
   auto again = StartServer(dir_, "g0r0", Flags(2, 0, {"--durable"}), "tcp://127.0.0.1:*");
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   auto c2 = Connect(again->endpoint);
-  const auto until = Clock::now() + milliseconds(15000);
-  while (Clock::now() < until) {
-    s = Stats(*c2);
-    if (s["replication"].value("role", "") == "primary") break;
-    std::this_thread::sleep_for(milliseconds(100));
-  }
+  s = AwaitPrimary(*c2);
   EXPECT_EQ(s["replication"].value("role", ""), "primary") << s.dump();
   EXPECT_EQ(s.value("version", uint64_t{0}), static_cast<uint64_t>(acked));
 }
@@ -464,13 +465,7 @@ TEST(TrustSecureEtcdTest, ReplicaGroupOverTlsAndAuthenticatedEtcd) {
   EXPECT_EQ((*worker)->Get(std::string(kPrefix) + "/secrets/g0").status().code(),
             StatusCode::kPermissionDenied);
   r[0].process->Kill(9);
-  const auto until = Clock::now() + milliseconds(15000);
-  nlohmann::json s;
-  while (Clock::now() < until) {
-    s = calls.Stats(*c1);
-    if (s["replication"].value("role", "") == "primary") break;
-    std::this_thread::sleep_for(milliseconds(100));
-  }
+  nlohmann::json s = calls.AwaitPrimary(*c1);
   EXPECT_EQ(s["replication"].value("role", ""), "primary") << s.dump();
   EXPECT_EQ(s.value("version", uint64_t{0}), 5u);
   EXPECT_EQ(s["replication"].value("etcd_errors", 0), 0) << s.dump();
