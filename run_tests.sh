@@ -68,7 +68,7 @@ if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   # The structure-aware fuzz (hostile values) against the ASan shard, short.
   ASYNCPS_HOSTILE_FUZZ_MESSAGES=4000 \
   ctest_stage ASan+UBSan "$SAN" --output-on-failure -j"$JOBS" --timeout 300 \
-    -R '^(Codec|Spec|TopK|Compressor|Corruption|Wire|Layout|Status|Transport|Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client|NetFuzz|PushDedup|ShutdownWatchdog|Hostile|AdminAddress|Sparse|FlatIndex|RowCache|RowsPlan|Store|LrSchedule|DelayCompensation|ShmSegment|SharedMemory|ElasticDoc|Rebalance|Migrate|RowsMigrate|KeyRanges)'
+    -R '^(Codec|Spec|TopK|Compressor|Corruption|Wire|Layout|Status|Transport|Server|Shard|Optimizer|Staleness|BadInput|WorkerClocks|Client|NetFuzz|PushDedup|ShutdownWatchdog|Hostile|AdminAddress|Sparse|FlatIndex|RowCache|RowsPlan|Store|LrSchedule|DelayCompensation|ShmSegment|SharedMemory|ElasticDoc|Rebalance|Migrate|RowsMigrate|KeyRanges|EtcdClientTransport|EtcdClientOptions|ReplicaLayout|ReplicaMac|ReplicatorTest)'
   echo "run_tests: ASan+UBSan stage took ${SECONDS} s"
 
 fi

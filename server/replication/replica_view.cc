@@ -44,13 +44,20 @@ StatusOr<ReplicaLayout> ReplicaLayout::FromJson(const std::string& json) {
     return Status::Corruption("replica layout is not a JSON object");
   ReplicaLayout l;
   try {
-    l.epoch = j.at("epoch").get<uint64_t>();
+    // Epochs and incarnations are unsigned and leave room to count on (a
+    // negative number would read as a huge one: the next epoch would wrap).
+    auto count = [](const nlohmann::json& v) {
+      if (!v.is_number_unsigned() || v.get<uint64_t>() > (uint64_t{1} << 62))
+        throw nlohmann::json::type_error::create(302, "not a count", &v);
+      return v.get<uint64_t>();
+    };
+    l.epoch = count(j.at("epoch"));
     const auto& groups = j.at("groups");
     if (!groups.is_array() || groups.size() > kMaxGroups)
       return Status::Corruption("replica layout: bad groups list");
     for (const auto& g : groups) {
       GroupLayout gl;
-      gl.epoch = g.contains("epoch") ? g.at("epoch").get<uint64_t>() : l.epoch;
+      gl.epoch = g.contains("epoch") ? count(g.at("epoch")) : l.epoch;
       if (gl.epoch > l.epoch)
         return Status::Corruption("replica layout: a group is ahead of it");
       gl.primary = g.at("primary").get<std::string>();
@@ -62,8 +69,11 @@ StatusOr<ReplicaLayout> ReplicaLayout::FromJson(const std::string& json) {
         const auto& inc = g.at("incarnations");
         if (!inc.is_object() || inc.size() > kMaxReplicas)
           return Status::Corruption("replica layout: bad incarnations");
-        for (const auto& [n, i] : inc.items())
+        for (const auto& [n, i] : inc.items()) {
+          if (!i.is_number_unsigned())
+            return Status::Corruption("replica layout: bad incarnation");
           gl.incarnations[n] = i.get<uint64_t>();
+        }
       }
       l.groups.push_back(std::move(gl));
     }

@@ -57,6 +57,78 @@ TEST(ReplicaLayoutTest, MalformedDocumentsAreCorruption) {
 // released only once every backup acknowledged it and everything before
 // it; a refusal stops a backup from counting (its later acknowledgements
 // release nothing) until the view drops it.
+TEST(ReplicaLayoutTest, HostileDocumentsAreRefusedNotCrashes) {
+  // What a member with etcd write access (or a corrupted key) could leave
+  // in <prefix>/layout: wrong types, huge lists, deep nesting, numbers out
+  // of range. Each is refused as Corruption or read within bounds.
+  std::string deep = "0";
+  for (int i = 0; i < 300; ++i) deep = "[" + deep + "]";
+  std::string many = "[";
+  for (int i = 0; i < 100000; ++i) many += (i ? ",\"g0r1\"" : "\"g0r1\"");
+  many += "]";
+  for (const std::string& bad :
+       {std::string("{\"epoch\": -1, \"groups\": []}"),
+        std::string("{\"epoch\": 1e400, \"groups\": []}"),
+        "{\"epoch\": 1, \"groups\": " + deep + "}",
+        "{\"epoch\": 1, \"groups\": [{\"primary\": \"g0r0\", \"backups\": " + many + "}]}",
+        std::string("{\"epoch\": 1, \"groups\": [{\"primary\": \"g0r0\", \"backups\": [], "
+                    "\"incarnations\": {\"g0r0\": \"x\"}}]}"),
+        std::string("{\"epoch\": 1, \"groups\": [{\"epoch\": 9, \"primary\": \"a\", \"backups\": []}]}")}) {
+    auto l = ReplicaLayout::FromJson(bad);
+    EXPECT_FALSE(l.ok()) << bad.substr(0, 80);
+  }
+}
+
+TEST(ReplicaMacTest, TagsVerifyOnceAndOnlyUnderTheirSecretGroupAndSession) {
+  const std::string secret(kReplicaSecretBytes, 'k');
+  auto sender = ReplicaMac::Create(secret, 3);
+  auto receiver = ReplicaMac::Create(secret, 3);
+  auto other_group = ReplicaMac::Create(secret, 4);
+  auto other_secret = ReplicaMac::Create(std::string(kReplicaSecretBytes, 'j'), 3);
+  ASSERT_TRUE(sender.ok() && receiver.ok() && other_group.ok() && other_secret.ok());
+  EXPECT_EQ((*sender)->session().size(), kReplicaSessionBytes);
+  EXPECT_NE((*sender)->session(), (*receiver)->session());
+  const std::string header = "header", data(1 << 20, 'd');
+  const std::vector<TagPiece> frames{{header.data(), header.size()},
+                                     {data.data(), data.size()}};
+  auto tag = (*sender)->Sign(10, frames);
+  const std::string& session = (*sender)->session();
+  EXPECT_TRUE((*receiver)->Verify(session, 10, frames, tag.data(), tag.size()).ok());
+  // Replayed, or an older id of the session: refused.
+  EXPECT_EQ((*receiver)->Verify(session, 10, frames, tag.data(), tag.size()).code(),
+            StatusCode::kPermissionDenied);
+  auto tag9 = (*sender)->Sign(9, frames);
+  EXPECT_FALSE((*receiver)->Verify(session, 9, frames, tag9.data(), tag9.size()).ok());
+  // Another group, another secret, another id, a changed byte, frames cut
+  // differently, a short tag: refused.
+  auto tag11 = (*sender)->Sign(11, frames);
+  EXPECT_FALSE((*other_group)->Verify(session, 11, frames, tag11.data(), 16).ok());
+  EXPECT_FALSE((*other_secret)->Verify(session, 11, frames, tag11.data(), 16).ok());
+  EXPECT_FALSE((*receiver)->Verify(session, 12, frames, tag11.data(), 16).ok());
+  std::string changed = data;
+  changed[12345] ^= 1;
+  const std::vector<TagPiece> changed_frames{{header.data(), header.size()},
+                                             {changed.data(), changed.size()}};
+  EXPECT_FALSE((*receiver)->Verify(session, 11, changed_frames, tag11.data(), 16).ok());
+  const std::string joined = header + data;
+  const std::vector<TagPiece> one_frame{{joined.data(), joined.size()}};
+  EXPECT_FALSE((*receiver)->Verify(session, 11, one_frame, tag11.data(), 16).ok());
+  EXPECT_FALSE((*receiver)->Verify(session, 11, frames, tag11.data(), 15).ok());
+  EXPECT_TRUE((*receiver)->Verify(session, 11, frames, tag11.data(), 16).ok());
+  // Made-up sessions never push the real one out of the cache: its replay
+  // window survives any number of them.
+  for (int i = 0; i < 100; ++i) {
+    std::string fake(kReplicaSessionBytes, static_cast<char>(i));
+    EXPECT_FALSE((*receiver)->Verify(fake, 1, frames, tag11.data(), 16).ok());
+  }
+  EXPECT_FALSE((*receiver)->Verify(session, 11, frames, tag11.data(), 16).ok());
+  // Secrets: 64 hex digits, from files others cannot read.
+  EXPECT_EQ(SecretFromHex(SecretToHex(secret)).value(), secret);
+  EXPECT_FALSE(SecretFromHex("abc").ok());
+  EXPECT_FALSE(SecretFromHex(std::string(64, 'z')).ok());
+  EXPECT_FALSE(ReplicaMac::Create("short", 0).ok());
+}
+
 // A primary's Replicator (g0r0, incarnation 42, a fixed secret, no pings)
 // and a backup the test plays, bound at `backup_endpoint`, on one context.
 struct FakeGroup {

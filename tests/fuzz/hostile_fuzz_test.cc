@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "tests/fuzz/hostile_requests.h"
+#include "tests/util/etcd_fixture.h"
 #include "tests/util/process.h"
 #include "worker/client.h"
 #include "worker/model.h"
@@ -334,6 +335,106 @@ TEST(HostileFuzzTest, SparseShardAnswersEveryHostileRowRequest) {
   std::printf("{\"sparse_hostile_fuzz\":%s,\"shard_peak_rss_kib\":%llu}\n",
               report.ToJson().c_str(),
               static_cast<unsigned long long>(hwm_kib));
+}
+
+// Issue 40: replica traffic from someone who is not the group's primary.
+// A replica group of two real processes (etcd, the group's secret there)
+// gets hostile replicates and snapshots (tests/fuzz/hostile_requests.h
+// set_replica_traffic: forged pushes, liveness records, round records,
+// wrapped elastic steps and registrations, made-up senders, sessions and
+// tags) at its backup, then the whole hostile mix at its primary. Every
+// request is answered; the backup's state does not move while only forged
+// traffic reaches it, the two stay alike through the primary's, and after
+// kill -9 of the primary the backup serves the primary's weights bitwise.
+TEST(HostileFuzzTest, ReplicaGroupRefusesHostileReplicaTraffic) {
+  if (!EtcdServer::Available()) GTEST_SKIP() << "etcd not installed (Debian's etcd-server)";
+  const int64_t messages = EnvInt("ASYNCPS_HOSTILE_FUZZ_MESSAGES", 20000) / 4;
+  const uint64_t seed = EnvInt("ASYNCPS_HOSTILE_FUZZ_SEED", 1);
+  TempDir dir;
+  auto etcd = EtcdServer::Start(dir.Sub("etcd"), dir.path().string());
+  ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
+  std::vector<ServerHandle> r;
+  for (int i = 0; i < 2; ++i) {
+    auto h = StartServer(
+        dir, "g0r" + std::to_string(i),
+        {"--num_workers=1", "--consistency=asp", "--optimizer=sgd", "--lr=0.05",
+         "--checkpoint_every_s=0", "--memory_budget_mb=256", "--replicas=2",
+         "--replica=" + std::to_string(i), "--etcd=" + (*etcd)->endpoint(),
+         "--etcd_prefix=/hostile"},
+        "tcp://127.0.0.1:*");
+    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    r.push_back(std::move(h).value());
+  }
+  const std::vector<TensorSpec> tensors = worker::MlpTensorSpecs({64, 32, 10}, 1);
+  LayoutOptions lo;
+  lo.num_shards = 1;
+  auto layout = Layout::Create(tensors, lo);
+  ASSERT_TRUE(layout.ok());
+  worker::ClientOptions co;
+  co.servers = {r[0].endpoint + "|" + r[1].endpoint};
+  co.rank = 0;
+  co.attempt_timeout = milliseconds(500);
+  auto client = worker::Client::Create(co);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->Register(tensors, lo).ok());
+  // The backup's state as its stats show it, and its weights (pulled from
+  // the primary, which the backup equals once acknowledged).
+  auto stats_of = [&](const std::string& endpoint) {
+    worker::ClientOptions so;
+    so.servers = {endpoint};
+    so.rank = -1;
+    auto c = worker::Client::Create(so);
+    std::vector<std::string> replies;
+    EXPECT_TRUE(c.ok() && (*c)->Stats(&replies, seconds(10)).ok());
+    auto j = nlohmann::json::parse(replies.empty() ? "{}" : replies[0], nullptr, false);
+    return nlohmann::json{{"version", j["version"]}, {"clocks", j["worker_clocks"]},
+                          {"live", j["worker_live"]}, {"push_table", j["push_table"]},
+                          {"role", j["replication"]["role"]}};
+  };
+  auto weights_of = [&](worker::Client& c) {
+    std::vector<std::vector<float>> w;
+    std::vector<float*> out;
+    for (const TensorSpec& t : tensors) {
+      w.emplace_back(t.num_elements());
+      out.push_back(w.back().data());
+    }
+    auto t = c.StartPull(0, out);
+    EXPECT_TRUE(t.ok() && c.Wait(*t, seconds(30)).ok());
+    return w;
+  };
+  const nlohmann::json before = stats_of(r[1].endpoint);
+  ASSERT_EQ(before["role"], "backup") << before.dump();
+  fuzz::DriverOptions o;
+  o.deadline = milliseconds(10000);
+  o.endpoint = r[1].endpoint;
+  auto at_backup = fuzz::HostileDriver::Create(o);
+  ASSERT_TRUE(at_backup.ok());
+  fuzz::HostileGenerator forged(*layout, tensors, 0, 1, /*admin=*/false, seed);
+  forged.set_replica_traffic(100, {"g0r0", "g0r1", "g0r2"});
+  ASSERT_TRUE((*at_backup)->Run(forged, messages, [] { return true; }).ok());
+  const fuzz::DriverReport& rb = (*at_backup)->report();
+  EXPECT_EQ(rb.answered, messages) << rb.ToJson();
+  EXPECT_EQ(rb.codes.count("OK"), 0u) << rb.ToJson();
+  EXPECT_EQ(stats_of(r[1].endpoint), before);
+  // The whole mix at the primary, with forged replica traffic among it.
+  o.endpoint = r[0].endpoint;
+  auto at_primary = fuzz::HostileDriver::Create(o);
+  ASSERT_TRUE(at_primary.ok());
+  fuzz::HostileGenerator mixed(*layout, tensors, 0, 1, /*admin=*/false, seed + 1);
+  mixed.set_replica_traffic(20, {"g0r0", "g0r1"});
+  ASSERT_TRUE((*at_primary)->Run(mixed, messages, [] { return true; }).ok());
+  const fuzz::DriverReport& rp = (*at_primary)->report();
+  EXPECT_EQ(rp.answered, messages) << rp.ToJson();
+  ASSERT_TRUE(r[0].process->Running()) << r[0].process->Log();
+  ASSERT_TRUE(r[1].process->Running()) << r[1].process->Log();
+  const auto primary_weights = weights_of(**client);
+  nlohmann::json p = stats_of(r[0].endpoint), b = stats_of(r[1].endpoint);
+  EXPECT_EQ(p["version"], b["version"]) << p.dump() << " " << b.dump();
+  EXPECT_EQ(p["push_table"], b["push_table"]);
+  r[0].process->Kill(9);
+  EXPECT_EQ(weights_of(**client), primary_weights);
+  std::printf("{\"hostile_replica_fuzz\":{\"backup\":%s,\"primary\":%s}}\n",
+              rb.ToJson().c_str(), rp.ToJson().c_str());
 }
 
 }  // namespace

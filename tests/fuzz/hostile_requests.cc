@@ -402,6 +402,144 @@ void HostileGenerator::Register(HostileMessage* m) {
   }
 }
 
+std::vector<uint8_t> HostileGenerator::Bytes(size_t max) {
+  std::vector<uint8_t> b(static_cast<size_t>(Uniform(0, static_cast<int64_t>(max))));
+  for (uint8_t& x : b) x = static_cast<uint8_t>(rng_());
+  return b;
+}
+
+void HostileGenerator::ReplicaTraffic(HostileMessage* m) {
+  RequestHeader& h = m->header;
+  h.rank = OneIn(2) ? -1 : Rank();
+  h.replicate_epoch = OneIn(2) ? Uniform(0, 4) : rng_();
+  h.replicate_group = static_cast<int32_t>(OneIn(4) ? rng_() : 0);
+  if (!replica_names_.empty() && !OneIn(4)) {
+    h.replica_sender = replica_names_[Uniform(0, replica_names_.size() - 1)];
+  } else {
+    const std::vector<uint8_t> b = Bytes(80);
+    h.replica_sender.assign(b.begin(), b.end());
+  }
+  h.replica_incarnation = OneIn(4) ? 0 : rng_();
+  {
+    const std::vector<uint8_t> b = Bytes(OneIn(2) ? 16 : 40);
+    h.replica_session.assign(b.begin(), b.end());
+    if (OneIn(2)) h.replica_session.resize(16, '\0');
+  }
+  const int64_t pick = Uniform(0, 99);
+  if (pick < 20) {
+    h.kind = RequestKind::kSnapshot;
+    static const char* kNames[] = {"../../etc/passwd", "CURRENT", "", ".",
+                                   "MANIFEST-000001", "a/b", "LOCK", "OPTIONS-5"};
+    h.snapshot_file = kNames[Uniform(0, 7)];
+    h.snapshot_offset = OneIn(2) ? Count() : rng_();
+    h.snapshot_file_size = OneIn(2) ? Count() : rng_();
+    h.snapshot_total_bytes = OneIn(2) ? Count() : rng_();
+    h.snapshot_last = OneIn(2);
+    m->frames.push_back(Bytes(4096));
+    m->shape = "replica/snapshot";
+  } else {
+    h.kind = RequestKind::kReplicate;
+    if (pick < 30) {
+      m->shape = "replica/ping";
+    } else if (pick < 45) {
+      const int64_t n = OneIn(8) ? Uniform(0, 2000) : Uniform(1, 4);
+      for (int64_t i = 0; i < n; ++i) {
+        h.replicate_workers.push_back(
+            WorkerLiveness{OneIn(2) ? Rank() : static_cast<int32_t>(Uniform(0, 3)),
+                           OneIn(2), OneIn(2) ? Clock() : 777777});
+      }
+      m->shape = "replica/liveness";
+    } else if (pick < 60) {
+      h.replicate_aggregate = true;
+      h.replicate_requests = static_cast<uint32_t>(OneIn(2) ? Uniform(0, 8) : rng_());
+      h.replicate_round = OneIn(2) ? Clock() : static_cast<int64_t>(rng_());
+      const int64_t frames = Uniform(0, 6);
+      for (int64_t f = 0; f < frames; ++f) m->frames.push_back(Bytes(256));
+      m->shape = "replica/round_record";
+    } else {
+      // A request wrapped in the replicate, as a primary hands one on.
+      RequestHeader inner;
+      inner.id = Id();
+      inner.rank = 0;
+      inner.incarnation = incarnations_[0];
+      std::vector<std::vector<uint8_t>> data;
+      switch (Uniform(0, 8)) {
+        case 0: {  // a forged update: never applied
+          inner.kind = RequestKind::kPush;
+          inner.clock = OneIn(2) ? 0 : Clock();
+          if (!mine_.empty()) {
+            const uint32_t id = mine_[Uniform(0, mine_.size() - 1)];
+            const uint64_t n = layout_.chunks()[id].num_elems;
+            ChunkRef c;
+            c.chunk = id;
+            c.frame = 1;
+            c.num_elems = n;
+            c.byte_size = n * sizeof(float);
+            inner.chunks.push_back(c);
+            std::vector<float> g(n, 1000.0f);
+            data.emplace_back(reinterpret_cast<const uint8_t*>(g.data()),
+                              reinterpret_cast<const uint8_t*>(g.data() + n));
+          }
+          m->shape = "replica/wrapped_push";
+          break;
+        }
+        case 1:
+          inner.kind = RequestKind::kClock;
+          inner.clock = Clock();
+          m->shape = "replica/wrapped_clock";
+          break;
+        case 2:
+        case 3:
+          inner.kind = RequestKind::kMigrate;
+          inner.rank = -1;
+          inner.migrate_op = static_cast<MigrateOp>(Uniform(0, 5));
+          inner.migrate_epoch = OneIn(2) ? Uniform(0, 9) : rng_();
+          inner.migrate_at_clock = OneIn(2) ? -1 : Clock();
+          inner.migrate_deadline_ms = static_cast<uint32_t>(rng_());
+          if (OneIn(2)) inner.migrate_doc = "{\"epoch\":99,\"servers\":[],\"owners\":[]}";
+          m->shape = "replica/wrapped_migrate";
+          break;
+        case 4:
+          inner.kind = OneIn(2) ? RequestKind::kReplicate : RequestKind::kSnapshot;
+          inner.replicate_epoch = rng_();
+          m->shape = "replica/wrapped_replica";
+          break;
+        case 5:
+          inner.kind = RequestKind::kRegister;
+          inner.tensors = tensors_;
+          inner.layout.num_shards = num_shards_;
+          m->shape = "replica/wrapped_register";
+          break;
+        case 6:
+          inner.kind = RequestKind::kAssign;
+          inner.assign_phase = static_cast<uint8_t>(Uniform(0, 12));
+          inner.assign_upload = rng_();
+          m->shape = "replica/wrapped_assign";
+          break;
+        default:
+          m->shape = "replica/wrapped_garbage";
+          break;
+      }
+      if (m->shape == "replica/wrapped_garbage") {
+        m->frames.push_back(Bytes(512));
+      } else {
+        m->frames.push_back(EncodeRequest(inner));
+      }
+      for (auto& d : data) m->frames.push_back(std::move(d));
+    }
+  }
+  // The tag frame (no CURVE): random bytes of its size, or of another, or
+  // none.
+  const int64_t tag = Uniform(0, 3);
+  if (tag < 2) {
+    std::vector<uint8_t> t(16);
+    for (uint8_t& x : t) x = static_cast<uint8_t>(rng_());
+    m->frames.push_back(std::move(t));
+  } else if (tag == 2) {
+    m->frames.push_back(Bytes(64));
+  }
+}
+
 void HostileGenerator::Next(HostileMessage* m) {
   m->header = RequestHeader();
   m->frames.clear();
@@ -411,6 +549,9 @@ void HostileGenerator::Next(HostileMessage* m) {
       OneIn(4) ? Rank() : static_cast<int32_t>(Uniform(0, num_workers_ - 1));
   h.incarnation =
       OneIn(8) ? rng_() : incarnations_[Uniform(0, incarnations_.size() - 1)];
+  if (replica_percent_ > 0 && Uniform(0, 99) < replica_percent_) {
+    return ReplicaTraffic(m);
+  }
   const int64_t pick = Uniform(0, 99);
   const bool rows = !tables_.empty() && OneIn(2);
   if (pick < 35) {

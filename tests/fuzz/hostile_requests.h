@@ -51,6 +51,21 @@ class HostileGenerator {
 
   void Next(HostileMessage* m);
 
+  // Replica traffic (replicate, snapshot) from then on `percent` of the
+  // messages, made as a member of the replica group would make it but
+  // without its key or secret: senders named like the group's replicas
+  // (`names`) or anything, any incarnation and session, tags of random
+  // bytes (or none, or of other sizes); replicates that are pings,
+  // liveness records (clocks and ranks of any value), round records
+  // (header counts and rounds of any value, random frames) or that wrap a
+  // request (a push with a non-zero gradient, a clock, every elastic step,
+  // a register, an upload, a replicate or snapshot, garbage); snapshot
+  // pieces naming any file. Every one must be refused and change nothing.
+  void set_replica_traffic(int percent, std::vector<std::string> names) {
+    replica_percent_ = percent;
+    replica_names_ = std::move(names);
+  }
+
  private:
   int64_t Uniform(int64_t lo, int64_t hi);
   bool OneIn(int n) { return Uniform(0, n - 1) == 0; }
@@ -79,6 +94,10 @@ class HostileGenerator {
   size_t AddRows(HostileMessage* m, uint32_t table, size_t n, bool push);
   // A raw or codec payload of zeros for chunk `id` (a legal, empty update).
   std::vector<uint8_t> ZeroPayload(uint32_t id, uint8_t* codec);
+  // One message of replica traffic (set_replica_traffic).
+  void ReplicaTraffic(HostileMessage* m);
+  // Random bytes, up to `max` of them.
+  std::vector<uint8_t> Bytes(size_t max);
 
   const Layout& layout_;
   std::vector<TensorSpec> tensors_;
@@ -91,6 +110,8 @@ class HostileGenerator {
   std::mt19937_64 rng_;
   uint64_t next_id_ = 1;
   std::vector<uint64_t> incarnations_;
+  int replica_percent_ = 0;
+  std::vector<std::string> replica_names_;
 };
 
 struct DriverOptions {
