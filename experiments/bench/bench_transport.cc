@@ -28,7 +28,10 @@
 // (size, in flight, op), mode "replicas2", baseline "replicas1", ratio =
 // replicated / single; also the CPU time of the bench and the replicas per
 // GB for both, and cpu_ceiling = cpu(R=1) / cpu(R=2): the ratio R=2 can reach
-// where the cores are the limit. Needs Debian's etcd-server.
+// where the cores are the limit. Needs Debian's etcd-server. With
+// --baseline_server=PATH the baseline is a group of 2 of another ps_server
+// build (baseline "replicas2_baseline_server"): the cost of a change to
+// replication itself, e.g. replica authentication against a build without.
 //
 // Usage: ps_bench_transport [--sizes=4096,1048576,16777216,67108864]
 //        [--inflight=1,8] [--seconds=0.7] [--repeats=5] [--server=PATH]
@@ -72,6 +75,9 @@ DEFINE_bool(baseline, true,
             "measure the raw ZeroMQ baseline (false: ours only, e.g. under a "
             "profiler; no ratios)");
 DEFINE_string(transport, "tcp", "tcp (127.0.0.1) or ipc (Unix domain socket)");
+DEFINE_string(baseline_server, "",
+              "with --replicas=2: the baseline is a replica group of 2 run by "
+              "this ps_server binary (another build), not one replica");
 DEFINE_int32(replicas, 0,
              "2: measure a replica group of 2 against one replica (see the "
              "file comment); 0: the ordinary rows");
@@ -497,13 +503,14 @@ int ReplicaRows(const std::string& bin) {
   int prefix = 0;
   // A fresh group of `replicas` per measurement (as OursMeasure starts a
   // fresh server), under its own key prefix.
-  auto measure = [&](int replicas, bool push, size_t bytes, int inflight) -> StatusOr<Rate> {
+  auto measure = [&](int replicas, bool push, size_t bytes, int inflight,
+                     const std::string& server) -> StatusOr<Rate> {
     const std::string pre = "/bench/" + std::to_string(getpid()) + "-" + std::to_string(prefix++);
     std::vector<std::unique_ptr<ServerProcess>> group;
     std::string endpoint;
     std::vector<pid_t> pids;
     for (int r = 0; r < replicas; ++r) {
-      ASSIGN_OR_RETURN(auto s, StartServer(bin, false, nullptr,
+      ASSIGN_OR_RETURN(auto s, StartServer(server, false, nullptr,
                                            {"--etcd=" + (*etcd)->endpoint, "--etcd_prefix=" + pre,
                                             "--replicas=" + std::to_string(replicas),
                                             "--replica=" + std::to_string(r)}));
@@ -518,9 +525,14 @@ int ReplicaRows(const std::string& bin) {
       for (bool push : {true, false}) {
         std::vector<Rate> one, two;
         for (int rep = 0; rep < std::max(1, FLAGS_repeats); ++rep) {
-          auto a = measure(1, push, bytes, inflight);
+          // The baseline: one replica, or (--baseline_server) a group of
+          // two run by another build, e.g. one without replica
+          // authentication.
+          auto a = FLAGS_baseline_server.empty()
+                       ? measure(1, push, bytes, inflight, bin)
+                       : measure(2, push, bytes, inflight, FLAGS_baseline_server);
           if (!a.ok()) return fail(a.status());
-          auto b = measure(2, push, bytes, inflight);
+          auto b = measure(2, push, bytes, inflight, bin);
           if (!b.ok()) return fail(b.status());
           one.push_back(*a);
           two.push_back(*b);
@@ -544,7 +556,8 @@ int ReplicaRows(const std::string& bin) {
         j["bytes"] = bytes;
         j["inflight"] = inflight;
         j["mb_per_s"] = bench::Round(bench::SpreadOf(mbs(two)).median, 1);
-        j["baseline"] = "replicas1";
+        j["baseline"] = FLAGS_baseline_server.empty() ? "replicas1" : "replicas2_baseline_server";
+        if (!FLAGS_baseline_server.empty()) j["baseline_server"] = FLAGS_baseline_server;
         j["baseline_mb_per_s"] = bench::Round(bench::SpreadOf(mbs(one)).median, 1);
         j["ratio_metric"] = small ? "ops_per_s" : "mb_per_s";
         const auto r = bench::SpreadOf(bench::Ratios(metric(two), metric(one)));

@@ -1,8 +1,10 @@
 // Membership: one replica's part in the fleet's layout, kept in etcd.
 //
 // On Create() the process takes an etcd lease (TTL lease_ttl), writes its
-// member key <prefix>/members/<name> = {"endpoint", "group", "replica"} under
-// that lease, and creates the layout key <prefix>/layout with the initial
+// member key <prefix>/members/<name> = {"endpoint", "group", "replica",
+// "incarnation", and with CURVE "replica_key", "server_key"} under that
+// lease, reads (or creates, create-only) the group's replica secret
+// <prefix>/secrets/g<group> when asked to (group_secret_in_etcd), and creates the layout key <prefix>/layout with the initial
 // layout if no one has (create-only; every replica computes the same one).
 // A thread then, every `poll` (at once when the event loop reports a
 // suspected primary or a backup to drop or add):
@@ -21,6 +23,9 @@
 //         other live backups behind it;
 //       * a primary drops backups whose member keys are gone (new epoch), so
 //         the replies that waited for them are released;
+//       * when no listed process of the group is alive, the last primary,
+//         started again under its name, resumes the group from its own
+//         store; any other spare waits for it (its store is behind);
 //     a member is judged gone only once it has been seen alive, or once
 //     `startup_grace` has passed since this process started (a fleet that
 //     is still starting is not reshuffled);

@@ -74,6 +74,18 @@
 // evicts by its own timer again, from when it last heard from each worker
 // (workers send their heartbeats to every replica).
 //
+// Who may send them (replica_auth.h). Every kReplicate and kSnapshot names
+// its sender (replica name, incarnation, MAC session) and is authenticated
+// before anything else (Authenticate): without CURVE by its tag under the
+// group's secret, with CURVE by the client key of its connection, which
+// must be the replica key in a member record of the group. Then it must
+// come from the primary the view names at the request's epoch (the
+// spare's snapshot source, for a spare that installed a snapshot; at a
+// newer epoch than this process read, a live member of its group). The
+// request it carries is judged as if it came alone (server/loop/trust.h).
+// Forged pings cannot keep a backup from suspecting a dead primary: only
+// the primary's authenticated traffic counts as hearing from it.
+//
 // A backup applies kReplicate requests in arrival order (one DEALER per
 // backup keeps the primary's order) and answers each with the status of
 // the applied request. It refuses one from an epoch lower than its own, or
