@@ -12,6 +12,15 @@ With netns=NAME (psrun --emulate_hosts: etcd in the hub namespace, on its
 address) etcd runs under `ip netns exec NAME`, and psrun picks its ports and
 checks its health from a thread inside that namespace (netns.call_in).
 
+With tls_prefix=PREFIX (psrun --etcd_tls) etcd runs as a secured deployment
+does (etcd_tls.py): https client URLs, its certificate and the run's CA made
+in <run_dir>/etcd/tls (mode 700; kept when a run starts again on its run dir),
+client certificates required; its health is asked over TLS with the
+asyncps-server user's certificate, and once healthy the users root,
+asyncps-server (read/write under PREFIX) and asyncps-worker (read
+PREFIX/elastic) are created and authentication turned on (once per data
+dir). .security is then the asyncps-server user's etcd_tls.Security.
+
 Flags: --heartbeat-interval=50 --election-timeout=250. etcd's smallest lease
 TTL is ceil(1.5 * election timeout) seconds, so with its default 1000 ms a 1 s
 lease is silently granted as 2 s; with 250 ms leases of 1 s work, and a 1 s
@@ -28,6 +37,7 @@ import time
 import urllib.error
 import urllib.request
 
+from . import etcd_tls
 from . import netns as netns_mod
 from . import procs
 
@@ -57,21 +67,27 @@ def _free_port(host):
         return s.getsockname()[1]
 
 
-def _healthy(endpoint, timeout=0.5):
+def healthy(endpoint, timeout=0.5, context=None):
+    """True when etcd at `endpoint` answers /health true (`context`: the
+    ssl context of an https endpoint)."""
     try:
-        with urllib.request.urlopen(endpoint + "/health", timeout=timeout) as r:
+        with urllib.request.urlopen(endpoint + "/health", timeout=timeout,
+                                    context=context) as r:
             return json.loads(r.read().decode()).get("health") == "true"
     except (OSError, ValueError, urllib.error.URLError):
         return False
 
 
 class LocalEtcd:
-    """A running local etcd. endpoints: its client URL; pid: its process id."""
+    """A running local etcd. endpoints: its client URL; pid: its process id;
+    security: with TLS, the asyncps-server user's etcd_tls.Security (else None)."""
 
     def __init__(self, proc, endpoints, data_dir, log_path, client_port, peer_port,
-                 netns=None):
+                 netns=None, security=None):
         self._proc = proc
         self.netns = netns
+        self.security = security
+        self._context = security.ssl_context() if security else None
         self.endpoints = endpoints
         self.pid = proc.pid
         self.data_dir = data_dir
@@ -83,7 +99,8 @@ class LocalEtcd:
         return self._proc.poll() is None
 
     def healthy(self, timeout=0.5):
-        return self.running() and _in(self.netns, _healthy, self.endpoints, timeout)
+        return self.running() and _in(self.netns, healthy, self.endpoints, timeout,
+                                      self._context)
 
     def stop(self, timeout=10.0):
         """SIGTERM, SIGKILL after `timeout` s; waits for the exit. Idempotent."""
@@ -109,14 +126,17 @@ def _in(netns, fn, *args):
 
 
 def start_local_etcd(run_dir, host="127.0.0.1", port=0, peer_port=0, timeout=15.0,
-                     binary=ETCD_BINARY, name="asyncps", netns=None):
+                     binary=ETCD_BINARY, name="asyncps", netns=None, tls_prefix=None):
     """Starts etcd for a run and waits until it is healthy; returns a LocalEtcd.
 
     port / peer_port: client and peer ports; 0 picks free ones (retried with
     other ports if etcd loses one to another process). netns: run it inside
-    this network namespace (`host` is then an address there). Raises EtcdError, with
-    the log's tail, when the binary is missing, etcd exits, or it is not
-    healthy within `timeout` seconds (it is killed then).
+    this network namespace (`host` is then an address there). tls_prefix:
+    TLS and authentication, the users' permissions under this key prefix
+    (see the module doc). Raises EtcdError, with the log's tail, when the
+    binary (or with TLS openssl / etcdctl) is missing, etcd exits, it is not
+    healthy within `timeout` seconds (it is killed then), or its users cannot
+    be made (it is stopped then).
     """
     if not etcd_available(binary):
         raise EtcdError("etcd not found at %s (Debian: apt-get install etcd-server)" % binary)
@@ -124,13 +144,25 @@ def start_local_etcd(run_dir, host="127.0.0.1", port=0, peer_port=0, timeout=15.
     data_dir = os.path.join(etcd_dir, "data")
     log_path = os.path.join(etcd_dir, "etcd.log")
     os.makedirs(etcd_dir, exist_ok=True)
+    security, context, tls_dir = None, None, os.path.join(etcd_dir, "tls")
+    if tls_prefix:
+        if not etcd_tls.tools_available():
+            raise EtcdError("etcd with TLS needs %s and %s (Debian: apt-get install openssl "
+                            "etcd-client; or psrun --etcd_tls off)" % (etcd_tls.OPENSSL,
+                                                                      etcd_tls.ETCDCTL))
+        try:
+            etcd_tls.ensure_certs(tls_dir, [host])
+        except etcd_tls.TlsError as e:
+            raise EtcdError("certificates for etcd: %s" % e)
+        security = etcd_tls.Security(tls_dir, etcd_tls.SERVER_USER)
+        context = security.ssl_context()
     attempts = 3 if port == 0 or peer_port == 0 else 1
     for attempt in range(attempts):
         cport = port or _in(netns, _free_port, host)
         pport = peer_port or _in(netns, _free_port, host)
         if cport == pport:
             continue
-        client = "http://%s:%d" % (_url_host(host), cport)
+        client = "%s://%s:%d" % ("https" if tls_prefix else "http", _url_host(host), cport)
         peer = "http://%s:%d" % (_url_host(host), pport)
         argv = [binary, "--name=" + name, "--data-dir=" + data_dir,
                 "--listen-client-urls=" + client, "--advertise-client-urls=" + client,
@@ -138,6 +170,8 @@ def start_local_etcd(run_dir, host="127.0.0.1", port=0, peer_port=0, timeout=15.
                 "--initial-cluster=%s=%s" % (name, peer),
                 "--heartbeat-interval=%d" % HEARTBEAT_MS,
                 "--election-timeout=%d" % ELECTION_MS]
+        if tls_prefix:
+            argv += etcd_tls.etcd_server_flags(tls_dir)
         if netns:
             argv = ["ip", "netns", "exec", netns] + argv  # exec()s etcd: same PID
         procs.write_header(log_path, "etcd", argv)
@@ -146,12 +180,14 @@ def start_local_etcd(run_dir, host="127.0.0.1", port=0, peer_port=0, timeout=15.
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, close_fds=True,
                                     preexec_fn=procs._die_with_parent)
-        handle = LocalEtcd(proc, client, data_dir, log_path, cport, pport, netns)
+        handle = LocalEtcd(proc, client, data_dir, log_path, cport, pport, netns, security)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 break
-            if _in(netns, _healthy, client):
+            if _in(netns, healthy, client, 0.5, context):
+                if tls_prefix:
+                    _enable_auth(handle, tls_dir, tls_prefix)
                 return handle
             time.sleep(0.02)
         if proc.poll() is None:
@@ -167,3 +203,12 @@ def start_local_etcd(run_dir, host="127.0.0.1", port=0, peer_port=0, timeout=15.
                         % (procs.describe_status(proc.returncode), log_path,
                            procs.tail(log_path)))
     raise EtcdError("etcd: no free port pair on %s" % host)
+
+
+def _enable_auth(handle, tls_dir, prefix):
+    """etcd_tls.enable_auth from inside etcd's namespace; stops etcd on failure."""
+    try:
+        _in(handle.netns, etcd_tls.enable_auth, tls_dir, handle.endpoints, prefix)
+    except etcd_tls.TlsError as e:
+        handle.stop(timeout=2.0)
+        raise EtcdError("etcd's users and authentication: %s; log %s" % (e, handle.log_path))

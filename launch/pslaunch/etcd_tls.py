@@ -30,16 +30,24 @@ etcd-client), over TLS:
 then turns authentication on. Passwords are random (32 hex digits), each in
 <user>.password (mode 600).
 
+ensure_certs(dir, hosts) is make_certs unless `dir` already holds a set for
+the same hosts (a run started again on its run dir keeps its CA, and the
+users' password files are never touched).
+
 Security(dir, user) is the set of ps_* flags (etcd_flags(), the common/
 etcd_flags.h ones) and of ASYNCPS_ETCD_* worker variables (worker_env())
-for one user.
+for one user, and an ssl context (ssl_context()) for talking to etcd as it.
 
-Command line (the C++ tests' etcd fixture uses it, tests/util/etcd_fixture.h):
+Command line (the C++ tests' etcd fixture uses certs and auth,
+tests/util/etcd_fixture.h; launch/slurm/task.sh ensure, health and auth):
   python3 -m pslaunch.etcd_tls certs DIR [HOST...]
+  python3 -m pslaunch.etcd_tls ensure DIR HOST...
+  python3 -m pslaunch.etcd_tls health DIR ENDPOINT    (exit 0: healthy)
   python3 -m pslaunch.etcd_tls auth DIR ENDPOINT PREFIX
 """
 import os
 import secrets
+import ssl
 import subprocess
 import sys
 
@@ -48,6 +56,13 @@ ETCDCTL = "/usr/bin/etcdctl"
 SERVER_USER = "asyncps-server"
 WORKER_USER = "asyncps-worker"
 USERS = (SERVER_USER, WORKER_USER, "root")
+# The etcd security flags of ps_server / ps_worker / ps_ctl (common/etcd_flags.h),
+# the ASYNCPS_ETCD_* variable of each (asyncps.env), and Security's attribute.
+FLAGS = (("--etcd_ca_file", "ASYNCPS_ETCD_CA_FILE", "ca_file"),
+         ("--etcd_cert_file", "ASYNCPS_ETCD_CERT_FILE", "cert_file"),
+         ("--etcd_key_file", "ASYNCPS_ETCD_KEY_FILE", "key_file"),
+         ("--etcd_user", "ASYNCPS_ETCD_USER", "user"),
+         ("--etcd_password_file", "ASYNCPS_ETCD_PASSWORD_FILE", "password_file"))
 
 
 class TlsError(RuntimeError):
@@ -107,12 +122,53 @@ def make_certs(d, hosts=("127.0.0.1",), users=USERS):
     return d
 
 
-def _etcdctl(d, endpoint, *args, user=None):
+def ensure_certs(d, hosts=("127.0.0.1",)):
+    """make_certs(d, hosts) unless `d` holds a complete set made for the same
+    hosts (recorded in d/hosts). Returns `d`."""
+    stamp = os.path.join(d, "hosts")
+    want = " ".join(hosts) + "\n"
+    names = ["ca.pem", "server.pem", "server.key"] + [u + s for u in USERS
+                                                       for s in (".pem", ".key")]
+    try:
+        with open(stamp) as f:
+            if f.read() == want and all(os.path.exists(os.path.join(d, n)) for n in names):
+                return d
+    except OSError:
+        pass
+    make_certs(d, hosts)
+    with open(stamp, "w") as f:
+        f.write(want)
+    return d
+
+
+def _etcdctl_argv(d, endpoint, args, user=None):
     argv = [ETCDCTL, "--endpoints=" + endpoint, "--cacert=" + os.path.join(d, "ca.pem"),
             "--cert=" + os.path.join(d, "root.pem"), "--key=" + os.path.join(d, "root.key")]
     if user:
         argv.append("--user=%s:%s" % (user, _password(d, user)))
-    return _run(argv + list(args), "etcdctl " + " ".join(args[:2]))
+    return argv + list(args)
+
+
+def _etcdctl(d, endpoint, *args, user=None):
+    return _run(_etcdctl_argv(d, endpoint, args, user), "etcdctl " + " ".join(args[:2]))
+
+
+def _etcdctl_all(d, endpoint, calls):
+    """etcdctl calls that do not depend on each other, at once: [(args,
+    stdin text or None)]. Raises TlsError naming the first that failed."""
+    procs = [(args, subprocess.Popen(_etcdctl_argv(d, endpoint, args),
+                                     stdin=subprocess.PIPE if text is not None
+                                     else subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+              text) for args, text in calls]
+    failed = []
+    for args, p, text in procs:
+        out, err = p.communicate(text)
+        if p.returncode != 0:
+            failed.append("etcdctl %s failed (exit %d): %s" % (
+                " ".join(args[:2]), p.returncode, (err or out).strip()[-2000:]))
+    if failed:
+        raise TlsError(failed[0])
 
 
 def _password(d, user):
@@ -134,16 +190,17 @@ def enable_auth(d, endpoint, prefix):
     on already (a run started again on its run dir): nothing is changed."""
     if os.path.exists(os.path.join(d, "auth.enabled")):
         return
-    for user in USERS:
-        _etcdctl(d, endpoint, "user", "add", "%s:%s" % (user, _new_password(d, user)))
-    _etcdctl(d, endpoint, "user", "grant-role", "root", "root")
-    _etcdctl(d, endpoint, "role", "add", SERVER_USER)
-    _etcdctl(d, endpoint, "role", "grant-permission", SERVER_USER, "readwrite",
-             prefix, "--prefix=true")
-    _etcdctl(d, endpoint, "user", "grant-role", SERVER_USER, SERVER_USER)
-    _etcdctl(d, endpoint, "role", "add", WORKER_USER)
-    _etcdctl(d, endpoint, "role", "grant-permission", WORKER_USER, "read", prefix + "/elastic")
-    _etcdctl(d, endpoint, "user", "grant-role", WORKER_USER, WORKER_USER)
+    # In three rounds of calls made at once (each call an etcdctl process);
+    # passwords go on etcdctl's stdin, never on a command line others see.
+    _etcdctl_all(d, endpoint, [(("user", "add", user, "--interactive=false"),
+                                _new_password(d, user) + "\n") for user in USERS] +
+                 [(("role", "add", role), None) for role in (SERVER_USER, WORKER_USER)])
+    _etcdctl_all(d, endpoint, [(args, None) for args in (
+        ("user", "grant-role", "root", "root"),
+        ("role", "grant-permission", SERVER_USER, "readwrite", prefix, "--prefix=true"),
+        ("user", "grant-role", SERVER_USER, SERVER_USER),
+        ("role", "grant-permission", WORKER_USER, "read", prefix + "/elastic"),
+        ("user", "grant-role", WORKER_USER, WORKER_USER))])
     _etcdctl(d, endpoint, "auth", "enable")
     with open(os.path.join(d, "auth.enabled"), "w") as f:
         f.write("prefix %s\n" % prefix)
@@ -159,23 +216,32 @@ class Security:
         self.user = user
         self.password_file = os.path.join(d, user + ".password")
 
+    def ssl_context(self):
+        """Trusts the run's CA and presents this user's client certificate."""
+        ctx = ssl.create_default_context(cafile=self.ca_file)
+        ctx.load_cert_chain(self.cert_file, self.key_file)
+        return ctx
+
+    def password(self):
+        return _password(os.path.dirname(self.password_file), self.user)
+
     def etcd_flags(self):
         """The ps_server / ps_worker / ps_ctl flags (common/etcd_flags.h)."""
-        return ["--etcd_ca_file=" + self.ca_file, "--etcd_cert_file=" + self.cert_file,
-                "--etcd_key_file=" + self.key_file, "--etcd_user=" + self.user,
-                "--etcd_password_file=" + self.password_file]
+        return ["%s=%s" % (flag, getattr(self, attr)) for flag, _, attr in FLAGS]
 
     def worker_env(self):
         """The ASYNCPS_ETCD_* variables of a --worker_cmd worker (asyncps.env)."""
-        return {"ASYNCPS_ETCD_CA_FILE": self.ca_file, "ASYNCPS_ETCD_CERT_FILE": self.cert_file,
-                "ASYNCPS_ETCD_KEY_FILE": self.key_file, "ASYNCPS_ETCD_USER": self.user,
-                "ASYNCPS_ETCD_PASSWORD_FILE": self.password_file}
+        return {var: getattr(self, attr) for _, var, attr in FLAGS}
 
     def etcd_server_flags(self, d):
-        """etcd's own TLS flags (its certificate, client certificates required)."""
+        """etcd's own TLS flags (its certificate, client certificates
+        required) and bcrypt cost 4 for the users' passwords: they are 128
+        random bits, which no hash cost makes easier or harder to guess,
+        while at etcd's default (10) each sign-in costs about 60 ms of CPU
+        (a fleet's processes sign in at once when it starts)."""
         return ["--cert-file=" + os.path.join(d, "server.pem"),
                 "--key-file=" + os.path.join(d, "server.key"),
-                "--trusted-ca-file=" + self.ca_file, "--client-cert-auth"]
+                "--trusted-ca-file=" + self.ca_file, "--client-cert-auth", "--bcrypt-cost=4"]
 
 
 def etcd_server_flags(d):
@@ -187,11 +253,18 @@ def main(argv):
     if len(argv) >= 2 and argv[0] == "certs":
         make_certs(argv[1], hosts=argv[2:] or ("127.0.0.1",))
         return 0
+    if len(argv) >= 3 and argv[0] == "ensure":
+        ensure_certs(argv[1], hosts=argv[2:])
+        return 0
+    if len(argv) == 3 and argv[0] == "health":
+        from .etcd import healthy
+        ctx = Security(argv[1], SERVER_USER).ssl_context()
+        return 0 if healthy(argv[2], timeout=1.0, context=ctx) else 1
     if len(argv) == 4 and argv[0] == "auth":
         enable_auth(argv[1], argv[2], argv[3])
         return 0
     sys.stderr.write("usage: python3 -m pslaunch.etcd_tls certs DIR [HOST...] | "
-                     "auth DIR ENDPOINT PREFIX\n")
+                     "ensure DIR HOST... | health DIR ENDPOINT | auth DIR ENDPOINT PREFIX\n")
     return 2
 
 

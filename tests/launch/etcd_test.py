@@ -16,6 +16,7 @@ import urllib.request
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "launch"))
+sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))  # launch_test_util
 
 from pslaunch import etcd  # noqa: E402
 
@@ -106,6 +107,47 @@ class EtcdTest(unittest.TestCase):
         h = self.start(port=port)
         self.assertEqual(h.endpoints, "http://127.0.0.1:%d" % port)
         self.assertTrue(h.healthy())
+
+    def test_tls_and_auth(self):
+        """tls_prefix: https only, client certificates required, users with
+        their roles; files private; a start again on the run dir keeps the
+        CA and the users (their passwords still sign in)."""
+        from pslaunch import etcd_tls
+        if not etcd_tls.tools_available():
+            self.skipTest("openssl / etcdctl not installed (Debian's openssl, etcd-client)")
+        import launch_test_util as u
+        h = self.start(tls_prefix="/asyncps/t")
+        self.assertRegex(h.endpoints, r"^https://127\.0\.0\.1:\d+$")
+        self.assertTrue(h.healthy())
+        tls = os.path.join(self.tmp.name, "etcd", "tls")
+        self.assertEqual(stat.S_IMODE(os.stat(tls).st_mode), 0o700)
+        for name in os.listdir(tls):
+            if name.endswith((".key", ".password")):
+                self.assertEqual(stat.S_IMODE(os.stat(os.path.join(tls, name)).st_mode), 0o600,
+                                 name)
+        with open(os.path.join(self.tmp.name, "etcd", "etcd.log")) as f:
+            self.assertIn("--client-cert-auth", f.read())
+        status, why = u.etcd_request("http" + h.endpoints[5:], "/health", {})
+        self.assertIsNone(status, why)
+        server = u.etcd_session(h.endpoints, h.security)
+        self.assertEqual(server("/v3/kv/put", {"key": b64("/asyncps/t/layout"),
+                                               "value": b64("v")})[0], 200)
+        self.assertEqual(server("/v3/kv/put", {"key": b64("/other"), "value": b64("v")})[0],
+                         403)  # nothing outside the prefix
+        with open(os.path.join(tls, "ca.pem")) as f:
+            ca = f.read()
+        h.stop()
+        t0 = time.monotonic()
+        h2 = self.start(port=h.client_port, peer_port=h.peer_port, tls_prefix="/asyncps/t")
+        restart_s = time.monotonic() - t0
+        with open(os.path.join(tls, "ca.pem")) as f:
+            self.assertEqual(f.read(), ca)
+        worker = u.etcd_session(h2.endpoints, etcd_tls.Security(tls, etcd_tls.WORKER_USER))
+        self.assertEqual(worker("/v3/kv/range", {"key": b64("/asyncps/t/layout")})[0], 403)
+        status, got = u.etcd_session(h2.endpoints, h2.security)(
+            "/v3/kv/range", {"key": b64("/asyncps/t/layout")})
+        self.assertEqual(base64.b64decode(got["kvs"][0]["value"]).decode(), "v")
+        self.assertLess(restart_s, 10.0)
 
     def test_missing_binary(self):
         with self.assertRaises(etcd.EtcdError) as e:

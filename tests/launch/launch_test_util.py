@@ -126,6 +126,119 @@ def kill_leftovers(pids_doc):
             pass
 
 
+def have_etcd_tls():
+    """etcd, openssl and etcdctl installed (psrun --etcd_tls)."""
+    from pslaunch import etcd, etcd_tls
+    return etcd.etcd_available() and etcd_tls.tools_available()
+
+
+def etcd_request(endpoint, path, doc, context=None, token=None, timeout=5):
+    """POSTs `doc` (JSON) to etcd's v3 JSON gateway at endpoint + path (an
+    https endpoint with ssl `context`). Returns (HTTP status, the answer's
+    JSON or text); status None when the connection or the TLS handshake was
+    refused."""
+    import ssl
+    import urllib.error
+    import urllib.request
+    headers = {"Authorization": token} if token else {}
+    req = urllib.request.Request(endpoint + path, data=json.dumps(doc).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
+            status, body = r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        status, body = e.code, e.read().decode()
+    except (OSError, ssl.SSLError, urllib.error.URLError) as e:
+        return None, str(e)
+    try:
+        return status, json.loads(body)
+    except ValueError:
+        return status, body
+
+
+def etcd_session(endpoint, security):
+    """A function (path, doc) -> etcd_request(...) over TLS as
+    etcd_tls.Security `security`'s user, signed in (its auth token)."""
+    context = security.ssl_context()
+    status, answer = etcd_request(endpoint, "/v3/auth/authenticate",
+                                  {"name": security.user, "password": security.password()},
+                                  context)
+    if status != 200:
+        raise AssertionError("etcd: %s could not sign in: %s %s" % (security.user, status, answer))
+    return lambda path, doc: etcd_request(endpoint, path, doc, context, answer["token"])
+
+
+def b64(text):
+    import base64
+    return base64.b64encode(text.encode()).decode()
+
+
+def check_etcd_secured(tc, endpoint, tls_dir, prefix, secret=True):
+    """The fleet's etcd at `endpoint` runs as psrun --etcd_tls makes it (its
+    files in `tls_dir`, the fleet's keys under `prefix`): plain http, https
+    without a client certificate, and a certificate without a user are
+    refused; the asyncps-worker user reads <prefix>/elastic but cannot read
+    <prefix>/secrets/g0 (which the asyncps-server user reads, when `secret`:
+    a fleet without CURVE has one) nor the layout, nor write the layout.
+    Reads only: nothing of a running fleet is changed."""
+    import ssl
+    from pslaunch import etcd_tls
+    tc.assertTrue(endpoint.startswith("https://"), endpoint)
+    layout = {"key": b64(prefix + "/layout")}
+    status, why = etcd_request("http://" + endpoint[len("https://"):], "/v3/kv/range", layout)
+    tc.assertIsNone(status, "plain http answered: %s" % why)
+    server = etcd_tls.Security(tls_dir, etcd_tls.SERVER_USER)
+    worker = etcd_tls.Security(tls_dir, etcd_tls.WORKER_USER)
+    no_cert = ssl.create_default_context(cafile=server.ca_file)
+    status, why = etcd_request(endpoint, "/v3/kv/range", layout, no_cert)
+    tc.assertIsNone(status, "https without a client certificate answered: %s" % why)
+    status, why = etcd_request(endpoint, "/v3/kv/range", layout, server.ssl_context())
+    tc.assertEqual(status, 403, "a certificate without a user: %s" % why)
+    as_server, as_worker = etcd_session(endpoint, server), etcd_session(endpoint, worker)
+    status, answer = as_server("/v3/kv/range", layout)
+    tc.assertEqual(status, 200, answer)
+    tc.assertIn("kvs", answer, "no layout in etcd at %s/layout" % prefix)
+    secret_key = {"key": b64(prefix + "/secrets/g0")}
+    if secret:
+        status, answer = as_server("/v3/kv/range", secret_key)
+        tc.assertEqual((status, "kvs" in answer), (200, True), answer)
+    for what, path, doc in (("read the replica secret", "/v3/kv/range", secret_key),
+                            ("read the layout", "/v3/kv/range", layout),
+                            ("write the layout", "/v3/kv/put",
+                             dict(layout, value=b64("{}")))):
+        status, answer = as_worker(path, doc)
+        tc.assertEqual(status, 403, "asyncps-worker could %s: %s" % (what, answer))
+    status, answer = as_worker("/v3/kv/range", {"key": b64(prefix + "/elastic")})
+    tc.assertEqual(status, 200, answer)
+
+
+def etcd_errors(log_paths, grace_s=2.0):
+    """glog warnings and errors about etcd (or its TLS / authentication) in
+    the logs, past each log's first `grace_s` seconds: [line]."""
+    import re
+    line_re = re.compile(r"^[WEF](\d{8} \d\d:\d\d:\d\d\.\d+) ")
+    first_re = re.compile(r"^[IWEF](\d{8} \d\d:\d\d:\d\d\.\d+) ")
+    words = re.compile(r"etcd|permission denied|unauthenticated|certificate|tls|ssl",
+                       re.IGNORECASE)
+
+    def when(stamp):
+        day, clock = stamp.split()
+        return time.mktime(time.strptime(day + " " + clock.split(".")[0], "%Y%m%d %H:%M:%S")) + \
+            float("0." + clock.split(".")[1])
+
+    found = []
+    for path in log_paths:
+        start = None
+        with open(path, errors="replace") as f:
+            for line in f:
+                m = first_re.match(line)
+                if m and start is None:
+                    start = when(m.group(1))
+                m = line_re.match(line)
+                if m and words.search(line) and when(m.group(1)) - start > grace_s:
+                    found.append("%s: %s" % (os.path.basename(path), line.rstrip()))
+    return found
+
+
 class LaunchTestCase(unittest.TestCase):
     needs_binaries = True
 
