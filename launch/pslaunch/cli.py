@@ -69,6 +69,25 @@ def make_parser():
     p.add_argument("--etcd", help="etcd endpoints for the replica layout and leases, or the "
                                   "--elastic layout (default: a local etcd started by psrun "
                                   "in the run folder; with --backend slurm an etcd step)")
+    p.add_argument("--etcd_tls", choices=["auto", "on", "off"],
+                   help="psrun's own etcd (for --replicas / --elastic) as a secured "
+                        "deployment runs it: https with a CA and certificates made for the "
+                        "run (openssl, in RUN_DIR/etcd/tls), client certificates required, "
+                        "and etcd's user/password authentication: every ps_server and "
+                        "psrun's ps_ctl sign in as asyncps-server (read/write under the "
+                        "fleet's prefix), the workers of --elastic as asyncps-worker (read "
+                        "its layout only). Default auto: on when the fleet uses CurveZMQ "
+                        "(--curve_secret_key in the server flags), else off. 'on' is refused "
+                        "with --etcd (give the --etcd_ca_file/--etcd_cert_file/--etcd_key_file"
+                        "/--etcd_user/--etcd_password_file flags in --server_flags and the "
+                        "[server]/[worker] sections yourself) and with --backend k8s")
+    p.add_argument("--ctl_flags",
+                   help="extra flags of psrun's own ps_ctl calls (readiness, stats, "
+                        "shutdown, --elastic's add-shard/remove-shard), one shell-quoted "
+                        "string, e.g. '--curve_secret_key=admin.key' (a key the shards' "
+                        "--curve_admin_clients lists, so that shutdown and --elastic are let "
+                        "in with CurveZMQ). They come after the CurveZMQ client keys psrun "
+                        "takes from the worker flags when the shards use CurveZMQ")
     p.add_argument("--elastic", metavar="PLAN",
                    help="shards join and leave while the workers train: steps '+N@SECONDS' "
                         "(start N shards and move chunks onto them), '-N@SECONDS' (move every "
@@ -121,6 +140,7 @@ DEFAULTS = dict(metrics_port_k8s=9400, service_monitor=False, metrics=False, pro
                 grace=5.0, server_flags="", progress="auto", log_tail_lines=20, dry_run=False,
                 format="yaml", image="asyncps:latest", storage="1Gi", port=5555, quiet=False,
                 transport="tcp", shared_memory_mb=1024, replicas=1, etcd=None, lease_ms=1000,
+                etcd_tls="auto", ctl_flags="",
                 ssh_opts="-o BatchMode=yes -o StrictHostKeyChecking=no "
                          "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR")
 
@@ -135,7 +155,7 @@ def parse_args(argv):
     joined = []
     for a in own:
         if joined and joined[-1] in ("--server_flags", "--srun_opts", "--ssh_opts",
-                                     "--elastic"):
+                                     "--elastic", "--ctl_flags"):
             joined[-1] = joined[-1] + "=" + a
         else:
             joined.append(a)
@@ -168,6 +188,7 @@ def parse_args(argv):
     if opts.grace < 0 or opts.start_timeout <= 0:
         parser.error("--grace must be >= 0 and --start_timeout > 0")
     check_emulation(parser, opts)
+    check_etcd_tls(parser, opts, cfg)
     opts.elastic_plan = []
     if opts.elastic:
         from . import elastic as elastic_mod
@@ -184,6 +205,24 @@ def parse_args(argv):
         parser.error("--transport ipc needs every shard and worker on psrun's host "
                      "(--backend local), not --backend %s" % opts.backend)
     return opts, cfg
+
+
+def check_etcd_tls(parser, opts, cfg):
+    """--etcd_tls: refused where psrun makes no etcd of its own to secure;
+    opts.etcd_tls_on: whether psrun's etcd (if the fleet needs one) runs with
+    TLS and authentication."""
+    if opts.etcd_tls == "on" and opts.etcd:
+        parser.error("--etcd_tls on: psrun makes certificates and users only for the etcd it "
+                     "starts; with --etcd give the etcd's --etcd_ca_file, --etcd_cert_file, "
+                     "--etcd_key_file, --etcd_user and --etcd_password_file in --server_flags "
+                     "and the [server] / [worker] sections of --config")
+    if opts.etcd_tls == "on" and opts.backend == "k8s":
+        parser.error("--etcd_tls on: not with --backend k8s (the rendered etcd has no TLS or "
+                     "authentication yet: its certificates would need Secrets, its users a "
+                     "Job, its probes and init containers client certificates)")
+    opts.etcd_tls_on = not opts.etcd and opts.backend != "k8s" and (
+        opts.etcd_tls == "on" or (opts.etcd_tls == "auto" and
+                                  config_mod.uses_curve(opts.server_flags, cfg["server"])))
 
 
 def check_emulation(parser, opts):
@@ -245,7 +284,8 @@ def prepare_run_dir(opts, cfg):
         f.write("# effective: %s\n" % " ".join(extra + [
             "--backend=" + opts.backend, "--bin_dir=" + opts.bin_dir,
             "--start_timeout=%g" % opts.start_timeout, "--max_restarts=%d" % opts.max_restarts,
-            "--grace=%g" % opts.grace, "--server_flags=" + shlex.quote(opts.server_flags)]))
+            "--grace=%g" % opts.grace, "--server_flags=" + shlex.quote(opts.server_flags),
+            "--etcd_tls=" + ("on" if getattr(opts, "etcd_tls_on", False) else "off")]))
 
 
 def needed_binaries(opts):
@@ -268,9 +308,8 @@ def serve_between_hosts(opts, where, log):
     from another host: --allow_remote_admin (ps_server takes admin requests
     from loopback only)."""
     with open(os.path.join(opts.run_dir, "flags", "server.flags")) as f:
-        server_text = (opts.server_flags or "") + "\n" + f.read()
-    if "--curve_secret_key" in server_text:
-        return
+        if config_mod.uses_curve(opts.server_flags, [f.read()]):
+            return
     log("psrun: warning: shards bind %s without CurveZMQ keys: traffic between hosts is "
         "unencrypted (--insecure); give --server_flags=--curve_secret_key=FILE "
         "(ps_ctl keygen) to encrypt it" % where)

@@ -74,6 +74,12 @@ def psrun_defaults(flags, parser):
     return ns
 
 
+def uses_curve(server_flags, server_lines):
+    """True when the fleet's shards get a CurveZMQ key: --server_flags (one
+    string), the [server] lines."""
+    return any("--curve_secret_key" in t for t in [server_flags or ""] + list(server_lines))
+
+
 def write_flagfile(path, lines, header):
     """Writes a gflags flag file (one flag per line)."""
     tmp = path + ".tmp"

@@ -211,8 +211,8 @@ class Elastic:
         f = self.fleet
         argv = f.ctl_prefix + [f.ctl, "--etcd=" + f.etcd_endpoints,
                                "--etcd_prefix=" + self.prefix(),
-                               "--servers=" + self.initial, "--timeout_ms=5000",
-                               command, endpoint]
+                               "--servers=" + self.initial, "--timeout_ms=5000"
+                               ] + f.ctl_flags() + [command, endpoint]
         import subprocess
         try:
             r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,

@@ -7,6 +7,8 @@ Lifecycle (Fleet.run):
      `ps_ctl stats` (deadline: --start_timeout; a shard that exits or times out
      is named with the tail of its log); with --metrics each process also gets a
      metrics port and with --prometheus a local Prometheus starts (monitoring.py);
+     replica groups and --elastic first get etcd (--etcd, or psrun's own; with
+     --etcd_tls over TLS with authentication: see etcd_credentials below);
   2. start the workers with --servers (shard 0 first), --rank, --num_workers,
      --metrics_csv; with --worker_cmd, the command with the environment
      contract of workercmd.py instead;
@@ -28,6 +30,8 @@ import subprocess
 import tempfile
 import time
 
+from . import config as config_mod
+from . import etcd_tls
 from . import monitoring as monitoring_mod
 from . import procs as procs_mod
 from . import summary as summary_mod
@@ -98,6 +102,9 @@ class Fleet:
             self.shards = [Member("server", i) for i in range(opts.servers)]
         self.etcd = None  # a local etcd psrun started (etcd.py)
         self.etcd_endpoints = getattr(opts, "etcd", None)
+        # psrun --etcd_tls: its etcd's certificates and password files.
+        self.etcd_tls_dir = (self.path("etcd", "tls") if getattr(opts, "etcd_tls_on", False)
+                             else None)
         self.workers = [Member("worker", i) for i in range(opts.workers)]
         self.failures = []
         self.pids_pending = False
@@ -182,9 +189,43 @@ class Fleet:
         return ",".join(m.endpoint for m in self.shards
                         if m.endpoint and (not alive_only or m.proc.poll() is None))
 
+    # ---- etcd credentials ----------------------------------------------------
+    # With psrun's etcd under --etcd_tls (etcd_tls.py), each process gets what
+    # it needs and no more: every ps_server and psrun's own ps_ctl the
+    # asyncps-server user's files (read/write under the fleet's prefix); a
+    # worker the asyncps-worker user's (read <prefix>/elastic), and only when
+    # it is given etcd at all (--elastic). With an --etcd of the user's,
+    # psrun adds nothing: the shards and workers read the --etcd_* flags the
+    # user gave (--server_flags, [server], [worker]) and psrun's ps_ctl takes
+    # those of the server flags.
+    def etcd_credentials(self, user):
+        """etcd_tls.Security of `user` for psrun's TLS etcd, or None."""
+        if not self.etcd_tls_dir or not (self.replicated() or self.elastic):
+            return None
+        return etcd_tls.Security(self.etcd_tls_dir, user)
+
+    def ctl_flags(self):
+        """psrun's own ps_ctl calls: with CurveZMQ shards the CurveZMQ client
+        keys of the worker flags (psrun reaches the shards as their workers
+        do), the asyncps-server etcd credentials (or the --etcd_* server
+        flags), then --ctl_flags."""
+        o = self.o
+        server_lines = workercmd.read_flag_lines(self.path("flags", "server.flags"))
+        flags = []
+        if config_mod.uses_curve(o.server_flags, server_lines):
+            flags = workercmd.pick(workercmd.read_flag_lines(self.path("flags", "worker.flags")) +
+                                   list(getattr(o, "worker_extra", [])), workercmd.CURVE_FLAGS)
+        server = self.etcd_credentials(etcd_tls.SERVER_USER)
+        if server:
+            flags += server.etcd_flags()
+        else:
+            flags += workercmd.pick(server_lines + shlex.split(o.server_flags or ""),
+                                    {f for f, _, _ in etcd_tls.FLAGS})
+        return flags + shlex.split(getattr(o, "ctl_flags", "") or "")
+
     def ps_ctl(self, command, endpoints=None, timeout_ms=2000):
         argv = self.ctl_prefix + [self.ctl, "--servers=" + (endpoints or self.endpoints()),
-                "--timeout_ms=%d" % timeout_ms, command]
+                "--timeout_ms=%d" % timeout_ms] + self.ctl_flags() + [command]
         try:
             r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
                                timeout=timeout_ms / 1000.0 * 2 + 10, check=False)
@@ -222,6 +263,9 @@ class Fleet:
             # whether it committed (ps_server --elastic_etcd).
             argv += ["--elastic_etcd=" + self.etcd_endpoints,
                      "--etcd_prefix=/asyncps/" + self.etcd_prefix()]
+        server = self.etcd_credentials(etcd_tls.SERVER_USER)
+        if server:
+            argv += server.etcd_flags()
         if self.monitor:
             argv += self.monitor.flags(m.name, "server")
         return argv + shlex.split(o.server_flags or "")
@@ -235,14 +279,18 @@ class Fleet:
         if not (self.replicated() or self.elastic) or self.etcd_endpoints:
             return
         from . import etcd as etcd_mod
+        tls = ({"tls_prefix": "/asyncps/" + self.etcd_prefix()} if self.etcd_tls_dir
+               else {})
         try:
-            self.etcd = etcd_mod.start_local_etcd(self.run_dir, **self.etcd_options)
+            self.etcd = etcd_mod.start_local_etcd(self.run_dir, **self.etcd_options, **tls)
         except (RuntimeError, OSError) as e:
             raise LaunchError(None, "%s needs etcd: %s (install Debian's etcd-server, or "
                                     "give --etcd ENDPOINTS)" % (
                                         "--elastic" if self.elastic else "--replicas", e))
         self.etcd_endpoints = self.etcd.endpoints
-        self.log("psrun: local etcd at %s (pid %d)" % (self.etcd_endpoints, self.etcd.pid))
+        self.log("psrun: local etcd at %s (pid %d)%s" % (
+            self.etcd_endpoints, self.etcd.pid, ", TLS and authentication (%s)" %
+            self.etcd_tls_dir if self.etcd_tls_dir else ""))
 
     def fresh_endpoint(self, m):
         """Where shard `m` binds at its first start: an ephemeral TCP port, or
@@ -362,6 +410,7 @@ class Fleet:
         o = self.o
         if o.worker_cmd:
             return self.worker_cmd_argv(m)
+        credentials = self.worker_credentials()
         return [os.path.join(o.bin_dir, "ps_worker"),
                 "--flagfile=" + self.path("flags", "worker.flags"),
                 "--servers=" + self.endpoints(), "--rank=%d" % m.rank,
@@ -370,7 +419,8 @@ class Fleet:
                     ["--shared_memory_mb=%d" % o.shared_memory_mb]
                     if getattr(o, "transport", "tcp") == "ipc" and o.shared_memory_mb else []) + (
                     self.monitor.flags(m.name, "worker") if self.monitor else []) + [
-                        "--%s=%s" % (k, v) for k, v in self.worker_etcd()] + list(o.worker_extra)
+                        "--%s=%s" % (k, v) for k, v in self.worker_etcd()] + (
+                    credentials.etcd_flags() if credentials else []) + list(o.worker_extra)
 
     def worker_etcd(self):
         """Elastic runs: where a worker (started again after the shards it
@@ -379,19 +429,27 @@ class Fleet:
             return []
         return [("etcd", self.etcd_endpoints), ("etcd_prefix", "/asyncps/" + self.etcd_prefix())]
 
+    def worker_credentials(self):
+        """The asyncps-worker user's etcd_tls.Security for a worker that is
+        given etcd (worker_etcd), with psrun's TLS etcd; else None."""
+        return self.etcd_credentials(etcd_tls.WORKER_USER) if self.elastic else None
+
     def worker_cmd_argv(self, m):
         """--worker_cmd: `env <contract> CMD [worker flags] [extra]`."""
         o = self.o
-        flags, curve = workercmd.split_curve(
+        flags, flag_env = workercmd.split_env_flags(
             workercmd.read_flag_lines(self.path("flags", "worker.flags")))
         remote = o.backend == "ssh" and getattr(o, "remote_bin_dir", None)
         bin_dir = remote or o.bin_dir
         env = workercmd.contract(self.endpoints(), m.rank, o.workers, o.servers, self.run_dir,
-                                 bin_dir, curve,
+                                 bin_dir, flag_env,
                                  None if remote else os.environ.get("PYTHONPATH"))
         if self.monitor:
             env.update(self.monitor.env(m.name))
         env.update(("ASYNCPS_" + k.upper(), v) for k, v in self.worker_etcd())
+        credentials = self.worker_credentials()
+        if credentials:
+            env.update(credentials.worker_env())
         return workercmd.env_argv(env, workercmd.argv(o.worker_cmd, flags, o.worker_extra))
 
     def start_workers(self):

@@ -166,8 +166,13 @@ def render(opts, cfg):
             "--elastic_etcd=" + etcd_endpoints(opts), "--etcd_prefix=/asyncps/" + opts.k8s_name]
     if replicated(opts):
         if any("--curve_secret_key" in f for f in [opts.server_flags or ""] + cfg["server"]):
-            raise ValueError("--replicas / --etcd with --curve_secret_key: ps_server's replicas "
-                             "do not yet connect to each other with CurveZMQ keys")
+            # ps_server runs replica groups over CURVE now; what is missing
+            # here is an etcd as a CURVE fleet gets it elsewhere (psrun
+            # --etcd_tls): TLS and users need more than flags in these
+            # manifests (Secrets, an auth Job, probes with certificates).
+            raise ValueError("--replicas / --etcd with --curve_secret_key: on k8s the rendered "
+                             "etcd has no TLS or authentication yet (psrun --etcd_tls runs it "
+                             "with both on the local, ssh and slurm backends)")
         server_cmd[3:4] = _replica_flags(opts, svc)
         shard_init = [_wait_for_etcd(opts)]
     if "--curve_secret_key" not in (opts.server_flags or ""):
@@ -224,9 +229,9 @@ def render(opts, cfg):
     if getattr(opts, "worker_cmd", None):
         # Any command as the worker, with the environment contract
         # (launch/pslaunch/workercmd.py); the rank comes from the Job index.
-        flags, curve = workercmd.split_curve(cfg["worker"])
+        flags, flag_env = workercmd.split_env_flags(cfg["worker"])
         env = workercmd.contract(eps, "$JOB_COMPLETION_INDEX", opts.workers, opts.servers,
-                                 "/tmp", BIN, curve)
+                                 "/tmp", BIN, flag_env)
         env["PYTHONPATH"] = PYTHON_DIR
         env.update(("ASYNCPS_" + k.upper(), v) for k, v in worker_etcd)
         if metrics:

@@ -11,7 +11,11 @@ task comes first (task.sh etcd; its endpoint in RUN_DIR/ready/etcd.endpoint),
 unless --etcd names one; the server step has S x R tasks, task r being
 replica r % R of shard r / R; the workers get each shard as its replica
 group, 'ep1|ep2'. The server step then runs with --kill-on-bad-exit=0: a
-replica that dies does not end its group.
+replica that dies does not end its group. With --etcd_tls the etcd step
+(task.sh etcd ... tls PREFIX) makes its certificates for the host it runs on
+in RUN_DIR/etcd/tls, serves https, and creates etcd's users and turns
+authentication on before it writes etcd.endpoint; the shards' steps get the
+asyncps-server user's --etcd_* flags, psrun's ps_ctl too.
 
 With --elastic PLAN (elastic.py) the etcd step comes first too (unless
 --etcd), the shards get --elastic_etcd and --etcd_prefix, and each shard a
@@ -26,6 +30,7 @@ import os
 import shlex
 import sys
 
+from . import etcd_tls
 from . import fleet as fleet_mod
 from . import procs as procs_mod
 from . import summary as summary_mod
@@ -62,8 +67,11 @@ def keep_step_on_bad_exit(argv):
     return [("--kill-on-bad-exit=0" if a == "--kill-on-bad-exit=1" else a) for a in argv]
 
 
-def server_step(opts, etcd=None, prefix=None, elastic=False):
+def server_step(opts, etcd=None, prefix=None, elastic=False, tls=()):
+    """tls: the shards' --etcd_* flags (psrun --etcd_tls), before the fleet's."""
     replicas = getattr(opts, "replicas", 1) or 1
+    if tls:
+        opts = _with_flags(opts, tls)
     if elastic and replicas == 1:
         return srun_argv(opts, "server", opts.servers, elastic_flags(opts, etcd, prefix))
     if replicas == 1 and not etcd:
@@ -74,11 +82,21 @@ def server_step(opts, etcd=None, prefix=None, elastic=False):
                                            flags + replica_flags(opts, etcd, prefix)))
 
 
-def added_shard_step(opts, shard, etcd, prefix):
+def _with_flags(opts, flags):
+    """A copy of opts whose --server_flags start with `flags`."""
+    import copy
+    o = copy.copy(opts)
+    o.server_flags = " ".join(shlex.quote(f) for f in flags) + " " + (opts.server_flags or "")
+    return o
+
+
+def added_shard_step(opts, shard, etcd, prefix, tls=()):
     """psrun --elastic: shard `shard` of shard+1, a step of one task (task.sh
     turns SLURM_PROCID 0 into it with PSRUN_SHARD_OFFSET=shard); with
     --replicas R a step of R tasks, the group's replicas (server-K-r%t)."""
     replicas = getattr(opts, "replicas", 1) or 1
+    if tls:
+        opts = _with_flags(opts, tls)
     if replicas == 1:
         return srun_argv(opts, "server", 1, elastic_flags(opts, etcd, prefix), log=str(shard),
                          shards=shard + 1)
@@ -88,15 +106,17 @@ def added_shard_step(opts, shard, etcd, prefix):
         log="%d-r%%t" % shard, shards=shard + 1))
 
 
-def etcd_step(opts, client_port, peer_port):
-    return srun_argv(opts, "etcd", 1, [str(client_port), str(peer_port)])
+def etcd_step(opts, client_port, peer_port, tls_prefix=None):
+    """tls_prefix: TLS and authentication, the users' permissions under it."""
+    return srun_argv(opts, "etcd", 1, [str(client_port), str(peer_port)] + (
+        ["tls", tls_prefix] if tls_prefix else []))
 
 
 def worker_step(opts, servers):
     if opts.worker_cmd:
         # task.sh cmd: the command with the [worker] flags, under the
         # environment contract (launch/pslaunch/workercmd.py).
-        flags, _ = workercmd.split_curve(workercmd.read_flag_lines(
+        flags, _ = workercmd.split_env_flags(workercmd.read_flag_lines(
             os.path.join(opts.run_dir, "flags", "worker.flags")))
         return srun_argv(opts, "cmd", opts.workers, [servers, opts.worker_cmd] + flags +
                          list(opts.worker_extra))
@@ -108,7 +128,7 @@ def worker_step_env(opts):
     (srun passes the environment on to the tasks)."""
     if not opts.worker_cmd:
         return None
-    _, curve = workercmd.split_curve(workercmd.read_flag_lines(
+    _, curve = workercmd.split_env_flags(workercmd.read_flag_lines(
         os.path.join(opts.run_dir, "flags", "worker.flags")))
     return dict(os.environ, **curve) if curve else None
 
@@ -134,8 +154,9 @@ class SlurmFleet(fleet_mod.Fleet):
             with socket.socket() as s:
                 s.bind(("", 0))
                 return s.getsockname()[1]
+        tls_prefix = "/asyncps/" + self.etcd_prefix() if self.etcd_tls_dir else None
         self.etcd_step = procs_mod.LocalProc(
-            "etcd-step", etcd_step(self.o, free_port(), free_port()),
+            "etcd-step", etcd_step(self.o, free_port(), free_port(), tls_prefix),
             self.path("srun-etcd.log"), env=self.replica_env()).start()
         ready = self.path("ready", "etcd.endpoint")
         deadline = time_mod.time() + self.o.start_timeout
@@ -148,7 +169,13 @@ class SlurmFleet(fleet_mod.Fleet):
                 raise fleet_mod.LaunchError(None, "the etcd step did not serve (see %s)" %
                                             self.path("etcd-0.log"))
             self.sleep(0.1)
-        self.log("psrun: etcd step serving at %s" % self.etcd_endpoints)
+        self.log("psrun: etcd step serving at %s%s" % (
+            self.etcd_endpoints, ", TLS and authentication (%s)" % self.etcd_tls_dir
+            if self.etcd_tls_dir else ""))
+
+    def server_tls_flags(self):
+        server = self.etcd_credentials(etcd_tls.SERVER_USER)
+        return server.etcd_flags() if server else []
 
     def replica_env(self):
         return dict(os.environ, PSRUN_REPLICAS=str(self.replicas))
@@ -157,7 +184,7 @@ class SlurmFleet(fleet_mod.Fleet):
         self.start_etcd()
         if self.replicated() or self.elastic:
             step = server_step(self.o, self.etcd_endpoints, self.etcd_prefix(),
-                               elastic=bool(self.elastic))
+                               elastic=bool(self.elastic), tls=self.server_tls_flags())
         else:
             step = server_step(self.o)
         self.server_step = procs_mod.LocalProc(
@@ -190,7 +217,8 @@ class SlurmFleet(fleet_mod.Fleet):
             env["PSRUN_REPLICAS"] = str(self.replicas)
         m.proc = procs_mod.LocalProc(
             "server-step-%d" % m.group,
-            added_shard_step(self.o, m.group, self.etcd_endpoints, self.etcd_prefix()),
+            added_shard_step(self.o, m.group, self.etcd_endpoints, self.etcd_prefix(),
+                             self.server_tls_flags()),
             self.path("srun-server-%d.log" % m.group), env=env).start()
         self.write_pids()
 

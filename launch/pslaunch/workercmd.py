@@ -17,6 +17,15 @@ them in Python):
                           CurveZMQ keys (file or Z85), from the [worker] flags
                           --curve_server_key/--curve_secret_key/--curve_public_key,
                           which are not passed on the command line
+    ASYNCPS_ETCD, ASYNCPS_ETCD_PREFIX
+                          elastic fleets (psrun --elastic): etcd and the fleet's
+                          key prefix
+    ASYNCPS_ETCD_CA_FILE, ASYNCPS_ETCD_CERT_FILE, ASYNCPS_ETCD_KEY_FILE,
+    ASYNCPS_ETCD_USER, ASYNCPS_ETCD_PASSWORD_FILE
+                          elastic fleets with psrun --etcd_tls: the asyncps-worker
+                          user's files (etcd_tls.py); else from the [worker] flags
+                          --etcd_ca_file etc. (an --etcd of the user's), which are
+                          not passed on the command line either
     PYTHONPATH            the built Python package (BIN_DIR/../python) first
     ASYNCPS_METRICS_PORT, ASYNCPS_METRICS_PORT_FILE, ASYNCPS_METRICS_LINGER_S
                           with psrun --metrics: serve Prometheus metrics on a free
@@ -32,9 +41,13 @@ line), Slurm in launch/slurm/task.sh, Kubernetes in the Job's container.
 import os
 import shlex
 
+from . import etcd_tls
+
 CURVE_FLAGS = {"--curve_server_key": "ASYNCPS_CURVE_SERVER_KEY",
                "--curve_secret_key": "ASYNCPS_CURVE_SECRET_KEY",
                "--curve_public_key": "ASYNCPS_CURVE_PUBLIC_KEY"}
+# [worker] flags a --worker_cmd worker gets as variables, not arguments.
+ENV_FLAGS = dict(CURVE_FLAGS, **{flag: var for flag, var, _ in etcd_tls.FLAGS})
 
 
 def python_dir(bin_dir):
@@ -50,19 +63,25 @@ def read_flag_lines(path):
         return []
 
 
-def split_curve(flags):
-    """(flags without the CURVE key flags, {env var: value} for them)."""
+def split_env_flags(flags):
+    """(flags without the CURVE key and etcd security flags, {env var: value}
+    for them)."""
     rest, env = [], {}
     for f in flags:
         name, eq, value = f.partition("=")
-        if name in CURVE_FLAGS and eq:
-            env[CURVE_FLAGS[name]] = value
+        if name in ENV_FLAGS and eq:
+            env[ENV_FLAGS[name]] = value
         else:
             rest.append(f)
     return rest, env
 
 
-def contract(servers, rank, num_workers, num_servers, run_dir, bin_dir, curve_env=None,
+def pick(flags, names):
+    """The flags of `flags` ("--name=value") whose name is in `names`."""
+    return [f for f in flags if f.partition("=")[0] in names and "=" in f]
+
+
+def contract(servers, rank, num_workers, num_servers, run_dir, bin_dir, flag_env=None,
              pythonpath=None):
     """The contract variables for one worker (rank may be a shell expression
     in backends that expand it, e.g. '$SLURM_PROCID')."""
@@ -71,7 +90,7 @@ def contract(servers, rank, num_workers, num_servers, run_dir, bin_dir, curve_en
            "ASYNCPS_RUN_DIR": run_dir,
            "ASYNCPS_METRICS_CSV": os.path.join(run_dir, "metrics-%s.csv" % rank),
            "ASYNCPS_BIN_DIR": bin_dir}
-    env.update(curve_env or {})
+    env.update(flag_env or {})
     pp = python_dir(bin_dir)
     env["PYTHONPATH"] = pp + (":" + pythonpath if pythonpath else "")
     return env

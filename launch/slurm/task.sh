@@ -2,9 +2,12 @@
 # One srun task of an asyncps fleet; its rank is SLURM_PROCID.
 #   task.sh server RUN_DIR BIN_DIR NUM_SHARDS NUM_WORKERS [extra ps_server flags]
 #   task.sh worker RUN_DIR BIN_DIR NUM_SHARDS NUM_WORKERS SERVERS [extra ps_worker flags]
-#   task.sh etcd RUN_DIR BIN_DIR NUM_SHARDS NUM_WORKERS CLIENT_PORT PEER_PORT
+#   task.sh etcd RUN_DIR BIN_DIR NUM_SHARDS NUM_WORKERS CLIENT_PORT PEER_PORT [tls PREFIX]
 #     (replicated fleets: the etcd holding the replica layout and leases; it
-#     writes RUN_DIR/ready/etcd.endpoint once it serves)
+#     writes RUN_DIR/ready/etcd.endpoint once it serves; with `tls PREFIX`,
+#     psrun --etcd_tls: https with certificates made for this host in
+#     RUN_DIR/etcd/tls, client certificates required, and etcd's users and
+#     authentication on (launch/pslaunch/etcd_tls.py) before it writes it)
 #   task.sh cmd RUN_DIR BIN_DIR NUM_SHARDS NUM_WORKERS SERVERS COMMAND [args]
 #     (psrun --worker_cmd: COMMAND, a shell command line, runs with the args
 #     appended and the ASYNCPS_* environment contract, launch/pslaunch/workercmd.py)
@@ -27,21 +30,45 @@ replicas=${PSRUN_REPLICAS:-1}
 case $role in
   etcd)
     host=${PSRUN_ADVERTISE_HOST:-$(hostname)}
-    client="http://$host:$1" peer="http://$host:$2"
+    scheme=http tls= prefix=
+    if [ "${3:-}" = tls ]; then
+      scheme=https tls="$run/etcd/tls" prefix=$4
+    fi
+    client="$scheme://$host:$1" peer="http://$host:$2"
     mkdir -p "$run/ready" "$run/etcd"
+    # etcd_tls.py, run from this checkout's launch/ folder.
+    launch=$(cd "$(dirname "$0")/.." && pwd)
+    etcd_tls() { PYTHONPATH="$launch" python3 -m pslaunch.etcd_tls "$@"; }
+    if [ -n "$tls" ] && ! etcd_tls ensure "$tls" "$host"; then
+      echo "task.sh: no certificates for etcd in $tls" >&2
+      exit 1
+    fi
     # Short leases as psrun's local etcd (launch/pslaunch/etcd.py).
     set -- /usr/bin/etcd --name=asyncps --data-dir="$run/etcd/data" \
       --listen-client-urls="$client" --advertise-client-urls="$client" \
       --listen-peer-urls="$peer" --initial-advertise-peer-urls="$peer" \
       --initial-cluster="asyncps=$peer" --heartbeat-interval=50 --election-timeout=250
+    if [ -n "$tls" ]; then
+      # etcd_tls.etcd_server_flags(): its certificate, client certificates
+      # required, bcrypt cost 4 (random passwords; see there).
+      set -- "$@" --cert-file="$tls/server.pem" --key-file="$tls/server.key" \
+        --trusted-ca-file="$tls/ca.pem" --client-cert-auth --bcrypt-cost=4
+    fi
     echo "# psrun: etcd-$rank started $(date '+%Y-%m-%d %H:%M:%S') on $(hostname) (slurm job ${SLURM_JOB_ID:-?}, step ${SLURM_STEP_ID:-?})"
     echo "# psrun: command: $*"
     "$@" &
     pid=$!
     trap 'kill -TERM $pid 2>/dev/null' TERM INT
+    healthy() {
+      if [ -n "$tls" ]; then
+        etcd_tls health "$tls" "$client" >/dev/null 2>&1
+      else
+        curl -fs "$client/health" >/dev/null 2>&1 ||
+          python3 -c "import urllib.request,sys; urllib.request.urlopen(sys.argv[1], timeout=1)" "$client/health" >/dev/null 2>&1
+      fi
+    }
     i=0
-    while ! curl -fs "$client/health" >/dev/null 2>&1 &&
-          ! python3 -c "import urllib.request,sys; urllib.request.urlopen(sys.argv[1], timeout=1)" "$client/health" >/dev/null 2>&1; do
+    while ! healthy; do
       i=$((i + 1))
       if [ $i -gt 150 ] || ! kill -0 $pid 2>/dev/null; then
         echo "task.sh: etcd did not become healthy at $client" >&2
@@ -50,6 +77,11 @@ case $role in
       fi
       sleep 0.1
     done
+    if [ -n "$tls" ] && ! etcd_tls auth "$tls" "$client" "$prefix"; then
+      echo "task.sh: etcd's users and authentication could not be made" >&2
+      kill -TERM $pid 2>/dev/null
+      exit 1
+    fi
     printf '%s\n' "$client" > "$run/ready/etcd.endpoint.tmp"
     mv "$run/ready/etcd.endpoint.tmp" "$run/ready/etcd.endpoint"
     wait $pid

@@ -246,13 +246,15 @@ class K8sRenderTest(u.LaunchTestCase):
         self.assertEqual(docs[2]["spec"]["replicas"], 6)
         self.assertIn("--etcd=http://etcd.infra:2379", spec["containers"][0]["command"][-1])
         self.assertIn("--endpoints=http://etcd.infra:2379", spec["initContainers"][0]["command"][-1])
-        # ps_server's replicas do not connect with CurveZMQ keys yet: refused.
+        # A CURVE fleet's etcd runs with TLS and auth (psrun --etcd_tls); the
+        # rendered etcd has neither yet: refused.
         r = subprocess.run([sys.executable, os.path.join(u.REPO, "launch", "k8s", "render.py"),
                             "--replicas", "2", "--server_flags=--curve_secret_key=/k",
                             "--render", os.path.join(self.tmp.name, "curve")],
                            capture_output=True, text=True, timeout=30)
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("--curve_secret_key", r.stderr)
+        self.assertIn("no TLS or authentication", r.stderr)
 
     def elastic_render(self, name, plan, extra=()):
         """render.py --servers 2 --workers 3 --elastic PLAN: (exit status, stderr)."""

@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
 """psrun's pure parts: flag-file sections, hostfiles, placement, SUMMARY parsing."""
+import contextlib
+import io
 import os
 
 import launch_test_util as u
@@ -88,6 +90,134 @@ class ConfigTest(u.LaunchTestCase):
         os.rmdir(f.short_sock_dir)
         opts.transport = "tcp"
         self.assertEqual(short.fresh_endpoint(short.shards[0]), "tcp://127.0.0.1:*")
+
+    def test_etcd_tls_choice(self):
+        """--etcd_tls auto is on exactly when the shards get a CurveZMQ key
+        and psrun would start etcd itself; on is refused with --etcd and on
+        k8s."""
+        path = os.path.join(self.tmp.name, "c.flags")
+        with open(path, "w") as f:
+            f.write("[server]\n--curve_secret_key=/keys/server.key\n")
+        psrun_on = os.path.join(self.tmp.name, "on.flags")
+        with open(psrun_on, "w") as f:
+            f.write("[psrun]\n--etcd_tls=on\n")
+        curve = ["--server_flags", "--lr=0.1 --curve_secret_key=/k"]
+        for argv, choice, on in (([], "auto", False),
+                                 (curve, "auto", True),
+                                 (["--config", path], "auto", True),
+                                 (["--etcd_tls", "off"] + curve, "off", False),
+                                 (["--etcd_tls", "on"], "on", True),
+                                 (["--config", psrun_on], "on", True),
+                                 (["--etcd", "http://127.0.0.1:2379"] + curve, "auto", False),
+                                 (["--backend", "k8s"] + curve, "auto", False),
+                                 (["--backend", "slurm", "--etcd_tls", "on"], "on", True)):
+            opts, _ = cli.parse_args(argv)
+            self.assertEqual((opts.etcd_tls, opts.etcd_tls_on), (choice, on), argv)
+        for argv, why in ((["--etcd_tls", "on", "--etcd", "http://127.0.0.1:2379"],
+                           "with --etcd give the etcd's --etcd_ca_file"),
+                          (["--etcd_tls", "on", "--backend", "k8s"], "not with --backend k8s"),
+                          (["--etcd_tls", "yes"], "invalid choice")):
+            err = io.StringIO()
+            with self.assertRaises(SystemExit, msg=argv), contextlib.redirect_stderr(err):
+                cli.parse_args(argv)
+            self.assertIn(why, err.getvalue())
+
+    def fleet(self, argv):
+        """A Fleet (nothing started) of psrun `argv`, its run folder written."""
+        from pslaunch import fleet
+        opts, cfg = cli.parse_args(["--run_dir", os.path.join(self.tmp.name, "r"),
+                                    "--bin_dir", "/b"] + argv)
+        cli.prepare_run_dir(opts, cfg)
+        f = fleet.Fleet(opts, opts.run_dir, spawn=None, log=lambda m: 0)
+        for i, m in enumerate(f.shards):
+            m.endpoint = "tcp://127.0.0.1:%d" % (5000 + i)
+        return f
+
+    def test_etcd_credentials_per_process(self):
+        """--etcd_tls on: every ps_server and psrun's ps_ctl get the
+        asyncps-server user's files, workers the asyncps-worker user's only
+        when they are given etcd (--elastic); off: none of them."""
+        tls = os.path.join(self.tmp.name, "r", "etcd", "tls")
+
+        def user_files(user):
+            return ["--etcd_ca_file=%s/ca.pem" % tls, "--etcd_cert_file=%s/%s.pem" % (tls, user),
+                    "--etcd_key_file=%s/%s.key" % (tls, user), "--etcd_user=" + user,
+                    "--etcd_password_file=%s/%s.password" % (tls, user)]
+
+        def etcd_flags(argv):
+            return [a for a in argv if a.startswith("--etcd_") and not
+                    a.startswith("--etcd_prefix")]
+
+        server, worker = user_files("asyncps-server"), user_files("asyncps-worker")
+        keys = ["--curve_server_key=/k/server.pub", "--curve_secret_key=/k/worker.key"]
+        f = self.fleet(["--replicas", "2", "--etcd_tls", "on", "--ctl_flags",
+                        "--curve_secret_key=/k/admin.key", "--server_flags",
+                        "--curve_secret_key=/k/server.key", "--"] + keys + ["--batch=8"])
+        f.etcd_endpoints = "https://127.0.0.1:2379"
+        argv = f.shard_argv(f.shards[1], "tcp://127.0.0.1:*")
+        self.assertEqual(etcd_flags(argv), server)
+        self.assertIn("--etcd=https://127.0.0.1:2379", argv)
+        self.assertEqual(etcd_flags(f.worker_argv(f.workers[0])), [])  # no etcd, no files
+        # psrun's ps_ctl: the workers' CURVE keys, the server user, --ctl_flags last.
+        self.assertEqual(f.ctl_flags(), keys + server + ["--curve_secret_key=/k/admin.key"])
+        # Shards without CURVE: the workers' keys are not psrun's business.
+        f = self.fleet(["--replicas", "2", "--etcd_tls", "on", "--"] + keys)
+        self.assertEqual(f.ctl_flags(), server)
+
+        f = self.fleet(["--servers", "2", "--elastic", "+1@1s", "--etcd_tls", "on"])
+        f.etcd_endpoints = "https://127.0.0.1:2379"
+        self.assertEqual(etcd_flags(f.shard_argv(f.shards[0], "tcp://127.0.0.1:*")), server)
+        argv = f.worker_argv(f.workers[0])
+        self.assertEqual(etcd_flags(argv), worker)
+        self.assertIn("--etcd=https://127.0.0.1:2379", argv)
+        self.assertEqual(f.ctl_flags(), server)
+        f.o.worker_cmd = "python3 train.py"
+        env = dict(a.split("=", 1) for a in f.worker_argv(f.workers[0])[1:] if "=" in a
+                   and a.startswith("ASYNCPS_"))
+        self.assertEqual((env["ASYNCPS_ETCD_USER"], env["ASYNCPS_ETCD_PASSWORD_FILE"],
+                          env["ASYNCPS_ETCD_CERT_FILE"], env["ASYNCPS_ETCD"]),
+                         ("asyncps-worker", tls + "/asyncps-worker.password",
+                          tls + "/asyncps-worker.pem", "https://127.0.0.1:2379"))
+
+        # off (and fleets without etcd): nothing added anywhere.
+        for argv in (["--replicas", "2", "--etcd_tls", "off"], ["--etcd_tls", "on"]):
+            f = self.fleet(argv)
+            f.etcd_endpoints = "http://127.0.0.1:2379"
+            self.assertEqual(etcd_flags(f.shard_argv(f.shards[0], "tcp://127.0.0.1:*")), [])
+            self.assertEqual(etcd_flags(f.worker_argv(f.workers[0])), [])
+            self.assertEqual(f.ctl_flags(), [])
+
+        # An --etcd of the user's: psrun adds nothing; its ps_ctl takes the
+        # --etcd_* flags of the server flags, the workers' come from [worker].
+        config = os.path.join(self.tmp.name, "e.flags")
+        with open(config, "w") as cf:
+            cf.write("[server]\n--etcd_ca_file=/e/ca.pem\n[worker]\n--etcd_user=w\n"
+                     "--etcd_password_file=/e/w.password\n--batch=8\n")
+        f = self.fleet(["--etcd", "https://e:2379", "--elastic", "+1@1s", "--config", config,
+                        "--server_flags", "--etcd_user=s --etcd_password_file=/e/s.password "
+                        "--lr=0.1"])
+        self.assertEqual(f.ctl_flags(), ["--etcd_ca_file=/e/ca.pem", "--etcd_user=s",
+                                         "--etcd_password_file=/e/s.password"])
+        self.assertEqual(etcd_flags(f.shard_argv(f.shards[0], "tcp://127.0.0.1:*")),
+                         ["--etcd_user=s", "--etcd_password_file=/e/s.password"])
+        f.o.worker_cmd = "python3 train.py"
+        argv = f.worker_argv(f.workers[0])
+        self.assertIn("ASYNCPS_ETCD_USER=w", argv)  # a variable, not an argument
+        self.assertIn("ASYNCPS_ETCD_PASSWORD_FILE=/e/w.password", argv)
+        self.assertIn("--batch=8", argv)
+        self.assertFalse([a for a in argv if a.startswith("--etcd_")], argv)
+
+    def test_slurm_steps_with_etcd_tls(self):
+        from pslaunch import slurm
+        opts, _ = cli.parse_args(["--backend", "slurm", "--replicas", "2", "--etcd_tls", "on",
+                                  "--run_dir", "/r", "--server_flags", "--lr=0.1"])
+        argv = slurm.etcd_step(opts, 2379, 2380, "/asyncps/r")
+        self.assertEqual(argv[-4:], ["2379", "2380", "tls", "/asyncps/r"])
+        self.assertEqual(slurm.etcd_step(opts, 2379, 2380)[-2:], ["2379", "2380"])
+        step = slurm.server_step(opts, "https://n1:2379", "r", tls=["--etcd_user=asyncps-server"])
+        self.assertLess(step.index("--etcd_user=asyncps-server"), step.index("--lr=0.1"))
+        self.assertIn("--etcd=https://n1:2379", step)
+        self.assertEqual(opts.server_flags, "--lr=0.1")  # the fleet's options untouched
 
     def test_hostfile_and_round_robin_placement(self):
         hosts = procs.parse_hostfile("# hosts\nnode1 slots=2\nnode2 slots=1 # gpu\n\nnode3\n")
