@@ -120,7 +120,8 @@ def wait_pushing(fleet, workers, kill_after_bytes, out_path, timeout=90):
 def run_once(bin_dir, run_dir, servers=2, workers=2, epochs=3, victim_group=0,
              lease_ms=1000, attempt_timeout_ms=300, kill_after_bytes=20000, timeout_s=240,
              hosts=None, shard_hosts=None, link=None, partition_s=None, etcd=None,
-             disrupt=None, consistency="asp"):
+             disrupt=None, consistency="asp", psrun_args=(), server_extra="",
+             on_training=None):
     """One fleet, one kill (or cut); returns the repeat's record (see the
     module doc). hosts: psrun --emulate_hosts (shard_hosts, link): the victim
     is the host of group victim_group's primary, every process on it killed,
@@ -128,14 +129,18 @@ def run_once(bin_dir, run_dir, servers=2, workers=2, epochs=3, victim_group=0,
     etcd endpoints (psrun --etcd) instead of a local one psrun starts;
     disrupt: called instead of the kill (e.g. an etcd outage), nothing killed;
     consistency: the shards' --consistency (bsp: rounds handed on aggregated,
-    ps_server's default)."""
+    ps_server's default); psrun_args / server_extra: more psrun options and
+    ps_server flags (e.g. --etcd_tls on, an --etcd's credentials);
+    on_training: called with the fleet's folder once the workers push,
+    before the kill."""
     os.makedirs(run_dir, exist_ok=True)
     fleet = os.path.join(run_dir, "run")
     argv = [sys.executable, PSRUN, "--servers", str(servers), "--workers", str(workers),
             "--replicas", "2", "--lease_ms", str(lease_ms), "--run_dir", fleet,
             "--bin_dir", bin_dir, "--grace", "3", "--start_timeout", "30", "--progress", "off",
             "--server_flags",
-            "--consistency=%s --optimizer=sgd --lr=0.05 --worker_timeout_s=20" % consistency]
+            ("--consistency=%s --optimizer=sgd --lr=0.05 --worker_timeout_s=20 %s" % (
+                consistency, server_extra)).strip()] + list(psrun_args)
     if hosts:
         argv += ["--emulate_hosts", str(hosts)] + (
             ["--shard_hosts", str(shard_hosts)] if shard_hosts else []) + (
@@ -154,6 +159,8 @@ def run_once(bin_dir, run_dir, servers=2, workers=2, epochs=3, victim_group=0,
     cut = None
     try:
         procs = wait_pushing(fleet, workers, kill_after_bytes, out_path)
+        if on_training is not None:
+            on_training(fleet)
         primary = [p for p in procs if p.get("name") == "server-%d-r0" % victim_group][0]
         if hosts:
             on_host = [p for p in procs if p.get("netns") == primary["netns"]]

@@ -164,7 +164,8 @@ class ElasticRuns:
     def elastic_psrun(self, name, plan, backend=(), env=None, timeout=120,
                       steps=STEPS, server_extra="", worker_extra=()):
         """Runs psrun (2 shards, 2 workers x `steps` steps) into TMP/name,
-        --elastic `plan` unless None; asserts exit 0; returns the run folder.
+        --elastic `plan` unless None (its output in TMP/name.out); asserts
+        exit 0; returns the run folder.
         `server_extra` / `worker_extra`: more ps_server / ps_worker flags."""
         run_dir = os.path.join(self.tmp.name, name)
         argv = [sys.executable, u.PSRUN, "--servers", "2", "--workers", "2",
@@ -179,6 +180,8 @@ class ElasticRuns:
             "--weights_out=" + os.path.join(run_dir, "weights-{rank}.bin"),
             "--push_log=" + os.path.join(run_dir, "push-{rank}.log")]
         r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+        with open(os.path.join(self.tmp.name, name + ".out"), "w") as f:
+            f.write(r.stdout + r.stderr)  # psrun's own lines, for the tests
         self.assertEqual(r.returncode, 0, "%s failed:\n%s\n%s\n%s" % (
             name, r.stdout[-4000:], r.stderr[-4000:], self.logs(run_dir)))
         return run_dir

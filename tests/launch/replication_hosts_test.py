@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Replicated shards on emulated hosts (experiments/chaos/failover.py, one
 repeat each): psrun --emulate_hosts 3 --shard_hosts 2 --link 100mbit runs a
-local etcd in the hub and 2 shards x 2 replicas on hosts h0 and h1 (a
+local etcd in the hub (--etcd_tls on: https on the hub's address, a
+certificate for it, authentication) and 2 shards x 2 replicas on hosts h0 and h1 (a
 group's replicas on different hosts; h0 holds group 0's primary and group
 1's backup), 2 workers on h2 train the tiny MLP.
   - host kill: every process of the host holding group 0's primary is killed
@@ -11,7 +12,7 @@ Either way the run must finish, and no acknowledged push may be lost: for
 every group, its primary and backups at the end applied exactly the distinct
 pushes the workers' logs (--push_log) say were acknowledged; after the
 partition the old primary does not lead any more. Exit 77 without root, ip,
-tc, etcd or the binaries."""
+tc, etcd, openssl, etcdctl or the binaries."""
 import os
 import sys
 import unittest
@@ -24,7 +25,8 @@ sys.path.insert(0, os.path.join(u.REPO, "experiments", "chaos"))
 import failover  # noqa: E402
 
 ETCD = "/usr/bin/etcd"
-FLEET = dict(servers=2, workers=2, epochs=2, hosts=3, shard_hosts=2, link="100mbit")
+FLEET = dict(servers=2, workers=2, epochs=2, hosts=3, shard_hosts=2, link="100mbit",
+             psrun_args=("--etcd_tls", "on"))
 
 
 class ReplicationHostsTest(u.LaunchTestCase):
@@ -33,6 +35,9 @@ class ReplicationHostsTest(u.LaunchTestCase):
         super().setUpClass()
         if not os.access(ETCD, os.X_OK):
             raise unittest.SkipTest("etcd not installed (Debian's etcd-server)")
+        if not u.have_etcd_tls():
+            raise unittest.SkipTest("openssl / etcdctl not installed (Debian's openssl, "
+                                    "etcd-client)")
         why = netns.unavailable("psrh%d-probe" % os.getpid())
         if why:
             raise unittest.SkipTest(why)
@@ -55,6 +60,8 @@ class ReplicationHostsTest(u.LaunchTestCase):
     def test_host_killed(self):
         rec = failover.run_once(u.bin_dir(), os.path.join(self.tmp.name, "k"), **FLEET)
         self.check(rec)
+        with open(os.path.join(self.tmp.name, "k", "psrun.out")) as f:
+            self.assertIn("local etcd at https://10.213.0.254:", f.read())
         u.note("launch.replication_hosts: kill -9 of host h0 (%s, disks deleted), 2 groups x 2 "
                "replicas on 2 hosts at 100mbit, 2 workers on a third: %s pushes acknowledged "
                "per group, all applied by every primary and backup; first acknowledgement of "

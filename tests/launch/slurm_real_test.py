@@ -128,14 +128,17 @@ class SlurmRealTest(elastic_test.ElasticRuns, u.LaunchTestCase):
                   job.group(0) if job else "?"))
 
     def test_replicated_fleet_on_slurm(self):
-        """--replicas 2: an etcd step, then 2 shards x 2 replicas as one step
-        of 4 tasks; the workers train through the primaries, every update
-        reaches the backups."""
-        if not os.access("/usr/bin/etcd", os.X_OK):
-            self.skipTest("etcd not installed (Debian's etcd-server)")
+        """--replicas 2 --etcd_tls on: an etcd step (https, its certificates
+        made by task.sh for its host, users and authentication on before it
+        serves), then 2 shards x 2 replicas as one step of 4 tasks signed in
+        as asyncps-server; the workers train through the primaries, every
+        update reaches the backups."""
+        if not u.have_etcd_tls():
+            self.skipTest("etcd / openssl / etcdctl not installed")
         run_dir = self.run_dir + "-replicated"
         argv = [sys.executable, u.PSRUN, "--backend", "slurm", "--servers", "2", "--workers", "2",
-                "--replicas", "2", "--run_dir", run_dir, "--bin_dir", u.bin_dir(),
+                "--replicas", "2", "--etcd_tls", "on", "--run_dir", run_dir,
+                "--bin_dir", u.bin_dir(),
                 "--srun_opts", "--overcommit", "--server_flags", u.TINY_SERVER,
                 "--start_timeout", "60", "--"] + u.TINY_WORKER + ["--max_steps=30"]
         env = dict(self.env, PSRUN_BIND_HOST="127.0.0.1", PSRUN_ADVERTISE_HOST="127.0.0.1")
@@ -154,10 +157,19 @@ class SlurmRealTest(elastic_test.ElasticRuns, u.LaunchTestCase):
             versions = {st["version"] for st in stats if st["shard"] == g}
             self.assertEqual(len(versions), 1, stats)  # the backup holds what the primary does
         with open(os.path.join(run_dir, "etcd-0.log")) as f:
-            self.assertIn("slurm job", f.read())
-        u.note("launch.slurm_real: 2 shards x 2 replicas (an etcd step, 4 server tasks) trained "
-               "%d steps through slurm in %.1f s; each backup at its primary's version"
-               % (s["totals"]["steps"], wall))
+            log = f.read()
+        self.assertIn("slurm job", log)
+        self.assertIn("--client-cert-auth", log)
+        self.assertIn("--listen-client-urls=https://127.0.0.1:", log)
+        self.assertTrue(os.path.exists(os.path.join(run_dir, "etcd", "tls", "auth.enabled")))
+        logs = [os.path.join(run_dir, "server-%d.log" % t) for t in range(4)]
+        for p in logs:
+            with open(p) as f:
+                self.assertIn("--etcd_user=asyncps-server", f.read())
+        self.assertEqual(u.etcd_errors(logs), [])
+        u.note("launch.slurm_real: 2 shards x 2 replicas (an etcd step with TLS and "
+               "authentication, 4 server tasks) trained %d steps through slurm in %.1f s; each "
+               "backup at its primary's version" % (s["totals"]["steps"], wall))
 
     def test_elastic_on_slurm(self):
         """psrun --elastic on Slurm (elastic_test.PLAN: add shard 2, then

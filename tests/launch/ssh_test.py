@@ -203,11 +203,17 @@ class SshTest(elastic_test.ElasticRuns, u.LaunchTestCase):
         # Replica groups (--replicas 2): both groups on 127.0.0.1, the
         # workers on 127.0.0.2, the group that joins on the next two slots
         # (127.0.0.3) and leaves again; bitwise the fixed run's weights.
+        # psrun's etcd with TLS and authentication (--etcd_tls on): the
+        # shards over ssh sign in as asyncps-server, the workers (given etcd
+        # by --elastic) as asyncps-worker, psrun's ps_ctl add-shard /
+        # remove-shard as asyncps-server.
+        if not u.have_etcd_tls():
+            self.skipTest("openssl / etcdctl not installed (Debian's openssl, etcd-client)")
         with open(hostfile, "w") as f:
             f.write("%s slots=4\n%s slots=2\n%s slots=2\n" % HOSTS)
         t3 = time.monotonic()
         groups = self.elastic_psrun("elastic_replicas", ELASTIC_PLAN,
-                                    backend + ["--replicas", "2"])
+                                    backend + ["--replicas", "2", "--etcd_tls", "on"])
         t4 = time.monotonic()
         add, remove, steps = self.check_steps(groups, [[0, 1, 2], [0, 1]])
         self.assertEqual([e.rsplit(":", 1)[0] for e in steps[0]["endpoint"].split("|")],
@@ -218,8 +224,19 @@ class SshTest(elastic_test.ElasticRuns, u.LaunchTestCase):
                          (HOSTS[2], HOSTS[2], HOSTS[1]), hosts)
         self.assert_all_gone(doc, 8)
         self.assert_same_weights(groups, fixed, "launch.ssh-elastic-replicas")
-        u.note("launch.ssh: the same plan with --replicas 2 over ssh: group 2 (%s) joined and "
-               "left; final weights bitwise equal to the fixed run's; %.1f s"
+        self.assertIn("local etcd at https://", self.output("elastic_replicas.out"))
+        logs = {}
+        for name in hosts:
+            with open(os.path.join(groups, name + ".log"), errors="replace") as f:
+                logs[name] = f.read()
+        for name, user in (("server-0-r1", "asyncps-server"), ("server-2-r0", "asyncps-server"),
+                           ("worker-1", "asyncps-worker")):
+            self.assertIn("--etcd_user=%s " % user, logs[name])
+        self.assertNotIn("asyncps-server", logs["worker-0"])
+        self.assertEqual(u.etcd_errors([os.path.join(groups, n + ".log") for n in hosts
+                                        if n.startswith("server-")]), [])
+        u.note("launch.ssh: the same plan with --replicas 2 and --etcd_tls on over ssh: group 2 "
+               "(%s) joined and left; final weights bitwise equal to the fixed run's; %.1f s"
                % (steps[0]["endpoint"], t4 - t3))
 
 
