@@ -149,6 +149,19 @@ class EtcdTest(unittest.TestCase):
         self.assertEqual(base64.b64decode(got["kvs"][0]["value"]).decode(), "v")
         self.assertLess(restart_s, 10.0)
 
+    def test_tls_without_openssl_is_refused(self):
+        from pslaunch import etcd_tls
+        saved = etcd_tls.OPENSSL
+        etcd_tls.OPENSSL = "/nonexistent/openssl"
+        try:
+            with self.assertRaises(etcd.EtcdError) as e:
+                etcd.start_local_etcd(self.tmp.name, binary=BINARY, tls_prefix="/asyncps/t")
+        finally:
+            etcd_tls.OPENSSL = saved
+        self.assertIn("etcd with TLS needs /nonexistent/openssl", str(e.exception))
+        self.assertIn("--etcd_tls off", str(e.exception))
+        self.assertFalse(os.path.exists(os.path.join(self.tmp.name, "etcd", "data")))
+
     def test_missing_binary(self):
         with self.assertRaises(etcd.EtcdError) as e:
             etcd.start_local_etcd(self.tmp.name, binary="/nonexistent/etcd")
