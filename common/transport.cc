@@ -396,19 +396,6 @@ class ServerSocketImpl : public ServerSocket {
     return log_->Take();
   }
 
-  Status SetExtraAllowedKeys(const std::vector<std::string>& keys) override {
-    if (zap_domain_.empty() || options_.curve_allowed_client_keys.empty())
-      return Status::OK();  // no list: every key is let in already
-    for (const std::string& k : keys)
-      RETURN_IF_ERROR(CheckZ85Key(k, "allowed client key '" + k + "'"));
-    auto policy = std::make_shared<ZapPolicy>();
-    policy->allowed.insert(options_.curve_allowed_client_keys.begin(),
-                           options_.curve_allowed_client_keys.end());
-    policy->allowed.insert(keys.begin(), keys.end());
-    policy->log = log_;
-    return ctx_->AddZapDomain(zap_domain_, policy);  // replaces the last one
-  }
-
   void SetWakeSockets(std::vector<ClientSocket*> sockets) override {
     wake_ = std::move(sockets);
   }

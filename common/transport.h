@@ -150,12 +150,6 @@ class ServerSocket {
   // arrived.
   virtual std::vector<std::string> TakeSecurityEvents() = 0;
 
-  // With CURVE and an allowed-key list: these client keys (Z85) are let in
-  // too, replacing those of the last call (a replica group's members, whose
-  // keys come and go with etcd). Nothing without a list (every key is let
-  // in). InvalidArgument for a key that is not Z85.
-  virtual Status SetExtraAllowedKeys(const std::vector<std::string>& keys) = 0;
-
   // Client sockets whose incoming messages also end a Receive() wait (it
   // then returns false): a server that is itself a client of other servers
   // (a replica group's primary waiting for its backups) waits on all of

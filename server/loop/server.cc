@@ -59,14 +59,6 @@ void Server::UpdateView() {
           replicator_->PrimarySuspected(std::chrono::steady_clock::now())) {
     membership_->SuspectPrimary(epoch);
   }
-  std::vector<std::string> keys = replicator_->member_keys();
-  if (keys != member_keys_) {
-    Status k = socket_->SetExtraAllowedKeys(keys);
-    if (!k.ok()) {
-      LOG_EVERY_N(ERROR, 20) << "replica keys: " << k.ToString();
-    }
-    member_keys_ = std::move(keys);
-  }
   socket_->SetWakeSockets(replicator_->wake_sockets());
   shard_->set_capture_rounds(replicator_->aggregating());
   shard_->set_follower(!replicator_->view().primary);
@@ -98,6 +90,7 @@ void Server::HandleSnapshot(const std::string& peer, Message& msg,
                             std::chrono::steady_clock::time_point now) {
   namespace fs = std::filesystem;
   Status ok = replicator_->CheckSnapshot(req_, sender);
+  if (!ok.ok() && RefreshViewForReplica()) ok = replicator_->CheckSnapshot(req_, sender);
   if (!ok.ok()) return Reply(peer, ok, RejectReason::kNotPrimary);
   const std::string& name = req_.snapshot_file;
   // A plain file name: nothing a peer sends may point outside the folder.
@@ -248,6 +241,17 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
                                         options.curve_admin_keys.begin(),
                                         options.curve_admin_keys.end());
   }
+  if (!options.replication.etcd_endpoints.empty() &&
+      !to.curve_allowed_client_keys.empty()) {
+    // A replica checks the allowed list in Authorize() instead of during
+    // the handshake: its group's members connect with replica keys made at
+    // their start, which it may not have read from etcd yet when they
+    // first connect, and libzmq does not reliably try a handshake its ZAP
+    // handler refused again (libzmq#3519).
+    s->allowed_keys_.insert(to.curve_allowed_client_keys.begin(),
+                            to.curve_allowed_client_keys.end());
+    to.curve_allowed_client_keys.clear();
+  }
   to.curve_identify_clients = !options.curve_secret_key.empty();
   ASSIGN_OR_RETURN(s->socket_, ServerSocket::Bind(options.endpoint, to));
   if (options.metrics != nullptr) {
@@ -282,8 +286,6 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
                                            &ro.transport.curve_secret_key));
       mo.replica_key = ro.transport.curve_public_key;
       ASSIGN_OR_RETURN(mo.server_key, DeriveCurvePublicKey(options.curve_secret_key));
-      s->member_keys_ = {mo.replica_key};
-      RETURN_IF_ERROR(s->socket_->SetExtraAllowedKeys(s->member_keys_));
     } else if (options.replica_secret.empty()) {
       mo.group_secret_in_etcd = true;
     }
@@ -452,6 +454,9 @@ Status Server::Run(const std::atomic<bool>& stop) {
     if (replicator_) replicator_->Poll(&out_);
     for (const std::string& e : socket_->TakeSecurityEvents()) {
       LOG(WARNING) << "security: " << e;
+      // A client key refused: perhaps a replica whose member record this
+      // process has not read yet (its retry comes in ~100 ms).
+      if (membership_ && e.find("refused") != std::string::npos) membership_->Wake();
     }
     shard_->Tick(now, &out_);
     ResolveOverdueFreeze(now);
@@ -622,9 +627,29 @@ void Server::Dispatch(const std::string& peer, Message& msg,
   data_.clear();
 }
 
+bool Server::RefreshViewForReplica() {
+  // A replica request this view refuses may come from a layout or member
+  // this process has not read yet (a new primary's first update races the
+  // backup's own read). Read etcd once, at most every second and for at
+  // most 200 ms: a sender that keeps getting refused cannot stall the loop.
+  const auto now = std::chrono::steady_clock::now();
+  if (!membership_ || now < next_view_refresh_) return false;
+  next_view_refresh_ = now + std::chrono::seconds(1);
+  if (!membership_->AwaitStep(std::chrono::milliseconds(200))) return false;
+  UpdateView();
+  return true;
+}
+
 Status Server::Authorize(Message& msg, replication::ReplicaMember* sender,
                          RejectReason* reason) {
-  switch (RequiredRole(req_)) {
+  const Role role = RequiredRole(req_);
+  if (!allowed_keys_.empty() && role != Role::kPrimary &&
+      allowed_keys_.count(msg.client_key) == 0) {
+    *reason = RejectReason::kUntrusted;
+    return Status::PermissionDenied(
+        "this client's CURVE key is not in the server's --curve_allowed_clients");
+  }
+  switch (role) {
     case Role::kAnyone:
       return Status::OK();
     case Role::kAdmin:
@@ -638,7 +663,12 @@ Status Server::Authorize(Message& msg, replication::ReplicaMember* sender,
                                        "replica (started without --etcd)");
       }
       *reason = RejectReason::kUntrusted;
-      return replicator_->Authenticate(&msg, req_, sender);
+      Status s = replicator_->Authenticate(&msg, req_, sender);
+      // With CURVE a key no member record of this view holds may be a
+      // member's this process has not read yet (one that just started).
+      if (!s.ok() && !msg.client_key.empty() && RefreshViewForReplica())
+        s = replicator_->Authenticate(&msg, req_, sender);
+      return s;
   }
   return Status::Internal("unknown role");
 }
@@ -734,6 +764,7 @@ void Server::HandleReplicate(const std::string& peer, Message& msg,
                              const replication::ReplicaMember& sender,
                              std::chrono::steady_clock::time_point now) {
   Status ok = replicator_->CheckReplicate(req_, sender);
+  if (!ok.ok() && RefreshViewForReplica()) ok = replicator_->CheckReplicate(req_, sender);
   if (!ok.ok()) return Reply(peer, ok, RejectReason::kNotPrimary);
   if (!req_.replicate_workers.empty()) {
     // A liveness record: the primary's evictions and rejoins.

@@ -27,6 +27,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -208,6 +209,9 @@ class Server {
   // Takes Membership's latest view; copies the state to new spares and has
   // Membership list those that installed it.
   void UpdateView();
+  // A replica request was refused by this view: reads etcd again (at most
+  // once a second, 200 ms at most) and takes the view; true when it did.
+  bool RefreshViewForReplica();
   // Primary: a checkpoint of the store, sent to the spare at `endpoint`.
   Status CopyToSpare(const std::string& endpoint);
   // Spare: writes one piece of a snapshot; after the last, installs it.
@@ -235,9 +239,12 @@ class Server {
   // Messages that arrived while the advertised endpoint was probed:
   // handled first by Run().
   std::vector<std::pair<std::string, Message>> early_;
-  std::vector<std::string> member_keys_;  // last SetExtraAllowedKeys()
+  // A replica with CURVE and an allowed-key list: the list (admins
+  // included), checked in Authorize() (see Create()).
+  std::set<std::string> allowed_keys_;
   std::unique_ptr<EtcdClient> elastic_etcd_;  // null without endpoints
   std::chrono::steady_clock::time_point next_freeze_check_{};
+  std::chrono::steady_clock::time_point next_view_refresh_{};
   // A snapshot being received (spare): its epoch, size and bytes so far.
   uint64_t incoming_epoch_ = 0;
   uint64_t incoming_total_ = 0;

@@ -107,7 +107,14 @@ StatusOr<std::unique_ptr<Membership>> Membership::Create(
     RETURN_IF_ERROR(m->FetchGroupSecret().WithContext(
         "reading the group's replica secret in etcd"));
   }
-  RETURN_IF_ERROR(m->Step(SteadyClock::now()));
+  // The first view before returning: a step that lost a race for the
+  // layout key (every member binds its incarnation at start) publishes
+  // none, and a replica without a view would refuse its primary.
+  for (int i = 0; i < 20; ++i) {
+    RETURN_IF_ERROR(m->Step(SteadyClock::now()));
+    std::lock_guard<std::mutex> l(m->mu_);
+    if (m->published_ > 0) break;
+  }
   m->thread_ = std::thread([p = m.get()] { p->Run(); });
   return m;
 }
@@ -496,6 +503,8 @@ Status Membership::Step(SteadyClock::time_point now) {
   v.lease_valid_until = view_.lease_valid_until;
   if (!(v == view_)) view_changed_ = true;
   view_ = v;
+  ++published_;
+  published_cv_.notify_all();
   return Status::OK();
 }
 
@@ -514,6 +523,21 @@ void Membership::Run() {
     cv_.wait_until(l, now + options_.poll, [this] { return stop_ || wake_; });
     wake_ = false;
   }
+}
+
+bool Membership::AwaitStep(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> l(mu_);
+  const uint64_t target = published_ + 1;
+  wake_ = true;
+  cv_.notify_all();
+  return published_cv_.wait_for(l, timeout, [&] { return published_ >= target || stop_; }) &&
+         published_ >= target;
+}
+
+void Membership::Wake() {
+  std::lock_guard<std::mutex> l(mu_);
+  wake_ = true;
+  cv_.notify_all();
 }
 
 void Membership::SuspectPrimary(uint64_t epoch) {

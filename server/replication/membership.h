@@ -130,6 +130,14 @@ class Membership {
   // returned (lease_valid_until is always the latest).
   bool TakeView(ReplicaView* view);
 
+  // Has the thread read etcd now, and waits up to `timeout` until it has
+  // published a view from that read: true when it did. For a replica whose
+  // view may be behind a request it got (a new primary, a member it has
+  // not seen yet).
+  bool AwaitStep(std::chrono::milliseconds timeout);
+  // Has the thread read etcd now (without waiting for it).
+  void Wake();
+
   // Backup: its primary at `epoch` has been silent (Replicator): it counts
   // as gone at the next step, as if its lease had ended.
   void SuspectPrimary(uint64_t epoch);
@@ -187,6 +195,8 @@ class Membership {
   bool stop_ = false;             // GUARDED_BY(mu_)
   ReplicaView view_;              // GUARDED_BY(mu_)
   bool view_changed_ = false;     // GUARDED_BY(mu_)
+  uint64_t published_ = 0;        // GUARDED_BY(mu_): steps that published a view
+  std::condition_variable published_cv_;
   std::vector<std::string> add_backups_;  // GUARDED_BY(mu_): endpoints
   uint64_t suspect_epoch_ = 0;            // GUARDED_BY(mu_)
   bool wake_ = false;  // GUARDED_BY(mu_): step now, not after `poll`

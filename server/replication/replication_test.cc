@@ -1393,9 +1393,10 @@ TEST_F(ReplicationTest, ForgedReplicaTrafficIsRefusedAndChangesNothing) {
 
 // With CurveZMQ the replicas' own keys authenticate replica traffic: the
 // primary hands its backup every update over a connection whose client key
-// is its replica key (let in by the backup's allowed-key list, which holds
-// only the worker's), and what a worker sends as replica traffic, with its
-// own valid key, is refused and changes nothing.
+// is its replica key (taken by the backup although its allowed-key list
+// holds only the worker's), what a worker sends as replica traffic, with
+// its own valid key, is refused and changes nothing, and a key outside the
+// list is refused.
 TEST_F(ReplicationTest, WithCurveOnlyThePrimarysReplicaKeyIsTaken) {
   std::string server_pub, server_sec, worker_pub, worker_sec;
   ASSERT_TRUE(GenerateCurveKeyPair(&server_pub, &server_sec).ok());
@@ -1439,6 +1440,17 @@ TEST_F(ReplicationTest, WithCurveOnlyThePrimarysReplicaKeyIsTaken) {
   EXPECT_EQ(CallReplica(*c1, liveness, {}, nullptr).status.code(),
             StatusCode::kPermissionDenied);
   EXPECT_EQ(StateOf(Stats(*c1)), before);
+  // A client whose key is not in the allowed list is refused (a replica
+  // checks the list when it dispatches, not in the handshake).
+  std::string stranger_pub, stranger_sec;
+  ASSERT_TRUE(GenerateCurveKeyPair(&stranger_pub, &stranger_sec).ok());
+  TransportOptions st;
+  st.curve_server_key = server_pub;
+  st.curve_secret_key = stranger_sec;
+  auto stranger = ClientSocket::Connect(replicas_[0]->server->endpoint(), st);
+  ASSERT_TRUE(stranger.ok());
+  EXPECT_EQ(Call(**stranger, Push(7), data).status.code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(Version(*c0), 3u);
   replicas_[0]->Stop();
   EXPECT_EQ(PullAll(*c1), weights);
 }

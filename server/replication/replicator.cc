@@ -27,6 +27,7 @@ struct Replicator::Backup {
   // When it last acknowledged anything; set when it is connected.
   std::chrono::steady_clock::time_point acked_at = std::chrono::steady_clock::now();
   bool silent = false;  // reported (broken_) for not answering
+  bool ever_acked = false;  // answered anything since it was connected
 };
 
 namespace {
@@ -108,13 +109,6 @@ Status Replicator::SendTo(Backup& b, const std::vector<uint8_t>& header,
   frames_.clear();
   b.sent_at = std::chrono::steady_clock::now();
   return s;
-}
-
-std::vector<std::string> Replicator::member_keys() const {
-  std::vector<std::string> keys;
-  for (const ReplicaMember& m : view_.members)
-    if (!m.replica_key.empty()) keys.push_back(m.replica_key);
-  return keys;
 }
 
 Replicator::~Replicator() = default;
@@ -512,6 +506,7 @@ void Replicator::Poll(std::vector<OutgoingReply>* out) {
       }
       if (r.id > b->acked && r.id < next_seq_) b->acked = r.id;
       b->acked_at = now;
+      b->ever_acked = true;
       if (b->joining && b->acked >= b->snapshot_seq) {
         b->joining = false;
         ++counters_.spares_joined;
@@ -528,8 +523,13 @@ void Replicator::Poll(std::vector<OutgoingReply>* out) {
   // released without waiting for its etcd lease to end.
   if (view_.primary && options_.suspect_after.count() > 0) {
     for (auto& b : backups_) {
+      // One that never answered yet is still connecting (with CURVE its
+      // handshake waits until it read this primary's member record): it
+      // gets four times as long.
+      const auto patience =
+          b->ever_acked ? options_.suspect_after : 4 * options_.suspect_after;
       if (b->joining || b->broken || b->silent || b->socket == nullptr ||
-          b->acked + 1 >= next_seq_ || now - b->acked_at < options_.suspect_after)
+          b->acked + 1 >= next_seq_ || now - b->acked_at < patience)
         continue;
       b->silent = true;
       LOG(WARNING) << "backup " << b->endpoint << " silent for "

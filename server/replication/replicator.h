@@ -328,11 +328,6 @@ class Replicator {
   // Also sends pings to backups idle for ping_every.
   void Poll(std::vector<OutgoingReply>* out);
 
-  // The replica keys of the group's live members (CurveZMQ): the keys a
-  // server socket with an allowed-key list must let in
-  // (ServerSocket::SetExtraAllowedKeys).
-  std::vector<std::string> member_keys() const;
-
   // The backups' sockets, for the event loop's poll
   // (ServerSocket::SetWakeSockets); valid until the next SetView().
   std::vector<ClientSocket*> wake_sockets() const;
