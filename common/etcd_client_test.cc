@@ -546,6 +546,8 @@ TEST_F(EtcdSecureTest, MissingOrWrongCredentialsAreRefused) {
   EXPECT_EQ((*doc)->value, "doc");
   EXPECT_EQ((*worker)->Get("/asyncps/secure/secrets/g0").status().code(),
             StatusCode::kPermissionDenied);
+  // The member records (endpoints, public keys): a redirect's check.
+  EXPECT_TRUE((*worker)->GetPrefix("/asyncps/secure/members/").ok());
   EXPECT_EQ((*worker)->Get("/asyncps/secure/layout").status().code(),
             StatusCode::kPermissionDenied);
   EXPECT_EQ((*worker)->Put("/asyncps/secure/elastic", "forged").status().code(),

@@ -24,9 +24,11 @@ etcd-client), over TLS:
                         (the replica layout, member keys, the groups' replica
                         secrets, the elastic document); ps_server and psrun's
                         ps_ctl sign in as it
-  asyncps-worker        role asyncps-worker: read <prefix>/elastic only (the
-                        elastic layout a worker routes by), never the replica
-                        secrets under <prefix>/secrets/
+  asyncps-worker        role asyncps-worker: read <prefix>/elastic (the
+                        elastic layout a worker routes by) and <prefix>/members/
+                        (endpoints and public keys: a worker follows a redirect
+                        only to a member of the shard's group), never the
+                        replica layout or the secrets under <prefix>/secrets/
 then turns authentication on. Passwords are random (32 hex digits), each in
 <user>.password (mode 600).
 
@@ -200,6 +202,8 @@ def enable_auth(d, endpoint, prefix):
         ("role", "grant-permission", SERVER_USER, "readwrite", prefix, "--prefix=true"),
         ("user", "grant-role", SERVER_USER, SERVER_USER),
         ("role", "grant-permission", WORKER_USER, "read", prefix + "/elastic"),
+        ("role", "grant-permission", WORKER_USER, "read", prefix + "/members/",
+         "--prefix=true"),
         ("user", "grant-role", WORKER_USER, WORKER_USER))])
     _etcdctl(d, endpoint, "auth", "enable")
     with open(os.path.join(d, "auth.enabled"), "w") as f:

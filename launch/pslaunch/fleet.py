@@ -193,7 +193,7 @@ class Fleet:
     # With psrun's etcd under --etcd_tls (etcd_tls.py), each process gets what
     # it needs and no more: every ps_server and psrun's own ps_ctl the
     # asyncps-server user's files (read/write under the fleet's prefix); a
-    # worker the asyncps-worker user's (read <prefix>/elastic), and only when
+    # worker the asyncps-worker user's (read <prefix>/elastic and members/), and only when
     # it is given etcd at all (--elastic). With an --etcd of the user's,
     # psrun adds nothing: the shards and workers read the --etcd_* flags the
     # user gave (--server_flags, [server], [worker]) and psrun's ps_ctl takes

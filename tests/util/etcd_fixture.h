@@ -48,7 +48,8 @@ class EtcdServer {
   // etcd_tls.py): TLS with the run's CA and client certificates required,
   // its certificates made in `tls_dir`, and etcd's authentication on, with
   // users root, asyncps-server (read/write under `prefix`) and
-  // asyncps-worker (read <prefix>/elastic). endpoint() is https://.
+  // asyncps-worker (read <prefix>/elastic and <prefix>/members/).
+  // endpoint() is https://.
   // Unavailable without openssl or etcdctl.
   static StatusOr<std::unique_ptr<EtcdServer>> StartSecure(
       const std::string& data_dir, const std::string& log_dir,
