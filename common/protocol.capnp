@@ -259,9 +259,10 @@ struct Assign {
 # (server/replication/replica_auth.h). With CurveZMQ the receiver compares
 # the sender's handshake key with the key in that process's etcd member
 # record; without, the message carries one more frame after its data: a
-# 16-byte tag (ChaCha20-Poly1305 over every frame before it, the header
-# included, under a key derived from the group's secret and `session`,
-# with the request id as nonce), and ids of one session only grow.
+# 16-byte tag (ChaCha20-Poly1305 over the frames before it: the header's
+# bytes and every frame's length, and with `tagAll` every frame's bytes;
+# under a key derived from the group's secret and `session`, with the
+# request id as nonce), and ids of one session only grow.
 struct Replicate {
   epoch @0 :UInt64;          # the layout epoch the primary serves under
   group @1 :Int32;           # the replica group (shard index)
@@ -277,6 +278,9 @@ struct ReplicaSender {
   incarnation @1 :UInt64;    # of its process (its etcd member record)
   session @2 :Data;          # 16 random bytes per sending process: which
                              # key the tag is under (no CURVE)
+  tagAll @3 :Bool;           # the tag covers every byte of every frame;
+                             # false: this header's bytes and every later
+                             # frame's length (ps_server --replica_tag)
 }
 
 struct WorkerState {

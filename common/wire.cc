@@ -223,6 +223,7 @@ void SetSender(const RequestHeader& h, cw::ReplicaSender::Builder b) {
   b.setSession(kj::arrayPtr(
       reinterpret_cast<const kj::byte*>(h.replica_session.data()),
       h.replica_session.size()));
+  b.setTagAll(h.replica_tag_all);
 }
 
 Status GetSender(cw::ReplicaSender::Reader r, RequestHeader* out) {
@@ -234,6 +235,7 @@ Status GetSender(cw::ReplicaSender::Reader r, RequestHeader* out) {
   auto session = r.getSession();
   out->replica_session.assign(reinterpret_cast<const char*>(session.begin()),
                               session.size());
+  out->replica_tag_all = r.getTagAll();
   return Status::OK();
 }
 
@@ -456,6 +458,7 @@ Status DecodeRequest(const uint8_t* data, size_t size,
         out->replica_sender.clear();
         out->replica_incarnation = 0;
         out->replica_session.clear();
+        out->replica_tag_all = false;
         out->done_below = r.getDoneBelow();
         auto body = r.getBody();
         switch (body.which()) {

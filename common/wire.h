@@ -158,6 +158,7 @@ struct RequestHeader {
   std::string replica_sender;
   uint64_t replica_incarnation = 0;
   std::string replica_session;
+  bool replica_tag_all = false;  // the tag covers the data frames' bytes
   // kPush, kPull: the elastic layout epoch the client routed by (0 = static).
   uint64_t layout_epoch = 0;
   // kMigrate (server/elastic/): see common/protocol.capnp.

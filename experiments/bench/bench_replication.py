@@ -40,6 +40,7 @@ before 2026-12-05 ran --epochs=1, which ended each worker after its share of
 one epoch: 468 steps with 2 workers, 234 with 4).
 
   experiments/bench/bench_replication.py --repeats 5
+  experiments/bench/bench_replication.py --baseline_bin_dir OLD/bin --repeats 5
   experiments/bench/bench_replication.py --model cnn --workers 4 --steps 150 --repeats 5
   experiments/bench/bench_replication.py --consistency bsp --compare_aggregation --repeats 5
   experiments/bench/bench_replication.py --consistency bsp --compare_overlap --servers 4 \
@@ -142,7 +143,9 @@ def interleaved(a, modes):
             loads.append(round(os.getloadavg()[0], 2))
             k = i % len(modes)
             for m, kw in modes[k:] + modes[:k]:
-                runs[m].append(run(a.bin_dir, work, servers=a.servers, workers=a.workers,
+                kw = dict(kw)
+                bin_dir = kw.pop("bin_dir", a.bin_dir)
+                runs[m].append(run(bin_dir, work, servers=a.servers, workers=a.workers,
                                    steps=a.steps, layers=a.layers,
                                    consistency=a.consistency, batch=a.batch, model=a.model,
                                    **kw))
@@ -161,6 +164,19 @@ def compare_aggregation(a):
               runs["replicas1"], loads))
     print(row(a, "replicas2_aggregated", "replicas2_per_push", runs["replicas2_aggregated"],
               runs["replicas2_per_push"], loads))
+    return 0
+
+
+def compare_builds(a):
+    """R=2 with --bin_dir against R=2 with --baseline_bin_dir (another build,
+    e.g. one without replica authentication), interleaved."""
+    runs, loads = interleaved(a, [
+        ("replicas2", {"replicas": 2}),
+        ("replicas2_baseline_build", {"replicas": 2, "bin_dir": a.baseline_bin_dir})])
+    out = json.loads(row(a, "replicas2", "replicas2_baseline_build", runs["replicas2"],
+                         runs["replicas2_baseline_build"], loads))
+    out["baseline_bin_dir"] = a.baseline_bin_dir
+    print(json.dumps(out))
     return 0
 
 
@@ -204,6 +220,9 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin_dir", default=os.path.join(REPO, "build", "bin"))
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--baseline_bin_dir",
+                    help="compare R=2 of --bin_dir against R=2 of this build's binaries "
+                         "(rows mode replicas2, baseline replicas2_baseline_build)")
     ap.add_argument("--servers", type=int, default=2)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--steps", type=int, default=1500)
@@ -229,6 +248,8 @@ def main():
         if a.consistency != "bsp":
             ap.error("--compare_overlap needs --consistency bsp")
         return compare_overlap(a)
+    if a.baseline_bin_dir:
+        return compare_builds(a)
     if a.compare_aggregation:
         if a.consistency != "bsp":
             ap.error("--compare_aggregation needs --consistency bsp")

@@ -32,6 +32,8 @@
 // --baseline_server=PATH the baseline is a group of 2 of another ps_server
 // build (baseline "replicas2_baseline_server"): the cost of a change to
 // replication itself, e.g. replica authentication against a build without.
+// --replica_flags=--replica_tag=all gives our group (not the baseline) more
+// flags: the cost of tagging every byte.
 //
 // Usage: ps_bench_transport [--sizes=4096,1048576,16777216,67108864]
 //        [--inflight=1,8] [--seconds=0.7] [--repeats=5] [--server=PATH]
@@ -78,6 +80,10 @@ DEFINE_string(transport, "tcp", "tcp (127.0.0.1) or ipc (Unix domain socket)");
 DEFINE_string(baseline_server, "",
               "with --replicas=2: the baseline is a replica group of 2 run by "
               "this ps_server binary (another build), not one replica");
+DEFINE_string(replica_flags, "",
+              "with --replicas=2: more ps_server flags for our group "
+              "(comma-separated), e.g. --replica_tag=all; not for the "
+              "baseline");
 DEFINE_int32(replicas, 0,
              "2: measure a replica group of 2 against one replica (see the "
              "file comment); 0: the ordinary rows");
@@ -504,16 +510,20 @@ int ReplicaRows(const std::string& bin) {
   // A fresh group of `replicas` per measurement (as OursMeasure starts a
   // fresh server), under its own key prefix.
   auto measure = [&](int replicas, bool push, size_t bytes, int inflight,
-                     const std::string& server) -> StatusOr<Rate> {
+                     const std::string& server, bool ours) -> StatusOr<Rate> {
     const std::string pre = "/bench/" + std::to_string(getpid()) + "-" + std::to_string(prefix++);
     std::vector<std::unique_ptr<ServerProcess>> group;
     std::string endpoint;
     std::vector<pid_t> pids;
     for (int r = 0; r < replicas; ++r) {
-      ASSIGN_OR_RETURN(auto s, StartServer(server, false, nullptr,
-                                           {"--etcd=" + (*etcd)->endpoint, "--etcd_prefix=" + pre,
-                                            "--replicas=" + std::to_string(replicas),
-                                            "--replica=" + std::to_string(r)}));
+      std::vector<std::string> flags = {"--etcd=" + (*etcd)->endpoint, "--etcd_prefix=" + pre,
+                                        "--replicas=" + std::to_string(replicas),
+                                        "--replica=" + std::to_string(r)};
+      if (ours) {
+        for (const std::string& f : ParseNames(FLAGS_replica_flags))
+          if (!f.empty()) flags.push_back(f);
+      }
+      ASSIGN_OR_RETURN(auto s, StartServer(server, false, nullptr, flags));
       endpoint += (r ? "|" : "") + s->endpoint;
       pids.push_back(s->pid);
       group.push_back(std::move(s));
@@ -529,10 +539,10 @@ int ReplicaRows(const std::string& bin) {
           // two run by another build, e.g. one without replica
           // authentication.
           auto a = FLAGS_baseline_server.empty()
-                       ? measure(1, push, bytes, inflight, bin)
-                       : measure(2, push, bytes, inflight, FLAGS_baseline_server);
+                       ? measure(1, push, bytes, inflight, bin, false)
+                       : measure(2, push, bytes, inflight, FLAGS_baseline_server, false);
           if (!a.ok()) return fail(a.status());
-          auto b = measure(2, push, bytes, inflight, bin);
+          auto b = measure(2, push, bytes, inflight, bin, true);
           if (!b.ok()) return fail(b.status());
           one.push_back(*a);
           two.push_back(*b);
@@ -558,6 +568,7 @@ int ReplicaRows(const std::string& bin) {
         j["mb_per_s"] = bench::Round(bench::SpreadOf(mbs(two)).median, 1);
         j["baseline"] = FLAGS_baseline_server.empty() ? "replicas1" : "replicas2_baseline_server";
         if (!FLAGS_baseline_server.empty()) j["baseline_server"] = FLAGS_baseline_server;
+        if (!FLAGS_replica_flags.empty()) j["replica_flags"] = FLAGS_replica_flags;
         j["baseline_mb_per_s"] = bench::Round(bench::SpreadOf(mbs(one)).median, 1);
         j["ratio_metric"] = small ? "ops_per_s" : "mb_per_s";
         const auto r = bench::SpreadOf(bench::Ratios(metric(two), metric(one)));

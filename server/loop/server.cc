@@ -277,6 +277,7 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
     ro.transport.max_frame_bytes = s->options_.max_frame_bytes;
     ro.suspect_after = options.replica_suspect_after;
     ro.aggregate_rounds = options.replicate_after_aggregation;
+    ro.tag_coverage = options.replica_tag_coverage;
     ro.flush_unclocked_after = options.round_record_flush_after;
     if (!options.curve_secret_key.empty()) {
       // A replica key pair of this process's own, never written down: the

@@ -96,6 +96,10 @@ struct ServerOptions {
   // keys authenticate it instead; without, the group's secret in etcd
   // (created with the group). Default: "".
   std::string replica_secret;
+  // Without CURVE: what a replica update's tag covers
+  // (replication::ReplicatorOptions::tag_coverage, ps_server --replica_tag).
+  // Default: kHeader.
+  replication::Coverage replica_tag_coverage = replication::Coverage::kHeader;
   // A replica first checks that its advertised endpoint
   // (replication.endpoint) reaches it: a probe sent there must arrive on
   // its own socket within this long, else Create() fails (a mistyped or

@@ -40,8 +40,9 @@ struct ReplicaMac::Key {
            EVP_EncryptInit_ex(ctx, EVP_chacha20_poly1305(), nullptr, key,
                               nullptr) == 1;
   }
-  // The tag of `frames` under nonce `id`; false when OpenSSL fails.
-  bool Tag(uint64_t id, const std::vector<TagPiece>& frames, uint8_t* tag) {
+  // The tag of `frames` under nonce `id` (the bytes of frames after the
+  // first only with `all`); false when OpenSSL fails.
+  bool Tag(uint64_t id, const std::vector<TagPiece>& frames, bool all, uint8_t* tag) {
     uint8_t nonce[kNonceBytes] = {0};
     PutLe64(id, nonce);
     int n = 0;
@@ -58,13 +59,29 @@ struct ReplicaMac::Key {
       }
       return true;
     };
-    uint8_t len[8];
-    bool ok = aad(kTagDomain, sizeof(kTagDomain));
-    PutLe64(frames.size(), len);
-    ok = ok && aad(len, sizeof(len));
-    for (const TagPiece& f : frames) {
-      PutLe64(f.second, len);
-      ok = ok && aad(len, sizeof(len)) && aad(f.first, f.second);
+    // Every piece starts at a 16-byte boundary of the additional data:
+    // OpenSSL's Poly1305 runs at half speed over a piece that does not
+    // (6.4 against 12.7 GB/s here, ps_bench_replica_mac). The lengths keep
+    // the padding unambiguous.
+    static const uint8_t kZeros[16] = {0};
+    size_t fed = 0;
+    auto padded = [&](const void* p, size_t size) {
+      fed += size;
+      const size_t pad = (16 - fed % 16) % 16;
+      fed += pad;
+      return aad(p, size) && aad(kZeros, pad);
+    };
+    uint8_t block[16] = {0};
+    bool ok = padded(kTagDomain, sizeof(kTagDomain));
+    block[0] = all ? 1 : 0;  // the coverage
+    PutLe64(frames.size(), block + 8);
+    ok = ok && padded(block, sizeof(block));
+    for (size_t i = 0; i < frames.size(); ++i) {
+      const TagPiece& f = frames[i];
+      std::memset(block, 0, sizeof(block));
+      PutLe64(f.second, block);
+      ok = ok && padded(block, sizeof(block));
+      if (i == 0 || all) ok = ok && padded(f.first, f.second);
     }
     uint8_t unused[16];
     return ok && EVP_EncryptFinal_ex(ctx, unused, &n) == 1 &&
@@ -189,9 +206,9 @@ std::unique_ptr<ReplicaMac::Key> ReplicaMac::Derive(const std::string& session) 
 }
 
 std::array<uint8_t, kReplicaTagBytes> ReplicaMac::Sign(
-    uint64_t id, const std::vector<TagPiece>& frames) {
+    uint64_t id, const std::vector<TagPiece>& frames, Coverage coverage) {
   std::array<uint8_t, kReplicaTagBytes> tag{};
-  if (!own_->Tag(id, frames, tag.data())) {
+  if (!own_->Tag(id, frames, coverage == Coverage::kAll, tag.data())) {
     // Not expected (the context was set up in Create); a zero tag is
     // refused by every receiver, so nothing unauthenticated is applied.
     tag.fill(0);
@@ -200,8 +217,8 @@ std::array<uint8_t, kReplicaTagBytes> ReplicaMac::Sign(
 }
 
 Status ReplicaMac::Verify(const std::string& session, uint64_t id,
-                          const std::vector<TagPiece>& frames, const uint8_t* tag,
-                          size_t tag_size) {
+                          const std::vector<TagPiece>& frames, Coverage coverage,
+                          const uint8_t* tag, size_t tag_size) {
   const Status refused = Status::PermissionDenied(
       "replica request not authenticated (no valid tag of this group's "
       "secret, or a replayed id)");
@@ -217,7 +234,7 @@ Status ReplicaMac::Verify(const std::string& session, uint64_t id,
   }
   if (k == nullptr) return refused;
   uint8_t want[kReplicaTagBytes];
-  if (!k->Tag(id, frames, want) || CRYPTO_memcmp(want, tag, kReplicaTagBytes) != 0)
+  if (!k->Tag(id, frames, coverage == Coverage::kAll, want) || CRYPTO_memcmp(want, tag, kReplicaTagBytes) != 0)
     return refused;
   if (k->any && id <= k->last_id) return refused;
   k->any = true;

@@ -17,8 +17,9 @@
 //    --replica_secret_file; never handed to workers). Each message carries a
 //    tag as its last frame: ChaCha20-Poly1305 used as a MAC (the frames are
 //    its additional data, nothing is encrypted) over a domain string, the
-//    frame count and every frame before the tag with its length, header
-//    first. Its key is HMAC-SHA256(secret, domain, group, session), where
+//    coverage (below), the frame count, every frame's length and the bytes
+//    of the header, and with Coverage::kAll the bytes of every frame. Its
+//    key is HMAC-SHA256(secret, domain, group, session), where
 //    the session is 16 random bytes per sending process, named in the
 //    header; its nonce is the request id. A sender's ids only grow (they
 //    come from one counter), so a nonce never repeats under a key, and a
@@ -29,8 +30,16 @@
 //
 // Poly1305 was chosen over HMAC-SHA256 for the per-message tag because it
 // runs at ~8.6 GB/s here against ~1.6 GB/s (one core, 1 MiB messages,
-// `openssl speed`), and the tag is computed on every byte a primary hands
-// on and again on its backup.
+// `openssl speed`). In the server it runs at ~6 GB/s (the bytes arrive
+// cold), on the primary and again on the backup, in series with the
+// update: tagging every byte costs ~0.6x push throughput for 1 MiB
+// tensors, one in flight (experiments/results/RELIABILITY.md "What
+// authentication costs"). Updates are therefore tagged over their header
+// by default (ps_server --replica_tag=header): what stops a peer that is
+// not on the path (a worker) from forging or replaying replica traffic is
+// the header's tag; the payload's bytes matter only against a host on the
+// path, which without CurveZMQ can alter a worker's own push just as well.
+// --replica_tag=all covers them too; snapshots are always covered in full.
 //
 // Thread safety: a ReplicaMac is used by one thread (the event loop's).
 #pragma once
@@ -69,6 +78,18 @@ StatusOr<std::string> LoadReplicaSecret(const std::string& path);
 // One frame to tag: its bytes.
 using TagPiece = std::pair<const void*, size_t>;
 
+// What a tag covers. kAll: every byte of every frame. kHeader: the first
+// frame's bytes (the replica header: sender, session, id, epoch, group) and
+// every frame's length, not the bytes of the frames after it (a push's
+// gradient, a round's sums). kHeader proves who sent a message and which of
+// its updates it is, which is what stops a peer that is not on the network
+// path from forging or replaying replica traffic; the payload then rides
+// the path as a worker's push does without CurveZMQ. kAll costs a pass of
+// Poly1305 over every byte on each side (~6 GB/s per core measured in the
+// server, RELIABILITY.md "What authentication costs"). The coverage is
+// itself covered by the tag.
+enum class Coverage { kHeader, kAll };
+
 class ReplicaMac {
  public:
   // `secret`: kReplicaSecretBytes bytes; `group` is bound into every key.
@@ -86,7 +107,8 @@ class ReplicaMac {
   // The tag of `frames` (header first) sent with request id `id` under this
   // process's session. `id` must grow from one call to the next.
   std::array<uint8_t, kReplicaTagBytes> Sign(uint64_t id,
-                                             const std::vector<TagPiece>& frames);
+                                             const std::vector<TagPiece>& frames,
+                                             Coverage coverage);
 
   // OK when `tag` is the tag of `frames` under `session` with id `id`, and
   // `id` is above every id this object took from `session` before (then it
@@ -96,8 +118,8 @@ class ReplicaMac {
   // again: only a process that has the secret could have sent them). A
   // session is remembered only once a message of it verified.
   Status Verify(const std::string& session, uint64_t id,
-                const std::vector<TagPiece>& frames, const uint8_t* tag,
-                size_t tag_size);
+                const std::vector<TagPiece>& frames, Coverage coverage,
+                const uint8_t* tag, size_t tag_size);
 
   static constexpr size_t kMaxSessions = 8;
 

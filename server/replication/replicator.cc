@@ -88,14 +88,15 @@ StatusOr<std::unique_ptr<ClientSocket>> Replicator::ConnectTo(
   return ClientSocket::Connect(endpoint, to);
 }
 
-const uint8_t* Replicator::Tag(uint64_t id, const std::vector<uint8_t>& header,
+const uint8_t* Replicator::Tag(const RequestHeader& h,
+                               const std::vector<uint8_t>& header,
                                const std::vector<ByteView>& data) {
   if (!mac_) return nullptr;
   std::vector<TagPiece> pieces;
   pieces.reserve(data.size() + 1);
   pieces.emplace_back(header.data(), header.size());
   for (const ByteView& f : data) pieces.emplace_back(f.data, f.size);
-  tag_ = mac_->Sign(id, pieces);
+  tag_ = mac_->Sign(h.id, pieces, h.replica_tag_all ? Coverage::kAll : Coverage::kHeader);
   return tag_.data();
 }
 
@@ -261,7 +262,10 @@ RequestHeader Replicator::NewReplicate() {
   h.replicate_group = options_.group;
   h.replica_sender = options_.name;
   h.replica_incarnation = options_.incarnation;
-  if (mac_) h.replica_session = mac_->session();
+  if (mac_) {
+    h.replica_session = mac_->session();
+    h.replica_tag_all = options_.tag_coverage == Coverage::kAll;
+  }
   return h;
 }
 
@@ -335,7 +339,7 @@ void Replicator::ClearBatch() {
 void Replicator::SendToBackups(const RequestHeader& h,
                                const std::vector<ByteView>& data) {
   const std::vector<uint8_t> header = EncodeRequest(h);
-  const uint8_t* tag = Tag(h.id, header, data);  // one tag for every backup
+  const uint8_t* tag = Tag(h, header, data);  // one tag for every backup
   for (auto& b : backups_) {
     if (b->socket == nullptr) continue;  // not connected: it holds replies
     Status s = SendTo(*b, header, data, tag);
@@ -373,7 +377,16 @@ Status Replicator::Authenticate(Message* msg, const RequestHeader& req,
   pieces.reserve(msg->frames.size() - 1);
   for (size_t i = 0; i + 1 < msg->frames.size(); ++i)
     pieces.emplace_back(msg->frames[i].data, msg->frames[i].size);
-  if (!mac_->Verify(req.replica_session, req.id, pieces, tag.data, tag.size).ok()) {
+  // Snapshots, and everything when this replica is set to kAll, must be
+  // tagged in full; the coverage is under the tag, so no one without the
+  // secret can lower it.
+  const bool need_all = req.kind == RequestKind::kSnapshot ||
+                        options_.tag_coverage == Coverage::kAll;
+  if ((need_all && !req.replica_tag_all) ||
+      !mac_->Verify(req.replica_session, req.id, pieces,
+                    req.replica_tag_all ? Coverage::kAll : Coverage::kHeader,
+                    tag.data, tag.size)
+           .ok()) {
     ++counters_.refused_sender;
     return refused;
   }
@@ -462,7 +475,7 @@ void Replicator::Poll(std::vector<OutgoingReply>* out) {
       const RequestHeader h = NewReplicate();
       const std::vector<uint8_t> header = EncodeRequest(h);
       // A full queue: the backup is far behind.
-      (void)SendTo(*b, header, {}, Tag(h.id, header, {}));
+      (void)SendTo(*b, header, {}, Tag(h, header, {}));
     }
   }
   for (auto& b : backups_) {
@@ -635,10 +648,11 @@ Status Replicator::StartJoin(const std::string& endpoint,
       h.snapshot_total_bytes = total;
       offset += n;
       h.snapshot_last = f + 1 == files.size() && offset == size;
+      h.replica_tag_all = mac_ != nullptr;  // a spare's whole store: every byte
       const std::vector<uint8_t> header = EncodeRequest(h);
       auto piece = std::make_shared<std::vector<uint8_t>>(std::move(bytes));
       const std::vector<ByteView> data{ByteView{piece->data(), piece->size(), piece}};
-      RETURN_IF_ERROR(SendTo(*b, header, data, Tag(h.id, header, data))
+      RETURN_IF_ERROR(SendTo(*b, header, data, Tag(h, header, data))
                           .WithContext("sending the snapshot to " + endpoint));
       b->snapshot_seq = h.id;
     } while (offset < size);

@@ -154,6 +154,13 @@ struct ReplicatorOptions {
   // with the server key of its member record. One of the two is required.
   // Default: "".
   std::string secret;
+  // With a secret: what the tag of an update covers (replica_auth.h
+  // Coverage): kHeader, its header and frame lengths (a peer off the
+  // network path cannot forge or replay one), or kAll, every byte (an
+  // on-path host cannot alter one either). A receiver set to kAll refuses
+  // updates tagged kHeader. Snapshots are always tagged kAll. Default:
+  // kHeader.
+  Coverage tag_coverage = Coverage::kHeader;
   // Socket options for the connections to backups (context, limits, and
   // with CurveZMQ the replica key pair).
   TransportOptions transport;
@@ -352,7 +359,7 @@ class Replicator {
                 const std::vector<ByteView>& data, const uint8_t* tag);
   // The tag of a replica request (header, data) with id `id`; nullptr
   // with CURVE (nothing to add).
-  const uint8_t* Tag(uint64_t id, const std::vector<uint8_t>& header,
+  const uint8_t* Tag(const RequestHeader& h, const std::vector<uint8_t>& header,
                      const std::vector<ByteView>& data);
   void Release(std::vector<OutgoingReply>* out);
   // The batched replies to `out` at once (no backup to wait for), then

@@ -393,17 +393,20 @@ TEST_F(TrustIntegrationTest, ForgedReplicaTrafficToABackupProcessChangesNothing)
 }
 
 // A group's secret from a file (ps_ctl secretgen, ps_server
-// --replica_secret_file) instead of etcd: the group replicates with it, the
-// secret never reaches etcd, and a file others can read is refused.
+// --replica_secret_file) instead of etcd: the group replicates with it
+// (every byte tagged, --replica_tag=all), the secret never reaches etcd, and
+// a file others can read is refused, as is a --replica_tag that is neither
+// header nor all.
 TEST_F(TrustIntegrationTest, ReplicaSecretFileAuthenticatesTheGroup) {
   const std::string secret = dir_.Sub("group0.secret");
   auto gen = Process::Start({BinPath("ps_ctl"), "secretgen", "--out=" + secret},
                             dir_.Sub("secretgen.log"));
   ASSERT_TRUE(gen.ok());
   ASSERT_EQ(*(*gen)->Wait(std::chrono::seconds(10)), 0) << (*gen)->Log();
-  auto p = Start(2, 0, {"--replica_secret_file=" + secret});
+  // Every byte tagged (--replica_tag=all) on both.
+  auto p = Start(2, 0, {"--replica_secret_file=" + secret, "--replica_tag=all"});
   ASSERT_TRUE(p.ok()) << p.status().ToString();
-  auto b = Start(2, 1, {"--replica_secret_file=" + secret});
+  auto b = Start(2, 1, {"--replica_secret_file=" + secret, "--replica_tag=all"});
   ASSERT_TRUE(b.ok()) << b.status().ToString();
   auto c0 = Connect(p->endpoint);
   auto c1 = Connect(b->endpoint);
@@ -418,6 +421,11 @@ TEST_F(TrustIntegrationTest, ReplicaSecretFileAuthenticatesTheGroup) {
   ASSERT_FALSE(open_file.ok());
   EXPECT_NE(open_file.status().message().find("readable by others"), std::string::npos)
       << open_file.status().ToString();
+  auto bad_tag = Start(2, 1, {"--replica_tag=none"}, "-bad-tag");
+  ASSERT_FALSE(bad_tag.ok());
+  EXPECT_NE(bad_tag.status().message().find("--replica_tag must be header or all"),
+            std::string::npos)
+      << bad_tag.status().ToString();
 }
 
 // A replica group whose etcd is secured (TLS, client certificates, users):
