@@ -30,10 +30,11 @@
 //
 // Poly1305 was chosen over HMAC-SHA256 for the per-message tag because it
 // runs at ~8.6 GB/s here against ~1.6 GB/s (one core, 1 MiB messages,
-// `openssl speed`). In the server it runs at ~6 GB/s (the bytes arrive
-// cold), on the primary and again on the backup, in series with the
-// update: tagging every byte costs ~0.6x push throughput for 1 MiB
-// tensors, one in flight (experiments/results/RELIABILITY.md "What
+// `openssl speed`). In the server it runs at ~11 GB/s (the bytes arrive
+// cold; every piece starts at a 16-byte boundary, without which OpenSSL
+// runs at half speed), on the primary and again on the backup, in series
+// with the update: tagging every byte costs 0.65-0.86x push throughput
+// (experiments/results/RELIABILITY.md "What
 // authentication costs"). Updates are therefore tagged over their header
 // by default (ps_server --replica_tag=header): what stops a peer that is
 // not on the path (a worker) from forging or replaying replica traffic is
