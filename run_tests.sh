@@ -51,6 +51,14 @@ SECONDS=0
 ctest_stage Release "$BUILD" --output-on-failure -j"$JOBS" --timeout 600
 echo "run_tests: Release tests took ${SECONDS} s"
 
+# Clang's thread-safety analysis over every file that uses asyncps::Mutex
+# (common/mutex.h), with the Release tree's compile commands.
+SECONDS=0
+rc=0
+/usr/bin/python3 tests/static/thread_safety.py "$BUILD" -j"$JOBS" || rc=$?
+[ "$rc" -eq 0 ] || [ "$rc" -eq 77 ] || exit "$rc"
+echo "run_tests: thread-safety stage took ${SECONDS} s"
+
 if [ "${SKIP_SANITIZERS:-0}" != 1 ]; then
   # AddressSanitizer + UndefinedBehaviorSanitizer: the unit tests of common,
   # compression, server and the worker client, plus the server's

@@ -198,7 +198,7 @@ template <typename T>
 T& Family<T>::WithLabels(const std::vector<std::string>& values) {
   CHECK_EQ(values.size(), label_names_.size())
       << "metric " << name_ << ": wrong number of label values";
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   std::unique_ptr<T>& child = children_[values];
   if (!child) child = make_();
   return *child;
@@ -239,7 +239,7 @@ Family<T>& Registry::Add(const std::string& name, const std::string& help,
           l != "le")
         << "bad label name " << l << " on " << name;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (auto& e : entries_) {
     if (e->name != name) continue;
     CHECK(e->type == type && e->label_names == label_names &&
@@ -289,7 +289,7 @@ Family<Histogram>& Registry::AddHistogram(
 }
 
 void Registry::AddCollector(std::function<void()> fn) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   collectors_.push_back(std::move(fn));
 }
 
@@ -301,7 +301,7 @@ void Registry::Entry::Render(std::string* out) const {
   };
   auto scalars = [&](const auto& family) {
     header(family.help_);
-    std::lock_guard<std::mutex> l(family.mu_);
+    MutexLock l(&family.mu_);
     for (const auto& [values, child] : family.children_) {
       *out += name + LabelSet(label_names, values) + " " +
               FormatValue(child->value()) + "\n";
@@ -316,7 +316,7 @@ void Registry::Entry::Render(std::string* out) const {
       break;
     case MetricType::kHistogram: {
       header(histograms->help_);
-      std::lock_guard<std::mutex> l(histograms->mu_);
+      MutexLock l(&histograms->mu_);
       for (const auto& [values, child] : histograms->children_) {
         const Histogram::Snapshot s = child->Snap();
         for (size_t i = 0; i <= bounds.size(); ++i) {
@@ -337,12 +337,12 @@ void Registry::Entry::Render(std::string* out) const {
 std::string Registry::Render() const {
   std::vector<std::function<void()>> collectors;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     collectors = collectors_;
   }
   for (const auto& fn : collectors) fn();
   std::string out;
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   for (const auto& e : entries_) e->Render(&out);
   return out;
 }

@@ -28,9 +28,10 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace asyncps::metrics {
 
@@ -116,9 +117,8 @@ class Family {
   const MetricType type_;
   const std::vector<std::string> label_names_;
   const std::function<std::unique_ptr<T>()> make_;
-  mutable std::mutex mu_;
-  std::map<std::vector<std::string>, std::unique_ptr<T>>
-      children_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::map<std::vector<std::string>, std::unique_ptr<T>> children_ GUARDED_BY(mu_);
 };
 
 class Registry {
@@ -154,9 +154,9 @@ class Registry {
                  std::function<std::unique_ptr<T>()> make,
                  std::vector<double> bounds);
 
-  mutable std::mutex mu_;
-  std::vector<std::unique_ptr<Entry>> entries_;    // GUARDED_BY(mu_)
-  std::vector<std::function<void()>> collectors_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::vector<std::unique_ptr<Entry>> entries_ GUARDED_BY(mu_);
+  std::vector<std::function<void()>> collectors_ GUARDED_BY(mu_);
 };
 
 // Formats a sample value as Prometheus does: shortest round-trip decimal,

@@ -13,25 +13,25 @@ ShutdownWatchdog::~ShutdownWatchdog() {
 void ShutdownWatchdog::StopRequested() {
   bool second = false;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (done_) return;
     second = ++requests_ >= 2;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   if (second) Force("a second stop request");
 }
 
 void ShutdownWatchdog::Done() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     done_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void ShutdownWatchdog::Force(const std::string& why) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (forced_ || done_) return;
     forced_ = true;
   }
@@ -39,11 +39,15 @@ void ShutdownWatchdog::Force(const std::string& why) {
 }
 
 void ShutdownWatchdog::Run() {
-  std::unique_lock<std::mutex> l(mu_);
-  cv_.wait(l, [this] { return done_ || requests_ > 0; });
-  if (done_) return;
-  if (cv_.wait_for(l, options_.grace, [this] { return done_; })) return;
-  l.unlock();
+  {
+    MutexLock l(&mu_);
+    while (!done_ && requests_ == 0) cv_.Wait(&mu_);
+    if (done_) return;
+    const auto until = std::chrono::steady_clock::now() + options_.grace;
+    while (!done_ && cv_.WaitUntil(&mu_, until)) {
+    }
+    if (done_) return;
+  }
   Force("the event loop did not stop within " +
         std::to_string(options_.grace.count()) + " ms");
 }

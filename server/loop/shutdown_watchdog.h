@@ -15,11 +15,11 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <thread>
+
+#include "common/mutex.h"
 
 namespace asyncps::server {
 
@@ -46,14 +46,14 @@ class ShutdownWatchdog {
 
  private:
   void Run();
-  void Force(const std::string& why);  // REQUIRES: mu_ not held
+  void Force(const std::string& why) EXCLUDES(mu_);
 
   Options options_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int requests_ = 0;     // guarded by mu_
-  bool done_ = false;    // guarded by mu_
-  bool forced_ = false;  // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  int requests_ GUARDED_BY(mu_) = 0;
+  bool done_ GUARDED_BY(mu_) = false;
+  bool forced_ GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

@@ -112,7 +112,7 @@ StatusOr<std::unique_ptr<Membership>> Membership::Create(
   // none, and a replica without a view would refuse its primary.
   for (int i = 0; i < 20; ++i) {
     RETURN_IF_ERROR(m->Step(SteadyClock::now()));
-    std::lock_guard<std::mutex> l(m->mu_);
+    MutexLock l(&m->mu_);
     if (m->published_ > 0) break;
   }
   m->thread_ = std::thread([p = m.get()] { p->Run(); });
@@ -126,7 +126,7 @@ Status Membership::Join() {
       etcd_->Put(options_.prefix + "/members/" + name_, member_value_, lease_)
           .status());
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     view_.lease_valid_until = sent + options_.lease_ttl;
   }
   const ReplicaLayout initial =
@@ -184,7 +184,7 @@ Status Membership::KeepAlive(SteadyClock::time_point now) {
     ++counters_.keepalive_failures;
     return s;
   }
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   view_.lease_valid_until = now + std::min(left, options_.lease_ttl);
   return Status::OK();
 }
@@ -313,7 +313,7 @@ Status Membership::Step(SteadyClock::time_point now) {
   }
   uint64_t suspect = 0;
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     suspect = suspect_epoch_;
   }
   const bool suspected = suspect == g.epoch && suspect > 0;
@@ -348,7 +348,7 @@ Status Membership::Step(SteadyClock::time_point now) {
   } else if (me_listed && g.primary == name_) {
     std::vector<std::string> keep;
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       broken.swap(drop_backups_);
     }
     for (const std::string& b : g.backups) {
@@ -409,7 +409,7 @@ Status Membership::Step(SteadyClock::time_point now) {
       g.incarnations.at(name_) == incarnation_) {
     // Spares whose state this primary copied: list them as backups.
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       add.swap(add_backups_);
     }
     for (const std::string& endpoint : add) {
@@ -433,7 +433,7 @@ Status Membership::Step(SteadyClock::time_point now) {
     // Not written (a conflict or an etcd error): what this step took is
     // asked for again, at once.
     auto retry = [&] {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       add_backups_.insert(add_backups_.end(), add.begin(), add.end());
       drop_backups_.insert(drop_backups_.begin(), broken.begin(),
                            broken.end());
@@ -499,19 +499,21 @@ Status Membership::Step(SteadyClock::time_point now) {
         v.spare_endpoints.push_back(m.endpoint);
     }
   }
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   v.lease_valid_until = view_.lease_valid_until;
   if (!(v == view_)) view_changed_ = true;
   view_ = v;
   ++published_;
-  published_cv_.notify_all();
+  published_cv_.SignalAll();
   return Status::OK();
 }
 
 void Membership::Run() {
-  std::unique_lock<std::mutex> l(mu_);
-  while (!stop_) {
-    l.unlock();
+  for (;;) {
+    {
+      MutexLock l(&mu_);
+      if (stop_) return;
+    }
     const auto now = SteadyClock::now();
     Status s = Step(now);
     if (!s.ok()) {
@@ -519,51 +521,55 @@ void Membership::Run() {
       LOG_EVERY_N(WARNING, 20) << "membership of " << name_ << ": "
                                << s.ToString();
     }
-    l.lock();
-    cv_.wait_until(l, now + options_.poll, [this] { return stop_ || wake_; });
+    MutexLock l(&mu_);
+    const auto until = now + options_.poll;
+    while (!stop_ && !wake_ && cv_.WaitUntil(&mu_, until)) {
+    }
     wake_ = false;
   }
 }
 
 bool Membership::AwaitStep(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> l(mu_);
+  const auto until = SteadyClock::now() + timeout;
+  MutexLock l(&mu_);
   const uint64_t target = published_ + 1;
   wake_ = true;
-  cv_.notify_all();
-  return published_cv_.wait_for(l, timeout, [&] { return published_ >= target || stop_; }) &&
-         published_ >= target;
+  cv_.SignalAll();
+  while (published_ < target && !stop_ && published_cv_.WaitUntil(&mu_, until)) {
+  }
+  return published_ >= target;
 }
 
 void Membership::Wake() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   wake_ = true;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void Membership::SuspectPrimary(uint64_t epoch) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   if (epoch <= suspect_epoch_) return;  // asked every loop while it lasts
   suspect_epoch_ = epoch;
   wake_ = true;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void Membership::DropBackup(const std::string& endpoint, bool silent) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   drop_backups_.emplace_back(endpoint, silent);
   wake_ = true;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 void Membership::AddBackup(const std::string& endpoint) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   add_backups_.push_back(endpoint);
   wake_ = true;
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 bool Membership::TakeView(ReplicaView* view) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   *view = view_;
   const bool changed = view_changed_;
   view_changed_ = false;
@@ -572,11 +578,11 @@ bool Membership::TakeView(ReplicaView* view) {
 
 void Membership::Stop(bool revoke) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (stop_ && !thread_.joinable()) return;
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   if (thread_.joinable()) thread_.join();
   if (revoke && etcd_ && lease_ != 0) {
     Status s = etcd_->RevokeLease(lease_);

@@ -40,15 +40,14 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/etcd_security.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "server/replication/replica_view.h"
 
@@ -190,19 +189,19 @@ class Membership {
       deposed_;
   MembershipCounters counters_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;             // GUARDED_BY(mu_)
-  ReplicaView view_;              // GUARDED_BY(mu_)
-  bool view_changed_ = false;     // GUARDED_BY(mu_)
-  uint64_t published_ = 0;        // GUARDED_BY(mu_): steps that published a view
-  std::condition_variable published_cv_;
-  std::vector<std::string> add_backups_;  // GUARDED_BY(mu_): endpoints
-  uint64_t suspect_epoch_ = 0;            // GUARDED_BY(mu_)
-  bool wake_ = false;  // GUARDED_BY(mu_): step now, not after `poll`
+  Mutex mu_;
+  CondVar cv_;
+  bool stop_ GUARDED_BY(mu_) = false;
+  ReplicaView view_ GUARDED_BY(mu_);
+  bool view_changed_ GUARDED_BY(mu_) = false;
+  uint64_t published_ GUARDED_BY(mu_) = 0;  // steps that published a view
+  CondVar published_cv_;
+  std::vector<std::string> add_backups_ GUARDED_BY(mu_);  // endpoints
+  uint64_t suspect_epoch_ GUARDED_BY(mu_) = 0;
+  bool wake_ GUARDED_BY(mu_) = false;  // step now, not after `poll`
   std::chrono::steady_clock::time_point next_keepalive_{};  // private thread
-  // GUARDED_BY(mu_): endpoints to drop, and whether each was silent.
-  std::vector<std::pair<std::string, bool>> drop_backups_;
+  // Endpoints to drop, and whether each was silent.
+  std::vector<std::pair<std::string, bool>> drop_backups_ GUARDED_BY(mu_);
   std::thread thread_;
 };
 
