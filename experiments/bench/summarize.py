@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Markdown tables of benchmark JSON lines (experiments/bench/*).
 
-  experiments/bench/summarize.py experiments/results/perf/quiet/*.jsonl
+  experiments/bench/summarize.py experiments/results/perf/quiet2/*.jsonl
   experiments/bench/summarize.py --compare OLD.jsonl NEW.jsonl
   experiments/bench/summarize.py --check [--goals goals.json] [--all] FILES...
 
