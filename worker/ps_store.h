@@ -57,7 +57,7 @@ struct PsStoreOptions {
   // so the transfer overlaps this step's compute. The weights of step c+1
   // may then lack this worker's own update of step c (one more step of
   // staleness for its own updates; other workers' updates keep the SSP
-  // bound, see README "SSP bound"). Under BSP the pull waits for the round
+  // bound, see docs/consistency.md "SSP bound"). Under BSP the pull waits for the round
   // and so gains nothing. Default: false (the pull follows the push and the
   // clock on each connection).
   bool prefetch_ahead = false;

@@ -179,7 +179,7 @@ TEST(OverlapIntegrationTest, SspTrainsWithPushesPerLayer) {
   }
 }
 
-// The SSP bound (README "SSP bound") with the OverlapScheduler's pushes by
+// The SSP bound (docs/consistency.md "SSP bound") with the OverlapScheduler's pushes by
 // layer, per-shard clocks and pulls by layer groups: worker w's gradient
 // of step c is 1 at element w*T+c of every tensor (SGD, lr 1, zero initial
 // weights), so a weight of -1 there proves that update is in. A pull of
