@@ -229,10 +229,6 @@ void ApplyCommonOptions(zmq::socket_t& s, const TransportOptions& o) {
   s.set(zmq::sockopt::sndhwm, o.hwm);
   s.set(zmq::sockopt::rcvhwm, o.hwm);
   s.set(zmq::sockopt::maxmsgsize, o.max_frame_bytes);
-  if (o.socket_buffer_bytes > 0) {
-    s.set(zmq::sockopt::sndbuf, o.socket_buffer_bytes);
-    s.set(zmq::sockopt::rcvbuf, o.socket_buffer_bytes);
-  }
   // ZeroMQ sets SO_SNDBUF on every TCP connection the socket makes or takes.
   if (o.send_buffer_bytes > 0) s.set(zmq::sockopt::sndbuf, o.send_buffer_bytes);
 }

@@ -54,10 +54,8 @@ struct TransportOptions {
   size_t max_frames = 65536;
   // Send/receive high-water marks, in messages. Default: 10000.
   int hwm = 10000;
-  // Kernel socket buffer size, bytes; 0 keeps the OS default. Default: 0.
-  int socket_buffer_bytes = 0;
-  // Kernel send buffer (SO_SNDBUF) of each TCP connection, bytes; overrides
-  // socket_buffer_bytes for sending. 0 keeps the OS default (autotuned).
+  // Kernel send buffer (SO_SNDBUF) of each TCP connection, bytes. 0 keeps
+  // the OS default (autotuned).
   // TCP keeps at most this much of a connection's data unacknowledged, so
   // it bounds how much of it waits in a saturated link's queue: traffic
   // the other way (the acknowledgements of a transfer coming in, the next

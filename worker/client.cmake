@@ -8,7 +8,7 @@ target_link_libraries(asyncps_client
           nlohmann_json::nlohmann_json asyncps_warnings)
 
 add_executable(ps_worker main.cc)
-target_link_libraries(ps_worker PRIVATE asyncps::client asyncps::worker asyncps::etcd_flags asyncps::compression
+target_link_libraries(ps_worker PRIVATE asyncps::client asyncps::tool_main asyncps::worker asyncps::etcd_flags asyncps::compression
   asyncps::metrics_flags asyncps::curve_flags
   gflags glog::glog nlohmann_json::nlohmann_json asyncps_warnings)
 

@@ -29,6 +29,7 @@
 #include "worker/overlap.h"
 #include "worker/ps_store.h"
 #include "worker/trainer.h"
+#include "common/tool_main.h"
 
 DEFINE_string(servers, "",
               "Comma-separated shard endpoints, shard 0 first "
@@ -575,12 +576,9 @@ Status Main() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage("Train an MLP through the asyncps parameter servers");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
-  FLAGS_logtostderr = true;
-  google::InitGoogleLogging(argv[0]);
-  // Pulled chunks are malloc'd by ZeroMQ: keep their memory mapped.
-  (void)asyncps::TuneAllocatorForMessages();
+  asyncps::ToolOptions tool;
+  tool.tune_allocator_for_messages = true;
+  asyncps::InitTool("Train an MLP through the asyncps parameter servers", &argc, &argv, tool);
   Status s = Main();
   if (!s.ok()) {
     LOG(ERROR) << "ps_worker failed: " << s.ToString();

@@ -13,6 +13,7 @@
 #include "worker/local_parameter_store.h"
 #include "worker/model.h"
 #include "worker/trainer.h"
+#include "common/tool_main.h"
 
 DEFINE_string(
     data_dir, "/usr/share/datasets/fashion-mnist",
@@ -133,10 +134,7 @@ Status Main() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage("Train an MLP on (Fashion-)MNIST in one process");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
-  FLAGS_logtostderr = true;
-  google::InitGoogleLogging(argv[0]);
+  asyncps::InitTool("Train an MLP on (Fashion-)MNIST in one process", &argc, &argv);
   Status s = Main();
   if (!s.ok()) {
     LOG(ERROR) << s.ToString();

@@ -55,6 +55,7 @@
 #include "common/wire.h"
 #include "server/ctl/ctl_top.h"
 #include "server/elastic/coordinator.h"
+#include "common/tool_main.h"
 
 DEFINE_string(servers, "",
               "comma-separated shard endpoints, in shard order; a replica "
@@ -372,12 +373,10 @@ int Elastic(const std::string& cmd, const std::string& endpoint) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage(
+  asyncps::InitTool(
       "ps_ctl --servers=EP[,EP...] stats|checkpoint|shutdown | ps_ctl keygen "
-      "[--out=PREFIX [--force]]");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
-  google::InitGoogleLogging(argv[0]);
-  FLAGS_logtostderr = true;
+      "[--out=PREFIX [--force]]",
+      &argc, &argv);
   if (argc >= 2 && (std::string(argv[1]) == "add-shard" ||
                     std::string(argv[1]) == "remove-shard")) {
     if (argc != 3) {

@@ -27,6 +27,7 @@
 #include "server/loop/server.h"
 #include "server/loop/shutdown_watchdog.h"
 #include "server/replication/replica_auth.h"
+#include "common/tool_main.h"
 
 DEFINE_string(endpoint, "tcp://127.0.0.1:*",
               "ZeroMQ endpoint to bind; tcp://127.0.0.1:* picks a free port");
@@ -540,13 +541,9 @@ srv::ServerOptions OptionsFromFlags() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage(
-      "ps_server: one shard of the asyncps parameter server");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
-  google::InitGoogleLogging(argv[0]);
-  // Received chunks are malloc'd by ZeroMQ: keep their memory mapped.
-  (void)asyncps::TuneAllocatorForMessages();
-  FLAGS_logtostderr = true;
+  asyncps::ToolOptions tool;
+  tool.tune_allocator_for_messages = true;
+  asyncps::InitTool("ps_server: one shard of the asyncps parameter server", &argc, &argv, tool);
   if (argc > 1) BadFlag(std::string("unexpected argument '") + argv[1] + "'");
 
   // Signals are taken by a dedicated thread (sigtimedwait): no global flag.

@@ -27,6 +27,7 @@
 
 #include "server/reshard/reshard.h"
 #include "server/store/store.h"
+#include "common/tool_main.h"
 
 DEFINE_string(from, "",
               "comma-separated RocksDB store directories of the S source "
@@ -86,11 +87,8 @@ Status CheckDestination(const std::string& dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage(
-      "ps_reshard --from=DB0,...,DB{S-1} --to=NEW0,...,NEW{S'-1} [--dry_run]");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
-  google::InitGoogleLogging(argv[0]);
-  FLAGS_logtostderr = true;
+  asyncps::InitTool("ps_reshard --from=DB0,...,DB{S-1} --to=NEW0,...,NEW{S'-1} [--dry_run]",
+                    &argc, &argv);
   const std::vector<std::string> from = SplitList(FLAGS_from);
   const std::vector<std::string> to = SplitList(FLAGS_to);
   if (from.empty() || to.empty() || argc > 1 || FLAGS_batch_bytes < 1) {

@@ -21,6 +21,7 @@
 #include "common/curve_flags.h"
 #include "worker/client.h"
 #include "worker/ctr/ctr_trainer.h"
+#include "common/tool_main.h"
 
 DEFINE_string(servers, "", "comma-separated shard endpoints, shard 0 first");
 DEFINE_int32(rank, 0, "this worker's rank, in [0, num_workers)");
@@ -149,10 +150,7 @@ Status Main() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage("ps_ctr_worker: click model with sparse embeddings");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
-  google::InitGoogleLogging(argv[0]);
-  FLAGS_logtostderr = true;
+  asyncps::InitTool("ps_ctr_worker: click model with sparse embeddings", &argc, &argv);
   Status s = Main();
   if (!s.ok()) {
     std::fprintf(stderr, "ps_ctr_worker: %s\n", s.ToString().c_str());

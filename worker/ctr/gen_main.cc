@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "worker/ctr/planted.h"
+#include "common/tool_main.h"
 
 DEFINE_string(train, "", "training file to write (.gz: gzip)");
 DEFINE_string(test, "", "test file to write (.gz: gzip)");
@@ -25,8 +26,7 @@ DEFINE_double(missing_rate, 0.05, "probability that a feature is missing");
 DEFINE_string(stats_json, "", "where to write the Bayes-optimal figures");
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage("ps_criteo_gen: Criteo-format data from a planted model");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  asyncps::InitTool("ps_criteo_gen: Criteo-format data from a planted model", &argc, &argv);
   using namespace asyncps::worker::ctr;  // NOLINT: tool main
   PlantedOptions o;
   o.seed = FLAGS_seed;
