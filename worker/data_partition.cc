@@ -114,10 +114,10 @@ StatusOr<std::unique_ptr<BatchIterator>> BatchIterator::Create(
 
 BatchIterator::~BatchIterator() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   if (producer_.joinable()) producer_.join();
 }
 
@@ -150,16 +150,16 @@ void BatchIterator::ProducerLoop() {
   for (;;) {
     const int slot = static_cast<int>(seq & 1);
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || !ready_[slot]; });
+      MutexLock lock(&mu_);
+      while (!stop_ && ready_[slot]) cv_.Wait(&mu_);
       if (stop_) return;
     }
     Fill(seq, &slots_[slot]);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       ready_[slot] = true;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     ++seq;
   }
 }
@@ -170,13 +170,16 @@ StatusOr<const Batch*> BatchIterator::Next() {
     Fill(consumed_++, &slots_[slot]);
     return &slots_[slot];
   }
-  std::unique_lock<std::mutex> lock(mu_);
+  const auto until = std::chrono::steady_clock::now() + kBatchDeadline;
+  MutexLock lock(&mu_);
   if (consumed_ > 0) {
     // Hand the previous batch's slot back to the producer.
     ready_[slot ^ 1] = false;
-    cv_.notify_all();
+    cv_.SignalAll();
   }
-  if (!cv_.wait_for(lock, kBatchDeadline, [&] { return ready_[slot]; })) {
+  while (!ready_[slot] && cv_.WaitUntil(&mu_, until)) {
+  }
+  if (!ready_[slot]) {
     return Status::TimedOut("batch loader produced no batch within 120 s");
   }
   ++consumed_;

@@ -15,13 +15,12 @@
 // outlive the iterator. A BatchIterator is used from one thread.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "worker/idx_reader.h"
 
@@ -118,10 +117,10 @@ class BatchIterator {
   Batch slots_[2];
   int64_t consumed_ = 0;  // batches handed out (caller thread)
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool ready_[2] = {false, false};  // GUARDED_BY(mu_)
-  bool stop_ = false;               // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  bool ready_[2] GUARDED_BY(mu_) = {false, false};
+  bool stop_ GUARDED_BY(mu_) = false;
   std::thread producer_;
 };
 

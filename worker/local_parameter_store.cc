@@ -79,6 +79,7 @@ StatusOr<std::unique_ptr<LocalParameterStore>> LocalParameterStore::Create(
   }
   std::unique_ptr<LocalParameterStore> store(
       new LocalParameterStore(std::move(specs), options));
+  MutexLock lock(&store->mu_);  // not shared yet: for the analysis
   for (const auto& s : store->specs_) {
     store->weights_.emplace_back(s.num_elements());
     InitializeTensorRange(s, 0, store->weights_.back().size(),
@@ -101,7 +102,7 @@ Status LocalParameterStore::CheckCount(size_t n, const char* what) const {
 Status LocalParameterStore::Pull(int64_t clock,
                                  const std::vector<float*>& tensors) {
   RETURN_IF_ERROR(CheckCount(tensors.size(), "Pull"));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (tensors[i] == nullptr)
       return Status::InvalidArgument("Pull: null tensor buffer");
@@ -119,7 +120,7 @@ Status LocalParameterStore::Push(int64_t clock,
     if (g == nullptr)
       return Status::InvalidArgument("Push: null gradient buffer");
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   SgdOptions step_options = options_;
   step_options.lr = ScheduledLr(options_, version_);
   for (size_t i = 0; i < grads.size(); ++i) {
@@ -140,18 +141,18 @@ Status LocalParameterStore::Clock(int64_t new_clock) {
   }
   // Several in-process workers may share this store (the interface carries
   // no rank), so clocks only move the maximum forward.
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   clock_ = std::max(clock_, new_clock);
   return Status::OK();
 }
 
 TrafficStats LocalParameterStore::traffic() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return traffic_;
 }
 
 int64_t LocalParameterStore::version() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return version_;
 }
 

@@ -12,10 +12,10 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "common/layout.h"
+#include "common/mutex.h"
 #include "worker/parameter_store.h"
 
 namespace asyncps::worker {
@@ -70,12 +70,12 @@ class LocalParameterStore final : public ParameterStore {
 
   const std::vector<TensorSpec> specs_;
   const SgdOptions options_;
-  mutable std::mutex mu_;
-  std::vector<std::vector<float>> weights_;   // GUARDED_BY(mu_)
-  std::vector<std::vector<float>> velocity_;  // GUARDED_BY(mu_)
-  TrafficStats traffic_;                      // GUARDED_BY(mu_)
-  int64_t version_ = 0;                       // GUARDED_BY(mu_)
-  int64_t clock_ = 0;                         // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  std::vector<std::vector<float>> weights_ GUARDED_BY(mu_);
+  std::vector<std::vector<float>> velocity_ GUARDED_BY(mu_);
+  TrafficStats traffic_ GUARDED_BY(mu_);
+  int64_t version_ GUARDED_BY(mu_) = 0;
+  int64_t clock_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace asyncps::worker

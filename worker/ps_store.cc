@@ -61,7 +61,10 @@ StatusOr<std::unique_ptr<PsParameterStore>> PsParameterStore::Create(
     }
   }
   s->push_buffers_.resize(client->layout().chunks().size());
-  for (const TensorSpec& t : specs) s->tensor_bytes_.push_back({t.name, 0, 0});
+  {
+    MutexLock l(&s->mu_);  // not shared yet: for the analysis
+    for (const TensorSpec& t : specs) s->tensor_bytes_.push_back({t.name, 0, 0});
+  }
   // The pull target lives in the client's shared memory when it has some
   // (shards on this host then write the weights there themselves).
   for (const TensorSpec& t : specs) {
@@ -154,7 +157,7 @@ void PsParameterStore::CountPull(const TicketResult& r, int64_t staleness,
                                  SteadyClock::time_point start,
                                  SteadyClock::time_point copy_start,
                                  SteadyClock::time_point copy_end) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   traffic_.bytes_pulled += r.bytes_received;
   traffic_.pull_wait_ns += Nanos(start, SteadyClock::now());
   traffic_.pull_copy_ns += Nanos(copy_start, copy_end);
@@ -334,7 +337,7 @@ Status PsParameterStore::ClockAndPullGroups(
       group_tickets_[g].push_back(p);
     }
   }
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   traffic_.clock_ns += Nanos(start, SteadyClock::now());
   return Status::OK();
 }
@@ -364,7 +367,7 @@ Status PsParameterStore::ClockShardsAndPullGroups(
   }
   groups_open_ = true;
   if (!shards.empty()) RETURN_IF_ERROR(ClockGroupsOn(shards));
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   traffic_.clock_ns += Nanos(start, SteadyClock::now());
   return Status::OK();
 }
@@ -572,7 +575,7 @@ Status PsParameterStore::PushChunks(int64_t clock,
   ASSIGN_OR_RETURN(Client::Ticket t,
                    client_->StartPush(WireClock(clock), std::move(payloads)));
   acks_.push_back({t, clock});
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   traffic_.bytes_pushed_raw += raw;
   traffic_.bytes_pushed_wire += wire;
   for (size_t t = 0; t < specs_.size(); ++t) {
@@ -595,7 +598,7 @@ Status PsParameterStore::Clock(int64_t new_clock) {
   }
   const auto start = SteadyClock::now();
   Status s = StartClockAndPrefetch(new_clock);
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   traffic_.clock_ns += Nanos(start, SteadyClock::now());
   return s;
 }
@@ -617,12 +620,12 @@ Status PsParameterStore::StartClockAndPrefetch(int64_t new_clock) {
 
 std::vector<PsParameterStore::TensorBytes> PsParameterStore::tensor_bytes()
     const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   return tensor_bytes_;
 }
 
 TrafficStats PsParameterStore::traffic() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   return traffic_;
 }
 

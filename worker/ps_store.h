@@ -24,12 +24,12 @@
 
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "common/layout.h"
+#include "common/mutex.h"
 #include "worker/client.h"
 #include "worker/parameter_store.h"
 
@@ -250,9 +250,9 @@ class PsParameterStore : public ParameterStore {
   // Per-shard clocks of group_clock_ started, ClockAndPullGroups not yet.
   bool groups_open_ = false;
   int64_t acked_staleness_ = -1;  // largest staleness WaitAcks saw
-  mutable std::mutex mu_;
-  TrafficStats traffic_;                   // GUARDED_BY(mu_)
-  std::vector<TensorBytes> tensor_bytes_;  // GUARDED_BY(mu_)
+  mutable Mutex mu_;
+  TrafficStats traffic_ GUARDED_BY(mu_);
+  std::vector<TensorBytes> tensor_bytes_ GUARDED_BY(mu_);
 };
 
 }  // namespace asyncps::worker
