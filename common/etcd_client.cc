@@ -11,8 +11,9 @@
 #include <functional>
 #include <iterator>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
+
+#include "common/mutex.h"
 
 // The gateway's JSON, as etcd 3.4 speaks it (grpc-gateway over the gRPC
 // messages of etcdserverpb, proto3 JSON mapping):
@@ -402,8 +403,8 @@ struct EtcdClient::Impl {
   size_t max_answer_bytes = size_t{16} << 20;
   // etcd's auth token (POST /v3/auth/authenticate), taken again when etcd
   // says it is no longer valid.
-  std::mutex token_mu;
-  std::string token;  // GUARDED_BY(token_mu)
+  Mutex token_mu;
+  std::string token GUARDED_BY(token_mu);
 
   // A new connection to `ep` (TLS with the CA and client certificate for
   // https://).
@@ -427,7 +428,7 @@ struct EtcdClient::Impl {
   }
 
   std::string Token() {
-    std::lock_guard<std::mutex> l(token_mu);
+    MutexLock l(&token_mu);
     return token;
   }
   // Index of the endpoint that answered last: tried first.
@@ -442,11 +443,11 @@ struct EtcdClient::Impl {
   // stream may stand mid-answer. httplib checks an idle socket before it
   // writes on it and reconnects when etcd closed it (a restart).
   static constexpr size_t kMaxIdlePerEndpoint = 4;
-  std::mutex idle_mu;
-  std::vector<std::vector<std::unique_ptr<httplib::Client>>> idle;
+  Mutex idle_mu;
+  std::vector<std::vector<std::unique_ptr<httplib::Client>>> idle GUARDED_BY(idle_mu);
 
   std::unique_ptr<httplib::Client> TakeIdle(size_t idx) {
-    std::lock_guard<std::mutex> lock(idle_mu);
+    MutexLock lock(&idle_mu);
     if (idle.size() <= idx || idle[idx].empty()) return nullptr;
     std::unique_ptr<httplib::Client> cli = std::move(idle[idx].back());
     idle[idx].pop_back();
@@ -454,7 +455,7 @@ struct EtcdClient::Impl {
   }
 
   void GiveBack(size_t idx, std::unique_ptr<httplib::Client> cli) {
-    std::lock_guard<std::mutex> lock(idle_mu);
+    MutexLock lock(&idle_mu);
     if (idle.size() <= idx) idle.resize(endpoints.size());
     if (idle[idx].size() < kMaxIdlePerEndpoint)
       idle[idx].push_back(std::move(cli));
@@ -554,7 +555,7 @@ struct EtcdClient::Impl {
     }
     std::string t = GetString(*answer, "token");
     if (t.empty()) return Status::Corruption("etcd authenticate: no token");
-    std::lock_guard<std::mutex> l(token_mu);
+    MutexLock l(&token_mu);
     token = std::move(t);
     return Status::OK();
   }

@@ -35,16 +35,15 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <list>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "common/file_util.h"
+#include "common/mutex.h"
 
 namespace asyncps::metrics {
 namespace {
@@ -182,10 +181,10 @@ struct MetricsServer::Impl {
   // Connections open (gate, queue or pool), touched by the gate (accepts,
   // refusals) and the pool (closes).
   std::atomic<int> open{0};
-  std::mutex mu;
-  std::condition_variable ready_cv;
-  std::deque<Conn> ready;  // GUARDED_BY(mu): heads complete, for the pool
-  bool stopping = false;   // GUARDED_BY(mu)
+  Mutex mu;
+  CondVar ready_cv;
+  std::deque<Conn> ready GUARDED_BY(mu);  // heads complete, for the pool
+  bool stopping GUARDED_BY(mu) = false;
 
   ~Impl() {
     if (gate.joinable()) {
@@ -193,10 +192,10 @@ struct MetricsServer::Impl {
       gate.join();
     }
     {
-      std::lock_guard<std::mutex> l(mu);
+      MutexLock l(&mu);
       stopping = true;
     }
-    ready_cv.notify_all();
+    ready_cv.SignalAll();
     for (std::thread& t : pool) t.join();
     for (Conn& c : ready) close(c.fd);
     for (int fd : {listen_fd, wake[0], wake[1]}) {
@@ -251,10 +250,10 @@ struct MetricsServer::Impl {
 
   void Hand(Conn&& c) {
     {
-      std::lock_guard<std::mutex> l(mu);
+      MutexLock l(&mu);
       ready.push_back(std::move(c));
     }
-    ready_cv.notify_one();
+    ready_cv.Signal();
   }
 
   // Accepts every connection waiting; at the cap, evicts the oldest one of
@@ -332,8 +331,8 @@ struct MetricsServer::Impl {
     while (true) {
       Conn c;
       {
-        std::unique_lock<std::mutex> l(mu);
-        ready_cv.wait(l, [&] { return stopping || !ready.empty(); });
+        MutexLock l(&mu);
+        while (!stopping && ready.empty()) ready_cv.Wait(&mu);
         if (stopping) return;
         c = std::move(ready.front());
         ready.pop_front();

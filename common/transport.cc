@@ -15,10 +15,11 @@
 #include <deque>
 #include <fstream>
 #include <map>
-#include <mutex>
 #include <set>
 #include <thread>
 #include <zmq.hpp>
+
+#include "common/mutex.h"
 
 namespace asyncps {
 
@@ -29,7 +30,7 @@ namespace {
 class SecurityLog {
  public:
   void Add(std::string line) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (lines_.size() >= kMaxLines) {
       ++dropped_;
       return;
@@ -37,7 +38,7 @@ class SecurityLog {
     lines_.push_back(std::move(line));
   }
   std::vector<std::string> Take() {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     std::vector<std::string> out(lines_.begin(), lines_.end());
     lines_.clear();
     if (dropped_ > 0) {
@@ -49,9 +50,9 @@ class SecurityLog {
 
  private:
   static constexpr size_t kMaxLines = 1000;
-  std::mutex mu_;
-  std::deque<std::string> lines_;  // guarded by mu_
-  uint64_t dropped_ = 0;           // guarded by mu_
+  Mutex mu_;
+  std::deque<std::string> lines_ GUARDED_BY(mu_);
+  uint64_t dropped_ GUARDED_BY(mu_) = 0;
 };
 
 // What the ZAP handler enforces for one server socket (its ZAP domain).
@@ -75,7 +76,7 @@ class ContextImpl : public Context {
   // every CURVE handshake of this context).
   Status AddZapDomain(const std::string& domain,
                       std::shared_ptr<const ZapPolicy> policy) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (!zap_thread_.joinable()) {
       // Bind here, not in the thread, so a failure is reported to the caller
       // and no handshake can happen before the handler exists.
@@ -94,7 +95,7 @@ class ContextImpl : public Context {
     return Status::OK();
   }
   void RemoveZapDomain(const std::string& domain) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     policies_.erase(domain);
   }
   uint64_t NextId() { return next_id_.fetch_add(1); }
@@ -126,7 +127,7 @@ class ContextImpl : public Context {
           key = z85;
           std::shared_ptr<const ZapPolicy> policy;
           {
-            std::lock_guard<std::mutex> l(mu_);
+            MutexLock l(&mu_);
             auto it = policies_.find(str(2));
             if (it != policies_.end()) policy = it->second;
           }
@@ -162,9 +163,8 @@ class ContextImpl : public Context {
   zmq::context_t ctx_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> next_id_{0};
-  std::mutex mu_;
-  std::map<std::string, std::shared_ptr<const ZapPolicy>>
-      policies_;                               // guarded by mu_
+  Mutex mu_;
+  std::map<std::string, std::shared_ptr<const ZapPolicy>> policies_ GUARDED_BY(mu_);
   std::unique_ptr<zmq::socket_t> zap_socket_;  // used by zap_thread_
   std::thread zap_thread_;
 };

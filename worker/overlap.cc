@@ -87,49 +87,50 @@ StatusOr<std::unique_ptr<OverlapScheduler>> OverlapScheduler::Create(
 OverlapScheduler::~OverlapScheduler() {
   if (!sender_.joinable()) return;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   sender_.join();
 }
 
 void OverlapScheduler::SenderLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.lock();
   while (true) {
-    cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-    if (stop_) return;  // what is left belongs to a step that failed
+    while (!stop_ && queue_.empty()) cv_.Wait(&mu_);
+    if (stop_) break;  // what is left belongs to a step that failed
     const std::vector<uint32_t>* chunks = queue_.front();
     queue_.pop_front();
     // After a failed bucket the step's later ones are dropped: EndStep
     // returns the error and the trainer stops.
     if (send_error_.ok()) {
       sending_ = true;
-      lock.unlock();
+      mu_.unlock();
       Status st = SendBucket(*chunks);
-      lock.lock();
+      mu_.lock();
       sending_ = false;
       if (send_error_.ok() && !st.ok()) send_error_ = st;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
   }
+  mu_.unlock();
 }
 
 Status OverlapScheduler::Dispatch(const std::vector<uint32_t>* chunks) {
   if (!options_.sender_thread) return SendBucket(*chunks);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!send_error_.ok()) return send_error_;
     queue_.push_back(chunks);
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   return Status::OK();
 }
 
 Status OverlapScheduler::WaitForSender() {
   const auto start = std::chrono::steady_clock::now();
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return queue_.empty() && !sending_; });
+  MutexLock lock(&mu_);
+  while (!queue_.empty() || sending_) cv_.Wait(&mu_);
   ++stats_.sender_waits;
   stats_.sender_wait_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
                                std::chrono::steady_clock::now() - start)
@@ -146,8 +147,8 @@ Status OverlapScheduler::BeginBackward(int64_t clock,
   }
   if (options_.sender_thread) {
     // A step that failed may have left buckets (skipped) and its error.
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [this] { return queue_.empty() && !sending_; });
+    MutexLock lock(&mu_);
+    while (!queue_.empty() || sending_) cv_.Wait(&mu_);
     send_error_ = Status::OK();
   }
   clock_ = clock;

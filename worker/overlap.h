@@ -43,15 +43,14 @@
 // wait for it, and by the trainer's thread otherwise, never by both.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "common/layout.h"
+#include "common/mutex.h"
 #include "worker/layered_step.h"
 #include "worker/ps_store.h"
 
@@ -161,12 +160,12 @@ class OverlapScheduler final : public LayeredStep {
   // The sender thread (sender_thread): buckets in order, the one it is
   // sending, and the first error of the step; all under mu_.
   std::thread sender_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<const std::vector<uint32_t>*> queue_;
-  bool sending_ = false;
-  bool stop_ = false;
-  Status send_error_;
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<const std::vector<uint32_t>*> queue_ GUARDED_BY(mu_);
+  bool sending_ GUARDED_BY(mu_) = false;
+  bool stop_ GUARDED_BY(mu_) = false;
+  Status send_error_ GUARDED_BY(mu_);
 };
 
 }  // namespace asyncps::worker
