@@ -41,10 +41,8 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import bench_overlap as bo  # noqa: E402  (the fleet and its test bed)
-import bench_stats  # noqa: E402
+import bench_overlap as bo  # the fleet and its test bed (and launch/ on sys.path)
+import bench_stats
 
 MODES = ("pull_only", "late", "early", "late_lane", "early_lane")
 LARGE_TENSOR = 8  # cnn.make_cnn()'s '9.weight', 1.6 of its 1.8 MB

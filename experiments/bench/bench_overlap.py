@@ -55,8 +55,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 EXAMPLES = os.path.join(REPO, "worker", "python", "examples")
-sys.path.insert(0, os.path.join(REPO, "launch"))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(REPO, "launch"))  # pslaunch (expkit/__init__.py)
 import bench_stats  # noqa: E402
 import bench_worker  # noqa: E402  (stop)
 PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
