@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 
-import bench_overlap as bo  # the fleet and its test bed (and launch/ on sys.path)
+import bench_overlap as bo  # the fleet and its test bed (and launch/, the examples on sys.path)
 import bench_stats
 
 MODES = ("pull_only", "late", "early", "late_lane", "early_lane")
@@ -53,7 +53,6 @@ def worker_main(a):
     import numpy as np
     import asyncps
     import asyncps.torch as apt
-    sys.path.insert(0, bo.EXAMPLES)
     import cnn
     _, params, specs = apt.tensor_specs(cnn.make_cnn())
     servers = a.servers.split(",")

@@ -39,7 +39,7 @@ import statistics
 import subprocess
 import sys
 
-import bench_overlap  # Fleet, start_shards, stop_all, emit (and launch/ on sys.path)
+import bench_overlap  # Fleet, start_shards, stop_all, emit (and launch/, the examples on sys.path)
 import bench_stats
 import bench_worker  # summary, step_time
 

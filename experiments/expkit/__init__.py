@@ -15,11 +15,12 @@ and for any user's study): this package makes them its submodules, so
 
 Import roots. expkit needs two folders on sys.path: experiments/ (expkit) and
 launch/ (pslaunch, psstudy_lib); no module of expkit, pslaunch or psstudy_lib
-edits sys.path. ctest gives them through PYTHONPATH. A script run from a
-checkout (experiments/<study>/run.py, report.py, the benchmarks) puts the roots
-it needs in front of sys.path in one statement at its top, `sys.path[:0] =
-[...launch, ...experiments]` (its own folder is sys.path[0] already): scripts
-run as files, not installed, and their commands stay `python3 experiments/...`.
+edits sys.path, and ctest gives the tests these folders through PYTHONPATH. A
+script run as a file from a checkout (experiments/<study>/run.py, report.py,
+the benchmarks) gets only its own folder from Python, so it puts the other
+folders it imports from (launch/, experiments/, worker/python/examples for an
+example's model) in front of sys.path in one statement at its top: that keeps
+every command `python3 experiments/...` as it is, with nothing installed.
 
 Python 3 standard library only.
 """
