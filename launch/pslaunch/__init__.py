@@ -11,4 +11,12 @@ Modules:
   slurm    srun/sbatch rendering and the Slurm backend
   k8s      Kubernetes manifest rendering
   netns    emulated hosts: network namespaces joined by tc-shaped links (--emulate_hosts)
+
+Import root: launch/, beside pslaunch and psstudy_lib. launch/psrun, psstudy
+and psmon find them because Python puts the folder of the script it runs
+first on sys.path. Anything else puts launch/ there itself: ctest and
+launch/slurm/task.sh (`python3 -m pslaunch.etcd_tls`) through PYTHONPATH, a
+script of experiments/ in one statement at its top (experiments/expkit/
+__init__.py). No module of either package edits sys.path, and none imports a
+module that imports it back (tests/launch/import_cycles_test.py).
 """
