@@ -21,7 +21,8 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+# launch/ for expkit (expkit/__init__.py); sim/ for the model module of sim/run.py, loaded below.
+sys.path[:0] = [os.path.join(os.path.dirname(HERE), "launch"), os.path.join(HERE, "sim")]
 
 from expkit import metrics, stats, study  # noqa: E402
 
@@ -37,7 +38,6 @@ sync_mod = _load("sync_run", "sync_vs_async", "run.py")
 comp_mod = _load("comp_run", "compression_study", "run.py")
 stal_mod = _load("stal_run", "staleness_study", "run.py")
 torch_mod = _load("torch_run", "pytorch", "run.py")
-sys.path.insert(0, os.path.join(HERE, "sim"))
 sim_mod = _load("sim_run", "sim", "run.py")
 
 F = study._float

@@ -41,10 +41,8 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import bench_overlap as bo  # noqa: E402  (the fleet and its test bed)
-import bench_stats  # noqa: E402
+import bench_overlap as bo  # the fleet and its test bed (and launch/, the examples on sys.path)
+import bench_stats
 
 MODES = ("pull_only", "late", "early", "late_lane", "early_lane")
 LARGE_TENSOR = 8  # cnn.make_cnn()'s '9.weight', 1.6 of its 1.8 MB
@@ -55,7 +53,6 @@ def worker_main(a):
     import numpy as np
     import asyncps
     import asyncps.torch as apt
-    sys.path.insert(0, bo.EXAMPLES)
     import cnn
     _, params, specs = apt.tensor_specs(cnn.make_cnn())
     servers = a.servers.split(",")

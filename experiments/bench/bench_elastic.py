@@ -27,7 +27,7 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 PSRUN = os.path.join(REPO, "launch", "psrun")
-sys.path.insert(0, os.path.join(REPO, "launch"))
+sys.path.insert(0, os.path.join(REPO, "launch"))  # pslaunch (expkit/__init__.py)
 from pslaunch.elastic import acked_times, longest_gap  # noqa: E402
 import bench_stats  # noqa: E402
 

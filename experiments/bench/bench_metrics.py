@@ -24,15 +24,13 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from bench_worker import start_server, stop, summary  # noqa: E402
+from bench_worker import start_server, stop, summary
 
 VARIANTS = {"off": None, "on": 0, "scrape_1s": 1.0, "scrape_50ms": 0.05}
 

@@ -55,8 +55,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 EXAMPLES = os.path.join(REPO, "worker", "python", "examples")
-sys.path.insert(0, os.path.join(REPO, "launch"))
-sys.path.insert(0, HERE)
+sys.path[:0] = [os.path.join(REPO, "launch"), EXAMPLES]  # pslaunch, cnn (expkit/__init__.py)
 import bench_stats  # noqa: E402
 import bench_worker  # noqa: E402  (stop)
 PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
@@ -67,7 +66,6 @@ SHARD_HOSTS = 2  # link: shards on h0, h1; workers on h2, h3
 # ---- the processes ----------------------------------------------------------
 def make_model(batch, hidden=128):
     import torch
-    sys.path.insert(0, EXAMPLES)
     import cnn
     torch.manual_seed(1)
     gen = torch.Generator().manual_seed(2)

@@ -31,9 +31,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 EXAMPLES = os.path.join(REPO, "worker", "python", "examples")
-sys.path.insert(0, HERE)
-import bench_stats  # noqa: E402
-import bench_worker  # noqa: E402  (start_server, stop, summary, emit)
+import bench_stats
+import bench_worker  # start_server, stop, summary, emit
 
 PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 MLP_SPECS = "fc0.weight:784x256:he_normal:0:1,fc0.bias:256:zeros:0:1," \

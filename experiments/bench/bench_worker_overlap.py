@@ -39,13 +39,9 @@ import statistics
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(REPO, "launch"))
-sys.path.insert(0, HERE)
-import bench_overlap  # noqa: E402  (Fleet, start_shards, stop_all, emit)
-import bench_stats  # noqa: E402
-import bench_worker  # noqa: E402  (summary, step_time)
+import bench_overlap  # Fleet, start_shards, stop_all, emit (and launch/, the examples on sys.path)
+import bench_stats
+import bench_worker  # summary, step_time
 
 WORKERS = bench_overlap.WORKERS
 SHARD_HOSTS = bench_overlap.SHARD_HOSTS

@@ -34,11 +34,11 @@ def load():
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "worker",
                         "python", "examples")
+sys.path.insert(0, EXAMPLES)  # cnn (expkit/__init__.py)
 
 
 def model(kind="mlp"):
     if kind == "cnn":
-        sys.path.insert(0, EXAMPLES)
         import cnn  # the example itself (needs asyncps on PYTHONPATH to import)
         return cnn.make_cnn()
     return torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 128),

@@ -42,7 +42,7 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 PSRUN = os.path.join(REPO, "launch", "psrun")
-sys.path.insert(0, os.path.join(REPO, "launch"))
+sys.path.insert(0, os.path.join(REPO, "launch"))  # pslaunch (expkit/__init__.py)
 from pslaunch import netns  # noqa: E402
 
 # glog's prefix and ps_server's view line (server/replication/replicator.cc).

@@ -27,8 +27,7 @@ import time
 HERE = os.path.dirname(os.path.realpath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 PSRUN = os.path.join(REPO, "launch", "psrun")
-sys.path.insert(0, HERE)
-from failover import read_push_logs  # noqa: E402
+from failover import read_push_logs
 
 
 def ctl_stats(bin_dir, endpoints, timeout_ms=1500):

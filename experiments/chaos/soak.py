@@ -35,8 +35,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from chaos import Fleet  # noqa: E402
+from chaos import Fleet
 
 
 def rss_kib(pid):

@@ -18,11 +18,8 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "launch"))
-from pslaunch import workercmd  # noqa: E402  (psrun's --worker_cmd contract)
-
-DEFAULT_BIN_DIR = "/work/main/build/bin"
+from pslaunch import workercmd  # psrun's --worker_cmd contract
+from pslaunch.binaries import default_bin_dir  # psrun's: the same binaries
 
 
 class JobError(RuntimeError):
@@ -225,7 +222,7 @@ def final_evaluation(bin_dir, prefix, endpoints, workers, worker_flags,
     return acc if rc == 0 and isinstance(acc, float) and acc >= 0 else None
 
 
-def run_job(out_dir, bin_dir=DEFAULT_BIN_DIR, servers=1, workers=4,
+def run_job(out_dir, bin_dir=None, servers=1, workers=4,
             server_flags=(), worker_flags=(), rank_flags=None, prefix=(),
             timeout_s=900, start_timeout_s=30, worker_cmd=None,
             final_eval=False):
@@ -233,6 +230,7 @@ def run_job(out_dir, bin_dir=DEFAULT_BIN_DIR, servers=1, workers=4,
 
     out_dir gets server-<i>.log, worker-<r>.log (stderr), worker-<r>.out
     (stdout, SUMMARY line), metrics-<r>.csv, stats.json, job.json.
+    bin_dir: ps_server, ps_worker and ps_ctl (None: psrun's default_bin_dir()).
     rank_flags: {rank: [extra flags]} for individual workers.
     prefix: command prefix for every process (ShapedLink.prefix()).
     worker_cmd: run this command (e.g. 'python3 worker/python/examples/mlp.py')
@@ -242,6 +240,7 @@ def run_job(out_dir, bin_dir=DEFAULT_BIN_DIR, servers=1, workers=4,
     (final_evaluation(); ps_worker's MLP only): job["final_eval_acc"].
     Raises JobError on any failure, after ending every process it started.
     """
+    bin_dir = bin_dir or default_bin_dir()
     os.makedirs(out_dir, exist_ok=True)
     prefix = list(prefix)
     rank_flags = rank_flags or {}

@@ -7,6 +7,8 @@ import os
 import shutil
 import time
 
+from pslaunch.binaries import default_bin_dir
+
 from expkit import fleet, metrics, stats
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -20,10 +22,9 @@ def common_args(description, default_out):
                     help="short budget (fewer epochs): about a minute or two")
     ap.add_argument("--out", default=default_out,
                     help="output folder for CSVs and plots (default %(default)s)")
-    ap.add_argument("--bin_dir", default=os.environ.get(
-        "ASYNCPS_BIN_DIR", fleet.DEFAULT_BIN_DIR),
-        help="ps_server/ps_worker/ps_ctl (default $ASYNCPS_BIN_DIR or "
-             "%(default)s)")
+    ap.add_argument("--bin_dir", default=default_bin_dir(),
+        help="ps_server/ps_worker/ps_ctl (default $ASYNCPS_BIN_DIR, else $BUILD/bin, "
+             "else this checkout's build/bin: %(default)s)")
     ap.add_argument("--epochs", type=int, default=None,
                     help="epochs per worker (overrides the preset)")
     ap.add_argument("--max_steps", type=int, default=0,

@@ -28,7 +28,7 @@ import time
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "worker", "python", "examples"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "worker", "python", "examples"))  # cnn (expkit/__init__.py)
 
 import asyncps  # noqa: E402
 import asyncps.torch as apt  # noqa: E402

@@ -27,7 +27,7 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.realpath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(ROOT, "launch"))
+sys.path.insert(0, os.path.join(ROOT, "launch"))  # pslaunch, psstudy_lib (expkit/__init__.py)
 
 from pslaunch import monitoring  # noqa: E402
 from psstudy_lib.plots import quote  # noqa: E402  (text into gnuplot: single-quoted)

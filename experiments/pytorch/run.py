@@ -37,7 +37,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path[:0] = [os.path.join(REPO, "launch"), os.path.dirname(HERE)]  # expkit/__init__.py
 
 from expkit import fleet, metrics, plots, stats, study  # noqa: E402
 

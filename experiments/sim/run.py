@@ -35,8 +35,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXP = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-sys.path.insert(0, EXP)
+sys.path[:0] = [os.path.join(os.path.dirname(EXP), "launch"), EXP]  # expkit/__init__.py
 
 import model as m  # noqa: E402
 from expkit import metrics, plots, stats, study  # noqa: E402

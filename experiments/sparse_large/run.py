@@ -30,7 +30,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path[:0] = [os.path.join(os.path.dirname(os.path.dirname(HERE)), "launch"),
+                 os.path.dirname(HERE)]  # expkit/__init__.py
 from expkit import plots  # noqa: E402
 
 MIB = 1 << 20

@@ -25,8 +25,8 @@ and the plots; logs in OUT/runs/<run>/seed<k>/.
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))
+EXPERIMENTS = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+sys.path[:0] = [os.path.join(os.path.dirname(EXPERIMENTS), "launch"), EXPERIMENTS]  # expkit/__init__.py
 
 from expkit import fleet, metrics, plots, study  # noqa: E402
 

@@ -3,13 +3,13 @@
 
   launch/k8s/render.py --servers 2 --workers 4 --config launch/configs/fashion_ssp.flags \
       --render out/k8s [--format json] [--image asyncps:latest] [-- extra worker flags]
+
+A thin wrapper: it runs launch/psrun --backend k8s with its arguments.
 """
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
-
-from pslaunch.cli import main  # noqa: E402
+PSRUN = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))), "psrun")
 
 if __name__ == "__main__":
-    sys.exit(main(["--backend", "k8s"] + sys.argv[1:]))
+    os.execv(sys.executable, [sys.executable, PSRUN, "--backend", "k8s"] + sys.argv[1:])

@@ -8,16 +8,15 @@ import sys
 import time
 
 from . import config as config_mod
+from . import elastic as elastic_mod
+from . import k8s
+from . import netns
 from . import procs as procs_mod
+from . import slurm
 from . import summary as summary_mod
-
-HERE = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # launch/
-REPO = os.path.dirname(HERE)
-
-
-def default_bin_dir():
-    return os.environ.get("ASYNCPS_BIN_DIR") or os.path.join(
-        os.environ.get("BUILD", os.path.join(REPO, "build")), "bin")
+from .binaries import check_binaries, default_bin_dir, needed_binaries
+from .fleet import Fleet
+from .member import LaunchError
 
 
 def make_parser():
@@ -191,7 +190,6 @@ def parse_args(argv):
     check_etcd_tls(parser, opts, cfg)
     opts.elastic_plan = []
     if opts.elastic:
-        from . import elastic as elastic_mod
         try:
             opts.elastic_plan = elastic_mod.parse_plan(opts.elastic, opts.servers)
         except ValueError as e:
@@ -245,7 +243,6 @@ def check_emulation(parser, opts):
         parser.error("--emulate_hosts: --metrics/--prometheus are not supported yet (the "
                      "processes' metrics ports are inside the hosts' namespaces)")
     if opts.link is not None:
-        from . import netns
         try:
             opts.link_bps = netns.parse_rate(opts.link)
         except ValueError as e:
@@ -288,19 +285,6 @@ def prepare_run_dir(opts, cfg):
             "--etcd_tls=" + ("on" if getattr(opts, "etcd_tls_on", False) else "off")]))
 
 
-def needed_binaries(opts):
-    return ["ps_server", "ps_ctl"] + ([] if opts.worker_cmd else ["ps_worker"])
-
-
-def check_binaries(opts, names):
-    missing = [n for n in names if not os.access(os.path.join(opts.bin_dir, n), os.X_OK)]
-    if missing:
-        sys.stderr.write("psrun: %s not found in --bin_dir %s (build them: cmake --build build "
-                         "--target ps_server ps_worker ps_ctl)\n" % (", ".join(missing), opts.bin_dir))
-        return False
-    return True
-
-
 def serve_between_hosts(opts, where, log):
     """Shards bound to `where`, not loopback: ps_server refuses that without
     CurveZMQ keys. Say so, and serve unencrypted only as an explicit choice
@@ -327,7 +311,6 @@ class _Stopped(Exception):
 def emulated_hosts(opts, log):
     """Makes the --emulate_hosts network; returns (network, spawn, bind_host).
     Raises netns.NetnsError when it cannot be made (nothing is left then)."""
-    from . import netns
     network = netns.Network.create(opts.emulate_hosts, rate=opts.link_bps,
                                    latency_ms=opts.latency)
     shard_hosts = opts.shard_hosts or opts.emulate_hosts
@@ -354,7 +337,6 @@ def emulated_hosts(opts, log):
             try:
                 added[index] = network.add_host()
             except netns.NetnsError as e:
-                from .fleet import LaunchError
                 raise LaunchError(None, "no emulated host for a shard --elastic adds: %s" % e)
             log("psrun: emulated host %s (namespace %s, %s) for a shard --elastic adds" % (
                 added[index].name, added[index].netns, added[index].address))
@@ -377,14 +359,12 @@ def main(argv):
         return 2
 
     if opts.emulate_hosts:
-        from . import netns
         why = netns.missing_tools()
         if why:
             sys.stderr.write("psrun: --emulate_hosts: %s\n" % why)
             return 2
 
     if opts.backend == "k8s":
-        from . import k8s
         return k8s.main_from_psrun(opts, cfg)
 
     try:
@@ -395,7 +375,6 @@ def main(argv):
     log = (lambda *a: None) if opts.quiet else (lambda msg: print(msg, flush=True))
 
     if opts.backend == "slurm":
-        from . import slurm
         return slurm.main_from_psrun(opts, log)
 
     if not check_binaries(opts, needed_binaries(opts)):
@@ -403,7 +382,6 @@ def main(argv):
 
     if opts.emulate_hosts:
         return run_emulated(opts, log)
-    from .fleet import Fleet
     if opts.backend == "local":
         def spawn(name, argv_, log_path, index):
             return procs_mod.LocalProc(name, argv_, log_path)
@@ -447,7 +425,6 @@ def _loopback(host):
 
 
 def run_fleet(opts, log, spawn, bind_host, network=None):
-    from .fleet import Fleet
     progress_cb = None
     want = opts.progress == "on" or (opts.progress == "auto" and sys.stdout.isatty())
     if want and not opts.quiet:
@@ -467,7 +444,6 @@ def run_fleet(opts, log, spawn, bind_host, network=None):
 def run_emulated(opts, log):
     """--emulate_hosts: the network, the fleet in it, the network deleted in
     every exit path (a signal before or after the fleet's own handling too)."""
-    from . import netns
     old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def on_signal(signum, frame):

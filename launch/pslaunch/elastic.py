@@ -51,9 +51,11 @@ group that leaves goes whole.
 import json
 import re
 import signal
+import subprocess
 import time
 
 from . import summary as summary_mod
+from .member import LaunchError, Member
 
 LINGER_S = 2.0
 BACKENDS = ("local", "ssh", "slurm", "k8s")
@@ -156,7 +158,7 @@ class Elastic:
         return "/asyncps/" + self.fleet.etcd_prefix()
 
     def tick(self):
-        """Due steps and stops, now. Raises fleet.LaunchError on a failure."""
+        """Due steps and stops, now. Raises member.LaunchError on a failure."""
         f = self.fleet
         if self.initial is None:
             self.initial = f.endpoints()  # replica groups as "ep1|ep2"
@@ -213,7 +215,6 @@ class Elastic:
                                "--etcd_prefix=" + self.prefix(),
                                "--servers=" + self.initial, "--timeout_ms=5000"
                                ] + f.ctl_flags() + [command, endpoint]
-        import subprocess
         try:
             r = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
                                timeout=60, check=False)
@@ -234,7 +235,6 @@ class Elastic:
     def run_step(self, step):
         """One shard (a replica group of --replicas processes) joins or
         leaves through ps_ctl."""
-        from .fleet import LaunchError, Member
         f = self.fleet
         t0 = time.time()
         at = t0 - self.anchor

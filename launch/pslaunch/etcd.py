@@ -28,18 +28,16 @@ lease's keys are gone 1.0 to 1.5 s (median 1.5 s) after its last keep-alive
 (etcd checks for expired leases every 500 ms). Measured numbers and the client:
 common/etcd_client.h. These timings suit one member on one host only.
 """
-import json
 import os
 import signal
 import socket
 import subprocess
 import time
-import urllib.error
-import urllib.request
 
 from . import etcd_tls
 from . import netns as netns_mod
 from . import procs
+from .etcd_tls import healthy
 
 ETCD_BINARY = "/usr/bin/etcd"
 HEARTBEAT_MS = 50
@@ -65,17 +63,6 @@ def _free_port(host):
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
-
-
-def healthy(endpoint, timeout=0.5, context=None):
-    """True when etcd at `endpoint` answers /health true (`context`: the
-    ssl context of an https endpoint)."""
-    try:
-        with urllib.request.urlopen(endpoint + "/health", timeout=timeout,
-                                    context=context) as r:
-            return json.loads(r.read().decode()).get("health") == "true"
-    except (OSError, ValueError, urllib.error.URLError):
-        return False
 
 
 class LocalEtcd:

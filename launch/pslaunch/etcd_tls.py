@@ -47,11 +47,14 @@ tests/util/etcd_fixture.h; launch/slurm/task.sh ensure, health and auth):
   python3 -m pslaunch.etcd_tls health DIR ENDPOINT    (exit 0: healthy)
   python3 -m pslaunch.etcd_tls auth DIR ENDPOINT PREFIX
 """
+import json
 import os
 import secrets
 import ssl
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 
 OPENSSL = "/usr/bin/openssl"
 ETCDCTL = "/usr/bin/etcdctl"
@@ -253,6 +256,18 @@ def etcd_server_flags(d):
     return Security(d, SERVER_USER).etcd_server_flags(d)
 
 
+def healthy(endpoint, timeout=0.5, context=None):
+    """True when etcd at `endpoint` answers /health true (`context`: the
+    ssl context of an https endpoint). Here rather than in etcd.py, which
+    imports this module, for the `health` command below."""
+    try:
+        with urllib.request.urlopen(endpoint + "/health", timeout=timeout,
+                                    context=context) as r:
+            return json.loads(r.read().decode()).get("health") == "true"
+    except (OSError, ValueError, urllib.error.URLError):
+        return False
+
+
 def main(argv):
     if len(argv) >= 2 and argv[0] == "certs":
         make_certs(argv[1], hosts=argv[2:] or ("127.0.0.1",))
@@ -261,7 +276,6 @@ def main(argv):
         ensure_certs(argv[1], hosts=argv[2:])
         return 0
     if len(argv) == 3 and argv[0] == "health":
-        from .etcd import healthy
         ctx = Security(argv[1], SERVER_USER).ssl_context()
         return 0 if healthy(argv[2], timeout=1.0, context=ctx) else 1
     if len(argv) == 4 and argv[0] == "auth":

@@ -31,52 +31,23 @@ import tempfile
 import time
 
 from . import config as config_mod
+from . import elastic as elastic_mod
+from . import etcd as etcd_mod
 from . import etcd_tls
 from . import monitoring as monitoring_mod
 from . import procs as procs_mod
 from . import summary as summary_mod
 from . import workercmd
+from .member import LaunchError, Member
 
 # Longest path of a Unix domain socket (sun_path holds 108 bytes with the NUL).
 _MAX_UNIX_PATH = 107
-
-
-class LaunchError(Exception):
-    """A process failed: `member` is whom to blame, `reason` says why."""
-
-    def __init__(self, member, reason):
-        super().__init__("%s: %s" % (member.name if member else "psrun", reason))
-        self.member = member
-        self.reason = reason
 
 
 class Interrupted(Exception):
     def __init__(self, signum):
         super().__init__("interrupted by signal %d" % signum)
         self.signum = signum
-
-
-class Member:
-    """One logical process (role, rank); `proc` is its current incarnation.
-    Shards of a replicated fleet are replica `replica` of group `group`
-    (rank = group * replicas + replica, the process index)."""
-
-    def __init__(self, role, rank, group=None, replica=None):
-        self.role = role
-        self.rank = rank
-        self.group = rank if group is None else group
-        self.replica = replica
-        self.name = ("%s-%d" % (role, rank) if replica is None
-                     else "%s-%d-r%d" % (role, self.group, replica))
-        self.proc = None
-        self.endpoint = None
-        self.restarts = 0
-        self.done = False
-        self.history = []  # exit descriptions of earlier incarnations
-        # The process index spawn() places it by (servers first, then
-        # workers); None: its rank. psrun --elastic gives a new shard the
-        # next index after every process started so far.
-        self.index = None
 
 
 class Fleet:
@@ -93,7 +64,6 @@ class Fleet:
         # psrun --elastic (elastic.py): shards join and leave while training.
         self.elastic = None
         if getattr(opts, "elastic_plan", None):
-            from . import elastic as elastic_mod
             self.elastic = elastic_mod.Elastic(self, opts.elastic_plan)
         if self.replicas > 1 or (getattr(opts, "etcd", None) and not self.elastic):
             self.shards = [Member("server", g * self.replicas + r, g, r)
@@ -278,7 +248,6 @@ class Fleet:
     def start_etcd(self):
         if not (self.replicated() or self.elastic) or self.etcd_endpoints:
             return
-        from . import etcd as etcd_mod
         tls = ({"tls_prefix": "/asyncps/" + self.etcd_prefix()} if self.etcd_tls_dir
                else {})
         try:

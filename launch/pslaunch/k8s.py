@@ -52,6 +52,7 @@ import shlex
 import sys
 
 from . import config as config_mod
+from . import elastic as elastic_mod
 from . import etcd as etcd_mod
 from . import workercmd
 
@@ -437,7 +438,6 @@ def elastic_script(opts):
     pod's ServiceAccount token) and ps_ctl add-shard / remove-shard run as
     psrun runs them; one JSON line per step ({"step", "op", "shard",
     "replicas", "report": ps_ctl's}). Exits non-zero on the first failure."""
-    from . import elastic as elastic_mod
     q = shlex.quote
     initial = ",".join("|".join(_group_pods(opts, k)) for k in range(opts.servers))
     ctl = "%s/ps_ctl --etcd=%s --etcd_prefix=/asyncps/%s --servers=%s --timeout_ms=5000" % (

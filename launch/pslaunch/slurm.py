@@ -30,6 +30,7 @@ import os
 import shlex
 import sys
 
+from . import binaries
 from . import etcd_tls
 from . import fleet as fleet_mod
 from . import procs as procs_mod
@@ -276,9 +277,7 @@ def main_from_psrun(opts, log):
         print(" ".join(shlex.quote(a) for a in worker_step(
             opts, "<endpoints from %s/ready/server-*.endpoint>" % opts.run_dir)))
         return 0
-    from .cli import check_binaries
-    from .cli import needed_binaries
-    if not check_binaries(opts, needed_binaries(opts)):
+    if not binaries.check_binaries(opts, binaries.needed_binaries(opts)):
         return 2
     log("psrun: run folder %s (slurm)" % opts.run_dir)
     f = SlurmFleet(opts, opts.run_dir, spawn=None, log=log)

@@ -16,13 +16,9 @@ import subprocess
 import sys
 import time
 
+from pslaunch.binaries import default_bin_dir  # psrun's: the same binaries
+
 from . import collect, execute, grid, report
-
-LAUNCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if LAUNCH not in sys.path:
-    sys.path.insert(0, LAUNCH)
-
-from pslaunch.cli import default_bin_dir  # noqa: E402  (psrun's: the same binaries)
 
 
 def make_parser():

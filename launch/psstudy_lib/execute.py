@@ -22,14 +22,12 @@ import subprocess
 import sys
 import time
 
+from pslaunch.procs import tail as _tail  # psrun's log tail
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 LAUNCH = os.path.dirname(HERE)
 PSRUN = os.path.join(LAUNCH, "psrun")
 RANKWRAP = os.path.join(HERE, "rankwrap.py")
-if LAUNCH not in sys.path:
-    sys.path.insert(0, LAUNCH)
-
-from pslaunch.procs import tail as _tail  # noqa: E402  (psrun's log tail)
 
 
 class Interrupted(Exception):

@@ -20,16 +20,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import unittest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "experiments"))
-sys.path.append(os.path.join(REPO, "tests"))
+from expkit import plots  # PYTHONPATH: experiments/CMakeLists.txt
+import unittest_main
 
-from expkit import plots  # noqa: E402
-import unittest_main  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 BAND = [(1.0, 0.5, 0.4, 0.6), (10.0, 0.7, 0.65, 0.75), (100.0, 0.8, 0.78, 0.82)]
 KINDS = {

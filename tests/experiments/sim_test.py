@@ -1,16 +1,10 @@
 #!/usr/bin/env python3
 """Tests of the discrete-event simulator (experiments/sim/model.py): each
 case is worked out by hand in its comment and must come out exactly."""
-import os
-import sys
 import unittest
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "experiments", "sim"))
-sys.path.append(os.path.join(REPO, "tests"))
-
-import model as m  # noqa: E402
-import unittest_main  # noqa: E402
+import model as m  # experiments/sim (PYTHONPATH: experiments/CMakeLists.txt)
+import unittest_main
 
 FREE = dict(model_bytes=0.0, latency=0.0, header_bytes=0.0, per_request=0.0)
 

@@ -14,11 +14,7 @@ import time
 import unittest
 import urllib.request
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "launch"))
-sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))  # launch_test_util
-
-from pslaunch import etcd  # noqa: E402
+from pslaunch import etcd
 
 # $ASYNCPS_TEST_ETCD: another etcd binary (or a missing path, to see the skip).
 BINARY = os.environ.get("ASYNCPS_TEST_ETCD") or etcd.ETCD_BINARY

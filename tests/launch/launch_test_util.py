@@ -1,4 +1,8 @@
-"""Shared helpers for the launcher tests (real processes, Python 3 stdlib)."""
+"""Shared helpers for the launcher tests (real processes, Python 3 stdlib).
+
+The tests import pslaunch (launch/) and unittest_main (tests/) from the
+PYTHONPATH ctest gives them (tests/launch/CMakeLists.txt); by hand:
+  PYTHONPATH=launch:tests python3 tests/launch/<name>_test.py"""
 import json
 import os
 import signal
@@ -8,12 +12,11 @@ import tempfile
 import time
 import unittest
 
+import unittest_main  # tests/
+from unittest_main import SKIP, note  # noqa: F401  (for the test scripts)
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 PSRUN = os.path.join(REPO, "launch", "psrun")
-sys.path.insert(0, os.path.join(REPO, "launch"))
-sys.path.append(os.path.join(REPO, "tests"))
-import unittest_main  # noqa: E402  (tests/, put on the path just above)
-from unittest_main import SKIP, note  # noqa: E402,F401  (for the test scripts)
 
 
 def bin_dir():

@@ -8,15 +8,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 import urllib.request
 
 import launch_test_util as u
 
-sys.path.insert(0, os.path.join(u.REPO, "launch", "monitoring"))
-from pslaunch import monitoring  # noqa: E402
-import make_dashboard  # noqa: E402
+from pslaunch import monitoring
+import make_dashboard  # launch/monitoring (PYTHONPATH: tests/launch/CMakeLists.txt)
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 

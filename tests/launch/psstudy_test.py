@@ -247,12 +247,10 @@ class StudyTest(u.LaunchTestCase):
     def test_crashing_script_is_recorded(self):
         script = os.path.join(self.tmp.name, "train.py")
         with open(script, "w") as f:
-            f.write("import runpy, sys\n"
+            f.write("import os, sys\n"
                     "if '--boom' in sys.argv:\n"
                     "    raise RuntimeError('boom: this worker script crashes on purpose')\n"
-                    "sys.argv = [%r] + sys.argv[1:]\n"
-                    "sys.path.insert(0, %r)\n"
-                    "runpy.run_path(%r, run_name='__main__')\n" % (MLP, os.path.dirname(MLP), MLP))
+                    "os.execv(sys.executable, [sys.executable, %r] + sys.argv[1:])\n" % MLP)
         path = write_study(os.path.join(self.tmp.name, "crash.json"), {
             "name": "crash", "workers": 2, "seeds": [1],
             "worker_cmd": "%s %s" % (sys.executable, script),

@@ -14,15 +14,13 @@ pushes the workers' logs (--push_log) say were acknowledged; after the
 partition the old primary does not lead any more. Exit 77 without root, ip,
 tc, etcd, openssl, etcdctl or the binaries."""
 import os
-import sys
 import unittest
 
 import launch_test_util as u
 
 from pslaunch import netns
 
-sys.path.insert(0, os.path.join(u.REPO, "experiments", "chaos"))
-import failover  # noqa: E402
+import failover  # experiments/chaos (PYTHONPATH: tests/launch/CMakeLists.txt)
 
 ETCD = "/usr/bin/etcd"
 FLEET = dict(servers=2, workers=2, epochs=2, hosts=3, shard_hosts=2, link="100mbit",

@@ -17,7 +17,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import json
@@ -25,9 +24,7 @@ import json
 import elastic_test
 import launch_test_util as u
 
-sys.path.insert(0, os.path.join(u.REPO, "experiments", "chaos"))
-sys.path.insert(0, os.path.join(u.REPO, "launch"))
-import failover  # noqa: E402
+import failover  # experiments/chaos (PYTHONPATH: tests/launch/CMakeLists.txt)
 
 ETCD = "/usr/bin/etcd"
 

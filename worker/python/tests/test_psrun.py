@@ -15,8 +15,7 @@ from conftest import EXAMPLES, REPO, bin_dir, binary, need_data, python_env
 
 PSRUN = os.path.join(REPO, "launch", "psrun")
 TASK = os.path.join(REPO, "launch", "slurm", "task.sh")
-sys.path.insert(0, os.path.join(REPO, "launch"))
-from pslaunch import summary as summary_mod  # noqa: E402
+from pslaunch import summary as summary_mod  # noqa: E402  (PYTHONPATH: worker/python/CMakeLists.txt)
 
 
 def kmetrics_header():
