@@ -264,13 +264,13 @@ class ClientImpl : public Client {
           largest = std::max<uint64_t>(largest, rows);
         }
       }
-      if (total > static_cast<uint64_t>(limit_bytes_[s]) ||
-          largest > static_cast<uint64_t>(limit_frame_[s])) {
+      if (total > static_cast<uint64_t>(shards_[s].limit_bytes) ||
+          largest > static_cast<uint64_t>(shards_[s].limit_frame)) {
         return Status::InvalidArgument(
             "push of " + std::to_string(total) + " bytes (largest frame " +
             std::to_string(largest) + ") to shard " + std::to_string(s) +
-            " exceeds its limits of " + std::to_string(limit_bytes_[s]) +
-            " bytes per request and " + std::to_string(limit_frame_[s]) +
+            " exceeds its limits of " + std::to_string(shards_[s].limit_bytes) +
+            " bytes per request and " + std::to_string(shards_[s].limit_frame) +
             " per frame (ps_server --max_message_bytes, --max_frame_bytes)");
       }
     }
@@ -344,7 +344,7 @@ class ClientImpl : public Client {
       if (!dense && !has_rows) continue;
       // A shard that owns no chunk (it left an elastic fleet) is not asked.
       if (!has_rows && layout_->shard_chunks(s).empty()) continue;
-      h.pull_base_seq = pull_seq_[s];
+      h.pull_base_seq = shards_[s].pull_seq;
       h.rows.clear();
       h.pull_chunks.clear();
       h.pull_shm_offsets.clear();
@@ -394,7 +394,7 @@ class ClientImpl : public Client {
     tickets_[t].pull_subset = by_shard;
     for (int s = 0; s < num_shards(); ++s) {
       if (by_shard[s].empty()) continue;
-      h.pull_base_seq = pull_seq_[s];
+      h.pull_base_seq = shards_[s].pull_seq;
       h.pull_chunks = by_shard[s];
       RETURN_IF_ERROR(Enqueue(t, s, h, std::vector<Frame>(1)));
     }
@@ -435,7 +435,7 @@ class ClientImpl : public Client {
     h.clock = clock;
     ASSIGN_OR_RETURN(Ticket t, StartOnShards(h, shards));
     for (int s : shards)
-      announced_clock_[s] = std::max(announced_clock_[s], clock);
+      shards_[s].announced_clock = std::max(shards_[s].announced_clock, clock);
     return t;
   }
 
@@ -513,7 +513,9 @@ class ClientImpl : public Client {
     return static_cast<float*>(shm_->Allocate(num_floats * sizeof(float)));
   }
   int shared_memory_shards() const override {
-    return static_cast<int>(std::count(shm_ok_.begin(), shm_ok_.end(), true));
+    return static_cast<int>(
+        std::count_if(shards_.begin(), shards_.end(),
+                      [](const ShardConn& c) { return c.shm_ok; }));
   }
   Status Assign(int shard, AssignRequest a, bool* claimed,
                 milliseconds timeout) override {
@@ -699,6 +701,28 @@ class ClientImpl : public Client {
   uint64_t incarnation() const override { return incarnation_; }
 
  private:
+  // One shard connection: the replica group's members and the one talked
+  // to, its socket, what it said of its limits, and what this worker told
+  // it (clock, sparse pull numbering, shared memory).
+  struct ShardConn {
+    std::vector<std::string> members;  // the replica group's endpoints
+    size_t current = 0;                // members[current] is talked to
+    std::unique_ptr<ClientSocket> socket;  // connected to members[current]
+    int connects = 0;  // connections this socket saw (1 = the first)
+    int64_t reply_limit = 0;  // largest reply accepted, bytes
+    // The member last left for silence (SIZE_MAX: none), and when.
+    size_t abandoned = SIZE_MAX;
+    SteadyClock::time_point abandoned_at;
+    // When the member last answered anything, and was last probed.
+    SteadyClock::time_point last_reply_at;
+    SteadyClock::time_point probed_at;
+    // The highest clock started to it (StartClock, StartClockShards).
+    int64_t announced_clock = -1;
+    uint64_t pull_seq = 0;    // last sparse pull applied
+    int64_t limit_bytes = 0;  // its request limit
+    int64_t limit_frame = 0;  // its frame limit
+    bool shm_ok = false;      // the shared-memory segment is attached
+  };
   // One rows ref of a push or pull as sent, kept for a re-route: the keys
   // (and a push's fp32 gradients), and where pulled rows go: entries
   // `subset` (empty: all) of part plan_part of shard plan_shard's parts in
@@ -918,18 +942,18 @@ class ClientImpl : public Client {
     // Frames are shared, so a resend costs no copy of the payload.
     std::vector<Frame> copy = p.frames;
     p.answered = false;
-    return sockets_[p.shard]->Send(copy);
+    return shards_[p.shard].socket->Send(copy);
   }
 
   // A heartbeat on the shard's own connection, at most once per attempt:
   // its answer (dropped as a late reply) shows the member is alive.
   void Probe(int shard, SteadyClock::time_point now) {
-    if (probed_at_[shard] > last_reply_at_[shard]) return;  // one unanswered
-    probed_at_[shard] = now;
+    if (shards_[shard].probed_at > shards_[shard].last_reply_at) return;  // one unanswered
+    shards_[shard].probed_at = now;
     RequestHeader h = NewHeader(RequestKind::kHeartbeat);
     h.id = kProbeIds | next_id_++;
     std::vector<Frame> frames{Frame::Owned(EncodeRequest(h))};
-    (void)sockets_[shard]->Send(frames);
+    (void)shards_[shard].socket->Send(frames);
   }
 
   // Replica groups: the index of `endpoint` among the shard's members (added
@@ -944,7 +968,7 @@ class ClientImpl : public Client {
   // per reply.
   bool RedirectInLayout(int shard, const std::string& endpoint,
                         SteadyClock::time_point now) {
-    const auto& m = members_[shard];
+    const auto& m = shards_[shard].members;
     if (std::find(m.begin(), m.end(), endpoint) != m.end()) return true;
     auto refused = refused_redirects_.find(endpoint);
     if (refused != refused_redirects_.end() && now < refused->second) return false;
@@ -977,14 +1001,14 @@ class ClientImpl : public Client {
   }
 
   size_t MemberIndex(int shard, const std::string& endpoint) {
-    auto& m = members_[shard];
+    auto& m = shards_[shard].members;
     for (size_t i = 0; i < m.size(); ++i)
       if (m[i] == endpoint) return i;
     m.push_back(endpoint);
     return m.size() - 1;
   }
   size_t NextMember(int shard) const {
-    return (current_[shard] + 1) % members_[shard].size();
+    return (shards_[shard].current + 1) % shards_[shard].members.size();
   }
 
   // Talks to member `next` of the shard's replica group from now on: a new
@@ -992,8 +1016,8 @@ class ClientImpl : public Client {
   // flight to the shard resent (the new primary applies each push once:
   // it holds the de-duplication table the old one replicated to it).
   void FailOver(int shard, size_t next) {
-    if (next == current_[shard]) return;
-    const std::string& to = members_[shard][next];
+    if (next == shards_[shard].current) return;
+    const std::string& to = shards_[shard].members[next];
     StatusOr<std::unique_ptr<ClientSocket>> s =
         ClientSocket::Connect(to, options_.transport);
     if (!s.ok()) {
@@ -1001,16 +1025,16 @@ class ClientImpl : public Client {
                                << ": " << s.status().ToString();
       return;
     }
-    LOG(INFO) << "shard " << shard << ": " << members_[shard][current_[shard]]
+    LOG(INFO) << "shard " << shard << ": " << shards_[shard].members[shards_[shard].current]
               << " -> " << to;
-    sockets_[shard] = std::move(*s);
-    sockets_[shard]->SetMaxMessageBytes(reply_limit_[shard]);
-    raw_sockets_[shard] = sockets_[shard].get();
-    current_[shard] = next;
-    last_reply_at_[shard] = SteadyClock::now();  // a new member's own chance
-    connects_[shard] = 0;  // this socket's first connection resends nothing
+    shards_[shard].socket = std::move(*s);
+    shards_[shard].socket->SetMaxMessageBytes(shards_[shard].reply_limit);
+    raw_sockets_[shard] = shards_[shard].socket.get();
+    shards_[shard].current = next;
+    shards_[shard].last_reply_at = SteadyClock::now();  // a new member's own chance
+    shards_[shard].connects = 0;  // this socket's first connection resends nothing
     ++failovers_;
-    shm_ok_[shard] = false;  // another process: attached again if refused
+    shards_[shard].shm_ok = false;  // another process: attached again if refused
     Reannounce(shard);
     ResendAll(shard);
   }
@@ -1042,17 +1066,17 @@ class ClientImpl : public Client {
     const auto half = options_.attempt_timeout / 2;
     for (auto& [id, p] : pending_) {
       const int s = p.shard;
-      if (members_[s].size() < 2 || p.answered) continue;
-      if (probed_at_[s] > last_reply_at_[s] && now - probed_at_[s] >= half) {
-        abandoned_[s] = current_[s];
-        abandoned_at_[s] = now;
+      if (shards_[s].members.size() < 2 || p.answered) continue;
+      if (shards_[s].probed_at > shards_[s].last_reply_at && now - shards_[s].probed_at >= half) {
+        shards_[s].abandoned = shards_[s].current;
+        shards_[s].abandoned_at = now;
         FailOver(s, NextMember(s));
         wake = now;
         break;
       }
-      if (now - last_reply_at_[s] >= half) Probe(s, now);
-      wake = std::min(wake, (probed_at_[s] > last_reply_at_[s] ? probed_at_[s]
-                                                               : last_reply_at_[s]) +
+      if (now - shards_[s].last_reply_at >= half) Probe(s, now);
+      wake = std::min(wake, (shards_[s].probed_at > shards_[s].last_reply_at ? shards_[s].probed_at
+                                                               : shards_[s].last_reply_at) +
                                 half);
     }
     for (auto& [id, p] : pending_) {
@@ -1087,12 +1111,12 @@ class ClientImpl : public Client {
   // (it restarted) gets the clock announced again, the shared-memory segment
   // and every pending request resent.
   void ReadConnectionEvents() {
-    for (size_t s = 0; s < sockets_.size(); ++s) {
-      const int connects = sockets_[s]->TakeConnects();
-      if (connects > 0 && connects_[s]++ > 0) {
+    for (size_t s = 0; s < shards_.size(); ++s) {
+      const int connects = shards_[s].socket->TakeConnects();
+      if (connects > 0 && shards_[s].connects++ > 0) {
         Reannounce(static_cast<int>(s));
         // A restarted shard has forgotten the segment: before the resends.
-        if (shm_ok_[s]) SendAttach(static_cast<int>(s));
+        if (shards_[s].shm_ok) SendAttach(static_cast<int>(s));
         ResendAll(static_cast<int>(s));
       }
     }
@@ -1103,10 +1127,10 @@ class ClientImpl : public Client {
   // the queues, a system call when they are empty); returns how many.
   StatusOr<size_t> DrainReplies(Ticket awaited) {
     size_t n = 0;
-    for (size_t s = 0; s < sockets_.size(); ++s) {
+    for (size_t s = 0; s < shards_.size(); ++s) {
       while (true) {
         ASSIGN_OR_RETURN(bool got,
-                         sockets_[s]->Receive(&msg_, milliseconds(0)));
+                         shards_[s].socket->Receive(&msg_, milliseconds(0)));
         if (!got) break;
         HandleReply(static_cast<int>(s));
         ++n;
@@ -1141,12 +1165,12 @@ class ClientImpl : public Client {
   // again, ahead of the resends. Fire and forget: a shard that restarts again
   // gets it again; a reply is dropped as a late one; clocks never go back.
   void Reannounce(int shard) {
-    if (options_.rank < 0 || announced_clock_[shard] < 0) return;
+    if (options_.rank < 0 || shards_[shard].announced_clock < 0) return;
     // Never past a push still in flight: a clock of c tells the shard that
     // this worker's pushes of steps < c are there (under BSP it closes the
     // round), and a push re-routed by an elastic layout change may come
     // after this.
-    int64_t clock = announced_clock_[shard];
+    int64_t clock = shards_[shard].announced_clock;
     for (const auto& [id, p] : pending_) {
       if (p.kind == RequestKind::kPush) clock = std::min(clock, p.clock);
     }
@@ -1154,7 +1178,7 @@ class ClientImpl : public Client {
     h.clock = clock;
     h.id = next_id_++;
     std::vector<Frame> frames{Frame::Owned(EncodeRequest(h))};
-    if (sockets_[shard]->Send(frames).ok()) ++resends_;
+    if (shards_[shard].socket->Send(frames).ok()) ++resends_;
     VLOG(1) << "shard " << shard << " reconnected: clock " << clock
             << " announced again";
   }
@@ -1168,13 +1192,13 @@ class ClientImpl : public Client {
                    << st.ToString();
       return;
     }
-    last_reply_at_[shard] = SteadyClock::now();
+    shards_[shard].last_reply_at = SteadyClock::now();
     if (reply_.max_request_bytes > 0) {
-      limit_bytes_[shard] = static_cast<int64_t>(
+      shards_[shard].limit_bytes = static_cast<int64_t>(
           std::min<uint64_t>(reply_.max_request_bytes, INT64_MAX));
     }
     if (reply_.max_frame_bytes > 0) {
-      limit_frame_[shard] = static_cast<int64_t>(
+      shards_[shard].limit_frame = static_cast<int64_t>(
           std::min<uint64_t>(reply_.max_frame_bytes, INT64_MAX));
     }
     auto pit = pending_.find(reply_.id);
@@ -1189,11 +1213,11 @@ class ClientImpl : public Client {
       // yet: the group is about to fail over); else ask again shortly.
       const auto now = SteadyClock::now();
       if (!reply_.redirect.empty() &&
-          reply_.redirect != members_[shard][current_[shard]] &&
+          reply_.redirect != shards_[shard].members[shards_[shard].current] &&
           RedirectInLayout(shard, reply_.redirect, now)) {
         const size_t to = MemberIndex(shard, reply_.redirect);
-        if (to != abandoned_[shard] ||
-            now - abandoned_at_[shard] > kAbandonedFor) {
+        if (to != shards_[shard].abandoned ||
+            now - shards_[shard].abandoned_at > kAbandonedFor) {
           FailOver(shard, to);
           return;
         }
@@ -1429,7 +1453,7 @@ class ClientImpl : public Client {
       }
       t.result.bytes_received += f.size;
     }
-    if (reply_.pull_seq != 0) pull_seq_[shard] = reply_.pull_seq;
+    if (reply_.pull_seq != 0) shards_[shard].pull_seq = reply_.pull_seq;
     for (size_t i = 0; i < reply_.rows.size(); ++i) {
       const RowsRef& r = reply_.rows[i];
       const ByteView& f = msg_.frames[r.rows_frame];
@@ -1493,7 +1517,7 @@ class ClientImpl : public Client {
   // the segment.
   bool ShmDestinations(int shard, const std::vector<float*>& tensors,
                        RequestHeader* h) {
-    if (!shm_ || !shm_ok_[shard]) return false;
+    if (!shm_ || !shards_[shard].shm_ok) return false;
     const uint64_t first = uint64_t{kShmSlotsPerShard} * shard;
     bool found = false;
     for (uint64_t i = first;
@@ -1534,7 +1558,7 @@ class ClientImpl : public Client {
   // segment again, then the pull (once). True when the reply was handled so.
   bool ShmRetry(int shard, Pending& p) {
     if (reply_.status.code() != StatusCode::kFailedPrecondition ||
-        p.shm_reattach > 0 || !shm_ok_[shard])
+        p.shm_reattach > 0 || !shards_[shard].shm_ok)
       return false;
     ++p.shm_reattach;
     SendAttach(shard);
@@ -1557,7 +1581,7 @@ class ClientImpl : public Client {
     RequestHeader h = AttachHeader();
     h.id = next_id_++;
     std::vector<Frame> frames{Frame::Owned(EncodeRequest(h))};
-    (void)sockets_[shard]->Send(frames);
+    (void)shards_[shard].socket->Send(frames);
   }
 
   // Offers the segment to every shard; those that accept it (on this host,
@@ -1565,11 +1589,11 @@ class ClientImpl : public Client {
   void AttachShared() {
     if (!shm_) return;
     for (int s = 0; s < num_shards(); ++s) {
-      if (shm_ok_[s]) continue;
+      if (shards_[s].shm_ok) continue;
       StatusOr<Ticket> t = StartOnShards(AttachHeader(), {s});
       Status st = t.ok() ? Wait(*t, options_.attempt_timeout * 2, nullptr)
                          : t.status();
-      shm_ok_[s] = st.ok();
+      shards_[s].shm_ok = st.ok();
       if (!st.ok()) {
         LOG(INFO) << "shard " << s << " (" << options_.servers[s]
                   << ") pulls over its socket, not shared memory: "
@@ -1617,25 +1641,18 @@ class ClientImpl : public Client {
   // The per-shard state of one more shard (a replica group's members
   // joined by '|'), connected to its first member.
   Status AddShardState(const std::string& group) {
-    members_.push_back(ParseReplicaGroup(group));
-    if (members_.back().empty())
+    ShardConn c;
+    c.members = ParseReplicaGroup(group);
+    if (c.members.empty())
       return Status::InvalidArgument("empty replica group '" + group + "'");
-    current_.push_back(0);
-    abandoned_.push_back(SIZE_MAX);
-    abandoned_at_.push_back(SteadyClock::time_point{});
-    last_reply_at_.push_back(SteadyClock::now());
-    probed_at_.push_back(SteadyClock::time_point{});
-    reply_limit_.push_back(options_.transport.max_message_bytes);
-    ASSIGN_OR_RETURN(auto s, ClientSocket::Connect(members_.back()[0],
-                                                   options_.transport));
-    sockets_.push_back(std::move(s));
-    raw_sockets_.push_back(sockets_.back().get());
-    connects_.push_back(0);
-    announced_clock_.push_back(-1);
-    pull_seq_.push_back(0);
-    limit_bytes_.push_back(options_.max_request_bytes);
-    limit_frame_.push_back(options_.max_request_frame_bytes);
-    shm_ok_.push_back(false);
+    c.last_reply_at = SteadyClock::now();
+    c.reply_limit = options_.transport.max_message_bytes;
+    c.limit_bytes = options_.max_request_bytes;
+    c.limit_frame = options_.max_request_frame_bytes;
+    ASSIGN_OR_RETURN(c.socket,
+                     ClientSocket::Connect(c.members[0], options_.transport));
+    raw_sockets_.push_back(c.socket.get());
+    shards_.push_back(std::move(c));
     return Status::OK();
   }
 
@@ -1795,7 +1812,7 @@ class ClientImpl : public Client {
         }
       } else {
         h.pull_codec = p.codec;
-        h.pull_base_seq = pull_seq_[shard];
+        h.pull_base_seq = shards_[shard].pull_seq;
         h.pull_dense = !items.empty();  // else rows only
         for (size_t i : items) h.pull_chunks.push_back(p.ids[i]);
       }
@@ -1849,10 +1866,10 @@ class ClientImpl : public Client {
         for (uint32_t id : layout_->shard_chunks(s))
           need += 2 * layout_->chunks()[id].num_elems * sizeof(float) + 128;
       }
-      reply_limit_[s] = std::max<int64_t>(
+      shards_[s].reply_limit = std::max<int64_t>(
           options_.transport.max_message_bytes,
           static_cast<int64_t>(std::min<uint64_t>(need, INT64_MAX)));
-      sockets_[s]->SetMaxMessageBytes(reply_limit_[s]);
+      shards_[s].socket->SetMaxMessageBytes(shards_[s].reply_limit);
     }
   }
 
@@ -1867,8 +1884,8 @@ class ClientImpl : public Client {
   // own chunks of that cut, so a registration, the second one too, names
   // this count, whatever num_shards() has grown to.
   const int cut_shards_;
-  std::vector<std::unique_ptr<ClientSocket>> sockets_;
-  std::vector<ClientSocket*> raw_sockets_;
+  std::vector<ShardConn> shards_;  // by shard index
+  std::vector<ClientSocket*> raw_sockets_;  // shards_[i].socket, for PollAny
   std::unique_ptr<Heartbeater> heartbeater_;
   std::unique_ptr<Layout> layout_;
   uint64_t layout_epoch_ = 0;  // elastic layouts: the epoch routed by
@@ -1884,16 +1901,6 @@ class ClientImpl : public Client {
   uint64_t next_id_ = 1;
   Ticket next_ticket_ = 1;
   uint64_t resends_ = 0;
-  std::vector<int> connects_;         // per shard: connections seen (1 = first)
-  // Replica groups: per shard, its members' endpoints, the one talked to,
-  // and how many times it changed (a pending request sent before the last
-  // change is not held against the new member).
-  std::vector<std::vector<std::string>> members_;
-  std::vector<size_t> current_;
-  std::vector<int64_t> reply_limit_;  // per shard: largest reply accepted
-  // Per shard: the member last left for silence, and when.
-  std::vector<size_t> abandoned_;
-  std::vector<SteadyClock::time_point> abandoned_at_;
   // A member left for silence is not returned to on a redirect for this
   // long (its lease, and so the group's view of it, lasts about as long).
   static constexpr milliseconds kAbandonedFor{3000};
@@ -1902,17 +1909,9 @@ class ClientImpl : public Client {
   static constexpr milliseconds kRefusedRedirectFor{5000};
   // A replica's refusal is asked again after at most this long.
   static constexpr milliseconds kReplicaRetry{50};
-  // Per shard: when its member last answered anything, and was last probed.
-  std::vector<SteadyClock::time_point> last_reply_at_;
-  std::vector<SteadyClock::time_point> probed_at_;
   // Ids of probes (heartbeats on a shard's connection): apart from requests'.
   static constexpr uint64_t kProbeIds = uint64_t{1} << 62;
   uint64_t failovers_ = 0;
-  // Per shard: the highest clock started to it (StartClock, StartClockShards).
-  std::vector<int64_t> announced_clock_;
-  std::vector<uint64_t> pull_seq_;    // per shard: last sparse pull applied
-  std::vector<int64_t> limit_bytes_;  // per shard: its request limit
-  std::vector<int64_t> limit_frame_;  // per shard: its frame limit
   std::vector<std::string>* stats_sink_ = nullptr;
   OptimizerState* state_sink_ = nullptr;  // during ReadOptimizerState
   // During ReadRowRecords: where the records of the request in flight go
@@ -1940,7 +1939,6 @@ class ClientImpl : public Client {
   };
   ScanSink scan_sink_;
   std::unique_ptr<ShmSegment> shm_;  // shared_memory_bytes > 0
-  std::vector<bool> shm_ok_;         // per shard: the segment is attached
   std::vector<TableSpec> tables_;
   std::vector<float> rows_scratch_;
   // Pump() rounds between two reads of the connection events without a wait.
