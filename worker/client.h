@@ -17,6 +17,11 @@
 //
 // Thread safety: a Client is used by one thread at a time. Heartbeats, when
 // enabled, are sent by a private thread with sockets of its own.
+//
+// The implementation is in worker/client/: a core (core.h: start, wait,
+// pump; one ShardConn per shard connection, one ReplyReader per ticket)
+// and, over it, the elastic router, admin calls, uploads and
+// shared-memory pulls as types of their own.
 #pragma once
 
 #include <chrono>
