@@ -538,14 +538,15 @@ class ClientImpl : public Client {
       ChunkRef ref;
       ref.chunk = p.chunk;
       ref.frame = static_cast<uint32_t>(frames.size());
-      ref.num_elems = a.phase == 4 ? p.data.size / sizeof(float)  // state
-                                   : layout_->chunks()[p.chunk].num_elems;
+      ref.num_elems = a.phase == AssignOp::kState
+                          ? p.data.size / sizeof(float)  // state
+                          : layout_->chunks()[p.chunk].num_elems;
       ref.byte_size = p.data.size;
       ref.version = p.version;
       h.chunks.push_back(ref);
       frames.push_back(std::move(p.data));
     }
-    if (a.phase == 8) {
+    if (a.phase == AssignOp::kClear) {
       // Clear tables: refs naming them, no keys or frames.
       for (const RowsPush& rows : a.rows) {
         if (rows.table >= tables_.size() || rows.n != 0) {
@@ -559,7 +560,8 @@ class ClientImpl : public Client {
       }
       a.rows.clear();
     }
-    const bool records = a.phase == 5 || a.phase == 7;  // rows with state
+    const bool records =  // rows with state
+        a.phase == AssignOp::kRows || a.phase == AssignOp::kSaved;
     if (records && a.row_records.size() != a.rows.size()) {
       return Status::InvalidArgument(
           "assign of rows with state: " + std::to_string(a.rows.size()) +
@@ -598,7 +600,7 @@ class ClientImpl : public Client {
     out->per_weight = -1;  // set by the first reply
     RequestHeader h = NewHeader(RequestKind::kAssign);
     h.assign_upload = 1;
-    h.assign_phase = 3;
+    h.assign_phase = AssignOp::kRead;
     state_sink_ = out;
     Status s = [&]() -> Status {
       ASSIGN_OR_RETURN(Ticket t, StartOnShards(h, AllShards()));
@@ -630,7 +632,7 @@ class ClientImpl : public Client {
         for (size_t j = 0; j < m; ++j) asked[j] = keys[at[shard][off + j]];
         RequestHeader h = NewHeader(RequestKind::kAssign);
         h.assign_upload = 1;
-        h.assign_phase = 3;
+        h.assign_phase = AssignOp::kRead;
         RowsRef ref;
         ref.table = table;
         ref.keys_frame = 1;
@@ -669,7 +671,7 @@ class ClientImpl : public Client {
     }
     RequestHeader h = NewHeader(RequestKind::kAssign);
     h.assign_upload = 1;
-    h.assign_phase = 6;
+    h.assign_phase = AssignOp::kScan;
     h.assign_cursor = from;
     h.assign_scan_rows = static_cast<uint32_t>(max_rows);
     if (snapshot != nullptr) {

@@ -64,18 +64,6 @@ namespace asyncps::server {
 
 namespace {
 
-enum AssignPhase : uint8_t {
-  kBegin = 0,
-  kValues = 1,
-  kCommit = 2,
-  kRead = 3,
-  kState = 4,
-  kRows = 5,
-  kScan = 6,
-  kSaved = 7,
-  kClear = 8,
-};
-
 // The most optimizer steps a state upload may set: 2^53, exact in the
 // double of Adam's bias correction (and beyond any run's count).
 constexpr uint64_t kMaxOptimizerSteps = uint64_t{1} << 53;
@@ -172,22 +160,24 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
         RejectReason::kNotRegistered,
         Status::FailedPrecondition("no layout registered: register first"));
   }
-  if (req.assign_upload == 0 || req.assign_phase > kClear) {
+  if (req.assign_upload == 0 || req.assign_phase > kLastAssignOp) {
     return Reject(RejectReason::kUploadClaim,
                   Status::InvalidArgument(
                       "assign needs an upload id != 0 and a phase in "
                       "{0 begin, 1 values, 2 commit, 3 read, 4 state, 5 rows "
                       "with state, 6 scan, 7 saved rows, 8 clear tables}, "
                       "got phase " +
-                      std::to_string(req.assign_phase)));
+                      std::to_string(static_cast<int>(req.assign_phase))));
   }
-  if (req.assign_phase == kScan) return ScanRows(peer, req, data, now, out);
-  const bool read_rows = req.assign_phase == kRead && req.chunks.empty() &&
-                         !req.rows.empty();
-  const bool records =
-      req.assign_phase == kRows || req.assign_phase == kSaved;
-  if (req.assign_phase != kValues && req.assign_phase != kState &&
-      !records && !read_rows && req.assign_phase != kClear &&
+  if (req.assign_phase == AssignOp::kScan)
+    return ScanRows(peer, req, data, now, out);
+  const bool read_rows = req.assign_phase == AssignOp::kRead &&
+                         req.chunks.empty() && !req.rows.empty();
+  const bool records = req.assign_phase == AssignOp::kRows ||
+                       req.assign_phase == AssignOp::kSaved;
+  if (req.assign_phase != AssignOp::kValues &&
+      req.assign_phase != AssignOp::kState && !records && !read_rows &&
+      req.assign_phase != AssignOp::kClear &&
       (!req.chunks.empty() || !req.rows.empty() || !data.empty())) {
     return Reject(RejectReason::kSizeMismatch,
                   Status::InvalidArgument(
@@ -196,7 +186,8 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
                       "(read) keys of rows, and of phase 8 (clear) tables"));
   }
   if (read_rows) return ReadRowRecords(peer, req, data, out);
-  if (req.assign_phase == kRead) return ReadOptimizerState(peer, req, out);
+  if (req.assign_phase == AssignOp::kRead)
+    return ReadOptimizerState(peer, req, out);
   const UploadClaim& c = upload_claim_;
   const bool live =
       c.rank >= 0 && clocks_.live(c.rank) &&
@@ -206,7 +197,7 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
                     c.upload == req.assign_upload;
   const std::string who = "upload " + std::to_string(req.assign_upload) +
                           " of rank " + std::to_string(req.rank);
-  if (req.assign_phase == kBegin) {
+  if (req.assign_phase == AssignOp::kBegin) {
     if (mine) {
       upload_claim_.last = now;
       reply->created = true;
@@ -231,7 +222,8 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
     reply->created = true;
     return Status::OK();
   }
-  if (req.assign_phase == kCommit && committed_upload_ == req.assign_upload)
+  if (req.assign_phase == AssignOp::kCommit &&
+      committed_upload_ == req.assign_upload)
     return Status::OK();  // a resent commit
   if (!mine) {
     return Reject(RejectReason::kUploadClaim,
@@ -242,15 +234,16 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
                                         " holds it") +
                       "): begin first"));
   }
-  if (req.assign_phase == kCommit) return CommitUpload(req, who);
-  if (req.assign_phase == kClear) {
+  if (req.assign_phase == AssignOp::kCommit) return CommitUpload(req, who);
+  if (req.assign_phase == AssignOp::kClear) {
     RETURN_IF_ERROR(ClearTables(req, data));
     upload_claim_.last = now;
     return Status::OK();
   }
-  if (req.assign_phase == kState || records) {
-    RETURN_IF_ERROR(req.assign_phase == kState ? WriteOptimizerState(req, data)
-                                               : WriteRowRecords(req, data));
+  if (req.assign_phase == AssignOp::kState || records) {
+    RETURN_IF_ERROR(req.assign_phase == AssignOp::kState
+                        ? WriteOptimizerState(req, data)
+                        : WriteRowRecords(req, data));
     upload_claim_.last = now;
     return Status::OK();
   }
@@ -300,7 +293,7 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
 
 Status Shard::AssignPendingRows(const RequestHeader& req, bool with_state) {
   // Set rows are dirty in the cache; the commit's checkpoint stores them.
-  const bool saved = with_state && req.assign_phase == kSaved;
+  const bool saved = with_state && req.assign_phase == AssignOp::kSaved;
   Status rows;
   for (const PendingRows& p : pending_rows_) {
     Status s = sparse_->Assign(
@@ -348,7 +341,7 @@ Status Shard::WriteRowRecords(const RequestHeader& req,
                              sparse_keys_.data() + p.keys_at,
                              row_state_.data() + p.state_at,
                              row_steps_.data() + p.keys_at, p.n);
-    if (s.ok() && req.assign_phase == kSaved) {
+    if (s.ok() && req.assign_phase == AssignOp::kSaved) {
       s = CheckSavedMeta(sparse_->specs()[p.table],
                          sparse_keys_.data() + p.keys_at,
                          row_kinds_.data() + p.keys_at,

@@ -106,12 +106,12 @@ Status Shard::ValidateSparsePush(const RequestHeader& req,
   // Pushes and uploads (kAssign) carry rows; pulls and reads of row
   // records (kAssign phase 3) carry keys only.
   const bool assign = req.kind == RequestKind::kAssign;
-  const bool push =
-      req.kind == RequestKind::kPush || (assign && req.assign_phase != 3);
-  const bool records =
-      assign && (req.assign_phase == 5 || req.assign_phase == 7);
+  const bool push = req.kind == RequestKind::kPush ||
+                    (assign && req.assign_phase != AssignOp::kRead);
+  const bool records = assign && (req.assign_phase == AssignOp::kRows ||
+                                  req.assign_phase == AssignOp::kSaved);
   // Phase 7: saved records (kind, count, clock before the row record).
-  const bool saved = assign && req.assign_phase == 7;
+  const bool saved = assign && req.assign_phase == AssignOp::kSaved;
   const sparse::SparseOptions& limits = sparse_->options();
   if (frame_stamp_.size() < data.size()) frame_stamp_.resize(data.size(), 0);
   sparse_->BeginRequest();
