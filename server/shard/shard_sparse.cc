@@ -12,9 +12,9 @@
 // An upload of rows with their optimizer state (kAssign phase 5) carries
 // row records instead of rows (raw only: num_keys x the table's record
 // size, common/protocol.capnp), split here into the weights (checked as
-// rows), the state (row_state_) and the steps (row_steps_); phase 7's
-// saved records (common/sparse_table.h) also into the kinds (row_kinds_)
-// and clocks (row_clocks_).
+// rows), the state (rows_->state) and the steps (rows_->steps); phase 7's
+// saved records (common/sparse_table.h) also into the kinds (rows_->kinds)
+// and clocks (rows_->clocks).
 #include <glog/logging.h>
 
 #include <cstring>
@@ -90,11 +90,11 @@ Status Shard::RegisterTables(const std::vector<TableSpec>& tables,
 }
 
 // Validates and decodes the RowsRefs of a push or a pull into
-// pending_rows_, sparse_keys_ and (pushes) sparse_rows_. `stamp_` and
+// rows_->pending, rows_->keys and (pushes) rows_->values. `stamp_` and
 // frame_stamp_ already hold this request's chunk frames.
 Status Shard::ValidateSparsePush(const RequestHeader& req,
                                  const std::vector<ByteView>& data) {
-  pending_rows_.clear();
+  rows_->pending.clear();
   if (req.rows.empty()) return Status::OK();
   if (!sparse_) {
     return Reject(RejectReason::kUnknownChunk,
@@ -225,7 +225,7 @@ Status Shard::ValidateSparsePush(const RequestHeader& req,
     p.keys_at = total_keys;
     p.rows_at = total_values;
     p.state_at = total_state;
-    pending_rows_.push_back(p);
+    rows_->pending.push_back(p);
     total_keys += ref.num_keys;
     if (push) total_values += values;
     if (records) total_state += ref.num_keys * table.state_floats();
@@ -240,27 +240,27 @@ Status Shard::ValidateSparsePush(const RequestHeader& req,
     Status c = Recharge(*budget_, scratch, "decoded keys and rows of a request",
                         &request_charge_);
     if (!c.ok()) return Reject(RejectReason::kMemoryBudget, c);
-    sparse_keys_.reserve(total_keys);
-    sparse_rows_.reserve(total_values);
+    rows_->keys.reserve(total_keys);
+    rows_->values.reserve(total_values);
   }
-  sparse_keys_.resize(total_keys);
-  sparse_rows_.resize(total_values);
+  rows_->keys.resize(total_keys);
+  rows_->values.resize(total_values);
   if (records) {
-    row_state_.resize(total_state);
-    row_steps_.resize(total_keys);
+    rows_->state.resize(total_state);
+    rows_->steps.resize(total_keys);
   }
   if (saved) {
-    row_kinds_.resize(total_keys);
-    row_clocks_.resize(total_keys);
+    rows_->kinds.resize(total_keys);
+    rows_->clocks.resize(total_keys);
   }
   for (size_t i = 0; i < req.rows.size(); ++i) {
     const RowsRef& ref = req.rows[i];
-    const PendingRows& p = pending_rows_[i];
-    uint64_t* keys = sparse_keys_.data() + p.keys_at;
+    const PendingRows& p = rows_->pending[i];
+    uint64_t* keys = rows_->keys.data() + p.keys_at;
     std::memcpy(keys, data[ref.keys_frame - 1].data, p.n * sizeof(uint64_t));
     float* rows = nullptr;
     if (push) {
-      rows = sparse_rows_.data() + p.rows_at;
+      rows = rows_->values.data() + p.rows_at;
       const ByteView& f = data[ref.rows_frame - 1];
       if (records) {
         const sparse::SparseTable& t = sparse_->table(p.table);
@@ -271,22 +271,23 @@ Status Shard::ValidateSparsePush(const RequestHeader& req,
           if (saved) {
             rec = f.data + j * t.saved_record_bytes();
             uint32_t zero = 0;
-            std::memcpy(&row_kinds_[p.keys_at + j], rec, sizeof(uint32_t));
+            std::memcpy(&rows_->kinds[p.keys_at + j], rec, sizeof(uint32_t));
             std::memcpy(&zero, rec + 4, sizeof(zero));
-            if (zero != 0) row_kinds_[p.keys_at + j] = 0;  // refused below
-            std::memcpy(&row_clocks_[p.keys_at + j], rec + 16,
+            if (zero != 0) rows_->kinds[p.keys_at + j] = 0;  // refused below
+            std::memcpy(&rows_->clocks[p.keys_at + j], rec + 16,
                         sizeof(int64_t));
             // Then the count (as a row record's steps), the clock (read
             // above) and the floats (as a row record's).
-            std::memcpy(&row_steps_[p.keys_at + j], rec + 8, sizeof(uint64_t));
+            std::memcpy(&rows_->steps[p.keys_at + j], rec + 8,
+                        sizeof(uint64_t));
             rec += 16;
           } else {
             rec = f.data + j * t.record_bytes();
-            std::memcpy(&row_steps_[p.keys_at + j], rec, sizeof(uint64_t));
+            std::memcpy(&rows_->steps[p.keys_at + j], rec, sizeof(uint64_t));
           }
           rec += sizeof(uint64_t);
           std::memcpy(rows + j * dim, rec, dim * sizeof(float));
-          std::memcpy(row_state_.data() + p.state_at + j * k,
+          std::memcpy(rows_->state.data() + p.state_at + j * k,
                       rec + dim * sizeof(float), k * sizeof(float));
         }
       } else if (ref.codec == 0) {
@@ -322,13 +323,13 @@ Status Shard::ValidateSparsePush(const RequestHeader& req,
 }
 
 Status Shard::ChargeSparseRound() {
-  if (pending_rows_.empty() || options_.consistency != Consistency::kBsp ||
+  if (rows_->pending.empty() || options_.consistency != Consistency::kBsp ||
       options_.sparse_async)
     return Status::OK();
   // This round's sums may grow by a row (and its index entry, and its entry
   // in the rank's key set) per key.
   uint64_t grow = 0;
-  for (const PendingRows& p : pending_rows_)
+  for (const PendingRows& p : rows_->pending)
     grow += p.n * (sparse_->specs()[p.table].dim * sizeof(float) + 72);
   Status c = Recharge(*budget_, round_charge_.bytes() + grow,
                       "BSP sums of sparse rows", &round_charge_);
@@ -337,11 +338,11 @@ Status Shard::ChargeSparseRound() {
 }
 
 Status Shard::HoldSparsePush() {
-  for (const PendingRows& p : pending_rows_) {
-    Status s = sparse_->Hold(p.table, sparse_keys_.data() + p.keys_at, p.n);
+  for (const PendingRows& p : rows_->pending) {
+    Status s = sparse_->Hold(p.table, rows_->keys.data() + p.keys_at, p.n);
     if (s.ok()) continue;
     sparse_->ReleaseHeld();
-    pending_rows_.clear();
+    rows_->pending.clear();
     return Reject(RejectReason::kStore,
                   Status::Unavailable("reading the rows of the push failed, "
                                       "nothing of it was applied (retry): " +
@@ -351,15 +352,15 @@ Status Shard::HoldSparsePush() {
 }
 
 Status Shard::ApplySparsePush(int rank, int64_t clock, float lr_scale) {
-  if (pending_rows_.empty()) return Status::OK();
+  if (rows_->pending.empty()) return Status::OK();
   const bool durable = options_.durable && store_ != nullptr;
   // Every table's rows are applied even when a write-back of evicted rows
   // fails on the way (the rows stay in the cache, dirty): the push is never
   // left half applied by the store.
   Status first;
-  for (const PendingRows& p : pending_rows_) {
-    const uint64_t* keys = sparse_keys_.data() + p.keys_at;
-    const float* grads = sparse_rows_.data() + p.rows_at;
+  for (const PendingRows& p : rows_->pending) {
+    const uint64_t* keys = rows_->keys.data() + p.keys_at;
+    const float* grads = rows_->values.data() + p.rows_at;
     if (options_.consistency == Consistency::kBsp && !options_.sparse_async) {
       sparse_->Accumulate(p.table, keys, grads, p.n, rank);  // charged before
       continue;
@@ -369,7 +370,7 @@ Status Shard::ApplySparsePush(int rank, int64_t clock, float lr_scale) {
     if (first.ok()) first = s;
   }
   sparse_->ReleaseHeld();
-  pending_rows_.clear();
+  rows_->pending.clear();
   return first;
 }
 
@@ -397,7 +398,7 @@ Status Shard::AnswerSparsePull(const RequestHeader& req,
   RETURN_IF_ERROR(ValidateSparsePull(req, data));
   for (size_t i = 0; i < req.rows.size(); ++i) {
     const RowsRef& ref = req.rows[i];
-    const PendingRows& p = pending_rows_[i];
+    const PendingRows& p = rows_->pending[i];
     const size_t values = p.n * sparse_->specs()[p.table].dim;
     auto owner = std::make_shared<ChargedBuffer>();
     StatusOr<MemoryBudget::Charge> charge =
@@ -406,7 +407,7 @@ Status Shard::AnswerSparsePull(const RequestHeader& req,
       return Reject(RejectReason::kMemoryBudget, charge.status());
     owner->charge = std::move(charge).value();
     BufferPtr rows = Buffer::Allocate(values * sizeof(float));
-    Status s = sparse_->Read(p.table, sparse_keys_.data() + p.keys_at, p.n,
+    Status s = sparse_->Read(p.table, rows_->keys.data() + p.keys_at, p.n,
                              rows->floats());
     if (!s.ok()) return Reject(RejectReason::kStore, s);
     RowsRef out;
@@ -434,7 +435,7 @@ Status Shard::AnswerSparsePull(const RequestHeader& req,
     reply->frames.push_back(ByteView{rows->data(), rows->size(), owner});
     reply->header.rows.push_back(out);
   }
-  pending_rows_.clear();
+  rows_->pending.clear();
   return Status::OK();
 }
 

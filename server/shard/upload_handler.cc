@@ -1,6 +1,7 @@
-// Shard: uploads of values (kAssign: fine-tuning from a worker's weights,
-// ps.load_state_dict()) and the learning rate a worker sets with its pushes
-// and clocks. The request is described in common/protocol.capnp (Assign).
+// UploadHandler (server/shard/upload_handler.h): uploads of values (kAssign:
+// fine-tuning from a worker's weights, ps.load_state_dict()). The request is
+// described in common/protocol.capnp (Assign), its operations in
+// common/wire.h (AssignOp).
 //
 // The upload claim. One (rank, incarnation, upload id) at a time may upload
 // this shard's values. `begin` takes the claim when nobody holds a live one
@@ -29,7 +30,7 @@
 // their steps or counts and last-push clocks; the page size bounded by the
 // request limits; routed by the shard's layout epoch, as pushes and pulls,
 // so a scan never sees a moving key on two shards or on none; plain or
-// point-in-time: server/shard/shard_scan.cc), `saved`
+// point-in-time: server/shard/upload_scan.cc), `saved`
 // requests (phase 7) of the claimant set such
 // entries back (checked as phase 5's, and their kinds, counts and clocks),
 // a `clear` (phase 8) of the claimant drops every entry of the tables it
@@ -47,10 +48,8 @@
 // answers created = false, so nobody reads half an upload; a claimant that
 // dies mid-upload is replaced and the next claimant writes every chunk
 // again (the state it set is reset unless the new claimant sets it too).
-//
-// Worker-set lr: a push or clock whose lr is > 0 must have lr <= max_lr
-// (else it is refused, nothing of it applied); it then replaces the flags'
-// lr and schedule for that update and every later one (ScheduleScale()).
+#include "server/shard/upload_handler.h"
+
 #include <glog/logging.h>
 
 #include <algorithm>
@@ -58,9 +57,10 @@
 #include <cstring>
 
 #include "server/internal/shard_types.h"
-#include "server/shard/shard.h"
 
 namespace asyncps::server {
+
+using internal::PendingRows;
 
 namespace {
 
@@ -101,39 +101,22 @@ int SquaresSlot(OptimizerKind kind) {
 
 }  // namespace
 
-Status Shard::CheckWorkerLr(const RequestHeader& req) {
-  if (req.lr == 0.0f) return Status::OK();
-  if (!(req.lr > 0.0f) || !std::isfinite(req.lr) || req.lr > options_.max_lr) {
-    return Reject(
-        RejectReason::kLrOutOfRange,
-        Status::InvalidArgument(
-            std::string(RequestKindName(req.kind)) + " of rank " +
-            std::to_string(req.rank) + " sets lr " + std::to_string(req.lr) +
-            ", outside (0, max_lr = " + std::to_string(options_.max_lr) +
-            "] (ps_server --max_lr): refused, not clamped"));
-  }
-  return Status::OK();
-}
-
-void Shard::TakeWorkerLr(const RequestHeader& req) {
-  if (req.lr > 0.0f) worker_lr_ = req.lr;
-}
-
-Status Shard::ReadOptimizerState(const std::string& peer,
-                                 const RequestHeader& req,
-                                 OutgoingReply* reply) {
-  const size_t k = optimizer_->state_per_elem();  // dc state not included
+Status UploadHandler::ReadOptimizerState(const std::string& peer,
+                                         const RequestHeader& req,
+                                         OutgoingReply* reply) {
+  const size_t k = shard_.optimizer.state_per_elem();  // dc state not included
   uint64_t bytes = 0;
-  for (const auto& c : chunks_) bytes += c->n * k * sizeof(float);
-  StatusOr<MemoryBudget::Charge> charge =
-      budget_->Reserve(bytes, "a copy of the optimizer state of " +
-                                  std::to_string(chunks_.size()) + " chunks");
-  if (!charge.ok()) return Reject(RejectReason::kMemoryBudget, charge.status());
+  for (const auto& c : shard_.chunks) bytes += c->n * k * sizeof(float);
+  StatusOr<MemoryBudget::Charge> charge = shard_.budget.Reserve(
+      bytes, "a copy of the optimizer state of " +
+                 std::to_string(shard_.chunks.size()) + " chunks");
+  if (!charge.ok())
+    return core_->Reject(RejectReason::kMemoryBudget, charge.status());
   auto held = std::make_shared<ChargedBuffer>();
   held->charge = std::move(charge).value();
   held->buffer = Buffer::Allocate(bytes);
   uint8_t* at = held->buffer->data();
-  for (const auto& c : chunks_) {
+  for (const auto& c : shard_.chunks) {
     const size_t size = c->n * k * sizeof(float);
     if (size > 0) std::memcpy(at, c->state.data(), size);
     ChunkRef ref;
@@ -146,28 +129,39 @@ Status Shard::ReadOptimizerState(const std::string& peer,
     reply->frames.push_back(ByteView{at, size, held});
     at += size;
   }
-  PinUnsent(peer, req.rank, bytes, reply);
+  core_->PinUnsent(peer, req.rank, bytes, reply);
   return Status::OK();
 }
 
-Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
-                           const std::vector<ByteView>& data, TimePoint now,
-                           OutgoingReply* out) {
+UploadHandler::UploadHandler(internal::ShardState shard,
+                             internal::ShardServices* core)
+    : shard_(shard), core_(core) {}
+
+UploadHandler::~UploadHandler() = default;
+
+void UploadHandler::Tick(TimePoint now) {
+  if (!scans_.empty()) ExpireScanSnapshots(now);
+}
+
+Status UploadHandler::Handle(const std::string& peer, const RequestHeader& req,
+                             const std::vector<ByteView>& data, TimePoint now,
+                             OutgoingReply* out) {
   ReplyHeader* reply = &out->header;
   reply->created = false;
-  if (!layout_) {
-    return Reject(
+  if (!shard_.layout) {
+    return core_->Reject(
         RejectReason::kNotRegistered,
         Status::FailedPrecondition("no layout registered: register first"));
   }
   if (req.assign_upload == 0 || req.assign_phase > kLastAssignOp) {
-    return Reject(RejectReason::kUploadClaim,
-                  Status::InvalidArgument(
-                      "assign needs an upload id != 0 and a phase in "
-                      "{0 begin, 1 values, 2 commit, 3 read, 4 state, 5 rows "
-                      "with state, 6 scan, 7 saved rows, 8 clear tables}, "
-                      "got phase " +
-                      std::to_string(static_cast<int>(req.assign_phase))));
+    return core_->Reject(
+        RejectReason::kUploadClaim,
+        Status::InvalidArgument(
+            "assign needs an upload id != 0 and a phase in "
+            "{0 begin, 1 values, 2 commit, 3 read, 4 state, 5 rows "
+            "with state, 6 scan, 7 saved rows, 8 clear tables}, "
+            "got phase " +
+            std::to_string(static_cast<int>(req.assign_phase))));
   }
   if (req.assign_phase == AssignOp::kScan)
     return ScanRows(peer, req, data, now, out);
@@ -179,20 +173,20 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
       req.assign_phase != AssignOp::kState && !records && !read_rows &&
       req.assign_phase != AssignOp::kClear &&
       (!req.chunks.empty() || !req.rows.empty() || !data.empty())) {
-    return Reject(RejectReason::kSizeMismatch,
-                  Status::InvalidArgument(
-                      "only an assign of phase 1 (values), 4 (state) or 5 "
-                      "(rows with state) carries chunks or rows, of phase 3 "
-                      "(read) keys of rows, and of phase 8 (clear) tables"));
+    return core_->Reject(
+        RejectReason::kSizeMismatch,
+        Status::InvalidArgument(
+            "only an assign of phase 1 (values), 4 (state) or 5 "
+            "(rows with state) carries chunks or rows, of phase 3 "
+            "(read) keys of rows, and of phase 8 (clear) tables"));
   }
   if (read_rows) return ReadRowRecords(peer, req, data, out);
   if (req.assign_phase == AssignOp::kRead)
     return ReadOptimizerState(peer, req, out);
   const UploadClaim& c = upload_claim_;
-  const bool live =
-      c.rank >= 0 && clocks_.live(c.rank) &&
-      (options_.worker_timeout.count() == 0 ||
-       now - c.last <= options_.worker_timeout);
+  const bool live = c.rank >= 0 && shard_.clocks.live(c.rank) &&
+                    (shard_.options.worker_timeout.count() == 0 ||
+                     now - c.last <= shard_.options.worker_timeout);
   const bool mine = c.rank == req.rank && c.incarnation == req.incarnation &&
                     c.upload == req.assign_upload;
   const std::string who = "upload " + std::to_string(req.assign_upload) +
@@ -204,21 +198,22 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
       return Status::OK();
     }
     if (committed_upload_ == req.assign_upload) return Status::OK();
-    const bool final = values_final_ || shard_version_ > 0;
+    const bool final = values_final_ || shard_.shard_version > 0;
     if (final && !req.assign_overwrite) return Status::OK();
     if (live && c.rank != req.rank) {
-      return Reject(RejectReason::kUploadClaim,
-                    Status::Unavailable(
-                        "rank " + std::to_string(c.rank) +
-                        " is uploading this shard's values: retry until it "
-                        "commits"));
+      return core_->Reject(
+          RejectReason::kUploadClaim,
+          Status::Unavailable(
+              "rank " + std::to_string(c.rank) +
+              " is uploading this shard's values: retry until it "
+              "commits"));
     }
     if (c.rank >= 0) {
       LOG(INFO) << who << " takes the upload claim of rank " << c.rank
                 << (live ? " (a new incarnation)" : " (silent)");
     }
-    upload_claim_ = UploadClaim{req.rank, req.incarnation, req.assign_upload,
-                                now};
+    upload_claim_ =
+        UploadClaim{req.rank, req.incarnation, req.assign_upload, now};
     reply->created = true;
     return Status::OK();
   }
@@ -226,13 +221,13 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
       committed_upload_ == req.assign_upload)
     return Status::OK();  // a resent commit
   if (!mine) {
-    return Reject(RejectReason::kUploadClaim,
-                  Status::FailedPrecondition(
-                      who + " does not hold this shard's upload claim (" +
-                      (c.rank < 0 ? std::string("none is held")
-                                  : "rank " + std::to_string(c.rank) +
-                                        " holds it") +
-                      "): begin first"));
+    return core_->Reject(
+        RejectReason::kUploadClaim,
+        Status::FailedPrecondition(
+            who + " does not hold this shard's upload claim (" +
+            (c.rank < 0 ? std::string("none is held")
+                        : "rank " + std::to_string(c.rank) + " holds it") +
+            "): begin first"));
   }
   if (req.assign_phase == AssignOp::kCommit) return CommitUpload(req, who);
   if (req.assign_phase == AssignOp::kClear) {
@@ -249,15 +244,17 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
   }
   // Values: every chunk and row checked before any is written.
   if (req.chunks.size() + 2 * req.rows.size() != data.size()) {
-    return Reject(RejectReason::kSizeMismatch,
-                  Status::InvalidArgument(
-                      "assign names " + std::to_string(req.chunks.size()) +
-                      " chunks and " + std::to_string(req.rows.size()) +
-                      " row refs (2 frames each) in " +
-                      std::to_string(data.size()) + " data frames"));
+    return core_->Reject(
+        RejectReason::kSizeMismatch,
+        Status::InvalidArgument(
+            "assign names " + std::to_string(req.chunks.size()) +
+            " chunks and " + std::to_string(req.rows.size()) +
+            " row refs (2 frames each) in " + std::to_string(data.size()) +
+            " data frames"));
   }
-  ++stamp_;
-  if (frame_stamp_.size() < data.size()) frame_stamp_.resize(data.size(), 0);
+  ++shard_.stamp;
+  if (shard_.frame_stamp.size() < data.size())
+    shard_.frame_stamp.resize(data.size(), 0);
   for (const ChunkRef& ref : req.chunks) {
     const std::string what = "assign of chunk " + std::to_string(ref.chunk);
     Chunk* chunk = nullptr;
@@ -265,7 +262,7 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
     const ByteView& f = data[ref.frame - 1];
     if (ref.num_elems != chunk->n || ref.byte_size != f.size ||
         f.size != chunk->n * sizeof(float)) {
-      return Reject(
+      return core_->Reject(
           RejectReason::kSizeMismatch,
           Status::InvalidArgument(
               what + ": " + std::to_string(ref.num_elems) + " elements in " +
@@ -274,15 +271,15 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
               std::to_string(chunk->n) + " floats"));
     }
     if (!FiniteFloats(f.data, chunk->n)) {
-      return Reject(RejectReason::kNonFinite,
-                    Status::InvalidArgument(what + ": NaN or Inf"));
+      return core_->Reject(RejectReason::kNonFinite,
+                           Status::InvalidArgument(what + ": NaN or Inf"));
     }
   }
   // Rows: tables, frames, sizes, keys owned and unique, values finite, the
-  // cache budget (shard_sparse.cc), decoded into pending_rows_.
-  RETURN_IF_ERROR(ValidateSparsePush(req, data));
+  // cache budget (shard_sparse.cc), decoded into shard_.rows.pending.
+  RETURN_IF_ERROR(core_->ValidateSparsePush(req, data));
   for (const ChunkRef& ref : req.chunks) {
-    Chunk& chunk = *chunks_[local_index_[ref.chunk]];
+    Chunk& chunk = *shard_.chunks[shard_.local_index[ref.chunk]];
     std::memcpy(chunk.w.data(), data[ref.frame - 1].data,
                 chunk.n * sizeof(float));
     chunk.snapshot_version = ~uint64_t{0};  // pulls copy the new values
@@ -291,109 +288,118 @@ Status Shard::HandleAssign(const std::string& peer, const RequestHeader& req,
   return AssignPendingRows(req, /*with_state=*/false);
 }
 
-Status Shard::AssignPendingRows(const RequestHeader& req, bool with_state) {
+Status UploadHandler::AssignPendingRows(const RequestHeader& req,
+                                        bool with_state) {
   // Set rows are dirty in the cache; the commit's checkpoint stores them.
   const bool saved = with_state && req.assign_phase == AssignOp::kSaved;
   Status rows;
-  for (const PendingRows& p : pending_rows_) {
-    Status s = sparse_->Assign(
-        p.table, sparse_keys_.data() + p.keys_at,
-        sparse_rows_.data() + p.rows_at, p.n, clocks_.clock(req.rank),
-        /*durable=*/false, with_state ? row_state_.data() + p.state_at : nullptr,
-        with_state ? row_steps_.data() + p.keys_at : nullptr,
-        saved ? row_kinds_.data() + p.keys_at : nullptr,
-        saved ? row_clocks_.data() + p.keys_at : nullptr);
+  for (const PendingRows& p : shard_.rows.pending) {
+    Status s = shard_.sparse->Assign(
+        p.table, shard_.rows.keys.data() + p.keys_at,
+        shard_.rows.values.data() + p.rows_at, p.n,
+        shard_.clocks.clock(req.rank),
+        /*durable=*/false,
+        with_state ? shard_.rows.state.data() + p.state_at : nullptr,
+        with_state ? shard_.rows.steps.data() + p.keys_at : nullptr,
+        saved ? shard_.rows.kinds.data() + p.keys_at : nullptr,
+        saved ? shard_.rows.clocks.data() + p.keys_at : nullptr);
     if (rows.ok()) rows = s;
   }
-  pending_rows_.clear();
+  shard_.rows.pending.clear();
   if (!rows.ok()) {
     // Values are idempotent: the client resends the request.
-    return Reject(RejectReason::kStore,
-                  Status::Unavailable("upload of rows: " + rows.ToString() +
-                                      "; retry"));
+    return core_->Reject(
+        RejectReason::kStore,
+        Status::Unavailable("upload of rows: " + rows.ToString() + "; retry"));
   }
   return Status::OK();
 }
 
-Status Shard::WriteRowRecords(const RequestHeader& req,
-                              const std::vector<ByteView>& data) {
+Status UploadHandler::WriteRowRecords(const RequestHeader& req,
+                                      const std::vector<ByteView>& data) {
   if (!req.chunks.empty() || req.rows.empty() ||
       2 * req.rows.size() != data.size()) {
-    return Reject(RejectReason::kSizeMismatch,
-                  Status::InvalidArgument(
-                      "rows with optimizer state: " +
-                      std::to_string(req.rows.size()) + " row refs (keys and "
-                      "records frames each, no chunks) in " +
-                      std::to_string(data.size()) + " data frames"));
+    return core_->Reject(
+        RejectReason::kSizeMismatch,
+        Status::InvalidArgument(
+            "rows with optimizer state: " + std::to_string(req.rows.size()) +
+            " row refs (keys and "
+            "records frames each, no chunks) in " +
+            std::to_string(data.size()) + " data frames"));
   }
   // The optimizer first: the state of another one has another size.
   for (const RowsRef& ref : req.rows) {
-    if (!sparse_ || ref.table >= sparse_->num_tables()) continue;  // below
-    Status s = CheckRowState(sparse_->specs()[ref.table], req.assign_optimizer,
-                             nullptr, nullptr, nullptr, 0);
-    if (!s.ok()) return Reject(RejectReason::kOptimizerState, s);
+    if (!shard_.sparse || ref.table >= shard_.sparse->num_tables())
+      continue;  // below
+    Status s =
+        CheckRowState(shard_.sparse->specs()[ref.table], req.assign_optimizer,
+                      nullptr, nullptr, nullptr, 0);
+    if (!s.ok()) return core_->Reject(RejectReason::kOptimizerState, s);
   }
-  ++stamp_;
+  ++shard_.stamp;
   // Tables, frames, sizes, keys owned and unique, weights finite, decoded.
-  RETURN_IF_ERROR(ValidateSparsePush(req, data));
-  for (const PendingRows& p : pending_rows_) {
-    Status s = CheckRowState(sparse_->specs()[p.table], req.assign_optimizer,
-                             sparse_keys_.data() + p.keys_at,
-                             row_state_.data() + p.state_at,
-                             row_steps_.data() + p.keys_at, p.n);
+  RETURN_IF_ERROR(core_->ValidateSparsePush(req, data));
+  for (const PendingRows& p : shard_.rows.pending) {
+    Status s =
+        CheckRowState(shard_.sparse->specs()[p.table], req.assign_optimizer,
+                      shard_.rows.keys.data() + p.keys_at,
+                      shard_.rows.state.data() + p.state_at,
+                      shard_.rows.steps.data() + p.keys_at, p.n);
     if (s.ok() && req.assign_phase == AssignOp::kSaved) {
-      s = CheckSavedMeta(sparse_->specs()[p.table],
-                         sparse_keys_.data() + p.keys_at,
-                         row_kinds_.data() + p.keys_at,
-                         row_steps_.data() + p.keys_at,
-                         row_clocks_.data() + p.keys_at, p.n);
+      s = CheckSavedMeta(shard_.sparse->specs()[p.table],
+                         shard_.rows.keys.data() + p.keys_at,
+                         shard_.rows.kinds.data() + p.keys_at,
+                         shard_.rows.steps.data() + p.keys_at,
+                         shard_.rows.clocks.data() + p.keys_at, p.n);
     }
     if (!s.ok()) {
-      pending_rows_.clear();
-      return Reject(RejectReason::kOptimizerState, s);
+      shard_.rows.pending.clear();
+      return core_->Reject(RejectReason::kOptimizerState, s);
     }
   }
   return AssignPendingRows(req, /*with_state=*/true);
 }
 
-Status Shard::ReadRowRecords(const std::string& peer, const RequestHeader& req,
-                             const std::vector<ByteView>& data,
-                             OutgoingReply* reply) {
+Status UploadHandler::ReadRowRecords(const std::string& peer,
+                                     const RequestHeader& req,
+                                     const std::vector<ByteView>& data,
+                                     OutgoingReply* reply) {
   // Keys: tables, frames, counts, ownership, repeats.
-  RETURN_IF_ERROR(ValidateSparsePull(req, data));
+  RETURN_IF_ERROR(core_->ValidateSparsePull(req, data));
   uint64_t bytes = 0;
-  for (const PendingRows& p : pending_rows_)
-    bytes += p.n * sparse_->table(p.table).record_bytes();
-  if (bytes > sparse_->options().max_reply_bytes) {
-    pending_rows_.clear();
-    return Reject(RejectReason::kOversize,
-                  Status::ResourceExhausted(
-                      "row records of " + std::to_string(bytes) +
-                      " bytes, more than a reply may hold (" +
-                      std::to_string(sparse_->options().max_reply_bytes) +
-                      "): split it"));
+  for (const PendingRows& p : shard_.rows.pending)
+    bytes += p.n * shard_.sparse->table(p.table).record_bytes();
+  if (bytes > shard_.sparse->options().max_reply_bytes) {
+    shard_.rows.pending.clear();
+    return core_->Reject(
+        RejectReason::kOversize,
+        Status::ResourceExhausted(
+            "row records of " + std::to_string(bytes) +
+            " bytes, more than a reply may hold (" +
+            std::to_string(shard_.sparse->options().max_reply_bytes) +
+            "): split it"));
   }
   StatusOr<MemoryBudget::Charge> charge =
-      budget_->Reserve(bytes, "a copy of rows and their optimizer state");
+      shard_.budget.Reserve(bytes, "a copy of rows and their optimizer state");
   if (!charge.ok()) {
-    pending_rows_.clear();
-    return Reject(RejectReason::kMemoryBudget, charge.status());
+    shard_.rows.pending.clear();
+    return core_->Reject(RejectReason::kMemoryBudget, charge.status());
   }
   auto held = std::make_shared<ChargedBuffer>();
   held->charge = std::move(charge).value();
   held->buffer = Buffer::Allocate(bytes);
   uint8_t* at = held->buffer->data();
-  for (const PendingRows& p : pending_rows_) {
-    const size_t size = p.n * sparse_->table(p.table).record_bytes();
-    Status s = sparse_->ReadRecords(p.table, sparse_keys_.data() + p.keys_at,
-                                    p.n, at);
+  for (const PendingRows& p : shard_.rows.pending) {
+    const size_t size = p.n * shard_.sparse->table(p.table).record_bytes();
+    Status s = shard_.sparse->ReadRecords(
+        p.table, shard_.rows.keys.data() + p.keys_at, p.n, at);
     if (!s.ok()) {
-      pending_rows_.clear();
+      shard_.rows.pending.clear();
       reply->header.rows.clear();
       reply->frames.clear();
-      return Reject(RejectReason::kStore,
-                    Status::Unavailable("reading rows: " + s.ToString() +
-                                        "; retry"));
+      return core_->Reject(
+          RejectReason::kStore,
+          Status::Unavailable("reading rows: " + s.ToString() + "; retry"));
     }
     RowsRef out;
     out.table = p.table;
@@ -403,114 +409,117 @@ Status Shard::ReadRowRecords(const std::string& peer, const RequestHeader& req,
     reply->frames.push_back(ByteView{at, size, held});
     at += size;
   }
-  pending_rows_.clear();
-  PinUnsent(peer, req.rank, bytes, reply);
+  shard_.rows.pending.clear();
+  core_->PinUnsent(peer, req.rank, bytes, reply);
   return Status::OK();
 }
 
-Status Shard::ClearTables(const RequestHeader& req,
-                          const std::vector<ByteView>& data) {
-  if (!sparse_) {
-    return Reject(RejectReason::kUnknownChunk,
-                  Status::NotFound("clear of tables: no sparse table is "
-                                   "registered"));
+Status UploadHandler::ClearTables(const RequestHeader& req,
+                                  const std::vector<ByteView>& data) {
+  if (!shard_.sparse) {
+    return core_->Reject(RejectReason::kUnknownChunk,
+                         Status::NotFound("clear of tables: no sparse table is "
+                                          "registered"));
   }
-  const size_t num_tables = sparse_->num_tables();
-  if (req.rows.empty() || req.rows.size() > num_tables ||
-      !req.chunks.empty() || !data.empty()) {
-    return Reject(RejectReason::kSizeMismatch,
-                  Status::InvalidArgument(
-                      "a clear of tables names 1 to " +
-                      std::to_string(num_tables) +
-                      " tables (rows refs without keys) and carries no "
-                      "chunks or frames; got " +
-                      std::to_string(req.rows.size()) + " rows refs, " +
-                      std::to_string(req.chunks.size()) + " chunks, " +
-                      std::to_string(data.size()) + " frames"));
+  const size_t num_tables = shard_.sparse->num_tables();
+  if (req.rows.empty() || req.rows.size() > num_tables || !req.chunks.empty() ||
+      !data.empty()) {
+    return core_->Reject(
+        RejectReason::kSizeMismatch,
+        Status::InvalidArgument(
+            "a clear of tables names 1 to " + std::to_string(num_tables) +
+            " tables (rows refs without keys) and carries no "
+            "chunks or frames; got " +
+            std::to_string(req.rows.size()) + " rows refs, " +
+            std::to_string(req.chunks.size()) + " chunks, " +
+            std::to_string(data.size()) + " frames"));
   }
   // Every ref checked before anything is dropped.
   std::vector<uint32_t> tables;
   for (const RowsRef& ref : req.rows) {
     if (ref.table >= num_tables) {
-      return Reject(RejectReason::kUnknownChunk,
-                    Status::NotFound("clear of unknown table " +
-                                     std::to_string(ref.table) + " (" +
-                                     std::to_string(num_tables) +
-                                     " registered)"));
+      return core_->Reject(
+          RejectReason::kUnknownChunk,
+          Status::NotFound("clear of unknown table " +
+                           std::to_string(ref.table) + " (" +
+                           std::to_string(num_tables) + " registered)"));
     }
     if (ref.num_keys != 0 || ref.keys_frame != 0 || ref.rows_frame != 0 ||
         std::find(tables.begin(), tables.end(), ref.table) != tables.end()) {
-      return Reject(RejectReason::kSizeMismatch,
-                    Status::InvalidArgument(
-                        "clear of table '" + sparse_->specs()[ref.table].name +
-                        "': named twice, or with keys or frames"));
+      return core_->Reject(
+          RejectReason::kSizeMismatch,
+          Status::InvalidArgument("clear of table '" +
+                                  shard_.sparse->specs()[ref.table].name +
+                                  "': named twice, or with keys or frames"));
     }
     tables.push_back(ref.table);
   }
   // Refused while a key-range move stages rows of a table here, or when
   // the store write fails: nothing dropped, and the client retries.
-  Status s = sparse_->ClearTables(tables);
+  Status s = shard_.sparse->ClearTables(tables);
   if (!s.ok()) {
-    return Reject(s.code() == StatusCode::kFailedPrecondition
-                      ? RejectReason::kStaleLayout
-                      : RejectReason::kStore,
-                  Status::Unavailable(s.ToString() + "; retry"));
+    return core_->Reject(s.code() == StatusCode::kFailedPrecondition
+                             ? RejectReason::kStaleLayout
+                             : RejectReason::kStore,
+                         Status::Unavailable(s.ToString() + "; retry"));
   }
   return Status::OK();
 }
 
-Status Shard::CheckAssignRef(const ChunkRef& ref, size_t num_frames,
-                             const std::string& what, Chunk** out) {
-  if (ref.chunk >= local_index_.size()) {
-    return Reject(RejectReason::kUnknownChunk,
-                  Status::InvalidArgument(what + ": not in the layout"));
+Status UploadHandler::CheckAssignRef(const ChunkRef& ref, size_t num_frames,
+                                     const std::string& what, Chunk** out) {
+  if (ref.chunk >= shard_.local_index.size()) {
+    return core_->Reject(RejectReason::kUnknownChunk,
+                         Status::InvalidArgument(what + ": not in the layout"));
   }
-  if (local_index_[ref.chunk] < 0) {
-    return Reject(RejectReason::kWrongShard,
-                  Status::InvalidArgument(what + ": held by another shard"));
+  if (shard_.local_index[ref.chunk] < 0) {
+    return core_->Reject(
+        RejectReason::kWrongShard,
+        Status::InvalidArgument(what + ": held by another shard"));
   }
-  Chunk& chunk = *chunks_[local_index_[ref.chunk]];
-  if (chunk.stamp == stamp_) {
-    return Reject(RejectReason::kRepeatedChunk,
-                  Status::InvalidArgument(what + ": named twice"));
+  Chunk& chunk = *shard_.chunks[shard_.local_index[ref.chunk]];
+  if (chunk.stamp == shard_.stamp) {
+    return core_->Reject(RejectReason::kRepeatedChunk,
+                         Status::InvalidArgument(what + ": named twice"));
   }
-  chunk.stamp = stamp_;
+  chunk.stamp = shard_.stamp;
   if (ref.codec != 0) {
-    return Reject(RejectReason::kBadCodec,
-                  Status::InvalidArgument(what + ": travels as raw fp32 "
-                                                 "(codec 0)"));
+    return core_->Reject(RejectReason::kBadCodec,
+                         Status::InvalidArgument(what + ": travels as raw fp32 "
+                                                        "(codec 0)"));
   }
   if (ref.frame < 1 || ref.frame > num_frames) {
-    return Reject(
+    return core_->Reject(
         RejectReason::kUnknownChunk,
         Status::InvalidArgument(what + ": frame " + std::to_string(ref.frame) +
                                 " out of range"));
   }
-  if (frame_stamp_[ref.frame - 1] == stamp_) {
-    return Reject(
+  if (shard_.frame_stamp[ref.frame - 1] == shard_.stamp) {
+    return core_->Reject(
         RejectReason::kUnknownChunk,
         Status::InvalidArgument(what + ": frame " + std::to_string(ref.frame) +
                                 " named twice"));
   }
-  frame_stamp_[ref.frame - 1] = stamp_;
+  shard_.frame_stamp[ref.frame - 1] = shard_.stamp;
   *out = &chunk;
   return Status::OK();
 }
 
-Status Shard::WriteOptimizerState(const RequestHeader& req,
-                                  const std::vector<ByteView>& data) {
-  const size_t k = optimizer_->state_per_elem();  // dc state not included
-  const std::string name = OptimizerKindName(options_.optimizer.kind);
+Status UploadHandler::WriteOptimizerState(const RequestHeader& req,
+                                          const std::vector<ByteView>& data) {
+  const size_t k = shard_.optimizer.state_per_elem();  // dc state not included
+  const std::string name = OptimizerKindName(shard_.options.optimizer.kind);
   if (!req.rows.empty() || req.chunks.size() != data.size()) {
-    return Reject(
+    return core_->Reject(
         RejectReason::kSizeMismatch,
         Status::InvalidArgument("optimizer state of " +
                                 std::to_string(req.chunks.size()) +
                                 " chunks in " + std::to_string(data.size()) +
                                 " data frames (one each, no rows)"));
   }
-  ++stamp_;
-  if (frame_stamp_.size() < data.size()) frame_stamp_.resize(data.size(), 0);
+  ++shard_.stamp;
+  if (shard_.frame_stamp.size() < data.size())
+    shard_.frame_stamp.resize(data.size(), 0);
   for (const ChunkRef& ref : req.chunks) {
     const std::string what =
         "optimizer state of chunk " + std::to_string(ref.chunk);
@@ -518,27 +527,29 @@ Status Shard::WriteOptimizerState(const RequestHeader& req,
     RETURN_IF_ERROR(CheckAssignRef(ref, data.size(), what, &chunk));
     const std::string tensor =
         "optimizer state of tensor '" +
-        layout_->tensors()[layout_->chunks()[ref.chunk].tensor].name +
+        shard_.layout->tensors()[shard_.layout->chunks()[ref.chunk].tensor]
+            .name +
         "' (chunk " + std::to_string(ref.chunk) + ")";
     if (req.assign_optimizer != name) {
-      return Reject(RejectReason::kOptimizerState,
-                    Status::InvalidArgument(
-                        tensor + " was saved from '" + req.assign_optimizer +
-                        "', this shard runs '" + name +
-                        "' (ps_server --optimizer): refused"));
+      return core_->Reject(RejectReason::kOptimizerState,
+                           Status::InvalidArgument(
+                               tensor + " was saved from '" +
+                               req.assign_optimizer + "', this shard runs '" +
+                               name + "' (ps_server --optimizer): refused"));
     }
     const uint64_t n = chunk->n;
     if (ref.num_elems != k * n && ref.num_elems % n == 0) {
-      return Reject(RejectReason::kOptimizerState,
-                    Status::InvalidArgument(
-                        tensor + " has " + std::to_string(ref.num_elems / n) +
-                        " floats per weight, '" + name + "' keeps " +
-                        std::to_string(k) + ": refused"));
+      return core_->Reject(
+          RejectReason::kOptimizerState,
+          Status::InvalidArgument(tensor + " has " +
+                                  std::to_string(ref.num_elems / n) +
+                                  " floats per weight, '" + name + "' keeps " +
+                                  std::to_string(k) + ": refused"));
     }
     const ByteView& f = data[ref.frame - 1];
     if (ref.num_elems != k * n || ref.byte_size != f.size ||
         f.size != k * n * sizeof(float)) {
-      return Reject(
+      return core_->Reject(
           RejectReason::kSizeMismatch,
           Status::InvalidArgument(
               tensor + ": " + std::to_string(ref.num_elems) + " floats in " +
@@ -547,27 +558,27 @@ Status Shard::WriteOptimizerState(const RequestHeader& req,
               " x " + std::to_string(n)));
     }
     if (ref.version > kMaxOptimizerSteps) {
-      return Reject(
+      return core_->Reject(
           RejectReason::kOptimizerState,
           Status::InvalidArgument(tensor + ": " + std::to_string(ref.version) +
                                   " optimizer steps, at most 2^53"));
     }
     if (!FiniteFloats(f.data, k * n)) {
-      return Reject(RejectReason::kNonFinite,
-                    Status::InvalidArgument(tensor + ": NaN or Inf"));
+      return core_->Reject(RejectReason::kNonFinite,
+                           Status::InvalidArgument(tensor + ": NaN or Inf"));
     }
-    const int squares = SquaresSlot(options_.optimizer.kind);
+    const int squares = SquaresSlot(shard_.options.optimizer.kind);
     if (squares >= 0 &&
         !NonNegativeFloats(
             f.data + static_cast<size_t>(squares) * n * sizeof(float), n)) {
-      return Reject(RejectReason::kOptimizerState,
-                    Status::InvalidArgument(
-                        tensor + ": slot " + std::to_string(squares) +
-                        " is a sum of squares, found a negative value"));
+      return core_->Reject(RejectReason::kOptimizerState,
+                           Status::InvalidArgument(
+                               tensor + ": slot " + std::to_string(squares) +
+                               " is a sum of squares, found a negative value"));
     }
   }
   for (const ChunkRef& ref : req.chunks) {
-    Chunk& chunk = *chunks_[local_index_[ref.chunk]];
+    Chunk& chunk = *shard_.chunks[shard_.local_index[ref.chunk]];
     const size_t bytes = k * chunk.n * sizeof(float);
     if (bytes > 0)
       std::memcpy(chunk.state.data(), data[ref.frame - 1].data, bytes);
@@ -577,21 +588,22 @@ Status Shard::WriteOptimizerState(const RequestHeader& req,
   return Status::OK();
 }
 
-Status Shard::CommitUpload(const RequestHeader& req, const std::string& who) {
+Status UploadHandler::CommitUpload(const RequestHeader& req,
+                                   const std::string& who) {
   size_t with_state = 0;
-  for (const auto& chunk : chunks_)
+  for (const auto& chunk : shard_.chunks)
     with_state += chunk->state_upload == req.assign_upload ? 1 : 0;
-  if (with_state != 0 && with_state != chunks_.size()) {
-    return Reject(
+  if (with_state != 0 && with_state != shard_.chunks.size()) {
+    return core_->Reject(
         RejectReason::kOptimizerState,
         Status::FailedPrecondition(
             who + " set the optimizer state of " + std::to_string(with_state) +
-            " of this shard's " + std::to_string(chunks_.size()) +
+            " of this shard's " + std::to_string(shard_.chunks.size()) +
             " chunks: every chunk's or none; not committed"));
   }
-  const size_t k = optimizer_->state_per_elem();
+  const size_t k = shard_.optimizer.state_per_elem();
   uint64_t steps = 0;
-  for (auto& chunk : chunks_) {
+  for (auto& chunk : shard_.chunks) {
     if (with_state > 0) {  // the uploaded state kept, the DC state reset
       std::fill(chunk->state.begin() + k * chunk->n, chunk->state.end(), 0.0f);
     } else {
@@ -604,19 +616,19 @@ Status Shard::CommitUpload(const RequestHeader& req, const std::string& who) {
   // model has had `steps` (every dense push and BSP round steps every chunk
   // of the shard once), so the schedule resumes there, and restarts with
   // the optimizer state when none was uploaded.
-  shard_version_ = steps;
-  if (store_ != nullptr) {
-    Status s = Checkpoint();
+  shard_.shard_version = steps;
+  if (shard_.store != nullptr) {
+    Status s = core_->Checkpoint();
     if (!s.ok()) {
-      return Reject(RejectReason::kStore,
-                    Status::Unavailable("upload not stored: " + s.ToString() +
-                                        "; retry"));
+      return core_->Reject(RejectReason::kStore,
+                           Status::Unavailable("upload not stored: " +
+                                               s.ToString() + "; retry"));
     }
   }
   values_final_ = true;
   committed_upload_ = req.assign_upload;
   upload_claim_ = UploadClaim{};
-  LOG(INFO) << who << " committed: " << chunks_.size()
+  LOG(INFO) << who << " committed: " << shard_.chunks.size()
             << " chunks hold its values"
             << (with_state > 0 ? " and optimizer state" : "");
   return Status::OK();
