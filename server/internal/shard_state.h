@@ -34,8 +34,8 @@ namespace asyncps::server::internal {
 
 struct ShardChunk;  // server/internal/shard_types.h
 
-// One table's rows of a request, validated and decoded by the shard's
-// sparse validation (shard_sparse.cc), waiting to be applied or set.
+// One table's rows of a request, validated and decoded by SparseRequests
+// (server/shard/sparse_requests.h), waiting to be applied or set.
 struct PendingRows {
   uint32_t table = 0;
   size_t n = 0;
@@ -74,8 +74,9 @@ struct ShardState {
   const WorkerClocks& clocks;
   // Updates applied (the lr schedule's count).
   uint64_t& shard_version;
-  // Sparse tables (null until a model with tables is registered).
-  const std::unique_ptr<sparse::SparseTables>& sparse;
+  // Sparse tables (null until a model with tables is registered; made and
+  // dropped by SparseRequests).
+  std::unique_ptr<sparse::SparseTables>& sparse;
   // Validation stamps shared with the push path: a chunk (ShardChunk::stamp)
   // or frame (frame_stamp[i]) equal to `stamp` was named in this request.
   uint64_t& stamp;
@@ -100,14 +101,9 @@ class ShardServices {
   virtual Status CheckRoute(const RequestHeader& req, ReplyHeader* reply) = 0;
   // The elastic layout epoch the shard serves under (0: static).
   virtual uint64_t layout_epoch() const = 0;
-  // The rows of a push-like request (a push, or an upload of rows):
-  // validated and decoded into ShardState::rows.
-  virtual Status ValidateSparsePush(const RequestHeader& req,
-                                    const std::vector<ByteView>& data) = 0;
-  // The keys of a pull-like request (a pull, or a read of row records):
-  // validated and decoded into ShardState::rows.
-  virtual Status ValidateSparsePull(const RequestHeader& req,
-                                    const std::vector<ByteView>& data) = 0;
+  // Serves the adopted elastic key ranges on the sparse tables (after a
+  // registration).
+  virtual void ApplyKeyRanges() = 0;
 };
 
 }  // namespace asyncps::server::internal

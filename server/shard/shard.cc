@@ -1,7 +1,8 @@
 // Shard: options, dispatch, clocks and timers. Registration is in
 // shard_register.cc, pulls in shard_pull.cc, pushes in shard_push.cc,
 // persistence in shard_persist.cc, the stats document in shard_stats.cc;
-// kAssign requests are an UploadHandler's (server/shard/upload_handler.h).
+// kAssign requests are an UploadHandler's (server/shard/upload_handler.h),
+// the rows of sparse tables a SparseRequests' (sparse_requests.h).
 #include "server/shard/shard.h"
 
 #include <glog/logging.h>
@@ -15,6 +16,7 @@
 #include "server/internal/shard_state.h"
 #include "server/internal/shard_types.h"
 #include "server/internal/task_pool.h"
+#include "server/shard/sparse_requests.h"
 #include "server/shard/upload_handler.h"
 
 namespace asyncps::server {
@@ -128,7 +130,10 @@ Shard::Shard(const ShardOptions& options, Store* store,
   elastic_ = std::make_unique<ElasticState>();
   rows_ = std::make_unique<internal::DecodedRows>();
   services_ = std::make_unique<Services>(this);
-  uploads_ = std::make_unique<UploadHandler>(LendState(), services_.get());
+  sparse_requests_ =
+      std::make_unique<SparseRequests>(LendState(), services_.get());
+  uploads_ = std::make_unique<UploadHandler>(LendState(), services_.get(),
+                                             sparse_requests_.get());
 }
 
 Shard::~Shard() = default;
@@ -150,14 +155,7 @@ class Shard::Services : public internal::ShardServices {
     return shard_->CheckRoute(req, reply);
   }
   uint64_t layout_epoch() const override { return shard_->layout_epoch(); }
-  Status ValidateSparsePush(const RequestHeader& req,
-                            const std::vector<ByteView>& data) override {
-    return shard_->ValidateSparsePush(req, data);
-  }
-  Status ValidateSparsePull(const RequestHeader& req,
-                            const std::vector<ByteView>& data) override {
-    return shard_->ValidateSparsePull(req, data);
-  }
+  void ApplyKeyRanges() override { shard_->ApplyKeyRanges(); }
 
  private:
   Shard* shard_;

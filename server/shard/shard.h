@@ -22,9 +22,9 @@
 //
 // Sparse tables (server/sparse/sparse_tables.h), registered with the layout,
 // travel in the same pushes, pulls and clocks as the chunks (their requests
-// are handled in shard_sparse.cc): a push's rows are validated with its
-// chunks before anything is applied, applied (BSP: summed) with them, and
-// written with them in durable mode and in checkpoints.
+// are handled by SparseRequests, server/shard/sparse_requests.h): a push's rows
+// are validated with its chunks before anything is applied, applied (BSP:
+// summed) with them, and written with them in durable mode and in checkpoints.
 //
 // Input: a decoded RequestHeader plus its data frames (frames[i] is data
 // frame i+1 of the message). Output: zero or more OutgoingReply: the reply
@@ -107,7 +107,8 @@ struct PendingRows;
 struct DecodedRows;
 struct ShardState;
 }  // namespace internal
-class UploadHandler;  // server/shard/upload_handler.h
+class SparseRequests;  // server/shard/sparse_requests.h
+class UploadHandler;   // server/shard/upload_handler.h
 
 // Largest clock a worker may report (clocks are in [0, kMaxClock], so no
 // arithmetic on them overflows).
@@ -595,35 +596,11 @@ class Shard {
   // can fail.
   Status ApplyBspRound(int64_t next, bool* applied);
 
-  // shard_sparse.cc: the rows of sparse tables in registration, pushes,
-  // pulls, BSP rounds and persistence.
-  Status RegisterTables(const std::vector<TableSpec>& tables, bool created);
-  Status ValidateSparsePush(const RequestHeader& req,
-                            const std::vector<ByteView>& data);
-  // BSP: reserves what this push's rows may add to the round's sums, before
-  // anything of the push is applied.
-  Status ChargeSparseRound();
-  // ASP/SSP: reads every row the push names into the cache and holds it
-  // there, before anything of the push is applied: a failed store read
-  // refuses the push (Unavailable, retried by the client) with nothing of
-  // it applied.
-  Status HoldSparsePush();
-  // Applies (BSP: sums) the held rows; only write-backs of evicted rows can
-  // fail, and every row is applied anyway.
-  Status ApplySparsePush(int rank, int64_t clock, float lr_scale);
-  Status ValidateSparsePull(const RequestHeader& req,
-                            const std::vector<ByteView>& data);
-  // Appends the rows of a pull to its reply; adds the bytes of the buffers
-  // made for it to *fresh.
-  Status AnswerSparsePull(const RequestHeader& req,
-                          const std::vector<ByteView>& data,
-                          OutgoingReply* reply, uint64_t* fresh);
+  // shard_persist.cc: checkpoint, recovery, durable writes.
   // Writes entries_ plus the sparse tables' part of a cut (a checkpoint's
   // when `checkpoint`, else a durable write's); sets *bytes to the bytes
   // handed to the store.
   Status WriteCut(bool checkpoint, SyncMode sync, uint64_t* bytes);
-
-  // shard_persist.cc: checkpoint, recovery, durable writes.
   Status Recover();
   Status WriteDurable(bool sync);  // touched_ chunks + state
   // WriteCut(), then clears entries_; adds the time taken to `*ns` and,
@@ -729,21 +706,16 @@ class Shard {
 
   // Sparse tables (nullptr until a model with tables is registered).
   std::unique_ptr<sparse::SparseTables> sparse_;
-  // A request's rows, validated and decoded (shard_sparse.cc), waiting to
+  // A request's rows, validated and decoded (SparseRequests), waiting to
   // be applied (a push's) or set (an upload's).
   std::unique_ptr<internal::DecodedRows> rows_;
-  std::vector<uint64_t> table_stamp_;  // per table: seen in request #stamp_
-  // The embedding cache's budget, drawn from the shard's MemoryBudget when
-  // the tables are registered; a push's decoded keys and rows; BSP sums.
-  MemoryBudget::Charge sparse_charge_;
-  MemoryBudget::Charge request_charge_;
-  MemoryBudget::Charge round_charge_;
 
   // The request handlers cut out of the core, on the view of it that
   // services_ and ShardState (server/internal/shard_state.h) lend; declared
   // last, so destroyed first (the open scans before sparse_ and the store).
   std::unique_ptr<Services> services_;
-  std::unique_ptr<UploadHandler> uploads_;  // kAssign
+  std::unique_ptr<SparseRequests> sparse_requests_;  // rows of requests
+  std::unique_ptr<UploadHandler> uploads_;           // kAssign
 };
 
 }  // namespace asyncps::server

@@ -21,6 +21,7 @@
 #include "server/internal/shard_types.h"
 #include "server/internal/task_pool.h"
 #include "server/shard/shard.h"
+#include "server/shard/sparse_requests.h"
 #if ASYNCPS_SERVER_HAVE_COMPRESSION
 #include "compression/codec.h"
 #endif
@@ -144,9 +145,10 @@ Status Shard::HandlePush(const RequestHeader& req,
     return FinishPush(req);
   }
   // Refused before anything of the push is applied or counted.
-  if (bsp && !options_.transport_only) RETURN_IF_ERROR(ChargeSparseRound());
+  if (bsp && !options_.transport_only)
+    RETURN_IF_ERROR(sparse_requests_->ChargeRound());
   if ((!bsp || options_.sparse_async) && !options_.transport_only)
-    RETURN_IF_ERROR(HoldSparsePush());
+    RETURN_IF_ERROR(sparse_requests_->HoldPush());
 
   uint64_t bytes = 0;
   for (const ByteView& f : data) bytes += f.size;
@@ -189,7 +191,7 @@ Status Shard::HandlePush(const RequestHeader& req,
     ++shard_version_;
   }
   // Rows: applied (BSP: summed) after the chunks; only write-backs can fail.
-  Status rows = ApplySparsePush(req.rank, req.clock, lr_scale);
+  Status rows = sparse_requests_->ApplyPush(req.rank, req.clock, lr_scale);
   if (!rows.ok()) {
     LOG(ERROR) << "push " << req.id << " from rank " << rank
                << ": sparse rows: " << rows.ToString();
@@ -373,7 +375,7 @@ Status Shard::ValidatePushFrames(const RequestHeader& req,
     }
     pending_.push_back(p);
   }
-  return ValidateSparsePush(req, data);
+  return sparse_requests_->ValidatePush(req, data);
 }
 
 Status Shard::ValidatePush(const RequestHeader& req,
@@ -530,7 +532,7 @@ Status Shard::ApplyBspRound(int64_t next, bool* applied) {
     Status s = sparse_->ApplyRound(applied_round, ScheduleScale(),
                                    options_.durable && store_ != nullptr);
     sparse_->ReleaseHeld();
-    round_charge_.Reset();
+    sparse_requests_->ReleaseRoundCharge();
     if (!s.ok()) {
       sparse_->CommitDurable(false);  // unpin: the rows stay dirty in memory
       return s;

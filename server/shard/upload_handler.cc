@@ -57,6 +57,7 @@
 #include <cstring>
 
 #include "server/internal/shard_types.h"
+#include "server/shard/sparse_requests.h"
 
 namespace asyncps::server {
 
@@ -134,8 +135,9 @@ Status UploadHandler::ReadOptimizerState(const std::string& peer,
 }
 
 UploadHandler::UploadHandler(internal::ShardState shard,
-                             internal::ShardServices* core)
-    : shard_(shard), core_(core) {}
+                             internal::ShardServices* core,
+                             SparseRequests* sparse)
+    : shard_(shard), core_(core), rows_(sparse) {}
 
 UploadHandler::~UploadHandler() = default;
 
@@ -276,8 +278,8 @@ Status UploadHandler::Handle(const std::string& peer, const RequestHeader& req,
     }
   }
   // Rows: tables, frames, sizes, keys owned and unique, values finite, the
-  // cache budget (shard_sparse.cc), decoded into shard_.rows.pending.
-  RETURN_IF_ERROR(core_->ValidateSparsePush(req, data));
+  // cache budget (SparseRequests), decoded into shard_.rows.pending.
+  RETURN_IF_ERROR(rows_->ValidatePush(req, data));
   for (const ChunkRef& ref : req.chunks) {
     Chunk& chunk = *shard_.chunks[shard_.local_index[ref.chunk]];
     std::memcpy(chunk.w.data(), data[ref.frame - 1].data,
@@ -338,7 +340,7 @@ Status UploadHandler::WriteRowRecords(const RequestHeader& req,
   }
   ++shard_.stamp;
   // Tables, frames, sizes, keys owned and unique, weights finite, decoded.
-  RETURN_IF_ERROR(core_->ValidateSparsePush(req, data));
+  RETURN_IF_ERROR(rows_->ValidatePush(req, data));
   for (const PendingRows& p : shard_.rows.pending) {
     Status s =
         CheckRowState(shard_.sparse->specs()[p.table], req.assign_optimizer,
@@ -365,7 +367,7 @@ Status UploadHandler::ReadRowRecords(const std::string& peer,
                                      const std::vector<ByteView>& data,
                                      OutgoingReply* reply) {
   // Keys: tables, frames, counts, ownership, repeats.
-  RETURN_IF_ERROR(core_->ValidateSparsePull(req, data));
+  RETURN_IF_ERROR(rows_->ValidatePull(req, data));
   uint64_t bytes = 0;
   for (const PendingRows& p : shard_.rows.pending)
     bytes += p.n * shard_.sparse->table(p.table).record_bytes();

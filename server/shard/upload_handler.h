@@ -12,8 +12,9 @@
 // Needs from the shard (server/internal/shard_state.h): its options, layout,
 // chunks, clocks (is the claimant live), memory budget, store, optimizer,
 // sparse tables and version (a commit sets it), lent as a ShardState; and
-// the core's Reject, Checkpoint, PinUnsent, CheckRoute and sparse
-// validation, lent as ShardServices. The Shard builds one UploadHandler,
+// the core's Reject, Checkpoint, PinUnsent and CheckRoute, lent as
+// ShardServices; and the shard's SparseRequests, which validates and
+// decodes the rows an upload or read names. The Shard builds one UploadHandler,
 // hands it every kAssign request from Shard::Handle(), calls Tick() from its
 // own Tick(), and destroys it before its sparse tables and store.
 //
@@ -38,12 +39,15 @@ namespace asyncps::server {
 
 struct ChargedBuffer;  // server/internal/shard_types.h
 
+class SparseRequests;  // server/shard/sparse_requests.h
+
 class UploadHandler {
  public:
   using TimePoint = Shard::TimePoint;
 
-  // `shard` and `core` must outlive the handler.
-  UploadHandler(internal::ShardState shard, internal::ShardServices* core);
+  // `shard`, `core` and `sparse` must outlive the handler.
+  UploadHandler(internal::ShardState shard, internal::ShardServices* core,
+                SparseRequests* sparse);
   ~UploadHandler();
   UploadHandler(const UploadHandler&) = delete;
   UploadHandler& operator=(const UploadHandler&) = delete;
@@ -131,6 +135,7 @@ class UploadHandler {
 
   internal::ShardState shard_;
   internal::ShardServices* core_;  // not owned
+  SparseRequests* rows_;           // not owned
   UploadClaim upload_claim_;
   uint64_t committed_upload_ = 0;
   bool values_final_ = false;
