@@ -316,7 +316,7 @@ std::vector<uint8_t> EncodeRequest(const RequestHeader& h) {
     case RequestKind::kAssign: {
       auto a = body.initAssign();
       a.setUpload(h.assign_upload);
-      a.setPhase(h.assign_phase);
+      a.setPhase(static_cast<uint8_t>(h.assign_phase));
       FillChunkRefs(a.initChunks(h.chunks.size()), h.chunks);
       a.setOverwrite(h.assign_overwrite);
       if (!h.assign_optimizer.empty()) a.setOptimizer(h.assign_optimizer);
@@ -438,7 +438,7 @@ Status DecodeRequest(const uint8_t* data, size_t size,
         out->clock = 0;
         out->lr = 0.0f;
         out->assign_upload = 0;
-        out->assign_phase = 0;
+        out->assign_phase = AssignOp::kBegin;
         out->assign_overwrite = false;
         out->assign_optimizer.clear();
         out->assign_cursor = 0;
@@ -538,7 +538,7 @@ Status DecodeRequest(const uint8_t* data, size_t size,
             out->kind = RequestKind::kAssign;
             auto a = body.getAssign();
             out->assign_upload = a.getUpload();
-            out->assign_phase = a.getPhase();
+            out->assign_phase = static_cast<AssignOp>(a.getPhase());
             out->assign_overwrite = a.getOverwrite();
             out->assign_cursor = a.getCursor();
             out->assign_scan_rows = a.getScanRows();

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/assign_op.h"
 #include "common/layout.h"
 #include "common/sparse_table.h"
 #include "common/status.h"
@@ -50,6 +51,7 @@ enum class MigrateOp : uint8_t {
   kAdopt = 4,
   kAbort = 5,
 };
+
 const char* RequestKindName(RequestKind kind);
 
 // A tensor chunk carried in data frame `frame` (>= 1) of the same message.
@@ -96,13 +98,13 @@ struct RequestHeader {
   int64_t clock = 0;
   // kPush, kClock: the learning rate set by the worker (> 0), 0 = not set.
   float lr = 0.0f;
-  // kAssign (common/protocol.capnp): upload id, phase (0 begin, 1 values,
-  // 2 commit, 3 read the optimizer state, 4 state), begin's overwrite;
+  // kAssign (common/protocol.capnp): upload id, operation (AssignOp),
+  // begin's overwrite;
   // values carry their chunks in `chunks` and rows of sparse tables in
   // `rows`; state its chunks in `chunks` and the optimizer it was saved
   // from in `assign_optimizer`.
   uint64_t assign_upload = 0;
-  uint8_t assign_phase = 0;
+  AssignOp assign_phase = AssignOp::kBegin;
   bool assign_overwrite = false;
   std::string assign_optimizer;
   // Phase 6 (scan of a table's rows): the first key and most entries.

@@ -35,7 +35,7 @@ TEST(WireTest, AssignStateRoundTrip) {
   h.kind = RequestKind::kAssign;
   h.rank = 1;
   h.assign_upload = 77;
-  h.assign_phase = 4;
+  h.assign_phase = AssignOp::kState;
   h.assign_optimizer = "adam";
   h.chunks = {{3, 1, 0, 64, 256, (uint64_t{1} << 53)}};
   auto bytes = EncodeRequest(h);
@@ -43,7 +43,7 @@ TEST(WireTest, AssignStateRoundTrip) {
   ASSERT_TRUE(DecodeRequest(bytes.data(), bytes.size(), {}, &d).ok());
   EXPECT_EQ(d.kind, RequestKind::kAssign);
   EXPECT_EQ(d.assign_upload, 77u);
-  EXPECT_EQ(d.assign_phase, 4);
+  EXPECT_EQ(d.assign_phase, AssignOp::kState);
   EXPECT_EQ(d.assign_optimizer, "adam");
   ASSERT_EQ(d.chunks.size(), 1u);
   EXPECT_EQ(d.chunks[0].num_elems, 64u);
@@ -64,7 +64,7 @@ TEST(WireTest, AssignStateRoundTrip) {
 TEST(WireTest, PointInTimeScanRoundTrip) {
   RequestHeader h;
   h.kind = RequestKind::kAssign;
-  h.assign_phase = 6;
+  h.assign_phase = AssignOp::kScan;
   h.assign_cursor = 12;
   h.assign_scan_rows = 100;
   h.assign_snapshot = 0xfedcba9876543210ull;

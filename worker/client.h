@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "common/assign_op.h"
 #include "common/layout.h"
 #include "common/sparse_table.h"
 #include "common/etcd_security.h"
@@ -155,8 +156,9 @@ inline size_t RowRecordBytes(const TableSpec& table) {
 // in common/protocol.capnp, the whole upload in worker/upload.h).
 struct AssignRequest {
   uint64_t upload = 0;  // random, != 0
-  uint8_t phase = 0;    // 0 begin, 1 values, 2 commit, 4 state, 5 rows
-                        // with state, 7 saved rows, 8 clear tables
+  // kBegin, kValues, kCommit, kState, kRows (rows with state), kSaved
+  // (saved rows) or kClear (clear tables).
+  AssignOp phase = AssignOp::kBegin;
   bool overwrite = false;  // begin: claim even final values
   // values: raw fp32 chunks of the shard; state: k x the chunk's elements
   // floats of optimizer state per chunk ([slot 0 | slot 1 ...]), the

@@ -20,10 +20,10 @@ uint64_t RandomUploadId() {
   return id;
 }
 
-// Sends `payload(id)` (kAssign phase 1 values or 4 state) for every chunk
+// Sends `payload(id)` (AssignOp::kValues or kState) for every chunk
 // id of `shard` in requests of at most max_request_bytes.
 Status SendShardChunks(Client* client, int shard, uint64_t upload,
-                       uint8_t phase, const std::string& optimizer,
+                       AssignOp phase, const std::string& optimizer,
                        const std::function<ChunkPayload(uint32_t)>& payload,
                        const UploadOptions& o) {
   AssignRequest req;
@@ -36,9 +36,10 @@ Status SendShardChunks(Client* client, int shard, uint64_t upload,
     Status s = client->Assign(shard, std::move(req), nullptr, o.timeout);
     req = AssignRequest{};
     bytes = 0;
-    return s.WithContext(
-        std::string(phase == 4 ? "upload of optimizer state" : "upload") +
-        " to shard " + std::to_string(shard));
+    return s.WithContext(std::string(phase == AssignOp::kState
+                                         ? "upload of optimizer state"
+                                         : "upload") +
+                         " to shard " + std::to_string(shard));
   };
   for (uint32_t id : client->layout().shard_chunks(shard)) {
     ChunkPayload p = payload(id);
@@ -56,7 +57,7 @@ Status SendShardValues(Client* client, int shard, uint64_t upload,
                        const UploadOptions& o) {
   const Layout& l = client->layout();
   return SendShardChunks(
-      client, shard, upload, 1, "",
+      client, shard, upload, AssignOp::kValues, "",
       [&](uint32_t id) {
         const ChunkSpec& c = l.chunks()[id];
         ChunkPayload p;
@@ -74,7 +75,7 @@ Status SendShardState(Client* client, int shard, uint64_t upload,
                       const StateValues& state, const UploadOptions& o) {
   const Layout& l = client->layout();
   return SendShardChunks(
-      client, shard, upload, 4, state.optimizer,
+      client, shard, upload, AssignOp::kState, state.optimizer,
       [&](uint32_t id) {
         const ChunkSpec& c = l.chunks()[id];
         const size_t bytes = c.num_elems * sizeof(float);
@@ -134,7 +135,9 @@ Status SendShardRows(Client* client, int shard, uint64_t upload,
       if (keys.empty()) return Status::OK();
       AssignRequest req;
       req.upload = upload;
-      req.phase = r.kinds != nullptr ? 7 : r.state != nullptr ? 5 : 1;
+      req.phase = r.kinds != nullptr   ? AssignOp::kSaved
+                  : r.state != nullptr ? AssignOp::kRows
+                                       : AssignOp::kValues;
       req.optimizer = r.optimizer;
       if (r.state != nullptr) {
         req.rows.push_back(
@@ -163,13 +166,13 @@ Status SendShardRows(Client* client, int shard, uint64_t upload,
 }
 
 // Drops every entry of the tables of `rows` marked `clear` on `shard`
-// (kAssign phase 8, one request).
+// (AssignOp::kClear, one request).
 Status ClearShardTables(Client* client, int shard, uint64_t upload,
                         const std::vector<RowsValues>& rows,
                         const UploadOptions& o) {
   AssignRequest req;
   req.upload = upload;
-  req.phase = 8;
+  req.phase = AssignOp::kClear;
   for (const RowsValues& r : rows) {
     if (r.clear) req.rows.push_back(RowsPush{r.table, nullptr, 0, nullptr});
   }
@@ -178,14 +181,15 @@ Status ClearShardTables(Client* client, int shard, uint64_t upload,
       .WithContext("clearing sparse tables on shard " + std::to_string(shard));
 }
 
-Status Phase(Client* client, int shard, uint64_t upload, uint8_t phase,
+Status Phase(Client* client, int shard, uint64_t upload, AssignOp phase,
              bool overwrite, const UploadOptions& o, bool* claimed) {
   AssignRequest req;
   req.upload = upload;
   req.phase = phase;
   req.overwrite = overwrite;
   return client->Assign(shard, std::move(req), claimed, o.timeout)
-      .WithContext(std::string(phase == 0 ? "upload begin" : "upload commit") +
+      .WithContext(std::string(phase == AssignOp::kBegin ? "upload begin"
+                                                         : "upload commit") +
                    " on shard " + std::to_string(shard));
 }
 
@@ -255,12 +259,14 @@ Status UploadValues(Client* client, const std::vector<const float*>& tensors,
   bool claimed = false;
   // Shard 0 is the lock: a caller that does not get it waits in this call
   // until the winner has committed every shard.
-  RETURN_IF_ERROR(Phase(client, 0, upload, 0, o.overwrite, o, &claimed));
+  RETURN_IF_ERROR(
+      Phase(client, 0, upload, AssignOp::kBegin, o.overwrite, o, &claimed));
   if (!claimed) return Status::OK();
   std::vector<int> mine;
   for (int s = 1; s < client->num_shards(); ++s) {
     bool got = false;
-    RETURN_IF_ERROR(Phase(client, s, upload, 0, o.overwrite, o, &got));
+    RETURN_IF_ERROR(
+        Phase(client, s, upload, AssignOp::kBegin, o.overwrite, o, &got));
     if (got) mine.push_back(s);  // else final there: kept
   }
   // State first: a shard that refuses it (another optimizer) does so
@@ -278,8 +284,12 @@ Status UploadValues(Client* client, const std::vector<const float*>& tensors,
   RETURN_IF_ERROR(SendShardValues(client, 0, upload, tensors, o));
   RETURN_IF_ERROR(ClearShardTables(client, 0, upload, rows, o));
   RETURN_IF_ERROR(SendShardRows(client, 0, upload, rows, o));
-  for (int s : mine) RETURN_IF_ERROR(Phase(client, s, upload, 2, false, o, nullptr));
-  RETURN_IF_ERROR(Phase(client, 0, upload, 2, false, o, nullptr));
+  for (int s : mine) {
+    RETURN_IF_ERROR(
+        Phase(client, s, upload, AssignOp::kCommit, false, o, nullptr));
+  }
+  RETURN_IF_ERROR(
+      Phase(client, 0, upload, AssignOp::kCommit, false, o, nullptr));
   *uploaded = true;
   return Status::OK();
 }

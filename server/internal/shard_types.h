@@ -14,8 +14,9 @@
 #include "common/buffer.h"
 #include "common/shm_segment.h"
 #include "common/wire.h"
-#include "server/shard/memory_budget.h"
 #include "server/internal/binary_io.h"
+#include "server/internal/shard_state.h"
+#include "server/shard/memory_budget.h"
 #include "server/shard/shard.h"
 
 namespace asyncps::server {
@@ -27,8 +28,12 @@ inline constexpr uint32_t kRetryMs = 20;
 
 }  // namespace internal
 
-// One chunk owned by this shard.
-struct Shard::Chunk {
+struct ChargedBuffer;
+
+namespace internal {
+
+// One chunk owned by this shard (Shard::Chunk).
+struct ShardChunk {
   uint32_t id = 0;
   uint64_t n = 0;              // elements
   std::vector<float> w;        // weights, n
@@ -49,31 +54,17 @@ struct Shard::Chunk {
   // Weights as of snapshot_version, shared by the pull replies of that
   // version; charged to the memory budget until the last reply holding it
   // is sent.
-  std::shared_ptr<struct ChargedBuffer> snapshot;
+  std::shared_ptr<ChargedBuffer> snapshot;
   uint64_t snapshot_version = ~uint64_t{0};
 };
+
+}  // namespace internal
 
 // A reply buffer (snapshot, codec payload) and its share of the budget,
 // released together by whoever drops the last reference.
 struct ChargedBuffer {
   BufferPtr buffer;
   MemoryBudget::Charge charge;
-};
-
-// An open point-in-time scan of a sparse table (server/shard/shard_scan.cc).
-struct Shard::ScanSnapshot {
-  uint64_t id = 0;
-  uint32_t table = 0;
-  const void* tables = nullptr;  // the SparseTables it was taken of
-  uint64_t epoch = 0;            // the layout epoch it was taken under
-  int64_t clock = 0;             // the expiry clock when it was taken
-  // With a store: its snapshot, taken right after a checkpoint.
-  std::unique_ptr<StoreSnapshot> store;
-  // Without: frozen_max keys, then as many saved records; frozen_n used.
-  std::shared_ptr<ChargedBuffer> frozen;
-  size_t frozen_max = 0;
-  size_t frozen_n = 0;
-  Shard::TimePoint used;  // when a page of it was last asked for
 };
 
 // One validated gradient of a push, waiting for phase 2 (apply).

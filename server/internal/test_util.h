@@ -170,7 +170,7 @@ inline RequestHeader ScanRequest(uint32_t table, uint64_t from, uint32_t max,
   r.kind = RequestKind::kAssign;
   r.rank = 0;
   r.assign_upload = 1;
-  r.assign_phase = 6;
+  r.assign_phase = AssignOp::kScan;
   r.assign_cursor = from;
   r.assign_scan_rows = max;
   r.layout_epoch = epoch;

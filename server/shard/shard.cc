@@ -1,6 +1,8 @@
 // Shard: options, dispatch, clocks and timers. Registration is in
 // shard_register.cc, pulls in shard_pull.cc, pushes in shard_push.cc,
-// persistence in shard_persist.cc, the stats document in shard_stats.cc.
+// persistence in shard_persist.cc, the stats document in shard_stats.cc;
+// kAssign requests are an UploadHandler's (server/shard/upload_handler.h),
+// the rows of sparse tables a SparseRequests' (sparse_requests.h).
 #include "server/shard/shard.h"
 
 #include <glog/logging.h>
@@ -11,8 +13,11 @@
 #include <cstring>
 
 #include "server/internal/push_dedup.h"
+#include "server/internal/shard_state.h"
 #include "server/internal/shard_types.h"
 #include "server/internal/task_pool.h"
+#include "server/shard/sparse_requests.h"
+#include "server/shard/upload_handler.h"
 
 namespace asyncps::server {
 
@@ -123,9 +128,45 @@ Shard::Shard(const ShardOptions& options, Store* store,
   for (int r = 0; r < options.num_workers; ++r)
     unsent_by_rank_.push_back(std::make_shared<UnsentBytes>(0));
   elastic_ = std::make_unique<ElasticState>();
+  rows_ = std::make_unique<internal::DecodedRows>();
+  services_ = std::make_unique<Services>(this);
+  sparse_requests_ =
+      std::make_unique<SparseRequests>(LendState(), services_.get());
+  uploads_ = std::make_unique<UploadHandler>(LendState(), services_.get(),
+                                             sparse_requests_.get());
 }
 
 Shard::~Shard() = default;
+
+// What the core lends its handlers (server/internal/shard_state.h): its
+// private operations, called back by them.
+class Shard::Services : public internal::ShardServices {
+ public:
+  explicit Services(Shard* shard) : shard_(shard) {}
+  Status Reject(RejectReason reason, Status s) override {
+    return shard_->Reject(reason, std::move(s));
+  }
+  Status Checkpoint() override { return shard_->Checkpoint(); }
+  void PinUnsent(const std::string& peer, int rank, uint64_t fresh,
+                 OutgoingReply* reply) override {
+    shard_->PinUnsent(peer, rank, fresh, reply);
+  }
+  Status CheckRoute(const RequestHeader& req, ReplyHeader* reply) override {
+    return shard_->CheckRoute(req, reply);
+  }
+  uint64_t layout_epoch() const override { return shard_->layout_epoch(); }
+  void ApplyKeyRanges() override { shard_->ApplyKeyRanges(); }
+
+ private:
+  Shard* shard_;
+};
+
+internal::ShardState Shard::LendState() {
+  return internal::ShardState{
+      options_, store_,       *optimizer_, *budget_,       layout_,
+      chunks_,  local_index_, clocks_,     shard_version_, sparse_,
+      stamp_,   frame_stamp_, *rows_};
+}
 
 StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardOptions& options,
                                                Store* store, TimePoint now) {
@@ -248,7 +289,7 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
         st = HandleAttachShm(req);
         break;
       case RequestKind::kAssign:
-        st = HandleAssign(peer, req, data, now, &r);
+        st = uploads_->Handle(peer, req, data, now, &r);
         break;
       case RequestKind::kMigrate:
         st = HandleMigrate(req, data, &r, out);
@@ -446,7 +487,7 @@ void Shard::Tick(TimePoint now, std::vector<OutgoingReply>* out) {
   ReleaseParked(out);
   ExpireParked(now, out);
   PruneUnsent();
-  if (!scans_.empty()) ExpireScanSnapshots(now);
+  uploads_->Tick(now);
 }
 
 void Shard::OnClocksChanged(std::vector<OutgoingReply>* out) {

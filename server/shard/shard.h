@@ -22,9 +22,9 @@
 //
 // Sparse tables (server/sparse/sparse_tables.h), registered with the layout,
 // travel in the same pushes, pulls and clocks as the chunks (their requests
-// are handled in shard_sparse.cc): a push's rows are validated with its
-// chunks before anything is applied, applied (BSP: summed) with them, and
-// written with them in durable mode and in checkpoints.
+// are handled by SparseRequests, server/shard/sparse_requests.h): a push's rows
+// are validated with its chunks before anything is applied, applied (BSP:
+// summed) with them, and written with them in durable mode and in checkpoints.
 //
 // Input: a decoded RequestHeader plus its data frames (frames[i] is data
 // frame i+1 of the message). Output: zero or more OutgoingReply: the reply
@@ -102,7 +102,13 @@ namespace asyncps::server {
 namespace internal {
 class PushDedup;
 class TaskPool;
+struct ShardChunk;
+struct PendingRows;
+struct DecodedRows;
+struct ShardState;
 }  // namespace internal
+class SparseRequests;  // server/shard/sparse_requests.h
+class UploadHandler;   // server/shard/upload_handler.h
 
 // Largest clock a worker may report (clocks are in [0, kMaxClock], so no
 // arithmetic on them overflows).
@@ -177,7 +183,7 @@ struct ShardOptions {
   // A pull parked this long is answered Unavailable (the client resends it),
   // so no request waits forever. Default: 30 s.
   std::chrono::milliseconds max_park_time{30000};
-  // A point-in-time scan of a sparse table (shard_scan.cc) with no page
+  // A point-in-time scan of a sparse table (upload_scan.cc) with no page
   // asked for this long is dropped (its store snapshot or copy released;
   // a later page of it is FailedPrecondition: start again). Default: 60 s.
   std::chrono::milliseconds scan_snapshot_idle{60000};
@@ -401,7 +407,10 @@ class Shard {
   // After workers were evicted: frees what only they used.
   void FreeEvicted();
 
-  struct Chunk;
+  using Chunk = internal::ShardChunk;
+  using PendingRows = internal::PendingRows;
+  // The ShardServices the core lends its handlers (shard.cc).
+  class Services;
   struct PendingGrad;
   struct ParkedPull;
   struct PullReplica;
@@ -414,6 +423,8 @@ class Shard {
 
   Shard(const ShardOptions& options, Store* store,
         std::unique_ptr<Optimizer> optimizer, TimePoint now);
+  // References to the state the handlers work on (shard.cc).
+  internal::ShardState LendState();
 
   // shard.cc: dispatch, clocks, timers.
   // Checks what every request must satisfy before its kind is handled:
@@ -477,57 +488,8 @@ class Shard {
   UnsentBytes& UnsentOf(const std::string& peer);
   void PruneUnsent();
 
-  // shard_assign.cc: uploads of values (kAssign) and worker-set lr.
-  Status HandleAssign(const std::string& peer, const RequestHeader& req,
-                      const std::vector<ByteView>& data, TimePoint now,
-                      OutgoingReply* reply);
-  // Phase 3 of kAssign: the optimizer state of every owned chunk.
-  Status ReadOptimizerState(const std::string& peer, const RequestHeader& req,
-                            OutgoingReply* reply);
-  // Phase 4 of kAssign (the claimant's): sets the optimizer state and steps
-  // of whole chunks; every chunk checked before any is written.
-  Status WriteOptimizerState(const RequestHeader& req,
-                             const std::vector<ByteView>& data);
-  // Phase 3 of kAssign naming rows of sparse tables (keys only): their
-  // records (weights, optimizer state, steps), one rows ref per table.
-  Status ReadRowRecords(const std::string& peer, const RequestHeader& req,
-                        const std::vector<ByteView>& data,
-                        OutgoingReply* reply);
-  // Phase 5 of kAssign (the claimant's): rows set from records with their
-  // saved optimizer state; every row checked before any is written.
-  Status WriteRowRecords(const RequestHeader& req,
-                         const std::vector<ByteView>& data);
-  // Point-in-time scans (shard_scan.cc): opens one of `table` (its id in
-  // reply->scan_snapshot, the snapshot last in scans_); drops scans_[i];
-  // drops the idle ones; holds the sparse tables' expiry for the open ones.
-  struct ScanSnapshot;
-  static constexpr size_t kMaxScanSnapshots = 4;
-  static constexpr std::chrono::milliseconds kScanOpenInterval{50};
-  Status OpenScanSnapshot(uint32_t table, TimePoint now, ReplyHeader* reply);
-  void DropScanSnapshot(size_t i, const char* why);
-  void ExpireScanSnapshots(TimePoint now);
-  void UpdateExpiryHold();
-  // Phase 6 of kAssign: a page of a scan of one table's entries (keys and
-  // saved records, common/protocol.capnp).
-  Status ScanRows(const std::string& peer, const RequestHeader& req,
-                  const std::vector<ByteView>& data, TimePoint now,
-                  OutgoingReply* reply);
-  // Phase 8 of kAssign (the claimant's): drops every entry of the tables
-  // the request names (all checked first).
-  Status ClearTables(const RequestHeader& req,
-                     const std::vector<ByteView>& data);
-  // Phases 1, 5 and 7: sets the rows of pending_rows_ (validated), with
-  // their decoded optimizer state when `with_state` (and their kinds and
-  // clocks: phase 7); clears pending_rows_.
-  Status AssignPendingRows(const RequestHeader& req, bool with_state);
-  // Phase 2 of kAssign (the claimant's): makes the upload final.
-  Status CommitUpload(const RequestHeader& req, const std::string& who);
-  // Phases 1 and 4: `ref` names a chunk of this shard not yet named in this
-  // request (stamp_), raw fp32, and a data frame in range not yet named;
-  // *chunk gets it.
-  Status CheckAssignRef(const ChunkRef& ref, size_t num_frames,
-                        const std::string& what, Chunk** chunk);
-  // Checks a push's or clock's lr (0 = not set) against max_lr.
+  // shard_push.cc: worker-set lr. Checks a push's or clock's lr (0 = not
+  // set) against max_lr.
   Status CheckWorkerLr(const RequestHeader& req);
   // Makes a checked lr (if set) the rate of later updates.
   void TakeWorkerLr(const RequestHeader& req);
@@ -634,35 +596,11 @@ class Shard {
   // can fail.
   Status ApplyBspRound(int64_t next, bool* applied);
 
-  // shard_sparse.cc: the rows of sparse tables in registration, pushes,
-  // pulls, BSP rounds and persistence.
-  Status RegisterTables(const std::vector<TableSpec>& tables, bool created);
-  Status ValidateSparsePush(const RequestHeader& req,
-                            const std::vector<ByteView>& data);
-  // BSP: reserves what this push's rows may add to the round's sums, before
-  // anything of the push is applied.
-  Status ChargeSparseRound();
-  // ASP/SSP: reads every row the push names into the cache and holds it
-  // there, before anything of the push is applied: a failed store read
-  // refuses the push (Unavailable, retried by the client) with nothing of
-  // it applied.
-  Status HoldSparsePush();
-  // Applies (BSP: sums) the held rows; only write-backs of evicted rows can
-  // fail, and every row is applied anyway.
-  Status ApplySparsePush(int rank, int64_t clock, float lr_scale);
-  Status ValidateSparsePull(const RequestHeader& req,
-                            const std::vector<ByteView>& data);
-  // Appends the rows of a pull to its reply; adds the bytes of the buffers
-  // made for it to *fresh.
-  Status AnswerSparsePull(const RequestHeader& req,
-                          const std::vector<ByteView>& data,
-                          OutgoingReply* reply, uint64_t* fresh);
+  // shard_persist.cc: checkpoint, recovery, durable writes.
   // Writes entries_ plus the sparse tables' part of a cut (a checkpoint's
   // when `checkpoint`, else a durable write's); sets *bytes to the bytes
   // handed to the store.
   Status WriteCut(bool checkpoint, SyncMode sync, uint64_t* bytes);
-
-  // shard_persist.cc: checkpoint, recovery, durable writes.
   Status Recover();
   Status WriteDurable(bool sync);  // touched_ chunks + state
   // WriteCut(), then clears entries_; adds the time taken to `*ns` and,
@@ -744,17 +682,7 @@ class Shard {
   ShardCounters counters_;
   StalenessHistogram staleness_;
   bool shutdown_requested_ = false;
-  // shard_assign.cc: the upload claim (rank -1: none), whether the values
-  // are final (an upload committed), and the lr a worker set (0: none).
-  struct UploadClaim {
-    int rank = -1;
-    uint64_t incarnation = 0;
-    uint64_t upload = 0;
-    TimePoint last{};
-  };
-  UploadClaim upload_claim_;
-  uint64_t committed_upload_ = 0;
-  bool values_final_ = false;
+  // The lr a worker set (0: none).
   float worker_lr_ = 0.0f;
   RejectReason reject_reason_ =
       RejectReason::kOther;  // of the request being handled
@@ -778,35 +706,16 @@ class Shard {
 
   // Sparse tables (nullptr until a model with tables is registered).
   std::unique_ptr<sparse::SparseTables> sparse_;
-  // Open point-in-time scans of its tables (destroyed before sparse_ and
-  // the store) and the id of the next one (random start).
-  std::vector<std::unique_ptr<ScanSnapshot>> scans_;
-  uint64_t next_scan_id_ = 0;
-  std::optional<TimePoint> last_scan_open_;
-  // A push's rows, validated and decoded, waiting for phase 2.
-  struct PendingRows {
-    uint32_t table = 0;
-    size_t n = 0;
-    size_t keys_at = 0;  // offset in sparse_keys_
-    size_t rows_at = 0;  // offset in sparse_rows_
-    size_t state_at = 0;  // kAssign phase 5: offset in row_state_
-  };
-  std::vector<PendingRows> pending_rows_;
-  std::vector<uint64_t> sparse_keys_;
-  std::vector<float> sparse_rows_;
-  // kAssign phase 5: the decoded optimizer state of the rows (by state_at)
-  // and their steps (by keys_at).
-  std::vector<float> row_state_;
-  std::vector<uint64_t> row_steps_;
-  // kAssign phase 7: the saved entries' kinds and clocks (by keys_at).
-  std::vector<uint32_t> row_kinds_;
-  std::vector<int64_t> row_clocks_;
-  std::vector<uint64_t> table_stamp_;  // per table: seen in request #stamp_
-  // The embedding cache's budget, drawn from the shard's MemoryBudget when
-  // the tables are registered; a push's decoded keys and rows; BSP sums.
-  MemoryBudget::Charge sparse_charge_;
-  MemoryBudget::Charge request_charge_;
-  MemoryBudget::Charge round_charge_;
+  // A request's rows, validated and decoded (SparseRequests), waiting to
+  // be applied (a push's) or set (an upload's).
+  std::unique_ptr<internal::DecodedRows> rows_;
+
+  // The request handlers cut out of the core, on the view of it that
+  // services_ and ShardState (server/internal/shard_state.h) lend; declared
+  // last, so destroyed first (the open scans before sparse_ and the store).
+  std::unique_ptr<Services> services_;
+  std::unique_ptr<SparseRequests> sparse_requests_;  // rows of requests
+  std::unique_ptr<UploadHandler> uploads_;           // kAssign
 };
 
 }  // namespace asyncps::server

@@ -33,7 +33,7 @@ void Register(ShardHarness& h) {
 }
 
 RequestHeader Assign(int rank, uint64_t incarnation, uint64_t upload,
-                     uint8_t phase) {
+                     AssignOp phase) {
   RequestHeader r;
   r.kind = RequestKind::kAssign;
   r.rank = rank;
@@ -47,7 +47,7 @@ RequestHeader Assign(int rank, uint64_t incarnation, uint64_t upload,
 RequestHeader Values(const ShardHarness& h, int rank, uint64_t inc,
                      uint64_t upload, const std::vector<uint32_t>& chunks,
                      float v, std::vector<ByteView>* data) {
-  RequestHeader r = Assign(rank, inc, upload, 1);
+  RequestHeader r = Assign(rank, inc, upload, AssignOp::kValues);
   for (size_t i = 0; i < chunks.size(); ++i) {
     const uint64_t n = h.shard->layout()->chunks()[chunks[i]].num_elems;
     data->push_back(Floats(Fill(n, v)));
@@ -65,10 +65,10 @@ TEST(ShardAssignTest, OneClaimAtATimeOthersWaitThenReadFinalValues) {
   ShardHarness h(testing::TestOptions(Consistency::kBsp));
   Register(h);
   const auto& mine = h.shard->layout()->shard_chunks(0);
-  ReplyHeader r = h.Call(Assign(0, 7, 100, 0));
+  ReplyHeader r = h.Call(Assign(0, 7, 100, AssignOp::kBegin));
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
   EXPECT_TRUE(r.created);  // rank 0 holds the claim
-  r = h.Call(Assign(1, 8, 200, 0));
+  r = h.Call(Assign(1, 8, 200, AssignOp::kBegin));
   EXPECT_EQ(r.status.code(), StatusCode::kUnavailable) << r.status.ToString();
   EXPECT_FALSE(r.created);
   // Rank 1's values without the claim: refused, nothing written.
@@ -85,16 +85,17 @@ TEST(ShardAssignTest, OneClaimAtATimeOthersWaitThenReadFinalValues) {
   RequestHeader vb =
       Values(h, 0, 7, 100, {mine.begin() + 1, mine.end()}, 3.0f, &b);
   ASSERT_TRUE(h.Call(vb, b).status.ok());
-  ASSERT_TRUE(h.Call(Assign(0, 7, 100, 2)).status.ok());
-  ASSERT_TRUE(h.Call(Assign(0, 7, 100, 2)).status.ok());  // a resent commit
+  ASSERT_TRUE(h.Call(Assign(0, 7, 100, AssignOp::kCommit)).status.ok());
+  // A resent commit.
+  ASSERT_TRUE(h.Call(Assign(0, 7, 100, AssignOp::kCommit)).status.ok());
   for (uint32_t id : mine) EXPECT_EQ((*h.shard->weights(id))[0], 3.0f);
   // Final: rank 1's begin answers "pull" (created false), and a pull sees
   // the values, not the initialisers' snapshot.
-  r = h.Call(Assign(1, 8, 200, 0));
+  r = h.Call(Assign(1, 8, 200, AssignOp::kBegin));
   ASSERT_TRUE(r.status.ok());
   EXPECT_FALSE(r.created);
   // Overwrite (a restore) claims it again.
-  RequestHeader over = Assign(1, 8, 201, 0);
+  RequestHeader over = Assign(1, 8, 201, AssignOp::kBegin);
   over.assign_overwrite = true;
   r = h.Call(over);
   ASSERT_TRUE(r.status.ok());
@@ -107,9 +108,9 @@ TEST(ShardAssignTest, SilentOrRestartedClaimantIsReplaced) {
   o.worker_timeout = std::chrono::milliseconds(1000);
   ShardHarness h(o);
   Register(h);
-  ASSERT_TRUE(h.Call(Assign(0, 7, 100, 0)).created);
+  ASSERT_TRUE(h.Call(Assign(0, 7, 100, AssignOp::kBegin)).created);
   // Rank 0 restarted (new incarnation): takes its own claim at once.
-  ReplyHeader r = h.Call(Assign(0, 9, 101, 0));
+  ReplyHeader r = h.Call(Assign(0, 9, 101, AssignOp::kBegin));
   ASSERT_TRUE(r.status.ok());
   EXPECT_TRUE(r.created);
   // The old process's values are refused.
@@ -117,10 +118,10 @@ TEST(ShardAssignTest, SilentOrRestartedClaimantIsReplaced) {
   RequestHeader old = Values(h, 0, 7, 100, {h.FirstChunk()}, 1.0f, &d);
   EXPECT_FALSE(h.Call(old, d).status.ok());
   // Rank 0 goes silent: after the worker timeout rank 1 takes over.
-  EXPECT_EQ(h.Call(Assign(1, 8, 200, 0)).status.code(),
+  EXPECT_EQ(h.Call(Assign(1, 8, 200, AssignOp::kBegin)).status.code(),
             StatusCode::kUnavailable);
   h.now += std::chrono::milliseconds(1500);
-  r = h.Call(Assign(1, 8, 200, 0));
+  r = h.Call(Assign(1, 8, 200, AssignOp::kBegin));
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
   EXPECT_TRUE(r.created);
 }
@@ -132,7 +133,7 @@ TEST(ShardAssignTest, HostileValuesAreRefusedWholeBeforeAnyWrite) {
   ASSERT_GE(mine.size(), 2u);
   uint32_t theirs = 0;
   while (h.shard->weights(theirs) != nullptr) ++theirs;
-  ASSERT_TRUE(h.Call(Assign(0, 7, 100, 0)).created);
+  ASSERT_TRUE(h.Call(Assign(0, 7, 100, AssignOp::kBegin)).created);
   const auto before = h.AllWeights();
   auto expect_refused = [&](RequestHeader req, std::vector<ByteView> data,
                             RejectReason why) {
@@ -179,15 +180,18 @@ TEST(ShardAssignTest, HostileValuesAreRefusedWholeBeforeAnyWrite) {
   // Begin and commit carry no values; phase and upload id are checked.
   d.clear();
   RequestHeader begin = Values(h, 0, 7, 100, {mine[0]}, 2.0f, &d);
-  begin.assign_phase = 0;
+  begin.assign_phase = AssignOp::kBegin;
   expect_refused(begin, d, RejectReason::kSizeMismatch);
-  // Phase 200 is past the last phase (8: clear tables).
-  expect_refused(Assign(0, 7, 100, 200), {}, RejectReason::kUploadClaim);
+  // Operation 200 is past the last (kClear).
+  expect_refused(Assign(0, 7, 100, static_cast<AssignOp>(200)), {},
+                 RejectReason::kUploadClaim);
   // Phase 5 (rows with state) carries rows, nothing else.
-  expect_refused(Assign(0, 7, 100, 5), {}, RejectReason::kSizeMismatch);
-  expect_refused(Assign(0, 7, 0, 0), {}, RejectReason::kUploadClaim);
+  expect_refused(Assign(0, 7, 100, AssignOp::kRows), {},
+                 RejectReason::kSizeMismatch);
+  expect_refused(Assign(0, 7, 0, AssignOp::kBegin), {},
+                 RejectReason::kUploadClaim);
   // Observers may not upload.
-  ReplyHeader r = h.Call(Assign(-1, 7, 100, 0));
+  ReplyHeader r = h.Call(Assign(-1, 7, 100, AssignOp::kBegin));
   EXPECT_EQ(r.status.code(), StatusCode::kInvalidArgument);
 }
 
@@ -254,7 +258,7 @@ TEST(ShardAssignTest, ReadsTheOptimizerStateOfEveryChunk) {
   ASSERT_TRUE(h.Call(ShardHarness::Push(0, 0, {c}, {Floats(Fill(n, 1.0f))}),
                      {Floats(Fill(n, 1.0f))})
                   .status.ok());
-  auto out = h.Send(Assign(0, 7, 1, 3));
+  auto out = h.Send(Assign(0, 7, 1, AssignOp::kRead));
   ASSERT_EQ(out.size(), 1u);
   const OutgoingReply& r = out[0];
   ASSERT_TRUE(r.header.status.ok()) << r.header.status.ToString();
@@ -273,7 +277,7 @@ TEST(ShardAssignTest, ReadsTheOptimizerStateOfEveryChunk) {
     EXPECT_EQ(ref.version, mine[i] == c ? 1u : 0u);  // optimizer steps
   }
   // Observers may not read it (a worker-only request), nothing changes.
-  EXPECT_FALSE(h.Call(Assign(-1, 7, 1, 3)).status.ok());
+  EXPECT_FALSE(h.Call(Assign(-1, 7, 1, AssignOp::kRead)).status.ok());
 }
 
 // One chunk's optimizer state as phase 3 answers it.
@@ -290,7 +294,7 @@ struct ChunkState {
 };
 
 std::vector<ChunkState> ReadState(ShardHarness& h) {
-  auto out = h.Send(Assign(0, 7, 1, 3));
+  auto out = h.Send(Assign(0, 7, 1, AssignOp::kRead));
   EXPECT_EQ(out.size(), 1u);
   std::vector<ChunkState> all;
   if (out.empty()) return all;
@@ -312,7 +316,7 @@ RequestHeader State(int rank, uint64_t inc, uint64_t upload,
                     const std::string& optimizer,
                     const std::vector<ChunkState>& states,
                     std::vector<ByteView>* data) {
-  RequestHeader r = Assign(rank, inc, upload, 4);
+  RequestHeader r = Assign(rank, inc, upload, AssignOp::kState);
   r.assign_optimizer = optimizer;
   for (size_t i = 0; i < states.size(); ++i) {
     data->push_back(Floats(states[i].state));
@@ -355,7 +359,7 @@ ShardOptions AdamOptions() {
 void UploadWithState(ShardHarness& h, uint64_t upload,
                      const std::vector<ChunkState>& states) {
   const auto& mine = h.shard->layout()->shard_chunks(0);
-  RequestHeader begin = Assign(0, 7, upload, 0);
+  RequestHeader begin = Assign(0, 7, upload, AssignOp::kBegin);
   begin.assign_overwrite = true;
   ASSERT_TRUE(h.Call(begin).created);
   std::vector<ByteView> v, st;
@@ -364,7 +368,7 @@ void UploadWithState(ShardHarness& h, uint64_t upload,
   RequestHeader state = State(0, 7, upload, "adam", states, &st);
   ReplyHeader r = h.Call(state, st);
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
-  r = h.Call(Assign(0, 7, upload, 2));
+  r = h.Call(Assign(0, 7, upload, AssignOp::kCommit));
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
 }
 
@@ -372,12 +376,12 @@ void UploadWithState(ShardHarness& h, uint64_t upload,
 void UploadValues(ShardHarness& h, uint64_t upload, float value) {
   const auto& mine = h.shard->layout()->shard_chunks(0);
   std::vector<ByteView> v;
-  RequestHeader begin = Assign(0, 7, upload, 0);
+  RequestHeader begin = Assign(0, 7, upload, AssignOp::kBegin);
   begin.assign_overwrite = true;
   ASSERT_TRUE(h.Call(begin).created);
   RequestHeader values = Values(h, 0, 7, upload, mine, value, &v);
   ASSERT_TRUE(h.Call(values, v).status.ok());
-  ASSERT_TRUE(h.Call(Assign(0, 7, upload, 2)).status.ok());
+  ASSERT_TRUE(h.Call(Assign(0, 7, upload, AssignOp::kCommit)).status.ok());
 }
 
 TEST(ShardAssignTest, StateUploadRoundTripsBitwiseThroughTheRead) {
@@ -474,7 +478,7 @@ TEST(ShardAssignTest, HostileStateUploadsAreRefusedAndChangeNothing) {
   const auto& mine = h.shard->layout()->shard_chunks(0);
   uint32_t theirs = 0;
   while (h.shard->weights(theirs) != nullptr) ++theirs;
-  ASSERT_TRUE(h.Call(Assign(0, 7, 100, 0)).created);
+  ASSERT_TRUE(h.Call(Assign(0, 7, 100, AssignOp::kBegin)).created);
   const auto weights = h.AllWeights();  // weights and optimizer state
   const auto state = ReadState(h);
   // `data` by reference: State(..., &d) fills it while the arguments are
@@ -545,20 +549,20 @@ TEST(ShardAssignTest, HostileStateUploadsAreRefusedAndChangeNothing) {
   const auto good = MadeState(h, mine, 2);
   req = State(0, 7, 100, "adam", {good[0]}, &d);
   ASSERT_TRUE(h.Call(req, d).status.ok());
-  ReplyHeader r = h.Call(Assign(0, 7, 100, 2));
+  ReplyHeader r = h.Call(Assign(0, 7, 100, AssignOp::kCommit));
   EXPECT_EQ(r.status.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(r.status.message().find("1 of this shard's"), std::string::npos)
       << r.status.ToString();
   d.clear();
   req = State(0, 7, 100, "adam", good, &d);
   ASSERT_TRUE(h.Call(req, d).status.ok());
-  ASSERT_TRUE(h.Call(Assign(0, 7, 100, 2)).status.ok());
+  ASSERT_TRUE(h.Call(Assign(0, 7, 100, AssignOp::kCommit)).status.ok());
   EXPECT_EQ(ReadState(h), good);
 
   // Adam's state into an SGD shard: refused, naming the tensor.
   ShardHarness sgd(testing::TestOptions(Consistency::kAsp, 2));
   Register(sgd);
-  ASSERT_TRUE(sgd.Call(Assign(0, 7, 100, 0)).created);
+  ASSERT_TRUE(sgd.Call(Assign(0, 7, 100, AssignOp::kBegin)).created);
   d.clear();
   req = State(0, 7, 100, "adam", MadeState(sgd, mine, 2), &d);
   r = sgd.Call(req, d);

@@ -26,6 +26,7 @@
 #include "common/elastic_doc.h"
 #include "server/internal/shard_types.h"
 #include "server/shard/shard.h"
+#include "server/shard/sparse_requests.h"
 
 namespace asyncps::server {
 namespace {
@@ -209,7 +210,7 @@ Status Shard::ImportRows(const RequestHeader& req, const std::vector<ByteView>& 
                                             " buckets: not in [1, " +
                                             std::to_string(kMaxBuckets) + "]"));
     }
-    RETURN_IF_ERROR(RegisterTables(*specs, /*created=*/true));
+    RETURN_IF_ERROR(sparse_requests_->RegisterTables(*specs, /*created=*/true));
     auto none = std::make_shared<KeyRanges>();
     none->num_buckets = req.migrate_num_buckets;
     none->owners.assign(none->num_buckets, -1);
@@ -220,8 +221,7 @@ Status Shard::ImportRows(const RequestHeader& req, const std::vector<ByteView>& 
   Status s = StageRows(req, data);
   if (!s.ok() && fresh) {
     // A refused import changes nothing: not even the registration.
-    sparse_.reset();
-    sparse_charge_.Reset();
+    sparse_requests_->DropTables();
     e.ranges.reset();
     return s;
   }

@@ -39,6 +39,7 @@
 #include "server/internal/shard_records.h"
 #include "server/internal/shard_types.h"
 #include "server/shard/shard.h"
+#include "server/shard/sparse_requests.h"
 
 namespace asyncps::server {
 namespace {
@@ -198,7 +199,7 @@ Status Shard::Recover() {
         if (key == sparse::SparseTables::kTablesKey) {
           ASSIGN_OR_RETURN(std::vector<TableSpec> tables,
                            sparse::SparseTables::ParseSpecs(value));
-          return RegisterTables(tables, /*created=*/true);
+          return sparse_requests_->RegisterTables(tables, /*created=*/true);
         }
         if (key == sparse::SparseTables::kStateKey) {
           if (!sparse_) return Status::Corruption("sparse state without tables");
@@ -359,6 +360,27 @@ Status Shard::RestoreChunk(uint32_t id, std::string_view value) {
     c.contributors = contributors;
   }
   return Status::OK();
+}
+
+Status Shard::WriteCut(bool checkpoint, SyncMode sync, uint64_t* bytes) {
+  *bytes = StoreEntriesBytes(entries_);
+  if (!sparse_) return store_->Write(entries_, sync);
+  if (checkpoint) sparse_->AddSpecsEntry(&entries_);
+  sparse_->AddStateEntry(&entries_);
+  std::unique_ptr<StoreBatch> batch = store_->NewBatch();
+  if (checkpoint) {
+    RETURN_IF_ERROR(sparse_->FlushForCheckpoint(batch.get()));
+  } else {
+    sparse_->AddDurable(batch.get());
+  }
+  *bytes = StoreEntriesBytes(entries_) + batch->bytes();
+  Status s = store_->Write(entries_, batch.get(), sync, WriteKind::kCut);
+  if (checkpoint) {
+    if (s.ok()) sparse_->CommitCheckpoint();
+  } else {
+    sparse_->CommitDurable(s.ok());
+  }
+  return s;
 }
 
 }  // namespace asyncps::server

@@ -16,6 +16,7 @@
 
 #include "server/internal/shard_types.h"
 #include "server/shard/shard.h"
+#include "server/shard/sparse_requests.h"
 #if ASYNCPS_SERVER_HAVE_COMPRESSION
 #include "compression/codec.h"
 #endif
@@ -46,7 +47,7 @@ Status Shard::HandlePull(const std::string& peer, const RequestHeader& req,
                          OutgoingReply* r, bool* parked) {
   RETURN_IF_ERROR(CheckRoute(req, &r->header));
   RETURN_IF_ERROR(ValidatePullRequest(req));
-  RETURN_IF_ERROR(ValidateSparsePull(req, data));
+  RETURN_IF_ERROR(sparse_requests_->ValidatePull(req, data));
   // Rank -1 (an observer, such as a dedicated evaluator) reads the current
   // weights without waiting and without taking part in the clocks.
   if (req.rank < 0 || PullReady(req.clock))
@@ -445,7 +446,7 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
       return s;
     }
   }
-  RETURN_IF_ERROR(AnswerSparsePull(req, data, reply, &fresh));
+  RETURN_IF_ERROR(sparse_requests_->AnswerPull(req, data, reply, &fresh));
   for (size_t i = ids.size(); i < reply->frames.size(); ++i)
     bytes += reply->frames[i].size;
   ++counters_.pulls;

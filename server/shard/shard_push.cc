@@ -5,6 +5,10 @@
 // checked, compressed payloads are decoded into the chunk's scratch buffer
 // and every gradient is checked for NaN/Inf. Only then is any chunk
 // updated, so a bad push never leaves half an update behind.
+//
+// Worker-set lr: a push or clock whose lr is > 0 must have lr <= max_lr
+// (else it is refused, nothing of it applied); it then replaces the flags'
+// lr and schedule for that update and every later one (ScheduleScale()).
 #include <glog/logging.h>
 
 #include <algorithm>
@@ -17,6 +21,7 @@
 #include "server/internal/shard_types.h"
 #include "server/internal/task_pool.h"
 #include "server/shard/shard.h"
+#include "server/shard/sparse_requests.h"
 #if ASYNCPS_SERVER_HAVE_COMPRESSION
 #include "compression/codec.h"
 #endif
@@ -45,6 +50,24 @@ constexpr size_t kPieceElems = size_t{1} << 16;
 std::string ChunkName(uint32_t id) { return "chunk " + std::to_string(id); }
 
 }  // namespace
+
+Status Shard::CheckWorkerLr(const RequestHeader& req) {
+  if (req.lr == 0.0f) return Status::OK();
+  if (!(req.lr > 0.0f) || !std::isfinite(req.lr) || req.lr > options_.max_lr) {
+    return Reject(
+        RejectReason::kLrOutOfRange,
+        Status::InvalidArgument(
+            std::string(RequestKindName(req.kind)) + " of rank " +
+            std::to_string(req.rank) + " sets lr " + std::to_string(req.lr) +
+            ", outside (0, max_lr = " + std::to_string(options_.max_lr) +
+            "] (ps_server --max_lr): refused, not clamped"));
+  }
+  return Status::OK();
+}
+
+void Shard::TakeWorkerLr(const RequestHeader& req) {
+  if (req.lr > 0.0f) worker_lr_ = req.lr;
+}
 
 Status Shard::HandlePush(const RequestHeader& req,
                          const std::vector<ByteView>& data,
@@ -87,7 +110,7 @@ Status Shard::HandlePush(const RequestHeader& req,
   // Hybrid (sparse_async): rows arrive on their own and are applied now.
   const bool rows_only_async = bsp && options_.sparse_async && pending_.empty();
   const bool counted = bsp && !options_.transport_only && !rows_only_async &&
-                       !(pending_.empty() && pending_rows_.empty());
+                       !(pending_.empty() && rows_->pending.empty());
   if (counted && req.clock > bsp_round_ && PushedThisRound(rank)) {
     // A push for a later round from a rank that pushed for this one: the
     // round has not closed here although the worker saw it closed (a
@@ -104,7 +127,7 @@ Status Shard::HandlePush(const RequestHeader& req,
   }
   clocks_.Advance(rank, req.clock);
   touched_.clear();
-  if (pending_.empty() && pending_rows_.empty()) {
+  if (pending_.empty() && rows_->pending.empty()) {
     // Nothing to apply: no update, no version, no step of the schedule.
     return FinishPush(req);
   }
@@ -122,9 +145,10 @@ Status Shard::HandlePush(const RequestHeader& req,
     return FinishPush(req);
   }
   // Refused before anything of the push is applied or counted.
-  if (bsp && !options_.transport_only) RETURN_IF_ERROR(ChargeSparseRound());
+  if (bsp && !options_.transport_only)
+    RETURN_IF_ERROR(sparse_requests_->ChargeRound());
   if ((!bsp || options_.sparse_async) && !options_.transport_only)
-    RETURN_IF_ERROR(HoldSparsePush());
+    RETURN_IF_ERROR(sparse_requests_->HoldPush());
 
   uint64_t bytes = 0;
   for (const ByteView& f : data) bytes += f.size;
@@ -133,7 +157,7 @@ Status Shard::HandlePush(const RequestHeader& req,
   for (const PendingGrad& p : pending_) {
     counters_.bytes_in_raw += p.chunk->n * sizeof(float);
   }
-  for (const PendingRows& p : pending_rows_) {
+  for (const PendingRows& p : rows_->pending) {
     counters_.bytes_in_raw +=
         p.n * (sizeof(uint64_t) + sparse_->specs()[p.table].dim * sizeof(float));
   }
@@ -167,7 +191,7 @@ Status Shard::HandlePush(const RequestHeader& req,
     ++shard_version_;
   }
   // Rows: applied (BSP: summed) after the chunks; only write-backs can fail.
-  Status rows = ApplySparsePush(req.rank, req.clock, lr_scale);
+  Status rows = sparse_requests_->ApplyPush(req.rank, req.clock, lr_scale);
   if (!rows.ok()) {
     LOG(ERROR) << "push " << req.id << " from rank " << rank
                << ": sparse rows: " << rows.ToString();
@@ -194,8 +218,9 @@ bool Shard::PushedThisRound(int rank) const {
   for (const PendingGrad& p : pending_) {
     if (p.chunk->pushed_round[rank] == bsp_round_) return true;
   }
-  for (const PendingRows& p : pending_rows_) {
-    if (sparse_->PushedInRound(rank, p.table, sparse_keys_.data() + p.keys_at, p.n))
+  for (const PendingRows& p : rows_->pending) {
+    if (sparse_->PushedInRound(rank, p.table, rows_->keys.data() + p.keys_at,
+                               p.n))
       return true;
   }
   return false;
@@ -350,7 +375,7 @@ Status Shard::ValidatePushFrames(const RequestHeader& req,
     }
     pending_.push_back(p);
   }
-  return ValidateSparsePush(req, data);
+  return sparse_requests_->ValidatePush(req, data);
 }
 
 Status Shard::ValidatePush(const RequestHeader& req,
@@ -444,7 +469,7 @@ void Shard::ApplyPending(int rank, float lr_scale) {
 }
 
 float Shard::ScheduleScale() const {
-  // A worker-set lr (shard_assign.cc) replaces the flags' lr and schedule.
+  // A worker-set lr (CheckWorkerLr above) replaces the flags' lr and schedule.
   if (worker_lr_ > 0.0f) return worker_lr_ / options_.optimizer.lr;
   return schedule_.Scale(shard_version_);
 }
@@ -507,7 +532,7 @@ Status Shard::ApplyBspRound(int64_t next, bool* applied) {
     Status s = sparse_->ApplyRound(applied_round, ScheduleScale(),
                                    options_.durable && store_ != nullptr);
     sparse_->ReleaseHeld();
-    round_charge_.Reset();
+    sparse_requests_->ReleaseRoundCharge();
     if (!s.ok()) {
       sparse_->CommitDurable(false);  // unpin: the rows stay dirty in memory
       return s;

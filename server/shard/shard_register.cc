@@ -6,6 +6,7 @@
 
 #include "server/internal/shard_types.h"
 #include "server/shard/shard.h"
+#include "server/shard/sparse_requests.h"
 
 namespace asyncps::server {
 
@@ -51,7 +52,8 @@ Status Shard::HandleRegister(const RequestHeader& req, ReplyHeader* reply) {
                         " differs from the registered layout's, " +
                         PlacementName(layout_->options().placement)));
     }
-    RETURN_IF_ERROR(RegisterTables(req.tables, /*created=*/false));
+    RETURN_IF_ERROR(
+        sparse_requests_->RegisterTables(req.tables, /*created=*/false));
     reply->created = false;
     return Status::OK();
   }
@@ -63,7 +65,8 @@ Status Shard::HandleRegister(const RequestHeader& req, ReplyHeader* reply) {
   }
   layout_ = std::move(layout).value();
   Status st = AllocateChunks();
-  if (st.ok()) st = RegisterTables(req.tables, /*created=*/true);
+  if (st.ok())
+    st = sparse_requests_->RegisterTables(req.tables, /*created=*/true);
   if (st.ok() && store_ != nullptr) {
     st = Checkpoint();
     if (!st.ok()) {
@@ -77,8 +80,7 @@ Status Shard::HandleRegister(const RequestHeader& req, ReplyHeader* reply) {
     local_index_.clear();
     chunks_charge_.Reset();
     layout_charge_.Reset();
-    sparse_.reset();
-    sparse_charge_.Reset();
+    sparse_requests_->DropTables();
     return st;  // reject_reason_ set by whoever failed
   }
   LOG(INFO) << "registered " << layout_->tensors().size() << " tensors, "

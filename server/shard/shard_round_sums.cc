@@ -85,7 +85,7 @@ Status Shard::InstallRoundSums(const std::vector<ByteView>& frames) {
 
 Status Shard::ReplayPushRefs(const RequestHeader& req) {
   pending_.clear();
-  pending_rows_.clear();
+  rows_->pending.clear();
   ++stamp_;
   if (!AggregatesRounds() || !req.rows.empty()) {
     return Status::InvalidArgument(

@@ -958,7 +958,7 @@ TEST(ShardSparseTest, AssignSetsRowsAndRefusesHostileRowsWhole) {
   auto values = [&](float v, const std::vector<uint64_t>& keys,
                     const std::vector<float>& rows) {
     RequestHeader r = begin;
-    r.assign_phase = 1;
+    r.assign_phase = AssignOp::kValues;
     std::vector<ByteView> data = {
         Floats(std::vector<float>(s.ChunkElems(c), v)), Keys(keys),
         Floats(rows)};
@@ -1007,7 +1007,7 @@ std::vector<OutgoingReply> ReadRecords(Sparse& s,
   r.kind = RequestKind::kAssign;
   r.rank = 0;
   r.assign_upload = 1;
-  r.assign_phase = 3;
+  r.assign_phase = AssignOp::kRead;
   RowsRef ref;
   ref.keys_frame = 1;
   ref.num_keys = keys.size();
@@ -1104,7 +1104,7 @@ TEST(ShardSparseTest, RowRecordsCarryTheOptimizerStateBothWays) {
   RowRecord saved{7, {1, 2, 3, 4, 0.25f, 0.5f, 1, 0}};
   auto write = [&](RequestHeader r, const std::vector<uint64_t>& keys,
                    const std::vector<RowRecord>& recs) {
-    r.assign_phase = 5;
+    r.assign_phase = AssignOp::kRows;
     if (r.assign_optimizer.empty()) r.assign_optimizer = "adagrad";
     RowsRef ref;
     ref.keys_frame = 1;
@@ -1216,7 +1216,7 @@ TEST(ShardSparseTest, MutatedRowRecordsNeverCrashOrHalfApply) {
       }
     }
     RequestHeader r = begin;
-    r.assign_phase = write ? 5 : 3;
+    r.assign_phase = write ? AssignOp::kRows : AssignOp::kRead;
     r.assign_optimizer = "adam";
     RowsRef ref;
     ref.keys_frame = 1;
@@ -1328,7 +1328,7 @@ Saved ScanAll(Sparse& s, uint32_t page, uint32_t table = 0) {
 
 ReplyHeader WriteSaved(Sparse& s, RequestHeader claim, const Saved& saved,
                        const std::string& optimizer = "adagrad") {
-  claim.assign_phase = 7;
+  claim.assign_phase = AssignOp::kSaved;
   claim.assign_optimizer = optimizer;
   RowsRef ref;
   ref.keys_frame = 1;
@@ -1684,7 +1684,7 @@ TEST(ShardSparseTest, PointInTimeScanCopyIsChargedToTheBudget) {
 // other tables keep theirs; hostile clears are refused and drop nothing.
 ReplyHeader Clear(Sparse& s, RequestHeader claim, std::vector<RowsRef> refs,
                   std::vector<ByteView> data = {}) {
-  claim.assign_phase = 8;
+  claim.assign_phase = AssignOp::kClear;
   claim.rows = std::move(refs);
   return s.Call(claim, std::move(data));
 }
@@ -1788,7 +1788,7 @@ TEST(ShardSparseTest, ClearedTableHoldsExactlyTheRestoredEntries) {
     ASSERT_TRUE(Clear(s, claim, {TableRef(0)}).status.ok());
     ASSERT_TRUE(WriteSaved(s, claim, saved).status.ok());
     RequestHeader commit = claim;
-    commit.assign_phase = 2;
+    commit.assign_phase = AssignOp::kCommit;
     ASSERT_TRUE(s.Call(commit).status.ok());
     EXPECT_EQ(ScanAll(s, 64), saved);
     EXPECT_EQ(ScanAll(s, 64, 1), other_before);

@@ -43,7 +43,7 @@ std::string Shard::StatsJson() const {
   j["lr"] = options_.optimizer.lr;
   j["weight_decay"] = options_.optimizer.weight_decay;
   j["max_lr"] = options_.max_lr;
-  j["worker_lr"] = worker_lr_;  // 0: none set (shard_assign.cc)
+  j["worker_lr"] = worker_lr_;  // 0: none set (shard_push.cc)
   j["sparse_async"] = options_.sparse_async;
   j["num_workers"] = options_.num_workers;
   j["worker_clocks"] = std::move(clocks);

@@ -512,7 +512,7 @@ void HostileGenerator::ReplicaTraffic(HostileMessage* m) {
           break;
         case 6:
           inner.kind = RequestKind::kAssign;
-          inner.assign_phase = static_cast<uint8_t>(Uniform(0, 12));
+          inner.assign_phase = static_cast<AssignOp>(Uniform(0, 12));
           inner.assign_upload = rng_();
           m->shape = "replica/wrapped_assign";
           break;

@@ -295,7 +295,7 @@ void HostileGenerator::PullRows(HostileMessage* m) {
 void HostileGenerator::ScanRows(HostileMessage* m) {
   RequestHeader& h = m->header;
   h.kind = RequestKind::kAssign;
-  h.assign_phase = 6;
+  h.assign_phase = AssignOp::kScan;
   h.assign_upload = OneIn(8) ? 0 : rng_() | 1;
   RowsRef ref;
   ref.table = static_cast<uint32_t>(
