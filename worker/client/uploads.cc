@@ -208,14 +208,14 @@ Status Uploads::Assign(int shard, AssignRequest a, bool* claimed,
     ChunkRef ref;
     ref.chunk = p.chunk;
     ref.frame = static_cast<uint32_t>(frames.size());
-    ref.num_elems = a.phase == 4 ? p.data.size / sizeof(float)  // state
+    ref.num_elems = a.phase == AssignOp::kState ? p.data.size / sizeof(float)  // state
                                  : layout.chunks()[p.chunk].num_elems;
     ref.byte_size = p.data.size;
     ref.version = p.version;
     h.chunks.push_back(ref);
     frames.push_back(std::move(p.data));
   }
-  if (a.phase == 8) {
+  if (a.phase == AssignOp::kClear) {
     // Clear tables: refs naming them, no keys or frames.
     for (const RowsPush& rows : a.rows) {
       if (rows.table >= tables.size() || rows.n != 0) {
@@ -229,7 +229,7 @@ Status Uploads::Assign(int shard, AssignRequest a, bool* claimed,
     }
     a.rows.clear();
   }
-  const bool records = a.phase == 5 || a.phase == 7;  // rows with state
+  const bool records = a.phase == AssignOp::kRows || a.phase == AssignOp::kSaved;  // rows with state
   if (records && a.row_records.size() != a.rows.size()) {
     return Status::InvalidArgument(
         "assign of rows with state: " + std::to_string(a.rows.size()) +
@@ -269,7 +269,7 @@ Status Uploads::ReadOptimizerState(OptimizerState* out, milliseconds timeout) {
   out->per_weight = -1;  // set by the first reply
   RequestHeader h = core_->NewHeader(RequestKind::kAssign);
   h.assign_upload = 1;
-  h.assign_phase = 3;
+  h.assign_phase = AssignOp::kRead;
   Status s = [&]() -> Status {
     ASSIGN_OR_RETURN(Ticket t, core_->StartOnShards(
                                    h, core_->AllShards(),
@@ -302,7 +302,7 @@ Status Uploads::ReadRowRecords(uint32_t table, const uint64_t* keys, size_t n,
       for (size_t j = 0; j < m; ++j) asked[j] = keys[at[shard][off + j]];
       RequestHeader h = core_->NewHeader(RequestKind::kAssign);
       h.assign_upload = 1;
-      h.assign_phase = 3;
+      h.assign_phase = AssignOp::kRead;
       RowsRef ref;
       ref.table = table;
       ref.keys_frame = 1;
@@ -339,7 +339,7 @@ Status Uploads::ScanRows(int shard, uint32_t table, uint64_t from,
   }
   RequestHeader h = core_->NewHeader(RequestKind::kAssign);
   h.assign_upload = 1;
-  h.assign_phase = 6;
+  h.assign_phase = AssignOp::kScan;
   h.assign_cursor = from;
   h.assign_scan_rows = static_cast<uint32_t>(max_rows);
   if (snapshot != nullptr) {
