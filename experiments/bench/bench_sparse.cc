@@ -303,7 +303,7 @@ void Pull(SparseTables& t, const std::vector<uint64_t>& keys, float* out) {
   Check(t.Read(0, keys.data(), keys.size(), out), "read");
 }
 
-// As the shard does it (shard_sparse.cc): check, read and hold every row,
+// As the shard does it (sparse_requests.cc): check, read and hold every row,
 // then apply.
 void Push(SparseTables& t, const std::vector<uint64_t>& keys,
           const float* g) {
@@ -352,7 +352,7 @@ void WriteCut(SparseTables& t, Store& store, SyncMode sync) {
 }
 
 // What a shard does to open a point-in-time scan (server/shard/
-// shard_scan.cc): a checkpoint of the tables' dirty entries, synced, then a
+// upload_scan.cc): a checkpoint of the tables' dirty entries, synced, then a
 // store snapshot.
 std::unique_ptr<StoreSnapshot> OpenSnapshot(SparseTables& t, Store& store) {
   WriteCut(t, store, SyncMode::kSync);

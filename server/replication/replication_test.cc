@@ -1129,7 +1129,7 @@ TEST_F(ReplicationTest, BspPrimaryLostMidRoundBackupAppliesEachResendOnce) {
 
 
 // A worker whose clock a shard refused for a stale elastic layout sends it
-// again only once its rerouted pushes are acknowledged (worker/client.cc,
+// again only once its rerouted pushes are acknowledged (worker/client/elastic_router.cc,
 // Reroute). With rounds handed on aggregated, those replies are held until
 // the round's record, and the round waits for that clock: a push that sees
 // no clock of its rank for round_record_flush_after sends the open round's
