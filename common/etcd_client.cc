@@ -2,6 +2,8 @@
 
 #include <httplib.h>
 
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -396,6 +398,43 @@ EtcdOp EtcdOp::Delete(std::string key) {
   return op;
 }
 
+namespace {
+
+// Blocks SIGPIPE for the calling thread while it lives, then takes a SIGPIPE
+// raised meanwhile off the thread's pending set (one that was pending before
+// is left alone) and restores the mask: a library must not change the
+// process's signal handlers.
+class ScopedSigpipeBlock {
+ public:
+  ScopedSigpipeBlock() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    sigset_t pending;
+    sigemptyset(&pending);
+    was_pending_ = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1;
+    blocked_ = pthread_sigmask(SIG_BLOCK, &pipe_, &old_) == 0;
+  }
+  ~ScopedSigpipeBlock() {
+    if (!blocked_) return;
+    if (!was_pending_) {
+      const struct timespec zero = {0, 0};
+      while (sigtimedwait(&pipe_, nullptr, &zero) == SIGPIPE) {
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  ScopedSigpipeBlock(const ScopedSigpipeBlock&) = delete;
+  ScopedSigpipeBlock& operator=(const ScopedSigpipeBlock&) = delete;
+
+ private:
+  sigset_t pipe_;
+  sigset_t old_;
+  bool was_pending_ = false;
+  bool blocked_ = false;
+};
+
+}  // namespace
+
 struct EtcdClient::Impl {
   std::vector<Endpoint> endpoints;
   std::chrono::milliseconds request_timeout{2000};
@@ -468,6 +507,10 @@ struct EtcdClient::Impl {
                 std::chrono::milliseconds read_timeout,
                 const httplib::ContentReceiverWithProgress* receiver,
                 const std::string& token = std::string()) {
+    // A TLS write to a connection etcd closed (it refused the client's
+    // certificate, or restarted) raises SIGPIPE, which would end the
+    // process: OpenSSL writes without MSG_NOSIGNAL.
+    const ScopedSigpipeBlock no_sigpipe;
     Exchange ex;
     const size_t n = endpoints.size();
     const size_t first = preferred.load(std::memory_order_relaxed) % n;
