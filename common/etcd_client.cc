@@ -1,7 +1,6 @@
 #include "common/etcd_client.h"
 
 #include <httplib.h>
-
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -207,11 +206,11 @@ Status FromGrpc(int64_t code, const std::string& message) {
   // DATA_LOSS, UNAUTHENTICATED.
   using C = StatusCode;
   static constexpr C kCodes[] = {
-      C::kInternal,           C::kCancelled,          C::kInternal,
-      C::kInvalidArgument,    C::kTimedOut,           C::kNotFound,
-      C::kAlreadyExists,      C::kPermissionDenied,   C::kResourceExhausted,
-      C::kFailedPrecondition, C::kUnavailable,        C::kFailedPrecondition,
-      C::kUnimplemented,      C::kInternal,           C::kUnavailable,
+      C::kInternal,           C::kCancelled,        C::kInternal,
+      C::kInvalidArgument,    C::kTimedOut,         C::kNotFound,
+      C::kAlreadyExists,      C::kPermissionDenied, C::kResourceExhausted,
+      C::kFailedPrecondition, C::kUnavailable,      C::kFailedPrecondition,
+      C::kUnimplemented,      C::kInternal,         C::kUnavailable,
       C::kCorruption,         C::kPermissionDenied};
   const bool known = code > 0 && code < int64_t(std::size(kCodes));
   return Status(known ? kCodes[code] : C::kInternal, message);
@@ -341,9 +340,9 @@ struct Exchange {
   const Endpoint* endpoint = nullptr;  // The one last tried.
   httplib::Error error = httplib::Error::Success;
   int http_status = 0;
-  std::string body;     // Unless the caller's receiver took it.
+  std::string body;       // Unless the caller's receiver took it.
   bool oversize = false;  // The answer was over max_answer_bytes.
-  std::string refused;  // Endpoints that could not be reached, for messages.
+  std::string refused;    // Endpoints that could not be reached, for messages.
 };
 
 }  // namespace
@@ -411,7 +410,8 @@ class ScopedSigpipeBlock {
     sigaddset(&pipe_, SIGPIPE);
     sigset_t pending;
     sigemptyset(&pending);
-    was_pending_ = sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1;
+    was_pending_ =
+        sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1;
     blocked_ = pthread_sigmask(SIG_BLOCK, &pipe_, &old_) == 0;
   }
   ~ScopedSigpipeBlock() {
@@ -451,8 +451,9 @@ struct EtcdClient::Impl {
     std::unique_ptr<httplib::Client> cli;
     if (ep.tls) {
       const std::string origin =
-          "https://" + (ep.host.find(':') != std::string::npos ? "[" + ep.host + "]"
-                                                                 : ep.host) +
+          "https://" +
+          (ep.host.find(':') != std::string::npos ? "[" + ep.host + "]"
+                                                  : ep.host) +
           ":" + std::to_string(ep.port);
       cli = security.cert_file.empty()
                 ? std::make_unique<httplib::Client>(origin)
@@ -483,7 +484,8 @@ struct EtcdClient::Impl {
   // writes on it and reconnects when etcd closed it (a restart).
   static constexpr size_t kMaxIdlePerEndpoint = 4;
   Mutex idle_mu;
-  std::vector<std::vector<std::unique_ptr<httplib::Client>>> idle GUARDED_BY(idle_mu);
+  std::vector<std::vector<std::unique_ptr<httplib::Client>>> idle
+      GUARDED_BY(idle_mu);
 
   std::unique_ptr<httplib::Client> TakeIdle(size_t idx) {
     MutexLock lock(&idle_mu);
@@ -645,9 +647,9 @@ struct EtcdClient::Impl {
                                  ": no endpoint reachable: " + ex.refused);
     }
     if (ex.oversize) {
-      return Status::ResourceExhausted(where + ": answer over " +
-                                       std::to_string(max_answer_bytes) +
-                                       " bytes (EtcdOptions::max_answer_bytes)");
+      return Status::ResourceExhausted(
+          where + ": answer over " + std::to_string(max_answer_bytes) +
+          " bytes (EtcdOptions::max_answer_bytes)");
     }
     if (ex.error == httplib::Error::SSLConnection ||
         ex.error == httplib::Error::SSLServerVerification) {
@@ -703,8 +705,8 @@ struct EtcdClient::Impl {
       size_t start = 0;
       auto too_long = [&] {
         // A line (one event batch) longer than any answer may be.
-        status = Status::ResourceExhausted(
-            "etcd stream: a line over " + std::to_string(max_line) + " bytes");
+        status = Status::ResourceExhausted("etcd stream: a line over " +
+                                           std::to_string(max_line) + " bytes");
         return false;
       };
       for (size_t nl; (nl = pending.find('\n', start)) != std::string::npos;
@@ -853,9 +855,8 @@ StatusOr<std::vector<EtcdKeyValue>> EtcdClient::GetPrefix(
   return Range(PrefixStart(prefix), PrefixEnd(prefix), revision);
 }
 
-StatusOr<std::vector<EtcdKeyValue>> EtcdClient::GetRange(const std::string& from,
-                                                         const std::string& end,
-                                                         int64_t* revision) {
+StatusOr<std::vector<EtcdKeyValue>> EtcdClient::GetRange(
+    const std::string& from, const std::string& end, int64_t* revision) {
   if (from.empty() || end <= from) {
     return Status::InvalidArgument("etcd range [" + from + ", " + end +
                                    "): needs a first key below the end");
@@ -863,10 +864,10 @@ StatusOr<std::vector<EtcdKeyValue>> EtcdClient::GetRange(const std::string& from
   return Range(from, end, revision);
 }
 
-StatusOr<std::vector<EtcdKeyValue>> EtcdClient::Range(const std::string& key,
-                                                      const std::string& range_end,
-                                                      int64_t* revision) {
-  const json req = {{"key", Base64Encode(key)}, {"range_end", Base64Encode(range_end)}};
+StatusOr<std::vector<EtcdKeyValue>> EtcdClient::Range(
+    const std::string& key, const std::string& range_end, int64_t* revision) {
+  const json req = {{"key", Base64Encode(key)},
+                    {"range_end", Base64Encode(range_end)}};
   ASSIGN_OR_RETURN(json answer, impl_->Call("/v3/kv/range", req));
   if (revision != nullptr) RETURN_IF_ERROR(HeaderRevision(answer, revision));
   const json* kvs;

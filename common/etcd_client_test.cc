@@ -15,9 +15,9 @@
 #include <atomic>
 #include <cstdlib>
 #include <functional>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <mutex>
 #include <set>
 #include <thread>
 
@@ -141,16 +141,16 @@ class FakeGateway {
   explicit FakeGateway(int port = 0) {
     server_.set_keep_alive_max_count(1000);
     server_.set_keep_alive_timeout(1);  // stop() waits for idle connections
-    server_.Post(".*", [this](const httplib::Request& req,
-                              httplib::Response& res) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        ++requests_;
-        client_ports_.insert(req.remote_port);
-      }
-      res.status = status_;
-      res.set_content(body_, "application/json");
-    });
+    server_.Post(".*",
+                 [this](const httplib::Request& req, httplib::Response& res) {
+                   {
+                     std::lock_guard<std::mutex> lock(mu_);
+                     ++requests_;
+                     client_ports_.insert(req.remote_port);
+                   }
+                   res.status = status_;
+                   res.set_content(body_, "application/json");
+                 });
     if (port == 0) {
       port_ = server_.bind_to_any_port("127.0.0.1");
     } else {
@@ -307,23 +307,28 @@ TEST(EtcdClientTransportTest, AnswersAndWatchLinesAreReadWithinABound) {
   auto client = EtcdClient::Create(o);
   ASSERT_TRUE(client.ok());
   const std::string huge_value(1 << 20, 'A');
-  gw.Answer(200, R"({"header":{"revision":"3"},"kvs":[{"key":"a2V5","value":")" +
-                     huge_value + R"("}]})");
+  gw.Answer(200,
+            R"({"header":{"revision":"3"},"kvs":[{"key":"a2V5","value":")" +
+                huge_value + R"("}]})");
   auto got = (*client)->Get("key");
-  EXPECT_EQ(got.status().code(), StatusCode::kResourceExhausted) << got.status().ToString();
+  EXPECT_EQ(got.status().code(), StatusCode::kResourceExhausted)
+      << got.status().ToString();
   // A watch stream whose line never ends, and one whose line is too long.
   for (const std::string& stream :
        {"{\"result\":{\"header\":{\"revision\":\"6\"},\"created\":true}}\n" +
             std::string(1 << 20, ' '),
-        "{\"result\":{\"header\":{\"revision\":\"6\"},\"created\":true}}\n{\"x\":\"" +
+        "{\"result\":{\"header\":{\"revision\":\"6\"},\"created\":true}}\n{"
+        "\"x\":\"" +
             huge_value + "\"}\n"}) {
     gw.Answer(200, stream);
     int64_t next = 0;
     auto w = (*client)->Watch("p", 0, seconds(2), &next);
-    EXPECT_EQ(w.status().code(), StatusCode::kResourceExhausted) << w.status().ToString();
+    EXPECT_EQ(w.status().code(), StatusCode::kResourceExhausted)
+        << w.status().ToString();
   }
   o.max_answer_bytes = 10;
-  EXPECT_EQ(EtcdClient::Create(o).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(EtcdClient::Create(o).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 // Hostile etcd answers (issue 40, item 8): structure-aware mutations of the
@@ -340,29 +345,44 @@ TEST(EtcdClientTransportTest, HostileAnswersAreRefusedNotCrashes) {
   auto made = EtcdClient::Create(o);
   ASSERT_TRUE(made.ok());
   EtcdClient& client = **made;
-  const json kv = {{"key", "a2V5"}, {"value", "dmFsdWU="}, {"create_revision", "2"},
-                   {"mod_revision", "3"}, {"version", "1"}, {"lease", "7"}};
+  const json kv = {{"key", "a2V5"},          {"value", "dmFsdWU="},
+                   {"create_revision", "2"}, {"mod_revision", "3"},
+                   {"version", "1"},         {"lease", "7"}};
   const std::vector<json> answers = {
-      {{"header", {{"revision", "3"}}}, {"kvs", json::array({kv, kv})}, {"count", "2"}},
-      {{"header", {{"revision", "4"}}}, {"succeeded", true}, {"responses", json::array()}},
+      {{"header", {{"revision", "3"}}},
+       {"kvs", json::array({kv, kv})},
+       {"count", "2"}},
+      {{"header", {{"revision", "4"}}},
+       {"succeeded", true},
+       {"responses", json::array()}},
       {{"header", {{"revision", "5"}}}, {"ID", "99"}, {"TTL", "5"}},
-      {{"result", {{"header", {{"revision", "5"}}}, {"ID", "99"}, {"TTL", "5"}}}},
+      {{"result",
+        {{"header", {{"revision", "5"}}}, {"ID", "99"}, {"TTL", "5"}}}},
       {{"error", "etcdserver: x"}, {"message", "etcdserver: x"}, {"code", 3}},
-      {{"result", {{"header", {{"revision", "6"}}}, {"created", true},
-                   {"events", json::array({{{"type", "DELETE"}, {"kv", kv}}})}}}}};
+      {{"result",
+        {{"header", {{"revision", "6"}}},
+         {"created", true},
+         {"events", json::array({{{"type", "DELETE"}, {"kv", kv}}})}}}}};
   std::mt19937_64 rng(EnvSeed());
   auto uniform = [&](int64_t lo, int64_t hi) {
     return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
   };
   auto hostile_value = [&]() -> json {
     switch (uniform(0, 9)) {
-      case 0: return nullptr;
-      case 1: return uniform(0, 1) == 1;
-      case 2: return std::to_string(uniform(INT64_MIN, INT64_MAX)) + "9";
-      case 3: return uniform(INT64_MIN, INT64_MAX);
-      case 4: return -1.5e300;
-      case 5: return std::string(static_cast<size_t>(uniform(0, 1 << 16)), '!');
-      case 6: return "%%%%";  // not base64
+      case 0:
+        return nullptr;
+      case 1:
+        return uniform(0, 1) == 1;
+      case 2:
+        return std::to_string(uniform(INT64_MIN, INT64_MAX)) + "9";
+      case 3:
+        return uniform(INT64_MIN, INT64_MAX);
+      case 4:
+        return -1.5e300;
+      case 5:
+        return std::string(static_cast<size_t>(uniform(0, 1 << 16)), '!');
+      case 6:
+        return "%%%%";  // not base64
       case 7: {
         json deep = json::array();
         for (int i = 0; i < 200; ++i) deep = json::array({deep});
@@ -373,7 +393,8 @@ TEST(EtcdClientTransportTest, HostileAnswersAreRefusedNotCrashes) {
         for (int i = 0; i < 2000; ++i) many.push_back(kv);
         return many;
       }
-      default: return json::object({{"k", json::array({1, "x", nullptr})}});
+      default:
+        return json::object({{"k", json::array({1, "x", nullptr})}});
     }
   };
   // Replaces a random node of `j` (an object's field, an array's entry, or
@@ -394,7 +415,8 @@ TEST(EtcdClientTransportTest, HostileAnswersAreRefusedNotCrashes) {
   // Each call costs ~35 ms here (the fake gateway's two writes meet the
   // client's delayed ACK): 200 by default, more with ASYNCPS_ETCD_FUZZ_CALLS.
   const char* env_calls = std::getenv("ASYNCPS_ETCD_FUZZ_CALLS");
-  const int calls = env_calls != nullptr && *env_calls ? std::atoi(env_calls) : 200;
+  const int calls =
+      env_calls != nullptr && *env_calls ? std::atoi(env_calls) : 200;
   int ok = 0;
   for (int i = 0; i < calls; ++i) {
     json a = answers[static_cast<size_t>(uniform(0, answers.size() - 1))];
@@ -418,11 +440,21 @@ TEST(EtcdClientTransportTest, HostileAnswersAreRefusedNotCrashes) {
         ok += r.ok();
         break;
       }
-      case 2: ok += client.Put("k", "v").ok(); break;
-      case 3: ok += client.CompareAndPut("k", "v", 3).ok(); break;
-      case 4: ok += client.GrantLease(milliseconds(1000)).ok(); break;
-      case 5: ok += client.KeepAlive(99).ok(); break;
-      case 6: ok += client.Delete("k").ok(); break;
+      case 2:
+        ok += client.Put("k", "v").ok();
+        break;
+      case 3:
+        ok += client.CompareAndPut("k", "v", 3).ok();
+        break;
+      case 4:
+        ok += client.GrantLease(milliseconds(1000)).ok();
+        break;
+      case 5:
+        ok += client.KeepAlive(99).ok();
+        break;
+      case 6:
+        ok += client.Delete("k").ok();
+        break;
       default: {
         int64_t next = 0;
         ok += client.Watch("k", 1, milliseconds(20), &next).ok();
@@ -436,16 +468,20 @@ TEST(EtcdClientTransportTest, HostileAnswersAreRefusedNotCrashes) {
 TEST(EtcdClientOptionsTest, TlsAndCredentialsOptionsAreChecked) {
   EtcdOptions o;
   o.endpoints = {"https://127.0.0.1:2379"};
-  EXPECT_EQ(EtcdClient::Create(o).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(EtcdClient::Create(o).status().code(),
+            StatusCode::kInvalidArgument);
   o.security.ca_file = "/nonexistent/ca.pem";
-  EXPECT_EQ(EtcdClient::Create(o).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(EtcdClient::Create(o).status().code(),
+            StatusCode::kInvalidArgument);
   o.endpoints = {"http://127.0.0.1:2379"};
   o.security.ca_file = "";
   o.security.cert_file = "/etc/hostname";
-  EXPECT_EQ(EtcdClient::Create(o).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(EtcdClient::Create(o).status().code(),
+            StatusCode::kInvalidArgument);
   o.security.cert_file = "";
   o.security.user = "u";
-  EXPECT_EQ(EtcdClient::Create(o).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(EtcdClient::Create(o).status().code(),
+            StatusCode::kInvalidArgument);
   o.security.password = "p";
   EXPECT_TRUE(EtcdClient::Create(o).ok());
 }
@@ -459,11 +495,13 @@ class EtcdSecureTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!EtcdServer::Available()) {
-      GTEST_SKIP() << EtcdServer::Binary() << " not installed (Debian package etcd-server)";
+      GTEST_SKIP() << EtcdServer::Binary()
+                   << " not installed (Debian package etcd-server)";
     }
     auto etcd = EtcdServer::StartSecure(dir_.Sub("data"), dir_.Sub("logs"),
                                         dir_.Sub("tls"), "/asyncps/secure");
-    if (!etcd.ok() && etcd.status().message().find("not installed") != std::string::npos)
+    if (!etcd.ok() &&
+        etcd.status().message().find("not installed") != std::string::npos)
       GTEST_SKIP() << etcd.status().ToString();
     ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
     etcd_ = std::move(etcd).value();
@@ -479,7 +517,8 @@ class EtcdSecureTest : public ::testing::Test {
   std::unique_ptr<EtcdServer> etcd_;
 };
 
-TEST_F(EtcdSecureTest, ServerUserWorksOverTlsAndSignsInAgainWhenItsTokenExpires) {
+TEST_F(EtcdSecureTest,
+       ServerUserWorksOverTlsAndSignsInAgainWhenItsTokenExpires) {
   ASSERT_EQ(etcd_->endpoint().rfind("https://", 0), 0u);
   auto c = As(etcd_->Security("asyncps-server"));
   ASSERT_TRUE(c.ok()) << c.status().ToString();
@@ -499,7 +538,8 @@ TEST_F(EtcdSecureTest, ServerUserWorksOverTlsAndSignsInAgainWhenItsTokenExpires)
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   EXPECT_FALSE(w->empty());
   // Outside its prefix it may not write.
-  EXPECT_EQ(etcd.Put("/other", "x").status().code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(etcd.Put("/other", "x").status().code(),
+            StatusCode::kPermissionDenied);
   // The fixture's etcd lets tokens live 2 s (--auth-token-ttl): the client
   // signs in again by itself.
   std::this_thread::sleep_for(milliseconds(3500));
@@ -517,11 +557,12 @@ TEST_F(EtcdSecureTest, MissingOrWrongCredentialsAreRefused) {
   ASSERT_TRUE(c.ok());
   EXPECT_EQ((*c)->Put(key, "x").status().code(), StatusCode::kUnavailable);
   // Another CA's certificate for etcd: refused as well.
-  ASSERT_EQ(std::system(("cd " + std::string(ASYNCPS_SOURCE_DIR) +
-                         "/launch && /usr/bin/python3 -m pslaunch.etcd_tls certs " +
-                         dir_.Sub("other") + " >/dev/null 2>&1")
-                            .c_str()),
-            0);
+  ASSERT_EQ(
+      std::system(("cd " + std::string(ASYNCPS_SOURCE_DIR) +
+                   "/launch && /usr/bin/python3 -m pslaunch.etcd_tls certs " +
+                   dir_.Sub("other") + " >/dev/null 2>&1")
+                      .c_str()),
+      0);
   EtcdSecurity other_ca = etcd_->Security("asyncps-server");
   other_ca.ca_file = dir_.Sub("other") + "/ca.pem";
   c = As(other_ca);
@@ -533,7 +574,8 @@ TEST_F(EtcdSecureTest, MissingOrWrongCredentialsAreRefused) {
   c = As(wrong);
   ASSERT_TRUE(c.ok());
   auto put = (*c)->Put(key, "x");
-  EXPECT_EQ(put.status().code(), StatusCode::kPermissionDenied) << put.status().ToString();
+  EXPECT_EQ(put.status().code(), StatusCode::kPermissionDenied)
+      << put.status().ToString();
   // The workers' user: reads the elastic layout, nothing else, writes nothing.
   auto server = As(etcd_->Security("asyncps-server"));
   ASSERT_TRUE(server.ok());
@@ -638,8 +680,10 @@ TEST_F(EtcdClientTest, PutGetPrefixDelete) {
   ASSERT_TRUE(range.ok());
   ASSERT_EQ(range->size(), 1u);
   EXPECT_EQ((*range)[0].value, "uno");
-  EXPECT_EQ(client_->GetRange("/b", "/a").status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(client_->GetRange("", "/a").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->GetRange("/b", "/a").status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(client_->GetRange("", "/a").status().code(),
+            StatusCode::kInvalidArgument);
 
   // Any bytes, every base64 padding length, empty values.
   std::string binary("\0\xff\x01/\xfe", 5);

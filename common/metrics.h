@@ -118,7 +118,8 @@ class Family {
   const std::vector<std::string> label_names_;
   const std::function<std::unique_ptr<T>()> make_;
   mutable Mutex mu_;
-  std::map<std::vector<std::string>, std::unique_ptr<T>> children_ GUARDED_BY(mu_);
+  std::map<std::vector<std::string>, std::unique_ptr<T>> children_
+      GUARDED_BY(mu_);
 };
 
 class Registry {

@@ -43,7 +43,8 @@ class CAPABILITY("mutex") Mutex {
   // Debug builds: aborts unless the calling thread holds this mutex.
   void AssertHeld() const ASSERT_CAPABILITY(this) {
 #ifndef NDEBUG
-    assert(owner_.load(std::memory_order_relaxed) == std::this_thread::get_id());
+    assert(owner_.load(std::memory_order_relaxed) ==
+           std::this_thread::get_id());
 #endif
   }
 
@@ -76,7 +77,8 @@ class CondVar {
   void Wait(Mutex* mu) REQUIRES(*mu) { cv_.wait(*mu); }
   // False once `until` has passed.
   template <class Clock, class Duration>
-  bool WaitUntil(Mutex* mu, const std::chrono::time_point<Clock, Duration>& until)
+  bool WaitUntil(Mutex* mu,
+                 const std::chrono::time_point<Clock, Duration>& until)
       REQUIRES(*mu) {
     return cv_.wait_until(*mu, until) == std::cv_status::no_timeout ||
            Clock::now() < until;

@@ -20,7 +20,8 @@
 #define PT_GUARDED_BY(x) ASYNCPS_THREAD_ANNOTATION(pt_guarded_by(x))
 #endif
 #ifndef REQUIRES
-#define REQUIRES(...) ASYNCPS_THREAD_ANNOTATION(requires_capability(__VA_ARGS__))
+#define REQUIRES(...) \
+  ASYNCPS_THREAD_ANNOTATION(requires_capability(__VA_ARGS__))
 #endif
 #ifndef EXCLUDES
 #define EXCLUDES(...) ASYNCPS_THREAD_ANNOTATION(locks_excluded(__VA_ARGS__))
@@ -41,5 +42,6 @@
 #define ASSERT_CAPABILITY(x) ASYNCPS_THREAD_ANNOTATION(assert_capability(x))
 #endif
 #ifndef NO_THREAD_SAFETY_ANALYSIS
-#define NO_THREAD_SAFETY_ANALYSIS ASYNCPS_THREAD_ANNOTATION(no_thread_safety_analysis)
+#define NO_THREAD_SAFETY_ANALYSIS \
+  ASYNCPS_THREAD_ANNOTATION(no_thread_safety_analysis)
 #endif
