@@ -24,8 +24,9 @@ PKGS=(
   # The Python package (worker/python): built for Debian's python3, which
   # imports Debian's PyTorch (CPU) and numpy; tests run with pytest.
   python3-dev pybind11-dev python3-numpy python3-torch python3-pytest
-  # Static checks in CI: Clang's thread-safety analysis (tests/static/).
-  clang
+  # Static checks in CI: Clang's thread-safety analysis and the
+  # .clang-format check of every C++ source (tests/static/).
+  clang clang-format
 )
 # Test beds, not dependencies of asyncps: tests/launch/ssh_test.py and
 # slurm_real_test.py start a private sshd, munged, slurmctld and slurmd on

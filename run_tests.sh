@@ -54,6 +54,13 @@ FAILED_STAGES=()
 ctest_stage Release "$BUILD" --output-on-failure -j"$JOBS" --timeout 600 || FAILED_STAGES+=(Release)
 echo "run_tests: Release tests took ${SECONDS} s"
 
+# Every C++ source formatted by .clang-format (clang-format --dry-run -Werror).
+SECONDS=0
+rc=0
+/usr/bin/python3 tests/static/format_check.py || rc=$?
+[ "$rc" -eq 0 ] || [ "$rc" -eq 77 ] || FAILED_STAGES+=(clang-format)
+echo "run_tests: clang-format stage took ${SECONDS} s"
+
 # Clang's thread-safety analysis over every file that uses asyncps::Mutex
 # (common/mutex.h), with the Release tree's compile commands.
 SECONDS=0

@@ -18,7 +18,8 @@ Status LoadEtcdPassword(const std::string& path, std::string* password) {
   std::ifstream in(path);
   std::string line;
   if (!std::getline(in, line)) line.clear();
-  while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+  while (!line.empty() && (line.back() == '\r' || line.back() == ' '))
+    line.pop_back();
   if (line.empty()) {
     return Status::InvalidArgument("etcd password file " + path +
                                    ": no password on its first line");

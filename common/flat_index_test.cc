@@ -24,7 +24,8 @@ TEST(FlatIndexTest, MatchesStdUnorderedMapUnderChurn) {
       EXPECT_EQ(index.Erase(key), it != ref.end());
       if (it != ref.end()) ref.erase(it);
     } else {
-      EXPECT_EQ(index.Find(key), it == ref.end() ? FlatIndex::kNone : it->second);
+      EXPECT_EQ(index.Find(key),
+                it == ref.end() ? FlatIndex::kNone : it->second);
     }
   }
   EXPECT_EQ(index.size(), ref.size());

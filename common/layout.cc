@@ -42,7 +42,8 @@ Status ValidateSpecs(const std::vector<TensorSpec>& tensors,
     return Status::InvalidArgument("chunk_elems must be >= 1");
   if (static_cast<uint8_t>(options.placement) > kMaxPlacement) {
     return Status::InvalidArgument(
-        "unknown placement " + std::to_string(static_cast<int>(options.placement)));
+        "unknown placement " +
+        std::to_string(static_cast<int>(options.placement)));
   }
   if (tensors.empty())
     return Status::InvalidArgument("a layout needs at least one tensor");
@@ -125,9 +126,12 @@ void PlaceInOrder(uint64_t total, int S, std::vector<ChunkSpec>* chunks) {
   uint64_t before = 0;
   for (ChunkSpec& c : *chunks) {
     // 2 x midpoint x S / (2 x total), in 128 bits: total < 2^61.
-    const unsigned __int128 mid2 = 2 * static_cast<unsigned __int128>(before) + c.num_elems;
-    const auto s = static_cast<uint64_t>(mid2 * s64 / (2 * static_cast<unsigned __int128>(total)));
-    c.shard = static_cast<int>(std::min<uint64_t>(s, static_cast<uint64_t>(S - 1)));
+    const unsigned __int128 mid2 =
+        2 * static_cast<unsigned __int128>(before) + c.num_elems;
+    const auto s = static_cast<uint64_t>(
+        mid2 * s64 / (2 * static_cast<unsigned __int128>(total)));
+    c.shard =
+        static_cast<int>(std::min<uint64_t>(s, static_cast<uint64_t>(S - 1)));
     before += c.num_elems;
   }
 }
@@ -148,10 +152,10 @@ StatusOr<LayoutSize> Layout::Measure(const std::vector<TensorSpec>& tensors,
                         sizeof(std::vector<uint32_t>);
   }
   // chunks_, tensor_chunks_ and shard_chunks_ entries, the LPT order.
-  size.table_bytes += size.num_chunks *
-                          (sizeof(ChunkSpec) + 3 * sizeof(uint32_t)) +
-                      static_cast<uint64_t>(options.num_shards) *
-                          (sizeof(std::vector<uint32_t>) + sizeof(uint64_t));
+  size.table_bytes +=
+      size.num_chunks * (sizeof(ChunkSpec) + 3 * sizeof(uint32_t)) +
+      static_cast<uint64_t>(options.num_shards) *
+          (sizeof(std::vector<uint32_t>) + sizeof(uint64_t));
   return size;
 }
 
@@ -215,14 +219,15 @@ StatusOr<Layout> Layout::WithOwners(const std::vector<int>& owners,
   }
   if (owners.size() != chunks_.size()) {
     return Status::InvalidArgument(
-        "owners name " + std::to_string(owners.size()) + " chunks, the layout has " +
-        std::to_string(chunks_.size()));
+        "owners name " + std::to_string(owners.size()) +
+        " chunks, the layout has " + std::to_string(chunks_.size()));
   }
   for (size_t i = 0; i < owners.size(); ++i) {
     if (owners[i] < 0 || owners[i] >= num_shards) {
-      return Status::InvalidArgument("chunk " + std::to_string(i) + " owned by shard " +
-                                     std::to_string(owners[i]) + ", not in [0, " +
-                                     std::to_string(num_shards) + ")");
+      return Status::InvalidArgument(
+          "chunk " + std::to_string(i) + " owned by shard " +
+          std::to_string(owners[i]) + ", not in [0, " +
+          std::to_string(num_shards) + ")");
     }
   }
   Layout l = *this;
@@ -267,8 +272,8 @@ void FillInitialValues(InitKind init, float scale, uint64_t stream,
     case InitKind::kXavierUniform:
     case InitKind::kUniform:
       for (uint64_t i = 0; i < n; ++i) {
-        dst[i] = (2.0f * UnitFloat(SplitMix64(stream + offset + i)) - 1.0f) *
-                 scale;
+        dst[i] =
+            (2.0f * UnitFloat(SplitMix64(stream + offset + i)) - 1.0f) * scale;
       }
       return;
     case InitKind::kHeNormal:

@@ -60,7 +60,8 @@ enum class Placement : uint8_t {
   kBalanced = 0,
   kInOrder = 1,
 };
-inline constexpr uint8_t kMaxPlacement = static_cast<uint8_t>(Placement::kInOrder);
+inline constexpr uint8_t kMaxPlacement =
+    static_cast<uint8_t>(Placement::kInOrder);
 // "balanced" / "in_order", and back (InvalidArgument naming both).
 const char* PlacementName(Placement p);
 StatusOr<Placement> ParsePlacement(const std::string& name);

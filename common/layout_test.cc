@@ -126,15 +126,18 @@ TEST(LayoutTest, InOrderPlacementIsContiguousAndBalanced) {
     for (size_t c = 0; c < l->chunks().size(); ++c) {
       largest = std::max(largest, l->chunks()[c].num_elems);
       if (c > 0) {
-        ASSERT_GE(l->chunks()[c].shard, l->chunks()[c - 1].shard) << "trial " << trial;
+        ASSERT_GE(l->chunks()[c].shard, l->chunks()[c - 1].shard)
+            << "trial " << trial;
       }
     }
     const double mean = static_cast<double>(l->total_elems()) / o.num_shards;
     auto bytes = l->ShardBytes();
     for (int s = 0; s < o.num_shards; ++s) {
-      EXPECT_LE(bytes[s] / 4.0, mean + largest) << "trial " << trial << " shard " << s;
+      EXPECT_LE(bytes[s] / 4.0, mean + largest)
+          << "trial " << trial << " shard " << s;
       if (largest <= mean) {
-        EXPECT_FALSE(l->shard_chunks(s).empty()) << "trial " << trial << " shard " << s;
+        EXPECT_FALSE(l->shard_chunks(s).empty())
+            << "trial " << trial << " shard " << s;
       }
     }
     if (largest * 8 <= mean + 8 && o.num_shards > 1) {
@@ -150,12 +153,12 @@ TEST(LayoutTest, InOrderPlacementIsContiguousAndBalanced) {
 // all four; LPT instead gives every shard a piece of the fc layer and the
 // convolutions' chunks wherever they fit. Both placements cut alike.
 TEST(LayoutTest, InOrderPlacementPutsTheLastLayersOnTheLastShard) {
-  std::vector<TensorSpec> ts{T("0.weight", {32, 1, 5, 5}), T("0.bias", {32}),
-                             T("1.weight", {32}), T("1.bias", {32}),
+  std::vector<TensorSpec> ts{T("0.weight", {32, 1, 5, 5}),  T("0.bias", {32}),
+                             T("1.weight", {32}),           T("1.bias", {32}),
                              T("4.weight", {64, 32, 5, 5}), T("4.bias", {64}),
-                             T("5.weight", {64}), T("5.bias", {64}),
-                             T("9.weight", {128, 3136}), T("9.bias", {128}),
-                             T("12.weight", {10, 128}), T("12.bias", {10})};
+                             T("5.weight", {64}),           T("5.bias", {64}),
+                             T("9.weight", {128, 3136}),    T("9.bias", {128}),
+                             T("12.weight", {10, 128}),     T("12.bias", {10})};
   LayoutOptions o;
   o.num_shards = 4;
   auto balanced = Layout::Create(ts, o);
@@ -187,7 +190,8 @@ TEST(LayoutTest, PlacementNamesRoundTrip) {
     ASSERT_TRUE(back.ok());
     EXPECT_EQ(*back, p);
   }
-  EXPECT_EQ(ParsePlacement("lpt").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParsePlacement("lpt").status().code(),
+            StatusCode::kInvalidArgument);
   LayoutOptions o;
   o.placement = static_cast<Placement>(2);
   EXPECT_EQ(Layout::Create({T("a", {3})}, o).status().code(),

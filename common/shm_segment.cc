@@ -218,8 +218,7 @@ ShmSegment::~ShmSegment() {
   if (owner_ && fd_ >= 0) close(fd_);
 }
 
-bool ShmSegment::Contains(const void* p, size_t bytes,
-                          uint64_t* offset) const {
+bool ShmSegment::Contains(const void* p, size_t bytes, uint64_t* offset) const {
   const auto a = reinterpret_cast<uintptr_t>(p);
   const auto lo = reinterpret_cast<uintptr_t>(base_) + data_offset_;
   const auto hi = reinterpret_cast<uintptr_t>(base_) + size_;
@@ -230,8 +229,8 @@ bool ShmSegment::Contains(const void* p, size_t bytes,
 
 bool ShmSegment::ValidRange(uint64_t offset, uint64_t bytes,
                             size_t align) const {
-  return offset >= data_offset_ && offset <= size_ &&
-         bytes <= size_ - offset && offset % align == 0;
+  return offset >= data_offset_ && offset <= size_ && bytes <= size_ - offset &&
+         offset % align == 0;
 }
 
 void* ShmSegment::Allocate(size_t bytes) {

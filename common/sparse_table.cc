@@ -40,9 +40,8 @@ size_t RowOptimizerOptions::state_per_elem() const {
 }
 
 bool RowOptimizerOptions::operator==(const RowOptimizerOptions& o) const {
-  return kind == o.kind && lr == o.lr && beta1 == o.beta1 &&
-         beta2 == o.beta2 && eps == o.eps &&
-         initial_accumulator == o.initial_accumulator;
+  return kind == o.kind && lr == o.lr && beta1 == o.beta1 && beta2 == o.beta2 &&
+         eps == o.eps && initial_accumulator == o.initial_accumulator;
 }
 
 Status TableSpec::Validate() const {
@@ -68,7 +67,8 @@ Status TableSpec::Validate() const {
   }
   if (!std::isfinite(init_param)) return bad("init parameter is not finite");
   const RowOptimizerOptions& o = optimizer;
-  if (static_cast<uint8_t>(o.kind) > static_cast<uint8_t>(RowOptimizerKind::kAdam))
+  if (static_cast<uint8_t>(o.kind) >
+      static_cast<uint8_t>(RowOptimizerKind::kAdam))
     return bad("unknown optimizer");
   if (!(o.lr > 0.0f) || !std::isfinite(o.lr)) return bad("lr must be > 0");
   if (!(o.beta1 >= 0.0f && o.beta1 < 1.0f)) return bad("beta1 not in [0, 1)");
@@ -129,7 +129,8 @@ Status CheckSavedMeta(const TableSpec& table, const uint64_t* keys,
                       const uint32_t* kinds, const uint64_t* counts,
                       const int64_t* clocks, size_t n) {
   for (size_t i = 0; i < n; ++i) {
-    const std::string row = "table '" + table.name + "': the saved entry of key " +
+    const std::string row = "table '" + table.name +
+                            "': the saved entry of key " +
                             std::to_string(keys[i]);
     if (kinds[i] != kSavedRow && kinds[i] != kSavedCounter) {
       return Status::InvalidArgument(row + " is of kind " +
@@ -139,11 +140,11 @@ Status CheckSavedMeta(const TableSpec& table, const uint64_t* keys,
     if (kinds[i] == kSavedCounter &&
         (table.admit_after_pushes <= 1 || counts[i] < 1 ||
          counts[i] >= table.admit_after_pushes)) {
-      return Status::InvalidArgument(
-          row + " is an admission counter of " + std::to_string(counts[i]) +
-          " pushes; the table admits after " +
-          std::to_string(table.admit_after_pushes) +
-          " (a counter counts 1 to that - 1)");
+      return Status::InvalidArgument(row + " is an admission counter of " +
+                                     std::to_string(counts[i]) +
+                                     " pushes; the table admits after " +
+                                     std::to_string(table.admit_after_pushes) +
+                                     " (a counter counts 1 to that - 1)");
     }
     if (clocks[i] > kMaxSavedClock || clocks[i] < -kMaxSavedClock) {
       return Status::InvalidArgument(row + ": last push at clock " +

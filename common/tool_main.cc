@@ -7,7 +7,8 @@
 
 namespace asyncps {
 
-void InitTool(const char* usage, int* argc, char*** argv, const ToolOptions& options) {
+void InitTool(const char* usage, int* argc, char*** argv,
+              const ToolOptions& options) {
   gflags::SetUsageMessage(usage);
   gflags::ParseCommandLineFlags(argc, argv, true);
   FLAGS_logtostderr = true;

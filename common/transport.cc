@@ -164,7 +164,8 @@ class ContextImpl : public Context {
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> next_id_{0};
   Mutex mu_;
-  std::map<std::string, std::shared_ptr<const ZapPolicy>> policies_ GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<const ZapPolicy>> policies_
+      GUARDED_BY(mu_);
   std::unique_ptr<zmq::socket_t> zap_socket_;  // used by zap_thread_
   std::thread zap_thread_;
 };
@@ -500,10 +501,10 @@ class ServerSocketImpl : public ServerSocket {
   TransportOptions options_;
   zmq::socket_t socket_;
   std::unique_ptr<zmq::socket_t> monitor_;  // CURVE only
-  bool burst_ = false;     // the last Receive() got a message
-  int fd_ = -1;            // ZMQ_FD of socket_, once asked
-  std::vector<ClientSocket*> wake_;       // SetWakeSockets()
-  std::vector<zmq::pollitem_t> items_;    // reused by Receive()
+  bool burst_ = false;                      // the last Receive() got a message
+  int fd_ = -1;                             // ZMQ_FD of socket_, once asked
+  std::vector<ClientSocket*> wake_;         // SetWakeSockets()
+  std::vector<zmq::pollitem_t> items_;      // reused by Receive()
   int since_monitor_ = 0;  // messages taken without reading the monitor
   std::shared_ptr<SecurityLog> log_ = std::make_shared<SecurityLog>();
   std::string zap_domain_;
@@ -710,11 +711,11 @@ Status CheckSendBufferKb(int64_t kb, const std::string& what) {
                   kb <= (kMaxSendBufferBytes >> 10))) {
     return Status::OK();
   }
-  return Status::InvalidArgument(
-      what + " must be 0 (the OS default) or " +
-      std::to_string(kMinSendBufferBytes >> 10) + " to " +
-      std::to_string(kMaxSendBufferBytes >> 10) + " KiB, got " +
-      std::to_string(kb));
+  return Status::InvalidArgument(what + " must be 0 (the OS default) or " +
+                                 std::to_string(kMinSendBufferBytes >> 10) +
+                                 " to " +
+                                 std::to_string(kMaxSendBufferBytes >> 10) +
+                                 " KiB, got " + std::to_string(kb));
 }
 
 StatusOr<std::unique_ptr<ServerSocket>> ServerSocket::Bind(
@@ -791,19 +792,21 @@ StatusOr<int> ClientSocket::PollAny(const std::vector<ClientSocket*>& sockets,
 
 Status TuneAllocatorForMessages(const AllocatorTuning& tuning) {
 #if defined(__GLIBC__)
-  // glibc's ceiling for the mmap threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX).
+  // glibc's ceiling for the mmap threshold on 64-bit
+  // (DEFAULT_MMAP_THRESHOLD_MAX).
   constexpr int64_t kMaxMmapThreshold = int64_t{32} << 20;
   if (tuning.mmap_threshold_bytes < 0 ||
       tuning.mmap_threshold_bytes > kMaxMmapThreshold) {
     return Status::InvalidArgument("mmap threshold must be in [0, 32 MiB]");
   }
-  if (tuning.trim_threshold_bytes < 0 || tuning.trim_threshold_bytes > INT_MAX) {
+  if (tuning.trim_threshold_bytes < 0 ||
+      tuning.trim_threshold_bytes > INT_MAX) {
     return Status::InvalidArgument("trim threshold must be in [0, 2^31)");
   }
-  if (mallopt(M_MMAP_THRESHOLD, static_cast<int>(tuning.mmap_threshold_bytes)) !=
-          1 ||
-      mallopt(M_TRIM_THRESHOLD, static_cast<int>(tuning.trim_threshold_bytes)) !=
-          1) {
+  if (mallopt(M_MMAP_THRESHOLD,
+              static_cast<int>(tuning.mmap_threshold_bytes)) != 1 ||
+      mallopt(M_TRIM_THRESHOLD,
+              static_cast<int>(tuning.trim_threshold_bytes)) != 1) {
     // Valid values refused: another allocator stands in for glibc's
     // (a sanitizer's, whose mallopt does nothing).
     return Status::Unimplemented("the allocator in use ignores mallopt");

@@ -10,8 +10,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -71,17 +71,21 @@ std::vector<int> SendBuffersOfPort(int port, bool local) {
     if (fd <= 2 || fd == dirfd(d)) continue;
     sockaddr_in a{};
     socklen_t len = sizeof(a);
-    const int rc = local ? getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len)
-                         : getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    if (rc != 0 || a.sin_family != AF_INET || ntohs(a.sin_port) != port) continue;
+    const int rc = local
+                       ? getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len)
+                       : getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    if (rc != 0 || a.sin_family != AF_INET || ntohs(a.sin_port) != port)
+      continue;
     int type = 0;
     socklen_t tl = sizeof(type);
-    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) != 0 || type != SOCK_STREAM)
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) != 0 ||
+        type != SOCK_STREAM)
       continue;
     if (local) {  // the listening socket has no peer: only connections count
       sockaddr_in peer{};
       socklen_t pl = sizeof(peer);
-      if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) continue;
+      if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0)
+        continue;
     }
     int v = 0;
     socklen_t vl = sizeof(v);
@@ -133,18 +137,24 @@ TEST(TransportTest, SendBufferIsSetOnEveryTcpConnection) {
     b.send_buffer_bytes = bad;
     auto c = ClientSocket::Connect(ep, b);
     ASSERT_FALSE(c.ok()) << bad;
-    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument) << c.status().ToString();
-    EXPECT_NE(c.status().ToString().find("send_buffer_bytes"), std::string::npos);
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument)
+        << c.status().ToString();
+    EXPECT_NE(c.status().ToString().find("send_buffer_bytes"),
+              std::string::npos);
     EXPECT_FALSE(ServerSocket::Bind("tcp://127.0.0.1:0", b).ok()) << bad;
   }
   EXPECT_TRUE(CheckSendBufferKb(0, "x").ok());
   EXPECT_TRUE(CheckSendBufferKb(4, "x").ok());
   EXPECT_TRUE(CheckSendBufferKb(65536, "x").ok());
-  for (int64_t bad : {int64_t{-4}, int64_t{3}, int64_t{65537}, int64_t{1} << 40}) {
+  for (int64_t bad :
+       {int64_t{-4}, int64_t{3}, int64_t{65537}, int64_t{1} << 40}) {
     Status s = CheckSendBufferKb(bad, "--send_buffer_kb");
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad;
-    EXPECT_NE(s.ToString().find("--send_buffer_kb must be 0 (the OS default) or 4 to 65536 KiB"),
-              std::string::npos) << s.ToString();
+    EXPECT_NE(
+        s.ToString().find(
+            "--send_buffer_kb must be 0 (the OS default) or 4 to 65536 KiB"),
+        std::string::npos)
+        << s.ToString();
   }
 }
 
@@ -434,7 +444,8 @@ TEST(TransportTest, QueuedBurstKeepsOrderFramesAndLimits) {
   std::vector<uint8_t> blob(2000, 9);
   for (int i = 0; i < kMessages; ++i) {
     uint32_t v = static_cast<uint32_t>(i);
-    std::vector<Frame> f{Frame::Copy(&v, sizeof(v)), Frame::Copy(&v, sizeof(v))};
+    std::vector<Frame> f{Frame::Copy(&v, sizeof(v)),
+                         Frame::Copy(&v, sizeof(v))};
     if (i == kOversize) f[1] = Frame::Copy(blob.data(), blob.size());
     ASSERT_TRUE((*client)->Send(f).ok());
   }
@@ -467,16 +478,13 @@ TEST(TransportTest, QueuedBurstKeepsOrderFramesAndLimits) {
 TEST(TransportTest, AllocatorTuningRejectsBadThresholds) {
   AllocatorTuning bad;
   bad.mmap_threshold_bytes = -1;
-  EXPECT_EQ(TuneAllocatorForMessages(bad).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(TuneAllocatorForMessages(bad).code(), StatusCode::kInvalidArgument);
   bad = AllocatorTuning();
   bad.mmap_threshold_bytes = (int64_t{32} << 20) + 1;
-  EXPECT_EQ(TuneAllocatorForMessages(bad).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(TuneAllocatorForMessages(bad).code(), StatusCode::kInvalidArgument);
   bad = AllocatorTuning();
   bad.trim_threshold_bytes = int64_t{1} << 40;
-  EXPECT_EQ(TuneAllocatorForMessages(bad).code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(TuneAllocatorForMessages(bad).code(), StatusCode::kInvalidArgument);
   Status s = TuneAllocatorForMessages();
   if (s.code() == StatusCode::kUnimplemented) GTEST_SKIP() << s.ToString();
   EXPECT_TRUE(s.ok()) << s.ToString();

@@ -146,8 +146,7 @@ void FillTableSpecs(capnp::List<cw::TableSpec>::Builder list,
 // Reads table specs; their values are checked by the shard (ValidateTables),
 // only the enums' ranges here.
 Status ReadTableSpecs(capnp::List<cw::TableSpec>::Reader list,
-                      const DecodeLimits& limits,
-                      std::vector<TableSpec>* out) {
+                      const DecodeLimits& limits, std::vector<TableSpec>* out) {
   if (list.size() > std::min<size_t>(limits.max_list_entries, kMaxTables)) {
     return Status::ResourceExhausted("too many tables: " +
                                      std::to_string(list.size()));
@@ -220,9 +219,9 @@ Status WithReader(const uint8_t* data, size_t size, const DecodeLimits& limits,
 void SetSender(const RequestHeader& h, cw::ReplicaSender::Builder b) {
   b.setName(h.replica_sender);
   b.setIncarnation(h.replica_incarnation);
-  b.setSession(kj::arrayPtr(
-      reinterpret_cast<const kj::byte*>(h.replica_session.data()),
-      h.replica_session.size()));
+  b.setSession(
+      kj::arrayPtr(reinterpret_cast<const kj::byte*>(h.replica_session.data()),
+                   h.replica_session.size()));
   b.setTagAll(h.replica_tag_all);
 }
 
@@ -336,7 +335,8 @@ std::vector<uint8_t> EncodeRequest(const RequestHeader& h) {
       r.setRound(h.replicate_round);
       SetSender(h, r.initSender());
       if (!h.replicate_workers.empty()) {
-        auto ws = r.initWorkers(static_cast<unsigned>(h.replicate_workers.size()));
+        auto ws =
+            r.initWorkers(static_cast<unsigned>(h.replicate_workers.size()));
         for (size_t i = 0; i < h.replicate_workers.size(); ++i) {
           ws[i].setRank(h.replicate_workers[i].rank);
           ws[i].setLive(h.replicate_workers[i].live);
@@ -493,8 +493,8 @@ Status DecodeRequest(const uint8_t* data, size_t size,
             out->layout.num_shards = static_cast<int>(
                 std::min<uint32_t>(reg.getNumShards(), 1u << 20));
             if (reg.getPlacement() > kMaxPlacement) {
-              return Status::InvalidArgument("unknown placement " +
-                                             std::to_string(reg.getPlacement()));
+              return Status::InvalidArgument(
+                  "unknown placement " + std::to_string(reg.getPlacement()));
             }
             out->layout.placement = static_cast<Placement>(reg.getPlacement());
             return ReadTableSpecs(reg.getTables(), limits, &out->tables);

@@ -185,10 +185,10 @@ struct ReplyHeader {
   int64_t min_clock = 0;
   int64_t staleness = -1;
   bool created = false;
-  std::vector<ChunkRef> chunks;  // kPull replies
-  std::string text;              // kStats replies (JSON)
-  uint64_t pull_seq = 0;         // kPull replies with a sparse codec
-  std::vector<RowsRef> rows;     // kPull replies: rows of the pull's tables
+  std::vector<ChunkRef> chunks;    // kPull replies
+  std::string text;                // kStats replies (JSON)
+  uint64_t pull_seq = 0;           // kPull replies with a sparse codec
+  std::vector<RowsRef> rows;       // kPull replies: rows of the pull's tables
   uint64_t max_request_bytes = 0;  // the server's limits (0 = not said)
   uint64_t max_frame_bytes = 0;
   // Not the primary of its replica group: the primary's endpoint ("" =

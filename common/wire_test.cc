@@ -139,11 +139,13 @@ TEST(WireTest, RegisterAndPullRoundTrip) {
   bytes = EncodeRequest(h);
   ASSERT_TRUE(DecodeRequest(bytes.data(), bytes.size(), {}, &d).ok());
   EXPECT_EQ(d.layout.placement, Placement::kInOrder);
-  h.layout.placement = static_cast<Placement>(kMaxPlacement + 1);  // a newer peer's
+  h.layout.placement =
+      static_cast<Placement>(kMaxPlacement + 1);  // a newer peer's
   bytes = EncodeRequest(h);
   Status bad = DecodeRequest(bytes.data(), bytes.size(), {}, &d);
   EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.message().find("placement"), std::string::npos) << bad.ToString();
+  EXPECT_NE(bad.message().find("placement"), std::string::npos)
+      << bad.ToString();
 
   RequestHeader p;
   p.kind = RequestKind::kPull;

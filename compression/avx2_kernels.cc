@@ -44,9 +44,8 @@ ASYNCPS_AVX2 inline __m256i StreamBits8(__m256i w) {
 
 // Uniform(key, i) of 8 lanes, given w = (i + key) * kWeyl.
 ASYNCPS_AVX2 inline __m256 Uniform8(__m256i w) {
-  return _mm256_mul_ps(
-      _mm256_cvtepi32_ps(_mm256_srli_epi32(StreamBits8(w), 8)),
-      _mm256_set1_ps(1.0f / 16777216.0f));
+  return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(StreamBits8(w), 8)),
+                       _mm256_set1_ps(1.0f / 16777216.0f));
 }
 
 // The Weyl counters (i + key) * kWeyl of elements base .. base + 7, and the
@@ -55,8 +54,7 @@ ASYNCPS_AVX2 inline __m256i Weyl8(uint32_t base, uint32_t key) {
   const __m256i w =
       _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                        _mm256_set1_epi32(static_cast<int32_t>(base + key)));
-  return _mm256_mullo_epi32(w,
-                            _mm256_set1_epi32(static_cast<int32_t>(kWeyl)));
+  return _mm256_mullo_epi32(w, _mm256_set1_epi32(static_cast<int32_t>(kWeyl)));
 }
 ASYNCPS_AVX2 inline __m256i WeylStep8() {
   return _mm256_set1_epi32(static_cast<int32_t>(8u * kWeyl));
@@ -275,9 +273,9 @@ struct SignValues {
     const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
     const __m256i set = _mm256_cmpeq_epi32(
         _mm256_and_si256(_mm256_set1_epi32(packed[i / 8]), bit), bit);
-    return _mm256_xor_ps(_mm256_set1_ps(s),
-                         _mm256_and_ps(_mm256_castsi256_ps(set),
-                                       _mm256_set1_ps(-0.0f)));
+    return _mm256_xor_ps(
+        _mm256_set1_ps(s),
+        _mm256_and_ps(_mm256_castsi256_ps(set), _mm256_set1_ps(-0.0f)));
   }
   float One(size_t i) const {
     return ((packed[i / 8] >> (i % 8)) & 1u) ? -s : s;

@@ -267,8 +267,8 @@ TEST(UniformStreamTest, ValuesAndPairsAreUniform) {
     const double dof = static_cast<double>(cells.size() - 1);
     return (chi2 - dof) / std::sqrt(2 * dof);
   };
-  for (uint32_t key : {internal::SeedKey(0), internal::SeedKey(12345), 0u,
-                       0xfffffff0u}) {
+  for (uint32_t key :
+       {internal::SeedKey(0), internal::SeedKey(12345), 0u, 0xfffffff0u}) {
     for (int shift : {18, 9, 0}) {  // the top, middle and low 6 bits
       std::vector<double> one(64, 0), lag1(4096, 0), lag8(4096, 0);
       std::vector<uint32_t> v(kN);

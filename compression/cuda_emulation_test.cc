@@ -337,8 +337,8 @@ TEST(Avx2KernelsTest, MatchThePortableFormulasForEveryTail) {
           bg[i] = internal::FloatBits(dg[i]);
           bw[i] = internal::FloatBits(dw[i]);
         }
-        EXPECT_EQ(bg, bw) << "sign decode len " << len << " s " << m
-                          << " add " << add;
+        EXPECT_EQ(bg, bw) << "sign decode len " << len << " s " << m << " add "
+                          << add;
       }
     }
     std::vector<uint8_t> sg(len / 8 + 8, 0xAA), sw(len / 8 + 8, 0xAA);

@@ -32,9 +32,9 @@
 #include <vector>
 
 #include "common/assign_op.h"
+#include "common/etcd_security.h"
 #include "common/layout.h"
 #include "common/sparse_table.h"
-#include "common/etcd_security.h"
 #include "common/status.h"
 #include "common/transport.h"
 

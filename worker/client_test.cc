@@ -500,9 +500,8 @@ TEST(ClientTest, HeartbeatToSomeShardsFollowsTheirRequests) {
   EXPECT_TRUE((*client)->Wait(*hb, milliseconds(3000)).ok());
   {
     std::lock_guard<std::mutex> l(mu);
-    EXPECT_EQ(kinds[owner],
-              (std::vector<RequestKind>{RequestKind::kPush,
-                                        RequestKind::kHeartbeat}));
+    EXPECT_EQ(kinds[owner], (std::vector<RequestKind>{
+                                RequestKind::kPush, RequestKind::kHeartbeat}));
     EXPECT_TRUE(kinds[1 - owner].empty());
   }
   EXPECT_EQ((*client)->StartHeartbeatShards({2}).status().code(),
@@ -710,9 +709,9 @@ TEST(PsStoreTest, PushSubsetAndPullGroupsTouchOnlyTheirChunks) {
   std::vector<float> gw(5000, 1.0f), gb(50, 1.0f);
   ASSERT_TRUE(store->PushSubset(0, {w_ids[1]}, {gw.data(), gb.data()}).ok());
   ASSERT_TRUE(store->PushSubset(0, b_ids, {nullptr, gb.data()}).ok());
-  EXPECT_EQ(store->PushSubset(0, {b_ids[0], b_ids[0]}, {gw.data(), gb.data()})
-                .code(),
-            StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      store->PushSubset(0, {b_ids[0], b_ids[0]}, {gw.data(), gb.data()}).code(),
+      StatusCode::kInvalidArgument);
   EXPECT_EQ(store->PushSubset(0, {w_ids[0]}, {nullptr, gb.data()}).code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(store->traffic().bytes_pushed_raw,

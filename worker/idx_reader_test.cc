@@ -231,7 +231,8 @@ TEST(IdxReaderTest, GzipOfTwoMembersReadsPastItsSizeHint) {
     ASSERT_NE(gz, nullptr);
     const uint8_t* p = bytes.data() + (member == 0 ? 0 : cut);
     const size_t len = member == 0 ? cut : bytes.size() - cut;
-    ASSERT_EQ(gzwrite(gz, p, static_cast<unsigned>(len)), static_cast<int>(len));
+    ASSERT_EQ(gzwrite(gz, p, static_cast<unsigned>(len)),
+              static_cast<int>(len));
     ASSERT_EQ(gzclose(gz), Z_OK);
   }
   auto r = ReadIdxFile(path);

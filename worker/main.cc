@@ -4,22 +4,21 @@
 // set: it pulls weights (as fresh as the shards' consistency mode requires),
 // computes the gradient of a minibatch on the CPU (OpenBLAS) or a GPU (cuBLAS),
 // pushes it through the configured codec and advances its clock.
+#include <fcntl.h>
 #include <gflags/gflags.h>
 #include <glog/logging.h>
-
-#include <fcntl.h>
 #include <unistd.h>
-
-#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
 
 #include "common/curve_flags.h"
 #include "common/etcd_flags.h"
 #include "common/metrics_flags.h"
+#include "common/tool_main.h"
 #include "compression/codec.h"
 #include "worker/backend.h"
 #include "worker/client.h"
@@ -29,7 +28,6 @@
 #include "worker/overlap.h"
 #include "worker/ps_store.h"
 #include "worker/trainer.h"
-#include "common/tool_main.h"
 
 DEFINE_string(servers, "",
               "Comma-separated shard endpoints, shard 0 first "
@@ -297,7 +295,8 @@ Status Main() {
     return Status::InvalidArgument("--slowdown must be >= 1");
   if (FLAGS_chunk_elems < 1)
     return Status::InvalidArgument("--chunk_elems must be >= 1");
-  RETURN_IF_ERROR(ParsePlacement(FLAGS_placement).status().WithContext("--placement"));
+  RETURN_IF_ERROR(
+      ParsePlacement(FLAGS_placement).status().WithContext("--placement"));
   if (FLAGS_timeout_s < 1)
     return Status::InvalidArgument("--timeout_s must be >= 1");
   if (FLAGS_role != "train" && FLAGS_role != "eval") {
@@ -384,7 +383,8 @@ Status Main() {
   }
   RETURN_IF_ERROR(EtcdSecurityFromFlags(&co.etcd_security));
   if (FLAGS_attempt_timeout_ms < 10 || FLAGS_attempt_timeout_ms > 600000)
-    return Status::InvalidArgument("--attempt_timeout_ms must be in [10, 600000]");
+    return Status::InvalidArgument(
+        "--attempt_timeout_ms must be in [10, 600000]");
   co.attempt_timeout = std::chrono::milliseconds(FLAGS_attempt_timeout_ms);
   co.max_backoff = std::max(co.attempt_timeout, co.max_backoff);
   co.heartbeat_interval = std::chrono::milliseconds(FLAGS_heartbeat_ms);
@@ -578,7 +578,8 @@ Status Main() {
 int main(int argc, char** argv) {
   asyncps::ToolOptions tool;
   tool.tune_allocator_for_messages = true;
-  asyncps::InitTool("Train an MLP through the asyncps parameter servers", &argc, &argv, tool);
+  asyncps::InitTool("Train an MLP through the asyncps parameter servers", &argc,
+                    &argv, tool);
   Status s = Main();
   if (!s.ok()) {
     LOG(ERROR) << "ps_worker failed: " << s.ToString();

@@ -89,7 +89,7 @@ struct OverlapStats {
   // trainer's thread blocked; the stage waits are the sender's then).
   int64_t sender_waits = 0;
   int64_t sender_wait_ns = 0;
-  int64_t pull_groups = 0;    // groups pulled
+  int64_t pull_groups = 0;  // groups pulled
 };
 
 class OverlapScheduler final : public LayeredStep {
@@ -151,8 +151,8 @@ class OverlapScheduler final : public LayeredStep {
   std::vector<bool> layer_sent_;      // kPerLayer
   std::vector<bool> shard_sent_;      // kPerShard
   std::vector<size_t> shard_unsent_;  // chunks of each shard not pushed
-  int stage_clocked_ = 0;       // shards clocked since the last stage wait
-  std::vector<bool> in_push_;   // per shard: scratch of SendBucket
+  int stage_clocked_ = 0;      // shards clocked since the last stage wait
+  std::vector<bool> in_push_;  // per shard: scratch of SendBucket
   // The pull by groups in flight.
   bool pull_pending_ = false;
   size_t groups_waited_ = 0;

@@ -63,7 +63,8 @@ StatusOr<std::unique_ptr<PsParameterStore>> PsParameterStore::Create(
   s->push_buffers_.resize(client->layout().chunks().size());
   {
     MutexLock l(&s->mu_);  // not shared yet: for the analysis
-    for (const TensorSpec& t : specs) s->tensor_bytes_.push_back({t.name, 0, 0});
+    for (const TensorSpec& t : specs)
+      s->tensor_bytes_.push_back({t.name, 0, 0});
   }
   // The pull target lives in the client's shared memory when it has some
   // (shards on this host then write the weights there themselves).
@@ -137,8 +138,7 @@ Status PsParameterStore::Pull(int64_t clock,
   RETURN_IF_ERROR(s);
   const auto copy_start = SteadyClock::now();
   for (size_t i = 0; i < tensors.size(); ++i) {
-    std::memcpy(tensors[i], pulled_ptrs_[i],
-                pulled_elems_[i] * sizeof(float));
+    std::memcpy(tensors[i], pulled_ptrs_[i], pulled_elems_[i] * sizeof(float));
   }
   const auto copy_end = SteadyClock::now();
   if (options_.prefetch_ahead) {
@@ -226,10 +226,11 @@ Status PsParameterStore::BeginGroups(
     int64_t new_clock, const std::vector<std::vector<uint32_t>>& groups) {
   if (groups_open_) {
     if (group_clock_ != new_clock) {
-      return Status::FailedPrecondition(
-          "clock " + std::to_string(new_clock) + " while shards are clocked "
-          "at " + std::to_string(group_clock_) +
-          " (finish it with ClockAndPullGroups)");
+      return Status::FailedPrecondition("clock " + std::to_string(new_clock) +
+                                        " while shards are clocked "
+                                        "at " +
+                                        std::to_string(group_clock_) +
+                                        " (finish it with ClockAndPullGroups)");
     }
     if (groups != group_chunks_) {
       return Status::InvalidArgument(
@@ -278,8 +279,8 @@ Status PsParameterStore::BeginGroups(
 }
 
 Status PsParameterStore::ClockGroupsOn(const std::vector<int>& shards) {
-  ASSIGN_OR_RETURN(Client::Ticket t, client_->StartClockShards(
-                                         WireClock(group_clock_), shards));
+  ASSIGN_OR_RETURN(Client::Ticket t,
+                   client_->StartClockShards(WireClock(group_clock_), shards));
   acks_.push_back({t, group_clock_ - 1});
   std::vector<bool> on(client_->num_shards());
   for (int s : shards) {
@@ -357,11 +358,11 @@ Status PsParameterStore::ClockShardsAndPullGroups(
     if (s < 0 || s >= client_->num_shards() || seen[s] || shard_clocked_[s]) {
       const bool range = s < 0 || s >= client_->num_shards();
       if (!groups_open_) groups_pending_ = 0;  // nothing started
-      return Status::InvalidArgument(
-          "clock " + std::to_string(new_clock) + " to shard " +
-          std::to_string(s) +
-          (range ? ", not a shard"
-                 : seen[s] ? ", listed twice" : ", which already has it"));
+      return Status::InvalidArgument("clock " + std::to_string(new_clock) +
+                                     " to shard " + std::to_string(s) +
+                                     (range     ? ", not a shard"
+                                      : seen[s] ? ", listed twice"
+                                                : ", which already has it"));
     }
     seen[s] = true;
   }
@@ -446,14 +447,16 @@ bool PsParameterStore::NextGradientBuffers(std::vector<float*>* grads) {
     std::vector<BufferPtr> set;
     set.reserve(specs_.size());
     for (const TensorSpec& t : specs_)
-      set.push_back(Buffer::Allocate(static_cast<size_t>(t.num_elements()) * sizeof(float)));
+      set.push_back(Buffer::Allocate(static_cast<size_t>(t.num_elements()) *
+                                     sizeof(float)));
     if (grad_sets_.size() < kGradSets) {
       pick = static_cast<int>(grad_sets_.size());
       grad_sets_.push_back(std::move(set));
     } else {
       // Every set busy: a new one takes the place of the next in turn
       // (the transport keeps the old one alive until it lets go).
-      if (grad_set_next_ == grad_set_) grad_set_next_ = (grad_set_next_ + 1) % kGradSets;
+      if (grad_set_next_ == grad_set_)
+        grad_set_next_ = (grad_set_next_ + 1) % kGradSets;
       pick = grad_set_next_;
       grad_set_next_ = (grad_set_next_ + 1) % kGradSets;
       grad_sets_[pick] = std::move(set);
@@ -604,8 +607,7 @@ Status PsParameterStore::Clock(int64_t new_clock) {
 }
 
 Status PsParameterStore::StartClockAndPrefetch(int64_t new_clock) {
-  ASSIGN_OR_RETURN(Client::Ticket t,
-                   client_->StartClock(WireClock(new_clock)));
+  ASSIGN_OR_RETURN(Client::Ticket t, client_->StartClock(WireClock(new_clock)));
   acks_.push_back({t, new_clock - 1});
   if (options_.prefetch_ahead) return Status::OK();  // already on its way
   // Prefetch the next step's weights right behind the clock.

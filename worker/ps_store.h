@@ -57,9 +57,9 @@ struct PsStoreOptions {
   // so the transfer overlaps this step's compute. The weights of step c+1
   // may then lack this worker's own update of step c (one more step of
   // staleness for its own updates; other workers' updates keep the SSP
-  // bound, see docs/consistency.md "SSP bound"). Under BSP the pull waits for the round
-  // and so gains nothing. Default: false (the pull follows the push and the
-  // clock on each connection).
+  // bound, see docs/consistency.md "SSP bound"). Under BSP the pull waits for
+  // the round and so gains nothing. Default: false (the pull follows the push
+  // and the clock on each connection).
   bool prefetch_ahead = false;
   // Accept gradients in device memory (PushDevice) and compress them on the
   // GPU. Takes effect only with a push codec other than "none" and a visible
@@ -233,7 +233,7 @@ class PsParameterStore : public ParameterStore {
   static constexpr int kGradSets = 4;
   std::vector<std::vector<BufferPtr>> grad_sets_;
   int grad_set_ = -1;
-  int grad_set_next_ = 0;  // the set replaced when every set is busy
+  int grad_set_next_ = 0;            // the set replaced when every set is busy
   std::vector<uint64_t> step_wire_;  // wire bytes per tensor of one push
   std::vector<uint64_t> step_raw_;   // fp32 bytes per tensor of one push
   // The layered pull in flight: its clock, the chunks of each group, its

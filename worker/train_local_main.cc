@@ -8,12 +8,12 @@
 
 #include <cstdio>
 
+#include "common/tool_main.h"
 #include "worker/backend.h"
 #include "worker/idx_reader.h"
 #include "worker/local_parameter_store.h"
 #include "worker/model.h"
 #include "worker/trainer.h"
-#include "common/tool_main.h"
 
 DEFINE_string(
     data_dir, "/usr/share/datasets/fashion-mnist",
@@ -134,7 +134,8 @@ Status Main() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  asyncps::InitTool("Train an MLP on (Fashion-)MNIST in one process", &argc, &argv);
+  asyncps::InitTool("Train an MLP on (Fashion-)MNIST in one process", &argc,
+                    &argv);
   Status s = Main();
   if (!s.ok()) {
     LOG(ERROR) << s.ToString();

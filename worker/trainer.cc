@@ -275,8 +275,7 @@ StatusOr<TrainResult> Trainer::Run() {
     interval_compute_s += compute_s;
     ++interval_steps;
     if (options_.metrics) {
-      options_.metrics->OnStep(loss, batch->size, compute_s,
-                               store_->traffic());
+      options_.metrics->OnStep(loss, batch->size, compute_s, store_->traffic());
     }
 
     const bool last = step + 1 == total_steps_;

@@ -151,8 +151,8 @@ Status SendShardRows(Client* client, int shard, uint64_t upload,
       Status s = client->Assign(shard, std::move(req), nullptr, o.timeout);
       keys.clear();
       bytes.clear();
-      return s.WithContext("upload of rows of '" + spec.name +
-                           "' to shard " + std::to_string(shard));
+      return s.WithContext("upload of rows of '" + spec.name + "' to shard " +
+                           std::to_string(shard));
     };
     for (size_t i = 0; i < r.n; ++i) {
       if (client->ShardOfRow(r.table, r.keys[i]) != shard) continue;
@@ -250,8 +250,8 @@ Status UploadValues(Client* client, const std::vector<const float*>& tensors,
                           .WithContext("upload of rows"));
     }
     if (r.kinds != nullptr) {
-      RETURN_IF_ERROR(CheckSavedMeta(client->tables()[r.table], r.keys,
-                                     r.kinds, r.steps, r.clocks, r.n)
+      RETURN_IF_ERROR(CheckSavedMeta(client->tables()[r.table], r.keys, r.kinds,
+                                     r.steps, r.clocks, r.n)
                           .WithContext("upload of rows"));
     }
   }
@@ -319,8 +319,8 @@ Status ScanTableOnce(Client* client, uint32_t table, size_t page_rows,
       Status st = client->ScanRows(s, table, from[s], page_rows, &got.keys,
                                    &got.records, timeout, &snapshot[s]);
       if (!st.ok()) {
-        *gone = snapshot[s] != 0 &&
-                st.code() == StatusCode::kFailedPrecondition;
+        *gone =
+            snapshot[s] != 0 && st.code() == StatusCode::kFailedPrecondition;
         return st;
       }
       const size_t n = got.keys.size() - before;

@@ -166,11 +166,12 @@ ASYNCPS_HD uint32_t SeedKey(uint64_t seed) {
 // 8 lanes move 8 elements on by one addition), then two xorshift-multiply
 // rounds (lowbias32's constants, without its final xorshift: the top 24
 // bits are used, and the tests below find them uniform without it; it
-// saves two vector operations per 8 elements). Over 2^24 consecutive counters, for four keys, 12-bit values and
-// pairs of 6-bit values (at lags 1 and 8) taken from the top, middle and
-// low bits of the 24 pass chi-square tests (|z| < 3.3), where Mix32 of the
-// bare counter, the stream before, does not (pairs: z 15-31 for its bits
-// 12-17, 22-25 for its low bits, 5-6 at lag 8 for its top bits).
+// saves two vector operations per 8 elements). Over 2^24 consecutive counters,
+// for four keys, 12-bit values and pairs of 6-bit values (at lags 1 and 8)
+// taken from the top, middle and low bits of the 24 pass chi-square tests (|z|
+// < 3.3), where Mix32 of the bare counter, the stream before, does not (pairs:
+// z 15-31 for its bits 12-17, 22-25 for its low bits, 5-6 at lag 8 for its top
+// bits).
 inline constexpr uint32_t kWeyl = 0x9e3779b9u;
 ASYNCPS_HD uint32_t StreamBits(uint32_t w) {
   w ^= w >> 16;

@@ -269,18 +269,22 @@ int main(int argc, char** argv) {
       // Its loads and stores alone, on copies of the same sizes.
       const size_t slots = (*opt)->state_per_elem();
       std::vector<float> sw(n, 0.5f), sst(n * slots, 0.0f);
-      auto streams = [&] { Streams(sw.data(), sst.data(), g.data(), n, slots); };
+      auto streams = [&] {
+        Streams(sw.data(), sst.data(), g.data(), n, slots);
+      };
       streams();
       std::vector<double> gbps, base, traffic;
       for (int r = 0; r < reps; ++r) {
         base.push_back(mc.Gbps());
-        traffic.push_back(static_cast<double>(bytes) / TimePerCall(streams) / 1e9);
+        traffic.push_back(static_cast<double>(bytes) / TimePerCall(streams) /
+                          1e9);
         gbps.push_back(static_cast<double>(bytes) / TimePerCall(apply) / 1e9);
       }
       Json j = Row("optimizer", c.name, n, 1, gbps, base, "memcpy");
       const auto t = bench::SpreadOf(traffic);
       j["streams_gbps"] = bench::Round(t.median, 3);
-      j["streams_ratio"] = bench::Round(bench::SpreadOf(bench::Ratios(traffic, base)).median, 3);
+      j["streams_ratio"] =
+          bench::Round(bench::SpreadOf(bench::Ratios(traffic, base)).median, 3);
       const auto vs = bench::SpreadOf(bench::Ratios(gbps, traffic));
       j["ratio_vs_streams"] = bench::Round(vs.median, 3);
       j["ratio_vs_streams_spread"] = bench::ToJson(vs);

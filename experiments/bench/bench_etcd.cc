@@ -64,8 +64,9 @@ Sample Measure(const std::string& endpoint, pid_t etcd_pid, bool keep_alive,
     Status s;
     if (op == "range") {
       // The membership loop's read: the layout and every member key.
-      s = (*client)->GetRange("/asyncps/bench/layout",
-                              "/asyncps/bench/members0").status();
+      s = (*client)
+              ->GetRange("/asyncps/bench/layout", "/asyncps/bench/members0")
+              .status();
     } else {
       s = (*client)->KeepAlive(lease);
     }
@@ -130,11 +131,11 @@ int main(int argc, char** argv) {
         Sample on, off;
         if (r % 2 == 0) {
           on = Measure(endpoint, (*etcd)->pid(), true, op, *lease, FLAGS_calls);
-          off = Measure(endpoint, (*etcd)->pid(), false, op, *lease,
-                        FLAGS_calls);
+          off =
+              Measure(endpoint, (*etcd)->pid(), false, op, *lease, FLAGS_calls);
         } else {
-          off = Measure(endpoint, (*etcd)->pid(), false, op, *lease,
-                        FLAGS_calls);
+          off =
+              Measure(endpoint, (*etcd)->pid(), false, op, *lease, FLAGS_calls);
           on = Measure(endpoint, (*etcd)->pid(), true, op, *lease, FLAGS_calls);
         }
         cpu_on.push_back(on.etcd_cpu_ms_per_call);
@@ -158,8 +159,8 @@ int main(int argc, char** argv) {
           bench::SpreadOf(bench::Ratios(cpu_on, cpu_off));
       j["ratio"] = bench::Round(ratio.median, 3);
       j["ratio_spread"] = bench::ToJson(ratio);
-      j["latency_ratio"] = bench::Round(
-          bench::SpreadOf(bench::Ratios(us_on, us_off)).median, 3);
+      j["latency_ratio"] =
+          bench::Round(bench::SpreadOf(bench::Ratios(us_on, us_off)).median, 3);
       bench::Emit(j);
     }
   }

@@ -48,7 +48,8 @@ int main(int argc, char** argv) {
     } else if (a.rfind("--reps=", 0) == 0) {
       reps = std::max(1, std::stoi(a.substr(7)));
     } else {
-      std::fprintf(stderr, "usage: ps_bench_replica_mac [--quick] [--reps=N]\n");
+      std::fprintf(stderr,
+                   "usage: ps_bench_replica_mac [--quick] [--reps=N]\n");
       return 2;
     }
   }
@@ -59,31 +60,37 @@ int main(int argc, char** argv) {
   }
   const size_t pool_bytes = quick ? (32u << 20) : (256u << 20);
   std::vector<uint8_t> pool(pool_bytes, 0x5a);
-  for (size_t i = 0; i < pool.size(); i += 4096) pool[i] = static_cast<uint8_t>(i >> 12);
+  for (size_t i = 0; i < pool.size(); i += 4096)
+    pool[i] = static_cast<uint8_t>(i >> 12);
   const std::vector<uint8_t> header(200, 0x11);
   uint64_t id = 0;
-  const std::vector<size_t> sizes = quick ? std::vector<size_t>{4096, 1 << 20}
-                                          : std::vector<size_t>{4096, 1 << 20, 16 << 20};
+  const std::vector<size_t> sizes =
+      quick ? std::vector<size_t>{4096, 1 << 20}
+            : std::vector<size_t>{4096, 1 << 20, 16 << 20};
   for (size_t bytes : sizes) {
     std::vector<uint8_t> dst(bytes);
-    const size_t messages =
-        std::max<size_t>(8, std::min<size_t>((quick ? 64u : 512u) << 20, pool_bytes * 4) / bytes);
+    const size_t messages = std::max<size_t>(
+        8,
+        std::min<size_t>((quick ? 64u : 512u) << 20, pool_bytes * 4) / bytes);
     for (const char* cache : {"cold", "hot"}) {
       const bool cold = std::strcmp(cache, "cold") == 0;
       auto at = [&](size_t m) {
-        return cold ? pool.data() + (m * bytes) % (pool_bytes - bytes) : pool.data();
+        return cold ? pool.data() + (m * bytes) % (pool_bytes - bytes)
+                    : pool.data();
       };
       for (Coverage coverage : {Coverage::kAll, Coverage::kHeader}) {
         std::vector<double> ours, base, ratios;
         uint8_t sink = 0;
         for (int r = 0; r < reps; ++r) {
           auto t0 = Clock::now();
-          for (size_t m = 0; m < messages; ++m) std::memcpy(dst.data(), at(m), bytes);
+          for (size_t m = 0; m < messages; ++m)
+            std::memcpy(dst.data(), at(m), bytes);
           const double b = Seconds(t0);
           sink ^= dst[bytes / 2];
           t0 = Clock::now();
           for (size_t m = 0; m < messages; ++m) {
-            const std::vector<TagPiece> frames{{header.data(), header.size()}, {at(m), bytes}};
+            const std::vector<TagPiece> frames{{header.data(), header.size()},
+                                               {at(m), bytes}};
             sink ^= (*mac)->Sign(++id, frames, coverage)[0];
           }
           const double o = Seconds(t0);
@@ -103,8 +110,8 @@ int main(int argc, char** argv) {
         j["baseline_gb_per_s"] = bench::Round(bench::SpreadOf(base).median, 2);
         j["ratio"] = bench::Round(bench::SpreadOf(ratios).median, 3);
         j["ratio_spread"] = bench::ToJson(bench::SpreadOf(ratios));
-        j["us_per_message"] =
-            bench::Round(static_cast<double>(bytes) / (so.median * 1e9) * 1e6, 3);
+        j["us_per_message"] = bench::Round(
+            static_cast<double>(bytes) / (so.median * 1e9) * 1e6, 3);
         j["gb_per_s_spread"] = bench::ToJson(so, 2);
         j["reps"] = reps;
         j["sink"] = sink;  // keeps the loops

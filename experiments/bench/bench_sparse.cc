@@ -59,8 +59,8 @@
 #include <vector>
 
 #include "common/hash.h"
-#include "experiments/bench/bench_util.h"
 #include "common/sparse_table.h"
+#include "experiments/bench/bench_util.h"
 #include "server/optimizer/optimizer.h"
 #include "server/sparse/row_format.h"
 #include "server/sparse/sparse_tables.h"
@@ -305,8 +305,7 @@ void Pull(SparseTables& t, const std::vector<uint64_t>& keys, float* out) {
 
 // As the shard does it (sparse_requests.cc): check, read and hold every row,
 // then apply.
-void Push(SparseTables& t, const std::vector<uint64_t>& keys,
-          const float* g) {
+void Push(SparseTables& t, const std::vector<uint64_t>& keys, const float* g) {
   t.BeginRequest();
   Check(t.Check(0, keys.data(), keys.size(), g), "check");
   Check(t.Hold(0, keys.data(), keys.size()), "hold");
@@ -519,7 +518,8 @@ void RunDim(const std::string& dir, uint32_t dim) {
       j["ratio_rocksdb_max"] = bench::Round(vs_rk.max, 3);
       bench::Emit(j);
     }
-    if (FLAGS_scan) RunScan(*t, *store, regime, hit, budget, dim, batches, grads);
+    if (FLAGS_scan)
+      RunScan(*t, *store, regime, hit, budget, dim, batches, grads);
   }
 }
 

@@ -39,14 +39,14 @@
 //        [--inflight=1,8] [--seconds=0.7] [--repeats=5] [--server=PATH]
 //        [--transport=tcp|ipc|shm] [--quick]
 // Quiet run: ps_bench_transport --repeats=9 --seconds=1
+#include <arpa/inet.h>
 #include <gflags/gflags.h>
 #include <glog/logging.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
-#include <sys/wait.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -142,7 +142,8 @@ Rate Measure(int inflight, size_t bytes, Start start, Wait wait, Cpu cpu) {
     wait(q.front());
     q.pop_front();
     ++done;
-    if (std::chrono::duration<double>(Clock::now() - t0).count() >= seconds) break;
+    if (std::chrono::duration<double>(Clock::now() - t0).count() >= seconds)
+      break;
     q.push_back(start());
   }
   while (!q.empty()) {
@@ -164,7 +165,8 @@ class RawServer {
   RawServer(zmq::context_t& ctx, size_t bytes, const std::string& endpoint)
       : socket_(ctx, zmq::socket_type::router), data_(bytes, 1) {
     socket_.set(zmq::sockopt::linger, 0);
-    socket_.bind(endpoint == "tcp://127.0.0.1:0" ? "tcp://127.0.0.1:*" : endpoint);
+    socket_.bind(endpoint == "tcp://127.0.0.1:0" ? "tcp://127.0.0.1:*"
+                                                 : endpoint);
     endpoint_ = socket_.get(zmq::sockopt::last_endpoint);
     thread_ = std::thread([this] { Run(); });
   }
@@ -267,7 +269,8 @@ Rate RawMeasure(bool push, size_t bytes, int inflight, bool two_processes) {
   auto wait = [&](uint64_t) {
     zmq::message_t m;
     (void)dealer.recv(m);
-    if (!push) std::memcpy(dst.data(), m.data(), std::min(m.size(), dst.size()));
+    if (!push)
+      std::memcpy(dst.data(), m.data(), std::min(m.size(), dst.size()));
   };
   Rate r = Measure(inflight, bytes, start, wait, [child] {
     return bench::ProcessCpuSeconds() +
@@ -323,26 +326,28 @@ pid_t Spawn(std::vector<std::string> args, const std::string& log) {
   return pid;
 }
 
-StatusOr<std::unique_ptr<ServerProcess>> StartServer(const std::string& bin, bool transport_only,
-                                                     const CurveKeys* curve = nullptr,
-                                                     const std::vector<std::string>& extra = {}) {
+StatusOr<std::unique_ptr<ServerProcess>> StartServer(
+    const std::string& bin, bool transport_only,
+    const CurveKeys* curve = nullptr,
+    const std::vector<std::string>& extra = {}) {
   auto p = std::make_unique<ServerProcess>();
   char tmpl[] = "/tmp/ps_bench_transport.XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return Status::Internal("mkdtemp failed");
   p->dir = tmpl;
   std::string ready = (p->dir / "ready").string();
-  std::vector<std::string> args = {bin,
-                                   "--endpoint=" + BindEndpoint(p->dir),
-                                   "--ready_file=" + ready,
-                                   "--shard_id=0",
-                                   "--num_shards=1",
-                                   "--num_workers=1",
-                                   "--consistency=asp",
-                                   "--optimizer=sgd",
-                                   "--lr=0.0001",
-                                   "--checkpoint_every_s=0",
-                                   "--db_path=" + (p->dir / "db").string(),
-                                   std::string("--transport_only=") + (transport_only ? "true" : "false")};
+  std::vector<std::string> args = {
+      bin,
+      "--endpoint=" + BindEndpoint(p->dir),
+      "--ready_file=" + ready,
+      "--shard_id=0",
+      "--num_shards=1",
+      "--num_workers=1",
+      "--consistency=asp",
+      "--optimizer=sgd",
+      "--lr=0.0001",
+      "--checkpoint_every_s=0",
+      "--db_path=" + (p->dir / "db").string(),
+      std::string("--transport_only=") + (transport_only ? "true" : "false")};
   args.insert(args.end(), extra.begin(), extra.end());
   if (curve != nullptr) {
     std::ofstream allowed(p->dir / "allowed");
@@ -358,7 +363,8 @@ StatusOr<std::unique_ptr<ServerProcess>> StartServer(const std::string& bin, boo
     int st;
     if (waitpid(pid, &st, WNOHANG) == pid) {
       p->pid = -1;
-      return Status::Unavailable("ps_server exited during start; see " + (p->dir / "server.log").string());
+      return Status::Unavailable("ps_server exited during start; see " +
+                                 (p->dir / "server.log").string());
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -367,21 +373,28 @@ StatusOr<std::unique_ptr<ServerProcess>> StartServer(const std::string& bin, boo
 
 // Pushes or pulls through the shard at `endpoint` ("ep1|ep2" for a replica
 // group) whose server processes are `pids`.
-StatusOr<Rate> MeasureAt(const std::string& endpoint, const std::vector<pid_t>& pids, bool push,
-                         size_t bytes, int inflight, const CurveKeys* curve, bool shm);
+StatusOr<Rate> MeasureAt(const std::string& endpoint,
+                         const std::vector<pid_t>& pids, bool push,
+                         size_t bytes, int inflight, const CurveKeys* curve,
+                         bool shm);
 
-StatusOr<Rate> OursMeasure(const std::string& bin, bool transport_only, bool push, size_t bytes, int inflight,
+StatusOr<Rate> OursMeasure(const std::string& bin, bool transport_only,
+                           bool push, size_t bytes, int inflight,
                            const CurveKeys* curve = nullptr, bool shm = false) {
   ASSIGN_OR_RETURN(auto server, StartServer(bin, transport_only, curve));
-  return MeasureAt(server->endpoint, {server->pid}, push, bytes, inflight, curve, shm);
+  return MeasureAt(server->endpoint, {server->pid}, push, bytes, inflight,
+                   curve, shm);
 }
 
-StatusOr<Rate> MeasureAt(const std::string& endpoint, const std::vector<pid_t>& pids, bool push,
-                         size_t bytes, int inflight, const CurveKeys* curve, bool shm) {
+StatusOr<Rate> MeasureAt(const std::string& endpoint,
+                         const std::vector<pid_t>& pids, bool push,
+                         size_t bytes, int inflight, const CurveKeys* curve,
+                         bool shm) {
   ClientOptions co;
   co.servers = {endpoint};
   co.rank = 0;
-  if (shm) co.shared_memory_bytes = static_cast<size_t>(inflight) * bytes + (1 << 20);
+  if (shm)
+    co.shared_memory_bytes = static_cast<size_t>(inflight) * bytes + (1 << 20);
   if (curve != nullptr) {
     co.transport.curve_server_key = curve->server_public;
     co.transport.curve_public_key = curve->client_public;
@@ -400,23 +413,28 @@ StatusOr<Rate> MeasureAt(const std::string& endpoint, const std::vector<pid_t>& 
     std::memset(b->data(), 0, b->size());
     grads.push_back(b);
   }
-  std::vector<std::vector<float>> dst_heap(shm ? 0 : inflight, std::vector<float>(bytes / 4));
+  std::vector<std::vector<float>> dst_heap(shm ? 0 : inflight,
+                                           std::vector<float>(bytes / 4));
   std::vector<float*> dst;
   for (int i = 0; i < inflight; ++i) {
     float* d = shm ? client->AllocateShared(bytes / 4) : dst_heap[i].data();
-    if (d == nullptr) return Status::Internal("no shared memory for the pull destinations");
-    std::memset(d, 0, bytes / 4 * sizeof(float));  // warm, as the memcpy baseline's
+    if (d == nullptr)
+      return Status::Internal("no shared memory for the pull destinations");
+    std::memset(d, 0,
+                bytes / 4 * sizeof(float));  // warm, as the memcpy baseline's
     dst.push_back(d);
   }
   if (shm && client->shared_memory_shards() != 1)
-    return Status::Unavailable("the shard refused the shared memory (see its log)");
+    return Status::Unavailable(
+        "the shard refused the shared memory (see its log)");
   Status failure;
   uint64_t n = 0;
   auto start = [&]() -> uint64_t {
     StatusOr<Client::Ticket> tk = Status::OK();
     if (push) {
       std::vector<ChunkPayload> p;
-      for (const ChunkSpec& c : layout.chunks()) p.push_back({c.id, 0, Frame::Ref(grads[c.id])});
+      for (const ChunkSpec& c : layout.chunks())
+        p.push_back({c.id, 0, Frame::Ref(grads[c.id])});
       tk = client->StartPush(0, std::move(p));
     } else {
       tk = client->StartPull(0, {dst[n++ % inflight]});
@@ -444,13 +462,16 @@ StatusOr<Rate> MeasureAt(const std::string& endpoint, const std::vector<pid_t>& 
 // one after another: the bound of any copy path on this machine.
 Rate MemcpyMeasure(size_t bytes, int inflight) {
   std::vector<uint8_t> src(bytes, 1);
-  std::vector<std::vector<uint8_t>> dst(inflight, std::vector<uint8_t>(bytes, 0));
+  std::vector<std::vector<uint8_t>> dst(inflight,
+                                        std::vector<uint8_t>(bytes, 0));
   uint64_t n = 0;
   auto start = [&]() -> uint64_t {
     std::memcpy(dst[n % inflight].data(), src.data(), bytes);
     return n++;
   };
-  return Measure(inflight, bytes, start, [](uint64_t) {}, [] { return bench::ProcessCpuSeconds(); });
+  return Measure(
+      inflight, bytes, start, [](uint64_t) {},
+      [] { return bench::ProcessCpuSeconds(); });
 }
 
 // ---- --replicas ------------------------------------------------------------
@@ -474,23 +495,24 @@ int FreePort() {
 
 StatusOr<std::unique_ptr<EtcdProcess>> StartEtcd() {
   const char* bin = "/usr/bin/etcd";
-  if (access(bin, X_OK) != 0) return Status::Unavailable("no /usr/bin/etcd (etcd-server)");
+  if (access(bin, X_OK) != 0)
+    return Status::Unavailable("no /usr/bin/etcd (etcd-server)");
   auto e = std::make_unique<EtcdProcess>();
   char tmpl[] = "/tmp/ps_bench_etcd.XXXXXX";
   if (mkdtemp(tmpl) == nullptr) return Status::Internal("mkdtemp failed");
   e->dir = tmpl;
   const int client = FreePort(), peer = FreePort();
   e->endpoint = "http://127.0.0.1:" + std::to_string(client);
-  std::vector<std::string> args = {bin,
-                                   "--data-dir=" + (e->dir / "data").string(),
-                                   "--listen-client-urls=" + e->endpoint,
-                                   "--advertise-client-urls=" + e->endpoint,
-                                   "--listen-peer-urls=http://127.0.0.1:" + std::to_string(peer),
-                                   "--initial-advertise-peer-urls=http://127.0.0.1:" +
-                                       std::to_string(peer),
-                                   "--initial-cluster=default=http://127.0.0.1:" +
-                                       std::to_string(peer),
-                                   "--heartbeat-interval=50", "--election-timeout=250"};
+  std::vector<std::string> args = {
+      bin,
+      "--data-dir=" + (e->dir / "data").string(),
+      "--listen-client-urls=" + e->endpoint,
+      "--advertise-client-urls=" + e->endpoint,
+      "--listen-peer-urls=http://127.0.0.1:" + std::to_string(peer),
+      "--initial-advertise-peer-urls=http://127.0.0.1:" + std::to_string(peer),
+      "--initial-cluster=default=http://127.0.0.1:" + std::to_string(peer),
+      "--heartbeat-interval=50",
+      "--election-timeout=250"};
   e->pid = Spawn(args, (e->dir / "etcd.log").string());
   return e;  // the servers retry until it answers
 }
@@ -511,14 +533,16 @@ int ReplicaRows(const std::string& bin) {
   // fresh server), under its own key prefix.
   auto measure = [&](int replicas, bool push, size_t bytes, int inflight,
                      const std::string& server, bool ours) -> StatusOr<Rate> {
-    const std::string pre = "/bench/" + std::to_string(getpid()) + "-" + std::to_string(prefix++);
+    const std::string pre =
+        "/bench/" + std::to_string(getpid()) + "-" + std::to_string(prefix++);
     std::vector<std::unique_ptr<ServerProcess>> group;
     std::string endpoint;
     std::vector<pid_t> pids;
     for (int r = 0; r < replicas; ++r) {
-      std::vector<std::string> flags = {"--etcd=" + (*etcd)->endpoint, "--etcd_prefix=" + pre,
-                                        "--replicas=" + std::to_string(replicas),
-                                        "--replica=" + std::to_string(r)};
+      std::vector<std::string> flags = {
+          "--etcd=" + (*etcd)->endpoint, "--etcd_prefix=" + pre,
+          "--replicas=" + std::to_string(replicas),
+          "--replica=" + std::to_string(r)};
       if (ours) {
         for (const std::string& f : ParseNames(FLAGS_replica_flags))
           if (!f.empty()) flags.push_back(f);
@@ -540,7 +564,8 @@ int ReplicaRows(const std::string& bin) {
           // authentication.
           auto a = FLAGS_baseline_server.empty()
                        ? measure(1, push, bytes, inflight, bin, false)
-                       : measure(2, push, bytes, inflight, FLAGS_baseline_server, false);
+                       : measure(2, push, bytes, inflight,
+                                 FLAGS_baseline_server, false);
           if (!a.ok()) return fail(a.status());
           auto b = measure(2, push, bytes, inflight, bin, true);
           if (!b.ok()) return fail(b.status());
@@ -550,7 +575,8 @@ int ReplicaRows(const std::string& bin) {
         const bool small = bytes < (1 << 20);
         auto metric = [small](const std::vector<Rate>& v) {
           std::vector<double> out;
-          for (const Rate& r : v) out.push_back(small ? r.ops_per_s : r.mb_per_s);
+          for (const Rate& r : v)
+            out.push_back(small ? r.ops_per_s : r.mb_per_s);
           return out;
         };
         auto mbs = [](const std::vector<Rate>& v) {
@@ -566,10 +592,15 @@ int ReplicaRows(const std::string& bin) {
         j["bytes"] = bytes;
         j["inflight"] = inflight;
         j["mb_per_s"] = bench::Round(bench::SpreadOf(mbs(two)).median, 1);
-        j["baseline"] = FLAGS_baseline_server.empty() ? "replicas1" : "replicas2_baseline_server";
-        if (!FLAGS_baseline_server.empty()) j["baseline_server"] = FLAGS_baseline_server;
-        if (!FLAGS_replica_flags.empty()) j["replica_flags"] = FLAGS_replica_flags;
-        j["baseline_mb_per_s"] = bench::Round(bench::SpreadOf(mbs(one)).median, 1);
+        j["baseline"] = FLAGS_baseline_server.empty()
+                            ? "replicas1"
+                            : "replicas2_baseline_server";
+        if (!FLAGS_baseline_server.empty())
+          j["baseline_server"] = FLAGS_baseline_server;
+        if (!FLAGS_replica_flags.empty())
+          j["replica_flags"] = FLAGS_replica_flags;
+        j["baseline_mb_per_s"] =
+            bench::Round(bench::SpreadOf(mbs(one)).median, 1);
         j["ratio_metric"] = small ? "ops_per_s" : "mb_per_s";
         const auto r = bench::SpreadOf(bench::Ratios(metric(two), metric(one)));
         j["ratio"] = bench::Round(r.median, 3);
@@ -585,10 +616,12 @@ int ReplicaRows(const std::string& bin) {
         };
         const auto ceiling = bench::SpreadOf(bench::Ratios(cpu(one), cpu(two)));
         j["cpu_ms_per_gb"] = bench::Round(bench::SpreadOf(cpu(two)).median, 1);
-        j["baseline_cpu_ms_per_gb"] = bench::Round(bench::SpreadOf(cpu(one)).median, 1);
+        j["baseline_cpu_ms_per_gb"] =
+            bench::Round(bench::SpreadOf(cpu(one)).median, 1);
         j["cpu_ceiling"] = bench::Round(ceiling.median, 3);
         j["ratio_vs_cpu_ceiling"] =
-            ceiling.median > 0 ? bench::Round(r.median / ceiling.median, 3) : 0.0;
+            ceiling.median > 0 ? bench::Round(r.median / ceiling.median, 3)
+                               : 0.0;
         bench::Emit(j);
       }
     }
@@ -635,9 +668,11 @@ int ShmRows(const std::string& bin) {
       j["mb_per_s"] = bench::Round(bench::SpreadOf(mbs(shm)).median, 1);
       j["cpu_ms_per_gb"] = bench::Round(bench::SpreadOf(cpu(shm)).median, 1);
       j["ipc_mb_per_s"] = bench::Round(bench::SpreadOf(mbs(ipc)).median, 1);
-      j["ipc_cpu_ms_per_gb"] = bench::Round(bench::SpreadOf(cpu(ipc)).median, 1);
+      j["ipc_cpu_ms_per_gb"] =
+          bench::Round(bench::SpreadOf(cpu(ipc)).median, 1);
       j["baseline"] = "memcpy";
-      j["baseline_mb_per_s"] = bench::Round(bench::SpreadOf(mbs(mem)).median, 1);
+      j["baseline_mb_per_s"] =
+          bench::Round(bench::SpreadOf(mbs(mem)).median, 1);
       j["ratio_metric"] = "mb_per_s";
       const auto r = bench::SpreadOf(bench::Ratios(mbs(shm), mbs(mem)));
       j["ratio"] = bench::Round(r.median, 3);
@@ -645,8 +680,8 @@ int ShmRows(const std::string& bin) {
       const auto ri = bench::SpreadOf(bench::Ratios(mbs(ipc), mbs(mem)));
       j["ratio_ipc"] = bench::Round(ri.median, 3);
       j["ratio_ipc_spread"] = bench::ToJson(ri);
-      j["ratio_shm_vs_ipc"] =
-          bench::Round(bench::SpreadOf(bench::Ratios(mbs(shm), mbs(ipc))).median, 3);
+      j["ratio_shm_vs_ipc"] = bench::Round(
+          bench::SpreadOf(bench::Ratios(mbs(shm), mbs(ipc))).median, 3);
       bench::Emit(j);
     }
   }
@@ -663,9 +698,12 @@ int main(int argc, char** argv) {
   // forked raw server) run with it too.
   (void)TuneAllocatorForMessages();
   std::string bin = FLAGS_server;
-  if (bin.empty()) bin = (std::filesystem::path(argv[0]).parent_path() / "ps_server").string();
+  if (bin.empty())
+    bin = (std::filesystem::path(argv[0]).parent_path() / "ps_server").string();
   if (!std::filesystem::exists(bin)) {
-    std::fprintf(stderr, "ps_bench_transport: no ps_server at %s (use --server)\n", bin.c_str());
+    std::fprintf(stderr,
+                 "ps_bench_transport: no ps_server at %s (use --server)\n",
+                 bin.c_str());
     return 2;
   }
   if (!FLAGS_curve.empty() && FLAGS_curve != "on" && FLAGS_curve != "off") {
@@ -676,14 +714,17 @@ int main(int argc, char** argv) {
   const bool curve = FLAGS_curve == "on";
   if (curve) {
     Status s = GenerateCurveKeyPair(&keys.server_public, &keys.server_secret);
-    if (s.ok()) s = GenerateCurveKeyPair(&keys.client_public, &keys.client_secret);
+    if (s.ok())
+      s = GenerateCurveKeyPair(&keys.client_public, &keys.client_secret);
     if (!s.ok()) {
       std::fprintf(stderr, "ps_bench_transport: %s\n", s.ToString().c_str());
       return 1;
     }
   }
-  if (FLAGS_transport != "tcp" && FLAGS_transport != "ipc" && FLAGS_transport != "shm") {
-    std::fprintf(stderr, "ps_bench_transport: --transport must be tcp, ipc or shm\n");
+  if (FLAGS_transport != "tcp" && FLAGS_transport != "ipc" &&
+      FLAGS_transport != "shm") {
+    std::fprintf(stderr,
+                 "ps_bench_transport: --transport must be tcp, ipc or shm\n");
     return 2;
   }
   if (FLAGS_transport == "shm") return ShmRows(bin);
@@ -701,10 +742,15 @@ int main(int argc, char** argv) {
         std::vector<std::vector<Rate>> ours(modes.size());
         std::vector<Rate> plain, enc;
         for (int rep = 0; rep < std::max(1, FLAGS_repeats); ++rep) {
-          raw.push_back(FLAGS_baseline ? RawMeasure(push, bytes, inflight, false) : Rate{});
-          raw2.push_back(FLAGS_baseline ? RawMeasure(push, bytes, inflight, true) : Rate{});
+          raw.push_back(FLAGS_baseline
+                            ? RawMeasure(push, bytes, inflight, false)
+                            : Rate{});
+          raw2.push_back(FLAGS_baseline
+                             ? RawMeasure(push, bytes, inflight, true)
+                             : Rate{});
           for (size_t m = 0; m < modes.size(); ++m) {
-            auto o = OursMeasure(bin, modes[m] == "transport_only", push, bytes, inflight);
+            auto o = OursMeasure(bin, modes[m] == "transport_only", push, bytes,
+                                 inflight);
             if (!o.ok()) {
               bench::Json e;
               e["bench"] = "transport";
@@ -733,7 +779,8 @@ int main(int argc, char** argv) {
         const bool small = bytes < (1 << 20);
         auto metric = [small](const std::vector<Rate>& v) {
           std::vector<double> out;
-          for (const Rate& r : v) out.push_back(small ? r.ops_per_s : r.mb_per_s);
+          for (const Rate& r : v)
+            out.push_back(small ? r.ops_per_s : r.mb_per_s);
           return out;
         };
         auto field = [](const std::vector<Rate>& v, double Rate::*f) {
@@ -741,16 +788,20 @@ int main(int argc, char** argv) {
           for (const Rate& r : v) out.push_back(r.*f);
           return out;
         };
-        // Medians of the repeats' MB/s, ops/s and CPU per GB, named prefix + field.
+        // Medians of the repeats' MB/s, ops/s and CPU per GB, named prefix +
+        // field.
         auto rates = [&field](bench::Json& j, const std::string& prefix,
                               const std::vector<Rate>& v) {
-          j[prefix + "mb_per_s"] = bench::Round(bench::SpreadOf(field(v, &Rate::mb_per_s)).median, 1);
-          j[prefix + "ops_per_s"] = bench::Round(bench::SpreadOf(field(v, &Rate::ops_per_s)).median, 1);
-          j[prefix + "cpu_ms_per_gb"] =
-              bench::Round(bench::SpreadOf(field(v, &Rate::cpu_ms_per_gb)).median, 1);
+          j[prefix + "mb_per_s"] = bench::Round(
+              bench::SpreadOf(field(v, &Rate::mb_per_s)).median, 1);
+          j[prefix + "ops_per_s"] = bench::Round(
+              bench::SpreadOf(field(v, &Rate::ops_per_s)).median, 1);
+          j[prefix + "cpu_ms_per_gb"] = bench::Round(
+              bench::SpreadOf(field(v, &Rate::cpu_ms_per_gb)).median, 1);
         };
         auto row = [&](const std::string& mode, const std::vector<Rate>& v) {
-          const auto ratio = bench::SpreadOf(bench::Ratios(metric(v), metric(raw)));
+          const auto ratio =
+              bench::SpreadOf(bench::Ratios(metric(v), metric(raw)));
           bench::Json j;
           j["bench"] = "transport";
           j["op"] = push ? "push" : "pull";
@@ -767,7 +818,8 @@ int main(int argc, char** argv) {
           // The same raw client and server, the server in its own process
           // (as ps_server is): the cost of two processes is in both.
           rates(j, "raw_2proc_", raw2);
-          const auto vs2 = bench::SpreadOf(bench::Ratios(metric(v), metric(raw2)));
+          const auto vs2 =
+              bench::SpreadOf(bench::Ratios(metric(v), metric(raw2)));
           j["ratio_vs_raw_2proc"] = bench::Round(vs2.median, 3);
           j["ratio_vs_raw_2proc_spread"] = bench::ToJson(vs2);
           j["cpu_ratio"] = bench::Round(
@@ -777,13 +829,15 @@ int main(int argc, char** argv) {
               3);
           return j;
         };
-        for (size_t m = 0; m < modes.size(); ++m) bench::Emit(row(modes[m], ours[m]));
+        for (size_t m = 0; m < modes.size(); ++m)
+          bench::Emit(row(modes[m], ours[m]));
         if (curve) {
           bench::Json j = row("curve", enc);
-          j["plain_transport_only_mb_per_s"] =
-              bench::Round(bench::SpreadOf(field(plain, &Rate::mb_per_s)).median, 1);
+          j["plain_transport_only_mb_per_s"] = bench::Round(
+              bench::SpreadOf(field(plain, &Rate::mb_per_s)).median, 1);
           j["ratio_vs_plain"] = bench::Round(
-              bench::SpreadOf(bench::Ratios(metric(enc), metric(plain))).median, 3);
+              bench::SpreadOf(bench::Ratios(metric(enc), metric(plain))).median,
+              3);
           bench::Emit(j);
         }
       }

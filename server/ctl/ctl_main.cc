@@ -49,13 +49,13 @@
 #include <vector>
 
 #include "common/curve_flags.h"
-#include "server/replication/replica_auth.h"
 #include "common/etcd_flags.h"
+#include "common/tool_main.h"
 #include "common/transport.h"
 #include "common/wire.h"
 #include "server/ctl/ctl_top.h"
 #include "server/elastic/coordinator.h"
-#include "common/tool_main.h"
+#include "server/replication/replica_auth.h"
 
 DEFINE_string(servers, "",
               "comma-separated shard endpoints, in shard order; a replica "
@@ -234,7 +234,8 @@ int KeyGen() {
 int SecretGen() {
   StatusOr<std::string> secret = server::replication::NewReplicaSecret();
   if (!secret.ok()) {
-    std::fprintf(stderr, "ps_ctl secretgen: %s\n", secret.status().ToString().c_str());
+    std::fprintf(stderr, "ps_ctl secretgen: %s\n",
+                 secret.status().ToString().c_str());
     return 1;
   }
   const std::string hex = server::replication::SecretToHex(*secret);
@@ -259,10 +260,11 @@ int SecretGen() {
     std::fprintf(stderr, "ps_ctl secretgen: %s\n", s.message().c_str());
     return 1;
   }
-  std::printf("%s\n", Json{{"command", "secretgen"}, {"ok", true},
-                           {"secret_file", FLAGS_out}}
-                           .dump()
-                           .c_str());
+  std::printf(
+      "%s\n",
+      Json{{"command", "secretgen"}, {"ok", true}, {"secret_file", FLAGS_out}}
+          .dump()
+          .c_str());
   return 0;
 }
 
@@ -454,8 +456,8 @@ int main(int argc, char** argv) {
     }
     shards.push_back(std::move(shard));
   }
-  const Json out = {{"command", cmd}, {"shards", std::move(shards)},
-                    {"ok", all_ok}};
+  const Json out = {
+      {"command", cmd}, {"shards", std::move(shards)}, {"ok", all_ok}};
   std::printf("%s\n", out.dump().c_str());
   return all_ok ? 0 : 1;
 }

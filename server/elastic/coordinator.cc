@@ -179,7 +179,7 @@ struct Coordinator::Impl {
     const auto deadline = SteadyClock::now() + o.request_timeout;
     for (;;) {
       const std::string& to = members[member % members.size()];
-      ASSIGN_OR_RETURN(ClientSocket* sock, Socket(to));
+      ASSIGN_OR_RETURN(ClientSocket * sock, Socket(to));
       req.id = next_id++;
       std::vector<Frame> frames;
       frames.push_back(Frame::Owned(EncodeRequest(req)));
@@ -198,7 +198,8 @@ struct Coordinator::Impl {
         ASSIGN_OR_RETURN(bool got, sock->Receive(msg, left));
         if (!got) continue;
         RETURN_IF_ERROR(msg->error.WithContext(to));
-        if (msg->frames.empty()) return Status::Corruption(to + ": empty reply");
+        if (msg->frames.empty())
+          return Status::Corruption(to + ": empty reply");
         RETURN_IF_ERROR(DecodeReply(msg->frames[0].data, msg->frames[0].size,
                                     DecodeLimits(), reply)
                             .WithContext(to));
@@ -213,8 +214,9 @@ struct Coordinator::Impl {
         ++member;
         continue;
       }
-      if (reply->status.code() == StatusCode::kUnavailable && reply->epoch > 0 &&
-          reply->retry_ms == 0 && SteadyClock::now() < deadline) {
+      if (reply->status.code() == StatusCode::kUnavailable &&
+          reply->epoch > 0 && reply->retry_ms == 0 &&
+          SteadyClock::now() < deadline) {
         auto named = std::find(members.begin(), members.end(), reply->redirect);
         if (named != members.end() && *named != to) {
           member = static_cast<size_t>(named - members.begin());
@@ -280,8 +282,9 @@ struct Coordinator::Impl {
       std::vector<uint32_t> batch(buckets.begin() + k, buckets.begin() + k + n);
       ReplyHeader reply;
       Message msg;
-      Status s = Call(from, MigrateRows(MigrateOp::kExport, epoch, num_buckets, batch),
-                      {}, &reply, &msg);
+      Status s =
+          Call(from, MigrateRows(MigrateOp::kExport, epoch, num_buckets, batch),
+               {}, &reply, &msg);
       if (s.code() == StatusCode::kResourceExhausted && n > 1) {
         per_request = n / 2;
         continue;
@@ -292,7 +295,8 @@ struct Coordinator::Impl {
                                   std::to_string(msg.frames.size() - 1) +
                                   " data frame(s)");
       }
-      const json j = json::parse(reply.text, nullptr, /*allow_exceptions=*/false);
+      const json j =
+          json::parse(reply.text, nullptr, /*allow_exceptions=*/false);
       if (j.is_object()) {
         rep->moved_rows += j.value("rows", uint64_t{0});
         rep->moved_row_bytes += j.value("bytes", uint64_t{0});
@@ -300,8 +304,8 @@ struct Coordinator::Impl {
       std::vector<ByteView> data(msg.frames.begin() + 1, msg.frames.end());
       ReplyHeader ireply;
       Message imsg;
-      s = Call(to, MigrateRows(MigrateOp::kImport, epoch, num_buckets, batch), data,
-               &ireply, &imsg);
+      s = Call(to, MigrateRows(MigrateOp::kImport, epoch, num_buckets, batch),
+               data, &ireply, &imsg);
       if (!s.ok()) return s.WithContext("import of rows from " + from);
       k += n;
     }
@@ -548,8 +552,8 @@ StatusOr<ChangeReport> Coordinator::Impl::Change(bool add,
             << index << "): epoch " << epoch << " -> " << next << ", active {"
             << Join(active) << "} -> {" << Join(new_active) << "}, "
             << rep.moved_chunks << " chunk(s), " << rep.moved_buckets
-            << " key-range bucket(s) move; imbalance "
-            << rep.imbalance_before << " -> " << rep.imbalance_after;
+            << " key-range bucket(s) move; imbalance " << rep.imbalance_before
+            << " -> " << rep.imbalance_after;
 
   // 4. Freeze, with a later clock when a worker got past it.
   SteadyClock::time_point frozen_at;
@@ -565,8 +569,8 @@ StatusOr<ChangeReport> Coordinator::Impl::Change(bool add,
     int64_t first_free = 0;
     for (int i : part)
       if (views[i].registered)
-        first_free = std::max({first_free, views[i].max_clock,
-                               views[i].max_pushed_round + 1});
+        first_free = std::max(
+            {first_free, views[i].max_clock, views[i].max_pushed_round + 1});
     rep.freeze_clock = bsp ? first_free + attempt - 1 : -1;
     rep.freeze_tries = attempt;
     frozen_at = SteadyClock::now();
@@ -669,29 +673,33 @@ StatusOr<ChangeReport> Coordinator::Impl::Change(bool add,
   // A shard that joins with key ranges but no chunk still needs the layout
   // and the clocks: an export of no chunks carries both.
   bool gets_chunks = false;
-  for (const auto& [route, chunks] : moves) gets_chunks |= route.second == index;
+  for (const auto& [route, chunks] : moves)
+    gets_chunks |= route.second == index;
   if (add && !gets_chunks && !bucket_moves.empty()) {
     const std::string& from = servers[active[0]];
     ReplyHeader reply;
     Message msg;
-    Status s = Call(from, Migrate(MigrateOp::kExport, next, {}), {}, &reply, &msg);
-    if (!s.ok()) return fail(s.WithContext("export of the layout to " + endpoint));
+    Status s =
+        Call(from, Migrate(MigrateOp::kExport, next, {}), {}, &reply, &msg);
+    if (!s.ok())
+      return fail(s.WithContext("export of the layout to " + endpoint));
     if (msg.frames.size() != 3)
-      return fail(Status::Corruption(from + ": an export of no chunks answered " +
-                                     std::to_string(msg.frames.size() - 1) +
-                                     " data frame(s), not 2"));
+      return fail(Status::Corruption(
+          from + ": an export of no chunks answered " +
+          std::to_string(msg.frames.size() - 1) + " data frame(s), not 2"));
     std::vector<ByteView> data(msg.frames.begin() + 1, msg.frames.end());
     ReplyHeader ireply;
     Message imsg;
-    s = Call(endpoint, Migrate(MigrateOp::kImport, next, {}), data, &ireply, &imsg);
-    if (!s.ok()) return fail(s.WithContext("import of the layout from " + from));
+    s = Call(endpoint, Migrate(MigrateOp::kImport, next, {}), data, &ireply,
+             &imsg);
+    if (!s.ok())
+      return fail(s.WithContext("import of the layout from " + from));
   }
   for (const auto& [route, buckets] : bucket_moves) {
-    Status s = CopyRows(servers[route.first], servers[route.second], next,
-                        num_buckets, buckets,
-                        RowsPerBucketBytes(views[route.first], bucket_owners,
-                                           route.first),
-                        &rep);
+    Status s = CopyRows(
+        servers[route.first], servers[route.second], next, num_buckets, buckets,
+        RowsPerBucketBytes(views[route.first], bucket_owners, route.first),
+        &rep);
     if (!s.ok()) return fail(s);
   }
   rep.copy_ms =

@@ -95,9 +95,9 @@ struct ChangeReport {
   size_t moved_buckets = 0;
   uint64_t moved_rows = 0;
   uint64_t moved_row_bytes = 0;
-  double frozen_ms = 0;      // first freeze to the last adopt
-  double drain_ms = 0;       // first freeze to every shard drained
-  double copy_ms = 0;        // exports and imports
+  double frozen_ms = 0;  // first freeze to the last adopt
+  double drain_ms = 0;   // first freeze to every shard drained
+  double copy_ms = 0;    // exports and imports
   double imbalance_before = 1.0, imbalance_after = 1.0;
   std::vector<std::string> adopt_failures;  // after the commit: shard: why
   std::string ToJson() const;

@@ -20,14 +20,16 @@ std::map<int, uint64_t> Loads(const std::vector<uint64_t>& sizes,
 }
 
 int Lightest(const std::map<int, uint64_t>& load) {
-  return std::min_element(load.begin(), load.end(),
-                          [](const auto& a, const auto& b) { return a.second < b.second; })
+  return std::min_element(
+             load.begin(), load.end(),
+             [](const auto& a, const auto& b) { return a.second < b.second; })
       ->first;
 }
 
 int Heaviest(const std::map<int, uint64_t>& load) {
-  return std::max_element(load.begin(), load.end(),
-                          [](const auto& a, const auto& b) { return a.second < b.second; })
+  return std::max_element(
+             load.begin(), load.end(),
+             [](const auto& a, const auto& b) { return a.second < b.second; })
       ->first;
 }
 
@@ -107,7 +109,8 @@ std::vector<int> RebalanceBuckets(const std::vector<int>& owners,
   return out;
 }
 
-double Imbalance(const std::vector<uint64_t>& sizes, const std::vector<int>& owners,
+double Imbalance(const std::vector<uint64_t>& sizes,
+                 const std::vector<int>& owners,
                  const std::vector<int>& active) {
   std::map<int, uint64_t> load = Loads(sizes, owners, active);
   uint64_t total = 0, most = 0;

@@ -55,13 +55,15 @@ std::vector<uint64_t> PushedKeys(size_t t, int64_t clock) {
   std::vector<uint64_t> out;
   const std::vector<uint64_t> all = AllKeys();
   for (size_t i = 0; i < all.size(); ++i)
-    if (t == 0 || (i + static_cast<size_t>(clock)) % 3 != 0) out.push_back(all[i]);
+    if (t == 0 || (i + static_cast<size_t>(clock)) % 3 != 0)
+      out.push_back(all[i]);
   return out;
 }
 
 float RowGrad(int rank, int64_t clock, size_t t, uint64_t key, size_t j) {
   return 0.01f * static_cast<float>((rank + 1) * (clock + 2)) +
-         0.001f * static_cast<float>(key % 97) - 0.002f * static_cast<float>(j + t);
+         0.001f * static_cast<float>(key % 97) -
+         0.002f * static_cast<float>(j + t);
 }
 
 ShardOptions Options(int id, int num_shards) {
@@ -79,7 +81,9 @@ ShardOptions Reference(int id) {
   return o;
 }
 
-RequestHeader Migrate(MigrateOp op, uint64_t epoch) { return testing::MigrateRequest(op, epoch); }
+RequestHeader Migrate(MigrateOp op, uint64_t epoch) {
+  return testing::MigrateRequest(op, epoch);
+}
 
 // Shards in index order and how keys are routed to them.
 struct Fleet {
@@ -108,7 +112,8 @@ RequestHeader PushOf(const Fleet& f, int s, int rank, int64_t clock,
     for (uint64_t k : PushedKeys(t, clock)) {
       if (f.owner(HashName(tables[t].name), k) != s) continue;
       keys.push_back(k);
-      for (size_t j = 0; j < tables[t].dim; ++j) rows.push_back(RowGrad(rank, clock, t, k, j));
+      for (size_t j = 0; j < tables[t].dim; ++j)
+        rows.push_back(RowGrad(rank, clock, t, k, j));
     }
     if (keys.empty()) continue;
     RowsRef ref;
@@ -130,7 +135,8 @@ void Step(const Fleet& f, int64_t clock) {
       std::vector<ByteView> data;
       RequestHeader p = PushOf(f, static_cast<int>(s), rank, clock, &data);
       ReplyHeader r = f.shards[s]->Call(p, data);
-      ASSERT_TRUE(r.status.ok()) << "shard " << s << ": " << r.status.ToString();
+      ASSERT_TRUE(r.status.ok())
+          << "shard " << s << ": " << r.status.ToString();
     }
     for (int rank = 0; rank < 2; ++rank) {
       RequestHeader c = ShardHarness::Clock(rank, clock + 1);
@@ -148,13 +154,15 @@ std::vector<float> Rows(const Fleet& f, size_t t) {
   for (uint64_t k : AllKeys()) {
     const int s = f.owner(HashName(tables[t].name), k);
     std::vector<float> row(tables[t].dim);
-    EXPECT_TRUE(f.shards[s]->shard->sparse_tables()->Read(t, &k, 1, row.data()).ok());
+    EXPECT_TRUE(
+        f.shards[s]->shard->sparse_tables()->Read(t, &k, 1, row.data()).ok());
     out.insert(out.end(), row.begin(), row.end());
   }
   return out;
 }
 
-std::unique_ptr<Store> Open(const ::asyncps::testing::TempDir& dir, const std::string& name) {
+std::unique_ptr<Store> Open(const ::asyncps::testing::TempDir& dir,
+                            const std::string& name) {
   RocksDbStoreOptions o;
   o.path = dir.Sub(name);
   o.write_buffer_bytes = 1 << 20;
@@ -181,12 +189,15 @@ class RowsMigrateTest : public ::testing::Test {
       EXPECT_TRUE(h->Call(r).status.ok());
     }
     ref.shards = {&ra, &rb};
-    ref.owner = [](uint64_t h, uint64_t k) { return ShardOfKeyHashed(h, k, 2); };
+    ref.owner = [](uint64_t h, uint64_t k) {
+      return ShardOfKeyHashed(h, k, 2);
+    };
     moved.shards = {&a, &b};
     moved.owner = ref.owner;
     // Epoch 1: shard 2 joins, takes chunk 4 and a third of the buckets.
     doc.epoch = 1;
-    doc.servers = {"tcp://127.0.0.1:1", "tcp://127.0.0.1:2", "tcp://127.0.0.1:3"};
+    doc.servers = {"tcp://127.0.0.1:1", "tcp://127.0.0.1:2",
+                   "tcp://127.0.0.1:3"};
     doc.owners = {0, 1, 0, 1, 2};
     const KeyRanges initial = KeyRanges::Static(2);
     doc.num_buckets = initial.num_buckets;
@@ -219,10 +230,12 @@ class RowsMigrateTest : public ::testing::Test {
   }
 
   // A pushed key of "emb" in one of `buckets`, and its bucket.
-  std::pair<uint64_t, uint32_t> KeyIn(const std::vector<uint32_t>& buckets) const {
+  std::pair<uint64_t, uint32_t> KeyIn(
+      const std::vector<uint32_t>& buckets) const {
     for (uint64_t k : AllKeys()) {
       const uint32_t b = MulHigh(KeyHash(HashName("emb"), k), doc.num_buckets);
-      if (std::find(buckets.begin(), buckets.end(), b) != buckets.end()) return {k, b};
+      if (std::find(buckets.begin(), buckets.end(), b) != buckets.end())
+        return {k, b};
     }
     ADD_FAILURE() << "no key in these buckets";
     return {0, 0};
@@ -247,9 +260,11 @@ class RowsMigrateTest : public ::testing::Test {
       const std::vector<uint32_t> buckets = Moving(from->options.shard_id);
       ASSERT_FALSE(buckets.empty());
       auto rows = from->Send(Buckets(MigrateOp::kExport, buckets));
-      ASSERT_TRUE(rows[0].header.status.ok()) << rows[0].header.status.ToString();
+      ASSERT_TRUE(rows[0].header.status.ok())
+          << rows[0].header.status.ToString();
       ASSERT_EQ(rows[0].frames.size(), 2 + Tables().size());
-      ReplyHeader r = c.Call(Buckets(MigrateOp::kImport, buckets), rows[0].frames);
+      ReplyHeader r =
+          c.Call(Buckets(MigrateOp::kImport, buckets), rows[0].frames);
       ASSERT_TRUE(r.status.ok()) << r.status.ToString();
       if (!resend) continue;
       const uint64_t staged = c.shard->sparse_tables()->staged_bytes();
@@ -257,9 +272,11 @@ class RowsMigrateTest : public ::testing::Test {
       ASSERT_TRUE(r.status.ok()) << r.status.ToString();
       EXPECT_EQ(c.shard->sparse_tables()->staged_bytes(), staged);
       if (from != &a) continue;
-      const std::vector<uint32_t> part(buckets.begin(), buckets.begin() + buckets.size() / 2);
+      const std::vector<uint32_t> part(buckets.begin(),
+                                       buckets.begin() + buckets.size() / 2);
       auto again = from->Send(Buckets(MigrateOp::kExport, part));
-      ASSERT_TRUE(again[0].header.status.ok()) << again[0].header.status.ToString();
+      ASSERT_TRUE(again[0].header.status.ok())
+          << again[0].header.status.ToString();
       r = c.Call(Buckets(MigrateOp::kImport, part), again[0].frames);
       ASSERT_TRUE(r.status.ok()) << r.status.ToString();
       EXPECT_EQ(c.shard->sparse_tables()->staged_bytes(), staged);
@@ -275,7 +292,9 @@ class RowsMigrateTest : public ::testing::Test {
     ranges->num_buckets = doc.num_buckets;
     ranges->owners = doc.bucket_owners;
     moved.shards = {&a, &b, &c};
-    moved.owner = [ranges](uint64_t h, uint64_t k) { return ranges->Owner(h, k); };
+    moved.owner = [ranges](uint64_t h, uint64_t k) {
+      return ranges->Owner(h, k);
+    };
     moved.epoch = 1;
   }
 
@@ -388,7 +407,8 @@ TEST_F(RowsMigrateTest, MoveUnderBspIsBitwiseTheSameAsNoMove) {
     const uint64_t key = KeyIn(Moving(0)).first;
     std::vector<float> there(4), init(4), moved_row(4);
     ASSERT_TRUE(a.shard->sparse_tables()->Read(0, &key, 1, there.data()).ok());
-    ASSERT_TRUE(c.shard->sparse_tables()->Read(0, &key, 1, moved_row.data()).ok());
+    ASSERT_TRUE(
+        c.shard->sparse_tables()->Read(0, &key, 1, moved_row.data()).ok());
     InitializeRow(Tables()[0], key, init.data());
     EXPECT_EQ(there, init);
     EXPECT_NE(moved_row, init);  // trained, and moved with its state
@@ -466,7 +486,8 @@ TEST_F(RowsMigrateTest, BspCountsThePiecesOfOneSplitRowsPush) {
       const ByteView& k = data[r.keys_frame - 1];
       const ByteView& g = data[r.rows_frame - 1];
       for (int piece = 0; piece < 2; ++piece) {
-        const size_t from = piece == 0 ? 0 : half, n = piece == 0 ? half : r.num_keys - half;
+        const size_t from = piece == 0 ? 0 : half,
+                     n = piece == 0 ? half : r.num_keys - half;
         std::vector<ByteView>& d = piece == 0 ? d1 : d2;
         RowsRef part = r;
         part.num_keys = n;
@@ -535,23 +556,27 @@ TEST_F(RowsMigrateTest, HostileBucketListsChangeNothing) {
   Step(moved, 1);
   const std::vector<float> emb = Rows(moved, 0), ctr = Rows(moved, 1);
   const std::vector<uint32_t> mine = Moving(0);
-  auto code = [&](ShardHarness& h, RequestHeader r, std::vector<ByteView> d = {}) {
+  auto code = [&](ShardHarness& h, RequestHeader r,
+                  std::vector<ByteView> d = {}) {
     return h.Call(std::move(r), std::move(d)).status.code();
   };
   // Exports: out of range, repeated, more than the cut, a wrong cut, a
   // bucket of another shard, chunks and buckets together.
-  EXPECT_EQ(code(a, Buckets(MigrateOp::kExport, {500})), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(a, Buckets(MigrateOp::kExport, {500})),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(code(a, Buckets(MigrateOp::kExport, {mine[0], mine[0]})),
             StatusCode::kInvalidArgument);
   std::vector<uint32_t> huge(doc.num_buckets + 1);
   for (size_t i = 0; i < huge.size(); ++i) huge[i] = static_cast<uint32_t>(i);
-  EXPECT_EQ(code(a, Buckets(MigrateOp::kExport, huge)), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(a, Buckets(MigrateOp::kExport, huge)),
+            StatusCode::kInvalidArgument);
   RequestHeader cut = Buckets(MigrateOp::kExport, mine);
   cut.migrate_num_buckets = 129;
   EXPECT_EQ(code(a, cut), StatusCode::kInvalidArgument);
   cut.migrate_num_buckets = kMaxBuckets + 1;
   EXPECT_EQ(code(a, cut), StatusCode::kInvalidArgument);
-  EXPECT_EQ(code(a, Buckets(MigrateOp::kExport, Moving(1))), StatusCode::kNotFound);
+  EXPECT_EQ(code(a, Buckets(MigrateOp::kExport, Moving(1))),
+            StatusCode::kNotFound);
   RequestHeader both = Buckets(MigrateOp::kExport, mine);
   both.migrate_chunks = {4};
   EXPECT_EQ(code(a, both), StatusCode::kInvalidArgument);
@@ -564,12 +589,14 @@ TEST_F(RowsMigrateTest, HostileBucketListsChangeNothing) {
   ASSERT_GT(frames[2].size, 16u);
   std::vector<ByteView> cut_short = frames;
   cut_short[2].size -= 3;
-  EXPECT_EQ(code(c, Buckets(MigrateOp::kImport, mine), cut_short), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(c, Buckets(MigrateOp::kImport, mine), cut_short),
+            StatusCode::kInvalidArgument);
   const uint32_t full = KeyIn(mine).second;  // has rows in the export
   std::vector<uint32_t> others;
   for (uint32_t x : mine)
     if (x != full) others.push_back(x);
-  EXPECT_EQ(code(c, Buckets(MigrateOp::kImport, others), frames), StatusCode::kInvalidArgument);
+  EXPECT_EQ(code(c, Buckets(MigrateOp::kImport, others), frames),
+            StatusCode::kInvalidArgument);
   EXPECT_EQ(code(c, Buckets(MigrateOp::kImport, mine), {frames[0], frames[1]}),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(code(c, Buckets(MigrateOp::kImport, {mine[0], mine[0]}), frames),
@@ -601,16 +628,18 @@ TEST(ElasticDocBucketsTest, RoundTripAndHostileDocuments) {
   EXPECT_EQ(back->num_buckets, 6u);
   EXPECT_EQ(back->bucket_owners, d.bucket_owners);
   EXPECT_EQ(back->Active(), (std::vector<int>{0, 1, 2}));
-  EXPECT_NE(d.ToJson().find("[[0,2],[2,2],[1,1],[0,1]]"), std::string::npos) << d.ToJson();
-  const std::string head = R"({"epoch": 1, "servers": ["a", "b"], "owners": [0], )";
+  EXPECT_NE(d.ToJson().find("[[0,2],[2,2],[1,1],[0,1]]"), std::string::npos)
+      << d.ToJson();
+  const std::string head =
+      R"({"epoch": 1, "servers": ["a", "b"], "owners": [0], )";
   for (const char* bad : {
-           R"("buckets": 4})",                                  // runs missing
-           R"("bucket_owners": [[0, 4]]})",                     // count missing
-           R"("buckets": 0, "bucket_owners": []})",             // no bucket
+           R"("buckets": 4})",                       // runs missing
+           R"("bucket_owners": [[0, 4]]})",          // count missing
+           R"("buckets": 0, "bucket_owners": []})",  // no bucket
            R"("buckets": 4294967296, "bucket_owners": [[0, 1]]})",  // huge
-           R"("buckets": 4, "bucket_owners": [[0, 3]]})",       // short
-           R"("buckets": 4, "bucket_owners": [[0, 3], [1, 2]]})",  // long
-           R"("buckets": 4, "bucket_owners": [[2, 4]]})",       // no such shard
+           R"("buckets": 4, "bucket_owners": [[0, 3]]})",           // short
+           R"("buckets": 4, "bucket_owners": [[0, 3], [1, 2]]})",   // long
+           R"("buckets": 4, "bucket_owners": [[2, 4]]})",  // no such shard
            R"("buckets": 4, "bucket_owners": [[-1, 4]]})",
            R"("buckets": 4, "bucket_owners": [[0, 0], [1, 4]]})",  // empty run
            R"("buckets": 4, "bucket_owners": [[0, 2, 1], [1, 2]]})",
@@ -636,7 +665,9 @@ TEST(RebalanceBucketsTest, JoinTakesAThirdAndLeaveGivesItsBucketsAway) {
     }
   }
   EXPECT_EQ(moved, held[2]);
-  EXPECT_LE(std::max({held[0], held[1], held[2]}) - std::min({held[0], held[1], held[2]}), 1);
+  EXPECT_LE(std::max({held[0], held[1], held[2]}) -
+                std::min({held[0], held[1], held[2]}),
+            1);
   const std::vector<int> back = elastic::RebalanceBuckets(three, {0, 1});
   for (size_t b = 0; b < two.size(); ++b) {
     EXPECT_NE(back[b], 2);

@@ -29,7 +29,8 @@ class ElasticServerTest : public ::testing::Test {
            ("elastic_server_test-" + std::to_string(::getpid()) + "-" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::create_directories(dir_);
-    auto e = asyncps::testing::EtcdServer::Start((dir_ / "etcd").string(), dir_.string());
+    auto e = asyncps::testing::EtcdServer::Start((dir_ / "etcd").string(),
+                                                 dir_.string());
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     etcd_ = std::move(e).value();
     EtcdOptions eo;
@@ -65,8 +66,8 @@ class ElasticServerTest : public ::testing::Test {
     auto c = ClientSocket::Connect(o.endpoint, to);
     ASSERT_TRUE(c.ok());
     client_ = std::move(c).value();
-    RequestHeader reg =
-        testing::ShardHarness::Register(0, testing::SmallModel(), testing::SmallLayout(1));
+    RequestHeader reg = testing::ShardHarness::Register(
+        0, testing::SmallModel(), testing::SmallLayout(1));
     ASSERT_TRUE(Call(reg).status.ok());
   }
 
@@ -82,7 +83,9 @@ class ElasticServerTest : public ::testing::Test {
         ADD_FAILURE() << "no reply";
         return r;
       }
-      EXPECT_TRUE(DecodeReply(msg.frames[0].data, msg.frames[0].size, DecodeLimits(), &r).ok());
+      EXPECT_TRUE(DecodeReply(msg.frames[0].data, msg.frames[0].size,
+                              DecodeLimits(), &r)
+                      .ok());
       if (r.id == req.id) return r;
     }
   }
@@ -131,12 +134,15 @@ TEST_F(ElasticServerTest, OverdueFreezeWithoutACommitAborts) {
   auto frame = testing::Floats(g);
   RequestHeader push = testing::ShardHarness::Push(0, 0, {0}, {frame});
   push.id = ++next_id_;
-  std::vector<Frame> f{Frame::Owned(EncodeRequest(push)), Frame::Copy(frame.data, frame.size)};
+  std::vector<Frame> f{Frame::Owned(EncodeRequest(push)),
+                       Frame::Copy(frame.data, frame.size)};
   ASSERT_TRUE(client_->Send(f).ok());
   Message msg;
   ASSERT_TRUE(*client_->Receive(&msg, milliseconds(5000)));
   ReplyHeader r;
-  ASSERT_TRUE(DecodeReply(msg.frames[0].data, msg.frames[0].size, DecodeLimits(), &r).ok());
+  ASSERT_TRUE(
+      DecodeReply(msg.frames[0].data, msg.frames[0].size, DecodeLimits(), &r)
+          .ok());
   EXPECT_EQ(r.status.code(), StatusCode::kUnavailable);  // held by the freeze
   const std::string text = WaitUnfrozen();
   EXPECT_NE(text.find("\"frozen\":false"), std::string::npos) << text;

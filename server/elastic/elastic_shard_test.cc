@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <memory>
-
 #include <nlohmann/json.hpp>
 
 #include "common/elastic_doc.h"
@@ -35,12 +34,14 @@ TEST(ElasticDocTest, RoundTripAndBadDocuments) {
   EXPECT_EQ(back->owners, d.owners);
   EXPECT_EQ(back->Active(), (std::vector<int>{0, 2}));
   for (const char* bad :
-       {"", "[]", "{\"epoch\": 1}", "{\"epoch\": 1, \"servers\": [], \"owners\": []}",
+       {"", "[]", "{\"epoch\": 1}",
+        "{\"epoch\": 1, \"servers\": [], \"owners\": []}",
         "{\"epoch\": 1, \"servers\": [\"a\"], \"owners\": [1]}",
         "{\"epoch\": 1, \"servers\": [\"a\"], \"owners\": [-1]}",
         "{\"epoch\": -1, \"servers\": [\"a\"], \"owners\": [0]}",
         "{\"epoch\": 1, \"servers\": [\"a\"], \"owners\": [\"x\"]}"}) {
-    EXPECT_EQ(ElasticDoc::FromJson(bad).status().code(), StatusCode::kInvalidArgument)
+    EXPECT_EQ(ElasticDoc::FromJson(bad).status().code(),
+              StatusCode::kInvalidArgument)
         << bad;
   }
 }
@@ -69,13 +70,18 @@ TEST(RebalanceTest, JoinMovesOnlyWhatBalancesAndLeaveGivesEverythingAway) {
   for (int i = 0; i < 30; ++i) mixed.push_back(1000 + 97 * (i % 7));
   std::vector<int> start(30);
   for (int i = 0; i < 30; ++i) start[i] = i % 2;
-  EXPECT_LE(elastic::Imbalance(mixed, elastic::Rebalance(mixed, start, {0, 1, 2}), {0, 1, 2}),
+  EXPECT_LE(elastic::Imbalance(
+                mixed, elastic::Rebalance(mixed, start, {0, 1, 2}), {0, 1, 2}),
             1.15);
 }
 
-RequestHeader Migrate(MigrateOp op, uint64_t epoch) { return testing::MigrateRequest(op, epoch); }
+RequestHeader Migrate(MigrateOp op, uint64_t epoch) {
+  return testing::MigrateRequest(op, epoch);
+}
 
-ShardOptions Options(int id, int num_shards) { return testing::ElasticTestOptions(id, num_shards); }
+ShardOptions Options(int id, int num_shards) {
+  return testing::ElasticTestOptions(id, num_shards);
+}
 
 // The gradient every worker pushes to chunk `id` at `clock`.
 ByteView Grad(int rank, int64_t clock, uint32_t id, uint64_t n) {
@@ -88,7 +94,8 @@ void Step(ShardHarness& h, int64_t clock, uint64_t epoch = 0) {
   for (int rank = 0; rank < 2; ++rank) {
     if (!ids.empty()) {
       std::vector<ByteView> frames;
-      for (uint32_t id : ids) frames.push_back(Grad(rank, clock, id, h.ChunkElems(id)));
+      for (uint32_t id : ids)
+        frames.push_back(Grad(rank, clock, id, h.ChunkElems(id)));
       RequestHeader p = ShardHarness::Push(rank, clock, ids, frames);
       p.layout_epoch = epoch;
       ReplyHeader r = h.Call(p, frames);
@@ -104,9 +111,14 @@ void Step(ShardHarness& h, int64_t clock, uint64_t epoch = 0) {
 class MigrateTest : public ::testing::Test {
  protected:
   MigrateTest()
-      : a(Options(0, 2)), b(Options(1, 2)), c(Options(2, 3), &store), ref0(Options(0, 2)) {
+      : a(Options(0, 2)),
+        b(Options(1, 2)),
+        c(Options(2, 3), &store),
+        ref0(Options(0, 2)) {
     for (ShardHarness* h : {&a, &b, &ref0}) {
-      EXPECT_TRUE(h->Call(ShardHarness::Register(0, SmallModel(), SmallLayout(2))).status.ok());
+      EXPECT_TRUE(
+          h->Call(ShardHarness::Register(0, SmallModel(), SmallLayout(2)))
+              .status.ok());
     }
   }
 
@@ -163,8 +175,9 @@ TEST_F(MigrateTest, MoveUnderBspIsBitwiseTheSameAsNoMove) {
   }
   // Freeze at clock 4: step 3 still goes in; step 4 waits.
   Move(4);
-  EXPECT_TRUE(a.Call(Migrate(MigrateOp::kDescribe, 0)).text.find("\"drained\":false") !=
-              std::string::npos);
+  EXPECT_TRUE(
+      a.Call(Migrate(MigrateOp::kDescribe, 0)).text.find("\"drained\":false") !=
+      std::string::npos);
   Step(a, 3);
   Step(b, 3);
   Step(ref0, 3);
@@ -173,9 +186,11 @@ TEST_F(MigrateTest, MoveUnderBspIsBitwiseTheSameAsNoMove) {
   ReplyHeader r = a.Call(held, {g});
   EXPECT_EQ(r.status.code(), StatusCode::kUnavailable);
   EXPECT_GT(r.retry_ms, 0u);
-  EXPECT_EQ(a.Call(ShardHarness::Clock(0, 5)).status.code(), StatusCode::kUnavailable);
-  EXPECT_NE(a.Call(Migrate(MigrateOp::kDescribe, 0)).text.find("\"drained\":true"),
-            std::string::npos);
+  EXPECT_EQ(a.Call(ShardHarness::Clock(0, 5)).status.code(),
+            StatusCode::kUnavailable);
+  EXPECT_NE(
+      a.Call(Migrate(MigrateOp::kDescribe, 0)).text.find("\"drained\":true"),
+      std::string::npos);
   const std::vector<float> w4 = *a.shard->weights(4);
   const std::vector<float> s4 = *a.shard->optimizer_state(4);
   CopyChunk4();
@@ -237,21 +252,25 @@ TEST_F(MigrateTest, MoveUnderBspIsBitwiseTheSameAsNoMove) {
 // A re-route splits one round's push into several to one shard: each piece
 // counts once; a second gradient of a chunk for the round does not.
 TEST_F(MigrateTest, BspCountsThePiecesOfOneSplitPush) {
-  // The reference gets each rank's round-0 gradient of chunks 0 and 2 in one push.
+  // The reference gets each rank's round-0 gradient of chunks 0 and 2 in one
+  // push.
   for (int rank = 0; rank < 2; ++rank) {
     std::vector<ByteView> g{Grad(rank, 0, 0, 16), Grad(rank, 0, 2, 16)};
-    ASSERT_TRUE(ref0.Call(ShardHarness::Push(rank, 0, {0, 2}, g), g).status.ok());
+    ASSERT_TRUE(
+        ref0.Call(ShardHarness::Push(rank, 0, {0, 2}, g), g).status.ok());
   }
   // `a` gets the same gradients, chunk by chunk, and chunk 0 of rank 0 twice.
   for (int rank = 0; rank < 2; ++rank) {
     for (uint32_t id : {0u, 2u}) {
       auto g = Grad(rank, 0, id, 16);
-      ASSERT_TRUE(a.Call(ShardHarness::Push(rank, 0, {id}, {g}), {g}).status.ok());
+      ASSERT_TRUE(
+          a.Call(ShardHarness::Push(rank, 0, {id}, {g}), {g}).status.ok());
     }
   }
   const uint64_t skipped = a.shard->counters().skipped_pushes;
   auto again = Grad(0, 0, 0, 16);
-  ASSERT_TRUE(a.Call(ShardHarness::Push(0, 0, {0}, {again}), {again}).status.ok());
+  ASSERT_TRUE(
+      a.Call(ShardHarness::Push(0, 0, {0}, {again}), {again}).status.ok());
   EXPECT_EQ(a.shard->counters().skipped_pushes, skipped + 1);
   for (ShardHarness* h : {&a, &ref0}) {
     for (int rank = 0; rank < 2; ++rank)
@@ -277,13 +296,15 @@ TEST_F(MigrateTest, ClockThatOvertakesAHeldPushWaitsForIt) {
   const auto& ids = a.shard->layout()->shard_chunks(0);
   auto push = [&](int rank) {
     std::vector<ByteView> frames;
-    for (uint32_t id : ids) frames.push_back(Grad(rank, 2, id, a.ChunkElems(id)));
+    for (uint32_t id : ids)
+      frames.push_back(Grad(rank, 2, id, a.ChunkElems(id)));
     return a.Call(ShardHarness::Push(rank, 2, ids, frames), frames);
   };
   EXPECT_EQ(push(0).status.code(), StatusCode::kUnavailable);
   ASSERT_TRUE(a.Call(Migrate(MigrateOp::kAbort, 1)).status.ok());
   ReplyHeader early = a.Call(ShardHarness::Clock(0, 3));
-  EXPECT_EQ(early.status.code(), StatusCode::kUnavailable) << early.status.ToString();
+  EXPECT_EQ(early.status.code(), StatusCode::kUnavailable)
+      << early.status.ToString();
   EXPECT_GT(early.retry_ms, 0u);
   // A clock that does not pass the held push still goes in.
   EXPECT_TRUE(a.Call(ShardHarness::Clock(0, 2)).status.ok());
@@ -296,7 +317,8 @@ TEST_F(MigrateTest, ClockThatOvertakesAHeldPushWaitsForIt) {
   EXPECT_EQ(a.shard->counters().skipped_pushes, skipped);
   EXPECT_EQ(a.shard->bsp_round(), 3);
   Step(ref0, 2);
-  for (uint32_t id : ids) EXPECT_EQ(*a.shard->weights(id), *ref0.shard->weights(id)) << id;
+  for (uint32_t id : ids)
+    EXPECT_EQ(*a.shard->weights(id), *ref0.shard->weights(id)) << id;
 
   // A new process of rank 0 (another incarnation) is not held by the push
   // its predecessor left behind.
@@ -343,7 +365,8 @@ TEST_F(MigrateTest, IdleFleetFreezesAtItsClockAndIsDrainedAtOnce) {
   // Once a worker pushed for round 3, a freeze at 3 comes too late.
   frames.clear();
   for (uint32_t id : ids) frames.push_back(Grad(0, 3, id, a.ChunkElems(id)));
-  ASSERT_TRUE(a.Call(ShardHarness::Push(0, 3, ids, frames), frames).status.ok());
+  ASSERT_TRUE(
+      a.Call(ShardHarness::Push(0, 3, ids, frames), frames).status.ok());
   f.migrate_at_clock = 3;
   EXPECT_EQ(a.Call(f).status.code(), StatusCode::kFailedPrecondition);
   EXPECT_FALSE(a.shard->frozen());
@@ -407,7 +430,8 @@ TEST_F(MigrateTest, HostileMigrateRequestsChangeNothing) {
   RequestHeader i = Migrate(MigrateOp::kImport, 1);
   i.migrate_chunks = {4};
   std::vector<ByteView> frames = out[0].frames;
-  EXPECT_EQ(c.Call(i, {frames[0], frames[1]}).status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.Call(i, {frames[0], frames[1]}).status.code(),
+            StatusCode::kInvalidArgument);
   std::vector<ByteView> cut = frames;
   cut[2].size -= 4;
   EXPECT_EQ(c.Call(i, cut).status.code(), StatusCode::kInvalidArgument);
@@ -416,7 +440,8 @@ TEST_F(MigrateTest, HostileMigrateRequestsChangeNothing) {
   EXPECT_FALSE(c.shard->registered());
   // A document that does not fit the layout.
   RequestHeader d = Migrate(MigrateOp::kAdopt, 1);
-  d.migrate_doc = "{\"epoch\": 1, \"servers\": [\"a\", \"b\"], \"owners\": [0, 1]}";
+  d.migrate_doc =
+      "{\"epoch\": 1, \"servers\": [\"a\", \"b\"], \"owners\": [0, 1]}";
   EXPECT_EQ(a.Call(d).status.code(), StatusCode::kInvalidArgument);
   d.migrate_doc = "not json";
   EXPECT_EQ(a.Call(d).status.code(), StatusCode::kInvalidArgument);

@@ -1,7 +1,7 @@
-// Chunk records (server/shard/shard_persist.cc, "2chunk/<id>") parsed and re-cut:
-// the offline resharding tool (server/reshard/reshard.h) rebuilds the chunks of a
-// layout for S' shards from those of the layout for S when the two cut the
-// tensors differently. Not part of the server API.
+// Chunk records (server/shard/shard_persist.cc, "2chunk/<id>") parsed and
+// re-cut: the offline resharding tool (server/reshard/reshard.h) rebuilds the
+// chunks of a layout for S' shards from those of the layout for S when the two
+// cut the tensors differently. Not part of the server API.
 //
 // Everything a chunk stores per element (the weight, each component of the
 // optimizer state, stored component by component: [m(0..n), v(0..n)], the

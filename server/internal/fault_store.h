@@ -39,9 +39,9 @@ class FaultInjectionStore final : public Store {
     return base_->OpenSpace(name);
   }
   std::unique_ptr<StoreBatch> NewBatch() override { return base_->NewBatch(); }
-  Status MultiGet(SpaceId space, const std::string_view* keys, size_t n,
-                  const std::function<void(size_t, std::string_view)>& found)
-      override {
+  Status MultiGet(
+      SpaceId space, const std::string_view* keys, size_t n,
+      const std::function<void(size_t, std::string_view)>& found) override {
     return base_->MultiGet(space, keys, n, found);
   }
   Status ScanSpace(SpaceId space,

@@ -35,8 +35,8 @@ std::string EncodeLayoutRecord(const Layout& layout) {
   return h;
 }
 
-Status ParseLayoutRecord(std::string_view value, std::vector<TensorSpec>* tensors,
-                         LayoutOptions* lo) {
+Status ParseLayoutRecord(std::string_view value,
+                         std::vector<TensorSpec>* tensors, LayoutOptions* lo) {
   Reader r(value);
   uint32_t magic = 0, num_shards = 0, nt = 0;
   uint64_t ce = 0, mce = 0;
@@ -60,7 +60,8 @@ Status ParseLayoutRecord(std::string_view value, std::vector<TensorSpec>* tensor
     uint8_t init = 0;
     if (!r.Get(&len) || len > r.remaining()) return Damaged("name");
     t.name.resize(len);
-    if (!r.GetBytes(t.name.data(), len) || !r.Get(&nd) || nd > 8) return Damaged("shape");
+    if (!r.GetBytes(t.name.data(), len) || !r.Get(&nd) || nd > 8)
+      return Damaged("shape");
     t.shape.resize(nd);
     for (int64_t& d : t.shape) {
       if (!r.Get(&d)) return Damaged("shape");

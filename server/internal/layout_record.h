@@ -28,7 +28,8 @@ std::string EncodeLayoutRecord(const Layout& layout);
 // outside [1, 4096]), an unknown initialiser or placement, truncation or
 // trailing bytes. Sizes are checked against the bytes left before anything
 // is allocated. The specs themselves are checked by Layout::Create.
-Status ParseLayoutRecord(std::string_view value, std::vector<TensorSpec>* tensors,
+Status ParseLayoutRecord(std::string_view value,
+                         std::vector<TensorSpec>* tensors,
                          LayoutOptions* options);
 
 }  // namespace asyncps::server::internal

@@ -43,7 +43,8 @@ TEST(LayoutRecordTest, BothPlacementsRoundTrip) {
 TEST(LayoutRecordTest, DamagedRecordsAreRefused) {
   LayoutOptions o = testing::SmallLayout(2);
   o.placement = Placement::kInOrder;
-  const std::string rec = internal::EncodeLayoutRecord(*Layout::Create(testing::SmallModel(), o));
+  const std::string rec =
+      internal::EncodeLayoutRecord(*Layout::Create(testing::SmallModel(), o));
   std::vector<TensorSpec> tensors;
   LayoutOptions lo;
   const auto code = [&](const std::string& r) {
@@ -51,7 +52,8 @@ TEST(LayoutRecordTest, DamagedRecordsAreRefused) {
   };
   ASSERT_EQ(code(rec), StatusCode::kOk);
   for (size_t n = 0; n < rec.size(); ++n) {
-    EXPECT_EQ(code(rec.substr(0, n)), StatusCode::kCorruption) << "truncated at " << n;
+    EXPECT_EQ(code(rec.substr(0, n)), StatusCode::kCorruption)
+        << "truncated at " << n;
   }
   EXPECT_EQ(code(rec + "x"), StatusCode::kCorruption);
   std::string bad = rec;

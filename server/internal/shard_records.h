@@ -1,6 +1,7 @@
 // Keys and magic numbers of a shard's default-space store records, shared by
-// the shard (server/shard/shard_persist.cc, which documents the formats) and the
-// offline resharding tool (server/reshard/reshard.cc). Not part of the server API.
+// the shard (server/shard/shard_persist.cc, which documents the formats) and
+// the offline resharding tool (server/reshard/reshard.cc). Not part of the
+// server API.
 #pragma once
 
 #include <cstdint>
@@ -9,8 +10,9 @@
 
 namespace asyncps::server::internal {
 
-inline constexpr uint32_t kLayoutMagic = 0x3159414c;   // "LAY1"
-inline constexpr uint32_t kLayoutMagicV2 = 0x3259414c; // "LAY2" (layout_record.h)
+inline constexpr uint32_t kLayoutMagic = 0x3159414c;  // "LAY1"
+inline constexpr uint32_t kLayoutMagicV2 =
+    0x3259414c;  // "LAY2" (layout_record.h)
 inline constexpr uint32_t kStateMagicV1 = 0x31415453;  // "STA1"
 inline constexpr uint32_t kStateMagic = 0x32415453;    // "STA2"
 inline constexpr uint32_t kChunkMagic = 0x314b4843;    // "CHK1"

@@ -1,5 +1,5 @@
-// Private types of server/shard/shard.h shared by the shard_*.cc files. Not part of
-// the server API.
+// Private types of server/shard/shard.h shared by the shard_*.cc files. Not
+// part of the server API.
 #pragma once
 
 #include <array>
@@ -47,7 +47,7 @@ struct ShardChunk {
   // (-1: none). One push per rank and round per chunk: an elastic re-route
   // may split one round's push into several to the same shard.
   std::vector<int64_t> pushed_round;
-  uint64_t stamp = 0;          // push validation: seen in push #stamp
+  uint64_t stamp = 0;  // push validation: seen in push #stamp
   // kAssign: the upload whose `state` request set this chunk's optimizer
   // state (kept by that upload's commit; 0: none).
   uint64_t state_upload = 0;
@@ -103,18 +103,19 @@ struct ReplyPin {
   std::array<uint64_t, 3> added{};
   ~ReplyPin() {
     for (size_t i = 0; i < counters.size(); ++i) {
-      if (counters[i]) counters[i]->fetch_sub(added[i], std::memory_order_relaxed);
+      if (counters[i])
+        counters[i]->fetch_sub(added[i], std::memory_order_relaxed);
     }
   }
 };
 
 // Delay compensation: the pull snapshots one worker read at its last
-// kDcReadSlots clocks (server/optimizer/staleness_rules.h). The buffers are the shared
-// pull snapshots, charged to the budget when they were made.
+// kDcReadSlots clocks (server/optimizer/staleness_rules.h). The buffers are the
+// shared pull snapshots, charged to the budget when they were made.
 struct Shard::DcReads {
   struct Slot {
     uint64_t incarnation = 0;
-    int64_t clock = -1;  // -1: empty
+    int64_t clock = -1;                                  // -1: empty
     std::vector<std::shared_ptr<ChargedBuffer>> chunks;  // by local index
   };
   std::array<Slot, kDcReadSlots> slots;

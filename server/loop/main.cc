@@ -23,11 +23,11 @@
 #include "common/etcd_flags.h"
 #include "common/file_util.h"
 #include "common/metrics_flags.h"
+#include "common/tool_main.h"
 #include "common/transport.h"
 #include "server/loop/server.h"
 #include "server/loop/shutdown_watchdog.h"
 #include "server/replication/replica_auth.h"
-#include "common/tool_main.h"
 
 DEFINE_string(endpoint, "tcp://127.0.0.1:*",
               "ZeroMQ endpoint to bind; tcp://127.0.0.1:* picks a free port");
@@ -213,17 +213,18 @@ DEFINE_string(advertise_endpoint, "",
               "endpoint other processes reach this one at (default: the "
               "bound --endpoint, with its real port); checked at start by a "
               "probe that must come back to this process");
-DEFINE_string(replica_tag, "header",
-              "with --etcd and no --curve_secret_key: what the tag of each "
-              "update a primary hands its backups covers. header: its header "
-              "(sender, session, id, epoch) and every frame's length, which "
-              "stops any peer off the network path from forging or "
-              "replaying replica traffic, at no measurable cost; all: every "
-              "byte too, so that a host on the path cannot alter an update "
-              "either (a Poly1305 pass over each byte on both sides, 0.65-0.86x "
-              "push throughput here; a backup set to all refuses "
-              "updates tagged header only). A worker's own pushes are "
-              "covered only by CurveZMQ: use it where the path is not trusted");
+DEFINE_string(
+    replica_tag, "header",
+    "with --etcd and no --curve_secret_key: what the tag of each "
+    "update a primary hands its backups covers. header: its header "
+    "(sender, session, id, epoch) and every frame's length, which "
+    "stops any peer off the network path from forging or "
+    "replaying replica traffic, at no measurable cost; all: every "
+    "byte too, so that a host on the path cannot alter an update "
+    "either (a Poly1305 pass over each byte on both sides, 0.65-0.86x "
+    "push throughput here; a backup set to all refuses "
+    "updates tagged header only). A worker's own pushes are "
+    "covered only by CurveZMQ: use it where the path is not trusted");
 DEFINE_string(replica_secret_file, "",
               "with --etcd and no --curve_secret_key: a file (mode 600) "
               "holding the replica group's secret, 64 hex digits (ps_ctl "
@@ -288,10 +289,11 @@ srv::ServerOptions OptionsFromFlags() {
   o.checkpoint_every = std::chrono::milliseconds(
       static_cast<int64_t>(FLAGS_checkpoint_every_s * 1000));
   o.max_message_bytes = FLAGS_max_message_bytes;
-  if (FLAGS_max_frame_bytes < 1024) BadFlag("--max_frame_bytes must be >= 1024");
+  if (FLAGS_max_frame_bytes < 1024)
+    BadFlag("--max_frame_bytes must be >= 1024");
   o.max_frame_bytes = FLAGS_max_frame_bytes;
-  if (Status sb = asyncps::CheckSendBufferKb(FLAGS_send_buffer_kb,
-                                             "--send_buffer_kb");
+  if (Status sb =
+          asyncps::CheckSendBufferKb(FLAGS_send_buffer_kb, "--send_buffer_kb");
       !sb.ok())
     BadFlag(sb.ToString());
   o.send_buffer_bytes = FLAGS_send_buffer_kb * 1024;
@@ -311,8 +313,9 @@ srv::ServerOptions OptionsFromFlags() {
       FLAGS_sparse_consistency != FLAGS_consistency) {
     if (FLAGS_sparse_consistency != "asp" ||
         s.consistency != srv::Consistency::kBsp) {
-      BadFlag("--sparse_consistency: only asp with --consistency=bsp (or "
-              "the same as --consistency)");
+      BadFlag(
+          "--sparse_consistency: only asp with --consistency=bsp (or "
+          "the same as --consistency)");
     }
     s.sparse_async = true;
   }
@@ -345,8 +348,9 @@ srv::ServerOptions OptionsFromFlags() {
   s.lr_warmup_updates = FLAGS_lr_warmup_updates;
   if (FLAGS_lr_warmup_epochs > 0) {
     if (FLAGS_updates_per_epoch == 0) {
-      BadFlag("--lr_warmup_epochs needs --updates_per_epoch (the shard counts "
-              "updates, not epochs)");
+      BadFlag(
+          "--lr_warmup_epochs needs --updates_per_epoch (the shard counts "
+          "updates, not epochs)");
     }
     s.lr_warmup_updates = static_cast<uint64_t>(
         FLAGS_lr_warmup_epochs * static_cast<double>(FLAGS_updates_per_epoch) +
@@ -388,10 +392,10 @@ srv::ServerOptions OptionsFromFlags() {
       static_cast<size_t>(FLAGS_max_inflight_per_client);
   if (FLAGS_memory_budget_mb < 0 || FLAGS_memory_budget_mb > (int64_t{1} << 40))
     BadFlag("--memory_budget_mb must be in [0, 2^40]");
-  s.memory_budget_bytes =
-      FLAGS_memory_budget_mb == 0
-          ? srv::MemoryBudget::DefaultCapacity()
-          : static_cast<uint64_t>(FLAGS_memory_budget_mb) << 20;
+  s.memory_budget_bytes = FLAGS_memory_budget_mb == 0
+                              ? srv::MemoryBudget::DefaultCapacity()
+                              : static_cast<uint64_t>(FLAGS_memory_budget_mb)
+                                    << 20;
   if (FLAGS_max_unsent_mb_per_client < 1 ||
       FLAGS_max_unsent_mb_per_client > (int64_t{1} << 30))
     BadFlag("--max_unsent_mb_per_client must be in [1, 2^30]");
@@ -400,13 +404,14 @@ srv::ServerOptions OptionsFromFlags() {
   s.max_clock_jump = FLAGS_max_clock_jump;
   if (FLAGS_max_park_s < 0.001 || FLAGS_max_park_s > 1e6)
     BadFlag("--max_park_s must be in [0.001, 1e6]");
-  s.max_park_time = std::chrono::milliseconds(
-      static_cast<int64_t>(FLAGS_max_park_s * 1000));
+  s.max_park_time =
+      std::chrono::milliseconds(static_cast<int64_t>(FLAGS_max_park_s * 1000));
   if (FLAGS_scan_snapshot_idle_s < 0.001 || FLAGS_scan_snapshot_idle_s > 1e6)
     BadFlag("--scan_snapshot_idle_s must be in [0.001, 1e6]");
   s.scan_snapshot_idle = std::chrono::milliseconds(
       static_cast<int64_t>(FLAGS_scan_snapshot_idle_s * 1000));
-  if (FLAGS_shutdown_timeout_s <= 0) BadFlag("--shutdown_timeout_s must be > 0");
+  if (FLAGS_shutdown_timeout_s <= 0)
+    BadFlag("--shutdown_timeout_s must be > 0");
   if (FLAGS_replicas < 1 || FLAGS_replicas > 16)
     BadFlag("--replicas must be in [1, 16]");
   if (FLAGS_replica < 0 || FLAGS_replica >= FLAGS_replicas)
@@ -424,7 +429,8 @@ srv::ServerOptions OptionsFromFlags() {
     if (FLAGS_etcd_prefix.empty() || FLAGS_etcd_prefix[0] != '/')
       BadFlag("--etcd_prefix must start with /");
     o.elastic_etcd_endpoints = SplitEndpoints(FLAGS_elastic_etcd);
-    if (o.elastic_etcd_endpoints.empty()) BadFlag("--elastic_etcd: no endpoint");
+    if (o.elastic_etcd_endpoints.empty())
+      BadFlag("--elastic_etcd: no endpoint");
     o.elastic_prefix = FLAGS_etcd_prefix;
   }
   if (!FLAGS_etcd.empty()) {
@@ -432,26 +438,31 @@ srv::ServerOptions OptionsFromFlags() {
     // worker read would differ between replicas.
     if (s.staleness_lr != srv::StalenessLr::kNone ||
         s.delay_compensation.enabled()) {
-      BadFlag("--staleness_lr and --dc_lambda depend on pulls, which "
-              "backups do not see: not supported with --etcd");
+      BadFlag(
+          "--staleness_lr and --dc_lambda depend on pulls, which "
+          "backups do not see: not supported with --etcd");
     }
     if (FLAGS_replica_tag == "all") {
       o.replica_tag_coverage = srv::replication::Coverage::kAll;
     } else if (FLAGS_replica_tag != "header") {
-      BadFlag("--replica_tag must be header or all, not '" + FLAGS_replica_tag + "'");
+      BadFlag("--replica_tag must be header or all, not '" + FLAGS_replica_tag +
+              "'");
     }
     if (FLAGS_replica_tag == "all" && !FLAGS_curve_secret_key.empty()) {
-      BadFlag("--replica_tag=all with --curve_secret_key: CurveZMQ already "
-              "authenticates every byte");
+      BadFlag(
+          "--replica_tag=all with --curve_secret_key: CurveZMQ already "
+          "authenticates every byte");
     }
     if (!FLAGS_replica_secret_file.empty()) {
       if (!FLAGS_curve_secret_key.empty()) {
-        BadFlag("--replica_secret_file with --curve_secret_key: with CURVE "
-                "the replicas' keys authenticate replica traffic");
+        BadFlag(
+            "--replica_secret_file with --curve_secret_key: with CURVE "
+            "the replicas' keys authenticate replica traffic");
       }
       StatusOr<std::string> secret =
           srv::replication::LoadReplicaSecret(FLAGS_replica_secret_file);
-      if (!secret.ok()) BadFlag("--replica_secret_file: " + secret.status().message());
+      if (!secret.ok())
+        BadFlag("--replica_secret_file: " + secret.status().message());
       o.replica_secret = *secret;
     }
     if (FLAGS_lease_ms < 100 || FLAGS_lease_ms > 600000)
@@ -464,18 +475,20 @@ srv::ServerOptions OptionsFromFlags() {
     o.replication.replicas = FLAGS_replicas;
     o.replication.replica = FLAGS_replica;
     o.replication.lease_ttl = std::chrono::milliseconds(FLAGS_lease_ms);
-    o.replication.poll =
-        std::chrono::milliseconds(std::max(10, std::min(100, FLAGS_lease_ms / 5)));
+    o.replication.poll = std::chrono::milliseconds(
+        std::max(10, std::min(100, FLAGS_lease_ms / 5)));
     o.replication.endpoint = FLAGS_advertise_endpoint;
     if (FLAGS_replica_suspect_ms < 0 || FLAGS_replica_suspect_ms > 600000)
       BadFlag("--replica_suspect_ms must be in [0, 600000]");
     if (FLAGS_replica_suspect_ms > 0 && FLAGS_replica_suspect_ms < 200)
       BadFlag("--replica_suspect_ms below 200 would depose busy primaries");
-    o.replica_suspect_after = std::chrono::milliseconds(FLAGS_replica_suspect_ms);
+    o.replica_suspect_after =
+        std::chrono::milliseconds(FLAGS_replica_suspect_ms);
     o.replicate_after_aggregation = FLAGS_replicate_after_aggregation;
     if (FLAGS_round_record_flush_ms < 1 || FLAGS_round_record_flush_ms > 600000)
       BadFlag("--round_record_flush_ms must be in [1, 600000]");
-    o.round_record_flush_after = std::chrono::milliseconds(FLAGS_round_record_flush_ms);
+    o.round_record_flush_after =
+        std::chrono::milliseconds(FLAGS_round_record_flush_ms);
   }
   if (!FLAGS_curve_secret_key.empty()) {
     StatusOr<std::string> k = asyncps::LoadCurveKey(FLAGS_curve_secret_key);
@@ -499,7 +512,8 @@ srv::ServerOptions OptionsFromFlags() {
       BadFlag("--curve_admin_clients needs --curve_secret_key");
     StatusOr<std::vector<std::string>> keys =
         asyncps::LoadCurveKeyList(FLAGS_curve_admin_clients);
-    if (!keys.ok()) BadFlag("--curve_admin_clients: " + keys.status().message());
+    if (!keys.ok())
+      BadFlag("--curve_admin_clients: " + keys.status().message());
     if (keys->empty())
       BadFlag("--curve_admin_clients: no key in " + FLAGS_curve_admin_clients);
     o.curve_admin_keys = *keys;
@@ -512,8 +526,8 @@ srv::ServerOptions OptionsFromFlags() {
   }
   if (FLAGS_apply_threads < 0 || FLAGS_apply_threads > 256)
     BadFlag("--apply_threads must be in [0, 256]");
-  s.apply_threads = FLAGS_apply_threads > 0 ? FLAGS_apply_threads
-                                            : DefaultApplyThreads();
+  s.apply_threads =
+      FLAGS_apply_threads > 0 ? FLAGS_apply_threads : DefaultApplyThreads();
   s.transport_only = FLAGS_transport_only;
   if (FLAGS_embedding_cache_bytes < (1u << 20))
     BadFlag("--embedding_cache_bytes must be >= 1 MiB");
@@ -543,7 +557,8 @@ srv::ServerOptions OptionsFromFlags() {
 int main(int argc, char** argv) {
   asyncps::ToolOptions tool;
   tool.tune_allocator_for_messages = true;
-  asyncps::InitTool("ps_server: one shard of the asyncps parameter server", &argc, &argv, tool);
+  asyncps::InitTool("ps_server: one shard of the asyncps parameter server",
+                    &argc, &argv, tool);
   if (argc > 1) BadFlag(std::string("unexpected argument '") + argv[1] + "'");
 
   // Signals are taken by a dedicated thread (sigtimedwait): no global flag.
@@ -561,10 +576,10 @@ int main(int argc, char** argv) {
             << s.staleness << ", staleness lr "
             << srv::StalenessLrName(s.staleness_lr) << ", delay compensation "
             << s.delay_compensation.ToString() << ", lr schedule "
-            << s.lr_schedule().ToString()
-            << ", optimizer " << s.optimizer.ToString() << ", db_path '"
-            << options.db_path << "', checkpoint every "
-            << options.checkpoint_every.count() << " ms, durable " << s.durable
+            << s.lr_schedule().ToString() << ", optimizer "
+            << s.optimizer.ToString() << ", db_path '" << options.db_path
+            << "', checkpoint every " << options.checkpoint_every.count()
+            << " ms, durable " << s.durable
             << (FLAGS_durable_sync ? " (fsync)" : "") << ", worker timeout "
             << s.worker_timeout.count() << " ms, max message "
             << options.max_message_bytes << " B (frames "
@@ -577,12 +592,11 @@ int main(int argc, char** argv) {
                     ? (options.allow_remote_admin ? "anywhere" : "loopback")
                     : std::to_string(options.curve_admin_keys.size()) +
                           " CURVE admin keys")
-            << ", max parked pulls "
-            << s.max_parked_pulls << ", max in flight per client "
-            << s.max_inflight_per_client << ", apply threads "
-            << s.apply_threads << ", embedding cache " << s.sparse.cache_bytes
-            << " B, max sparse keys " << s.sparse.max_keys_per_request
-            << ", CURVE "
+            << ", max parked pulls " << s.max_parked_pulls
+            << ", max in flight per client " << s.max_inflight_per_client
+            << ", apply threads " << s.apply_threads << ", embedding cache "
+            << s.sparse.cache_bytes << " B, max sparse keys "
+            << s.sparse.max_keys_per_request << ", CURVE "
             << (options.curve_secret_key.empty()
                     ? std::string("off")
                     : "on (" +

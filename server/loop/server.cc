@@ -1,17 +1,16 @@
 #include "server/loop/server.h"
 
-#include "common/elastic_doc.h"
-#include "server/loop/trust.h"
-#include "server/replication/replica_auth.h"
-
 #include <glog/logging.h>
-
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/elastic_doc.h"
+#include "server/loop/trust.h"
+#include "server/replication/replica_auth.h"
 
 namespace asyncps::server {
 namespace {
@@ -44,7 +43,8 @@ void Server::UpdateView() {
   for (const std::string& spare :
        replicator_->TakeJoiners(std::chrono::steady_clock::now())) {
     Status j = CopyToSpare(spare);
-    if (!j.ok()) LOG(ERROR) << "copying to spare " << spare << ": " << j.ToString();
+    if (!j.ok())
+      LOG(ERROR) << "copying to spare " << spare << ": " << j.ToString();
   }
   for (const std::string& joined : replicator_->TakeJoined()) {
     membership_->AddBackup(joined);
@@ -90,7 +90,8 @@ void Server::HandleSnapshot(const std::string& peer, Message& msg,
                             std::chrono::steady_clock::time_point now) {
   namespace fs = std::filesystem;
   Status ok = replicator_->CheckSnapshot(req_, sender);
-  if (!ok.ok() && RefreshViewForReplica()) ok = replicator_->CheckSnapshot(req_, sender);
+  if (!ok.ok() && RefreshViewForReplica())
+    ok = replicator_->CheckSnapshot(req_, sender);
   if (!ok.ok()) return Reply(peer, ok, RejectReason::kNotPrimary);
   const std::string& name = req_.snapshot_file;
   // A plain file name: nothing a peer sends may point outside the folder.
@@ -183,8 +184,9 @@ Status Server::InstallSnapshot(const std::string& staging,
   fs::remove_all(options_.db_path, ec);
   fs::remove_all(options_.db_path + ".cut", ec);
   fs::rename(staging, options_.db_path, ec);
-  Status s = ec ? Status::Unavailable("installing the snapshot: " + ec.message())
-                : Status::OK();
+  Status s =
+      ec ? Status::Unavailable("installing the snapshot: " + ec.message())
+         : Status::OK();
   if (s.ok()) {
     RocksDbStoreOptions so;
     so.path = options_.db_path;
@@ -225,9 +227,8 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
     so.path = options.db_path;
     ASSIGN_OR_RETURN(s->store_, OpenRocksDbStore(so));
   }
-  ASSIGN_OR_RETURN(s->shard_,
-                   Shard::Create(s->options_.shard, s->store_.get(),
-                                 std::chrono::steady_clock::now()));
+  ASSIGN_OR_RETURN(s->shard_, Shard::Create(s->options_.shard, s->store_.get(),
+                                            std::chrono::steady_clock::now()));
   TransportOptions to;
   to.context = options.context;
   to.max_message_bytes = options.max_message_bytes;
@@ -286,7 +287,8 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
       RETURN_IF_ERROR(GenerateCurveKeyPair(&ro.transport.curve_public_key,
                                            &ro.transport.curve_secret_key));
       mo.replica_key = ro.transport.curve_public_key;
-      ASSIGN_OR_RETURN(mo.server_key, DeriveCurvePublicKey(options.curve_secret_key));
+      ASSIGN_OR_RETURN(mo.server_key,
+                       DeriveCurvePublicKey(options.curve_secret_key));
     } else if (options.replica_secret.empty()) {
       mo.group_secret_in_etcd = true;
     }
@@ -299,8 +301,9 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
     ro.name = s->membership_->name();
     ro.incarnation = s->membership_->incarnation();
     if (options.curve_secret_key.empty()) {
-      ro.secret = options.replica_secret.empty() ? s->membership_->group_secret()
-                                                 : options.replica_secret;
+      ro.secret = options.replica_secret.empty()
+                      ? s->membership_->group_secret()
+                      : options.replica_secret;
     }
     ASSIGN_OR_RETURN(s->replicator_, replication::Replicator::Create(ro));
     // A backup until the layout names it the primary: it evicts no worker
@@ -345,21 +348,25 @@ Status Server::ProbeAdvertisedEndpoint(const std::string& endpoint,
   RETURN_IF_ERROR(CheckConnectable(endpoint));
   TransportOptions to = transport;
   if (!options_.curve_secret_key.empty()) {
-    ASSIGN_OR_RETURN(to.curve_server_key, DeriveCurvePublicKey(options_.curve_secret_key));
+    ASSIGN_OR_RETURN(to.curve_server_key,
+                     DeriveCurvePublicKey(options_.curve_secret_key));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<ClientSocket> c, ClientSocket::Connect(endpoint, to));
+  ASSIGN_OR_RETURN(std::unique_ptr<ClientSocket> c,
+                   ClientSocket::Connect(endpoint, to));
   // A probe no request can be mistaken for (it does not decode as one), with
   // a random part: only this process's socket can show it back.
   ASSIGN_OR_RETURN(std::string nonce, replication::RandomBytes(16));
-  const std::string probe = "asyncps advertised-endpoint probe " +
-                            replication::SecretToHex(nonce);
+  const std::string probe =
+      "asyncps advertised-endpoint probe " + replication::SecretToHex(nonce);
   std::vector<Frame> frames{Frame::Copy(probe.data(), probe.size())};
   RETURN_IF_ERROR(c->Send(frames));
-  const auto until = std::chrono::steady_clock::now() + options_.advertise_probe_timeout;
+  const auto until =
+      std::chrono::steady_clock::now() + options_.advertise_probe_timeout;
   while (std::chrono::steady_clock::now() < until) {
     std::string peer;
     Message msg;
-    StatusOr<bool> got = socket_->Receive(&peer, &msg, std::chrono::milliseconds(20));
+    StatusOr<bool> got =
+        socket_->Receive(&peer, &msg, std::chrono::milliseconds(20));
     if (!got.ok() || !*got) continue;
     if (msg.frames.size() == 1 && msg.frames[0].size == probe.size() &&
         std::memcmp(msg.frames[0].data, probe.data(), probe.size()) == 0)
@@ -415,8 +422,10 @@ void Server::ResolveOverdueFreeze(std::chrono::steady_clock::time_point now) {
     req.migrate_op = MigrateOp::kAbort;
     req.migrate_epoch = toward;
   }
-  LOG(WARNING) << "elastic: no adopt or abort before the deadline; etcd holds epoch "
-               << committed << ": " << (committed >= toward ? "adopting it" : "aborting");
+  LOG(WARNING)
+      << "elastic: no adopt or abort before the deadline; etcd holds epoch "
+      << committed << ": "
+      << (committed >= toward ? "adopting it" : "aborting");
   std::vector<OutgoingReply> replies;
   shard_->Handle(std::string(), req, {}, now, &replies);
   for (OutgoingReply& r : replies) {
@@ -457,12 +466,13 @@ Status Server::Run(const std::atomic<bool>& stop) {
       LOG(WARNING) << "security: " << e;
       // A client key refused: perhaps a replica whose member record this
       // process has not read yet (its retry comes in ~100 ms).
-      if (membership_ && e.find("refused") != std::string::npos) membership_->Wake();
+      if (membership_ && e.find("refused") != std::string::npos)
+        membership_->Wake();
     }
     shard_->Tick(now, &out_);
     ResolveOverdueFreeze(now);
     if (replicator_) {
-      ForwardRound(/*open=*/false);  // closed by an eviction
+      ForwardRound(/*open=*/false);              // closed by an eviction
       ForwardWorkerChanges(/*replayed=*/false);  // the eviction
       // A worker waiting for a push reply before its clock (a rerouted
       // push, elastic change): the open round's record releases it.
@@ -516,7 +526,8 @@ Status Server::CheckAdmin(const Message& msg) const {
   }
   return Status::InvalidArgument(
       "admin requests (checkpoint, shutdown) are accepted only from this "
-      "machine (peer " + msg.peer_address +
+      "machine (peer " +
+      msg.peer_address +
       "); start the server with --allow_remote_admin or CURVE admin keys");
 }
 
@@ -583,8 +594,8 @@ void Server::Dispatch(const std::string& peer, Message& msg,
   RejectReason reason = RejectReason::kOther;
   Status trusted = Authorize(msg, &sender, &reason);
   if (!trusted.ok()) {
-    LOG_EVERY_N(WARNING, 100) << RequestKindName(req_.kind) << " refused: "
-                              << trusted.message();
+    LOG_EVERY_N(WARNING, 100)
+        << RequestKindName(req_.kind) << " refused: " << trusted.message();
     return Reply(peer, trusted, reason);
   }
   if (req_.kind == RequestKind::kReplicate) {
@@ -620,8 +631,8 @@ void Server::Dispatch(const std::string& peer, Message& msg,
     // Every allocation a request sizes is checked against the memory
     // budget first; this is the last line if the machine has less memory
     // than the budget assumes.
-    LOG(ERROR) << "out of memory handling " << RequestKindName(req_.kind)
-               << " " << req_.id << " (lower --memory_budget_mb)";
+    LOG(ERROR) << "out of memory handling " << RequestKindName(req_.kind) << " "
+               << req_.id << " (lower --memory_budget_mb)";
     Reply(peer, Status::ResourceExhausted("out of memory on the server"),
           RejectReason::kMemoryBudget);
   }
@@ -648,7 +659,8 @@ Status Server::Authorize(Message& msg, replication::ReplicaMember* sender,
       allowed_keys_.count(msg.client_key) == 0) {
     *reason = RejectReason::kUntrusted;
     return Status::PermissionDenied(
-        "this client's CURVE key is not in the server's --curve_allowed_clients");
+        "this client's CURVE key is not in the server's "
+        "--curve_allowed_clients");
   }
   switch (role) {
     case Role::kAnyone:
@@ -684,50 +696,53 @@ void Server::AddReplicationStats(const std::string& peer, size_t first) {
     const replication::ReplicaView& v = replicator_->view();
     const replication::ReplicatorCounters& c = replicator_->counters();
     const replication::MembershipCounters& m = membership_->counters();
-    j["replication"] = {
-        {"name", membership_->name()},
-        {"epoch", v.epoch},
-        {"role", v.primary ? "primary" : v.backup ? "backup" : "spare"},
-        {"primary", v.primary_endpoint},
-        {"backups", v.backup_endpoints},
-        {"spares", v.spare_endpoints},
-        {"held_replies", replicator_->num_held()},
-        {"forwarded", c.forwarded},
-        {"acked", c.acked},
-        {"applied", c.applied},
-        {"refused_stale", c.refused_stale},
-        {"refused_sender", c.refused_sender},
-        {"backup_connect_errors", c.backup_connect_errors},
-        {"backup_errors", c.backup_errors},
-        {"dropped_held", c.dropped_held},
-        {"refused_not_primary", c.refused_not_primary},
-        {"refused_no_lease", c.refused_no_lease},
-        {"view_changes", c.view_changes},
-        {"snapshots_sent", c.snapshots_sent},
-        {"snapshot_bytes_sent", c.snapshot_bytes_sent},
-        {"spares_joined", c.spares_joined},
-        {"snapshots_failed", c.snapshots_failed},
-        {"records_forwarded", c.records_forwarded},
-        {"batched", c.batched},
-        {"records_applied", c.records_applied},
-        {"liveness_forwarded", c.liveness_forwarded},
-        {"promotions", m.promotions.load()},
-        {"suspicions", m.suspicions.load()},
-        {"backups_dropped", m.backups_dropped.load()},
-        {"backups_added", m.backups_added.load()},
-        {"keepalive_failures", m.keepalive_failures.load()},
-        {"lease_renewals", m.lease_renewals.load()},
-        {"cas_conflicts", m.cas_conflicts.load()},
-        {"etcd_errors", m.etcd_errors.load()}};
+    j["replication"] = {{"name", membership_->name()},
+                        {"epoch", v.epoch},
+                        {"role", v.primary  ? "primary"
+                                 : v.backup ? "backup"
+                                            : "spare"},
+                        {"primary", v.primary_endpoint},
+                        {"backups", v.backup_endpoints},
+                        {"spares", v.spare_endpoints},
+                        {"held_replies", replicator_->num_held()},
+                        {"forwarded", c.forwarded},
+                        {"acked", c.acked},
+                        {"applied", c.applied},
+                        {"refused_stale", c.refused_stale},
+                        {"refused_sender", c.refused_sender},
+                        {"backup_connect_errors", c.backup_connect_errors},
+                        {"backup_errors", c.backup_errors},
+                        {"dropped_held", c.dropped_held},
+                        {"refused_not_primary", c.refused_not_primary},
+                        {"refused_no_lease", c.refused_no_lease},
+                        {"view_changes", c.view_changes},
+                        {"snapshots_sent", c.snapshots_sent},
+                        {"snapshot_bytes_sent", c.snapshot_bytes_sent},
+                        {"spares_joined", c.spares_joined},
+                        {"snapshots_failed", c.snapshots_failed},
+                        {"records_forwarded", c.records_forwarded},
+                        {"batched", c.batched},
+                        {"records_applied", c.records_applied},
+                        {"liveness_forwarded", c.liveness_forwarded},
+                        {"promotions", m.promotions.load()},
+                        {"suspicions", m.suspicions.load()},
+                        {"backups_dropped", m.backups_dropped.load()},
+                        {"backups_added", m.backups_added.load()},
+                        {"keepalive_failures", m.keepalive_failures.load()},
+                        {"lease_renewals", m.lease_renewals.load()},
+                        {"cas_conflicts", m.cas_conflicts.load()},
+                        {"etcd_errors", m.etcd_errors.load()}};
     r.header.text = j.dump();
     return;
   }
 }
 
 void Server::Replicate(const std::string& peer, const Message& msg,
-                       size_t first, std::chrono::steady_clock::time_point now) {
+                       size_t first,
+                       std::chrono::steady_clock::time_point now) {
   const bool batch = replicator_->Batches(req_, shard_->AggregatesRounds());
-  for (size_t i = first; replicator_->Replicates(req_) && i < out_.size(); ++i) {
+  for (size_t i = first; replicator_->Replicates(req_) && i < out_.size();
+       ++i) {
     OutgoingReply& r = out_[i];
     if (r.peer != peer || r.header.id != req_.id || r.header.kind != req_.kind)
       continue;
@@ -765,15 +780,17 @@ void Server::HandleReplicate(const std::string& peer, Message& msg,
                              const replication::ReplicaMember& sender,
                              std::chrono::steady_clock::time_point now) {
   Status ok = replicator_->CheckReplicate(req_, sender);
-  if (!ok.ok() && RefreshViewForReplica()) ok = replicator_->CheckReplicate(req_, sender);
+  if (!ok.ok() && RefreshViewForReplica())
+    ok = replicator_->CheckReplicate(req_, sender);
   if (!ok.ok()) return Reply(peer, ok, RejectReason::kNotPrimary);
   if (!req_.replicate_workers.empty()) {
     // A liveness record: the primary's evictions and rejoins.
     if (req_.replicate_aggregate || msg.frames.size() > 1) {
-      return Reply(peer,
-                   Status::InvalidArgument(
-                       "a replicated liveness record carries worker states only"),
-                   RejectReason::kMalformed);
+      return Reply(
+          peer,
+          Status::InvalidArgument(
+              "a replicated liveness record carries worker states only"),
+          RejectReason::kMalformed);
     }
     Status set = shard_->SetWorkerStates(req_.replicate_workers, now, &out_);
     replicator_->CountApplied(/*record=*/false);
@@ -786,9 +803,10 @@ void Server::HandleReplicate(const std::string& peer, Message& msg,
   // Judged as if it came alone, from the primary that relays it.
   if (decoded.ok()) decoded = RelayedRequestOk(inner_);
   if (!decoded.ok()) {
-    return Reply(peer, Status::InvalidArgument("replicated request: " +
-                                               decoded.message()),
-                 RejectReason::kMalformed);
+    return Reply(
+        peer,
+        Status::InvalidArgument("replicated request: " + decoded.message()),
+        RejectReason::kMalformed);
   }
   const size_t first = out_.size();
   data_.assign(msg.frames.begin() + 2, msg.frames.end());
@@ -811,11 +829,11 @@ void Server::TakeInnerReplies(size_t first, Status* applied) {
       continue;
     }
     if (!out_[i].header.status.ok() && applied->ok()) {
-      *applied = Status::Internal(
-          "backup could not apply the " +
-          std::string(RequestKindName(out_[i].header.kind)) +
-          " " + std::to_string(out_[i].header.id) + ": " +
-          out_[i].header.status.ToString());
+      *applied =
+          Status::Internal("backup could not apply the " +
+                           std::string(RequestKindName(out_[i].header.kind)) +
+                           " " + std::to_string(out_[i].header.id) + ": " +
+                           out_[i].header.status.ToString());
     }
     out_.erase(out_.begin() + static_cast<std::ptrdiff_t>(i));
   }
@@ -838,11 +856,14 @@ void Server::HandleRoundRecord(const std::string& peer, Message& msg,
     Status d = DecodeRequest(msg.frames[i + 1].data, msg.frames[i + 1].size,
                              DecodeLimits(), &inner[i]);
     if (d.ok()) d = RelayedRequestOk(inner[i]);
-    if (d.ok() && !(inner[i].kind == RequestKind::kClock ||
-                    (inner[i].kind == RequestKind::kPush && inner[i].rows.empty())))
-      d = Status::InvalidArgument("a round record carries pushes and clocks only");
+    if (d.ok() &&
+        !(inner[i].kind == RequestKind::kClock ||
+          (inner[i].kind == RequestKind::kPush && inner[i].rows.empty())))
+      d = Status::InvalidArgument(
+          "a round record carries pushes and clocks only");
     if (!d.ok()) {
-      return Reply(peer, Status::InvalidArgument("round record: " + d.message()),
+      return Reply(peer,
+                   Status::InvalidArgument("round record: " + d.message()),
                    RejectReason::kMalformed);
     }
   }

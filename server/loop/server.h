@@ -35,9 +35,9 @@
 #include "common/status.h"
 #include "common/transport.h"
 #include "common/wire.h"
+#include "server/loop/server_metrics.h"
 #include "server/replication/membership.h"
 #include "server/replication/replicator.h"
-#include "server/loop/server_metrics.h"
 #include "server/shard/shard.h"
 #include "server/store/store.h"
 
@@ -154,7 +154,9 @@ class Server {
 
   Shard& shard() { return *shard_; }
   // nullptr in a static fleet.
-  const replication::Replicator* replicator() const { return replicator_.get(); }
+  const replication::Replicator* replicator() const {
+    return replicator_.get();
+  }
 
  private:
   Server() = default;

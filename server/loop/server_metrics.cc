@@ -42,7 +42,6 @@ constexpr FamilyDef kTableGaugeDefs[] = {
      "Bytes of the table's RocksDB table files."},
 };
 
-
 constexpr char kPushBytesHelp[] =
     "Payload bytes of accepted pushes: raw = as dense fp32, wire = as "
     "received.";
@@ -53,8 +52,8 @@ constexpr char kBudgetHelp[] =
 constexpr RequestKind kKinds[] = {
     RequestKind::kRegister,   RequestKind::kPush,      RequestKind::kPull,
     RequestKind::kClock,      RequestKind::kHeartbeat, RequestKind::kStats,
-    RequestKind::kCheckpoint, RequestKind::kShutdown,   RequestKind::kAttachShm,
-    RequestKind::kReplicate, RequestKind::kSnapshot, RequestKind::kMigrate};
+    RequestKind::kCheckpoint, RequestKind::kShutdown,  RequestKind::kAttachShm,
+    RequestKind::kReplicate,  RequestKind::kSnapshot,  RequestKind::kMigrate};
 
 // Exact for small staleness, then the upper ends of the shard's own
 // power-of-two buckets ([64, 128) is <= 127).
@@ -174,10 +173,12 @@ ServerMetrics::ServerMetrics(metrics::Registry* r, int num_workers,
   store_.bytes_written = store_counter(
       "asyncps_shard_rocksdb_written_bytes_total",
       "Bytes of keys and values written to RocksDB (its BYTES_WRITTEN).");
-  store_.keys_written = store_counter("asyncps_shard_rocksdb_written_keys_total",
-                                      "Records written to RocksDB.");
-  store_.wal_bytes = store_counter("asyncps_shard_rocksdb_wal_bytes_total",
-                                   "Bytes RocksDB wrote to its write-ahead log.");
+  store_.keys_written =
+      store_counter("asyncps_shard_rocksdb_written_keys_total",
+                    "Records written to RocksDB.");
+  store_.wal_bytes =
+      store_counter("asyncps_shard_rocksdb_wal_bytes_total",
+                    "Bytes RocksDB wrote to its write-ahead log.");
   store_.flush_bytes = store_counter("asyncps_shard_rocksdb_flush_bytes_total",
                                      "Bytes RocksDB wrote flushing memtables.");
   store_.compaction_read_bytes =
@@ -213,8 +214,8 @@ ServerMetrics::ServerMetrics(metrics::Registry* r, int num_workers,
                                         kTableCounterDefs[i].help, table);
   }
   for (size_t i = 0; i < kTableGauges; ++i) {
-    table_gauges_[i] = &r->AddGauge(kTableGaugeDefs[i].name,
-                                    kTableGaugeDefs[i].help, table);
+    table_gauges_[i] =
+        &r->AddGauge(kTableGaugeDefs[i].name, kTableGaugeDefs[i].help, table);
   }
   auto& requests = r->AddCounter("asyncps_shard_requests_total",
                                  "Requests received, by kind.", {"kind"});
@@ -386,9 +387,8 @@ void ServerMetrics::PublishTables(const Shard& shard) {
     const SpaceStats ss = shard.space_stats(t.space());
     // In the order of kTableCounterDefs and kTableGaugeDefs.
     const uint64_t counters[kTableCounters] = {
-        c.rows_read,    c.rows_pushed, c.hits,      c.misses,
-        c.store_reads,  c.store_writes, c.write_backs, c.evictions,
-        c.admitted,     c.expired};
+        c.rows_read,    c.rows_pushed, c.hits,      c.misses,   c.store_reads,
+        c.store_writes, c.write_backs, c.evictions, c.admitted, c.expired};
     const uint64_t gauges[kTableGauges] = {t.cache_rows(), t.cache_bytes(),
                                            ss.estimated_keys, ss.disk_bytes};
     for (size_t j = 0; j < kTableCounters; ++j)

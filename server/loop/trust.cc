@@ -22,7 +22,8 @@ Role RequiredRole(const RequestHeader& req) {
 
 Status RelayedRequestOk(const RequestHeader& inner) {
   if (RequiredRole(inner) == Role::kPrimary || !replication::HandedOn(inner)) {
-    return Status::InvalidArgument(std::string("a ") + RequestKindName(inner.kind) +
+    return Status::InvalidArgument(std::string("a ") +
+                                   RequestKindName(inner.kind) +
                                    " request is not replicated");
   }
   return Status::OK();

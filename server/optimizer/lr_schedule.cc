@@ -30,8 +30,7 @@ std::string LrScheduleOptions::ToString() const {
                 "warm-up %llu updates from %g, cosine decay to %g ending at "
                 "update %llu",
                 static_cast<unsigned long long>(warmup_updates), warmup_start,
-                final_fraction,
-                static_cast<unsigned long long>(decay_updates));
+                final_fraction, static_cast<unsigned long long>(decay_updates));
   return buf;
 }
 
@@ -44,8 +43,8 @@ float LrSchedule::Scale(uint64_t version) const {
   }
   if (o.decay_updates == 0) return 1.0f;
   const double span = static_cast<double>(o.decay_updates - o.warmup_updates);
-  const double t = std::min(
-      1.0, static_cast<double>(version - o.warmup_updates) / span);
+  const double t =
+      std::min(1.0, static_cast<double>(version - o.warmup_updates) / span);
   const double cosine = 0.5 * (1.0 + std::cos(3.14159265358979323846 * t));
   return static_cast<float>(o.final_fraction +
                             (1.0 - o.final_fraction) * cosine);

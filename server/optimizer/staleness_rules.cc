@@ -18,7 +18,8 @@ const char* StalenessLrName(StalenessLr rule) {
 }
 
 StatusOr<StalenessLr> ParseStalenessLr(std::string_view name) {
-  if (name == "none" || name == "false" || name == "0") return StalenessLr::kNone;
+  if (name == "none" || name == "false" || name == "0")
+    return StalenessLr::kNone;
   if (name == "one_plus" || name == "true" || name == "1")
     return StalenessLr::kOnePlus;
   if (name == "inverse") return StalenessLr::kInverse;

@@ -1,6 +1,6 @@
 // Staleness-aware update rules of a shard under ASP/SSP, beside the plain
-// optimizer (server/optimizer/optimizer.h): what a push's gradient is worth when the
-// weights it was computed on are `staleness` updates old.
+// optimizer (server/optimizer/optimizer.h): what a push's gradient is worth
+// when the weights it was computed on are `staleness` updates old.
 //
 // 1. Learning rate by staleness (StalenessLr), s = shard version at apply
 //    minus the version the pushing worker last read:

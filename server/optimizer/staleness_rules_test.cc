@@ -107,8 +107,8 @@ TEST(DelayCompensationTest, MatchesTheReferenceComputation) {
   for (int round = 0; round < 3; ++round) {
     std::vector<float> in = g;
     for (float& x : in) x *= static_cast<float>(round + 1);
-    CompensateDelay(a, in.data(), now.data(), read.data(), ms.data(),
-                    in.size(), in.data());  // in place
+    CompensateDelay(a, in.data(), now.data(), read.data(), ms.data(), in.size(),
+                    in.data());  // in place
     for (size_t i = 0; i < g.size(); ++i) {
       const double gi = double{g[i]} * (round + 1);
       ms_ref[i] = 0.95 * ms_ref[i] + 0.05 * gi * gi;

@@ -131,9 +131,9 @@ Status Membership::Join() {
   }
   const ReplicaLayout initial =
       ReplicaLayout::Initial(options_.groups, options_.replicas);
-  ASSIGN_OR_RETURN(bool created,
-                   etcd_->CompareAndPut(options_.prefix + "/layout",
-                                        initial.ToJson(), 0));
+  ASSIGN_OR_RETURN(
+      bool created,
+      etcd_->CompareAndPut(options_.prefix + "/layout", initial.ToJson(), 0));
   LOG(INFO) << "member " << name_ << " joined (lease " << lease_ << ")"
             << (created ? ", created the layout" : "");
   return Status::OK();
@@ -192,9 +192,9 @@ Status Membership::KeepAlive(SteadyClock::time_point now) {
 Status Membership::Step(SteadyClock::time_point now) {
   if (now >= next_keepalive_) {
     RETURN_IF_ERROR(KeepAlive(now));  // a failed one is tried next step
-    const std::chrono::milliseconds every =
-        options_.keepalive_every.count() > 0 ? options_.keepalive_every
-                                             : options_.lease_ttl / 4;
+    const std::chrono::milliseconds every = options_.keepalive_every.count() > 0
+                                                ? options_.keepalive_every
+                                                : options_.lease_ttl / 4;
     next_keepalive_ = now + std::max(every, options_.poll);
   }
   const std::string layout_key = options_.prefix + "/layout";
@@ -229,9 +229,9 @@ Status Membership::Step(SteadyClock::time_point now) {
         ReplicaLayout::Initial(options_.groups, options_.replicas);
     layout.groups.push_back(one.groups[static_cast<size_t>(options_.group)]);
     layout.groups.back().epoch = ++layout.epoch;
-    ASSIGN_OR_RETURN(bool appended,
-                     etcd_->CompareAndPut(layout_key, layout.ToJson(),
-                                          kv->mod_revision));
+    ASSIGN_OR_RETURN(
+        bool appended,
+        etcd_->CompareAndPut(layout_key, layout.ToJson(), kv->mod_revision));
     if (appended) {
       LOG(INFO) << "member " << name_ << " added group " << options_.group
                 << " to the replica layout (epoch " << layout.epoch << ")";
@@ -264,8 +264,8 @@ Status Membership::Step(SteadyClock::time_point now) {
   const bool grace_over = now - started_ >= options_.startup_grace;
   GroupLayout& g = layout.groups[options_.group];
   auto listed_in = [](const GroupLayout& gl, const std::string& n) {
-    return gl.primary == n ||
-           std::find(gl.backups.begin(), gl.backups.end(), n) != gl.backups.end();
+    return gl.primary == n || std::find(gl.backups.begin(), gl.backups.end(),
+                                        n) != gl.backups.end();
   };
   auto group_of = [&](const std::string& n) -> GroupLayout* {
     for (GroupLayout& gl : layout.groups)
@@ -304,8 +304,8 @@ Status Membership::Step(SteadyClock::time_point now) {
   // primary's acknowledgements wait for it meanwhile.
   std::vector<std::pair<std::string, bool>> broken;
   uint64_t dropped = 0;
-  bool change = false;   // roles changed: a new epoch
-  bool bind = false;     // only incarnations bound
+  bool change = false;  // roles changed: a new epoch
+  bool bind = false;    // only incarnations bound
   if (me_listed && g.incarnations.count(name_) == 0) {
     g.incarnations[name_] = incarnation_;
     seen_[name_] = incarnation_;
@@ -339,7 +339,8 @@ Status Membership::Step(SteadyClock::time_point now) {
         if (n == next.primary || listed_in(next, n)) {
           next.incarnations[n] = i;
         } else {
-          deposed_[n] = {i, now};  // not a spare to copy to while its key lingers
+          deposed_[n] = {i,
+                         now};  // not a spare to copy to while its key lingers
         }
       }
       g = next;
@@ -353,12 +354,12 @@ Status Membership::Step(SteadyClock::time_point now) {
     }
     for (const std::string& b : g.backups) {
       auto it = alive.find(b);
-      auto drop = it == alive.end()
-                      ? broken.end()
-                      : std::find_if(broken.begin(), broken.end(),
-                                     [&](const auto& d) {
-                                       return d.first == it->second.endpoint;
-                                     });
+      auto drop =
+          it == alive.end()
+              ? broken.end()
+              : std::find_if(broken.begin(), broken.end(), [&](const auto& d) {
+                  return d.first == it->second.endpoint;
+                });
       if (drop != broken.end()) {
         LOG(WARNING) << "backup " << b << " of group " << options_.group
                      << (drop->second ? " is silent" : " diverged")
@@ -395,8 +396,8 @@ Status Membership::Step(SteadyClock::time_point now) {
     // write the last primary acknowledged since.
     LOG(WARNING) << "group " << options_.group
                  << " has no live replica: " << name_
-                 << " resumes it from its own store (epoch "
-                 << layout.epoch + 1 << ")";
+                 << " resumes it from its own store (epoch " << layout.epoch + 1
+                 << ")";
     g.primary = name_;
     g.backups.clear();
     g.incarnations.clear();
@@ -414,8 +415,8 @@ Status Membership::Step(SteadyClock::time_point now) {
     }
     for (const std::string& endpoint : add) {
       for (const auto& [n, m] : alive) {
-        if (m.endpoint != endpoint || m.group != options_.group ||
-            n == name_ || listed_in(g, n))
+        if (m.endpoint != endpoint || m.group != options_.group || n == name_ ||
+            listed_in(g, n))
           continue;
         seen_[n] = m.incarnation;
         g.incarnations[n] = m.incarnation;
@@ -435,12 +436,11 @@ Status Membership::Step(SteadyClock::time_point now) {
     auto retry = [&] {
       MutexLock l(&mu_);
       add_backups_.insert(add_backups_.end(), add.begin(), add.end());
-      drop_backups_.insert(drop_backups_.begin(), broken.begin(),
-                           broken.end());
+      drop_backups_.insert(drop_backups_.begin(), broken.begin(), broken.end());
       wake_ = true;
     };
-    StatusOr<bool> written = etcd_->CompareAndPut(
-        layout_key, layout.ToJson(), kv->mod_revision);
+    StatusOr<bool> written =
+        etcd_->CompareAndPut(layout_key, layout.ToJson(), kv->mod_revision);
     if (!written.ok()) {
       retry();
       return written.status();
@@ -458,9 +458,9 @@ Status Membership::Step(SteadyClock::time_point now) {
     counters_.backups_dropped += dropped;
     if (change && g.primary == name_ && !was_primary) ++counters_.promotions;
   }
-  const bool me_now = listed_in(g, name_) &&
-                      (g.incarnations.count(name_) == 0 ||
-                       g.incarnations.at(name_) == incarnation_);
+  const bool me_now =
+      listed_in(g, name_) && (g.incarnations.count(name_) == 0 ||
+                              g.incarnations.at(name_) == incarnation_);
 
   ReplicaView v;
   v.epoch = g.epoch;
@@ -476,8 +476,8 @@ Status Membership::Step(SteadyClock::time_point now) {
   }
   for (const auto& [n, m] : alive) {
     if (m.group != options_.group) continue;
-    v.members.push_back(
-        ReplicaMember{n, m.incarnation, m.endpoint, m.replica_key, m.server_key});
+    v.members.push_back(ReplicaMember{n, m.incarnation, m.endpoint,
+                                      m.replica_key, m.server_key});
   }
   if (v.primary) {
     for (const std::string& b : g.backups) {
@@ -491,10 +491,10 @@ Status Membership::Step(SteadyClock::time_point now) {
       // A dropped process's key lingers until its lease ends (a dead one)
       // or stays (one that was cut off and is back: a spare to copy to).
       auto d = deposed_.find(n);
-      const bool lingering = d != deposed_.end() &&
-                             d->second.first == m.incarnation &&
-                             now - d->second.second < 2 * options_.lease_ttl +
-                                                          std::chrono::seconds(1);
+      const bool lingering =
+          d != deposed_.end() && d->second.first == m.incarnation &&
+          now - d->second.second <
+              2 * options_.lease_ttl + std::chrono::seconds(1);
       if (m.group == options_.group && !listed_in(g, n) && !lingering)
         v.spare_endpoints.push_back(m.endpoint);
     }
@@ -518,8 +518,8 @@ void Membership::Run() {
     Status s = Step(now);
     if (!s.ok()) {
       ++counters_.etcd_errors;
-      LOG_EVERY_N(WARNING, 20) << "membership of " << name_ << ": "
-                               << s.ToString();
+      LOG_EVERY_N(WARNING, 20)
+          << "membership of " << name_ << ": " << s.ToString();
     }
     MutexLock l(&mu_);
     const auto until = now + options_.poll;
@@ -535,7 +535,8 @@ bool Membership::AwaitStep(std::chrono::milliseconds timeout) {
   const uint64_t target = published_ + 1;
   wake_ = true;
   cv_.SignalAll();
-  while (published_ < target && !stop_ && published_cv_.WaitUntil(&mu_, until)) {
+  while (published_ < target && !stop_ &&
+         published_cv_.WaitUntil(&mu_, until)) {
   }
   return published_ >= target;
 }

@@ -4,10 +4,11 @@
 // member key <prefix>/members/<name> = {"endpoint", "group", "replica",
 // "incarnation", and with CURVE "replica_key", "server_key"} under that
 // lease, reads (or creates, create-only) the group's replica secret
-// <prefix>/secrets/g<group> when asked to (group_secret_in_etcd), and creates the layout key <prefix>/layout with the initial
-// layout if no one has (create-only; every replica computes the same one).
-// A thread then, every `poll` (at once when the event loop reports a
-// suspected primary or a backup to drop or add):
+// <prefix>/secrets/g<group> when asked to (group_secret_in_etcd), and creates
+// the layout key <prefix>/layout with the initial layout if no one has
+// (create-only; every replica computes the same one). A thread then, every
+// `poll` (at once when the event loop reports a suspected primary or a backup
+// to drop or add):
 //   - keeps the lease alive (every `keepalive_every`); a keep-alive that
 //     succeeds confirms the lease
 //     until its send time plus the TTL (ReplicaView::lease_valid_until); a

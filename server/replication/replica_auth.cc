@@ -36,13 +36,13 @@ struct ReplicaMac::Key {
   // Sets up the context for `key` (kKeyBytes). False when OpenSSL fails.
   bool Init(const uint8_t* key) {
     ctx = EVP_CIPHER_CTX_new();
-    return ctx != nullptr &&
-           EVP_EncryptInit_ex(ctx, EVP_chacha20_poly1305(), nullptr, key,
-                              nullptr) == 1;
+    return ctx != nullptr && EVP_EncryptInit_ex(ctx, EVP_chacha20_poly1305(),
+                                                nullptr, key, nullptr) == 1;
   }
   // The tag of `frames` under nonce `id` (the bytes of frames after the
   // first only with `all`); false when OpenSSL fails.
-  bool Tag(uint64_t id, const std::vector<TagPiece>& frames, bool all, uint8_t* tag) {
+  bool Tag(uint64_t id, const std::vector<TagPiece>& frames, bool all,
+           uint8_t* tag) {
     uint8_t nonce[kNonceBytes] = {0};
     PutLe64(id, nonce);
     int n = 0;
@@ -99,7 +99,9 @@ StatusOr<std::string> RandomBytes(size_t n) {
   return out;
 }
 
-StatusOr<std::string> NewReplicaSecret() { return RandomBytes(kReplicaSecretBytes); }
+StatusOr<std::string> NewReplicaSecret() {
+  return RandomBytes(kReplicaSecretBytes);
+}
 
 std::string SecretToHex(const std::string& bytes) {
   static constexpr char kHex[] = "0123456789abcdef";
@@ -120,10 +122,9 @@ StatusOr<std::string> SecretFromHex(const std::string& hex) {
     return -1;
   };
   if (hex.size() != 2 * kReplicaSecretBytes) {
-    return Status::InvalidArgument("a replica secret is " +
-                                   std::to_string(2 * kReplicaSecretBytes) +
-                                   " hex digits, not " +
-                                   std::to_string(hex.size()) + " characters");
+    return Status::InvalidArgument(
+        "a replica secret is " + std::to_string(2 * kReplicaSecretBytes) +
+        " hex digits, not " + std::to_string(hex.size()) + " characters");
   }
   std::string out;
   for (size_t i = 0; i < hex.size(); i += 2) {
@@ -147,8 +148,9 @@ StatusOr<std::string> LoadReplicaSecret(const std::string& path) {
   if (!in) return Status::NotFound("cannot read replica secret file " + path);
   std::string line;
   while (std::getline(in, line)) {
-    line.erase(std::remove_if(line.begin(), line.end(),
-                              [](char c) { return c == ' ' || c == '\t' || c == '\r'; }),
+    line.erase(std::remove_if(
+                   line.begin(), line.end(),
+                   [](char c) { return c == ' ' || c == '\t' || c == '\r'; }),
                line.end());
     if (line.empty() || line[0] == '#') continue;
     StatusOr<std::string> s = SecretFromHex(line);
@@ -158,32 +160,36 @@ StatusOr<std::string> LoadReplicaSecret(const std::string& path) {
   return Status::InvalidArgument("no replica secret in " + path);
 }
 
-StatusOr<std::unique_ptr<ReplicaMac>> ReplicaMac::Create(const std::string& secret,
-                                                         int group) {
+StatusOr<std::unique_ptr<ReplicaMac>> ReplicaMac::Create(
+    const std::string& secret, int group) {
   if (secret.size() != kReplicaSecretBytes) {
     return Status::InvalidArgument("a replica secret is " +
-                                   std::to_string(kReplicaSecretBytes) + " bytes");
+                                   std::to_string(kReplicaSecretBytes) +
+                                   " bytes");
   }
   std::unique_ptr<ReplicaMac> m(new ReplicaMac());
   m->secret_ = secret;
   m->group_ = group;
   ASSIGN_OR_RETURN(m->session_, RandomBytes(kReplicaSessionBytes));
   m->own_ = m->Derive(m->session_);
-  if (m->own_ == nullptr) return Status::Internal("OpenSSL: cannot set up the replica MAC");
+  if (m->own_ == nullptr)
+    return Status::Internal("OpenSSL: cannot set up the replica MAC");
   return m;
 }
 
 ReplicaMac::~ReplicaMac() = default;
 
 ReplicaMac::Key* ReplicaMac::Find(const std::string& session) {
-  auto it = std::find_if(peers_.begin(), peers_.end(),
-                         [&](const std::unique_ptr<Key>& k) { return k->session == session; });
+  auto it = std::find_if(
+      peers_.begin(), peers_.end(),
+      [&](const std::unique_ptr<Key>& k) { return k->session == session; });
   if (it == peers_.end()) return nullptr;
   std::rotate(it, it + 1, peers_.end());  // most recently used last
   return peers_.back().get();
 }
 
-std::unique_ptr<ReplicaMac::Key> ReplicaMac::Derive(const std::string& session) const {
+std::unique_ptr<ReplicaMac::Key> ReplicaMac::Derive(
+    const std::string& session) const {
   // HMAC-SHA256(secret, domain || group (le64) || session).
   std::string msg(kKeyDomain, sizeof(kKeyDomain));
   uint8_t g[8];
@@ -217,8 +223,9 @@ std::array<uint8_t, kReplicaTagBytes> ReplicaMac::Sign(
 }
 
 Status ReplicaMac::Verify(const std::string& session, uint64_t id,
-                          const std::vector<TagPiece>& frames, Coverage coverage,
-                          const uint8_t* tag, size_t tag_size) {
+                          const std::vector<TagPiece>& frames,
+                          Coverage coverage, const uint8_t* tag,
+                          size_t tag_size) {
   const Status refused = Status::PermissionDenied(
       "replica request not authenticated (no valid tag of this group's "
       "secret, or a replayed id)");
@@ -234,7 +241,8 @@ Status ReplicaMac::Verify(const std::string& session, uint64_t id,
   }
   if (k == nullptr) return refused;
   uint8_t want[kReplicaTagBytes];
-  if (!k->Tag(id, frames, coverage == Coverage::kAll, want) || CRYPTO_memcmp(want, tag, kReplicaTagBytes) != 0)
+  if (!k->Tag(id, frames, coverage == Coverage::kAll, want) ||
+      CRYPTO_memcmp(want, tag, kReplicaTagBytes) != 0)
     return refused;
   if (k->any && id <= k->last_id) return refused;
   k->any = true;

@@ -107,9 +107,8 @@ class ReplicaMac {
 
   // The tag of `frames` (header first) sent with request id `id` under this
   // process's session. `id` must grow from one call to the next.
-  std::array<uint8_t, kReplicaTagBytes> Sign(uint64_t id,
-                                             const std::vector<TagPiece>& frames,
-                                             Coverage coverage);
+  std::array<uint8_t, kReplicaTagBytes> Sign(
+      uint64_t id, const std::vector<TagPiece>& frames, Coverage coverage);
 
   // OK when `tag` is the tag of `frames` under `session` with id `id`, and
   // `id` is above every id this object took from `session` before (then it

@@ -112,7 +112,8 @@ struct ReplicaView {
   // / named `name` with `incarnation`, or nullptr.
   const ReplicaMember* MemberAt(const std::string& endpoint) const;
   const ReplicaMember* MemberWithKey(const std::string& key) const;
-  const ReplicaMember* Member(const std::string& name, uint64_t incarnation) const;
+  const ReplicaMember* Member(const std::string& name,
+                              uint64_t incarnation) const;
 
   bool operator==(const ReplicaView& o) const {
     return epoch == o.epoch && primary == o.primary && backup == o.backup &&
@@ -120,8 +121,8 @@ struct ReplicaView {
            primary_endpoint == o.primary_endpoint &&
            primary_name == o.primary_name &&
            primary_incarnation == o.primary_incarnation &&
-           primary_replica_key == o.primary_replica_key && members == o.members &&
-           backup_endpoints == o.backup_endpoints &&
+           primary_replica_key == o.primary_replica_key &&
+           members == o.members && backup_endpoints == o.backup_endpoints &&
            spare_endpoints == o.spare_endpoints;
   }
 };

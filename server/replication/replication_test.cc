@@ -16,13 +16,13 @@
 #include <set>
 #include <thread>
 
-#include "server/internal/test_util.h"
 #include "common/etcd_client.h"
+#include "server/internal/test_util.h"
+#include "server/loop/server.h"
 #include "server/replication/membership.h"
 #include "server/replication/replica_auth.h"
 #include "server/replication/replica_view.h"
 #include "server/replication/replicator.h"
-#include "server/loop/server.h"
 #include "tests/util/etcd_fixture.h"
 
 namespace asyncps::server::replication {
@@ -70,10 +70,13 @@ TEST(ReplicaLayoutTest, HostileDocumentsAreRefusedNotCrashes) {
        {std::string("{\"epoch\": -1, \"groups\": []}"),
         std::string("{\"epoch\": 1e400, \"groups\": []}"),
         "{\"epoch\": 1, \"groups\": " + deep + "}",
-        "{\"epoch\": 1, \"groups\": [{\"primary\": \"g0r0\", \"backups\": " + many + "}]}",
-        std::string("{\"epoch\": 1, \"groups\": [{\"primary\": \"g0r0\", \"backups\": [], "
+        "{\"epoch\": 1, \"groups\": [{\"primary\": \"g0r0\", \"backups\": " +
+            many + "}]}",
+        std::string("{\"epoch\": 1, \"groups\": [{\"primary\": \"g0r0\", "
+                    "\"backups\": [], "
                     "\"incarnations\": {\"g0r0\": \"x\"}}]}"),
-        std::string("{\"epoch\": 1, \"groups\": [{\"epoch\": 9, \"primary\": \"a\", \"backups\": []}]}")}) {
+        std::string("{\"epoch\": 1, \"groups\": [{\"epoch\": 9, \"primary\": "
+                    "\"a\", \"backups\": []}]}")}) {
     auto l = ReplicaLayout::FromJson(bad);
     EXPECT_FALSE(l.ok()) << bad.substr(0, 80);
   }
@@ -86,8 +89,10 @@ TEST(ReplicaMacTest, HeaderTagsCoverTheHeaderTheShapeAndTheirCoverage) {
   ASSERT_TRUE(sender.ok() && receiver.ok());
   const std::string& session = (*sender)->session();
   const std::string header = "header", inner = "inner", data(1 << 16, 'd');
-  auto frames_of = [](const std::string& h, const std::string& i, const std::string& d) {
-    return std::vector<TagPiece>{{h.data(), h.size()}, {i.data(), i.size()}, {d.data(), d.size()}};
+  auto frames_of = [](const std::string& h, const std::string& i,
+                      const std::string& d) {
+    return std::vector<TagPiece>{
+        {h.data(), h.size()}, {i.data(), i.size()}, {d.data(), d.size()}};
   };
   const auto frames = frames_of(header, inner, data);
   uint64_t id = 1;
@@ -96,21 +101,43 @@ TEST(ReplicaMacTest, HeaderTagsCoverTheHeaderTheShapeAndTheirCoverage) {
   // are covered: each change is refused.
   std::string h2 = header;
   h2[2] ^= 1;
-  EXPECT_FALSE((*receiver)->Verify(session, id, frames_of(h2, inner, data), Coverage::kHeader, tag.data(), 16).ok());
-  EXPECT_FALSE((*receiver)->Verify(session, id, frames_of(header, inner, data + "x"), Coverage::kHeader, tag.data(), 16).ok());
-  EXPECT_FALSE((*receiver)->Verify(session, id, {frames[0], frames[1]}, Coverage::kHeader, tag.data(), 16).ok());
-  EXPECT_FALSE((*receiver)->Verify(session, id, frames, Coverage::kAll, tag.data(), 16).ok());
+  EXPECT_FALSE((*receiver)
+                   ->Verify(session, id, frames_of(h2, inner, data),
+                            Coverage::kHeader, tag.data(), 16)
+                   .ok());
+  EXPECT_FALSE((*receiver)
+                   ->Verify(session, id, frames_of(header, inner, data + "x"),
+                            Coverage::kHeader, tag.data(), 16)
+                   .ok());
+  EXPECT_FALSE((*receiver)
+                   ->Verify(session, id, {frames[0], frames[1]},
+                            Coverage::kHeader, tag.data(), 16)
+                   .ok());
+  EXPECT_FALSE((*receiver)
+                   ->Verify(session, id, frames, Coverage::kAll, tag.data(), 16)
+                   .ok());
   // The payload's bytes are not: that is what kHeader leaves to the path.
   std::string d2 = data;
   d2[100] ^= 1;
-  EXPECT_TRUE((*receiver)->Verify(session, id, frames_of(header, inner, d2), Coverage::kHeader, tag.data(), 16).ok());
+  EXPECT_TRUE((*receiver)
+                  ->Verify(session, id, frames_of(header, inner, d2),
+                           Coverage::kHeader, tag.data(), 16)
+                  .ok());
   // Still once per id.
-  EXPECT_FALSE((*receiver)->Verify(session, id, frames, Coverage::kHeader, tag.data(), 16).ok());
+  EXPECT_FALSE(
+      (*receiver)
+          ->Verify(session, id, frames, Coverage::kHeader, tag.data(), 16)
+          .ok());
   // A kAll tag is not a kHeader tag of the same frames.
   ++id;
   auto all = (*sender)->Sign(id, frames, Coverage::kAll);
-  EXPECT_FALSE((*receiver)->Verify(session, id, frames, Coverage::kHeader, all.data(), 16).ok());
-  EXPECT_TRUE((*receiver)->Verify(session, id, frames, Coverage::kAll, all.data(), 16).ok());
+  EXPECT_FALSE(
+      (*receiver)
+          ->Verify(session, id, frames, Coverage::kHeader, all.data(), 16)
+          .ok());
+  EXPECT_TRUE((*receiver)
+                  ->Verify(session, id, frames, Coverage::kAll, all.data(), 16)
+                  .ok());
 }
 
 TEST(ReplicaMacTest, TagsVerifyOnceAndOnlyUnderTheirSecretGroupAndSession) {
@@ -118,8 +145,10 @@ TEST(ReplicaMacTest, TagsVerifyOnceAndOnlyUnderTheirSecretGroupAndSession) {
   auto sender = ReplicaMac::Create(secret, 3);
   auto receiver = ReplicaMac::Create(secret, 3);
   auto other_group = ReplicaMac::Create(secret, 4);
-  auto other_secret = ReplicaMac::Create(std::string(kReplicaSecretBytes, 'j'), 3);
-  ASSERT_TRUE(sender.ok() && receiver.ok() && other_group.ok() && other_secret.ok());
+  auto other_secret =
+      ReplicaMac::Create(std::string(kReplicaSecretBytes, 'j'), 3);
+  ASSERT_TRUE(sender.ok() && receiver.ok() && other_group.ok() &&
+              other_secret.ok());
   EXPECT_EQ((*sender)->session().size(), kReplicaSessionBytes);
   EXPECT_NE((*sender)->session(), (*receiver)->session());
   const std::string header = "header", data(1 << 20, 'd');
@@ -128,35 +157,52 @@ TEST(ReplicaMacTest, TagsVerifyOnceAndOnlyUnderTheirSecretGroupAndSession) {
   constexpr Coverage kAll = Coverage::kAll;
   auto tag = (*sender)->Sign(10, frames, kAll);
   const std::string& session = (*sender)->session();
-  EXPECT_TRUE((*receiver)->Verify(session, 10, frames, kAll, tag.data(), tag.size()).ok());
+  EXPECT_TRUE((*receiver)
+                  ->Verify(session, 10, frames, kAll, tag.data(), tag.size())
+                  .ok());
   // Replayed, or an older id of the session: refused.
-  EXPECT_EQ((*receiver)->Verify(session, 10, frames, kAll, tag.data(), tag.size()).code(),
+  EXPECT_EQ((*receiver)
+                ->Verify(session, 10, frames, kAll, tag.data(), tag.size())
+                .code(),
             StatusCode::kPermissionDenied);
   auto tag9 = (*sender)->Sign(9, frames, kAll);
-  EXPECT_FALSE((*receiver)->Verify(session, 9, frames, kAll, tag9.data(), tag9.size()).ok());
+  EXPECT_FALSE((*receiver)
+                   ->Verify(session, 9, frames, kAll, tag9.data(), tag9.size())
+                   .ok());
   // Another group, another secret, another id, a changed byte, frames cut
   // differently, a short tag: refused.
   auto tag11 = (*sender)->Sign(11, frames, kAll);
-  EXPECT_FALSE((*other_group)->Verify(session, 11, frames, kAll, tag11.data(), 16).ok());
-  EXPECT_FALSE((*other_secret)->Verify(session, 11, frames, kAll, tag11.data(), 16).ok());
-  EXPECT_FALSE((*receiver)->Verify(session, 12, frames, kAll, tag11.data(), 16).ok());
+  EXPECT_FALSE(
+      (*other_group)->Verify(session, 11, frames, kAll, tag11.data(), 16).ok());
+  EXPECT_FALSE((*other_secret)
+                   ->Verify(session, 11, frames, kAll, tag11.data(), 16)
+                   .ok());
+  EXPECT_FALSE(
+      (*receiver)->Verify(session, 12, frames, kAll, tag11.data(), 16).ok());
   std::string changed = data;
   changed[12345] ^= 1;
   const std::vector<TagPiece> changed_frames{{header.data(), header.size()},
                                              {changed.data(), changed.size()}};
-  EXPECT_FALSE((*receiver)->Verify(session, 11, changed_frames, kAll, tag11.data(), 16).ok());
+  EXPECT_FALSE((*receiver)
+                   ->Verify(session, 11, changed_frames, kAll, tag11.data(), 16)
+                   .ok());
   const std::string joined = header + data;
   const std::vector<TagPiece> one_frame{{joined.data(), joined.size()}};
-  EXPECT_FALSE((*receiver)->Verify(session, 11, one_frame, kAll, tag11.data(), 16).ok());
-  EXPECT_FALSE((*receiver)->Verify(session, 11, frames, kAll, tag11.data(), 15).ok());
-  EXPECT_TRUE((*receiver)->Verify(session, 11, frames, kAll, tag11.data(), 16).ok());
+  EXPECT_FALSE(
+      (*receiver)->Verify(session, 11, one_frame, kAll, tag11.data(), 16).ok());
+  EXPECT_FALSE(
+      (*receiver)->Verify(session, 11, frames, kAll, tag11.data(), 15).ok());
+  EXPECT_TRUE(
+      (*receiver)->Verify(session, 11, frames, kAll, tag11.data(), 16).ok());
   // Made-up sessions never push the real one out of the cache: its replay
   // window survives any number of them.
   for (int i = 0; i < 100; ++i) {
     std::string fake(kReplicaSessionBytes, static_cast<char>(i));
-    EXPECT_FALSE((*receiver)->Verify(fake, 1, frames, kAll, tag11.data(), 16).ok());
+    EXPECT_FALSE(
+        (*receiver)->Verify(fake, 1, frames, kAll, tag11.data(), 16).ok());
   }
-  EXPECT_FALSE((*receiver)->Verify(session, 11, frames, kAll, tag11.data(), 16).ok());
+  EXPECT_FALSE(
+      (*receiver)->Verify(session, 11, frames, kAll, tag11.data(), 16).ok());
   // Secrets: 64 hex digits, from files others cannot read.
   EXPECT_EQ(SecretFromHex(SecretToHex(secret)).value(), secret);
   EXPECT_FALSE(SecretFromHex("abc").ok());
@@ -217,13 +263,14 @@ TEST(ReplicatorTest, RepliesWaitForEveryUpdateBeforeThemOnTheBackup) {
   ASSERT_TRUE(rep.Replicates(of(RequestKind::kAssign)));  // uploads (issue 22)
   EXPECT_FALSE(rep.Replicates(of(RequestKind::kPull)));
   // Steps of an elastic change: those that alter the shard, not the reads.
-  for (MigrateOp op : {MigrateOp::kFreeze, MigrateOp::kImport, MigrateOp::kAdopt,
-                       MigrateOp::kAbort})
+  for (MigrateOp op : {MigrateOp::kFreeze, MigrateOp::kImport,
+                       MigrateOp::kAdopt, MigrateOp::kAbort})
     EXPECT_TRUE(rep.Replicates(of(RequestKind::kMigrate, op)));
   for (MigrateOp op : {MigrateOp::kDescribe, MigrateOp::kExport})
     EXPECT_FALSE(rep.Replicates(of(RequestKind::kMigrate, op)));
   Message worker_msg;  // what a worker sent: one header frame
-  auto bytes = std::make_shared<std::vector<uint8_t>>(EncodeRequest(RequestHeader{}));
+  auto bytes =
+      std::make_shared<std::vector<uint8_t>>(EncodeRequest(RequestHeader{}));
   worker_msg.frames.push_back({bytes->data(), bytes->size(), bytes});
   for (uint64_t id = 1; id <= 3; ++id) {
     OutgoingReply r;
@@ -295,21 +342,27 @@ TEST(ReplicatorTest, RepliesWaitForEveryUpdateBeforeThemOnTheBackup) {
 // effect whole: the unreachable backup stays listed, holds every reply, and
 // is reported for Membership to drop through etcd; once the view drops it,
 // the replies the reachable backup acknowledged are released.
-TEST(ReplicatorTest, ABackupThatCannotBeConnectedHoldsRepliesUntilTheViewDropsIt) {
+TEST(ReplicatorTest,
+     ABackupThatCannotBeConnectedHoldsRepliesUntilTheViewDropsIt) {
   FakeGroup g("inproc://good-backup");
   ASSERT_TRUE(g.ok());
   Replicator& rep = *g.rep;
-  ReplicaView v = PrimaryView(3, {"inproc://good-backup", "tcp://127.0.0.1:notaport"});
+  ReplicaView v =
+      PrimaryView(3, {"inproc://good-backup", "tcp://127.0.0.1:notaport"});
   std::vector<OutgoingReply> out;
   Status set = rep.SetView(v, &out);
   EXPECT_FALSE(set.ok());
-  EXPECT_NE(set.message().find("notaport"), std::string::npos) << set.ToString();
-  EXPECT_EQ(rep.TakeBroken(), std::vector<std::string>{"tcp://127.0.0.1:notaport"});
+  EXPECT_NE(set.message().find("notaport"), std::string::npos)
+      << set.ToString();
+  EXPECT_EQ(rep.TakeBroken(),
+            std::vector<std::string>{"tcp://127.0.0.1:notaport"});
   EXPECT_EQ(rep.wake_sockets().size(), 1u);  // no null socket handed out
   std::string redirect;
-  EXPECT_TRUE(rep.Admit(RequestKind::kPush, SteadyClock::now(), &redirect).ok());
+  EXPECT_TRUE(
+      rep.Admit(RequestKind::kPush, SteadyClock::now(), &redirect).ok());
   Message worker_msg;
-  auto bytes = std::make_shared<std::vector<uint8_t>>(EncodeRequest(RequestHeader{}));
+  auto bytes =
+      std::make_shared<std::vector<uint8_t>>(EncodeRequest(RequestHeader{}));
   worker_msg.frames.push_back({bytes->data(), bytes->size(), bytes});
   OutgoingReply r;
   r.header.id = 1;
@@ -360,7 +413,8 @@ class ReplicationTest : public ::testing::Test {
            ("replication_test-" + std::to_string(::getpid()) + "-" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
     std::filesystem::create_directories(dir_);
-    auto e = asyncps::testing::EtcdServer::Start((dir_ / "etcd").string(), dir_.string());
+    auto e = asyncps::testing::EtcdServer::Start((dir_ / "etcd").string(),
+                                                 dir_.string());
     ASSERT_TRUE(e.ok()) << e.status().ToString();
     etcd_ = std::move(e).value();
     ctx_ = Context::Create(1);
@@ -417,7 +471,8 @@ class ReplicationTest : public ::testing::Test {
     last_id_ = req.id;
     std::vector<Frame> frames;
     frames.push_back(Frame::Owned(EncodeRequest(req)));
-    for (const ByteView& v : data) frames.push_back(Frame::Ref(v.data, v.size, v.owner));
+    for (const ByteView& v : data)
+      frames.push_back(Frame::Ref(v.data, v.size, v.owner));
     EXPECT_TRUE(c.Send(frames).ok());
     return AwaitReply(c, req.id);
   }
@@ -429,7 +484,8 @@ class ReplicationTest : public ::testing::Test {
     while (SteadyClock::now() < until) {
       auto got = c.Receive(&msg, milliseconds(100));
       if (!got.ok() || !*got || msg.frames.empty()) continue;
-      EXPECT_TRUE(DecodeReply(msg.frames[0].data, msg.frames[0].size, {}, &r).ok());
+      EXPECT_TRUE(
+          DecodeReply(msg.frames[0].data, msg.frames[0].size, {}, &r).ok());
       if (r.id == id) return r;
     }
     r.status = Status::TimedOut("no reply");
@@ -459,7 +515,9 @@ class ReplicationTest : public ::testing::Test {
     auto j = nlohmann::json::parse(r.text, nullptr, false);
     return j.is_object() ? j : nlohmann::json::object();
   }
-  uint64_t Version(ClientSocket& c) { return Stats(c).value("version", uint64_t{0}); }
+  uint64_t Version(ClientSocket& c) {
+    return Stats(c).value("version", uint64_t{0});
+  }
 
   // Sends without waiting (BSP replies are held until the round's record
   // is acknowledged); returns the id.
@@ -468,12 +526,14 @@ class ReplicationTest : public ::testing::Test {
     if (req.id == 0) req.id = ++next_id_;
     std::vector<Frame> frames;
     frames.push_back(Frame::Owned(EncodeRequest(req)));
-    for (const ByteView& v : data) frames.push_back(Frame::Ref(v.data, v.size, v.owner));
+    for (const ByteView& v : data)
+      frames.push_back(Frame::Ref(v.data, v.size, v.owner));
     EXPECT_TRUE(c.Send(frames).ok());
     return req.id;
   }
   // Waits up to `wait` for the replies to `ids` on `c`: their statuses.
-  std::map<uint64_t, Status> Await(ClientSocket& c, const std::set<uint64_t>& ids,
+  std::map<uint64_t, Status> Await(ClientSocket& c,
+                                   const std::set<uint64_t>& ids,
                                    milliseconds wait = milliseconds(5000)) {
     std::map<uint64_t, Status> got;
     const auto until = SteadyClock::now() + wait;
@@ -482,7 +542,8 @@ class ReplicationTest : public ::testing::Test {
       auto r = c.Receive(&msg, milliseconds(20));
       if (!r.ok() || !*r || msg.frames.empty()) continue;
       ReplyHeader h;
-      if (!DecodeReply(msg.frames[0].data, msg.frames[0].size, {}, &h).ok()) continue;
+      if (!DecodeReply(msg.frames[0].data, msg.frames[0].size, {}, &h).ok())
+        continue;
       if (ids.count(h.id)) got.emplace(h.id, h.status);
     }
     return got;
@@ -501,10 +562,11 @@ class ReplicationTest : public ::testing::Test {
     replicas_.push_back(StartReplica(1, 2, tag, opts));
     std::vector<std::unique_ptr<ClientSocket>> ws;
     if (!replicas_[0] || !replicas_[1]) return ws;
-    for (int r = 0; r < workers; ++r) ws.push_back(Connect("inproc://g0r0" + tag));
+    for (int r = 0; r < workers; ++r)
+      ws.push_back(Connect("inproc://g0r0" + tag));
     *backup = Connect("inproc://g0r1" + tag);
-    *reg = server::testing::ShardHarness::Register(0, server::testing::SmallModel(),
-                                                   server::testing::SmallLayout(1));
+    *reg = server::testing::ShardHarness::Register(
+        0, server::testing::SmallModel(), server::testing::SmallLayout(1));
     EXPECT_TRUE(CallUntilOk(*ws[0], *reg).status.ok());
     return ws;
   }
@@ -550,8 +612,9 @@ class ReplicationTest : public ::testing::Test {
     if (h.id == 0) h.id = ++next_id_;
     if (mac != nullptr) h.replica_session = mac->session();
     // By default tagged as the group's primary tags it.
-    h.replica_tag_all = tag_all >= 0 ? tag_all == 1
-                                     : h.kind == RequestKind::kSnapshot || tag_all_;
+    h.replica_tag_all = tag_all >= 0
+                            ? tag_all == 1
+                            : h.kind == RequestKind::kSnapshot || tag_all_;
     const std::vector<uint8_t> header = EncodeRequest(h);
     std::vector<Frame> frames;
     frames.push_back(Frame::Copy(header.data(), header.size()));
@@ -561,7 +624,8 @@ class ReplicationTest : public ::testing::Test {
       pieces.emplace_back(v.data, v.size);
     }
     if (mac != nullptr) {
-      auto tag = mac->Sign(h.id, pieces, h.replica_tag_all ? Coverage::kAll : Coverage::kHeader);
+      auto tag = mac->Sign(
+          h.id, pieces, h.replica_tag_all ? Coverage::kAll : Coverage::kHeader);
       if (tamper) tag[3] ^= 1;
       frames.push_back(Frame::Copy(tag.data(), tag.size()));
     }
@@ -589,7 +653,8 @@ class ReplicationTest : public ::testing::Test {
         if (!r.status.ok()) break;
         std::vector<uint8_t> all;
         for (size_t i = 1; i < msg.frames.size(); ++i)
-          all.insert(all.end(), msg.frames[i].data, msg.frames[i].data + msg.frames[i].size);
+          all.insert(all.end(), msg.frames[i].data,
+                     msg.frames[i].data + msg.frames[i].size);
         return all;
       }
       std::this_thread::sleep_for(milliseconds(50));
@@ -789,7 +854,9 @@ TEST_F(ReplicationTest, ReplacementIsCopiedToAndBecomesABackup) {
   // the registration, so the acknowledged pushes below lived on g0r0 alone
   // and g0r1 resumed the group without them. The primary's loss is still
   // seen through its lease (Stop revokes it).
-  auto patient = [](ServerOptions* o) { o->replica_suspect_after = milliseconds(3000); };
+  auto patient = [](ServerOptions* o) {
+    o->replica_suspect_after = milliseconds(3000);
+  };
   replicas_.push_back(StartReplica(0, 2, "", patient));
   replicas_.push_back(StartReplica(1, 2, "", patient));
   auto c0 = Connect("inproc://g0r0");
@@ -798,9 +865,11 @@ TEST_F(ReplicationTest, ReplacementIsCopiedToAndBecomesABackup) {
       0, server::testing::SmallModel(), server::testing::SmallLayout(1));
   ASSERT_TRUE(CallUntilOk(*c0, reg).status.ok());
   const std::vector<ByteView> data{server::testing::Floats(grad_)};
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(CallUntilOk(*c0, Push(7), data).status.ok());
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(CallUntilOk(*c0, Push(7), data).status.ok());
   replicas_[0]->Stop();  // g0r1 takes over, alone
-  for (int i = 0; i < 2; ++i) ASSERT_TRUE(CallUntilOk(*c1, Push(7), data).status.ok());
+  for (int i = 0; i < 2; ++i)
+    ASSERT_TRUE(CallUntilOk(*c1, Push(7), data).status.ok());
   EXPECT_EQ(Version(*c1), 5u);
   // A replacement under the old name, its disk empty: a spare, copied to
   // by the primary (a checkpoint of its store), then listed as a backup.
@@ -852,7 +921,6 @@ TEST_F(ReplicationTest, PrimaryAloneStopsWritingWithoutItsLease) {
   EXPECT_TRUE(back.status.ok()) << back.status.ToString();
 }
 
-
 // Replication after aggregation (BSP): `workers` workers, Adam, one shard.
 // `flush_after`: how long a push waits for its rank's clock before the open
 // round's record goes out; the default (an hour) keeps a round's replies
@@ -875,7 +943,8 @@ std::function<void(ServerOptions*)> BspOptions(
 // silent backup: under ThreadSanitizer on a loaded machine a backup that
 // just joined can take longer than 500 ms to answer its first records, and
 // a dropped backup releases the replies these tests expect held.
-std::function<void(ServerOptions*)> Patient(std::function<void(ServerOptions*)> opts) {
+std::function<void(ServerOptions*)> Patient(
+    std::function<void(ServerOptions*)> opts) {
   return [opts](ServerOptions* o) {
     opts(o);
     o->replica_suspect_after = milliseconds(3000);
@@ -892,8 +961,10 @@ RequestHeader BspPush(int rank, int64_t clock, std::vector<ByteView>* data) {
   for (uint32_t id = 0; id < kSizes.size(); ++id) {
     std::vector<float> g(kSizes[id]);
     for (size_t i = 0; i < g.size(); ++i)
-      g[i] = 0.125f * static_cast<float>(rank + 1) + 0.0625f * static_cast<float>(i % 4) -
-             0.25f * static_cast<float>(clock % 3) + 0.5f * static_cast<float>(id);
+      g[i] = 0.125f * static_cast<float>(rank + 1) +
+             0.0625f * static_cast<float>(i % 4) -
+             0.25f * static_cast<float>(clock % 3) +
+             0.5f * static_cast<float>(id);
     data->push_back(server::testing::Floats(g));
     ids.push_back(id);
   }
@@ -952,7 +1023,8 @@ std::vector<std::vector<float>> BspReference(int workers, int rounds,
 // a round's pushes wait until the round closed and its record was
 // acknowledged, and the backup's weights, Adam state, versions and round
 // are bitwise the primary's, and the same as with every push handed on.
-TEST_F(ReplicationTest, BspRoundsAreHandedOnOnceAggregatedAndBackupIsBitwiseEqual) {
+TEST_F(ReplicationTest,
+       BspRoundsAreHandedOnOnceAggregatedAndBackupIsBitwiseEqual) {
   constexpr int kWorkers = 3;
   constexpr int kRounds = 4;
   std::vector<std::vector<float>> primary_state[2];
@@ -960,8 +1032,9 @@ TEST_F(ReplicationTest, BspRoundsAreHandedOnOnceAggregatedAndBackupIsBitwiseEqua
     const std::string tag = aggregate ? "-agg" : "-push";
     std::unique_ptr<ClientSocket> c1;
     RequestHeader reg;
-    auto ws = StartGroup(tag, kWorkers, Patient(BspOptions(kWorkers, aggregate, "/t" + tag)), &c1,
-                         &reg);
+    auto ws = StartGroup(tag, kWorkers,
+                         Patient(BspOptions(kWorkers, aggregate, "/t" + tag)),
+                         &c1, &reg);
     ASSERT_EQ(ws.size(), size_t{kWorkers});
     auto observer = Connect("inproc://g0r0" + tag);
     for (int64_t c = 0; c < kRounds; ++c) {
@@ -975,7 +1048,8 @@ TEST_F(ReplicationTest, BspRoundsAreHandedOnOnceAggregatedAndBackupIsBitwiseEqua
           // is acknowledged without waiting for the round. (Sent once the
           // primary counted this round's pushes so far: other sockets.)
           const auto until = SteadyClock::now() + milliseconds(5000);
-          while (Stats(*observer).value("pushes", uint64_t{0}) < uint64_t(kWorkers + 2) &&
+          while (Stats(*observer).value("pushes", uint64_t{0}) <
+                     uint64_t(kWorkers + 2) &&
                  SteadyClock::now() < until)
             std::this_thread::sleep_for(milliseconds(5));
           RequestHeader again = reg;
@@ -983,7 +1057,8 @@ TEST_F(ReplicationTest, BspRoundsAreHandedOnOnceAggregatedAndBackupIsBitwiseEqua
           ASSERT_TRUE(Call(*observer, again).status.ok());
         }
         if (r + 1 < kWorkers)
-          ids[r].insert(Send(*ws[r], server::testing::ShardHarness::Clock(r, c + 1)));
+          ids[r].insert(
+              Send(*ws[r], server::testing::ShardHarness::Clock(r, c + 1)));
       }
       if (aggregate && c == 0) {
         // The round is open (the last worker has not clocked): nothing of
@@ -991,7 +1066,8 @@ TEST_F(ReplicationTest, BspRoundsAreHandedOnOnceAggregatedAndBackupIsBitwiseEqua
         EXPECT_TRUE(Await(*ws[0], ids[0], milliseconds(300)).empty());
       }
       ids[kWorkers - 1].insert(
-          Send(*ws[kWorkers - 1], server::testing::ShardHarness::Clock(kWorkers - 1, c + 1)));
+          Send(*ws[kWorkers - 1],
+               server::testing::ShardHarness::Clock(kWorkers - 1, c + 1)));
       for (int r = 0; r < kWorkers; ++r) {
         auto got = Await(*ws[r], ids[r]);
         ASSERT_EQ(got.size(), ids[r].size()) << "round " << c << " rank " << r;
@@ -1009,17 +1085,21 @@ TEST_F(ReplicationTest, BspRoundsAreHandedOnOnceAggregatedAndBackupIsBitwiseEqua
       // folded into them
       // (and the mid-round registration, after a record of what came
       // before it).
-      EXPECT_EQ(rb.value("records_applied", uint64_t{0}), uint64_t{kRounds + 1});
+      EXPECT_EQ(rb.value("records_applied", uint64_t{0}),
+                uint64_t{kRounds + 1});
       EXPECT_EQ(rb.value("applied", uint64_t{0}), uint64_t{2 + kRounds + 1});
-      EXPECT_EQ(rp.value("batched", uint64_t{0}), uint64_t{2 * kWorkers * kRounds});
+      EXPECT_EQ(rp.value("batched", uint64_t{0}),
+                uint64_t{2 * kWorkers * kRounds});
     } else {
       EXPECT_EQ(rb.value("records_applied", uint64_t{1}), 0u);
-      EXPECT_EQ(rb.value("applied", uint64_t{0}), uint64_t{2 + 2 * kWorkers * kRounds});
+      EXPECT_EQ(rb.value("applied", uint64_t{0}),
+                uint64_t{2 + 2 * kWorkers * kRounds});
     }
     replicas_[0]->Stop();
     replicas_[1]->Stop();
     const auto on_primary = ShardState(replicas_[0]->server->shard());
-    EXPECT_TRUE(BitwiseEqual(on_primary, ShardState(replicas_[1]->server->shard())))
+    EXPECT_TRUE(
+        BitwiseEqual(on_primary, ShardState(replicas_[1]->server->shard())))
         << (aggregate ? "aggregated" : "per push");
     primary_state[aggregate ? 0 : 1] = on_primary;
   }
@@ -1034,12 +1114,14 @@ TEST_F(ReplicationTest, HeartbeatBehindAHeldPushIsAnsweredAtOnce) {
   constexpr int kWorkers = 2;
   std::unique_ptr<ClientSocket> backup;
   RequestHeader reg;
-  auto ws = StartGroup("-hb", kWorkers, Patient(BspOptions(kWorkers, true, "/t-hb")), &backup,
-                       &reg);
+  auto ws =
+      StartGroup("-hb", kWorkers, Patient(BspOptions(kWorkers, true, "/t-hb")),
+                 &backup, &reg);
   ASSERT_EQ(ws.size(), size_t{kWorkers});
   std::vector<ByteView> data;
   const uint64_t push0 = Send(*ws[0], BspPush(0, 0, &data), data);
-  const uint64_t clock0 = Send(*ws[0], server::testing::ShardHarness::Clock(0, 1));
+  const uint64_t clock0 =
+      Send(*ws[0], server::testing::ShardHarness::Clock(0, 1));
   RequestHeader hb;
   hb.kind = RequestKind::kHeartbeat;
   hb.rank = 0;
@@ -1065,8 +1147,10 @@ TEST_F(ReplicationTest, HeartbeatBehindAHeldPushIsAnsweredAtOnce) {
 // those of every push applied exactly once.
 TEST_F(ReplicationTest, BspPrimaryLostMidRoundBackupAppliesEachResendOnce) {
   constexpr int kWorkers = 2;
-  replicas_.push_back(StartReplica(0, 2, "", BspOptions(kWorkers, true, "/asyncps/test")));
-  replicas_.push_back(StartReplica(1, 2, "", BspOptions(kWorkers, true, "/asyncps/test")));
+  replicas_.push_back(
+      StartReplica(0, 2, "", BspOptions(kWorkers, true, "/asyncps/test")));
+  replicas_.push_back(
+      StartReplica(1, 2, "", BspOptions(kWorkers, true, "/asyncps/test")));
   ASSERT_TRUE(replicas_[0] && replicas_[1]);
   std::vector<std::unique_ptr<ClientSocket>> ws;
   for (int r = 0; r < kWorkers; ++r) ws.push_back(Connect("inproc://g0r0"));
@@ -1080,7 +1164,8 @@ TEST_F(ReplicationTest, BspPrimaryLostMidRoundBackupAppliesEachResendOnce) {
   for (int r = 0; r < kWorkers; ++r) {
     round0[r] = BspPush(r, 0, &data);
     round0[r].id = Send(*ws[r], round0[r], data);
-    const uint64_t clock = Send(*ws[r], server::testing::ShardHarness::Clock(r, 1));
+    const uint64_t clock =
+        Send(*ws[r], server::testing::ShardHarness::Clock(r, 1));
     if (r + 1 == kWorkers) {
       for (int q = 0; q < kWorkers; ++q) {
         std::set<uint64_t> want{round0[q].id};
@@ -1102,7 +1187,8 @@ TEST_F(ReplicationTest, BspPrimaryLostMidRoundBackupAppliesEachResendOnce) {
   EXPECT_EQ(b.value("duplicate_pushes", uint64_t{9}), 0u);
   EXPECT_EQ(b["replication"].value("records_applied", uint64_t{0}), 1u);
   replicas_[0]->Stop();
-  EXPECT_TRUE(Await(*ws[0], {p0.id, k0.id}, milliseconds(200)).empty());  // dropped
+  EXPECT_TRUE(
+      Await(*ws[0], {p0.id, k0.id}, milliseconds(200)).empty());  // dropped
 
   // The workers resend what was not acknowledged to the promoted backup.
   std::vector<ByteView> d0, d1, dr;
@@ -1110,11 +1196,12 @@ TEST_F(ReplicationTest, BspPrimaryLostMidRoundBackupAppliesEachResendOnce) {
   BspPush(1, 1, &d1);
   BspPush(0, 0, &dr);
   ASSERT_TRUE(CallUntilOk(*c1, p0, d0).status.ok());
-  ASSERT_TRUE(Call(*c1, p0, d0).status.ok());          // a second resend
-  ASSERT_TRUE(Call(*c1, round0[0], dr).status.ok());   // acknowledged before
+  ASSERT_TRUE(Call(*c1, p0, d0).status.ok());         // a second resend
+  ASSERT_TRUE(Call(*c1, round0[0], dr).status.ok());  // acknowledged before
   ASSERT_TRUE(Call(*c1, k0).status.ok());
   ASSERT_TRUE(Call(*c1, p1, d1).status.ok());
-  ASSERT_TRUE(Call(*c1, server::testing::ShardHarness::Clock(1, 2)).status.ok());
+  ASSERT_TRUE(
+      Call(*c1, server::testing::ShardHarness::Clock(1, 2)).status.ok());
   b = Stats(*c1);
   EXPECT_EQ(b.value("version", uint64_t{0}), 2u);
   EXPECT_EQ(b.value("bsp_round", int64_t{0}), 2);
@@ -1127,27 +1214,31 @@ TEST_F(ReplicationTest, BspPrimaryLostMidRoundBackupAppliesEachResendOnce) {
   EXPECT_TRUE(BitwiseEqual(ShardState(replicas_[1]->server->shard()), want));
 }
 
-
 // A worker whose clock a shard refused for a stale elastic layout sends it
-// again only once its rerouted pushes are acknowledged (worker/client/elastic_router.cc,
-// Reroute). With rounds handed on aggregated, those replies are held until
-// the round's record, and the round waits for that clock: a push that sees
-// no clock of its rank for round_record_flush_after sends the open round's
-// record, so the backups hold the push and its reply goes out. The clock
-// then closes the round: both replicas bitwise a shard that saw each push
-// once. (launch.elastic's --replicas 2 run stalled without this.)
-TEST_F(ReplicationTest, BspPushWaitingForItsClockIsAcknowledgedThroughAnOpenRecord) {
+// again only once its rerouted pushes are acknowledged
+// (worker/client/elastic_router.cc, Reroute). With rounds handed on aggregated,
+// those replies are held until the round's record, and the round waits for that
+// clock: a push that sees no clock of its rank for round_record_flush_after
+// sends the open round's record, so the backups hold the push and its reply
+// goes out. The clock then closes the round: both replicas bitwise a shard that
+// saw each push once. (launch.elastic's --replicas 2 run stalled without this.)
+TEST_F(ReplicationTest,
+       BspPushWaitingForItsClockIsAcknowledgedThroughAnOpenRecord) {
   constexpr int kWorkers = 2;
-  for (const milliseconds flush : {milliseconds(20), milliseconds(3600 * 1000)}) {
+  for (const milliseconds flush :
+       {milliseconds(20), milliseconds(3600 * 1000)}) {
     const std::string tag = flush.count() < 1000 ? "-flush" : "-held";
     std::unique_ptr<ClientSocket> c1;
     RequestHeader reg;
-    auto ws = StartGroup(tag, kWorkers, BspOptions(kWorkers, true, "/f" + tag, flush), &c1, &reg);
+    auto ws =
+        StartGroup(tag, kWorkers, BspOptions(kWorkers, true, "/f" + tag, flush),
+                   &c1, &reg);
     ASSERT_EQ(ws.size(), size_t{kWorkers});
     // Rank 0 pushes and clocks; rank 1 pushes and waits for the reply.
     std::vector<ByteView> data;
     const uint64_t p0 = Send(*ws[0], BspPush(0, 0, &data), data);
-    const uint64_t k0 = Send(*ws[0], server::testing::ShardHarness::Clock(0, 1));
+    const uint64_t k0 =
+        Send(*ws[0], server::testing::ShardHarness::Clock(0, 1));
     const uint64_t p1 = Send(*ws[1], BspPush(1, 0, &data), data);
     if (flush.count() >= 1000) {
       // Held until the round closes, which needs rank 1's clock.
@@ -1156,7 +1247,8 @@ TEST_F(ReplicationTest, BspPushWaitingForItsClockIsAcknowledgedThroughAnOpenReco
       continue;
     }
     auto got = Await(*ws[1], {p1}, milliseconds(5000));
-    ASSERT_EQ(got.size(), 1u) << "the push waiting for its clock was not acknowledged";
+    ASSERT_EQ(got.size(), 1u)
+        << "the push waiting for its clock was not acknowledged";
     EXPECT_TRUE(got[p1].ok()) << got[p1].ToString();
     got = Await(*ws[0], {p0, k0}, milliseconds(5000));
     ASSERT_EQ(got.size(), 2u);
@@ -1166,7 +1258,8 @@ TEST_F(ReplicationTest, BspPushWaitingForItsClockIsAcknowledgedThroughAnOpenReco
     EXPECT_EQ(b.value("pushes", uint64_t{0}), 2u);
     EXPECT_GE(b["replication"].value("records_applied", uint64_t{0}), 1u);
     // The clock closes the round on both.
-    ASSERT_TRUE(Call(*ws[1], server::testing::ShardHarness::Clock(1, 1)).status.ok());
+    ASSERT_TRUE(
+        Call(*ws[1], server::testing::ShardHarness::Clock(1, 1)).status.ok());
     b = Stats(*c1);
     EXPECT_EQ(b.value("bsp_round", int64_t{0}), 1);
     EXPECT_EQ(b.value("version", uint64_t{0}), 1u);
@@ -1180,14 +1273,15 @@ TEST_F(ReplicationTest, BspPushWaitingForItsClockIsAcknowledgedThroughAnOpenReco
   }
 }
 
-// Only the primary evicts a silent worker (2 s here). Here the workers' heartbeats go
-// to the primary alone, so the backup hears nothing from them: it keeps
-// them (it evicted both on its own timer before), and takes the primary's
+// Only the primary evicts a silent worker (2 s here). Here the workers'
+// heartbeats go to the primary alone, so the backup hears nothing from them: it
+// keeps them (it evicted both on its own timer before), and takes the primary's
 // eviction of rank 1 and the rank's return (a heartbeat to the primary,
 // which is not handed on) at the same points of the primary's order. Rounds
 // close on rank 0 alone meanwhile; liveness, clocks, rounds and weights stay
 // bitwise the primary's, with rounds handed on aggregated or push by push.
-TEST_F(ReplicationTest, OnlyThePrimaryEvictsAndItsEvictionsAndRejoinsReachTheBackup) {
+TEST_F(ReplicationTest,
+       OnlyThePrimaryEvictsAndItsEvictionsAndRejoinsReachTheBackup) {
   constexpr int kWorkers = 2;
   for (bool aggregate : {true, false}) {
     const std::string tag = aggregate ? "-agg" : "-push";
@@ -1222,7 +1316,8 @@ TEST_F(ReplicationTest, OnlyThePrimaryEvictsAndItsEvictionsAndRejoinsReachTheBac
       std::vector<ByteView> data;
       for (int r : ranks) {
         ids[r].insert(Send(*ws[r], BspPush(r, c, &data), data));
-        ids[r].insert(Send(*ws[r], server::testing::ShardHarness::Clock(r, c + 1)));
+        ids[r].insert(
+            Send(*ws[r], server::testing::ShardHarness::Clock(r, c + 1)));
       }
       for (int r : ranks) {
         auto got = Await(*ws[r], ids[r]);
@@ -1277,9 +1372,12 @@ TEST_F(ReplicationTest, OnlyThePrimaryEvictsAndItsEvictionsAndRejoinsReachTheBac
 // rank's later clocks there: promoted, it refuses them (retry) until the
 // push came back, so a clock never closes a BSP round without the push
 // (its refusal and the clock's acceptance on either side of a promotion).
-TEST_F(ReplicationTest, BspClockWaitsForAPushTheReplicaRefusedBeforeItsPromotion) {
-  replicas_.push_back(StartReplica(0, 2, "", BspOptions(1, true, "/asyncps/test")));
-  replicas_.push_back(StartReplica(1, 2, "", BspOptions(1, true, "/asyncps/test")));
+TEST_F(ReplicationTest,
+       BspClockWaitsForAPushTheReplicaRefusedBeforeItsPromotion) {
+  replicas_.push_back(
+      StartReplica(0, 2, "", BspOptions(1, true, "/asyncps/test")));
+  replicas_.push_back(
+      StartReplica(1, 2, "", BspOptions(1, true, "/asyncps/test")));
   ASSERT_TRUE(replicas_[0] && replicas_[1]);
   auto c0 = Connect("inproc://g0r0");
   auto c1 = Connect("inproc://g0r1");
@@ -1348,13 +1446,17 @@ void ReplicationTest::ForgeriesAreRefused(bool tag_all) {
   tag_all_ = tag_all;
   std::unique_ptr<ClientSocket> c1;
   RequestHeader reg;
-  auto workers = StartGroup("", 1, [&](ServerOptions* o) {
-    if (tag_all) o->replica_tag_coverage = Coverage::kAll;
-  }, &c1, &reg);
+  auto workers = StartGroup(
+      "", 1,
+      [&](ServerOptions* o) {
+        if (tag_all) o->replica_tag_coverage = Coverage::kAll;
+      },
+      &c1, &reg);
   ASSERT_EQ(workers.size(), 1u);
   ClientSocket* c0 = workers[0].get();
   const std::vector<ByteView> data{server::testing::Floats(grad_)};
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(CallUntilOk(*c0, Push(7), data).status.ok());
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(CallUntilOk(*c0, Push(7), data).status.ok());
   const std::vector<uint8_t> weights = PullAll(*c0);
   ASSERT_FALSE(weights.empty());
   const nlohmann::json before = StateOf(Stats(*c1));
@@ -1364,7 +1466,8 @@ void ReplicationTest::ForgeriesAreRefused(bool tag_all) {
   const std::vector<float> huge(16, 1000.0f);
   RequestHeader push = Push(9);
   push.id = 1000;
-  const std::vector<ByteView> forged_push{HeaderFrame(push), server::testing::Floats(huge)};
+  const std::vector<ByteView> forged_push{HeaderFrame(push),
+                                          server::testing::Floats(huge)};
   RequestHeader freeze = server::testing::MigrateRequest(MigrateOp::kFreeze, 5);
   freeze.migrate_at_clock = -1;
   const std::vector<ByteView> forged_freeze{HeaderFrame(freeze)};
@@ -1392,7 +1495,8 @@ void ReplicationTest::ForgeriesAreRefused(bool tag_all) {
   const std::vector<Forgery> forgeries = {
       {"push", ReplicateOf(1, "g0r0", primary), forged_push},
       {"liveness record", liveness, {}},
-      {"wrapped migrate freeze", ReplicateOf(1, "g0r0", primary), forged_freeze},
+      {"wrapped migrate freeze", ReplicateOf(1, "g0r0", primary),
+       forged_freeze},
       {"snapshot piece", snapshot, piece},
       {"ping", ReplicateOf(1, "g0r0", primary), {}}};
   for (const Forgery& f : forgeries) {
@@ -1417,9 +1521,10 @@ void ReplicationTest::ForgeriesAreRefused(bool tag_all) {
     // forgery with a valid header tag from the primary's own session
     // would need the secret: the checks above.)
     if (f.header.kind == RequestKind::kSnapshot || tag_all) {
-      EXPECT_EQ(CallReplica(*c1, f.header, f.data, right->get(), false, /*tag_all=*/0)
-                    .status.code(),
-                StatusCode::kPermissionDenied);
+      EXPECT_EQ(
+          CallReplica(*c1, f.header, f.data, right->get(), false, /*tag_all=*/0)
+              .status.code(),
+          StatusCode::kPermissionDenied);
     }
   }
   // A replayed message of the primary's session is refused: the first
@@ -1431,8 +1536,8 @@ void ReplicationTest::ForgeriesAreRefused(bool tag_all) {
             StatusCode::kPermissionDenied);
   // Replica traffic wrapped in replica traffic, even signed: never applied.
   RequestHeader inner = ReplicateOf(1);
-  EXPECT_EQ(CallReplica(*c1, ReplicateOf(1, "g0r0", primary), {HeaderFrame(inner)},
-                        right->get())
+  EXPECT_EQ(CallReplica(*c1, ReplicateOf(1, "g0r0", primary),
+                        {HeaderFrame(inner)}, right->get())
                 .status.code(),
             StatusCode::kInvalidArgument);
 
@@ -1487,7 +1592,8 @@ TEST_F(ReplicationTest, WithCurveOnlyThePrimarysReplicaKeyIsTaken) {
       0, server::testing::SmallModel(), server::testing::SmallLayout(1));
   ASSERT_TRUE(CallUntilOk(*c0, reg).status.ok());
   const std::vector<ByteView> data{server::testing::Floats(grad_)};
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(CallUntilOk(*c0, Push(7), data).status.ok());
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(CallUntilOk(*c0, Push(7), data).status.ok());
   EXPECT_EQ(Version(*c1), 3u);  // replicated over CURVE before acknowledged
   const std::vector<uint8_t> weights = PullAll(*c0);
   const nlohmann::json before = StateOf(Stats(*c1));
@@ -1496,11 +1602,13 @@ TEST_F(ReplicationTest, WithCurveOnlyThePrimarysReplicaKeyIsTaken) {
   push.id = 1000;
   RequestHeader liveness = ReplicateOf(1, "g0r0", IncarnationOf("g0r0"));
   liveness.replicate_workers = {WorkerLiveness{0, true, 777777}};
-  EXPECT_EQ(CallReplica(*c1, ReplicateOf(1, "g0r0", IncarnationOf("g0r0")),
-                        {HeaderFrame(push), server::testing::Floats(std::vector<float>(16, 1000.0f))},
-                        nullptr)
-                .status.code(),
-            StatusCode::kPermissionDenied);
+  EXPECT_EQ(
+      CallReplica(*c1, ReplicateOf(1, "g0r0", IncarnationOf("g0r0")),
+                  {HeaderFrame(push),
+                   server::testing::Floats(std::vector<float>(16, 1000.0f))},
+                  nullptr)
+          .status.code(),
+      StatusCode::kPermissionDenied);
   EXPECT_EQ(CallReplica(*c1, liveness, {}, nullptr).status.code(),
             StatusCode::kPermissionDenied);
   EXPECT_EQ(StateOf(Stats(*c1)), before);
@@ -1513,7 +1621,8 @@ TEST_F(ReplicationTest, WithCurveOnlyThePrimarysReplicaKeyIsTaken) {
   st.curve_secret_key = stranger_sec;
   auto stranger = ClientSocket::Connect(replicas_[0]->server->endpoint(), st);
   ASSERT_TRUE(stranger.ok());
-  EXPECT_EQ(Call(**stranger, Push(7), data).status.code(), StatusCode::kPermissionDenied);
+  EXPECT_EQ(Call(**stranger, Push(7), data).status.code(),
+            StatusCode::kPermissionDenied);
   EXPECT_EQ(Version(*c0), 3u);
   replicas_[0]->Stop();
   EXPECT_EQ(PullAll(*c1), weights);

@@ -25,8 +25,9 @@ struct Replicator::Backup {
   bool broken = false;  // left an update unapplied: holds until dropped
   std::chrono::steady_clock::time_point sent_at{};  // last message sent
   // When it last acknowledged anything; set when it is connected.
-  std::chrono::steady_clock::time_point acked_at = std::chrono::steady_clock::now();
-  bool silent = false;  // reported (broken_) for not answering
+  std::chrono::steady_clock::time_point acked_at =
+      std::chrono::steady_clock::now();
+  bool silent = false;      // reported (broken_) for not answering
   bool ever_acked = false;  // answered anything since it was connected
 };
 
@@ -64,7 +65,8 @@ StatusOr<std::unique_ptr<Replicator>> Replicator::Create(
     const ReplicatorOptions& options) {
   std::unique_ptr<Replicator> r(new Replicator(options));
   if (!options.secret.empty()) {
-    ASSIGN_OR_RETURN(r->mac_, ReplicaMac::Create(options.secret, options.group));
+    ASSIGN_OR_RETURN(r->mac_,
+                     ReplicaMac::Create(options.secret, options.group));
   } else if (options.transport.curve_secret_key.empty()) {
     return Status::InvalidArgument(
         "replica traffic needs authentication: the group's secret or a "
@@ -96,15 +98,18 @@ const uint8_t* Replicator::Tag(const RequestHeader& h,
   pieces.reserve(data.size() + 1);
   pieces.emplace_back(header.data(), header.size());
   for (const ByteView& f : data) pieces.emplace_back(f.data, f.size);
-  tag_ = mac_->Sign(h.id, pieces, h.replica_tag_all ? Coverage::kAll : Coverage::kHeader);
+  tag_ = mac_->Sign(h.id, pieces,
+                    h.replica_tag_all ? Coverage::kAll : Coverage::kHeader);
   return tag_.data();
 }
 
 Status Replicator::SendTo(Backup& b, const std::vector<uint8_t>& header,
-                          const std::vector<ByteView>& data, const uint8_t* tag) {
+                          const std::vector<ByteView>& data,
+                          const uint8_t* tag) {
   frames_.clear();
   frames_.push_back(Frame::Copy(header.data(), header.size()));
-  for (const ByteView& f : data) frames_.push_back(Frame::Ref(f.data, f.size, f.owner));
+  for (const ByteView& f : data)
+    frames_.push_back(Frame::Ref(f.data, f.size, f.owner));
   if (tag != nullptr) frames_.push_back(Frame::Copy(tag, kReplicaTagBytes));
   Status s = b.socket->Send(frames_);
   frames_.clear();
@@ -122,7 +127,9 @@ Status Replicator::SetView(const ReplicaView& view,
   if (!changed) return Status::OK();
   ++counters_.view_changes;
   LOG(INFO) << "replica view: epoch " << view.epoch
-            << (view.primary ? " primary" : view.backup ? " backup" : " spare")
+            << (view.primary  ? " primary"
+                : view.backup ? " backup"
+                              : " spare")
             << ", primary "
             << (view.primary_endpoint.empty() ? "?" : view.primary_endpoint)
             << ", " << view.backup_endpoints.size() << " backup(s)";
@@ -215,7 +222,7 @@ Status Replicator::Admit(RequestKind kind, TimePoint now,
       [](const std::unique_ptr<Backup>& b) { return !b->joining; });
   const bool backups_heard =
       !alone && now - last_ack_at_ < std::max(options_.suspect_after,
-                                               std::chrono::milliseconds(500));
+                                              std::chrono::milliseconds(500));
   if (Write(kind) && now >= view_.lease_valid_until && !backups_heard) {
     ++counters_.refused_no_lease;
     *redirect = "";
@@ -232,7 +239,8 @@ Status Replicator::Admit(RequestKind kind, TimePoint now,
 // promoted during or after a change holds what its primary held.
 bool HandedOn(const RequestHeader& req) {
   if (req.kind == RequestKind::kMigrate) {
-    return req.migrate_op != MigrateOp::kDescribe && req.migrate_op != MigrateOp::kExport;
+    return req.migrate_op != MigrateOp::kDescribe &&
+           req.migrate_op != MigrateOp::kExport;
   }
   return Write(req.kind);
 }
@@ -273,7 +281,8 @@ bool Replicator::aggregating() const {
   return options_.aggregate_rounds && view_.primary && !backups_.empty();
 }
 
-bool Replicator::Batches(const RequestHeader& req, bool shard_aggregates) const {
+bool Replicator::Batches(const RequestHeader& req,
+                         bool shard_aggregates) const {
   return shard_aggregates && aggregating() && Replicates(req) &&
          ((req.kind == RequestKind::kPush && req.rows.empty()) ||
           req.kind == RequestKind::kClock);
@@ -346,8 +355,8 @@ void Replicator::SendToBackups(const RequestHeader& h,
     if (!s.ok()) {
       // Its queue is full: it is far behind or gone. The reply waits until
       // it answers or the view drops it.
-      LOG_EVERY_N(WARNING, 100) << "replicate to " << b->endpoint << ": "
-                                << s.ToString();
+      LOG_EVERY_N(WARNING, 100)
+          << "replicate to " << b->endpoint << ": " << s.ToString();
     }
     ++counters_.forwarded;
   }
@@ -358,7 +367,8 @@ Status Replicator::Authenticate(Message* msg, const RequestHeader& req,
   const Status refused = Status::PermissionDenied(
       std::string(RequestKindName(req.kind)) +
       " refused: its sender is not authenticated as a member of replica "
-      "group " + std::to_string(options_.group));
+      "group " +
+      std::to_string(options_.group));
   if (!mac_) {
     const ReplicaMember* m = view_.MemberWithKey(msg->client_key);
     if (m == nullptr) {
@@ -393,14 +403,16 @@ Status Replicator::Authenticate(Message* msg, const RequestHeader& req,
   msg->frames.pop_back();
   sender->name = req.replica_sender;
   sender->incarnation = req.replica_incarnation;
-  const ReplicaMember* m = view_.Member(req.replica_sender, req.replica_incarnation);
+  const ReplicaMember* m =
+      view_.Member(req.replica_sender, req.replica_incarnation);
   if (m != nullptr) *sender = *m;
   return Status::OK();
 }
 
 namespace {
 
-bool Same(const ReplicaMember& a, const std::string& name, uint64_t incarnation) {
+bool Same(const ReplicaMember& a, const std::string& name,
+          uint64_t incarnation) {
   return !name.empty() && a.name == name && a.incarnation == incarnation;
 }
 
@@ -426,8 +438,9 @@ Status Replicator::CheckReplicate(const RequestHeader& req,
   const bool from_joined =
       joined_epoch_ > 0 && req.replicate_epoch >= joined_epoch_ &&
       Same(sender, joined_primary_.name, joined_primary_.incarnation);
-  const bool from_member = sender.name != options_.name &&
-                           view_.Member(sender.name, sender.incarnation) != nullptr;
+  const bool from_member =
+      sender.name != options_.name &&
+      view_.Member(sender.name, sender.incarnation) != nullptr;
   const bool joined_primary_behind =
       from_joined && view_.backup &&
       Same(joined_primary_, view_.primary_name, view_.primary_incarnation);
@@ -446,8 +459,9 @@ Status Replicator::CheckReplicate(const RequestHeader& req,
         "replicate from epoch " + std::to_string(req.replicate_epoch) +
         " refused: this replica of group " + std::to_string(options_.group) +
         " is at epoch " + std::to_string(view_.epoch) +
-        (view_.primary ? " and is the primary"
-                       : view_.backup ? "" : " and is not a backup") +
+        (view_.primary  ? " and is the primary"
+         : view_.backup ? ""
+                        : " and is not a backup") +
         (from_primary || from_joined || req.replicate_epoch > view_.epoch
              ? ""
              : ", and the sender is not its primary"));
@@ -470,7 +484,8 @@ void Replicator::Poll(std::vector<OutgoingReply>* out) {
   const auto now = std::chrono::steady_clock::now();
   if (view_.primary) {
     for (auto& b : backups_) {
-      if (b->joining || b->socket == nullptr || now - b->sent_at < options_.ping_every)
+      if (b->joining || b->socket == nullptr ||
+          now - b->sent_at < options_.ping_every)
         continue;
       const RequestHeader h = NewReplicate();
       const std::vector<uint8_t> header = EncodeRequest(h);
@@ -480,7 +495,8 @@ void Replicator::Poll(std::vector<OutgoingReply>* out) {
   }
   for (auto& b : backups_) {
     while (b->socket != nullptr) {
-      StatusOr<bool> got = b->socket->Receive(&msg_, std::chrono::milliseconds(0));
+      StatusOr<bool> got =
+          b->socket->Receive(&msg_, std::chrono::milliseconds(0));
       if (!got.ok() || !*got) break;
       if (msg_.frames.empty()) continue;
       ReplyHeader r;
@@ -494,8 +510,8 @@ void Replicator::Poll(std::vector<OutgoingReply>* out) {
       if (b->joining && !r.status.ok()) {
         // The spare could not install the snapshot: drop it; it is offered
         // again after a pause.
-        LOG(WARNING) << "spare " << b->endpoint << " refused its snapshot: "
-                     << r.status.ToString();
+        LOG(WARNING) << "spare " << b->endpoint
+                     << " refused its snapshot: " << r.status.ToString();
         ++counters_.snapshots_failed;
         b->socket.reset();
         break;
@@ -569,11 +585,9 @@ std::vector<std::string> Replicator::TakeJoiners(TimePoint now) {
   std::vector<std::string> out;
   if (!view_.primary) return out;
   for (const std::string& e : view_.spare_endpoints) {
-    const bool connected =
-        std::any_of(backups_.begin(), backups_.end(),
-                    [&](const std::unique_ptr<Backup>& b) {
-                      return b->endpoint == e;
-                    });
+    const bool connected = std::any_of(
+        backups_.begin(), backups_.end(),
+        [&](const std::unique_ptr<Backup>& b) { return b->endpoint == e; });
     if (connected) continue;
     auto it = std::find_if(offered_.begin(), offered_.end(),
                            [&](const auto& o) { return o.first == e; });
@@ -633,8 +647,8 @@ Status Replicator::StartJoin(const std::string& endpoint,
     if (!in) return Status::Unavailable("reading " + dir + "/" + name);
     uint64_t offset = 0;
     do {
-      const size_t n = static_cast<size_t>(
-          std::min<uint64_t>(piece_bytes, size - offset));
+      const size_t n =
+          static_cast<size_t>(std::min<uint64_t>(piece_bytes, size - offset));
       std::vector<uint8_t> bytes(n);
       if (n > 0 && !in.read(reinterpret_cast<char*>(bytes.data()),
                             static_cast<std::streamsize>(n))) {
@@ -651,7 +665,8 @@ Status Replicator::StartJoin(const std::string& endpoint,
       h.replica_tag_all = mac_ != nullptr;  // a spare's whole store: every byte
       const std::vector<uint8_t> header = EncodeRequest(h);
       auto piece = std::make_shared<std::vector<uint8_t>>(std::move(bytes));
-      const std::vector<ByteView> data{ByteView{piece->data(), piece->size(), piece}};
+      const std::vector<ByteView> data{
+          ByteView{piece->data(), piece->size(), piece}};
       RETURN_IF_ERROR(SendTo(*b, header, data, Tag(h, header, data))
                           .WithContext("sending the snapshot to " + endpoint));
       b->snapshot_seq = h.id;
@@ -672,17 +687,24 @@ Status Replicator::CheckSnapshot(const RequestHeader& req,
   // read that layout yet) from a live member of its group.
   const bool from_primary =
       Same(sender, view_.primary_name, view_.primary_incarnation);
-  const bool from_member = sender.name != options_.name &&
-                           view_.Member(sender.name, sender.incarnation) != nullptr;
-  const bool sender_ok = req.replicate_epoch > view_.epoch ? from_member : from_primary;
+  const bool from_member =
+      sender.name != options_.name &&
+      view_.Member(sender.name, sender.incarnation) != nullptr;
+  const bool sender_ok =
+      req.replicate_epoch > view_.epoch ? from_member : from_primary;
   if (view_.primary || view_.backup || req.replicate_epoch < view_.epoch ||
       req.replicate_group != options_.group || !sender_ok) {
     ++counters_.refused_stale;
     return Status::FailedPrecondition(
         "snapshot from epoch " + std::to_string(req.replicate_epoch) +
         " refused: this process of group " + std::to_string(options_.group) +
-        " is " + (view_.primary ? "its primary" : view_.backup ? "a backup" : "") +
-        (view_.primary || view_.backup ? "" : "at epoch " + std::to_string(view_.epoch)) +
+        " is " +
+        (view_.primary  ? "its primary"
+         : view_.backup ? "a backup"
+                        : "") +
+        (view_.primary || view_.backup
+             ? ""
+             : "at epoch " + std::to_string(view_.epoch)) +
         (sender_ok ? "" : ", and the sender is not its primary"));
   }
   return Status::OK();

@@ -57,8 +57,9 @@
 // lost mid-round handed at most such open records of the round on; the
 // workers' resends of the unacknowledged pushes and clocks are applied
 // once by the promoted backup (the records carried the de-duplication
-// entries of every acknowledged push). Pull replies are not held (as before). ASP/SSP
-// and shards with sparse tables hand on every request as described above.
+// entries of every acknowledged push). Pull replies are not held (as before).
+// ASP/SSP and shards with sparse tables hand on every request as described
+// above.
 //
 // Workers' liveness. A worker silent for --worker_timeout_ms leaves the
 // clock minimum (server/shard/worker_clocks.h), which closes BSP rounds
@@ -185,22 +186,22 @@ struct ReplicatorOptions {
 
 // Counters for stats and metrics.
 struct ReplicatorCounters {
-  uint64_t forwarded = 0;       // kReplicate requests sent, all backups
-  uint64_t acked = 0;           // their acknowledgements received
-  uint64_t applied = 0;         // kReplicate requests applied as a backup
-  uint64_t refused_stale = 0;   // kReplicate refused: stale epoch / primary
+  uint64_t forwarded = 0;      // kReplicate requests sent, all backups
+  uint64_t acked = 0;          // their acknowledgements received
+  uint64_t applied = 0;        // kReplicate requests applied as a backup
+  uint64_t refused_stale = 0;  // kReplicate refused: stale epoch / primary
   // Replica requests refused because their sender was not authenticated
   // (no valid tag, not a member's key) or is not the group's primary.
   uint64_t refused_sender = 0;
   uint64_t backup_connect_errors = 0;  // a listed backup could not be connected
-  uint64_t backup_errors = 0;   // acknowledgements carrying an error
-  uint64_t dropped_held = 0;    // held replies dropped on losing the primary
+  uint64_t backup_errors = 0;          // acknowledgements carrying an error
+  uint64_t dropped_held = 0;  // held replies dropped on losing the primary
   uint64_t refused_not_primary = 0;  // worker requests redirected
   uint64_t refused_no_lease = 0;     // writes refused: lease not confirmed
   uint64_t view_changes = 0;
-  uint64_t snapshots_sent = 0;       // spares copied to (started)
+  uint64_t snapshots_sent = 0;  // spares copied to (started)
   uint64_t snapshot_bytes_sent = 0;
-  uint64_t spares_joined = 0;        // acknowledged their snapshot
+  uint64_t spares_joined = 0;  // acknowledged their snapshot
   uint64_t snapshots_failed = 0;
   // Replication after aggregation.
   uint64_t records_forwarded = 0;  // round records sent, all backups
@@ -215,7 +216,8 @@ class Replicator {
   using TimePoint = std::chrono::steady_clock::time_point;
 
   // InvalidArgument without a secret or a CurveZMQ replica key.
-  static StatusOr<std::unique_ptr<Replicator>> Create(const ReplicatorOptions& options);
+  static StatusOr<std::unique_ptr<Replicator>> Create(
+      const ReplicatorOptions& options);
   ~Replicator();
   Replicator(const Replicator&) = delete;
   Replicator& operator=(const Replicator&) = delete;
@@ -282,7 +284,8 @@ class Replicator {
   // header names, once the tag (the last frame, removed from msg->frames
   // here) verified under the group's secret. PermissionDenied otherwise
   // (counted in refused_sender), with one message for every cause.
-  Status Authenticate(Message* msg, const RequestHeader& req, ReplicaMember* sender);
+  Status Authenticate(Message* msg, const RequestHeader& req,
+                      ReplicaMember* sender);
   // Backup side: checks a kReplicate request from the authenticated
   // `sender` against this view: it must come from the primary the view
   // names (the epoch's), from the primary whose snapshot this spare
@@ -352,7 +355,8 @@ class Replicator {
   explicit Replicator(const ReplicatorOptions& options);
   // A connection to the replica at `endpoint` (its server key from the
   // view's member record with CURVE).
-  StatusOr<std::unique_ptr<ClientSocket>> ConnectTo(const std::string& endpoint) const;
+  StatusOr<std::unique_ptr<ClientSocket>> ConnectTo(
+      const std::string& endpoint) const;
   // Sends one replica request (`header`, then `data`, then its tag without
   // CURVE) to `b`.
   Status SendTo(Backup& b, const std::vector<uint8_t>& header,
@@ -370,7 +374,8 @@ class Replicator {
   // A kReplicate header with the next sequence number, epoch and group.
   RequestHeader NewReplicate();
   // Sends a kReplicate (header `h`, then `frames`) to every backup.
-  void SendToBackups(const RequestHeader& h, const std::vector<ByteView>& frames);
+  void SendToBackups(const RequestHeader& h,
+                     const std::vector<ByteView>& frames);
   // Batched requests: the header frame and the reply to it.
   struct Batched {
     ByteView header;
@@ -380,12 +385,12 @@ class Replicator {
   ReplicatorOptions options_;
   ReplicaView view_;
   std::vector<std::unique_ptr<Backup>> backups_;
-  std::deque<Held> held_;  // seq order
+  std::deque<Held> held_;       // seq order
   std::vector<Batched> batch_;  // since the last round record
   // Ranks with a batched push and no batched clock after it, and since
   // when (at most one entry per accepted rank; cleared with the batch).
   std::vector<std::pair<int32_t, TimePoint>> unclocked_;
-  uint64_t next_seq_;      // starts random: unique across restarts
+  uint64_t next_seq_;  // starts random: unique across restarts
   std::vector<Frame> frames_;
   Message msg_;
   ReplicatorCounters counters_;

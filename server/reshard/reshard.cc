@@ -1,11 +1,11 @@
 // Reshard: reads S shards' checkpoints, writes S' (see reshard.h).
 //
-// Works on the stored records themselves (formats: server/shard/shard_persist.cc,
-// server/sparse/sparse_tables.cc, server/sparse/row_format.h): chunk and row
-// records are copied as bytes, never decoded into floats, so the restored
-// weights and optimizer state are bitwise those of the sources. Only the
-// layout record (its shard count), the state records and the sparse state
-// are rebuilt.
+// Works on the stored records themselves (formats:
+// server/shard/shard_persist.cc, server/sparse/sparse_tables.cc,
+// server/sparse/row_format.h): chunk and row records are copied as bytes, never
+// decoded into floats, so the restored weights and optimizer state are bitwise
+// those of the sources. Only the layout record (its shard count), the state
+// records and the sparse state are rebuilt.
 #include "server/reshard/reshard.h"
 
 #include <glog/logging.h>
@@ -211,7 +211,8 @@ Status ReadSource(Store* store, size_t i, Source* src, ReshardReport* report) {
       [&](std::string_view key, std::string_view value) -> Status {
         if (key == internal::kElasticKey) {
           return Status::Unimplemented(
-              SourceName(i) + " belongs to an elastic fleet (shards joined or "
+              SourceName(i) +
+              " belongs to an elastic fleet (shards joined or "
               "left while it trained: chunks are not where the layout puts "
               "them); restore it onto its own shards, or change the shard "
               "count live with ps_ctl add-shard / remove-shard");

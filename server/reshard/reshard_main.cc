@@ -25,9 +25,9 @@
 #include <string>
 #include <vector>
 
+#include "common/tool_main.h"
 #include "server/reshard/reshard.h"
 #include "server/store/store.h"
-#include "common/tool_main.h"
 
 DEFINE_string(from, "",
               "comma-separated RocksDB store directories of the S source "
@@ -87,8 +87,9 @@ Status CheckDestination(const std::string& dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  asyncps::InitTool("ps_reshard --from=DB0,...,DB{S-1} --to=NEW0,...,NEW{S'-1} [--dry_run]",
-                    &argc, &argv);
+  asyncps::InitTool(
+      "ps_reshard --from=DB0,...,DB{S-1} --to=NEW0,...,NEW{S'-1} [--dry_run]",
+      &argc, &argv);
   const std::vector<std::string> from = SplitList(FLAGS_from);
   const std::vector<std::string> to = SplitList(FLAGS_to);
   if (from.empty() || to.empty() || argc > 1 || FLAGS_batch_bytes < 1) {

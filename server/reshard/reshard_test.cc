@@ -252,7 +252,8 @@ TEST(ReshardTest, ThreeToTwoBitwise) {
 // a registration naming the balanced placement.
 TEST(ReshardTest, InOrderPlacementIsKept) {
   std::vector<MemStore> old_stores(3), new_stores(2);
-  Fleet old_fleet(Ptrs(old_stores), true, SmallModel(), Emb(), Placement::kInOrder);
+  Fleet old_fleet(Ptrs(old_stores), true, SmallModel(), Emb(),
+                  Placement::kInOrder);
   old_fleet.Train(3);
   old_fleet.Checkpoint();
   ReshardReport report;
@@ -272,7 +273,8 @@ TEST(ReshardTest, InOrderPlacementIsKept) {
   for (int j = 0; j < 2; ++j) {
     RequestHeader r = ShardHarness::Register(0, SmallModel(), SmallLayout(2));
     r.tables = {Emb()};
-    EXPECT_EQ(new_fleet.shards[j]->Call(r).status.code(), StatusCode::kAlreadyExists);
+    EXPECT_EQ(new_fleet.shards[j]->Call(r).status.code(),
+              StatusCode::kAlreadyExists);
     r.layout.placement = Placement::kInOrder;
     EXPECT_TRUE(new_fleet.shards[j]->Call(r).status.ok());
   }

@@ -116,8 +116,7 @@ Shard::Shard(const ShardOptions& options, Store* store,
       dedup_(std::make_unique<internal::PushDedup>(
           internal::PushDedup::Options{options.num_workers})),
       replicas_(options.num_workers),
-      dc_reads_(options.delay_compensation.enabled() ? options.num_workers
-                                                     : 0),
+      dc_reads_(options.delay_compensation.enabled() ? options.num_workers : 0),
       next_pull_seq_(
           1 +
           (static_cast<uint64_t>(
@@ -180,15 +179,14 @@ StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardOptions& options,
   }
   // Per-worker tables sized by the options, not by peers: charged once.
   const uint64_t fixed =
-      shard->dedup_->MaxBytes() +
-      static_cast<uint64_t>(options.num_workers) *
-          (sizeof(PullReplica) + sizeof(DcReads) + 4 * sizeof(int64_t) +
-           64 /* counters */);
+      shard->dedup_->MaxBytes() + static_cast<uint64_t>(options.num_workers) *
+                                      (sizeof(PullReplica) + sizeof(DcReads) +
+                                       4 * sizeof(int64_t) + 64 /* counters */);
   ASSIGN_OR_RETURN(
       shard->fixed_charge_,
-      shard->budget_->Reserve(
-          fixed, "the per-worker tables of " +
-                     std::to_string(options.num_workers) + " workers"));
+      shard->budget_->Reserve(fixed, "the per-worker tables of " +
+                                         std::to_string(options.num_workers) +
+                                         " workers"));
   if (store != nullptr) RETURN_IF_ERROR(shard->Recover());
   return shard;
 }
@@ -244,7 +242,8 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
     // data requests), which only count as heard from.
     if (rank >= 0) {
       clocks_.Touch(rank, now,
-                    req.kind == RequestKind::kPush || req.kind == RequestKind::kClock ||
+                    req.kind == RequestKind::kPush ||
+                        req.kind == RequestKind::kClock ||
                         req.kind == RequestKind::kRegister ||
                         req.kind == RequestKind::kAssign);
     }
@@ -325,10 +324,10 @@ Status Shard::Admit(const RequestHeader& req, bool has_data) {
   const int rank = req.rank;
   if (req.version != kProtocolVersion) {
     return Reject(RejectReason::kVersion,
-                  Status::FailedPrecondition(
-                      "protocol version " + std::to_string(req.version) +
-                      ", this server speaks " +
-                      std::to_string(kProtocolVersion)));
+                  Status::FailedPrecondition("protocol version " +
+                                             std::to_string(req.version) +
+                                             ", this server speaks " +
+                                             std::to_string(kProtocolVersion)));
   }
   if (rank < -1 || rank >= options_.num_workers) {
     return Reject(RejectReason::kRank,
@@ -339,10 +338,9 @@ Status Shard::Admit(const RequestHeader& req, bool has_data) {
   }
   // Observers (rank -1: tools, a dedicated evaluator) may pull (read-only)
   // and ask for stats; only workers register, push and move clocks.
-  const bool worker_only = req.kind == RequestKind::kPush ||
-                           req.kind == RequestKind::kClock ||
-                           req.kind == RequestKind::kRegister ||
-                           req.kind == RequestKind::kAssign;
+  const bool worker_only =
+      req.kind == RequestKind::kPush || req.kind == RequestKind::kClock ||
+      req.kind == RequestKind::kRegister || req.kind == RequestKind::kAssign;
   if (rank == -1 && worker_only) {
     return Reject(
         RejectReason::kRank,
@@ -355,9 +353,11 @@ Status Shard::Admit(const RequestHeader& req, bool has_data) {
                  : ": only workers (rank >= 0) do")));
   }
   if (req.kind == RequestKind::kMigrate && rank != -1) {
-    return Reject(RejectReason::kRank,
-                  Status::InvalidArgument("migrate requests come from tools (rank -1), "
-                                          "not from worker " + std::to_string(rank)));
+    return Reject(
+        RejectReason::kRank,
+        Status::InvalidArgument("migrate requests come from tools (rank -1), "
+                                "not from worker " +
+                                std::to_string(rank)));
   }
   // Pushes carry chunks and rows; pulls may carry the keys of rows;
   // uploads carry values; imports (kMigrate) chunk records.
@@ -386,9 +386,9 @@ Status Shard::CheckClock(int rank, int64_t clock) {
   if (clock > have && clock - have > options_.max_clock_jump) {
     return Reject(RejectReason::kBadClock,
                   Status::InvalidArgument(
-                      "rank " + std::to_string(rank) + " moves its clock from " +
-                      std::to_string(have) + " to " + std::to_string(clock) +
-                      ", more than max_clock_jump (" +
+                      "rank " + std::to_string(rank) +
+                      " moves its clock from " + std::to_string(have) + " to " +
+                      std::to_string(clock) + ", more than max_clock_jump (" +
                       std::to_string(options_.max_clock_jump) + ") at once"));
   }
   return Status::OK();
@@ -411,7 +411,8 @@ void Shard::NoteHeldPush(const RequestHeader& req, const Status& st) {
 
 void Shard::NoteRefusedPush(const RequestHeader& req) {
   if (req.kind != RequestKind::kPush || req.rank < 0 ||
-      req.rank >= options_.num_workers || req.clock < 0 || req.clock > kMaxClock)
+      req.rank >= options_.num_workers || req.clock < 0 ||
+      req.clock > kMaxClock)
     return;
   NoteHeldPush(req, Status::Unavailable("refused before the shard"));
 }
@@ -425,12 +426,13 @@ Status Shard::CheckHeldPush(const RequestHeader& req, ReplyHeader* reply) {
   }
   if (req.clock <= h.clock) return Status::OK();
   reply->retry_ms = internal::kRetryMs;
-  return Reject(RejectReason::kWrongClock,
-                Status::Unavailable(
-                    "clock " + std::to_string(req.clock) + " of rank " +
-                    std::to_string(req.rank) + " overtook its push for clock " +
-                    std::to_string(h.clock) +
-                    ", which this shard asked to be sent again: retry after it"));
+  return Reject(
+      RejectReason::kWrongClock,
+      Status::Unavailable(
+          "clock " + std::to_string(req.clock) + " of rank " +
+          std::to_string(req.rank) + " overtook its push for clock " +
+          std::to_string(h.clock) +
+          ", which this shard asked to be sent again: retry after it"));
 }
 
 Status Shard::HandleClock(const RequestHeader& req) {
@@ -469,7 +471,8 @@ void Shard::TryRepair(TimePoint now) {
   if (s.ok()) return;
   LOG_EVERY_N(ERROR, 10) << "repair checkpoint failed: " << s.ToString();
   next_repair_ = now + repair_backoff_;
-  repair_backoff_ = std::min(repair_backoff_ * 2, std::chrono::milliseconds(5000));
+  repair_backoff_ =
+      std::min(repair_backoff_ * 2, std::chrono::milliseconds(5000));
 }
 
 void Shard::Tick(TimePoint now, std::vector<OutgoingReply>* out) {
@@ -506,8 +509,8 @@ void Shard::OnClocksChanged(std::vector<OutgoingReply>* out) {
       bsp_round_retry_ = !applied;
       if (!applied) {
         // Nothing of the round applied: its pulls wait, Tick tries again.
-        LOG_EVERY_N(ERROR, 10) << "BSP round not applied, retrying: "
-                               << s.ToString();
+        LOG_EVERY_N(ERROR, 10)
+            << "BSP round not applied, retrying: " << s.ToString();
         CountRejected(RejectReason::kStore);
       } else if (!s.ok()) {
         // The round is applied in memory; only its durable write failed.

@@ -86,13 +86,13 @@
 #include "common/status.h"
 #include "common/wire.h"
 #include "server/optimizer/lr_schedule.h"
-#include "server/shard/memory_budget.h"
 #include "server/optimizer/optimizer.h"
-#include "server/sparse/sparse_tables.h"
 #include "server/optimizer/staleness_rules.h"
+#include "server/shard/memory_budget.h"
 #include "server/shard/stats.h"
-#include "server/store/store.h"
 #include "server/shard/worker_clocks.h"
+#include "server/sparse/sparse_tables.h"
+#include "server/store/store.h"
 
 namespace asyncps {
 struct ElasticDoc;  // common/elastic_doc.h
@@ -143,7 +143,8 @@ struct ShardOptions {
   // Default: kNone.
   StalenessLr staleness_lr = StalenessLr::kNone;
   // Delay compensation of stale gradients (DC-ASGD; ASP/SSP only), see
-  // server/optimizer/staleness_rules.h for the rule and its memory. Default: off.
+  // server/optimizer/staleness_rules.h for the rule and its memory. Default:
+  // off.
   DelayCompensationOptions delay_compensation;
   // Linear learning-rate warm-up over this many shard updates (applied
   // pushes, or BSP rounds): the rate rises from lr * lr_warmup_start to lr
@@ -400,8 +401,8 @@ class Shard {
   // reads and shared memory freed; rounds closed, sparse rows expired by
   // the new clock minimum). InvalidArgument (nothing set) for a rank out of
   // range, a rank listed twice or a negative clock.
-  Status SetWorkerStates(const std::vector<WorkerLiveness>& states, TimePoint now,
-                         std::vector<OutgoingReply>* out);
+  Status SetWorkerStates(const std::vector<WorkerLiveness>& states,
+                         TimePoint now, std::vector<OutgoingReply>* out);
 
  private:
   // After workers were evicted: frees what only they used.
@@ -541,7 +542,8 @@ class Shard {
   // The bucket list of an export or import as flags over
   // req.migrate_num_buckets; InvalidArgument for a count that is no cut of
   // this fleet, a bucket out of range or named twice, more than the count.
-  Status CheckBucketList(const RequestHeader& req, std::vector<uint8_t>* chosen);
+  Status CheckBucketList(const RequestHeader& req,
+                         std::vector<uint8_t>* chosen);
   // The owner of bucket b of a cut into num_buckets by the ranges this
   // shard serves (static: b / (num_buckets / num_shards)); -1: none here.
   int BucketOwnerNow(uint32_t b, uint32_t num_buckets) const;

@@ -445,7 +445,8 @@ TEST(ShardAssignTest, StateUploadResumesTheLrScheduleAtItsSteps) {
   const auto& mine = a.shard->layout()->shard_chunks(0);
   auto push_all = [&](ShardHarness& h, int64_t clock, float g) {
     std::vector<ByteView> frames;
-    for (uint32_t id : mine) frames.push_back(Floats(Fill(h.ChunkElems(id), g)));
+    for (uint32_t id : mine)
+      frames.push_back(Floats(Fill(h.ChunkElems(id), g)));
     ReplyHeader r = h.Call(ShardHarness::Push(0, clock, mine, frames), frames);
     ASSERT_TRUE(r.status.ok()) << r.status.ToString();
   };
@@ -484,8 +485,8 @@ TEST(ShardAssignTest, HostileStateUploadsAreRefusedAndChangeNothing) {
   // `data` by reference: State(..., &d) fills it while the arguments are
   // evaluated.
   auto expect_refused = [&](const RequestHeader& req,
-                            const std::vector<ByteView>& data,
-                            RejectReason why, const std::string& says) {
+                            const std::vector<ByteView>& data, RejectReason why,
+                            const std::string& says) {
     const uint64_t was = Rejected(h, why);
     ReplyHeader r = h.Call(req, data);
     EXPECT_FALSE(r.status.ok());

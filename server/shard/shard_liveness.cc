@@ -42,8 +42,8 @@ std::vector<WorkerLiveness> Shard::WorkerStates() const {
   return all;
 }
 
-Status Shard::SetWorkerStates(const std::vector<WorkerLiveness>& states, TimePoint now,
-                              std::vector<OutgoingReply>* out) {
+Status Shard::SetWorkerStates(const std::vector<WorkerLiveness>& states,
+                              TimePoint now, std::vector<OutgoingReply>* out) {
   const int n = clocks_.num_workers();
   std::vector<uint8_t> seen(n, 0);
   for (const WorkerLiveness& w : states) {
@@ -56,8 +56,9 @@ Status Shard::SetWorkerStates(const std::vector<WorkerLiveness>& states, TimePoi
       why = "listed twice";
     }
     if (!why.empty()) {
-      return Status::InvalidArgument("worker state of rank " + std::to_string(w.rank) +
-                                     " at clock " + std::to_string(w.clock) + ": " + why);
+      return Status::InvalidArgument("worker state of rank " +
+                                     std::to_string(w.rank) + " at clock " +
+                                     std::to_string(w.clock) + ": " + why);
     }
     seen[w.rank] = 1;
   }

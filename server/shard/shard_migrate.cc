@@ -21,9 +21,8 @@
 // the client resends is acknowledged from the de-duplication table first.
 #include <glog/logging.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
+#include <nlohmann/json.hpp>
 
 #include "server/elastic/elastic_doc.h"
 #include "server/internal/layout_record.h"
@@ -34,8 +33,8 @@
 namespace asyncps::server {
 namespace {
 
-using internal::kRetryMs;
 using internal::kChunkMagic;
+using internal::kRetryMs;
 using internal::kStateMagic;
 using internal::Reader;
 
@@ -43,7 +42,9 @@ using internal::Reader;
 
 uint64_t Shard::layout_epoch() const { return elastic_->epoch; }
 bool Shard::frozen() const { return elastic_->frozen; }
-uint64_t Shard::freeze_epoch() const { return elastic_->frozen ? elastic_->freeze_epoch : 0; }
+uint64_t Shard::freeze_epoch() const {
+  return elastic_->frozen ? elastic_->freeze_epoch : 0;
+}
 bool Shard::FreezeOverdue(TimePoint now) const {
   return elastic_->frozen && now >= elastic_->freeze_until;
 }
@@ -53,17 +54,19 @@ Status Shard::CheckRoute(const RequestHeader& req, ReplyHeader* reply) {
   if (req.layout_epoch == e.epoch) return Status::OK();
   if (req.layout_epoch > e.epoch) {
     reply->retry_ms = kRetryMs;
-    return Reject(RejectReason::kStaleLayout,
-                  Status::Unavailable("layout epoch " + std::to_string(req.layout_epoch) +
-                                      " not adopted by this shard yet (it is at " +
-                                      std::to_string(e.epoch) + "): retry"));
+    return Reject(
+        RejectReason::kStaleLayout,
+        Status::Unavailable("layout epoch " + std::to_string(req.layout_epoch) +
+                            " not adopted by this shard yet (it is at " +
+                            std::to_string(e.epoch) + "): retry"));
   }
   reply->layout_doc = e.doc;
-  return Reject(RejectReason::kStaleLayout,
-                Status::FailedPrecondition(
-                    std::string(RequestKindName(req.kind)) + " routed by layout epoch " +
-                    std::to_string(req.layout_epoch) + ", this shard serves epoch " +
-                    std::to_string(e.epoch) + ": route by the layout in this reply"));
+  return Reject(
+      RejectReason::kStaleLayout,
+      Status::FailedPrecondition(
+          std::string(RequestKindName(req.kind)) + " routed by layout epoch " +
+          std::to_string(req.layout_epoch) + ", this shard serves epoch " +
+          std::to_string(e.epoch) + ": route by the layout in this reply"));
 }
 
 Status Shard::CheckFrozen(const RequestHeader& req, ReplyHeader* reply) {
@@ -78,15 +81,17 @@ Status Shard::CheckFrozen(const RequestHeader& req, ReplyHeader* reply) {
   }
   if (!held) return Status::OK();
   reply->retry_ms = kRetryMs;
-  return Reject(RejectReason::kStaleLayout,
-                Status::Unavailable("chunks are moving to layout epoch " +
-                                    std::to_string(e.freeze_epoch) + ": retry"));
+  return Reject(
+      RejectReason::kStaleLayout,
+      Status::Unavailable("chunks are moving to layout epoch " +
+                          std::to_string(e.freeze_epoch) + ": retry"));
 }
 
 bool Shard::Drained() const {
   const ElasticState& e = *elastic_;
   if (!e.frozen) return false;
-  if (options_.consistency != Consistency::kBsp || e.freeze_clock < 0) return true;
+  if (options_.consistency != Consistency::kBsp || e.freeze_clock < 0)
+    return true;
   if (bsp_round_ < e.freeze_clock) return false;
   for (const auto& c : chunks_) {
     if (c->contributors != 0) return false;
@@ -123,8 +128,10 @@ std::string Shard::DescribeJson() const {
   // estimate: the coordinator sizes its requests by it).
   j["num_buckets"] = e.ranges ? e.ranges->num_buckets : 0;
   j["sparse_bytes"] = sparse_ ? sparse_->MoveBytesEstimate() : 0;
-  nlohmann::json elems = nlohmann::json::array(), owners = nlohmann::json::array(),
-                 owned = nlohmann::json::array(), staged = nlohmann::json::array();
+  nlohmann::json elems = nlohmann::json::array(),
+                 owners = nlohmann::json::array(),
+                 owned = nlohmann::json::array(),
+                 staged = nlohmann::json::array();
   if (layout_) {
     for (const ChunkSpec& c : layout_->chunks()) {
       elems.push_back(c.num_elems);
@@ -141,20 +148,24 @@ std::string Shard::DescribeJson() const {
   return j.dump();
 }
 
-Status Shard::HandleMigrate(const RequestHeader& req, const std::vector<ByteView>& data,
-                            OutgoingReply* r, std::vector<OutgoingReply>* out) {
+Status Shard::HandleMigrate(const RequestHeader& req,
+                            const std::vector<ByteView>& data, OutgoingReply* r,
+                            std::vector<OutgoingReply>* out) {
   ElasticState& e = *elastic_;
   if (req.migrate_op != MigrateOp::kImport && !data.empty()) {
     return Reject(RejectReason::kSizeMismatch,
-                  Status::InvalidArgument("migrate request carries unexpected data frames"));
+                  Status::InvalidArgument(
+                      "migrate request carries unexpected data frames"));
   }
   // Rows of sparse tables move by buckets (shard_migrate_rows.cc), chunks by
   // id; one request moves one kind.
-  const bool rows = !req.migrate_buckets.empty() || req.migrate_num_buckets != 0;
+  const bool rows =
+      !req.migrate_buckets.empty() || req.migrate_num_buckets != 0;
   if (rows && !req.migrate_chunks.empty()) {
-    return Reject(RejectReason::kOther,
-                  Status::InvalidArgument("a migrate request names chunks and buckets: "
-                                          "move them in separate requests"));
+    return Reject(
+        RejectReason::kOther,
+        Status::InvalidArgument("a migrate request names chunks and buckets: "
+                                "move them in separate requests"));
   }
   switch (req.migrate_op) {
     case MigrateOp::kDescribe:
@@ -162,47 +173,52 @@ Status Shard::HandleMigrate(const RequestHeader& req, const std::vector<ByteView
       return Status::OK();
     case MigrateOp::kFreeze: {
       if (req.migrate_epoch <= e.epoch) {
-        return Reject(RejectReason::kStaleLayout,
-                      Status::FailedPrecondition(
-                          "freeze toward epoch " + std::to_string(req.migrate_epoch) +
-                          ": this shard is at epoch " + std::to_string(e.epoch)));
+        return Reject(
+            RejectReason::kStaleLayout,
+            Status::FailedPrecondition(
+                "freeze toward epoch " + std::to_string(req.migrate_epoch) +
+                ": this shard is at epoch " + std::to_string(e.epoch)));
       }
       if (e.frozen && e.freeze_epoch != req.migrate_epoch) {
-        return Reject(RejectReason::kOther,
-                      Status::FailedPrecondition(
-                          "already frozen toward epoch " + std::to_string(e.freeze_epoch) +
-                          ": adopt or abort it first"));
+        return Reject(RejectReason::kOther, Status::FailedPrecondition(
+                                                "already frozen toward epoch " +
+                                                std::to_string(e.freeze_epoch) +
+                                                ": adopt or abort it first"));
       }
       const int64_t at = req.migrate_at_clock;
       if (at < -1 || at > kMaxClock) {
-        return Reject(RejectReason::kBadClock,
-                      Status::InvalidArgument("freeze clock " + std::to_string(at) +
-                                              " not in [-1, 2^62]"));
+        return Reject(
+            RejectReason::kBadClock,
+            Status::InvalidArgument("freeze clock " + std::to_string(at) +
+                                    " not in [-1, 2^62]"));
       }
       if (at >= 0 && options_.consistency == Consistency::kBsp) {
         for (int rank = 0; rank < clocks_.num_workers(); ++rank) {
           if (clocks_.clock(rank) > at || bsp_pushed_round_[rank] >= at) {
-            return Reject(RejectReason::kBadClock,
-                          Status::FailedPrecondition(
-                              "worker " + std::to_string(rank) + " is already at clock " +
-                              std::to_string(clocks_.clock(rank)) +
-                              ", past the freeze clock " + std::to_string(at)));
+            return Reject(
+                RejectReason::kBadClock,
+                Status::FailedPrecondition(
+                    "worker " + std::to_string(rank) + " is already at clock " +
+                    std::to_string(clocks_.clock(rank)) +
+                    ", past the freeze clock " + std::to_string(at)));
           }
         }
       }
       if (at >= 0 && options_.consistency != Consistency::kBsp) {
         return Reject(RejectReason::kOther,
-                      Status::InvalidArgument("a freeze at a clock is for BSP; " +
-                                              std::string(ConsistencyName(
-                                                  options_.consistency)) +
-                                              " freezes at -1"));
+                      Status::InvalidArgument(
+                          "a freeze at a clock is for BSP; " +
+                          std::string(ConsistencyName(options_.consistency)) +
+                          " freezes at -1"));
       }
       e.frozen = true;
       e.freeze_epoch = req.migrate_epoch;
       e.freeze_clock = at;
       e.freeze_until = std::chrono::steady_clock::now() +
-                       std::chrono::milliseconds(std::max<uint32_t>(req.migrate_deadline_ms, 1));
-      LOG(INFO) << "elastic: frozen toward epoch " << e.freeze_epoch << " at clock " << at;
+                       std::chrono::milliseconds(
+                           std::max<uint32_t>(req.migrate_deadline_ms, 1));
+      LOG(INFO) << "elastic: frozen toward epoch " << e.freeze_epoch
+                << " at clock " << at;
       r->header.text = DescribeJson();
       return Status::OK();
     }
@@ -219,7 +235,8 @@ Status Shard::HandleMigrate(const RequestHeader& req, const std::vector<ByteView
       }
       return Status::OK();
   }
-  return Reject(RejectReason::kOther, Status::InvalidArgument("unknown migrate op"));
+  return Reject(RejectReason::kOther,
+                Status::InvalidArgument("unknown migrate op"));
 }
 
 void Shard::EndFreeze(const char* why) {
@@ -239,8 +256,9 @@ void Shard::EndFreeze(const char* why) {
 Status Shard::ExportChunks(const RequestHeader& req, OutgoingReply* r) {
   ElasticState& e = *elastic_;
   if (!layout_) {
-    return Reject(RejectReason::kNotRegistered,
-                  Status::FailedPrecondition("no layout registered: nothing to export"));
+    return Reject(
+        RejectReason::kNotRegistered,
+        Status::FailedPrecondition("no layout registered: nothing to export"));
   }
   if (!e.frozen || e.freeze_epoch != req.migrate_epoch || !Drained()) {
     return Reject(RejectReason::kOther,
@@ -265,8 +283,8 @@ Status Shard::ExportChunks(const RequestHeader& req, OutgoingReply* r) {
     const Chunk& c = *chunks_[local_index_[id]];
     bytes += (c.w.size() + c.state.size() + c.acc.size()) * sizeof(float) + 64;
   }
-  StatusOr<MemoryBudget::Charge> charge =
-      budget_->Reserve(bytes, "an export of " + std::to_string(ids.size()) + " chunks");
+  StatusOr<MemoryBudget::Charge> charge = budget_->Reserve(
+      bytes, "an export of " + std::to_string(ids.size()) + " chunks");
   if (!charge.ok()) return Reject(RejectReason::kMemoryBudget, charge.status());
   auto held = std::make_shared<MemoryBudget::Charge>(std::move(charge).value());
   entries_.clear();
@@ -292,9 +310,10 @@ Status Shard::ExportChunks(const RequestHeader& req, OutgoingReply* r) {
   }
   entries_.clear();
   // The charge lives as long as the first frame (released with the reply).
-  auto keep = std::make_shared<std::pair<std::shared_ptr<const void>,
-                                         std::shared_ptr<MemoryBudget::Charge>>>(
-      r->frames[0].owner, held);
+  auto keep =
+      std::make_shared<std::pair<std::shared_ptr<const void>,
+                                 std::shared_ptr<MemoryBudget::Charge>>>(
+          r->frames[0].owner, held);
   r->frames[0].owner = std::shared_ptr<const void>(keep, keep.get());
   PinUnsent("", -1, 0, r);
   LOG(INFO) << "elastic: exported " << ids.size() << " chunks toward epoch "
@@ -302,49 +321,57 @@ Status Shard::ExportChunks(const RequestHeader& req, OutgoingReply* r) {
   return Status::OK();
 }
 
-Status Shard::ImportChunks(const RequestHeader& req, const std::vector<ByteView>& data) {
+Status Shard::ImportChunks(const RequestHeader& req,
+                           const std::vector<ByteView>& data) {
   ElasticState& e = *elastic_;
   const std::vector<uint32_t>& ids = req.migrate_chunks;
   if (data.size() != ids.size() + 2) {
     return Reject(RejectReason::kSizeMismatch,
-                  Status::InvalidArgument("import of " + std::to_string(ids.size()) +
-                                          " chunks needs " + std::to_string(ids.size() + 2) +
-                                          " data frames, got " +
-                                          std::to_string(data.size())));
+                  Status::InvalidArgument(
+                      "import of " + std::to_string(ids.size()) +
+                      " chunks needs " + std::to_string(ids.size() + 2) +
+                      " data frames, got " + std::to_string(data.size())));
   }
   if (!e.frozen || e.freeze_epoch != req.migrate_epoch) {
     return Reject(RejectReason::kOther,
-                  Status::FailedPrecondition("import needs the shard frozen toward epoch " +
-                                             std::to_string(req.migrate_epoch)));
+                  Status::FailedPrecondition(
+                      "import needs the shard frozen toward epoch " +
+                      std::to_string(req.migrate_epoch)));
   }
   std::vector<TensorSpec> tensors;
   LayoutOptions lo;
   {
     Status s = internal::ParseLayoutRecord(
-        std::string_view(reinterpret_cast<const char*>(data[0].data), data[0].size),
+        std::string_view(reinterpret_cast<const char*>(data[0].data),
+                         data[0].size),
         &tensors, &lo);
-    if (!s.ok()) return Reject(RejectReason::kMalformed, Status::InvalidArgument(s.message()));
+    if (!s.ok())
+      return Reject(RejectReason::kMalformed,
+                    Status::InvalidArgument(s.message()));
   }
   // The state record's head: clocks and rounds (shard_persist.cc's format).
-  Reader sr(std::string_view(reinterpret_cast<const char*>(data[1].data), data[1].size));
+  Reader sr(std::string_view(reinterpret_cast<const char*>(data[1].data),
+                             data[1].size));
   uint32_t magic = 0, nw = 0;
   int32_t sid = 0, sn = 0;
   uint64_t version = 0;
   int64_t round = 0;
-  if (!sr.Get(&magic) || magic != kStateMagic || !sr.Get(&sid) || !sr.Get(&sn) ||
-      !sr.Get(&nw) || !sr.Get(&version) || !sr.Get(&round) ||
+  if (!sr.Get(&magic) || magic != kStateMagic || !sr.Get(&sid) ||
+      !sr.Get(&sn) || !sr.Get(&nw) || !sr.Get(&version) || !sr.Get(&round) ||
       static_cast<int>(nw) != options_.num_workers) {
     return Reject(RejectReason::kMalformed,
-                  Status::InvalidArgument("import: the state record is damaged or for " +
-                                          std::to_string(nw) + " workers, this shard has " +
-                                          std::to_string(options_.num_workers)));
+                  Status::InvalidArgument(
+                      "import: the state record is damaged or for " +
+                      std::to_string(nw) + " workers, this shard has " +
+                      std::to_string(options_.num_workers)));
   }
   std::vector<int64_t> clocks(nw), pushed(nw);
   std::vector<uint64_t> reads(nw);
   for (uint32_t w = 0; w < nw; ++w) {
     if (!sr.Get(&clocks[w]) || !sr.Get(&reads[w]) || !sr.Get(&pushed[w])) {
-      return Reject(RejectReason::kMalformed,
-                    Status::InvalidArgument("import: the state record is damaged"));
+      return Reject(
+          RejectReason::kMalformed,
+          Status::InvalidArgument("import: the state record is damaged"));
     }
   }
   const bool fresh = !layout_;
@@ -378,9 +405,10 @@ Status Shard::ImportChunks(const RequestHeader& req, const std::vector<ByteView>
     const uint32_t id = ids[i];
     if (id >= l.chunks().size() || staged.count(id) > 0) {
       if (fresh) layout_charge_.Reset();
-      return Reject(RejectReason::kUnknownChunk,
-                    Status::InvalidArgument("import names chunk " + std::to_string(id) +
-                                            " twice or outside the layout"));
+      return Reject(
+          RejectReason::kUnknownChunk,
+          Status::InvalidArgument("import names chunk " + std::to_string(id) +
+                                  " twice or outside the layout"));
     }
     const uint64_t n = l.chunks()[id].num_elems;
     Reader r(std::string_view(reinterpret_cast<const char*>(data[i + 2].data),
@@ -388,18 +416,20 @@ Status Shard::ImportChunks(const RequestHeader& req, const std::vector<ByteView>
     uint32_t cm = 0, cspe = 0, contributors = 0;
     uint64_t cn = 0, cversion = 0, cstep = 0;
     uint8_t has_acc = 0;
-    if (!r.Get(&cm) || cm != kChunkMagic || !r.Get(&cn) || cn != n || !r.Get(&cspe) ||
-        cspe != spe || !r.Get(&cversion) || !r.Get(&cstep) || !r.Get(&contributors) ||
-        !r.Get(&has_acc) || contributors != 0 ||
+    if (!r.Get(&cm) || cm != kChunkMagic || !r.Get(&cn) || cn != n ||
+        !r.Get(&cspe) || cspe != spe || !r.Get(&cversion) || !r.Get(&cstep) ||
+        !r.Get(&contributors) || !r.Get(&has_acc) || contributors != 0 ||
         r.remaining() != n * sizeof(float) * (1 + spe + (has_acc ? 1 : 0))) {
       if (fresh) layout_charge_.Reset();
       return Reject(RejectReason::kSizeMismatch,
                     Status::InvalidArgument(
                         "import: the record of chunk " + std::to_string(id) +
-                        " is damaged, has another optimizer state or a half-summed round"));
+                        " is damaged, has another optimizer state or a "
+                        "half-summed round"));
     }
     const uint64_t per_elem =
-        sizeof(float) * (2 + spe + (options_.consistency == Consistency::kBsp ? 1 : 0));
+        sizeof(float) *
+        (2 + spe + (options_.consistency == Consistency::kBsp ? 1 : 0));
     StatusOr<MemoryBudget::Charge> charge = budget_->Reserve(
         n * per_elem + sizeof(Chunk), "staged chunk " + std::to_string(id));
     if (!charge.ok()) {
@@ -436,41 +466,47 @@ Status Shard::ImportChunks(const RequestHeader& req, const std::vector<ByteView>
               << " tensors from an import; round " << bsp_round_;
   }
   for (auto& [id, s] : staged) e.staged[id] = std::move(s);
-  LOG(INFO) << "elastic: staged " << ids.size() << " chunks toward epoch " << e.freeze_epoch;
+  LOG(INFO) << "elastic: staged " << ids.size() << " chunks toward epoch "
+            << e.freeze_epoch;
   return Status::OK();
 }
 
 Status Shard::Adopt(const RequestHeader& req, std::vector<OutgoingReply>* out) {
   ElasticState& e = *elastic_;
-  StatusOr<elastic::ElasticDoc> parsed = elastic::ElasticDoc::FromJson(req.migrate_doc);
+  StatusOr<elastic::ElasticDoc> parsed =
+      elastic::ElasticDoc::FromJson(req.migrate_doc);
   if (!parsed.ok()) return Reject(RejectReason::kMalformed, parsed.status());
   const elastic::ElasticDoc& doc = *parsed;
   if (doc.epoch != req.migrate_epoch) {
     return Reject(RejectReason::kOther,
-                  Status::InvalidArgument("adopt of epoch " + std::to_string(req.migrate_epoch) +
+                  Status::InvalidArgument("adopt of epoch " +
+                                          std::to_string(req.migrate_epoch) +
                                           " with a document of epoch " +
                                           std::to_string(doc.epoch)));
   }
-  if (doc.epoch == e.epoch && req.migrate_doc == e.doc) return Status::OK();  // again
+  if (doc.epoch == e.epoch && req.migrate_doc == e.doc)
+    return Status::OK();  // again
   if (doc.epoch <= e.epoch) {
     return Reject(RejectReason::kStaleLayout,
-                  Status::FailedPrecondition("adopt of epoch " + std::to_string(doc.epoch) +
-                                             ": this shard is at epoch " +
-                                             std::to_string(e.epoch)));
+                  Status::FailedPrecondition(
+                      "adopt of epoch " + std::to_string(doc.epoch) +
+                      ": this shard is at epoch " + std::to_string(e.epoch)));
   }
   if (!layout_) {
     return Reject(RejectReason::kNotRegistered,
-                  Status::FailedPrecondition("adopt before a layout is registered or imported"));
+                  Status::FailedPrecondition(
+                      "adopt before a layout is registered or imported"));
   }
   if (doc.owners.size() != layout_->chunks().size() ||
       options_.shard_id >= static_cast<int>(doc.servers.size())) {
-    return Reject(RejectReason::kOther,
-                  Status::InvalidArgument(
-                      "the document lists " + std::to_string(doc.owners.size()) +
-                      " chunks and " + std::to_string(doc.servers.size()) +
-                      " servers; this shard (index " + std::to_string(options_.shard_id) +
-                      ") holds a layout of " + std::to_string(layout_->chunks().size()) +
-                      " chunks"));
+    return Reject(
+        RejectReason::kOther,
+        Status::InvalidArgument(
+            "the document lists " + std::to_string(doc.owners.size()) +
+            " chunks and " + std::to_string(doc.servers.size()) +
+            " servers; this shard (index " + std::to_string(options_.shard_id) +
+            ") holds a layout of " + std::to_string(layout_->chunks().size()) +
+            " chunks"));
   }
   // Everything this shard will own is here or staged, before anything moves.
   for (uint32_t id = 0; id < doc.owners.size(); ++id) {
@@ -478,9 +514,9 @@ Status Shard::Adopt(const RequestHeader& req, std::vector<OutgoingReply>* out) {
     const bool have = local_index_[id] >= 0 || e.staged.count(id) > 0;
     if (!have) {
       return Reject(RejectReason::kOther,
-                    Status::FailedPrecondition("adopt gives this shard chunk " +
-                                               std::to_string(id) +
-                                               " that it neither holds nor has staged"));
+                    Status::FailedPrecondition(
+                        "adopt gives this shard chunk " + std::to_string(id) +
+                        " that it neither holds nor has staged"));
     }
   }
   RETURN_IF_ERROR(CheckAdoptRows(doc));
@@ -493,8 +529,8 @@ Status Shard::Adopt(const RequestHeader& req, std::vector<OutgoingReply>* out) {
   std::vector<MemoryBudget::Charge> charges;
   uint64_t elems = 0, dropped = 0, dropped_bytes = 0, installed = 0;
   const uint64_t per_elem =
-      sizeof(float) *
-      (2 + state_per_elem_ + (options_.consistency == Consistency::kBsp ? 1 : 0));
+      sizeof(float) * (2 + state_per_elem_ +
+                       (options_.consistency == Consistency::kBsp ? 1 : 0));
   for (uint32_t id = 0; id < doc.owners.size(); ++id) {
     const bool mine = doc.owners[id] == options_.shard_id;
     if (local_index_[id] >= 0) {
@@ -503,7 +539,8 @@ Status Shard::Adopt(const RequestHeader& req, std::vector<OutgoingReply>* out) {
         chunks.push_back(std::move(chunks_[local_index_[id]]));
       } else {
         ++dropped;
-        dropped_bytes += chunks_[local_index_[id]]->n * per_elem + sizeof(Chunk);
+        dropped_bytes +=
+            chunks_[local_index_[id]]->n * per_elem + sizeof(Chunk);
       }
       continue;
     }
@@ -561,7 +598,8 @@ Status Shard::Adopt(const RequestHeader& req, std::vector<OutgoingReply>* out) {
     FillCommon((*it)->req, &r.header);
     r.header.layout_doc = e.doc;
     r.header.status = Status::FailedPrecondition(
-        "pull routed by layout epoch " + std::to_string((*it)->req.layout_epoch) +
+        "pull routed by layout epoch " +
+        std::to_string((*it)->req.layout_epoch) +
         ", this shard now serves epoch " + std::to_string(e.epoch));
     out->push_back(std::move(r));
     it = parked_.erase(it);
@@ -590,9 +628,11 @@ Status Shard::Adopt(const RequestHeader& req, std::vector<OutgoingReply>* out) {
 Status Shard::ApplyElasticOwners() {
   const ElasticState& e = *elastic_;
   if (e.epoch == 0 || !layout_) return Status::OK();
-  options_.num_shards = std::max(options_.num_shards, static_cast<int>(e.num_servers));
+  options_.num_shards =
+      std::max(options_.num_shards, static_cast<int>(e.num_servers));
   StatusOr<Layout> l = layout_->WithOwners(e.owners, options_.num_shards);
-  if (!l.ok()) return Status::Corruption("stored elastic layout: " + l.status().message());
+  if (!l.ok())
+    return Status::Corruption("stored elastic layout: " + l.status().message());
   layout_ = std::move(l).value();
   return Status::OK();
 }

@@ -59,7 +59,8 @@ int Shard::BucketOwnerNow(uint32_t b, uint32_t num_buckets) const {
   return static_cast<int>(b / (num_buckets / n));
 }
 
-Status Shard::CheckBucketList(const RequestHeader& req, std::vector<uint8_t>* chosen) {
+Status Shard::CheckBucketList(const RequestHeader& req,
+                              std::vector<uint8_t>* chosen) {
   const ElasticState& e = *elastic_;
   const uint32_t nb = req.migrate_num_buckets;
   if (nb < 1 || nb > kMaxBuckets) {
@@ -69,31 +70,35 @@ Status Shard::CheckBucketList(const RequestHeader& req, std::vector<uint8_t>* ch
                                           std::to_string(kMaxBuckets) + "]"));
   }
   if (e.ranges && e.ranges->num_buckets != nb) {
-    return Reject(RejectReason::kOther,
-                  Status::InvalidArgument("a cut into " + std::to_string(nb) +
-                                          " buckets; this shard serves one into " +
-                                          std::to_string(e.ranges->num_buckets)));
+    return Reject(
+        RejectReason::kOther,
+        Status::InvalidArgument("a cut into " + std::to_string(nb) +
+                                " buckets; this shard serves one into " +
+                                std::to_string(e.ranges->num_buckets)));
   }
   if (!e.ranges && sparse_ &&
       nb % static_cast<uint32_t>(sparse_->options().num_shards) != 0) {
-    return Reject(RejectReason::kOther,
-                  Status::InvalidArgument(
-                      "a cut into " + std::to_string(nb) + " buckets is not one of " +
-                      std::to_string(sparse_->options().num_shards) + " static shards"));
+    return Reject(
+        RejectReason::kOther,
+        Status::InvalidArgument(
+            "a cut into " + std::to_string(nb) + " buckets is not one of " +
+            std::to_string(sparse_->options().num_shards) + " static shards"));
   }
   if (req.migrate_buckets.empty() || req.migrate_buckets.size() > nb) {
-    return Reject(RejectReason::kOther,
-                  Status::InvalidArgument("a move names " +
-                                          std::to_string(req.migrate_buckets.size()) +
-                                          " buckets of " + std::to_string(nb)));
+    return Reject(
+        RejectReason::kOther,
+        Status::InvalidArgument("a move names " +
+                                std::to_string(req.migrate_buckets.size()) +
+                                " buckets of " + std::to_string(nb)));
   }
   chosen->assign(nb, 0);
   for (uint32_t b : req.migrate_buckets) {
     if (b >= nb || (*chosen)[b]) {
-      return Reject(RejectReason::kRepeatedChunk,
-                    Status::InvalidArgument("bucket " + std::to_string(b) +
-                                            " named twice or outside the cut into " +
-                                            std::to_string(nb)));
+      return Reject(
+          RejectReason::kRepeatedChunk,
+          Status::InvalidArgument("bucket " + std::to_string(b) +
+                                  " named twice or outside the cut into " +
+                                  std::to_string(nb)));
     }
     (*chosen)[b] = 1;
   }
@@ -104,13 +109,14 @@ Status Shard::ExportRows(const RequestHeader& req, OutgoingReply* r) {
   ElasticState& e = *elastic_;
   if (!sparse_) {
     return Reject(RejectReason::kNotRegistered,
-                  Status::FailedPrecondition("no sparse tables registered: no rows to export"));
+                  Status::FailedPrecondition(
+                      "no sparse tables registered: no rows to export"));
   }
   if (!e.frozen || e.freeze_epoch != req.migrate_epoch || !Drained()) {
     return Reject(RejectReason::kOther,
-                  Status::FailedPrecondition("export needs the shard frozen toward epoch " +
-                                             std::to_string(req.migrate_epoch) +
-                                             " and drained"));
+                  Status::FailedPrecondition(
+                      "export needs the shard frozen toward epoch " +
+                      std::to_string(req.migrate_epoch) + " and drained"));
   }
   std::vector<uint8_t> chosen;
   RETURN_IF_ERROR(CheckBucketList(req, &chosen));
@@ -124,18 +130,20 @@ Status Shard::ExportRows(const RequestHeader& req, OutgoingReply* r) {
   std::vector<std::string> tables;
   uint64_t rows = 0;
   Status s = sparse_->ExportBuckets(req.migrate_num_buckets, chosen,
-                                    sparse_->options().max_reply_bytes, &tables, &rows);
+                                    sparse_->options().max_reply_bytes, &tables,
+                                    &rows);
   if (!s.ok()) {
-    return Reject(s.code() == StatusCode::kResourceExhausted ? RejectReason::kOversize
-                                                             : RejectReason::kStore,
+    return Reject(s.code() == StatusCode::kResourceExhausted
+                      ? RejectReason::kOversize
+                      : RejectReason::kStore,
                   s);
   }
   uint64_t bytes = 0;
   for (const std::string& t : tables) bytes += t.size();
-  StatusOr<MemoryBudget::Charge> charge =
-      budget_->Reserve(bytes + 4096, "an export of the rows of " +
-                                         std::to_string(req.migrate_buckets.size()) +
-                                         " buckets");
+  StatusOr<MemoryBudget::Charge> charge = budget_->Reserve(
+      bytes + 4096, "an export of the rows of " +
+                        std::to_string(req.migrate_buckets.size()) +
+                        " buckets");
   if (!charge.ok()) return Reject(RejectReason::kMemoryBudget, charge.status());
   std::vector<StoreEntry> specs;
   sparse_->AddSpecsEntry(&specs);
@@ -147,10 +155,11 @@ Status Shard::ExportRows(const RequestHeader& req, OutgoingReply* r) {
   r->frames.push_back(Owned(std::move(head)));
   for (std::string& t : tables) r->frames.push_back(Owned(std::move(t)));
   // The charge lives as long as the first frame (released with the reply).
-  auto keep = std::make_shared<std::pair<std::shared_ptr<const void>,
-                                         std::shared_ptr<MemoryBudget::Charge>>>(
-      r->frames[0].owner,
-      std::make_shared<MemoryBudget::Charge>(std::move(charge).value()));
+  auto keep =
+      std::make_shared<std::pair<std::shared_ptr<const void>,
+                                 std::shared_ptr<MemoryBudget::Charge>>>(
+          r->frames[0].owner,
+          std::make_shared<MemoryBudget::Charge>(std::move(charge).value()));
   r->frames[0].owner = std::shared_ptr<const void>(keep, keep.get());
   PinUnsent("", -1, 0, r);
   nlohmann::json j;
@@ -158,43 +167,53 @@ Status Shard::ExportRows(const RequestHeader& req, OutgoingReply* r) {
   j["bytes"] = bytes;
   r->header.text = j.dump();
   LOG(INFO) << "elastic: exported " << rows << " sparse rows of "
-            << req.migrate_buckets.size() << " buckets toward epoch " << req.migrate_epoch;
+            << req.migrate_buckets.size() << " buckets toward epoch "
+            << req.migrate_epoch;
   return Status::OK();
 }
 
-Status Shard::ImportRows(const RequestHeader& req, const std::vector<ByteView>& data) {
+Status Shard::ImportRows(const RequestHeader& req,
+                         const std::vector<ByteView>& data) {
   ElasticState& e = *elastic_;
   if (!e.frozen || e.freeze_epoch != req.migrate_epoch) {
     return Reject(RejectReason::kOther,
-                  Status::FailedPrecondition("import needs the shard frozen toward epoch " +
-                                             std::to_string(req.migrate_epoch)));
+                  Status::FailedPrecondition(
+                      "import needs the shard frozen toward epoch " +
+                      std::to_string(req.migrate_epoch)));
   }
   if (data.size() < 2) {
-    return Reject(RejectReason::kSizeMismatch,
-                  Status::InvalidArgument("an import of rows needs the tables record and "
-                                          "a head frame, got " +
-                                          std::to_string(data.size()) + " frames"));
+    return Reject(
+        RejectReason::kSizeMismatch,
+        Status::InvalidArgument("an import of rows needs the tables record and "
+                                "a head frame, got " +
+                                std::to_string(data.size()) + " frames"));
   }
-  StatusOr<std::vector<TableSpec>> specs = sparse::SparseTables::ParseSpecs(View(data[0]));
+  StatusOr<std::vector<TableSpec>> specs =
+      sparse::SparseTables::ParseSpecs(View(data[0]));
   if (!specs.ok()) {
-    return Reject(RejectReason::kMalformed,
-                  Status::InvalidArgument("import: " + specs.status().message()));
+    return Reject(
+        RejectReason::kMalformed,
+        Status::InvalidArgument("import: " + specs.status().message()));
   }
   Reader hr(View(data[1]));
   uint32_t magic = 0, nt = 0;
   int64_t clock = 0;
-  if (!hr.Get(&magic) || magic != kRowsHeadMagic || !hr.Get(&clock) || !hr.Get(&nt) ||
-      hr.remaining() != 0 || nt != specs->size() || data.size() != 2 + size_t{nt}) {
-    return Reject(RejectReason::kMalformed,
-                  Status::InvalidArgument("import: the rows head is damaged or does not "
-                                          "match the " +
-                                          std::to_string(data.size()) + " frames"));
+  if (!hr.Get(&magic) || magic != kRowsHeadMagic || !hr.Get(&clock) ||
+      !hr.Get(&nt) || hr.remaining() != 0 || nt != specs->size() ||
+      data.size() != 2 + size_t{nt}) {
+    return Reject(
+        RejectReason::kMalformed,
+        Status::InvalidArgument("import: the rows head is damaged or does not "
+                                "match the " +
+                                std::to_string(data.size()) + " frames"));
   }
   if (sparse_ && sparse_->specs() != *specs) {
-    return Reject(RejectReason::kRegistrationMismatch,
-                  Status::AlreadyExists("import of another model's sparse tables"));
+    return Reject(
+        RejectReason::kRegistrationMismatch,
+        Status::AlreadyExists("import of another model's sparse tables"));
   }
-  if (e.staged_num_buckets != 0 && e.staged_num_buckets != req.migrate_num_buckets) {
+  if (e.staged_num_buckets != 0 &&
+      e.staged_num_buckets != req.migrate_num_buckets) {
     return Reject(RejectReason::kOther,
                   Status::InvalidArgument("rows of a cut into " +
                                           std::to_string(e.staged_num_buckets) +
@@ -204,11 +223,11 @@ Status Shard::ImportRows(const RequestHeader& req, const std::vector<ByteView>& 
   if (fresh) {
     // An empty shard joining: the tables first; it holds no bucket yet.
     if (req.migrate_num_buckets < 1 || req.migrate_num_buckets > kMaxBuckets) {
-      return Reject(RejectReason::kOther,
-                    Status::InvalidArgument("a cut into " +
-                                            std::to_string(req.migrate_num_buckets) +
-                                            " buckets: not in [1, " +
-                                            std::to_string(kMaxBuckets) + "]"));
+      return Reject(
+          RejectReason::kOther,
+          Status::InvalidArgument(
+              "a cut into " + std::to_string(req.migrate_num_buckets) +
+              " buckets: not in [1, " + std::to_string(kMaxBuckets) + "]"));
     }
     RETURN_IF_ERROR(sparse_requests_->RegisterTables(*specs, /*created=*/true));
     auto none = std::make_shared<KeyRanges>();
@@ -226,12 +245,14 @@ Status Shard::ImportRows(const RequestHeader& req, const std::vector<ByteView>& 
     return s;
   }
   if (fresh) {
-    LOG(INFO) << "elastic: registered " << specs->size() << " sparse tables from an import";
+    LOG(INFO) << "elastic: registered " << specs->size()
+              << " sparse tables from an import";
   }
   return s;
 }
 
-Status Shard::StageRows(const RequestHeader& req, const std::vector<ByteView>& data) {
+Status Shard::StageRows(const RequestHeader& req,
+                        const std::vector<ByteView>& data) {
   ElasticState& e = *elastic_;
   std::vector<uint8_t> chosen;
   RETURN_IF_ERROR(CheckBucketList(req, &chosen));
@@ -246,22 +267,25 @@ Status Shard::StageRows(const RequestHeader& req, const std::vector<ByteView>& d
   // covers both copies while they are checked, then what stays staged).
   uint64_t bytes = sparse_->staged_bytes();
   for (size_t t = 2; t < data.size(); ++t) bytes += data[t].size;
-  StatusOr<MemoryBudget::Charge> charge =
-      budget_->Reserve(bytes, "staged rows of " + std::to_string(req.migrate_buckets.size()) +
-                                  " buckets");
+  StatusOr<MemoryBudget::Charge> charge = budget_->Reserve(
+      bytes, "staged rows of " + std::to_string(req.migrate_buckets.size()) +
+                 " buckets");
   if (!charge.ok()) return Reject(RejectReason::kMemoryBudget, charge.status());
   std::vector<std::string_view> frames;
   for (size_t t = 2; t < data.size(); ++t) frames.push_back(View(data[t]));
   uint64_t rows = 0;
-  Status s = sparse_->StageImport(req.migrate_num_buckets, chosen, frames, &rows);
+  Status s =
+      sparse_->StageImport(req.migrate_num_buckets, chosen, frames, &rows);
   if (!s.ok()) return Reject(RejectReason::kMalformed, s);
   e.staged_rows_charge = std::move(charge).value();  // the old one released
   e.staged_rows_charge.ShrinkTo(sparse_->staged_bytes());
   e.staged_num_buckets = req.migrate_num_buckets;
-  if (e.staged_buckets.empty()) e.staged_buckets.assign(e.staged_num_buckets, 0);
+  if (e.staged_buckets.empty())
+    e.staged_buckets.assign(e.staged_num_buckets, 0);
   for (uint32_t b : req.migrate_buckets) e.staged_buckets[b] = 1;
   LOG(INFO) << "elastic: staged " << rows << " sparse rows of "
-            << req.migrate_buckets.size() << " buckets toward epoch " << e.freeze_epoch;
+            << req.migrate_buckets.size() << " buckets toward epoch "
+            << e.freeze_epoch;
   return Status::OK();
 }
 
@@ -270,26 +294,30 @@ Status Shard::CheckAdoptRows(const ElasticDoc& doc) {
   if (!sparse_) {
     for (int o : doc.bucket_owners) {
       if (o == options_.shard_id) {
-        return Reject(RejectReason::kOther,
-                      Status::FailedPrecondition(
-                          "adopt gives this shard key ranges of sparse tables, but it "
-                          "holds none (no rows were imported)"));
+        return Reject(
+            RejectReason::kOther,
+            Status::FailedPrecondition(
+                "adopt gives this shard key ranges of sparse tables, but it "
+                "holds none (no rows were imported)"));
       }
     }
     return Status::OK();
   }
   if (doc.num_buckets == 0) {
     return Reject(RejectReason::kOther,
-                  Status::InvalidArgument("the document has no key ranges, but this model "
-                                          "has sparse tables"));
+                  Status::InvalidArgument(
+                      "the document has no key ranges, but this model "
+                      "has sparse tables"));
   }
   if ((e.ranges && e.ranges->num_buckets != doc.num_buckets) ||
       (!e.ranges &&
-       doc.num_buckets % static_cast<uint32_t>(sparse_->options().num_shards) != 0)) {
-    return Reject(RejectReason::kOther,
-                  Status::InvalidArgument("the document cuts the keys into " +
-                                          std::to_string(doc.num_buckets) +
-                                          " buckets, which is not this shard's cut"));
+       doc.num_buckets % static_cast<uint32_t>(sparse_->options().num_shards) !=
+           0)) {
+    return Reject(
+        RejectReason::kOther,
+        Status::InvalidArgument("the document cuts the keys into " +
+                                std::to_string(doc.num_buckets) +
+                                " buckets, which is not this shard's cut"));
   }
   for (uint32_t b = 0; b < doc.num_buckets; ++b) {
     if (doc.bucket_owners[b] != options_.shard_id ||
@@ -297,9 +325,9 @@ Status Shard::CheckAdoptRows(const ElasticDoc& doc) {
       continue;
     if (e.staged_num_buckets != doc.num_buckets || !e.staged_buckets[b]) {
       return Reject(RejectReason::kOther,
-                    Status::FailedPrecondition("adopt gives this shard bucket " +
-                                               std::to_string(b) +
-                                               " whose rows it neither holds nor has staged"));
+                    Status::FailedPrecondition(
+                        "adopt gives this shard bucket " + std::to_string(b) +
+                        " whose rows it neither holds nor has staged"));
     }
   }
   return Status::OK();

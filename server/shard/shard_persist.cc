@@ -202,7 +202,8 @@ Status Shard::Recover() {
           return sparse_requests_->RegisterTables(tables, /*created=*/true);
         }
         if (key == sparse::SparseTables::kStateKey) {
-          if (!sparse_) return Status::Corruption("sparse state without tables");
+          if (!sparse_)
+            return Status::Corruption("sparse state without tables");
           return sparse_->RestoreState(value);
         }
         if (key.size() == kChunkPrefix.size() + 4 &&
@@ -233,7 +234,8 @@ Status Shard::Recover() {
 Status Shard::RestoreLayout(std::string_view value) {
   std::vector<TensorSpec> tensors;
   LayoutOptions lo;
-  if (!internal::ParseLayoutRecord(value, &tensors, &lo).ok()) return Damaged("layout");
+  if (!internal::ParseLayoutRecord(value, &tensors, &lo).ok())
+    return Damaged("layout");
   // An elastic fleet's layout was cut for its first shard count.
   if (elastic_->epoch == 0 && lo.num_shards != options_.num_shards) {
     return Status::FailedPrecondition("store holds a layout for " +

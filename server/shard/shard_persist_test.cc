@@ -1,12 +1,11 @@
 // Checkpoint / recovery / durable mode, on the in-memory store and RocksDB.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
-
-#include <signal.h>
-#include <sys/wait.h>
 
 #include "server/internal/fault_store.h"
 #include "server/internal/test_util.h"
@@ -108,9 +107,10 @@ TEST(ShardPersistTest, InOrderPlacementIsKeptAndEnforced) {
   EXPECT_EQ(r.status.code(), StatusCode::kAlreadyExists);
   EXPECT_NE(r.status.message().find("placement balanced"), std::string::npos)
       << r.status.ToString();
-  EXPECT_EQ(a.shard->counters()
-                .rejected[static_cast<size_t>(RejectReason::kRegistrationMismatch)],
-            1u);
+  EXPECT_EQ(
+      a.shard->counters()
+          .rejected[static_cast<size_t>(RejectReason::kRegistrationMismatch)],
+      1u);
   auto g = Floats(std::vector<float>(16, 0.5f));
   ASSERT_TRUE(a.Call(ShardHarness::Push(0, 0, {1}, {g}), {g}).status.ok());
   ASSERT_TRUE(a.shard->Checkpoint().ok());
@@ -120,7 +120,8 @@ TEST(ShardPersistTest, InOrderPlacementIsKeptAndEnforced) {
   EXPECT_EQ(b.shard->layout()->options().placement, Placement::kInOrder);
   EXPECT_EQ(b.shard->layout()->shard_chunks(0), (std::vector<uint32_t>{0, 1}));
   EXPECT_EQ(b.AllWeights(), a.AllWeights());
-  EXPECT_EQ(b.Call(ShardHarness::Register(1, SmallModel(), SmallLayout(2))).status.code(),
+  EXPECT_EQ(b.Call(ShardHarness::Register(1, SmallModel(), SmallLayout(2)))
+                .status.code(),
             StatusCode::kAlreadyExists);
   r = b.Call(ShardHarness::Register(1, SmallModel(), in_order));
   EXPECT_TRUE(r.status.ok()) << r.status.ToString();

@@ -241,9 +241,11 @@ Status Shard::EnsureSnapshot(Chunk& c, uint64_t* fresh) {
   // no delay-compensation read): no allocation (and no page faults) per
   // pull in the steady state.
   if (!c.snapshot || c.snapshot.use_count() > 1) {
-    StatusOr<MemoryBudget::Charge> charge = budget_->Reserve(
-        c.n * sizeof(float), "a pull snapshot of chunk " + std::to_string(c.id));
-    if (!charge.ok()) return Reject(RejectReason::kMemoryBudget, charge.status());
+    StatusOr<MemoryBudget::Charge> charge =
+        budget_->Reserve(c.n * sizeof(float),
+                         "a pull snapshot of chunk " + std::to_string(c.id));
+    if (!charge.ok())
+      return Reject(RejectReason::kMemoryBudget, charge.status());
     auto snap = std::make_shared<ChargedBuffer>();
     snap->charge = std::move(charge).value();
     if (fresh != nullptr) *fresh += c.n * sizeof(float);
@@ -283,7 +285,7 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
   }
   static const std::vector<uint32_t> kNoChunks;
   const std::vector<uint32_t>& ids =
-      !req.pull_dense            ? kNoChunks  // rows only
+      !req.pull_dense           ? kNoChunks  // rows only
       : req.pull_chunks.empty() ? layout_->shard_chunks(options_.shard_id)
                                 : req.pull_chunks;
 #if ASYNCPS_SERVER_HAVE_COMPRESSION

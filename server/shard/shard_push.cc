@@ -101,7 +101,8 @@ Status Shard::HandlePush(const RequestHeader& req,
   const auto decode_start = std::chrono::steady_clock::now();
   // A backup replaying a round record has the header alone: the round's
   // sums came with the record (shard_round_sums.cc).
-  RETURN_IF_ERROR(replay_headers_ ? ReplayPushRefs(req) : ValidatePush(req, data));
+  RETURN_IF_ERROR(replay_headers_ ? ReplayPushRefs(req)
+                                  : ValidatePush(req, data));
   counters_.validate_decode_ns += static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(
           std::chrono::steady_clock::now() - decode_start)
@@ -119,11 +120,12 @@ Status Shard::HandlePush(const RequestHeader& req,
     // it again after retry_ms (its clock waits behind it) and it counts for
     // the next round, as on the shard that went away.
     reply->retry_ms = internal::kRetryMs;
-    return Reject(RejectReason::kWrongClock,
-                  Status::Unavailable("push of rank " + std::to_string(rank) +
-                                      " for clock " + std::to_string(req.clock) +
-                                      " waits: round " + std::to_string(bsp_round_) +
-                                      " is still open here; retry"));
+    return Reject(
+        RejectReason::kWrongClock,
+        Status::Unavailable("push of rank " + std::to_string(rank) +
+                            " for clock " + std::to_string(req.clock) +
+                            " waits: round " + std::to_string(bsp_round_) +
+                            " is still open here; retry"));
   }
   clocks_.Advance(rank, req.clock);
   touched_.clear();
@@ -159,7 +161,8 @@ Status Shard::HandlePush(const RequestHeader& req,
   }
   for (const PendingRows& p : rows_->pending) {
     counters_.bytes_in_raw +=
-        p.n * (sizeof(uint64_t) + sparse_->specs()[p.table].dim * sizeof(float));
+        p.n *
+        (sizeof(uint64_t) + sparse_->specs()[p.table].dim * sizeof(float));
   }
   if (options_.transport_only) return FinishPush(req);
   const uint64_t read = last_read_[rank];
@@ -392,10 +395,9 @@ Status Shard::ValidatePush(const RequestHeader& req,
   for (const PendingGrad& p : pending_) {
     if (p.dense != nullptr) AddWork(p.chunk, p.dense);
   }
-  RunWork(
-      [](WorkPiece& w) {
-        w.bad = !internal::AllFinite(w.g + w.begin, w.end - w.begin);
-      });
+  RunWork([](WorkPiece& w) {
+    w.bad = !internal::AllFinite(w.g + w.begin, w.end - w.begin);
+  });
   for (const WorkPiece& w : work_) {
     if (w.bad) {
       return Reject(RejectReason::kNonFinite,

@@ -15,15 +15,15 @@ Status Shard::HandleRegister(const RequestHeader& req, ReplyHeader* reply) {
   // registers with the shard count that cut the chunks, and is told the
   // layout it must route by.
   const bool elastic = elastic_->epoch > 0 && layout_;
-  const int expect = elastic ? layout_->options().num_shards : options_.num_shards;
+  const int expect =
+      elastic ? layout_->options().num_shards : options_.num_shards;
   if (elastic) reply->layout_doc = elastic_->doc;
   if (req.layout.num_shards != expect) {
     return Reject(
         RejectReason::kRegistrationMismatch,
-        Status::InvalidArgument("registration is for " +
-                                std::to_string(req.layout.num_shards) +
-                                " shards, this server is one of " +
-                                std::to_string(expect)));
+        Status::InvalidArgument(
+            "registration is for " + std::to_string(req.layout.num_shards) +
+            " shards, this server is one of " + std::to_string(expect)));
   }
   if (layout_) {
     const auto& have = layout_->tensors();
@@ -46,11 +46,12 @@ Status Shard::HandleRegister(const RequestHeader& req, ReplyHeader* reply) {
                                 "registered layout"));
     }
     if (req.layout.placement != layout_->options().placement) {
-      return Reject(RejectReason::kRegistrationMismatch,
-                    Status::AlreadyExists(
-                        std::string("placement ") + PlacementName(req.layout.placement) +
-                        " differs from the registered layout's, " +
-                        PlacementName(layout_->options().placement)));
+      return Reject(
+          RejectReason::kRegistrationMismatch,
+          Status::AlreadyExists(std::string("placement ") +
+                                PlacementName(req.layout.placement) +
+                                " differs from the registered layout's, " +
+                                PlacementName(layout_->options().placement)));
     }
     RETURN_IF_ERROR(
         sparse_requests_->RegisterTables(req.tables, /*created=*/false));
@@ -141,16 +142,17 @@ Status Shard::AllocateChunks() {
   // snapshot references are reserved here, and the snapshots themselves
   // (about one copy of this shard's weights per worker) must fit too.
   const bool dc = options_.delay_compensation.enabled();
-  const uint64_t dc_tables =
-      dc ? static_cast<uint64_t>(options_.num_workers) * kDcReadSlots *
-               mine.size() * sizeof(std::shared_ptr<ChargedBuffer>)
-         : 0;
+  const uint64_t dc_tables = dc ? static_cast<uint64_t>(options_.num_workers) *
+                                      kDcReadSlots * mine.size() *
+                                      sizeof(std::shared_ptr<ChargedBuffer>)
+                                : 0;
   const uint64_t dc_reads =
       dc ? static_cast<uint64_t>(options_.num_workers) * elems * sizeof(float)
          : 0;
   const uint64_t rounds =  // BSP: the round each rank last pushed, per chunk
       options_.consistency == Consistency::kBsp
-          ? mine.size() * static_cast<uint64_t>(options_.num_workers) * sizeof(int64_t)
+          ? mine.size() * static_cast<uint64_t>(options_.num_workers) *
+                sizeof(int64_t)
           : 0;
   const uint64_t bytes =
       elems * per_elem + mine.size() * sizeof(Chunk) + dc_tables + rounds;

@@ -17,8 +17,8 @@
 namespace asyncps::server {
 
 bool Shard::AggregatesRounds() const {
-  return options_.consistency == Consistency::kBsp && !options_.transport_only &&
-         sparse_ == nullptr;
+  return options_.consistency == Consistency::kBsp &&
+         !options_.transport_only && sparse_ == nullptr;
 }
 
 RoundSums Shard::CaptureSums() const {
@@ -33,9 +33,10 @@ RoundSums Shard::CaptureSums() const {
     sums.frames.push_back({b->data(), b->size(), b});
   }
   auto id_bytes = std::make_shared<std::vector<uint32_t>>(std::move(ids));
-  sums.frames.insert(sums.frames.begin(),
-                     ByteView{reinterpret_cast<const uint8_t*>(id_bytes->data()),
-                              id_bytes->size() * sizeof(uint32_t), id_bytes});
+  sums.frames.insert(
+      sums.frames.begin(),
+      ByteView{reinterpret_cast<const uint8_t*>(id_bytes->data()),
+               id_bytes->size() * sizeof(uint32_t), id_bytes});
   sums.round = bsp_round_;
   return sums;
 }
@@ -52,28 +53,30 @@ bool Shard::TakeRoundSums(bool open, RoundSums* sums) {
 }
 
 Status Shard::InstallRoundSums(const std::vector<ByteView>& frames) {
-  if (!layout_) return Status::FailedPrecondition("round sums before registration");
+  if (!layout_)
+    return Status::FailedPrecondition("round sums before registration");
   if (frames.empty() || frames[0].size % sizeof(uint32_t) != 0 ||
       frames[0].size / sizeof(uint32_t) != frames.size() - 1) {
-    return Status::InvalidArgument("round sums: the chunk id frame names " +
-                                   std::to_string(frames.empty() ? 0 : frames[0].size / 4) +
-                                   " chunks for " +
-                                   std::to_string(frames.empty() ? 0 : frames.size() - 1) +
-                                   " frames");
+    return Status::InvalidArgument(
+        "round sums: the chunk id frame names " +
+        std::to_string(frames.empty() ? 0 : frames[0].size / 4) +
+        " chunks for " +
+        std::to_string(frames.empty() ? 0 : frames.size() - 1) + " frames");
   }
   std::vector<uint32_t> ids(frames.size() - 1);
   if (!ids.empty()) std::memcpy(ids.data(), frames[0].data, frames[0].size);
   for (size_t i = 0; i < ids.size(); ++i) {
     const uint32_t id = ids[i];
     if (id >= local_index_.size() || local_index_[id] < 0) {
-      return Status::InvalidArgument("round sums of chunk " + std::to_string(id) +
-                                     ", not this shard's");
+      return Status::InvalidArgument("round sums of chunk " +
+                                     std::to_string(id) + ", not this shard's");
     }
     const Chunk& c = *chunks_[local_index_[id]];
     if (frames[i + 1].size != c.n * sizeof(float) || c.acc.size() != c.n) {
-      return Status::InvalidArgument("round sums of chunk " + std::to_string(id) +
-                                     ": " + std::to_string(frames[i + 1].size) +
-                                     " bytes for " + std::to_string(c.n) + " elements");
+      return Status::InvalidArgument(
+          "round sums of chunk " + std::to_string(id) + ": " +
+          std::to_string(frames[i + 1].size) + " bytes for " +
+          std::to_string(c.n) + " elements");
     }
   }
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -94,11 +97,13 @@ Status Shard::ReplayPushRefs(const RequestHeader& req) {
   for (const ChunkRef& ref : req.chunks) {
     if (ref.chunk >= local_index_.size() || local_index_[ref.chunk] < 0) {
       return Status::InvalidArgument("replayed push of chunk " +
-                                     std::to_string(ref.chunk) + ", not this shard's");
+                                     std::to_string(ref.chunk) +
+                                     ", not this shard's");
     }
     Chunk& c = *chunks_[local_index_[ref.chunk]];
     if (c.stamp == stamp_ || ref.num_elems != c.n) {
-      return Status::InvalidArgument("replayed push: chunk " + std::to_string(ref.chunk) +
+      return Status::InvalidArgument("replayed push: chunk " +
+                                     std::to_string(ref.chunk) +
                                      " twice or of another size");
     }
     c.stamp = stamp_;

@@ -59,8 +59,8 @@ Status Shard::HandleAttachShm(const RequestHeader& req) {
   a->rank = req.rank;
   a->incarnation = req.incarnation;
   a->segment = std::move(seg).value();
-  VLOG(1) << "shared memory of rank " << req.rank << " attached: "
-          << a->segment->size() << " bytes";
+  VLOG(1) << "shared memory of rank " << req.rank
+          << " attached: " << a->segment->size() << " bytes";
   shm_.push_back(std::move(a));
   return Status::OK();
 }
@@ -96,19 +96,21 @@ Status Shard::ValidateShmPull(const RequestHeader& req) {
   }
   if (req.pull_chunks.empty() ||
       req.pull_shm_offsets.size() != req.pull_chunks.size()) {
-    return Reject(RejectReason::kSharedMemory,
-                  Status::InvalidArgument(
-                      "pull into shared memory needs one offset per chunk id "
-                      "(" + std::to_string(req.pull_shm_offsets.size()) +
-                      " offsets, " + std::to_string(req.pull_chunks.size()) +
-                      " chunks)"));
+    return Reject(
+        RejectReason::kSharedMemory,
+        Status::InvalidArgument(
+            "pull into shared memory needs one offset per chunk id "
+            "(" +
+            std::to_string(req.pull_shm_offsets.size()) + " offsets, " +
+            std::to_string(req.pull_chunks.size()) + " chunks)"));
   }
   if (req.pull_shm_slot >= a->segment->num_slots()) {
-    return Reject(RejectReason::kSharedMemory,
-                  Status::InvalidArgument(
-                      "shared-memory slot " + std::to_string(req.pull_shm_slot) +
-                      " out of range: the segment has " +
-                      std::to_string(a->segment->num_slots())));
+    return Reject(
+        RejectReason::kSharedMemory,
+        Status::InvalidArgument("shared-memory slot " +
+                                std::to_string(req.pull_shm_slot) +
+                                " out of range: the segment has " +
+                                std::to_string(a->segment->num_slots())));
   }
   if ((!req.pull_codec.empty() && req.pull_codec != "none") ||
       !req.rows.empty() || !req.pull_dense) {

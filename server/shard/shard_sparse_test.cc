@@ -16,8 +16,8 @@
 #include "compression/codec.h"
 #include "server/internal/test_util.h"
 #include "server/loop/server_metrics.h"
-#include "server/sparse/sparse_table.h"
 #include "server/shard/shard.h"
+#include "server/sparse/sparse_table.h"
 
 namespace asyncps::server {
 namespace {
@@ -118,8 +118,7 @@ struct Sparse : ShardHarness {
   std::vector<float> Read(int rank, int64_t clock,
                           const std::vector<uint64_t>& keys,
                           uint32_t table = 0) {
-    auto out =
-        Send(PullRows(rank, clock, keys, 0, false, table), {Keys(keys)});
+    auto out = Send(PullRows(rank, clock, keys, 0, false, table), {Keys(keys)});
     EXPECT_EQ(out.size(), 1u);
     if (out.empty()) return {};
     return RowsOf(out[0]);
@@ -199,7 +198,8 @@ TEST(ShardSparseTest, Fp16RowsBothWays) {
   // The gradients were exact in fp16: the rows equal an fp32 push's.
   for (int k = 0; k < 2; ++k) {
     std::vector<float> want = Init(Emb(), keys[k]);
-    for (int j = 0; j < 4; ++j) EXPECT_EQ(exact[k * 4 + j], want[j] - 0.5f * g[k * 4 + j]);
+    for (int j = 0; j < 4; ++j)
+      EXPECT_EQ(exact[k * 4 + j], want[j] - 0.5f * g[k * 4 + j]);
   }
 }
 
@@ -296,14 +296,12 @@ TEST_F(SparseBadInputTest, NanAndInfRows) {
 }
 
 TEST_F(SparseBadInputTest, MoreKeysThanTheLimit) {
-  ExpectRejected(s.PushRows(0, 0, {mine.begin(), mine.begin() + 7}, Grads(7),
-                            0, true),
-                 "more than the 6 one request may name",
-                 RejectReason::kOversize);
+  ExpectRejected(
+      s.PushRows(0, 0, {mine.begin(), mine.begin() + 7}, Grads(7), 0, true),
+      "more than the 6 one request may name", RejectReason::kOversize);
   std::vector<uint64_t> seven(mine.begin(), mine.begin() + 7);
   auto out = s.Send(s.PullRows(0, 0, seven), {Keys(seven)});
-  EXPECT_NE(out[0].header.status.message().find("split it"),
-            std::string::npos);
+  EXPECT_NE(out[0].header.status.message().find("split it"), std::string::npos);
 }
 
 TEST_F(SparseBadInputTest, FramesThatDoNotAddUp) {
@@ -315,16 +313,16 @@ TEST_F(SparseBadInputTest, FramesThatDoNotAddUp) {
   ExpectRejected(s.Call(r, {Keys({mine[0]}), Floats(Grads(1))}),
                  "referenced twice", RejectReason::kSizeMismatch);
   r.rows = {{0, 0, 2, 1, 0}};
-  ExpectRejected(s.Call(r, {Keys({mine[0]}), Floats(Grads(1))}),
-                 "out of range", RejectReason::kSizeMismatch);
+  ExpectRejected(s.Call(r, {Keys({mine[0]}), Floats(Grads(1))}), "out of range",
+                 RejectReason::kSizeMismatch);
   // A sparse codec (top-k) for rows.
   r.rows = {{0, 1, 2, 1, 7}};
-  ExpectRejected(s.Call(r, {Keys({mine[0]}), Floats(Grads(1))}),
-                 "dense codec", RejectReason::kBadCodec);
+  ExpectRejected(s.Call(r, {Keys({mine[0]}), Floats(Grads(1))}), "dense codec",
+                 RejectReason::kBadCodec);
   // Huge counts are refused before anything is allocated.
   r.rows = {{0, 1, 2, uint64_t{1} << 60, 0}};
-  ExpectRejected(s.Call(r, {Keys({mine[0]}), Floats(Grads(1))}),
-                 "split it", RejectReason::kOversize);
+  ExpectRejected(s.Call(r, {Keys({mine[0]}), Floats(Grads(1))}), "split it",
+                 RejectReason::kOversize);
 }
 
 TEST(ShardSparseTest, MismatchingTableDefinitionIsRejected) {
@@ -341,9 +339,10 @@ TEST(ShardSparseTest, MismatchingTableDefinitionIsRejected) {
   r.tables = {};
   h = s.Call(r);
   EXPECT_NE(h.status.message().find("(missing)"), std::string::npos);
-  EXPECT_EQ(s.shard->counters().rejected[static_cast<size_t>(
-                RejectReason::kRegistrationMismatch)],
-            2u);
+  EXPECT_EQ(
+      s.shard->counters()
+          .rejected[static_cast<size_t>(RejectReason::kRegistrationMismatch)],
+      2u);
   // An invalid definition at first registration.
   ShardHarness fresh(Opts());
   RequestHeader bad = fresh.Register(0, SmallModel(), SmallLayout(1));
@@ -420,9 +419,11 @@ TEST(ShardSparseTest, BspRoundSumsComeFromTheBudget) {
   Sparse s(o, &store);
   std::vector<uint64_t> many(60000);
   for (size_t i = 0; i < many.size(); ++i) many[i] = i;
-  ReplyHeader r = s.PushRows(0, 0, many, std::vector<float>(many.size() * 4, 1.0f),
-                             0, /*with_chunk=*/true);
-  EXPECT_EQ(r.status.code(), StatusCode::kResourceExhausted) << r.status.ToString();
+  ReplyHeader r =
+      s.PushRows(0, 0, many, std::vector<float>(many.size() * 4, 1.0f), 0,
+                 /*with_chunk=*/true);
+  EXPECT_EQ(r.status.code(), StatusCode::kResourceExhausted)
+      << r.status.ToString();
   EXPECT_NE(r.status.message().find("BSP sums"), std::string::npos)
       << r.status.ToString();
   EXPECT_EQ(s.shard->counters().pushes, 0u);
@@ -570,8 +571,10 @@ TEST(ShardSparseTest, MutatedRowRefsNeverCrashOrHalfApply) {
       const int how = static_cast<int>(rng() % 9);
       MutateRef(rng, how, &ref);
       switch (how) {
-        case 5: data.push_back(Floats({1.0f})); break;  // a frame too many
-        case 6:  // a repeated key
+        case 5:
+          data.push_back(Floats({1.0f}));
+          break;  // a frame too many
+        case 6:   // a repeated key
           keys.push_back(keys[0]);
           rows.resize(keys.size() * 4, 0.5f);
           data[0] = Keys(keys);
@@ -586,7 +589,9 @@ TEST(ShardSparseTest, MutatedRowRefsNeverCrashOrHalfApply) {
             data[0].size -= 1 + rng() % 8;
           }
           break;
-        case 8: ref.rows_frame = ref.keys_frame; break;
+        case 8:
+          ref.rows_frame = ref.keys_frame;
+          break;
       }
     }
     r.rows = {ref};
@@ -796,8 +801,8 @@ TEST(ShardSparseDedupTest, ResentAndLateRowPushesAreAppliedOnce) {
   EXPECT_EQ(s.Read(0, 0, keys), once);
   EXPECT_EQ(s.shard->counters().duplicate_pushes, 2u);
   // A push the client has finished with (below done_below) is never applied.
-  ASSERT_TRUE(s.PushRows(0, 0, keys, g, 0, false, 13, /*done_below=*/13)
-                  .status.ok());
+  ASSERT_TRUE(
+      s.PushRows(0, 0, keys, g, 0, false, 13, /*done_below=*/13).status.ok());
   const std::vector<float> twice = s.Read(0, 0, keys);
   EXPECT_EQ(twice, MinusOnce(once, 0.5f * 0.25f));
   ASSERT_TRUE(s.PushRows(0, 0, keys, g, 0, false, 12).status.ok());
@@ -934,8 +939,8 @@ TEST(ShardSparseTest, MetricsFollowTheTablesAndRocksDb) {
     EXPECT_EQ(Sample(text, "asyncps_shard_rocksdb_wal_bytes_total"),
               static_cast<double>(st.wal_bytes));
     EXPECT_GE(Sample(text, "asyncps_shard_rocksdb_memtable_bytes"), 0);
-    EXPECT_GE(Sample(text, "asyncps_shard_rocksdb_compaction_write_bytes_total"),
-              0);
+    EXPECT_GE(
+        Sample(text, "asyncps_shard_rocksdb_compaction_write_bytes_total"), 0);
   }
   std::filesystem::remove_all(dir);
 }
@@ -992,8 +997,8 @@ TEST(ShardSparseTest, AssignSetsRowsAndRefusesHostileRowsWhole) {
     EXPECT_EQ(s.Read(0, 0, mine), std::vector<float>(8, 7.0f));
   }
   // The rows train from the uploaded values (SGD lr 0.5).
-  ASSERT_TRUE(s.PushRows(0, 0, {mine[0]}, std::vector<float>(4, 1.0f))
-                  .status.ok());
+  ASSERT_TRUE(
+      s.PushRows(0, 0, {mine[0]}, std::vector<float>(4, 1.0f)).status.ok());
   EXPECT_EQ(s.Read(0, 1, {mine[0]}), std::vector<float>(4, 6.5f));
 }
 
@@ -1278,7 +1283,6 @@ TEST(ShardSparseTest, MutatedRowRecordsNeverCrashOrHalfApply) {
   EXPECT_GT(refused, 1000);
 }
 
-
 // Issue 22 item 4: a paged scan (kAssign phase 6) returns every entry a
 // shard holds -- rows and admission counters, with steps and last-push
 // clocks, expired ones left out -- and saved rows (phase 7) restore them on
@@ -1308,7 +1312,8 @@ ReplyHeader ScanPage(Sparse& s, uint64_t from, uint32_t max, Saved* out,
   out->keys.resize(at + rows.num_keys);
   // An empty page has no frame data (null pointers, size 0).
   if (k.size > 0) std::memcpy(out->keys.data() + at, k.data, k.size);
-  if (v.size > 0) out->records.insert(out->records.end(), v.data, v.data + v.size);
+  if (v.size > 0)
+    out->records.insert(out->records.end(), v.data, v.data + v.size);
   return reply.header;
 }
 
@@ -1336,7 +1341,8 @@ ReplyHeader WriteSaved(Sparse& s, RequestHeader claim, const Saved& saved,
   ref.num_keys = saved.keys.size();
   claim.rows = {ref};
   auto rb = Buffer::FromVector(std::vector<uint8_t>(saved.records));
-  return s.Call(claim, {Keys(saved.keys), ByteView{rb->data(), rb->size(), rb}});
+  return s.Call(claim,
+                {Keys(saved.keys), ByteView{rb->data(), rb->size(), rb}});
 }
 
 TEST(ShardSparseTest, ScannedEntriesRestoreATableExactly) {
@@ -1353,8 +1359,7 @@ TEST(ShardSparseTest, ScannedEntriesRestoreATableExactly) {
     const uint64_t k = i * 0x9e3779b97f4a7c15ULL;
     if (ShardOfKey(t, k, 2) == 0) keys.push_back(k);
   }
-  auto push = [&](Sparse& s, int64_t clock, std::vector<uint64_t> ks,
-                  float g) {
+  auto push = [&](Sparse& s, int64_t clock, std::vector<uint64_t> ks, float g) {
     std::vector<float> grads(ks.size() * 4, g);
     ReplyHeader h = s.PushRows(0, clock, ks, grads);
     EXPECT_TRUE(h.status.ok()) << h.status.ToString();
@@ -1421,11 +1426,10 @@ TEST(ShardSparseTest, ScannedEntriesRestoreATableExactly) {
       std::find(all.keys.begin(), all.keys.end(), keys[2]) - all.keys.begin());
   Saved short_records = all;
   short_records.records.resize(all.records.size() - 4);
-  for (const Saved& bad :
-       {mutated(0, &bad_kind, 4), mutated(4, &one, 4),
-        mutated(counter * bytes + 8, &zero, 8),
-        mutated(counter * bytes + 8, &three, 8), mutated(16, &far, 8),
-        short_records}) {
+  for (const Saved& bad : {mutated(0, &bad_kind, 4), mutated(4, &one, 4),
+                           mutated(counter * bytes + 8, &zero, 8),
+                           mutated(counter * bytes + 8, &three, 8),
+                           mutated(16, &far, 8), short_records}) {
     EXPECT_EQ(WriteSaved(b, claim, bad).status.code(),
               StatusCode::kInvalidArgument);
     EXPECT_TRUE(ScanAll(b, 100).keys.empty());
@@ -1609,8 +1613,8 @@ TEST(ShardSparseTest, PointInTimeScanKeepsRowsThatExpireWhileItIsOpen) {
       const uint64_t k = i * 0x9e3779b97f4a7c15ULL;
       if (ShardOfKey(t, k, 2) == 0) keys.push_back(k);
     }
-    ASSERT_TRUE(s.PushRows(0, 0, keys, std::vector<float>(400, 1.0f))
-                    .status.ok());
+    ASSERT_TRUE(
+        s.PushRows(0, 0, keys, std::vector<float>(400, 1.0f)).status.ok());
     for (int64_t c = 1; c <= 2; ++c) s.Call(ShardHarness::Clock(0, c));
     Saved got;
     uint64_t id = 0;
@@ -1623,8 +1627,8 @@ TEST(ShardSparseTest, PointInTimeScanKeepsRowsThatExpireWhileItIsOpen) {
     EXPECT_TRUE(ScanAll(s, 1000).keys.empty());
     for (;;) {
       const size_t n = got.keys.size();
-      ASSERT_TRUE(
-          SnapshotPage(s, got.keys.back() + 1, 10, &got, &id, false).status.ok());
+      ASSERT_TRUE(SnapshotPage(s, got.keys.back() + 1, 10, &got, &id, false)
+                      .status.ok());
       if (got.keys.size() - n < 10) break;
     }
     std::sort(keys.begin(), keys.end());
@@ -1651,18 +1655,16 @@ TEST(ShardSparseTest, PointInTimeScanCopyIsChargedToTheBudget) {
     const uint64_t k = i * 0x9e3779b97f4a7c15ULL;
     if (ShardOfKey(t, k, 2) == 0) keys.push_back(k);
   }
-  ASSERT_TRUE(
-      a.PushRows(0, 0, keys, std::vector<float>(keys.size() * 64, 1.0f))
-          .status.ok());
+  ASSERT_TRUE(a.PushRows(0, 0, keys, std::vector<float>(keys.size() * 64, 1.0f))
+                  .status.ok());
   const uint64_t copy = keys.size() * (8 + SavedRecordBytes(t));
   const uint64_t used = a.shard->budget().used();
   // Room for a page, not for the copy.
   ShardOptions tight = o;
   tight.memory_budget_bytes = used + copy / 2;
   Sparse b(tight, nullptr, {t});
-  ASSERT_TRUE(
-      b.PushRows(0, 0, keys, std::vector<float>(keys.size() * 64, 1.0f))
-          .status.ok());
+  ASSERT_TRUE(b.PushRows(0, 0, keys, std::vector<float>(keys.size() * 64, 1.0f))
+                  .status.ok());
   Saved none;
   uint64_t id = 0;
   const ReplyHeader h = SnapshotPage(b, 0, 16, &none, &id, true);
@@ -1737,9 +1739,9 @@ TEST(ShardSparseTest, ClearedTableHoldsExactlyTheRestoredEntries) {
     ASSERT_TRUE(s.PushRows(0, 1, extra, grads(150, 1.0f)).status.ok());
     ASSERT_TRUE(s.PushRows(0, 1, rows_extra, grads(100, 1.0f)).status.ok());
     for (int i = 0; i < 2; ++i) {
-      ASSERT_TRUE(s.PushRows(0, 1, other_keys, grads(40, 0.25f), 0, false, 0,
-                             0, 1)
-                      .status.ok());
+      ASSERT_TRUE(
+          s.PushRows(0, 1, other_keys, grads(40, 0.25f), 0, false, 0, 0, 1)
+              .status.ok());
     }
     const Saved trained = ScanAll(s, 64);
     ASSERT_EQ(trained.keys.size(), 350u);
@@ -1767,7 +1769,9 @@ TEST(ShardSparseTest, ClearedTableHoldsExactlyTheRestoredEntries) {
         {claim, {}, {}, StatusCode::kInvalidArgument},
         {claim, {TableRef(2)}, {}, StatusCode::kNotFound},
         {claim, {TableRef(0), TableRef(0)}, {}, StatusCode::kInvalidArgument},
-        {claim, {TableRef(0), TableRef(1), TableRef(0)}, {},
+        {claim,
+         {TableRef(0), TableRef(1), TableRef(0)},
+         {},
          StatusCode::kInvalidArgument},
         {claim, {TableRef(1), with_keys}, {}, StatusCode::kInvalidArgument},
         {claim, {with_frame}, {Keys({1})}, StatusCode::kInvalidArgument},
@@ -1817,7 +1821,8 @@ TEST(ShardSparseTest, ScanPagesAreChargedToTheMemoryBudget) {
   Sparse s(o);
   std::vector<uint64_t> keys;
   for (uint64_t i = 1; i <= 100; ++i) keys.push_back(i * 0x9e3779b97f4a7c15ULL);
-  ASSERT_TRUE(s.PushRows(0, 0, keys, std::vector<float>(400, 0.5f)).status.ok());
+  ASSERT_TRUE(
+      s.PushRows(0, 0, keys, std::vector<float>(400, 0.5f)).status.ok());
   const MemoryBudget& budget = s.shard->budget();
   const uint64_t base = budget.used();
   const uint64_t free = budget.capacity() - base;

@@ -28,11 +28,11 @@ Status Shard::RecordDcRead(const RequestHeader& req,
   }
   if (slot == nullptr) {
     // Replace the oldest read (or an empty slot, clock -1).
-    slot = &*std::min_element(reads.slots.begin(), reads.slots.end(),
-                              [](const DcReads::Slot& a,
-                                 const DcReads::Slot& b) {
-                                return a.clock < b.clock;
-                              });
+    slot =
+        &*std::min_element(reads.slots.begin(), reads.slots.end(),
+                           [](const DcReads::Slot& a, const DcReads::Slot& b) {
+                             return a.clock < b.clock;
+                           });
     for (auto& c : slot->chunks) c.reset();
     slot->clock = req.clock;
     slot->incarnation = req.incarnation;
@@ -85,8 +85,8 @@ void Shard::CompensatePending(const RequestHeader& req) {
     ++counters_.dc_compensated;
   } else {
     ++counters_.dc_uncompensated;
-    LOG_EVERY_N(INFO, 100) << "delay compensation: no read of rank "
-                           << req.rank << " at clock " << req.clock
+    LOG_EVERY_N(INFO, 100) << "delay compensation: no read of rank " << req.rank
+                           << " at clock " << req.clock
                            << ": applied (part of) its push uncorrected";
   }
 }

@@ -39,7 +39,8 @@ std::vector<float> Ramp(size_t n, float a, float b) {
 }
 
 // Pushes g to chunk 4 ("b", 10 floats) as `rank` at `clock`.
-void Push(ShardHarness& h, int rank, int64_t clock, const std::vector<float>& g) {
+void Push(ShardHarness& h, int rank, int64_t clock,
+          const std::vector<float>& g) {
   auto f = Floats(g);
   ReplyHeader r = h.Call(ShardHarness::Push(rank, clock, {4}, {f}), {f});
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();
@@ -54,7 +55,8 @@ std::vector<double> AsDouble(const std::vector<float>& v) {
   return std::vector<double>(v.begin(), v.end());
 }
 
-void ExpectNear(const std::vector<float>& got, const std::vector<double>& want) {
+void ExpectNear(const std::vector<float>& got,
+                const std::vector<double>& want) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i)
     EXPECT_NEAR(got[i], want[i], 1e-5 * (1 + std::fabs(want[i]))) << i;
@@ -84,7 +86,8 @@ TEST(ShardStalenessTest, WarmupCountsBspRounds) {
   ShardHarness h(o);
   Register(h);
   std::vector<double> w = AsDouble(*h.shard->weights(4));
-  const std::vector<float> g0 = Ramp(10, 1.0f, 0.5f), g1 = Ramp(10, -2.0f, 0.25f);
+  const std::vector<float> g0 = Ramp(10, 1.0f, 0.5f),
+                           g1 = Ramp(10, -2.0f, 0.25f);
   const double scale[] = {0.5, 0.75, 1.0};
   for (int round = 0; round < 3; ++round) {
     Push(h, 0, round, g0);
@@ -124,7 +127,8 @@ TEST(ShardStalenessTest, DelayCompensationUsesWhatThePushingWorkerRead) {
   ShardHarness h(o);
   Register(h);
   const std::vector<double> r0 = AsDouble(*h.shard->weights(4));
-  const std::vector<float> g0 = Ramp(10, 1.0f, 0.5f), g1 = Ramp(10, -2.0f, 0.25f);
+  const std::vector<float> g0 = Ramp(10, 1.0f, 0.5f),
+                           g1 = Ramp(10, -2.0f, 0.25f);
   ASSERT_TRUE(h.Call(PullAt(0, 0)).status.ok());
   ASSERT_TRUE(h.Call(PullAt(1, 0)).status.ok());
   Push(h, 1, 0, g1);  // read = now: no correction
@@ -153,9 +157,11 @@ TEST(ShardStalenessTest, DelayCompensationKeepsTheReadOfEachClock) {
   o.delay_compensation.lambda = 0.5f;
   ShardHarness h(o);
   Register(h);
-  const std::vector<float> g0 = Ramp(10, 1.0f, 0.5f), g1 = Ramp(10, -2.0f, 0.25f);
+  const std::vector<float> g0 = Ramp(10, 1.0f, 0.5f),
+                           g1 = Ramp(10, -2.0f, 0.25f);
   std::vector<double> w = AsDouble(*h.shard->weights(4));
-  auto sgd = [&w](const std::vector<float>& g, const std::vector<double>* read) {
+  auto sgd = [&w](const std::vector<float>& g,
+                  const std::vector<double>* read) {
     for (size_t i = 0; i < w.size(); ++i) {
       const double gi = g[i];
       w[i] -= 0.5 * (read ? gi + 0.5 * gi * gi * (w[i] - (*read)[i]) : gi);
@@ -271,7 +277,8 @@ TEST(ShardStalenessTest, AdaptiveMeanSquareIsCheckpointed) {
   ShardHarness a(o, &store);
   Register(a);
   const std::vector<double> r0 = AsDouble(*a.shard->weights(4));
-  const std::vector<float> g0 = Ramp(10, 1.0f, 0.5f), g1 = Ramp(10, -2.0f, 0.25f);
+  const std::vector<float> g0 = Ramp(10, 1.0f, 0.5f),
+                           g1 = Ramp(10, -2.0f, 0.25f);
   ASSERT_TRUE(a.Call(PullAt(0, 0)).status.ok());
   Push(a, 1, 0, g1);  // no read of rank 1: mean square only
   Push(a, 0, 0, g0);
@@ -281,12 +288,14 @@ TEST(ShardStalenessTest, AdaptiveMeanSquareIsCheckpointed) {
     w[i] -= 0.5 * g1[i];
     const double gi = g0[i];
     ms[i] = 0.95 * ms[i] + 0.05 * gi * gi;
-    w[i] -= 0.5 * (gi + 2.0 / std::sqrt(ms[i] + 1e-7) * gi * gi * (w[i] - r0[i]));
+    w[i] -=
+        0.5 * (gi + 2.0 / std::sqrt(ms[i] + 1e-7) * gi * gi * (w[i] - r0[i]));
   }
   ExpectNear(*a.shard->weights(4), w);
   const std::vector<float>& state = *a.shard->optimizer_state(4);
   ASSERT_EQ(state.size(), 10u);  // SGD has none: the mean square alone
-  for (size_t i = 0; i < 10; ++i) EXPECT_NEAR(state[i], ms[i], 1e-6 * (1 + ms[i]));
+  for (size_t i = 0; i < 10; ++i)
+    EXPECT_NEAR(state[i], ms[i], 1e-6 * (1 + ms[i]));
   ASSERT_TRUE(a.shard->Checkpoint().ok());
   ShardHarness b(o, &store);
   ASSERT_TRUE(b.shard->registered());

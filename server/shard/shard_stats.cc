@@ -1,7 +1,6 @@
 // Shard: the stats document (ps_ctl stats), built with nlohmann-json.
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
+#include <nlohmann/json.hpp>
 
 #include "server/internal/push_dedup.h"
 #include "server/internal/shard_types.h"
@@ -114,12 +113,11 @@ std::string Shard::StatsJson() const {
     dc_buffers = seen.size();
     for (const ChargedBuffer* b : seen) dc_bytes += b->buffer->size();
   }
-  j["delay_compensation"] = {
-      {"rule", options_.delay_compensation.ToString()},
-      {"compensated", counters_.dc_compensated},
-      {"uncompensated", counters_.dc_uncompensated},
-      {"read_snapshots", dc_buffers},
-      {"read_snapshot_bytes", dc_bytes}};
+  j["delay_compensation"] = {{"rule", options_.delay_compensation.ToString()},
+                             {"compensated", counters_.dc_compensated},
+                             {"uncompensated", counters_.dc_uncompensated},
+                             {"read_snapshots", dc_buffers},
+                             {"read_snapshot_bytes", dc_bytes}};
   return j.dump();
 }
 

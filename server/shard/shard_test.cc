@@ -360,7 +360,8 @@ TEST(ShardTest, BspAveragesOnceAllWorkersClocked) {
   auto g3 = Floats(Fill(10, 3.0f));
   const RequestHeader next = ShardHarness::Push(0, 1, {4}, {g3});
   ReplyHeader held = h.Call(next, {g3});
-  EXPECT_EQ(held.status.code(), StatusCode::kUnavailable) << held.status.ToString();
+  EXPECT_EQ(held.status.code(), StatusCode::kUnavailable)
+      << held.status.ToString();
   EXPECT_GT(held.retry_ms, 0u);
   EXPECT_EQ(h.shard->counters().skipped_pushes, 1u);
   EXPECT_EQ(*h.shard->weights(4), w0);
@@ -389,7 +390,8 @@ TEST(ShardTest, BspAveragesOnceAllWorkersClocked) {
   ASSERT_TRUE(h.Call(ShardHarness::Push(1, 2, {4}, {g2}), {g2}).status.ok());
   ASSERT_TRUE(h.Call(ShardHarness::Clock(0, 3)).status.ok());
   ASSERT_TRUE(h.Call(ShardHarness::Clock(1, 3)).status.ok());
-  EXPECT_EQ((*h.shard->weights(4))[0], w0[0] - 0.5f * 1.5f - 0.5f * 2.5f - 0.5f * 2.0f);
+  EXPECT_EQ((*h.shard->weights(4))[0],
+            w0[0] - 0.5f * 1.5f - 0.5f * 2.5f - 0.5f * 2.0f);
 }
 
 TEST(ShardTest, TransportOnlyNeverApplies) {
@@ -434,11 +436,14 @@ TEST(ShardTest, FollowerSetsItsPrimarysWorkerStatesAndRefusesBadOnes) {
        {std::vector<WorkerLiveness>{{0, false, 3}, {2, false, 1}},
         std::vector<WorkerLiveness>{{1, false, 3}, {1, true, 4}},
         std::vector<WorkerLiveness>{{0, false, -1}}}) {
-    EXPECT_EQ(h.shard->SetWorkerStates(bad, h.now, &out).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(h.shard->SetWorkerStates(bad, h.now, &out).code(),
+              StatusCode::kInvalidArgument);
     EXPECT_TRUE(h.shard->clocks().live(0) && h.shard->clocks().live(1));
     EXPECT_EQ(h.shard->clocks().clock(0), 0);
   }
-  ASSERT_TRUE(h.shard->SetWorkerStates({{1, false, 2}, {0, true, 5}}, h.now, &out).ok());
+  ASSERT_TRUE(
+      h.shard->SetWorkerStates({{1, false, 2}, {0, true, 5}}, h.now, &out)
+          .ok());
   EXPECT_FALSE(h.shard->clocks().live(1));
   EXPECT_EQ(h.shard->clocks().clock(0), 5);
   EXPECT_EQ(h.shard->clocks().MinLiveClock(), 5);

@@ -40,7 +40,8 @@ bool WorkerClocks::Set(int rank, bool live, int64_t clock, TimePoint now) {
 }
 
 void WorkerClocks::NoteChanged(int rank) {
-  if (log_changes_ && std::find(changed_.begin(), changed_.end(), rank) == changed_.end())
+  if (log_changes_ &&
+      std::find(changed_.begin(), changed_.end(), rank) == changed_.end())
     changed_.push_back(rank);
 }
 

@@ -55,7 +55,8 @@ TEST(WorkerClocksTest, FollowerTakesItsPrimarysEvictionsAndRejoins) {
   EXPECT_EQ(backup.Expire(t0 + milliseconds(5000)), 0);  // never by itself
   EXPECT_EQ(backup.num_live(), 3);
   EXPECT_EQ(primary.TakeChanged(), std::vector<int>{2});
-  EXPECT_TRUE(backup.Set(2, primary.live(2), primary.clock(2), t0 + milliseconds(1500)));
+  EXPECT_TRUE(backup.Set(2, primary.live(2), primary.clock(2),
+                         t0 + milliseconds(1500)));
   EXPECT_EQ(backup.MinLiveClock(), primary.MinLiveClock());
   // A heartbeat on the backup is not a rejoin; the primary's is.
   EXPECT_FALSE(backup.Touch(2, t0 + milliseconds(1600), /*may_rejoin=*/false));

@@ -11,8 +11,8 @@
 //
 // Eviction: NextVictim() advances the clock hand: an entry whose reference
 // bit is set (it was used since the hand last passed) gets a second chance
-// (the bit is cleared); pinned and held entries are skipped. The caller writes a dirty
-// victim back before it calls Remove().
+// (the bit is cleared); pinned and held entries are skipped. The caller writes
+// a dirty victim back before it calls Remove().
 //
 // Memory: bytes() counts live entries (floats + metadata) plus the index;
 // allocated_bytes() what the blocks and the index hold (at most one block
@@ -98,8 +98,7 @@ class RowCache {
     return entries() * entry_bytes() + index_.memory_bytes();
   }
   size_t allocated_bytes() const {
-    return blocks_.size() * kSlotsPerBlock * floats_per_entry_ *
-               sizeof(float) +
+    return blocks_.size() * kSlotsPerBlock * floats_per_entry_ * sizeof(float) +
            meta_.capacity() * sizeof(EntryMeta) + index_.memory_bytes();
   }
 

@@ -196,7 +196,9 @@ Status SparseTables::StageImport(uint32_t num_buckets,
   bool resent = false;
   for (size_t t = 0; t < tables_.size() && !resent; ++t) {
     ForEachMoveRecord(staged_[t], [&](uint64_t key, std::string_view) {
-      resent = resent || chosen[MulHigh(KeyHash(tables_[t]->name_hash(), key), num_buckets)];
+      resent =
+          resent ||
+          chosen[MulHigh(KeyHash(tables_[t]->name_hash(), key), num_buckets)];
     });
   }
   std::vector<std::string> kept;
@@ -206,8 +208,10 @@ Status SparseTables::StageImport(uint32_t num_buckets,
     for (size_t t = 0; t < tables_.size(); ++t) {
       const std::string_view f = staged_[t];
       ForEachMoveRecord(f, [&](uint64_t key, std::string_view value) {
-        if (chosen[MulHigh(KeyHash(tables_[t]->name_hash(), key), num_buckets)]) return;
-        const size_t at = static_cast<size_t>(value.data() - f.data()) - kMoveRecordHeadBytes;
+        if (chosen[MulHigh(KeyHash(tables_[t]->name_hash(), key), num_buckets)])
+          return;
+        const size_t at =
+            static_cast<size_t>(value.data() - f.data()) - kMoveRecordHeadBytes;
         kept[t].append(f.substr(at, kMoveRecordHeadBytes + value.size()));
         kept_keys.Insert(Salted(key, t), 0);
       });
@@ -276,7 +280,8 @@ uint64_t SparseTables::MoveBytesEstimate() const {
   for (const auto& t : tables_) {
     uint64_t rows = t->cache_rows() + t->cache_counters();
     if (store_ != nullptr)
-      rows = std::max<uint64_t>(rows, store_->GetSpaceStats(t->space()).estimated_keys);
+      rows = std::max<uint64_t>(
+          rows, store_->GetSpaceStats(t->space()).estimated_keys);
     bytes += rows * (kMoveRecordHeadBytes + kRecordHeaderBytes +
                      t->floats_per_row() * sizeof(float));
   }
@@ -310,8 +315,8 @@ Status SparseTables::InstallStaged() {
     });
   }
   if (batch && batch->count() > 0) {
-    Status s = store_->Write({}, batch.get(), SyncMode::kNoSync,
-                             WriteKind::kPartial);
+    Status s =
+        store_->Write({}, batch.get(), SyncMode::kNoSync, WriteKind::kPartial);
     if (first.ok()) first = s.WithContext("writing moved rows");
   }
   if (!first.ok()) {
@@ -353,10 +358,10 @@ Status SparseTables::DropBuckets(uint32_t num_buckets,
       batch->Delete(table.space(), EncodeKey(keys[i]).view());
       if (batch->bytes() >= options_.checkpoint_batch_bytes ||
           i + 1 == keys.size()) {
-        RETURN_IF_ERROR(store_
-                            ->Write({}, batch.get(), SyncMode::kNoSync,
-                                    WriteKind::kPartial)
-                            .WithContext("deleting rows moved away"));
+        RETURN_IF_ERROR(
+            store_
+                ->Write({}, batch.get(), SyncMode::kNoSync, WriteKind::kPartial)
+                .WithContext("deleting rows moved away"));
         batch->Clear();
       }
     }

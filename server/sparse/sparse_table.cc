@@ -114,7 +114,8 @@ Status SparseTable::Resolve(const uint64_t* keys, size_t n, int64_t now,
       space_, miss_views_.data(), misses,
       [&](size_t j, std::string_view value) {
         RecordView rec;
-        Status p = ParseRecord(value, spec_.dim, rows_.floats_per_entry(), &rec);
+        Status p =
+            ParseRecord(value, spec_.dim, rows_.floats_per_entry(), &rec);
         if (!p.ok()) {
           if (bad.ok()) bad = p.WithContext("table '" + spec_.name + "'");
           return;
@@ -159,8 +160,8 @@ Status SparseTable::Resolve(const uint64_t* keys, size_t n, int64_t now,
 
 Status SparseTable::ReadSlice(const uint64_t* keys, size_t n, int64_t now,
                               float* out, bool keep_misses) {
-  RETURN_IF_ERROR(Resolve(keys, n, now, /*read_store=*/true,
-                          keep_misses ? nullptr : out));
+  RETURN_IF_ERROR(
+      Resolve(keys, n, now, /*read_store=*/true, keep_misses ? nullptr : out));
   const uint32_t dim = spec_.dim;
   for (size_t i = 0; i < n; ++i) {
     float* dst = out + i * dim;
@@ -230,7 +231,8 @@ Status SparseTable::HoldSlice(const uint64_t* keys, size_t n, int64_t now,
     }
     if (counter_slot_[i] != RowCache::kNone) {
       EntryMeta& m = admission_->meta(counter_slot_[i]);
-      if (!(m.flags & EntryMeta::kHeld)) held_counters->push_back(counter_slot_[i]);
+      if (!(m.flags & EntryMeta::kHeld))
+        held_counters->push_back(counter_slot_[i]);
       m.flags |= EntryMeta::kHeld;
     }
   }
@@ -373,8 +375,8 @@ Status SparseTable::ScanPage(uint64_t from, size_t max, int64_t now,
   // their keys), the smallest `max` keys >= from: a max-heap by key of at
   // most `max` entries (scan_scratch_bytes(max)), whatever the cache holds.
   std::vector<ScanCached> cached;
-  cached.reserve(std::min(max, rows_.entries() +
-                                   (admission_ ? admission_->entries() : 0)));
+  cached.reserve(std::min(
+      max, rows_.entries() + (admission_ ? admission_->entries() : 0)));
   auto by_key = [](const ScanCached& a, const ScanCached& b) {
     return a.key < b.key;
   };
@@ -418,8 +420,8 @@ Status SparseTable::ScanPage(uint64_t from, size_t max, int64_t now,
     while (*n < max && a < cached.size() && (all || cached[a].key < key)) {
       const ScanCached& e = cached[a++];
       const EntryMeta& m = (e.counter ? *admission_ : rows_).meta(e.slot);
-      emit(e.key, e.counter ? kSavedCounter : kSavedRow, m.count,
-           m.last_clock, e.counter ? nullptr : rows_.floats(e.slot));
+      emit(e.key, e.counter ? kSavedCounter : kSavedRow, m.count, m.last_clock,
+           e.counter ? nullptr : rows_.floats(e.slot));
     }
   };
   if (store_ != nullptr) {
@@ -427,14 +429,13 @@ Status SparseTable::ScanPage(uint64_t from, size_t max, int64_t now,
     const EncodedKey start = EncodeKey(from);
     auto each = [&](std::string_view k, std::string_view v) {
       if (k.size() != 8) {
-        bad = Status::Corruption("table '" + spec_.name +
-                                 "': a stored key of " +
-                                 std::to_string(k.size()) + " bytes");
+        bad =
+            Status::Corruption("table '" + spec_.name + "': a stored key of " +
+                               std::to_string(k.size()) + " bytes");
         return false;
       }
       uint64_t key = 0;
-      for (int i = 0; i < 8; ++i)
-        key = (key << 8) | static_cast<uint8_t>(k[i]);
+      for (int i = 0; i < 8; ++i) key = (key << 8) | static_cast<uint8_t>(k[i]);
       emit_cached_below(key, false);
       if (*n == max) return false;
       if (!owned(key)) return true;
@@ -450,9 +451,8 @@ Status SparseTable::ScanPage(uint64_t from, size_t max, int64_t now,
       }
       if (Expired(rec.header.clock, now) || (!rec.is_row() && !admission_))
         return true;
-      emit(key, rec.is_row() ? kSavedRow : kSavedCounter,
-           rec.header.count, rec.header.clock,
-           rec.is_row() ? rec.floats : nullptr);
+      emit(key, rec.is_row() ? kSavedRow : kSavedCounter, rec.header.count,
+           rec.header.clock, rec.is_row() ? rec.floats : nullptr);
       return *n < max;
     };
     RETURN_IF_ERROR(snapshot != nullptr
@@ -484,7 +484,8 @@ RecordHeader SparseTable::RecordOf(bool counter, uint32_t slot,
 void SparseTable::AddRecord(bool counter, uint32_t slot, StoreBatch* batch) {
   std::string_view body;
   const RecordHeader h = RecordOf(counter, slot, &body);
-  const EncodedKey k = EncodeKey((counter ? *admission_ : rows_).meta(slot).key);
+  const EncodedKey k =
+      EncodeKey((counter ? *admission_ : rows_).meta(slot).key);
   batch->Put(space_, k.view(), HeaderBytes(h), body);
   ++counters_stats_.store_writes;
 }
@@ -570,7 +571,8 @@ void SparseTable::EndEvict(bool written) {
 
 size_t SparseTable::CountUncached(const uint64_t* keys, size_t n) const {
   size_t missing = 0;
-  for (size_t i = 0; i < n; ++i) missing += rows_.Find(keys[i]) == RowCache::kNone;
+  for (size_t i = 0; i < n; ++i)
+    missing += rows_.Find(keys[i]) == RowCache::kNone;
   return missing;
 }
 
@@ -593,7 +595,8 @@ void SparseTable::MarkAllClean() {
 
 void SparseTable::DropCache() {
   rows_.ForEach([this](uint32_t s) { rows_.Remove(s); });
-  if (admission_) admission_->ForEach([this](uint32_t s) { admission_->Remove(s); });
+  if (admission_)
+    admission_->ForEach([this](uint32_t s) { admission_->Remove(s); });
 }
 
 size_t SparseTable::cache_bytes() const {

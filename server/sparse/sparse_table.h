@@ -184,8 +184,7 @@ class SparseTable {
   void AddRecord(bool counter, uint32_t slot, StoreBatch* batch);
   // The store record's header and body of an entry (the body points into
   // the cache: valid until the entry changes).
-  RecordHeader RecordOf(bool counter, uint32_t slot,
-                        std::string_view* body);
+  RecordHeader RecordOf(bool counter, uint32_t slot, std::string_view* body);
   // Puts the records of several entries into `batch` in key order (RocksDB
   // inserts sorted keys into its memtable much faster). Reorders `slots`;
   // skips RowCache::kNone.
@@ -249,7 +248,9 @@ class SparseTable {
   // entry (floats, optimizer state, metadata).
   size_t CountUncached(const uint64_t* keys, size_t n) const;
   size_t entry_bytes() const { return rows_.entry_bytes(); }
-  size_t cache_counters() const { return admission_ ? admission_->entries() : 0; }
+  size_t cache_counters() const {
+    return admission_ ? admission_->entries() : 0;
+  }
 
   TableCounters& counters() { return counters_stats_; }
   const TableCounters& counters() const { return counters_stats_; }

@@ -116,9 +116,8 @@ Status SparseTables::Check(uint32_t table, const uint64_t* keys, size_t n,
     return Status::InvalidArgument(
         "request names more than " +
         std::to_string(options_.max_keys_per_request) +
-        " keys on this shard (table '" + spec.name + "': " +
-        std::to_string(n) + " more after " + std::to_string(request_keys_) +
-        "): split it");
+        " keys on this shard (table '" + spec.name + "': " + std::to_string(n) +
+        " more after " + std::to_string(request_keys_) + "): split it");
   }
   request_keys_ += n;
   if (rows == nullptr) {
@@ -168,9 +167,8 @@ Status SparseTables::Check(uint32_t table, const uint64_t* keys, size_t n,
     // Without a store the cache is all there is: a push may not take it
     // past its budget (a peer naming ever new keys would otherwise grow the
     // shard without limit).
-    const uint64_t grow =
-        uint64_t{tables_[table]->CountUncached(keys, n)} *
-        tables_[table]->entry_bytes();
+    const uint64_t grow = uint64_t{tables_[table]->CountUncached(keys, n)} *
+                          tables_[table]->entry_bytes();
     if (cache_bytes() + request_grow_bytes_ + grow > options_.cache_bytes) {
       *why = CheckFailure::kTooLarge;
       return Status::ResourceExhausted(
@@ -211,10 +209,9 @@ Status SparseTables::Hold(uint32_t table, const uint64_t* keys, size_t n) {
   hold_counters_[table].resize(n);
   for (size_t off = 0; off < n; off += SparseTable::kSliceKeys) {
     const size_t m = std::min(SparseTable::kSliceKeys, n - off);
-    RETURN_IF_ERROR(t.HoldSlice(keys + off, m, clock_, &held_[table],
-                                &held_counters_[table],
-                                hold_rows_[table].data() + off,
-                                hold_counters_[table].data() + off));
+    RETURN_IF_ERROR(t.HoldSlice(
+        keys + off, m, clock_, &held_[table], &held_counters_[table],
+        hold_rows_[table].data() + off, hold_counters_[table].data() + off));
     // A failed write-back keeps its victims (dirty) and is reported by the
     // Enforce() of Apply(), which writes them again.
     (void)Enforce();
@@ -275,13 +272,13 @@ Status SparseTables::Assign(uint32_t table, const uint64_t* keys,
   Status written;  // the first failed write-back: the rest is still set
   for (size_t off = 0; off < n; off += SparseTable::kSliceKeys) {
     const size_t m = std::min(SparseTable::kSliceKeys, n - off);
-    RETURN_IF_ERROR(t.AssignSlice(
-        keys + off, values + off * dim, m, clock, clock_, durable,
-        &touched_[table], &touched_counters_[table],
-        state != nullptr ? state + off * k : nullptr,
-        steps != nullptr ? steps + off : nullptr,
-        kinds != nullptr ? kinds + off : nullptr,
-        clocks != nullptr ? clocks + off : nullptr));
+    RETURN_IF_ERROR(t.AssignSlice(keys + off, values + off * dim, m, clock,
+                                  clock_, durable, &touched_[table],
+                                  &touched_counters_[table],
+                                  state != nullptr ? state + off * k : nullptr,
+                                  steps != nullptr ? steps + off : nullptr,
+                                  kinds != nullptr ? kinds + off : nullptr,
+                                  clocks != nullptr ? clocks + off : nullptr));
     Status s = Enforce();
     if (written.ok()) written = s;
   }
@@ -330,8 +327,8 @@ Status SparseTables::ClearTables(const std::vector<uint32_t>& tables) {
   return Status::OK();
 }
 
-Status SparseTables::ReadRecords(uint32_t table, const uint64_t* keys,
-                                 size_t n, uint8_t* out) {
+Status SparseTables::ReadRecords(uint32_t table, const uint64_t* keys, size_t n,
+                                 uint8_t* out) {
   SparseTable& t = *tables_[table];
   for (size_t off = 0; off < n; off += SparseTable::kSliceKeys) {
     const size_t m = std::min(SparseTable::kSliceKeys, n - off);
@@ -365,7 +362,8 @@ void SparseTables::Accumulate(uint32_t table, const uint64_t* keys,
   auto [it, first] = r.rank_keys.try_emplace(rank);
   if (first) ++r.pushes;
   for (size_t i = 0; i < n; ++i)
-    if (it->second.Find(keys[i]) == FlatIndex::kNone) it->second.Insert(keys[i], 0);
+    if (it->second.Find(keys[i]) == FlatIndex::kNone)
+      it->second.Insert(keys[i], 0);
 }
 
 bool SparseTables::PushedInRound(int rank, uint32_t table, const uint64_t* keys,
@@ -446,8 +444,8 @@ Status SparseTables::FlushForCheckpoint(StoreBatch* batch) {
           Status st =
               store_->Write({}, batch, SyncMode::kNoSync, WriteKind::kPartial);
           batch->Clear();
-          RETURN_IF_ERROR(st.WithContext("checkpoint of table '" +
-                                         t->spec().name + "'"));
+          RETURN_IF_ERROR(
+              st.WithContext("checkpoint of table '" + t->spec().name + "'"));
         }
       }
     }
@@ -533,8 +531,7 @@ StatusOr<std::vector<TableSpec>> SparseTables::ParseSpecs(
     std::string_view value) {
   Reader r(value);
   uint32_t magic = 0, n = 0;
-  if (!r.Get(&magic) || magic != kTablesMagic || !r.Get(&n) ||
-      n > kMaxTables) {
+  if (!r.Get(&magic) || magic != kTablesMagic || !r.Get(&n) || n > kMaxTables) {
     return Damaged("tables");
   }
   std::vector<TableSpec> specs(n);
@@ -587,8 +584,8 @@ void SparseTables::AddStateEntry(std::vector<StoreEntry>* entries) const {
 Status SparseTables::RestoreState(std::string_view value) {
   Reader r(value);
   uint32_t magic = 0, n = 0;
-  if (!r.Get(&magic) || magic != kStateMagic || !r.Get(&clock_) ||
-      !r.Get(&n) || n != tables_.size()) {
+  if (!r.Get(&magic) || magic != kStateMagic || !r.Get(&clock_) || !r.Get(&n) ||
+      n != tables_.size()) {
     return Damaged("sparse state");
   }
   persisted_clock_ = clock_;

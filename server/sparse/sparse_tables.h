@@ -51,9 +51,9 @@
 #include <string_view>
 #include <vector>
 
+#include "common/flat_index.h"
 #include "common/sparse_table.h"
 #include "common/status.h"
-#include "common/flat_index.h"
 #include "server/sparse/sparse_table.h"
 #include "server/store/store.h"
 
@@ -110,8 +110,7 @@ class SparseTables {
   // InvalidArgument / NotFound / ResourceExhausted naming the table and the
   // first bad key or row.
   [[nodiscard]] Status Check(uint32_t table, const uint64_t* keys, size_t n,
-                             const float* rows,
-                             CheckFailure* why = nullptr);
+                             const float* rows, CheckFailure* why = nullptr);
   // Current values of keys (checked) into out (n x dim).
   [[nodiscard]] Status Read(uint32_t table, const uint64_t* keys, size_t n,
                             float* out);
@@ -290,9 +289,9 @@ class SparseTables {
   const std::vector<TableSpec> specs_;
   Store* const store_;  // may be null
   std::vector<std::unique_ptr<SparseTable>> tables_;
-  std::vector<RoundSums> round_;  // per table
-  int64_t clock_ = 0;             // expiry clock
-  int64_t persisted_clock_ = 0;   // expiry clock of the last cut written
+  std::vector<RoundSums> round_;        // per table
+  int64_t clock_ = 0;                   // expiry clock
+  int64_t persisted_clock_ = 0;         // expiry clock of the last cut written
   std::optional<int64_t> expiry_hold_;  // HoldExpiry
   std::unique_ptr<StoreBatch> writeback_;
   // The request in progress.

@@ -35,8 +35,8 @@ TableSpec Table(const std::string& name, uint32_t dim, RowOptimizerKind kind) {
   return t;
 }
 
-// The reference: a std::map of rows, updated with server/optimizer/optimizer.h on the
-// same gradients, written independently of the cache and the store.
+// The reference: a std::map of rows, updated with server/optimizer/optimizer.h
+// on the same gradients, written independently of the cache and the store.
 class Reference {
  public:
   explicit Reference(std::vector<TableSpec> specs) : specs_(std::move(specs)) {
@@ -74,8 +74,8 @@ class Reference {
       }
       Row& r = it->second;
       ++r.steps;
-      opt_[t]->Apply(r.w.data(), r.state.data(), g + i * s.dim, s.dim,
-                     lr_scale, r.steps);
+      opt_[t]->Apply(r.w.data(), r.state.data(), g + i * s.dim, s.dim, lr_scale,
+                     r.steps);
     }
   }
   std::vector<float> Get(uint32_t t, uint64_t key) const {
@@ -153,8 +153,8 @@ class Harness {
     std::vector<StoreEntry> entries;
     tables->AddSpecsEntry(&entries);
     tables->AddStateEntry(&entries);
-    Status s = store->Write(entries, batch.get(), SyncMode::kSync,
-                            WriteKind::kCut);
+    Status s =
+        store->Write(entries, batch.get(), SyncMode::kSync, WriteKind::kCut);
     ASSERT_TRUE(s.ok()) << s.ToString();
     tables->CommitCheckpoint();
   }
@@ -163,8 +163,7 @@ class Harness {
   Status Push(uint32_t t, const std::vector<uint64_t>& keys,
               const std::vector<float>& grads, int64_t clock, bool durable) {
     tables->BeginRequest();
-    RETURN_IF_ERROR(
-        tables->Check(t, keys.data(), keys.size(), grads.data()));
+    RETURN_IF_ERROR(tables->Check(t, keys.data(), keys.size(), grads.data()));
     RETURN_IF_ERROR(tables->Apply(t, keys.data(), grads.data(), keys.size(),
                                   clock, 1.0f, durable));
     if (!durable) return Status::OK();
@@ -172,8 +171,8 @@ class Harness {
     tables->AddDurable(batch.get());
     std::vector<StoreEntry> entries;
     tables->AddStateEntry(&entries);
-    Status s = store->Write(entries, batch.get(), SyncMode::kNoSync,
-                            WriteKind::kCut);
+    Status s =
+        store->Write(entries, batch.get(), SyncMode::kNoSync, WriteKind::kCut);
     tables->CommitDurable(s.ok());
     return s;
   }
@@ -204,7 +203,8 @@ class Keys {
   Keys(uint64_t vocab, uint64_t seed) : rng_(seed) {
     cdf_.resize(vocab);
     double sum = 0;
-    for (uint64_t i = 0; i < vocab; ++i) cdf_[i] = sum += 1.0 / std::pow(i + 1, 1.1);
+    for (uint64_t i = 0; i < vocab; ++i)
+      cdf_[i] = sum += 1.0 / std::pow(i + 1, 1.1);
     for (double& c : cdf_) c /= sum;
   }
   std::vector<uint64_t> Batch(size_t n) {
@@ -212,8 +212,8 @@ class Keys {
     std::unordered_map<uint64_t, bool> seen;
     std::uniform_real_distribution<double> u(0, 1);
     while (out.size() < n) {
-      uint64_t r = std::lower_bound(cdf_.begin(), cdf_.end(), u(rng_)) -
-                   cdf_.begin();
+      uint64_t r =
+          std::lower_bound(cdf_.begin(), cdf_.end(), u(rng_)) - cdf_.begin();
       uint64_t k = r * 0x9e3779b97f4a7c15ULL + 12345;
       if (seen.emplace(k, true).second) out.push_back(k);
     }
@@ -236,10 +236,10 @@ void ExpectSame(Harness& h, const Reference& ref, uint32_t t,
   std::vector<float> got = h.Read(t, keys);
   for (size_t i = 0; i < keys.size(); ++i) {
     std::vector<float> want = ref.Get(t, keys[i]);
-    ASSERT_EQ(0, std::memcmp(got.data() + i * dim, want.data(),
-                             dim * sizeof(float)))
-        << "table " << t << " key " << keys[i] << ": got "
-        << got[i * dim] << " want " << want[0];
+    ASSERT_EQ(
+        0, std::memcmp(got.data() + i * dim, want.data(), dim * sizeof(float)))
+        << "table " << t << " key " << keys[i] << ": got " << got[i * dim]
+        << " want " << want[0];
   }
 }
 
@@ -249,8 +249,8 @@ std::vector<uint64_t> AllKeys(uint64_t vocab) {
   return k;
 }
 
-class LargerThanCacheTest
-    : public ::testing::TestWithParam<RowOptimizerKind> {};
+class LargerThanCacheTest : public ::testing::TestWithParam<RowOptimizerKind> {
+};
 
 // Three tables share a cache that holds a small fraction of their rows;
 // after thousands of evictions and write-backs every row reads back bitwise
@@ -347,8 +347,8 @@ TEST(SparseTablesTest, ScannedEntriesRestoreThroughRocksDb) {
   for (int step = 0; step < 12; ++step) {
     a.tables->AdvanceClock(step / 2);
     auto keys = gen.Batch(200);
-    ASSERT_TRUE(a.Push(0, keys, gen.Grads(keys.size() * 8), step / 2, false)
-                    .ok());
+    ASSERT_TRUE(
+        a.Push(0, keys, gen.Grads(keys.size() * 8), step / 2, false).ok());
   }
   a.Checkpoint();
   const auto all = ScanTable(*a.tables, 4096);
@@ -475,7 +475,8 @@ TEST(SparseTablesTest, AdmissionStoresARowFromItsNthPush) {
   EXPECT_EQ(h.tables->table(0).counters().admitted, 1u);
   // The reference agrees, and an admitted row then takes every push.
   Reference ref({spec});
-  for (int i = 0; i < 4; ++i) ref.Push(0, std::vector<uint64_t>{77}.data(), g.data(), 1);
+  for (int i = 0; i < 4; ++i)
+    ref.Push(0, std::vector<uint64_t>{77}.data(), g.data(), 1);
   ASSERT_TRUE(h.Push(0, {77}, g, 4, false).ok());
   EXPECT_EQ(h.Read(0, {77}), ref.Get(0, 77));
 }
@@ -548,7 +549,7 @@ TEST(SparseTablesTest, BspRoundAppliesTheAverageOnce) {
     for (float& x : v) x -= 0.1f * g0;
     return v;
   };
-  EXPECT_EQ(h.Read(0, {1}), row(1, 1.0f / 2));          // (1 + 0) / 2
+  EXPECT_EQ(h.Read(0, {1}), row(1, 1.0f / 2));           // (1 + 0) / 2
   EXPECT_EQ(h.Read(0, {2}), row(2, (2.0f + 4.0f) / 2));  // (2 + 4) / 2
   EXPECT_EQ(h.Read(0, {3}), row(3, 6.0f / 2));
 }
@@ -609,10 +610,10 @@ TEST(SparseTablesTest, BadInputIsRejectedWithAClearError) {
 
 TEST(SparseTablesTest, StatsNameEveryCounter) {
   SparseOptions o;
-  auto tables = std::move(SparseTables::Create(
-                              o, {Table("emb", 4, RowOptimizerKind::kAdam)},
-                              nullptr))
-                    .value();
+  auto tables =
+      std::move(SparseTables::Create(
+                    o, {Table("emb", 4, RowOptimizerKind::kAdam)}, nullptr))
+          .value();
   std::string j = tables->StatsJson();
   for (const char* f :
        {"\"name\":\"emb\"", "\"rows\":", "\"cache_bytes\":", "\"hit_rate\":",

@@ -280,9 +280,9 @@ class RocksDbStore final : public Store {
       if (spaces_[i]->GetName() == family) return static_cast<SpaceId>(i);
     }
     rocksdb::ColumnFamilyHandle* h = nullptr;
-    RETURN_IF_ERROR(FromRocks(
-        db_->CreateColumnFamily(SpaceOptions(family), family, &h),
-        "creating key space " + name));
+    RETURN_IF_ERROR(
+        FromRocks(db_->CreateColumnFamily(SpaceOptions(family), family, &h),
+                  "creating key space " + name));
     spaces_.push_back(h);
     all_handles_.push_back(h);
     return static_cast<SpaceId>(spaces_.size() - 1);
@@ -292,9 +292,9 @@ class RocksDbStore final : public Store {
     return std::make_unique<RocksBatch>(&spaces_);
   }
 
-  Status MultiGet(SpaceId space, const std::string_view* keys, size_t n,
-                  const std::function<void(size_t, std::string_view)>& found)
-      override {
+  Status MultiGet(
+      SpaceId space, const std::string_view* keys, size_t n,
+      const std::function<void(size_t, std::string_view)>& found) override {
     if (space >= spaces_.size())
       return Status::InvalidArgument("unknown key space");
     if (n == 0) return Status::OK();
@@ -524,8 +524,9 @@ class RocksDbStore final : public Store {
     std::unique_ptr<rocksdb::Checkpoint> ck(raw);
     // No memtable flush (it would stall the shard's loop): the write-ahead
     // log is copied instead and replayed by whoever opens the copy.
-    return FromRocks(ck->CreateCheckpoint(dir, /*log_size_for_flush=*/UINT64_MAX),
-                     "exporting a checkpoint to " + dir);
+    return FromRocks(
+        ck->CreateCheckpoint(dir, /*log_size_for_flush=*/UINT64_MAX),
+        "exporting a checkpoint to " + dir);
   }
 
   // Hard-links the current contents (a consistent cut) to <path>.cut.

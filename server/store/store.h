@@ -2,9 +2,10 @@
 // seam) with a RocksDB implementation (one DB per shard) and an in-memory
 // one for tests.
 //
-// The shard decides what the keys and values are (server/shard/shard_persist.cc,
-// server/sparse/row_format.h); a Store only guarantees that one Write() is
-// atomic: after a crash either every entry of a Write is visible or none is.
+// The shard decides what the keys and values are
+// (server/shard/shard_persist.cc, server/sparse/row_format.h); a Store only
+// guarantees that one Write() is atomic: after a crash either every entry of a
+// Write is visible or none is.
 //
 // A value is written as `head` followed by `parts` (pointers into the
 // caller's memory, e.g. chunk weights), so a checkpoint copies the tensor
@@ -112,19 +113,19 @@ struct SpaceStats {
 // Counters are cumulative since the store was opened; a store that does not
 // know a figure leaves it 0.
 struct StoreStats {
-  uint64_t bytes_written = 0;          // user bytes written (keys + values)
-  uint64_t keys_written = 0;           // records written
-  uint64_t wal_bytes = 0;              // bytes written to the write-ahead log
-  uint64_t flush_bytes = 0;            // bytes written by memtable flushes
-  uint64_t compaction_read_bytes = 0;  // bytes read by compactions
-  uint64_t compaction_write_bytes = 0; // bytes written by compactions
-  uint64_t stall_micros = 0;           // time writers were stalled
+  uint64_t bytes_written = 0;           // user bytes written (keys + values)
+  uint64_t keys_written = 0;            // records written
+  uint64_t wal_bytes = 0;               // bytes written to the write-ahead log
+  uint64_t flush_bytes = 0;             // bytes written by memtable flushes
+  uint64_t compaction_read_bytes = 0;   // bytes read by compactions
+  uint64_t compaction_write_bytes = 0;  // bytes written by compactions
+  uint64_t stall_micros = 0;            // time writers were stalled
   uint64_t block_cache_hits = 0;
   uint64_t block_cache_misses = 0;
   // Gauges.
-  uint64_t disk_bytes = 0;             // live table files, all spaces
-  uint64_t memtable_bytes = 0;         // memtables, all spaces
-  uint64_t block_cache_bytes = 0;      // block cache in use
+  uint64_t disk_bytes = 0;         // live table files, all spaces
+  uint64_t memtable_bytes = 0;     // memtables, all spaces
+  uint64_t block_cache_bytes = 0;  // block cache in use
   uint64_t running_compactions = 0;
   uint64_t pending_compaction_bytes = 0;  // estimate
 };
@@ -167,7 +168,8 @@ class Store {
 
   // Opens the key space `name` (1-200 bytes), creating it if missing.
   // The same name gives the same id for the life of the Store.
-  [[nodiscard]] virtual StatusOr<SpaceId> OpenSpace(const std::string& name) = 0;
+  [[nodiscard]] virtual StatusOr<SpaceId> OpenSpace(
+      const std::string& name) = 0;
 
   // A new, empty batch for Write().
   virtual std::unique_ptr<StoreBatch> NewBatch() = 0;
@@ -209,8 +211,7 @@ class Store {
   // which costs nothing until later writes overwrite what it sees; the
   // versions it holds are kept until it is destroyed). Default:
   // Unimplemented.
-  [[nodiscard]] virtual StatusOr<std::unique_ptr<StoreSnapshot>>
-  NewSnapshot() {
+  [[nodiscard]] virtual StatusOr<std::unique_ptr<StoreSnapshot>> NewSnapshot() {
     return Status::Unimplemented("this store cannot take snapshots");
   }
 
@@ -280,9 +281,9 @@ class MemStore final : public Store {
                   fn) override;
   StatusOr<SpaceId> OpenSpace(const std::string& name) override;
   std::unique_ptr<StoreBatch> NewBatch() override;
-  Status MultiGet(SpaceId space, const std::string_view* keys, size_t n,
-                  const std::function<void(size_t, std::string_view)>& found)
-      override;
+  Status MultiGet(
+      SpaceId space, const std::string_view* keys, size_t n,
+      const std::function<void(size_t, std::string_view)>& found) override;
   Status ScanSpace(SpaceId space,
                    const std::function<Status(std::string_view,
                                               std::string_view)>& fn) override;

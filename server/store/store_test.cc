@@ -1,7 +1,6 @@
 // Store: key spaces, MultiGet, batches and preserved cuts, on RocksDB in a
 // temp dir and on MemStore (same contract).
 #include "server/store/store.h"
-#include "tests/util/process.h"
 
 #include <gtest/gtest.h>
 
@@ -9,6 +8,8 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+
+#include "tests/util/process.h"
 
 namespace asyncps::server {
 namespace {
@@ -19,10 +20,9 @@ std::map<std::string, std::string> Get(Store& s, SpaceId space,
                                        const std::vector<std::string>& keys) {
   std::vector<std::string_view> views(keys.begin(), keys.end());
   std::map<std::string, std::string> out;
-  Status st = s.MultiGet(space, views.data(), views.size(),
-                         [&](size_t i, std::string_view v) {
-                           out[keys[i]] = std::string(v);
-                         });
+  Status st = s.MultiGet(
+      space, views.data(), views.size(),
+      [&](size_t i, std::string_view v) { out[keys[i]] = std::string(v); });
   EXPECT_TRUE(st.ok()) << st.ToString();
   return out;
 }
@@ -70,8 +70,8 @@ TEST(StoreTest, RocksDbSpacesMultiGetAndCutsSurviveReopen) {
     // Deletes in a batch.
     auto batch = s->NewBatch();
     batch->Delete(b, "k1");
-    ASSERT_TRUE(s->Write({}, batch.get(), SyncMode::kNoSync, WriteKind::kCut)
-                    .ok());
+    ASSERT_TRUE(
+        s->Write({}, batch.get(), SyncMode::kNoSync, WriteKind::kCut).ok());
     EXPECT_TRUE(Get(*s, b, {"k1"}).empty());
     // A partial write after the cut: preserved, and then "kill -9".
     ASSERT_TRUE(Put(*s, a, "k1", "partial", WriteKind::kPartial).ok());
@@ -113,12 +113,12 @@ void CheckDeleteRange(Store& s, const std::function<void()>& reopen,
     batch->Put(a, k, "v", k);
     batch->Put(b, k, "w", k);
   }
-  ASSERT_TRUE(s.Write({}, batch.get(), SyncMode::kNoSync, WriteKind::kCut)
-                  .ok());
+  ASSERT_TRUE(
+      s.Write({}, batch.get(), SyncMode::kNoSync, WriteKind::kCut).ok());
   batch = s.NewBatch();
   batch->DeleteRange(a, "b", "d");
-  ASSERT_TRUE(s.Write({}, batch.get(), SyncMode::kNoSync, WriteKind::kCut)
-                  .ok());
+  ASSERT_TRUE(
+      s.Write({}, batch.get(), SyncMode::kNoSync, WriteKind::kCut).ok());
   const std::vector<std::string> all = {"a", "b", "c", "d"};
   auto left = Get(s, a, all);
   EXPECT_EQ(left.size(), 2u);
@@ -127,8 +127,8 @@ void CheckDeleteRange(Store& s, const std::function<void()>& reopen,
   // The whole space, as a partial write: rolled back by a reopen.
   batch = s.NewBatch();
   batch->DeleteRange(a, "", std::string(9, '\xff'));
-  ASSERT_TRUE(s.Write({}, batch.get(), SyncMode::kNoSync, WriteKind::kPartial)
-                  .ok());
+  ASSERT_TRUE(
+      s.Write({}, batch.get(), SyncMode::kNoSync, WriteKind::kPartial).ok());
   EXPECT_TRUE(Get(s, a, all).empty());
   bool scanned = false;
   ASSERT_TRUE(s.ScanSpaceFrom(a, "", [&](std::string_view, std::string_view) {
@@ -228,23 +228,22 @@ void CheckSnapshot(Store& s) {
   const SpaceId a = *s.OpenSpace("rows/a");
   auto batch = s.NewBatch();
   for (const char* k : {"k1", "k2", "k3"}) batch->Put(a, k, "old-", k);
-  ASSERT_TRUE(s.Write({}, batch.get(), SyncMode::kNoSync, WriteKind::kCut)
-                  .ok());
+  ASSERT_TRUE(
+      s.Write({}, batch.get(), SyncMode::kNoSync, WriteKind::kCut).ok());
   StatusOr<std::unique_ptr<StoreSnapshot>> snap = s.NewSnapshot();
   ASSERT_TRUE(snap.ok()) << snap.status().ToString();
   batch = s.NewBatch();
   batch->Put(a, "k1", "new-", "k1");
   batch->DeleteRange(a, "k2", "k3");
   batch->Put(a, "k4", "new-", "k4");
-  ASSERT_TRUE(s.Write({}, batch.get(), SyncMode::kNoSync,
-                      WriteKind::kPartial)
-                  .ok());
+  ASSERT_TRUE(
+      s.Write({}, batch.get(), SyncMode::kNoSync, WriteKind::kPartial).ok());
   const std::map<std::string, std::string> then = {
       {"k1", "old-k1"}, {"k2", "old-k2"}, {"k3", "old-k3"}};
   EXPECT_EQ(SnapshotScan(**snap, a), then);
-  EXPECT_EQ(SnapshotScan(**snap, a, "k2"),
-            (std::map<std::string, std::string>{{"k2", "old-k2"},
-                                                {"k3", "old-k3"}}));
+  EXPECT_EQ(
+      SnapshotScan(**snap, a, "k2"),
+      (std::map<std::string, std::string>{{"k2", "old-k2"}, {"k3", "old-k3"}}));
   auto now = Get(s, a, {"k1", "k2", "k3", "k4"});
   EXPECT_EQ(now, (std::map<std::string, std::string>{
                      {"k1", "new-k1"}, {"k3", "old-k3"}, {"k4", "new-k4"}}));
@@ -257,8 +256,8 @@ void CheckSnapshot(Store& s) {
                                   })
                   .ok());
   EXPECT_EQ(seen, 2);
-  EXPECT_FALSE((*snap)->ScanSpaceFrom(99, "", [](auto, auto) { return true; })
-                   .ok());
+  EXPECT_FALSE(
+      (*snap)->ScanSpaceFrom(99, "", [](auto, auto) { return true; }).ok());
 }
 
 TEST(StoreTest, SnapshotsSeeTheStoreAsItWasTaken) {

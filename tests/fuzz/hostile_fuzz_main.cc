@@ -85,8 +85,10 @@ int main(int argc, char** argv) {
     TableSpec t;
     t.name = item.substr(0, colon);
     if (colon != std::string::npos)
-      t.dim = static_cast<uint32_t>(std::strtoul(item.c_str() + colon + 1, nullptr, 10));
-    if (Status v = t.Validate(); !v.ok()) return fail("--tables: " + v.ToString());
+      t.dim = static_cast<uint32_t>(
+          std::strtoul(item.c_str() + colon + 1, nullptr, 10));
+    if (Status v = t.Validate(); !v.ok())
+      return fail("--tables: " + v.ToString());
     tables.push_back(t);
   }
   fuzz::HostileGenerator gen(*layout, tensors, FLAGS_shard_id,

@@ -16,8 +16,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
-#include <regex>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <thread>
 
 #include "tests/fuzz/hostile_requests.h"
@@ -321,8 +321,7 @@ TEST(HostileFuzzTest, SparseShardAnswersEveryHostileRowRequest) {
   const std::string text = stats[0];
   for (const char* reason : {"wrong_shard", "non_finite", "unknown_chunk",
                              "size_mismatch", "bad_codec"}) {
-    EXPECT_NE(text.find(std::string("\"") + reason + "\":"),
-              std::string::npos)
+    EXPECT_NE(text.find(std::string("\"") + reason + "\":"), std::string::npos)
         << reason << " in " << text;
   }
   push(1);
@@ -347,7 +346,8 @@ TEST(HostileFuzzTest, SparseShardAnswersEveryHostileRowRequest) {
 // traffic reaches it, the two stay alike through the primary's, and after
 // kill -9 of the primary the backup serves the primary's weights bitwise.
 TEST(HostileFuzzTest, ReplicaGroupRefusesHostileReplicaTraffic) {
-  if (!EtcdServer::Available()) GTEST_SKIP() << "etcd not installed (Debian's etcd-server)";
+  if (!EtcdServer::Available())
+    GTEST_SKIP() << "etcd not installed (Debian's etcd-server)";
   const int64_t messages = EnvInt("ASYNCPS_HOSTILE_FUZZ_MESSAGES", 20000) / 4;
   const uint64_t seed = EnvInt("ASYNCPS_HOSTILE_FUZZ_SEED", 1);
   TempDir dir;
@@ -365,7 +365,8 @@ TEST(HostileFuzzTest, ReplicaGroupRefusesHostileReplicaTraffic) {
     ASSERT_TRUE(h.ok()) << h.status().ToString();
     r.push_back(std::move(h).value());
   }
-  const std::vector<TensorSpec> tensors = worker::MlpTensorSpecs({64, 32, 10}, 1);
+  const std::vector<TensorSpec> tensors =
+      worker::MlpTensorSpecs({64, 32, 10}, 1);
   LayoutOptions lo;
   lo.num_shards = 1;
   auto layout = Layout::Create(tensors, lo);
@@ -386,9 +387,12 @@ TEST(HostileFuzzTest, ReplicaGroupRefusesHostileReplicaTraffic) {
     auto c = worker::Client::Create(so);
     std::vector<std::string> replies;
     EXPECT_TRUE(c.ok() && (*c)->Stats(&replies, seconds(10)).ok());
-    auto j = nlohmann::json::parse(replies.empty() ? "{}" : replies[0], nullptr, false);
-    return nlohmann::json{{"version", j["version"]}, {"clocks", j["worker_clocks"]},
-                          {"live", j["worker_live"]}, {"push_table", j["push_table"]},
+    auto j = nlohmann::json::parse(replies.empty() ? "{}" : replies[0], nullptr,
+                                   false);
+    return nlohmann::json{{"version", j["version"]},
+                          {"clocks", j["worker_clocks"]},
+                          {"live", j["worker_live"]},
+                          {"push_table", j["push_table"]},
                           {"role", j["replication"]["role"]}};
   };
   auto weights_of = [&](worker::Client& c) {
@@ -420,7 +424,8 @@ TEST(HostileFuzzTest, ReplicaGroupRefusesHostileReplicaTraffic) {
   o.endpoint = r[0].endpoint;
   auto at_primary = fuzz::HostileDriver::Create(o);
   ASSERT_TRUE(at_primary.ok());
-  fuzz::HostileGenerator mixed(*layout, tensors, 0, 1, /*admin=*/false, seed + 1);
+  fuzz::HostileGenerator mixed(*layout, tensors, 0, 1, /*admin=*/false,
+                               seed + 1);
   mixed.set_replica_traffic(20, {"g0r0", "g0r1"});
   ASSERT_TRUE((*at_primary)->Run(mixed, messages, [] { return true; }).ok());
   const fuzz::DriverReport& rp = (*at_primary)->report();

@@ -303,7 +303,8 @@ void HostileGenerator::Pull(HostileMessage* m) {
         h.pull_shm_offsets.push_back(OneIn(2) ? Count() : rng_());
       }
       if (h.pull_shm_offsets.empty()) h.pull_shm_offsets.push_back(Count());
-      h.pull_shm_slot = static_cast<uint32_t>(OneIn(2) ? Uniform(0, 8) : rng_());
+      h.pull_shm_slot =
+          static_cast<uint32_t>(OneIn(2) ? Uniform(0, 8) : rng_());
       return;
     case 1:
       m->shape = "pull/subset";
@@ -403,7 +404,8 @@ void HostileGenerator::Register(HostileMessage* m) {
 }
 
 std::vector<uint8_t> HostileGenerator::Bytes(size_t max) {
-  std::vector<uint8_t> b(static_cast<size_t>(Uniform(0, static_cast<int64_t>(max))));
+  std::vector<uint8_t> b(
+      static_cast<size_t>(Uniform(0, static_cast<int64_t>(max))));
   for (uint8_t& x : b) x = static_cast<uint8_t>(rng_());
   return b;
 }
@@ -428,8 +430,9 @@ void HostileGenerator::ReplicaTraffic(HostileMessage* m) {
   const int64_t pick = Uniform(0, 99);
   if (pick < 20) {
     h.kind = RequestKind::kSnapshot;
-    static const char* kNames[] = {"../../etc/passwd", "CURRENT", "", ".",
-                                   "MANIFEST-000001", "a/b", "LOCK", "OPTIONS-5"};
+    static const char* kNames[] = {
+        "../../etc/passwd", "CURRENT", "",     ".",
+        "MANIFEST-000001",  "a/b",     "LOCK", "OPTIONS-5"};
     h.snapshot_file = kNames[Uniform(0, 7)];
     h.snapshot_offset = OneIn(2) ? Count() : rng_();
     h.snapshot_file_size = OneIn(2) ? Count() : rng_();
@@ -444,14 +447,15 @@ void HostileGenerator::ReplicaTraffic(HostileMessage* m) {
     } else if (pick < 45) {
       const int64_t n = OneIn(8) ? Uniform(0, 2000) : Uniform(1, 4);
       for (int64_t i = 0; i < n; ++i) {
-        h.replicate_workers.push_back(
-            WorkerLiveness{OneIn(2) ? Rank() : static_cast<int32_t>(Uniform(0, 3)),
-                           OneIn(2), OneIn(2) ? Clock() : 777777});
+        h.replicate_workers.push_back(WorkerLiveness{
+            OneIn(2) ? Rank() : static_cast<int32_t>(Uniform(0, 3)), OneIn(2),
+            OneIn(2) ? Clock() : 777777});
       }
       m->shape = "replica/liveness";
     } else if (pick < 60) {
       h.replicate_aggregate = true;
-      h.replicate_requests = static_cast<uint32_t>(OneIn(2) ? Uniform(0, 8) : rng_());
+      h.replicate_requests =
+          static_cast<uint32_t>(OneIn(2) ? Uniform(0, 8) : rng_());
       h.replicate_round = OneIn(2) ? Clock() : static_cast<int64_t>(rng_());
       const int64_t frames = Uniform(0, 6);
       for (int64_t f = 0; f < frames; ++f) m->frames.push_back(Bytes(256));
@@ -496,11 +500,13 @@ void HostileGenerator::ReplicaTraffic(HostileMessage* m) {
           inner.migrate_epoch = OneIn(2) ? Uniform(0, 9) : rng_();
           inner.migrate_at_clock = OneIn(2) ? -1 : Clock();
           inner.migrate_deadline_ms = static_cast<uint32_t>(rng_());
-          if (OneIn(2)) inner.migrate_doc = "{\"epoch\":99,\"servers\":[],\"owners\":[]}";
+          if (OneIn(2))
+            inner.migrate_doc = "{\"epoch\":99,\"servers\":[],\"owners\":[]}";
           m->shape = "replica/wrapped_migrate";
           break;
         case 4:
-          inner.kind = OneIn(2) ? RequestKind::kReplicate : RequestKind::kSnapshot;
+          inner.kind =
+              OneIn(2) ? RequestKind::kReplicate : RequestKind::kSnapshot;
           inner.replicate_epoch = rng_();
           m->shape = "replica/wrapped_replica";
           break;
@@ -579,7 +585,7 @@ void HostileGenerator::Next(HostileMessage* m) {
     } else {
       h.kind = RequestKind::kSnapshot;
       static const char* kNames[] = {"../../etc/passwd", "CURRENT", "", ".",
-                                     "MANIFEST-000001", "a/b"};
+                                     "MANIFEST-000001",  "a/b"};
       h.snapshot_file = kNames[Uniform(0, 5)];
       h.snapshot_offset = OneIn(2) ? Count() : rng_();
       h.snapshot_file_size = OneIn(2) ? Count() : rng_();
@@ -588,7 +594,8 @@ void HostileGenerator::Next(HostileMessage* m) {
       m->shape = "snapshot";
     }
     h.replicate_epoch = OneIn(2) ? Uniform(0, 4) : rng_();
-    h.replicate_group = static_cast<int32_t>(OneIn(2) ? Uniform(-1, 2) : rng_());
+    h.replicate_group =
+        static_cast<int32_t>(OneIn(2) ? Uniform(-1, 2) : rng_());
     const int64_t frames = Uniform(0, 3);
     for (int64_t f = 0; f < frames; ++f) {
       m->frames.push_back(std::vector<uint8_t>(

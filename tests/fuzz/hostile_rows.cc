@@ -333,7 +333,8 @@ void HostileGenerator::ScanRows(HostileMessage* m) {
 
 void HostileGenerator::HostileTables(HostileMessage* m) {
   RequestHeader& h = m->header;
-  TableSpec& t = h.tables[Uniform(0, static_cast<int64_t>(h.tables.size()) - 1)];
+  TableSpec& t =
+      h.tables[Uniform(0, static_cast<int64_t>(h.tables.size()) - 1)];
   switch (Uniform(0, 7)) {
     case 0:
       m->shape = "register/table_dim";
@@ -374,8 +375,8 @@ void HostileGenerator::HostileTables(HostileMessage* m) {
     case 5:
       m->shape = "register/table_admission";
       t.admit_after_pushes = static_cast<uint32_t>(rng_());
-      t.expire_after_clocks = OneIn(2) ? -Uniform(1, 1000)
-                                       : std::numeric_limits<int64_t>::max();
+      t.expire_after_clocks =
+          OneIn(2) ? -Uniform(1, 1000) : std::numeric_limits<int64_t>::max();
       return;
     case 6:
       m->shape = "register/tables_missing";

@@ -31,8 +31,8 @@ int main(int argc, char** argv) {
       "usage: make_fuzz_seeds OUT_DIR\n"
       "writes seed corpora for the libFuzzer targets: OUT_DIR/wire/* "
       "(requests and replies) and OUT_DIR/codecs/* (codec payloads)\n";
-  if (argc == 2 && (std::string(argv[1]) == "--help" ||
-                    std::string(argv[1]) == "-h")) {
+  if (argc == 2 &&
+      (std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h")) {
     std::fputs(kUsage, stdout);
     return 0;
   }

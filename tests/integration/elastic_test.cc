@@ -53,20 +53,23 @@ class ElasticIntegrationTest : public ::testing::Test {
   // `replicas` > 1 member `replica` of replica group `id`.
   void StartShard(int id, int num_shards, int replicas = 1, int replica = 0) {
     std::vector<std::string> flags = {
-        "--num_workers=1", "--consistency=asp", "--optimizer=sgd", "--lr=0.5",
+        "--num_workers=1",
+        "--consistency=asp",
+        "--optimizer=sgd",
+        "--lr=0.5",
         "--shard_id=" + std::to_string(id),
         "--num_shards=" + std::to_string(num_shards),
         "--elastic_etcd=" + etcd_->endpoint(),
         std::string("--etcd_prefix=") + kPrefix};
     if (replicas > 1) {
-      flags.insert(flags.end(), {"--replicas=" + std::to_string(replicas),
-                                 "--replica=" + std::to_string(replica),
-                                 "--etcd=" + etcd_->endpoint(),
-                                 "--lease_ms=1000"});
+      flags.insert(flags.end(),
+                   {"--replicas=" + std::to_string(replicas),
+                    "--replica=" + std::to_string(replica),
+                    "--etcd=" + etcd_->endpoint(), "--lease_ms=1000"});
     }
-    auto h = StartServer(dir_,
-                         "shard" + std::to_string(id) + "r" + std::to_string(replica),
-                         flags, "tcp://127.0.0.1:*");
+    auto h = StartServer(
+        dir_, "shard" + std::to_string(id) + "r" + std::to_string(replica),
+        flags, "tcp://127.0.0.1:*");
     ASSERT_TRUE(h.ok()) << h.status().ToString();
     shards_.push_back(std::move(h).value());
   }
@@ -84,11 +87,12 @@ class ElasticIntegrationTest : public ::testing::Test {
   // shards started).
   void Ctl(const std::string& command, const std::string& endpoint) {
     const std::string first =
-        first_.empty() ? shards_[0].endpoint + "," + shards_[1].endpoint : first_;
+        first_.empty() ? shards_[0].endpoint + "," + shards_[1].endpoint
+                       : first_;
     auto p = Process::Start(
         {BinPath("ps_ctl"), "--etcd=" + etcd_->endpoint(),
-         std::string("--etcd_prefix=") + kPrefix, "--servers=" + first,
-         command, endpoint},
+         std::string("--etcd_prefix=") + kPrefix, "--servers=" + first, command,
+         endpoint},
         dir_.Sub("ctl-" + command + "-" + std::to_string(++ctl_runs_)));
     ASSERT_TRUE(p.ok()) << p.status().ToString();
     auto code = (*p)->Wait(seconds(60));
@@ -99,11 +103,11 @@ class ElasticIntegrationTest : public ::testing::Test {
   std::unique_ptr<Client> Connect(bool with_etcd, milliseconds deadline,
                                   std::vector<std::string> servers = {}) {
     ClientOptions o;
-    if (servers.empty() && !first_.empty()) servers = worker::ParseEndpoints(first_);
-    o.servers = servers.empty()
-                    ? std::vector<std::string>{shards_[0].endpoint,
-                                               shards_[1].endpoint}
-                    : servers;
+    if (servers.empty() && !first_.empty())
+      servers = worker::ParseEndpoints(first_);
+    o.servers = servers.empty() ? std::vector<std::string>{shards_[0].endpoint,
+                                                           shards_[1].endpoint}
+                                : servers;
     o.rank = 0;
     o.deadline = deadline;
     o.attempt_timeout = milliseconds(500);
@@ -145,7 +149,8 @@ class ElasticIntegrationTest : public ::testing::Test {
   static std::vector<float> PullRows(Client& c, int64_t clock,
                                      const std::vector<uint64_t>& keys) {
     std::vector<float> out(keys.size() * c.tables()[0].dim, -9.0f);
-    auto t = c.StartPullRows(clock, {}, {RowsPull{0, keys.data(), keys.size(), out.data()}});
+    auto t = c.StartPullRows(
+        clock, {}, {RowsPull{0, keys.data(), keys.size(), out.data()}});
     EXPECT_TRUE(t.ok()) << t.status().ToString();
     if (t.ok()) {
       Status s = c.Wait(*t, seconds(60));
@@ -203,14 +208,16 @@ uint64_t HeldRows(const TempDir& dir, const std::string& endpoint) {
   return t.value("rows", uint64_t{0}) + t.value("cache_rows", uint64_t{0});
 }
 
-TEST_F(ElasticIntegrationTest, WorkerStartedAfterItsShardsLeftRegistersThroughEtcd) {
+TEST_F(ElasticIntegrationTest,
+       WorkerStartedAfterItsShardsLeftRegistersThroughEtcd) {
   ASSERT_NO_FATAL_FAILURE(StartShard(0, 2));
   ASSERT_NO_FATAL_FAILURE(StartShard(1, 2));
   std::vector<float> trained;
   {
     auto a = Connect(/*with_etcd=*/true, seconds(60));
     ASSERT_TRUE(a);
-    ASSERT_TRUE(a->Register(Model(), Cut()).ok());  // no document yet: as static
+    ASSERT_TRUE(
+        a->Register(Model(), Cut()).ok());  // no document yet: as static
     for (int clock = 0; clock < 3; ++clock) Push(*a, clock, 0.25f);
     // 2 -> 3 -> 4 shards, then both first shards leave: the fleet is the
     // two that joined.
@@ -366,10 +373,12 @@ TEST_F(ElasticIntegrationTest, ReplicaGroupsMoveSparseRowsAndFailOver) {
     size_t primary = shards_.size();
     for (size_t i = first; i < first + 2; ++i)
       if (Role(dir_, shards_[i].endpoint) == "primary") primary = i;
-    ASSERT_LT(primary, shards_.size()) << "no primary in the group of " << first;
+    ASSERT_LT(primary, shards_.size())
+        << "no primary in the group of " << first;
     shards_[primary].process->Kill(9);
     ASSERT_NO_FATAL_FAILURE(expect(PullRows(*a, clock, keys)));
-    for (int i = 0; i < 2; ++i, ++clock, sum += 1.0f) Push(*a, clock, 1.0f, keys);
+    for (int i = 0; i < 2; ++i, ++clock, sum += 1.0f)
+      Push(*a, clock, 1.0f, keys);
     ASSERT_NO_FATAL_FAILURE(expect(PullRows(*a, clock, keys)));
   }
   for (float v : Pull(*a, clock)) ASSERT_EQ(v, -0.5f * sum);

@@ -95,8 +95,8 @@ TEST(DurabilityTest, NoAcknowledgedPushLostWhenTheShardIsKilledMidFlight) {
   EXPECT_EQ(StatsValue(stats[0], "version"), acked) << stats[0];
 }
 
-// Item 10: the SSP bound, as docs/consistency.md "SSP bound" states it. Worker w's
-// gradient of step c is 1 at element w*T+c and 0 elsewhere (SGD, lr 1, zero
+// Item 10: the SSP bound, as docs/consistency.md "SSP bound" states it. Worker
+// w's gradient of step c is 1 at element w*T+c and 0 elsewhere (SGD, lr 1, zero
 // initial weights), so a pulled weight of -1 there proves that update is in.
 // Every pull of step c must hold the updates of steps < c - s of every other
 // worker, and of steps < c (without prefetching) or < c - 1 (with

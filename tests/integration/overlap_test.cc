@@ -127,9 +127,8 @@ void CheckBspBitwise(int shards, const std::vector<std::string>& overlap,
     EXPECT_GE(LineValue(over.logs[r], "OVERLAP", "shard_clocks"), 24);
     EXPECT_EQ(LineValue(over.logs[r], "OVERLAP", "pull_groups"), 24 * 2);
     // With a sender thread, each step's end waited for it once.
-    const bool sender =
-        std::find(overlap.begin(), overlap.end(), "--overlap_sender_thread") !=
-        overlap.end();
+    const bool sender = std::find(overlap.begin(), overlap.end(),
+                                  "--overlap_sender_thread") != overlap.end();
     EXPECT_EQ(LineValue(over.logs[r], "OVERLAP", "sender_waits"),
               sender ? 24 : 0);
     EXPECT_TRUE(std::isnan(LineValue(plain.logs[r], "OVERLAP", "steps")));
@@ -151,16 +150,17 @@ TEST(OverlapIntegrationTest, BspTwoShardsPipelinedIsBitwiseEqual) {
 // a compressing codec (error feedback on the sender's side) and the layers in
 // order on the shards (fc2 and the end of fc0 first): the same bits.
 TEST(OverlapIntegrationTest, BspSenderThreadIsBitwiseEqual) {
-  CheckBspBitwise(2, {"--overlap", "--pipeline_shards=1",
-                      "--overlap_sender_thread"},
-                  {"--codec=topk:ratio=0.05,ef=1", "--placement=in_order"});
+  CheckBspBitwise(
+      2, {"--overlap", "--pipeline_shards=1", "--overlap_sender_thread"},
+      {"--codec=topk:ratio=0.05,ef=1", "--placement=in_order"});
 }
 
 // The same on the GPU (the CUDA backend's layered step; tests/gpu/run.sh
 // runs it on a GPU machine): both runs train on the device.
 TEST(OverlapIntegrationTest, CudaBspIsBitwiseEqual) {
   if (!worker::BuiltWithCuda()) GTEST_SKIP() << "built without CUDA";
-  if (worker::VisibleCudaDevices() == 0) GTEST_SKIP() << "no CUDA device visible";
+  if (worker::VisibleCudaDevices() == 0)
+    GTEST_SKIP() << "no CUDA device visible";
   CheckBspBitwise(2, {"--overlap", "--pipeline_shards=1"}, {"--device=cuda"});
 }
 
@@ -179,10 +179,10 @@ TEST(OverlapIntegrationTest, SspTrainsWithPushesPerLayer) {
   }
 }
 
-// The SSP bound (docs/consistency.md "SSP bound") with the OverlapScheduler's pushes by
-// layer, per-shard clocks and pulls by layer groups: worker w's gradient
-// of step c is 1 at element w*T+c of every tensor (SGD, lr 1, zero initial
-// weights), so a weight of -1 there proves that update is in. A pull of
+// The SSP bound (docs/consistency.md "SSP bound") with the OverlapScheduler's
+// pushes by layer, per-shard clocks and pulls by layer groups: worker w's
+// gradient of step c is 1 at element w*T+c of every tensor (SGD, lr 1, zero
+// initial weights), so a weight of -1 there proves that update is in. A pull of
 // step c must hold every other worker's steps < c - s and the worker's own
 // steps < c, in every layer.
 TEST(OverlapIntegrationTest, SspBoundHoldsWithLayeredSteps) {
@@ -300,7 +300,8 @@ TEST(OverlapIntegrationTest, BadFlagCombinationsAreClearErrors) {
       {{"--overlap", "--prefetch_ahead"}, "--prefetch_ahead"},
       {{"--overlap", "--pull_codec=fp16"}, "--pull_codec"},
       {{"--pipeline_shards=2"}, "--pipeline_shards applies to --overlap"},
-      {{"--overlap_sender_thread"}, "--overlap_sender_thread applies to --overlap"},
+      {{"--overlap_sender_thread"},
+       "--overlap_sender_thread applies to --overlap"},
       {{"--overlap", "--pipeline_shards=-1"}, "--pipeline_shards must be"},
       {{"--overlap", "--etcd=http://127.0.0.1:1"}, "--etcd"},
       {{"--overlap", "--role=eval"}, "--role=train"},

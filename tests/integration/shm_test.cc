@@ -81,10 +81,13 @@ uint64_t StatsField(Client* c, const std::string& key) {
 TEST(SharedMemoryTest, PullsEqualSocketPullsAndSurviveARestart) {
   TempDir dir;
   const std::string endpoint = "ipc://" + dir.Sub("shard0.sock");
-  const std::vector<std::string> flags = {
-      "--shard_id=0",      "--num_shards=1", "--num_workers=2",
-      "--optimizer=sgd",   "--lr=0.5",       "--checkpoint_every_s=0",
-      "--db_path=" + dir.Sub("db")};
+  const std::vector<std::string> flags = {"--shard_id=0",
+                                          "--num_shards=1",
+                                          "--num_workers=2",
+                                          "--optimizer=sgd",
+                                          "--lr=0.5",
+                                          "--checkpoint_every_s=0",
+                                          "--db_path=" + dir.Sub("db")};
   auto server = StartServer(dir, "shard0", flags, endpoint);
   ASSERT_TRUE(server.ok()) << server.status().ToString();
   auto shm = Connect(endpoint, 0, 4 << 20);
@@ -174,8 +177,7 @@ class Raw {
       auto got = socket_->Receive(&m, seconds(10));
       EXPECT_TRUE(got.ok() && *got) << "no reply";
       if (!got.ok() || !*got) return r;
-      EXPECT_TRUE(
-          DecodeReply(m.frames[0].data, m.frames[0].size, {}, &r).ok());
+      EXPECT_TRUE(DecodeReply(m.frames[0].data, m.frames[0].size, {}, &r).ok());
       if (r.id == h.id) return r;
     }
   }
@@ -289,10 +291,10 @@ TEST(SharedMemoryTest, HostileAttachesAndPullsAreRefusedWithNothingWritten) {
   for (size_t i = 0; i < ids.size(); ++i) {
     const ChunkSpec& c = layout.chunks()[ids[i]];
     EXPECT_EQ(ok.chunks[i].frame, 0u);
-    EXPECT_EQ(std::memcmp(m.base() + offsets[i],
-                          want[c.tensor].data() + c.offset,
-                          c.num_elems * sizeof(float)),
-              0)
+    EXPECT_EQ(
+        std::memcmp(m.base() + offsets[i], want[c.tensor].data() + c.offset,
+                    c.num_elems * sizeof(float)),
+        0)
         << "chunk " << ids[i];
   }
   std::memset(m.base() + m.data_offset(), 0, total);

@@ -19,8 +19,8 @@
 #include "tests/util/etcd_fixture.h"
 #include "tests/util/process.h"
 #include "worker/client.h"
-#include "worker/upload.h"
 #include "worker/ctr/planted.h"
+#include "worker/upload.h"
 
 namespace asyncps::testing {
 namespace {
@@ -56,8 +56,8 @@ std::vector<ServerHandle> StartShards(const TempDir& dir, int shards,
     std::vector<std::string> f = flags;
     f.push_back("--shard_id=" + std::to_string(s));
     f.push_back("--num_shards=" + std::to_string(shards));
-    auto h = StartServer(dir, prefix + std::to_string(s), f,
-                         "tcp://127.0.0.1:*");
+    auto h =
+        StartServer(dir, prefix + std::to_string(s), f, "tcp://127.0.0.1:*");
     EXPECT_TRUE(h.ok()) << h.status().ToString();
     if (h.ok()) out.push_back(std::move(h).value());
   }
@@ -90,13 +90,13 @@ class Reference {
         it->second.assign(g.begin() + i * t_.dim, g.begin() + (i + 1) * t_.dim);
         order.push_back(keys[i]);
       } else {
-        for (uint32_t j = 0; j < t_.dim; ++j) it->second[j] += g[i * t_.dim + j];
+        for (uint32_t j = 0; j < t_.dim; ++j)
+          it->second[j] += g[i * t_.dim + j];
       }
     }
     for (uint64_t k : order) {
       std::vector<float>& w = Row(k);
-      for (uint32_t j = 0; j < t_.dim; ++j)
-        w[j] -= t_.optimizer.lr * sum[k][j];
+      for (uint32_t j = 0; j < t_.dim; ++j) w[j] -= t_.optimizer.lr * sum[k][j];
     }
   }
   std::vector<float>& Row(uint64_t k) {
@@ -117,7 +117,8 @@ class Reference {
 // Gradients that are exact in fp16 (small multiples of 1/64).
 std::vector<float> Grads(size_t n, uint32_t dim, std::mt19937_64& rng) {
   std::vector<float> g(n * dim);
-  for (float& v : g) v = static_cast<float>(static_cast<int>(rng() % 33) - 16) / 64.0f;
+  for (float& v : g)
+    v = static_cast<float>(static_cast<int>(rng() % 33) - 16) / 64.0f;
   return g;
 }
 
@@ -161,9 +162,10 @@ void ExpectRows(Reference& ref, const std::vector<uint64_t>& keys,
 // caches far smaller than the table: every pulled row equals the reference.
 TEST(SparseIntegrationTest, RowsAcrossShardsAndCachesMatchReference) {
   TempDir dir;
-  auto servers = StartShards(
-      dir, 2, {"--num_workers=2", "--optimizer=sgd", "--lr=0.1",
-               "--embedding_cache_bytes=1048576", "--worker_timeout_s=60"});
+  auto servers =
+      StartShards(dir, 2,
+                  {"--num_workers=2", "--optimizer=sgd", "--lr=0.1",
+                   "--embedding_cache_bytes=1048576", "--worker_timeout_s=60"});
   ASSERT_EQ(servers.size(), 2u);
   const TableSpec t = Emb(16);
   auto a = Connect(servers, 0), b = Connect(servers, 1, /*fp16*/ 1);
@@ -187,16 +189,16 @@ TEST(SparseIntegrationTest, RowsAcrossShardsAndCachesMatchReference) {
   for (size_t i = 0; i < keys.size(); ++i) {
     for (uint32_t j = 0; j < t.dim; ++j) {
       const float want = ref.Row(keys[i])[j];
-      ASSERT_NEAR(half[i * t.dim + j], want, 1e-3 * std::max(1.0f, std::abs(want)));
+      ASSERT_NEAR(half[i * t.dim + j], want,
+                  1e-3 * std::max(1.0f, std::abs(want)));
     }
   }
   // Both shards evicted and read back from RocksDB.
   int code = 0;
-  auto ctl = Process::Start({BinPath("ps_ctl"),
-                             "--servers=" + servers[0].endpoint + "," +
-                                 servers[1].endpoint,
-                             "stats"},
-                            dir.Sub("ctl.out"));
+  auto ctl = Process::Start(
+      {BinPath("ps_ctl"),
+       "--servers=" + servers[0].endpoint + "," + servers[1].endpoint, "stats"},
+      dir.Sub("ctl.out"));
   ASSERT_TRUE(ctl.ok());
   ASSERT_EQ(*(*ctl)->Wait(seconds(10)), 0);
   (void)code;
@@ -224,7 +226,8 @@ TEST(SparseIntegrationTest, RowsAcrossShardsAndCachesMatchReference) {
 // shards' refusals (a pull first, then pushes, re-routed under their
 // tickets) and every pulled row equals the reference, bitwise.
 TEST(SparseIntegrationTest, ElasticShardsMoveRowsBitwise) {
-  if (!EtcdServer::Available()) GTEST_SKIP() << "etcd not installed (etcd-server)";
+  if (!EtcdServer::Available())
+    GTEST_SKIP() << "etcd not installed (etcd-server)";
   TempDir dir;
   auto etcd = EtcdServer::Start(dir.Sub("etcd"), dir.path().string());
   ASSERT_TRUE(etcd.ok()) << etcd.status().ToString();
@@ -265,10 +268,9 @@ TEST(SparseIntegrationTest, ElasticShardsMoveRowsBitwise) {
     ASSERT_EQ(saved.keys, std::vector<uint64_t>(pushed.begin(), pushed.end()));
     const size_t bytes = SavedRecordBytes(t);
     for (size_t i = 0; i < saved.keys.size(); ++i) {
-      ASSERT_EQ(0, std::memcmp(saved.records.data() + i * bytes +
-                                   kSavedHeaderBytes,
-                               ref.Row(saved.keys[i]).data(),
-                               t.dim * sizeof(float)))
+      ASSERT_EQ(
+          0, std::memcmp(saved.records.data() + i * bytes + kSavedHeaderBytes,
+                         ref.Row(saved.keys[i]).data(), t.dim * sizeof(float)))
           << saved.keys[i];
     }
   };
@@ -277,11 +279,12 @@ TEST(SparseIntegrationTest, ElasticShardsMoveRowsBitwise) {
     ExpectRows(ref, probe, PullRows(*c, 0, probe, t.dim), t.dim);
   };
   auto ctl = [&](const std::string& cmd, const std::string& endpoint) {
-    auto p = Process::Start({BinPath("ps_ctl"), "--etcd=" + (*etcd)->endpoint(),
-                             "--etcd_prefix=" + prefix,
-                             "--servers=" + servers[0].endpoint + "," + servers[1].endpoint,
-                             cmd, endpoint},
-                            dir.Sub(cmd + ".out"));
+    auto p = Process::Start(
+        {BinPath("ps_ctl"), "--etcd=" + (*etcd)->endpoint(),
+         "--etcd_prefix=" + prefix,
+         "--servers=" + servers[0].endpoint + "," + servers[1].endpoint, cmd,
+         endpoint},
+        dir.Sub(cmd + ".out"));
     EXPECT_TRUE(p.ok());
     if (!p.ok()) return nlohmann::json();
     StatusOr<int> code = (*p)->Wait(seconds(60));
@@ -343,8 +346,8 @@ Scanned ScanShard(Client& c, int shard, size_t page, size_t bytes) {
   uint64_t from = 0;
   for (;;) {
     const size_t before = got.keys.size();
-    Status s = c.ScanRows(shard, 0, from, page, &got.keys, &got.records,
-                          seconds(60));
+    Status s =
+        c.ScanRows(shard, 0, from, page, &got.keys, &got.records, seconds(60));
     EXPECT_TRUE(s.ok()) << s.ToString();
     const size_t n = got.keys.size() - before;
     EXPECT_LE(n, page);
@@ -477,8 +480,8 @@ TEST(SparseIntegrationTest, ClientScansEveryEntryOnceInKeyOrderAndRestoresIt) {
   uo.max_request_bytes = 200000;  // several requests per shard
   std::vector<float> dense(8, 0.5f);
   bool uploaded = false;
-  Status up = worker::UploadValues(b.get(), {dense.data()}, uo, &uploaded,
-                                   {rv});
+  Status up =
+      worker::UploadValues(b.get(), {dense.data()}, uo, &uploaded, {rv});
   ASSERT_TRUE(up.ok()) << up.ToString();
   EXPECT_TRUE(uploaded);
   for (int s = 0; s < 2; ++s)
@@ -504,10 +507,12 @@ TEST(SparseIntegrationTest, ClientScansEveryEntryOnceInKeyOrderAndRestoresIt) {
 // pages come one after the other, is point-in-time by itself.
 TEST(SparseIntegrationTest, PointInTimeScanIgnoresPushesBetweenItsPages) {
   TempDir dir;
-  const std::vector<std::string> flags = {
-      "--num_workers=1", "--optimizer=sgd", "--lr=0.1",
-      "--embedding_cache_bytes=1048576", "--worker_timeout_s=60",
-      "--scan_snapshot_idle_s=6"};
+  const std::vector<std::string> flags = {"--num_workers=1",
+                                          "--optimizer=sgd",
+                                          "--lr=0.1",
+                                          "--embedding_cache_bytes=1048576",
+                                          "--worker_timeout_s=60",
+                                          "--scan_snapshot_idle_s=6"};
   auto servers = StartShards(dir, 2, flags);
   ASSERT_EQ(servers.size(), 2u);
   TableSpec t = Emb(8, RowOptimizerKind::kAdaGrad);
@@ -561,9 +566,9 @@ TEST(SparseIntegrationTest, PointInTimeScanIgnoresPushesBetweenItsPages) {
   uint64_t idle = 0;
   ASSERT_TRUE(a->ScanRows(1, 0, 0, 10, &k, &r, seconds(5), &idle).ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(6500));
-  EXPECT_EQ(a->ScanRows(1, 0, k.back() + 1, 10, &k, &r, seconds(5), &idle)
-                .code(),
-            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      a->ScanRows(1, 0, k.back() + 1, 10, &k, &r, seconds(5), &idle).code(),
+      StatusCode::kFailedPrecondition);
   worker::SavedRows merged;
   ASSERT_TRUE(worker::ScanTable(a.get(), 0, 500, &merged, seconds(60)).ok());
   EXPECT_EQ(merged.keys.size(), rows.size() + later.size());
@@ -608,11 +613,12 @@ TEST(SparseIntegrationTest, KillNineRecovery) {
     auto c2 = Connect(again, 0);
     ASSERT_TRUE(c2->RegisterModel(Dense(), {}, {t}).ok());
     std::vector<uint64_t> all;
-    for (uint64_t k = 0; k < vocab; ++k) all.push_back(k * 0x9e3779b97f4a7c15ULL);
+    for (uint64_t k = 0; k < vocab; ++k)
+      all.push_back(k * 0x9e3779b97f4a7c15ULL);
     Reference& want = durable ? ref : at_checkpoint;
     for (size_t off = 0; off < all.size(); off += 5000) {
-      std::vector<uint64_t> part(all.begin() + off,
-                                 all.begin() + std::min(all.size(), off + 5000));
+      std::vector<uint64_t> part(
+          all.begin() + off, all.begin() + std::min(all.size(), off + 5000));
       ExpectRows(want, part, PullRows(*c2, 40, part, t.dim), t.dim);
     }
     if (!durable) {
@@ -643,10 +649,11 @@ TEST(CtrTrainingTest, ClickModelApproachesThePlantedOptimum) {
   ASSERT_TRUE(worker::ctr::WritePlantedFile(train, 100000, model, 1).ok());
   auto st = worker::ctr::WritePlantedFile(test, 10000, model, 2);
   ASSERT_TRUE(st.ok());
-  auto servers = StartShards(
-      dir, 2, {"--num_workers=2", "--consistency=ssp", "--staleness=1",
-               "--optimizer=adam", "--lr=0.003",
-               "--embedding_cache_bytes=1048576", "--worker_timeout_s=60"});
+  auto servers =
+      StartShards(dir, 2,
+                  {"--num_workers=2", "--consistency=ssp", "--staleness=1",
+                   "--optimizer=adam", "--lr=0.003",
+                   "--embedding_cache_bytes=1048576", "--worker_timeout_s=60"});
   ASSERT_EQ(servers.size(), 2u);
   const std::string eps = servers[0].endpoint + "," + servers[1].endpoint;
   std::vector<std::unique_ptr<Process>> workers;

@@ -224,8 +224,8 @@ namespace asyncps::testing {
 namespace {
 
 std::vector<std::string> BspFlags() {
-  return {"--shard_id=0",     "--num_shards=1",         "--num_workers=2",
-          "--consistency=bsp", "--optimizer=sgd",       "--lr=0.1",
+  return {"--shard_id=0",         "--num_shards=1",        "--num_workers=2",
+          "--consistency=bsp",    "--optimizer=sgd",       "--lr=0.1",
           "--worker_timeout_s=2", "--checkpoint_every_s=1"};
 }
 

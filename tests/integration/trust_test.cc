@@ -11,7 +11,6 @@
 //    over) and with 2 (the dropped one does not resume from its stale
 //    store; the primary, started again on its --durable store, does).
 #include <gtest/gtest.h>
-
 #include <sys/stat.h>
 
 #include <chrono>
@@ -183,11 +182,15 @@ class TrustIntegrationTest : public ::testing::Test, public TrustCalls {
 
   std::vector<std::string> Flags(int replicas, int replica,
                                  std::vector<std::string> extra = {}) {
-    std::vector<std::string> f = {
-        "--num_workers=1", "--consistency=asp", "--optimizer=sgd", "--lr=0.5",
-        "--replicas=" + std::to_string(replicas),
-        "--replica=" + std::to_string(replica), "--etcd=" + etcd_->endpoint(),
-        std::string("--etcd_prefix=") + kPrefix, "--lease_ms=1000"};
+    std::vector<std::string> f = {"--num_workers=1",
+                                  "--consistency=asp",
+                                  "--optimizer=sgd",
+                                  "--lr=0.5",
+                                  "--replicas=" + std::to_string(replicas),
+                                  "--replica=" + std::to_string(replica),
+                                  "--etcd=" + etcd_->endpoint(),
+                                  std::string("--etcd_prefix=") + kPrefix,
+                                  "--lease_ms=1000"};
     f.insert(f.end(), extra.begin(), extra.end());
     return f;
   }
@@ -237,21 +240,24 @@ class TrustIntegrationTest : public ::testing::Test, public TrustCalls {
   std::unique_ptr<EtcdClient> etcd_client_;
 };
 
-TEST_F(TrustIntegrationTest, AReplicaWhoseAdvertisedEndpointIsWrongRefusesToStart) {
+TEST_F(TrustIntegrationTest,
+       AReplicaWhoseAdvertisedEndpointIsWrongRefusesToStart) {
   for (int replicas : {2, 3}) {
     SCOPED_TRACE(replicas);
     auto bad = Start(replicas, replicas - 1,
                      {"--advertise_endpoint=tcp://127.0.0.1:notaport"},
                      "-notaport" + std::to_string(replicas));
     ASSERT_FALSE(bad.ok());
-    EXPECT_NE(bad.status().message().find("advertised endpoint"), std::string::npos)
+    EXPECT_NE(bad.status().message().find("advertised endpoint"),
+              std::string::npos)
         << bad.status().ToString();
     EXPECT_NE(bad.status().message().find("notaport"), std::string::npos);
   }
   // An endpoint that parses but is another process's: the probe lands there.
   auto other = StartServer(dir_, "other", {"--num_workers=1"});
   ASSERT_TRUE(other.ok()) << other.status().ToString();
-  auto foreign = Start(2, 1, {"--advertise_endpoint=" + other->endpoint}, "-foreign");
+  auto foreign =
+      Start(2, 1, {"--advertise_endpoint=" + other->endpoint}, "-foreign");
   ASSERT_FALSE(foreign.ok());
   EXPECT_NE(foreign.status().message().find("did not reach this process"),
             std::string::npos)
@@ -262,7 +268,8 @@ TEST_F(TrustIntegrationTest, AReplicaWhoseAdvertisedEndpointIsWrongRefusesToStar
   EXPECT_TRUE(members->empty());
 }
 
-TEST_F(TrustIntegrationTest, MistypedBackupEndpointLosesNoAcknowledgedPushThreeReplicas) {
+TEST_F(TrustIntegrationTest,
+       MistypedBackupEndpointLosesNoAcknowledgedPushThreeReplicas) {
   std::vector<ServerHandle> r;
   for (int i = 0; i < 3; ++i) {
     auto h = Start(3, i);
@@ -287,7 +294,8 @@ TEST_F(TrustIntegrationTest, MistypedBackupEndpointLosesNoAcknowledgedPushThreeR
   EXPECT_EQ(s.value("version", uint64_t{0}), static_cast<uint64_t>(acked));
 }
 
-TEST_F(TrustIntegrationTest, MistypedBackupEndpointLosesNoAcknowledgedPushTwoReplicas) {
+TEST_F(TrustIntegrationTest,
+       MistypedBackupEndpointLosesNoAcknowledgedPushTwoReplicas) {
   auto p = Start(2, 0, {"--durable"});
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   auto b = Start(2, 1);
@@ -309,13 +317,15 @@ TEST_F(TrustIntegrationTest, MistypedBackupEndpointLosesNoAcknowledgedPushTwoRep
   nlohmann::json s = Stats(*c1);
   EXPECT_NE(s["replication"].value("role", ""), "primary") << s.dump();
   RequestHeader push = Push();
-  std::vector<Frame> frames{Frame::Owned(EncodeRequest(push)),
-                            Frame::Copy(std::vector<float>(16, 0.1f).data(), 64)};
+  std::vector<Frame> frames{
+      Frame::Owned(EncodeRequest(push)),
+      Frame::Copy(std::vector<float>(16, 0.1f).data(), 64)};
   ASSERT_TRUE(c1->Send(frames).ok());
   EXPECT_EQ(Await(*c1, push.id, milliseconds(2000)).status.code(),
             StatusCode::kUnavailable);
   // The primary, started again on its store, resumes with all of them.
-  auto again = StartServer(dir_, "g0r0", Flags(2, 0, {"--durable"}), "tcp://127.0.0.1:*");
+  auto again = StartServer(dir_, "g0r0", Flags(2, 0, {"--durable"}),
+                           "tcp://127.0.0.1:*");
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   auto c2 = Connect(again->endpoint);
   s = AwaitPrimary(*c2);
@@ -331,7 +341,8 @@ TEST_F(TrustIntegrationTest, MistypedBackupEndpointLosesNoAcknowledgedPushTwoRep
 // serves the true weights, bitwise. (Run against binaries of before the
 // fix with ASYNCPS_TEST_BIN_DIR: the backup applied them, and served the
 // forged weights.)
-TEST_F(TrustIntegrationTest, ForgedReplicaTrafficToABackupProcessChangesNothing) {
+TEST_F(TrustIntegrationTest,
+       ForgedReplicaTrafficToABackupProcessChangesNothing) {
   auto p = Start(2, 0);
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   auto b = Start(2, 1);
@@ -344,8 +355,10 @@ TEST_F(TrustIntegrationTest, ForgedReplicaTrafficToABackupProcessChangesNothing)
   ASSERT_EQ(weights.size(), 16 * sizeof(float));
   auto state = [&] {
     nlohmann::json st = Stats(*c1);
-    return nlohmann::json{{"version", st["version"]}, {"clocks", st["worker_clocks"]},
-                          {"live", st["worker_live"]}, {"min_clock", st["min_clock"]},
+    return nlohmann::json{{"version", st["version"]},
+                          {"clocks", st["worker_clocks"]},
+                          {"live", st["worker_live"]},
+                          {"min_clock", st["min_clock"]},
                           {"push_table", st["push_table"]}};
   };
   const nlohmann::json before = state();
@@ -404,9 +417,11 @@ TEST_F(TrustIntegrationTest, ReplicaSecretFileAuthenticatesTheGroup) {
   ASSERT_TRUE(gen.ok());
   ASSERT_EQ(*(*gen)->Wait(std::chrono::seconds(10)), 0) << (*gen)->Log();
   // Every byte tagged (--replica_tag=all) on both.
-  auto p = Start(2, 0, {"--replica_secret_file=" + secret, "--replica_tag=all"});
+  auto p =
+      Start(2, 0, {"--replica_secret_file=" + secret, "--replica_tag=all"});
   ASSERT_TRUE(p.ok()) << p.status().ToString();
-  auto b = Start(2, 1, {"--replica_secret_file=" + secret, "--replica_tag=all"});
+  auto b =
+      Start(2, 1, {"--replica_secret_file=" + secret, "--replica_tag=all"});
   ASSERT_TRUE(b.ok()) << b.status().ToString();
   auto c0 = Connect(p->endpoint);
   auto c1 = Connect(b->endpoint);
@@ -417,14 +432,17 @@ TEST_F(TrustIntegrationTest, ReplicaSecretFileAuthenticatesTheGroup) {
   ASSERT_TRUE(kv.ok());
   EXPECT_FALSE(kv->has_value());
   ASSERT_EQ(chmod(secret.c_str(), 0644), 0);
-  auto open_file = Start(2, 1, {"--replica_secret_file=" + secret}, "-world-readable");
+  auto open_file =
+      Start(2, 1, {"--replica_secret_file=" + secret}, "-world-readable");
   ASSERT_FALSE(open_file.ok());
-  EXPECT_NE(open_file.status().message().find("readable by others"), std::string::npos)
+  EXPECT_NE(open_file.status().message().find("readable by others"),
+            std::string::npos)
       << open_file.status().ToString();
   auto bad_tag = Start(2, 1, {"--replica_tag=none"}, "-bad-tag");
   ASSERT_FALSE(bad_tag.ok());
-  EXPECT_NE(bad_tag.status().message().find("--replica_tag must be header or all"),
-            std::string::npos)
+  EXPECT_NE(
+      bad_tag.status().message().find("--replica_tag must be header or all"),
+      std::string::npos)
       << bad_tag.status().ToString();
 }
 
@@ -432,25 +450,34 @@ TEST_F(TrustIntegrationTest, ReplicaSecretFileAuthenticatesTheGroup) {
 // the replicas sign in as asyncps-server, replicate, fail over; the group's
 // secret in etcd is out of the workers' reach.
 TEST(TrustSecureEtcdTest, ReplicaGroupOverTlsAndAuthenticatedEtcd) {
-  if (!EtcdServer::Available()) GTEST_SKIP() << "etcd not installed (Debian's etcd-server)";
+  if (!EtcdServer::Available())
+    GTEST_SKIP() << "etcd not installed (Debian's etcd-server)";
   TempDir dir;
-  auto e = EtcdServer::StartSecure(dir.Sub("etcd"), dir.path().string(), dir.Sub("tls"),
-                                   kPrefix);
-  if (!e.ok() && e.status().message().find("not installed") != std::string::npos)
+  auto e = EtcdServer::StartSecure(dir.Sub("etcd"), dir.path().string(),
+                                   dir.Sub("tls"), kPrefix);
+  if (!e.ok() &&
+      e.status().message().find("not installed") != std::string::npos)
     GTEST_SKIP() << e.status().ToString();
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   const std::string tls = dir.Sub("tls");
   std::vector<std::string> flags = {
-      "--num_workers=1", "--consistency=asp", "--lr=0.5", "--replicas=2",
-      "--etcd=" + (*e)->endpoint(), std::string("--etcd_prefix=") + kPrefix,
-      "--etcd_ca_file=" + tls + "/ca.pem", "--etcd_cert_file=" + tls + "/asyncps-server.pem",
-      "--etcd_key_file=" + tls + "/asyncps-server.key", "--etcd_user=asyncps-server",
+      "--num_workers=1",
+      "--consistency=asp",
+      "--lr=0.5",
+      "--replicas=2",
+      "--etcd=" + (*e)->endpoint(),
+      std::string("--etcd_prefix=") + kPrefix,
+      "--etcd_ca_file=" + tls + "/ca.pem",
+      "--etcd_cert_file=" + tls + "/asyncps-server.pem",
+      "--etcd_key_file=" + tls + "/asyncps-server.key",
+      "--etcd_user=asyncps-server",
       "--etcd_password_file=" + tls + "/asyncps-server.password"};
   std::vector<ServerHandle> r;
   for (int i = 0; i < 2; ++i) {
     std::vector<std::string> f = flags;
     f.push_back("--replica=" + std::to_string(i));
-    auto h = StartServer(dir, "g0r" + std::to_string(i), f, "tcp://127.0.0.1:*");
+    auto h =
+        StartServer(dir, "g0r" + std::to_string(i), f, "tcp://127.0.0.1:*");
     ASSERT_TRUE(h.ok()) << h.status().ToString();
     r.push_back(std::move(h).value());
   }
@@ -470,8 +497,9 @@ TEST(TrustSecureEtcdTest, ReplicaGroupOverTlsAndAuthenticatedEtcd) {
   as_worker.security = (*e)->Security("asyncps-worker");
   auto worker = EtcdClient::Create(as_worker);
   ASSERT_TRUE(worker.ok());
-  EXPECT_EQ((*worker)->Get(std::string(kPrefix) + "/secrets/g0").status().code(),
-            StatusCode::kPermissionDenied);
+  EXPECT_EQ(
+      (*worker)->Get(std::string(kPrefix) + "/secrets/g0").status().code(),
+      StatusCode::kPermissionDenied);
   r[0].process->Kill(9);
   nlohmann::json s = calls.AwaitPrimary(*c1);
   EXPECT_EQ(s["replication"].value("role", ""), "primary") << s.dump();

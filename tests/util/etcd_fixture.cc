@@ -35,15 +35,17 @@ int FreeLoopbackPort() {
 
 // Runs `python3 -m pslaunch.etcd_tls ARGS` (launch/pslaunch/etcd_tls.py).
 Status EtcdTls(const std::vector<std::string>& args, const std::string& log) {
-  std::vector<std::string> argv = {"/usr/bin/python3", "-m", "pslaunch.etcd_tls"};
+  std::vector<std::string> argv = {"/usr/bin/python3", "-m",
+                                   "pslaunch.etcd_tls"};
   argv.insert(argv.end(), args.begin(), args.end());
   // The module runs from launch/ (its package's parent).
-  std::vector<std::string> in_launch = {"/usr/bin/env", "-C",
-                                        std::string(ASYNCPS_SOURCE_DIR) + "/launch"};
+  std::vector<std::string> in_launch = {
+      "/usr/bin/env", "-C", std::string(ASYNCPS_SOURCE_DIR) + "/launch"};
   in_launch.insert(in_launch.end(), argv.begin(), argv.end());
   ASSIGN_OR_RETURN(std::unique_ptr<Process> p, Process::Start(in_launch, log));
   ASSIGN_OR_RETURN(int code, p->Wait(std::chrono::seconds(60)));
-  if (code != 0) return Status::Unavailable("pslaunch.etcd_tls failed:\n" + p->Log());
+  if (code != 0)
+    return Status::Unavailable("pslaunch.etcd_tls failed:\n" + p->Log());
   return Status::OK();
 }
 
@@ -115,8 +117,8 @@ StatusOr<std::unique_ptr<EtcdServer>> EtcdServer::StartSecure(
     const std::string& tls_dir, const std::string& prefix) {
   for (const char* tool : {"/usr/bin/openssl", "/usr/bin/etcdctl"}) {
     if (access(tool, X_OK) != 0) {
-      return Status::Unavailable(std::string(tool) +
-                                 " not installed (Debian: openssl, etcd-client)");
+      return Status::Unavailable(
+          std::string(tool) + " not installed (Debian: openssl, etcd-client)");
     }
   }
   std::error_code ec;
@@ -124,7 +126,8 @@ StatusOr<std::unique_ptr<EtcdServer>> EtcdServer::StartSecure(
   RETURN_IF_ERROR(EtcdTls({"certs", tls_dir}, log_dir + "/etcd_tls_certs.log"));
   // Start() with the certificates: Launch() reads tls_dir_.
   if (!Available()) {
-    return Status::Unavailable(Binary() + " not installed (Debian: etcd-server)");
+    return Status::Unavailable(Binary() +
+                               " not installed (Debian: etcd-server)");
   }
   std::unique_ptr<EtcdServer> server(new EtcdServer());
   server->data_dir_ = data_dir;
@@ -138,7 +141,8 @@ StatusOr<std::unique_ptr<EtcdServer>> EtcdServer::StartSecure(
   return server;
 }
 
-EtcdSecurity EtcdServer::Security(const std::string& user, bool with_password) const {
+EtcdSecurity EtcdServer::Security(const std::string& user,
+                                  bool with_password) const {
   EtcdSecurity s;
   s.ca_file = tls_dir_ + "/ca.pem";
   s.cert_file = tls_dir_ + "/" + user + ".pem";
@@ -146,7 +150,8 @@ EtcdSecurity EtcdServer::Security(const std::string& user, bool with_password) c
   s.user = user;
   if (with_password) {
     std::string password = ReadFile(tls_dir_ + "/" + user + ".password");
-    while (!password.empty() && (password.back() == '\n' || password.back() == '\r'))
+    while (!password.empty() &&
+           (password.back() == '\n' || password.back() == '\r'))
       password.pop_back();
     s.password = password;
   } else {
@@ -159,8 +164,8 @@ EtcdServer::~EtcdServer() = default;  // Process's destructor kills etcd.
 
 Status EtcdServer::Launch() {
   const std::string host = "127.0.0.1";
-  const std::string client = (tls_dir_.empty() ? "http://" : "https://") + host +
-                             ":" + std::to_string(client_port_);
+  const std::string client = (tls_dir_.empty() ? "http://" : "https://") +
+                             host + ":" + std::to_string(client_port_);
   const std::string peer = "http://" + host + ":" + std::to_string(peer_port_);
   endpoint_ = client;
   log_path_ = log_dir_ + "/etcd" +
@@ -181,11 +186,11 @@ Status EtcdServer::Launch() {
   };
   if (!tls_dir_.empty()) {
     // Tokens live 2 s (default 300 s), so tests see clients sign in again.
-    argv.insert(argv.end(), {"--auth-token-ttl=2",
-                             "--cert-file=" + tls_dir_ + "/server.pem",
-                             "--key-file=" + tls_dir_ + "/server.key",
-                             "--trusted-ca-file=" + tls_dir_ + "/ca.pem",
-                             "--client-cert-auth"});
+    argv.insert(
+        argv.end(),
+        {"--auth-token-ttl=2", "--cert-file=" + tls_dir_ + "/server.pem",
+         "--key-file=" + tls_dir_ + "/server.key",
+         "--trusted-ca-file=" + tls_dir_ + "/ca.pem", "--client-cert-auth"});
   }
   ASSIGN_OR_RETURN(process_, Process::Start(argv, log_path_));
   const auto deadline =

@@ -56,7 +56,8 @@ class EtcdServer {
       const std::string& tls_dir, const std::string& prefix);
   // With StartSecure: the TLS files and credentials of `user` (one of the
   // above); `with_password` false leaves the password out.
-  EtcdSecurity Security(const std::string& user, bool with_password = true) const;
+  EtcdSecurity Security(const std::string& user,
+                        bool with_password = true) const;
   ~EtcdServer();
 
   // "http://127.0.0.1:PORT": the client URL.

@@ -72,10 +72,9 @@ inline void ExpectLayeredStepIsTheFusedStep(
   hooks.after_backward = [](int l) {
     return l == 1 ? Status::Unavailable("shard gone") : Status::OK();
   };
-  EXPECT_EQ(layered->ForwardBackwardLayered(x, y, batch, p2, hooks)
-                .status()
-                .code(),
-            StatusCode::kUnavailable);
+  EXPECT_EQ(
+      layered->ForwardBackwardLayered(x, y, batch, p2, hooks).status().code(),
+      StatusCode::kUnavailable);
   EXPECT_FALSE(layered->SetLayerParameters(num_layers, pp[0], pp[1]).ok());
   EXPECT_FALSE(layered->SetLayerParameters(0, nullptr, pp[1]).ok());
   EXPECT_FALSE(layered->ForwardBackwardLayered(x, y, batch, {}, hooks).ok());

@@ -14,7 +14,8 @@
 namespace asyncps::testing {
 
 TempDir::TempDir() {
-  std::string tmpl = (std::filesystem::temp_directory_path() / "asyncps_test.XXXXXX").string();
+  std::string tmpl =
+      (std::filesystem::temp_directory_path() / "asyncps_test.XXXXXX").string();
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
   char* p = mkdtemp(buf.data());
@@ -26,7 +27,8 @@ TempDir::~TempDir() {
   std::filesystem::remove_all(path_, ec);
 }
 
-StatusOr<std::unique_ptr<Process>> Process::Start(const std::vector<std::string>& argv, const std::string& log_path) {
+StatusOr<std::unique_ptr<Process>> Process::Start(
+    const std::vector<std::string>& argv, const std::string& log_path) {
   if (argv.empty()) return Status::InvalidArgument("empty argv");
   std::unique_ptr<Process> p(new Process());
   p->log_path_ = log_path;
@@ -69,7 +71,8 @@ StatusOr<int> Process::Wait(std::chrono::milliseconds timeout) {
       pid_ = -1;
       break;
     }
-    if (std::chrono::steady_clock::now() >= deadline) return Status::TimedOut("process still running");
+    if (std::chrono::steady_clock::now() >= deadline)
+      return Status::TimedOut("process still running");
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (WIFEXITED(status_)) return WEXITSTATUS(status_);
@@ -99,18 +102,21 @@ std::string Process::Log() const { return ReadFile(log_path_); }
 
 std::string BinPath(const std::string& name) {
   const char* dir = std::getenv("ASYNCPS_TEST_BIN_DIR");
-  return std::string(dir != nullptr && *dir ? dir : ASYNCPS_BIN_DIR) + "/" + name;
+  return std::string(dir != nullptr && *dir ? dir : ASYNCPS_BIN_DIR) + "/" +
+         name;
 }
 
 uint64_t ProcStatusKib(pid_t pid, const std::string& field) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/status");
   for (std::string line; std::getline(f, line);) {
-    if (line.rfind(field + ":", 0) == 0) return std::strtoull(line.c_str() + field.size() + 1, nullptr, 10);
+    if (line.rfind(field + ":", 0) == 0)
+      return std::strtoull(line.c_str() + field.size() + 1, nullptr, 10);
   }
   return 0;
 }
 
-StatusOr<ServerHandle> StartServer(const TempDir& dir, const std::string& name, const std::vector<std::string>& extra,
+StatusOr<ServerHandle> StartServer(const TempDir& dir, const std::string& name,
+                                   const std::vector<std::string>& extra,
                                    const std::string& endpoint) {
   std::string ready = dir.Sub(name + ".ready");
   std::filesystem::remove(ready);
@@ -119,8 +125,9 @@ StatusOr<ServerHandle> StartServer(const TempDir& dir, const std::string& name, 
     std::istringstream words(prefix);
     for (std::string w; words >> w;) argv.push_back(w);
   }
-  for (const std::string& a : {BinPath("ps_server"), "--endpoint=" + endpoint, "--ready_file=" + ready,
-                               "--db_path=" + dir.Sub(name + ".db")}) {
+  for (const std::string& a :
+       {BinPath("ps_server"), "--endpoint=" + endpoint, "--ready_file=" + ready,
+        "--db_path=" + dir.Sub(name + ".db")}) {
     argv.push_back(a);
   }
   argv.insert(argv.end(), extra.begin(), extra.end());
@@ -134,11 +141,13 @@ StatusOr<ServerHandle> StartServer(const TempDir& dir, const std::string& name, 
       return h;
     }
     if (!h.process->Running()) {
-      return Status::Unavailable("ps_server " + name + " exited during start:\n" + h.process->Log());
+      return Status::Unavailable("ps_server " + name +
+                                 " exited during start:\n" + h.process->Log());
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  return Status::TimedOut("ps_server " + name + " not ready after 15 s:\n" + h.process->Log());
+  return Status::TimedOut("ps_server " + name + " not ready after 15 s:\n" +
+                          h.process->Log());
 }
 
 }  // namespace asyncps::testing

@@ -24,7 +24,9 @@ class TempDir {
   TempDir();
   ~TempDir();
   const std::filesystem::path& path() const { return path_; }
-  std::string Sub(const std::string& name) const { return (path_ / name).string(); }
+  std::string Sub(const std::string& name) const {
+    return (path_ / name).string();
+  }
 
  private:
   std::filesystem::path path_;
@@ -33,7 +35,8 @@ class TempDir {
 // A child process whose stdout+stderr go to `log_path`.
 class Process {
  public:
-  static StatusOr<std::unique_ptr<Process>> Start(const std::vector<std::string>& argv, const std::string& log_path);
+  static StatusOr<std::unique_ptr<Process>> Start(
+      const std::vector<std::string>& argv, const std::string& log_path);
   ~Process();
 
   pid_t pid() const { return pid_; }
@@ -68,8 +71,10 @@ struct ServerHandle {
   std::unique_ptr<Process> process;
   std::string endpoint;
 };
-StatusOr<ServerHandle> StartServer(const TempDir& dir, const std::string& name, const std::vector<std::string>& extra,
-                                   const std::string& endpoint = "tcp://127.0.0.1:0");
+StatusOr<ServerHandle> StartServer(
+    const TempDir& dir, const std::string& name,
+    const std::vector<std::string>& extra,
+    const std::string& endpoint = "tcp://127.0.0.1:0");
 
 // Reads a whole file; empty when missing.
 std::string ReadFile(const std::string& path);

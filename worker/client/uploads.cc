@@ -208,8 +208,9 @@ Status Uploads::Assign(int shard, AssignRequest a, bool* claimed,
     ChunkRef ref;
     ref.chunk = p.chunk;
     ref.frame = static_cast<uint32_t>(frames.size());
-    ref.num_elems = a.phase == AssignOp::kState ? p.data.size / sizeof(float)  // state
-                                 : layout.chunks()[p.chunk].num_elems;
+    ref.num_elems = a.phase == AssignOp::kState
+                        ? p.data.size / sizeof(float)  // state
+                        : layout.chunks()[p.chunk].num_elems;
     ref.byte_size = p.data.size;
     ref.version = p.version;
     h.chunks.push_back(ref);
@@ -229,7 +230,8 @@ Status Uploads::Assign(int shard, AssignRequest a, bool* claimed,
     }
     a.rows.clear();
   }
-  const bool records = a.phase == AssignOp::kRows || a.phase == AssignOp::kSaved;  // rows with state
+  const bool records = a.phase == AssignOp::kRows ||
+                       a.phase == AssignOp::kSaved;  // rows with state
   if (records && a.row_records.size() != a.rows.size()) {
     return Status::InvalidArgument(
         "assign of rows with state: " + std::to_string(a.rows.size()) +

@@ -41,7 +41,8 @@ double ClickModel::Logit(const CriteoExample& ex, const float* dense,
                          const float* rows, float* sums) const {
   const size_t dim = row_dim();
   double logit = dense[0];
-  for (int i = 0; i < kCriteoInts; ++i) logit += dense[1 + i] * CriteoDense(ex, i);
+  for (int i = 0; i < kCriteoInts; ++i)
+    logit += dense[1 + i] * CriteoDense(ex, i);
   double pair = 0;
   for (int j = 0; j < k_; ++j) sums[j] = 0.0f;
   for (int f = 0; f < kCriteoCats; ++f) {

@@ -17,9 +17,9 @@ int HexDigit(char c) {
 }
 
 Status BadColumn(int col, std::string_view text, const char* what) {
-  return Status::InvalidArgument(
-      "column " + std::to_string(col + 1) + " ('" +
-      std::string(text.substr(0, 32)) + "'): " + what);
+  return Status::InvalidArgument("column " + std::to_string(col + 1) + " ('" +
+                                 std::string(text.substr(0, 32)) +
+                                 "'): " + what);
 }
 
 }  // namespace
@@ -33,9 +33,9 @@ Status ParseCriteoLine(std::string_view line, bool has_label,
   size_t pos = 0;
   while (true) {
     const size_t tab = line.find('\t', pos);
-    const std::string_view f = line.substr(
-        pos, tab == std::string_view::npos ? std::string_view::npos
-                                           : tab - pos);
+    const std::string_view f =
+        line.substr(pos, tab == std::string_view::npos ? std::string_view::npos
+                                                       : tab - pos);
     if (col >= want) {
       return Status::InvalidArgument("more than " + std::to_string(want) +
                                      " tab-separated columns");
@@ -81,9 +81,10 @@ Status ParseCriteoLine(std::string_view line, bool has_label,
   if (col != want) {
     return Status::InvalidArgument(
         std::to_string(col) + " tab-separated columns, expected " +
-        std::to_string(want) + (has_label ? " (label, 13 integers, 26 "
-                                            "categorical)"
-                                          : " (13 integers, 26 categorical)"));
+        std::to_string(want) +
+        (has_label ? " (label, 13 integers, 26 "
+                     "categorical)"
+                   : " (13 integers, 26 categorical)"));
   }
   return Status::OK();
 }
@@ -128,10 +129,9 @@ StatusOr<std::unique_ptr<CriteoReader>> CriteoReader::Open(
     const std::string& path, const CriteoReaderOptions& options) {
   if (options.num_workers < 1 || options.rank < 0 ||
       options.rank >= options.num_workers) {
-    return Status::InvalidArgument("criteo reader: rank " +
-                                   std::to_string(options.rank) +
-                                   " not in [0, " +
-                                   std::to_string(options.num_workers) + ")");
+    return Status::InvalidArgument(
+        "criteo reader: rank " + std::to_string(options.rank) + " not in [0, " +
+        std::to_string(options.num_workers) + ")");
   }
   if (options.max_line_bytes < 128)
     return Status::InvalidArgument("max_line_bytes must be >= 128");
@@ -179,8 +179,8 @@ StatusOr<size_t> CriteoReader::Read(size_t n, std::vector<CriteoExample>* out) {
     if (len == 0 && gzeof(file_->gz)) break;  // final newline
     if ((line_ - 1) % options_.num_workers != options_.rank) continue;
     CriteoExample ex;
-    Status st = ParseCriteoLine(std::string_view(s, len), options_.has_label,
-                                &ex);
+    Status st =
+        ParseCriteoLine(std::string_view(s, len), options_.has_label, &ex);
     if (!st.ok()) {
       return Status::InvalidArgument(path_ + ":" + std::to_string(line_) +
                                      ": " + st.message());

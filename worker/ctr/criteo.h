@@ -33,11 +33,11 @@ inline constexpr int kCriteoInts = 13;
 inline constexpr int kCriteoCats = 26;
 
 struct CriteoExample {
-  float label = 0.0f;            // 0 or 1
+  float label = 0.0f;  // 0 or 1
   int32_t ints[kCriteoInts] = {};
-  uint16_t int_present = 0;      // bit i: I(i+1) present
+  uint16_t int_present = 0;  // bit i: I(i+1) present
   uint32_t cats[kCriteoCats] = {};
-  uint32_t cat_present = 0;      // bit i: C(i+1) present
+  uint32_t cat_present = 0;  // bit i: C(i+1) present
 
   bool has_int(int i) const { return (int_present >> i) & 1; }
   bool has_cat(int i) const { return (cat_present >> i) & 1; }

@@ -23,7 +23,8 @@ std::string TempPath(const std::string& name) {
 // A line as the Kaggle train.txt has them: missing ints and cats, a
 // negative int.
 constexpr char kLine[] =
-    "1\t1\t-1\t\t0\t1382\t4\t15\t2\t181\t1\t2\t\t2\t68fd1e64\t80e26c9b\tfb936136"
+    "1\t1\t-"
+    "1\t\t0\t1382\t4\t15\t2\t181\t1\t2\t\t2\t68fd1e64\t80e26c9b\tfb936136"
     "\t7b4723c4\t25c83c98\t7e0ccccf\tde7995b8\t1f89b562\ta73ee510\ta8cd5504"
     "\tb2cb9c98\t37c9c164\t2824a5f6\t1adce6ef\t8ba8b39a\t891b62e7\te5ba7672"
     "\tf54016b9\t21ddcdc9\tb1252a9d\t07b5194c\t\t3a171ecb\tc5c50484\te8b83407"
@@ -145,7 +146,9 @@ TEST(CriteoTest, ReaderErrorsNameFileAndLine) {
   const std::string path = TempPath("bad.txt");
   {
     std::ofstream f(path);
-    f << kLine << "\n" << kLine << "\n" << "1\tgarbage\n";
+    f << kLine << "\n"
+      << kLine << "\n"
+      << "1\tgarbage\n";
   }
   auto r = LoadCriteo(path);
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
@@ -208,8 +211,7 @@ TEST(PlantedTest, GeneratedDataHasKnownOptimum) {
   std::mt19937_64 rng(3);
   CriteoExample first;
   const double p = model.SampleFeatures(rng, &first);
-  EXPECT_EQ(FormatCriteoLine(first, false),
-            FormatCriteoLine((*ex)[0], false));
+  EXPECT_EQ(FormatCriteoLine(first, false), FormatCriteoLine((*ex)[0], false));
   EXPECT_DOUBLE_EQ(model.Probability((*ex)[0]), p);
   std::filesystem::remove(path);
 }

@@ -19,9 +19,9 @@
 #include <nlohmann/json.hpp>
 
 #include "common/curve_flags.h"
+#include "common/tool_main.h"
 #include "worker/client.h"
 #include "worker/ctr/ctr_trainer.h"
-#include "common/tool_main.h"
 
 DEFINE_string(servers, "", "comma-separated shard endpoints, shard 0 first");
 DEFINE_int32(rank, 0, "this worker's rank, in [0, num_workers)");
@@ -60,8 +60,10 @@ using namespace asyncps::worker::ctr;  // NOLINT
 Status Main() {
   ClientOptions co;
   co.servers = ParseEndpoints(FLAGS_servers);
-  if (co.servers.empty()) return Status::InvalidArgument("--servers is required");
-  if (FLAGS_train.empty()) return Status::InvalidArgument("--train is required");
+  if (co.servers.empty())
+    return Status::InvalidArgument("--servers is required");
+  if (FLAGS_train.empty())
+    return Status::InvalidArgument("--train is required");
   if (FLAGS_num_workers < 1 || FLAGS_rank < 0 ||
       FLAGS_rank >= FLAGS_num_workers) {
     return Status::InvalidArgument("--rank must be in [0, --num_workers)");
@@ -85,7 +87,8 @@ Status Main() {
 
   CtrTrainerOptions o;
   o.train_path = FLAGS_train;
-  const bool eval = FLAGS_eval == "true" || (FLAGS_eval == "auto" && FLAGS_rank == 0);
+  const bool eval =
+      FLAGS_eval == "true" || (FLAGS_eval == "auto" && FLAGS_rank == 0);
   if (eval) o.test_path = FLAGS_test;
   o.test_examples = FLAGS_test_examples;
   o.rank = FLAGS_rank;
@@ -95,7 +98,8 @@ Status Main() {
   o.max_steps = FLAGS_max_steps;
   o.factor_dim = FLAGS_factor_dim;
   o.init_scale = static_cast<float>(FLAGS_init_scale);
-  ASSIGN_OR_RETURN(o.row_optimizer.kind, ParseRowOptimizerKind(FLAGS_row_optimizer));
+  ASSIGN_OR_RETURN(o.row_optimizer.kind,
+                   ParseRowOptimizerKind(FLAGS_row_optimizer));
   o.row_optimizer.lr = static_cast<float>(FLAGS_row_lr);
   o.row_optimizer.initial_accumulator =
       static_cast<float>(FLAGS_row_initial_accumulator);
@@ -118,8 +122,8 @@ Status Main() {
   }
   LOG(INFO) << "ps_ctr_worker: rank " << o.rank << "/" << o.num_workers
             << " train " << o.train_path << " test '" << o.test_path
-            << "' batch " << o.batch << " epochs " << o.epochs
-            << " factor_dim " << o.factor_dim << " rows "
+            << "' batch " << o.batch << " epochs " << o.epochs << " factor_dim "
+            << o.factor_dim << " rows "
             << RowOptimizerKindName(o.row_optimizer.kind) << " lr "
             << o.row_optimizer.lr << " rows_codec " << FLAGS_rows_codec;
   ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Create(co));
@@ -150,7 +154,8 @@ Status Main() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  asyncps::InitTool("ps_ctr_worker: click model with sparse embeddings", &argc, &argv);
+  asyncps::InitTool("ps_ctr_worker: click model with sparse embeddings", &argc,
+                    &argv);
   Status s = Main();
   if (!s.ok()) {
     std::fprintf(stderr, "ps_ctr_worker: %s\n", s.ToString().c_str());

@@ -44,10 +44,9 @@ StatusOr<std::unique_ptr<CtrTrainer>> CtrTrainer::Create(
                                              options.init_scale, options.seed);
   table.admit_after_pushes = options.admit_after_pushes;
   table.expire_after_clocks = options.expire_after_clocks;
-  RETURN_IF_ERROR(client
-                      ->RegisterModel({ClickModel::DenseSpec()},
-                                      LayoutOptions(), {table})
-                      .WithContext("registering the click model"));
+  RETURN_IF_ERROR(
+      client->RegisterModel({ClickModel::DenseSpec()}, LayoutOptions(), {table})
+          .WithContext("registering the click model"));
   CriteoReaderOptions ro;
   ro.rank = options.rank;
   ro.num_workers = options.num_workers;
@@ -134,7 +133,8 @@ StatusOr<CtrResult> CtrTrainer::Run() {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> csv(nullptr, &std::fclose);
   if (!options_.metrics_csv.empty()) {
     csv.reset(std::fopen(options_.metrics_csv.c_str(), "w"));
-    if (!csv) return Status::Unavailable("cannot write " + options_.metrics_csv);
+    if (!csv)
+      return Status::Unavailable("cannot write " + options_.metrics_csv);
     std::fputs(kCsvHeader, csv.get());
   }
   const auto t0 = SteadyClock::now();
@@ -151,9 +151,8 @@ StatusOr<CtrResult> CtrTrainer::Run() {
   const Layout& layout = client_->layout();
   for (int64_t c = 0;; ++c) {
     const auto w0 = SteadyClock::now();
-    RETURN_IF_ERROR(
-        client_->Wait(pull, options_.timeout).WithContext("pull of step " +
-                                                          std::to_string(c)));
+    RETURN_IF_ERROR(client_->Wait(pull, options_.timeout)
+                        .WithContext("pull of step " + std::to_string(c)));
     pull_wait_s += Seconds(w0, SteadyClock::now());
     grads.resize(rows.size());
     const double loss =
@@ -187,11 +186,11 @@ StatusOr<CtrResult> CtrTrainer::Run() {
                         .WithContext("push of step " + std::to_string(c)));
     RETURN_IF_ERROR(client_->Wait(tc, options_.timeout));
     const bool last = !more;
-    const bool log = last || (options_.log_every > 0 &&
-                              steps_ % options_.log_every == 0);
-    const bool eval = !test_.empty() &&
-                      (last || (options_.eval_every > 0 &&
-                                steps_ % options_.eval_every == 0));
+    const bool log =
+        last || (options_.log_every > 0 && steps_ % options_.log_every == 0);
+    const bool eval =
+        !test_.empty() && (last || (options_.eval_every > 0 &&
+                                    steps_ % options_.eval_every == 0));
     CtrEval e;
     if (eval) {
       const auto e0 = SteadyClock::now();
@@ -209,8 +208,8 @@ StatusOr<CtrResult> CtrTrainer::Run() {
                                " test_auc " + std::to_string(e.auc)
                          : std::string());
       if (csv) {
-        std::fprintf(csv.get(), "%.3f,%d,%lld,%lld,%.6f,", wall,
-                     options_.rank, static_cast<long long>(steps_),
+        std::fprintf(csv.get(), "%.3f,%d,%lld,%lld,%.6f,", wall, options_.rank,
+                     static_cast<long long>(steps_),
                      static_cast<long long>(res.examples),
                      res.final_train_loss);
         if (eval) {

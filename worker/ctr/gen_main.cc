@@ -11,8 +11,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "worker/ctr/planted.h"
 #include "common/tool_main.h"
+#include "worker/ctr/planted.h"
 
 DEFINE_string(train, "", "training file to write (.gz: gzip)");
 DEFINE_string(test, "", "test file to write (.gz: gzip)");
@@ -26,7 +26,8 @@ DEFINE_double(missing_rate, 0.05, "probability that a feature is missing");
 DEFINE_string(stats_json, "", "where to write the Bayes-optimal figures");
 
 int main(int argc, char** argv) {
-  asyncps::InitTool("ps_criteo_gen: Criteo-format data from a planted model", &argc, &argv);
+  asyncps::InitTool("ps_criteo_gen: Criteo-format data from a planted model",
+                    &argc, &argv);
   using namespace asyncps::worker::ctr;  // NOLINT: tool main
   PlantedOptions o;
   o.seed = FLAGS_seed;
@@ -44,7 +45,9 @@ int main(int argc, char** argv) {
   }
   PlantedModel model(o);
   nlohmann::json out;
-  out["options"] = {{"seed", o.seed}, {"vocab", o.vocab}, {"zipf", o.zipf},
+  out["options"] = {{"seed", o.seed},
+                    {"vocab", o.vocab},
+                    {"zipf", o.zipf},
                     {"factor_dim", o.factor_dim},
                     {"missing_rate", o.missing_rate}};
   struct Part {
@@ -58,7 +61,8 @@ int main(int argc, char** argv) {
     if (p.path.empty()) continue;
     auto st = WritePlantedFile(p.path, p.n, model, p.sample_seed + o.seed);
     if (!st.ok()) {
-      std::fprintf(stderr, "ps_criteo_gen: %s\n", st.status().ToString().c_str());
+      std::fprintf(stderr, "ps_criteo_gen: %s\n",
+                   st.status().ToString().c_str());
       return 1;
     }
     out[p.name] = nlohmann::json::parse(st->ToJson());

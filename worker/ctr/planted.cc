@@ -79,8 +79,8 @@ uint64_t ZipfSampler::operator()(std::mt19937_64& rng) const {
 PlantedModel::PlantedModel(const PlantedOptions& options)
     : options_(options), zipf_(options.vocab, options.zipf) {
   for (int i = 0; i < kCriteoInts; ++i) {
-    dense_w_[i] =
-        options.dense_scale * Gaussian(SplitMix64(options.seed ^ (0xd0ull + i)));
+    dense_w_[i] = options.dense_scale *
+                  Gaussian(SplitMix64(options.seed ^ (0xd0ull + i)));
   }
 }
 
@@ -96,7 +96,8 @@ void PlantedModel::Row(int field, const CriteoExample& ex, float* out) const {
 double PlantedModel::Probability(const CriteoExample& ex) const {
   const int k = options_.factor_dim;
   double logit = options_.bias;
-  for (int i = 0; i < kCriteoInts; ++i) logit += dense_w_[i] * CriteoDense(ex, i);
+  for (int i = 0; i < kCriteoInts; ++i)
+    logit += dense_w_[i] * CriteoDense(ex, i);
   std::vector<float> row(1 + k);
   std::vector<double> sum(k, 0.0), sq(k, 0.0);
   for (int f = 0; f < kCriteoCats; ++f) {
@@ -126,8 +127,8 @@ double PlantedModel::SampleFeatures(std::mt19937_64& rng,
   for (int f = 0; f < kCriteoCats; ++f) {
     if (unit(rng) < options_.missing_rate) continue;
     const uint64_t rank = zipf_(rng);
-    ex->cats[f] = static_cast<uint32_t>(
-        SplitMix64(options_.seed * 31 + (static_cast<uint64_t>(f) << 40) + rank));
+    ex->cats[f] = static_cast<uint32_t>(SplitMix64(
+        options_.seed * 31 + (static_cast<uint64_t>(f) << 40) + rank));
     ex->cat_present |= 1u << f;
   }
   return Probability(*ex);
@@ -172,7 +173,8 @@ StatusOr<PlantedStats> WritePlantedFile(const std::string& path, int64_t n,
                                         const PlantedModel& model,
                                         uint64_t sample_seed) {
   RETURN_IF_ERROR(model.options().Validate());
-  const bool gz = path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
+  const bool gz =
+      path.size() > 3 && path.compare(path.size() - 3, 3, ".gz") == 0;
   std::unique_ptr<gzFile_s, int (*)(gzFile)> zf(nullptr, &gzclose);
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(nullptr, &std::fclose);
   if (gz) {
@@ -194,7 +196,8 @@ StatusOr<PlantedStats> WritePlantedFile(const std::string& path, int64_t n,
     std::string line = FormatCriteoLine(ex);
     line += '\n';
     const bool ok =
-        gz ? gzwrite(zf.get(), line.data(), static_cast<unsigned>(line.size())) ==
+        gz ? gzwrite(zf.get(), line.data(),
+                     static_cast<unsigned>(line.size())) ==
                  static_cast<int>(line.size())
            : std::fwrite(line.data(), 1, line.size(), f.get()) == line.size();
     if (!ok) return Status::Unavailable("writing " + path + " failed");

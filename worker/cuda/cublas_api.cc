@@ -15,7 +15,8 @@ std::atomic<bool> loaded{false};
 template <typename Fn>
 void Resolve(void* lib, const char* name, Fn* fn, std::string* missing) {
   *fn = reinterpret_cast<Fn>(dlsym(lib, name));
-  if (*fn == nullptr) *missing += std::string(missing->empty() ? "" : ", ") + name;
+  if (*fn == nullptr)
+    *missing += std::string(missing->empty() ? "" : ", ") + name;
 }
 
 StatusOr<CublasApi> Load() {

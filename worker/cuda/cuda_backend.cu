@@ -290,9 +290,9 @@ class CudaBackend final : public Backend {
       const size_t n = tensor_elems(i);
       std::memcpy(stage + StagingOffset(i), i % 2 == 0 ? weight : bias,
                   n * sizeof(float));
-      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-          params_[i].get(), stage + StagingOffset(i), n * sizeof(float),
-          cudaMemcpyHostToDevice, stream_));
+      CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(params_[i].get(), stage + StagingOffset(i),
+                          n * sizeof(float), cudaMemcpyHostToDevice, stream_));
     }
     return Status::OK();
   }

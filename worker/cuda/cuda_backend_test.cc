@@ -129,8 +129,8 @@ TEST_F(CudaBackendTest, LayeredStepIsBitwiseTheFusedStep) {
   auto fused = Make(DeviceKind::kCuda, layers);
   auto layered = Make(DeviceKind::kCuda, layers);
   ASSERT_TRUE(fused && layered);
-  ExpectLayeredStepIsTheFusedStep(fused.get(), layered.get(), params,
-                                  x.data(), y.data(), batch);
+  ExpectLayeredStepIsTheFusedStep(fused.get(), layered.get(), params, x.data(),
+                                  y.data(), batch);
 }
 
 }  // namespace

@@ -130,10 +130,13 @@ void RowsPlan::ScatterSubset(int shard, size_t p,
   const Inverse& inv = inverse_[part.input];
   const size_t dim = tables_[r.table].dim;
   std::vector<int64_t> at(part.n, -1);  // index in the part -> row of `rows`
-  for (size_t j = 0; j < subset.size(); ++j) at[subset[j]] = static_cast<int64_t>(j);
+  for (size_t j = 0; j < subset.size(); ++j)
+    at[subset[j]] = static_cast<int64_t>(j);
   for (size_t i = 0; i < r.n; ++i) {
-    if (inv.shard[i] != static_cast<uint32_t>(shard) || at[inv.index[i]] < 0) continue;
-    std::memcpy(r.out + i * dim, rows + static_cast<size_t>(at[inv.index[i]]) * dim,
+    if (inv.shard[i] != static_cast<uint32_t>(shard) || at[inv.index[i]] < 0)
+      continue;
+    std::memcpy(r.out + i * dim,
+                rows + static_cast<size_t>(at[inv.index[i]]) * dim,
                 dim * sizeof(float));
   }
 }

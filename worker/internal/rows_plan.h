@@ -32,10 +32,10 @@ class RowsPlan {
   // What one shard receives for one table.
   struct Part {
     uint32_t table = 0;
-    size_t input = 0;   // index into the inputs
-    BufferPtr keys;     // unique keys, uint64 each
-    BufferPtr grads;    // pushes: merged gradients, fp32 rows
-    size_t n = 0;       // keys in this part
+    size_t input = 0;  // index into the inputs
+    BufferPtr keys;    // unique keys, uint64 each
+    BufferPtr grads;   // pushes: merged gradients, fp32 rows
+    size_t n = 0;      // keys in this part
   };
 
   // Builds the plan for `inputs` over `num_shards` shards, each key routed
@@ -69,7 +69,7 @@ class RowsPlan {
   };
   std::vector<TableSpec> tables_;
   std::vector<RowsInput> inputs_;
-  std::vector<Inverse> inverse_;         // per input
+  std::vector<Inverse> inverse_;          // per input
   std::vector<std::vector<Part>> parts_;  // per shard
 };
 

@@ -69,10 +69,10 @@ TEST(RowsPlanTest, UniqueKeysPerShardMergedGradsAndScatter) {
   // Pull: rows come back per shard part; every position gets its key's row.
   std::vector<float> out(ka.size() * 2, -1.0f);
   RowsPlan pull;
-  ASSERT_TRUE(
-      pull.Build(tables, shards, {{0, ka.data(), ka.size(), nullptr, out.data()}},
-                 false)
-          .ok());
+  ASSERT_TRUE(pull.Build(tables, shards,
+                         {{0, ka.data(), ka.size(), nullptr, out.data()}},
+                         false)
+                  .ok());
   for (int s = 0; s < shards; ++s) {
     for (size_t p = 0; p < pull.parts(s).size(); ++p) {
       const RowsPlan::Part& part = pull.parts(s)[p];
@@ -96,20 +96,17 @@ TEST(RowsPlanTest, BadRequestsAreRefused) {
   std::vector<uint64_t> k = {1};
   std::vector<float> g(2);
   RowsPlan plan;
-  EXPECT_FALSE(plan.Build(tables, 2, {{1, k.data(), 1, g.data(), nullptr}},
-                          true)
-                   .ok());
+  EXPECT_FALSE(
+      plan.Build(tables, 2, {{1, k.data(), 1, g.data(), nullptr}}, true).ok());
   Status s = plan.Build(tables, 2,
                         {{0, k.data(), 1, g.data(), nullptr},
                          {0, k.data(), 1, g.data(), nullptr}},
                         true);
   EXPECT_NE(s.message().find("named twice"), std::string::npos);
-  EXPECT_FALSE(plan.Build(tables, 2, {{0, k.data(), 1, nullptr, nullptr}},
-                          true)
-                   .ok());
-  EXPECT_FALSE(plan.Build(tables, 2, {{0, nullptr, 1, nullptr, g.data()}},
-                          false)
-                   .ok());
+  EXPECT_FALSE(
+      plan.Build(tables, 2, {{0, k.data(), 1, nullptr, nullptr}}, true).ok());
+  EXPECT_FALSE(
+      plan.Build(tables, 2, {{0, nullptr, 1, nullptr, g.data()}}, false).ok());
 }
 
 }  // namespace

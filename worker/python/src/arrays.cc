@@ -49,11 +49,12 @@ std::vector<float*> CheckedBuffers(const py::sequence& arrays,
                                     ", expected float32"));
     }
     std::vector<int64_t> shape(a.shape(), a.shape() + a.ndim());
-    const bool scalar_ok = shape.empty() && spec.shape == std::vector<int64_t>{1};
+    const bool scalar_ok =
+        shape.empty() && spec.shape == std::vector<int64_t>{1};
     if (shape != spec.shape && !scalar_ok) {
-      Raise(Status::InvalidArgument(
-          Prefix(what, spec) + "has shape " + ShapeString(shape) +
-          ", registered as " + ShapeString(spec.shape)));
+      Raise(Status::InvalidArgument(Prefix(what, spec) + "has shape " +
+                                    ShapeString(shape) + ", registered as " +
+                                    ShapeString(spec.shape)));
     }
     if (!(a.flags() & py::array::c_style)) {
       Raise(Status::InvalidArgument(

@@ -20,7 +20,8 @@ namespace asyncps::python {
 
 namespace {
 
-using KeysArray = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
+using KeysArray =
+    py::array_t<uint64_t, py::array::c_style | py::array::forcecast>;
 using RowsArray = py::array_t<float, py::array::c_style>;
 
 using StepsArray =
@@ -63,10 +64,9 @@ void CheckedRowState(const TableSpec& table, size_t n, const py::tuple& t,
   if (!kinds || !clocks || kinds.ndim() != 1 || clocks.ndim() != 1 ||
       static_cast<size_t>(kinds.shape(0)) != n ||
       static_cast<size_t>(clocks.shape(0)) != n) {
-    Raise(Status::InvalidArgument("saved kinds and clocks of the rows of '" +
-                                  table.name + "': uint32 (" +
-                                  std::to_string(n) + ",) and int64 (" +
-                                  std::to_string(n) + ",)"));
+    Raise(Status::InvalidArgument(
+        "saved kinds and clocks of the rows of '" + table.name + "': uint32 (" +
+        std::to_string(n) + ",) and int64 (" + std::to_string(n) + ",)"));
   }
   keep->push_back(kinds);
   keep->push_back(clocks);
@@ -399,7 +399,8 @@ void AddAssignMethods(py::class_<PyClient, std::shared_ptr<PyClient>>& c) {
                                      std::to_string(table)));
             }
             if (page_rows < 1) {
-              Raise(Status::InvalidArgument("scan_rows: page_rows must be >= 1"));
+              Raise(
+                  Status::InvalidArgument("scan_rows: page_rows must be >= 1"));
             }
             return ScanRows(self, table, page_rows, timeout_s);
           },

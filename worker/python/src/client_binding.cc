@@ -67,8 +67,8 @@ class PyStore {
           "the store's tensors differ from those the client registered"));
     }
     ThrowIfError(client_->Run([&]() -> Status {
-      ASSIGN_OR_RETURN(store_, PsParameterStore::Create(client_->get(),
-                                                        specs_, o));
+      ASSIGN_OR_RETURN(store_,
+                       PsParameterStore::Create(client_->get(), specs_, o));
       return Status::OK();
     }));
   }
@@ -87,8 +87,8 @@ class PyStore {
     std::vector<float*> ptrs = CheckedBuffers(arrays, specs_, true, "pull");
     ThrowIfError(client_->Run([&] {
       return WithStore([&](PsParameterStore& st) {
-        return st.Pull(clock, ptrs).WithContext("pull at clock " +
-                                                std::to_string(clock));
+        return st.Pull(clock, ptrs)
+            .WithContext("pull at clock " + std::to_string(clock));
       });
     }));
   }
@@ -98,8 +98,8 @@ class PyStore {
     std::vector<const float*> cptrs(ptrs.begin(), ptrs.end());
     ThrowIfError(client_->Run([&] {
       return WithStore([&](PsParameterStore& st) {
-        return st.Push(clock, cptrs).WithContext("push at clock " +
-                                                 std::to_string(clock));
+        return st.Push(clock, cptrs)
+            .WithContext("push at clock " + std::to_string(clock));
       });
     }));
   }
@@ -170,8 +170,8 @@ class PyStore {
     std::vector<float*> ptrs = CheckedBuffers(arrays, specs_, true, "pull");
     ThrowIfError(client_->Run([&] {
       return WithStore([&](PsParameterStore& st) {
-        return st.WaitPullGroup(group, ptrs).WithContext(
-            "pull group " + std::to_string(group));
+        return st.WaitPullGroup(group, ptrs)
+            .WithContext("pull group " + std::to_string(group));
       });
     }));
   }
@@ -189,11 +189,12 @@ class PyStore {
           " tensors, got " + std::to_string(pointers.size()) + " pointers"));
     }
     std::vector<const float*> ptrs;
-    for (uintptr_t p : pointers) ptrs.push_back(reinterpret_cast<const float*>(p));
+    for (uintptr_t p : pointers)
+      ptrs.push_back(reinterpret_cast<const float*>(p));
     ThrowIfError(client_->Run([&] {
       return WithStore([&](PsParameterStore& st) {
-        return st.PushDevice(clock, ptrs).WithContext(
-            "device push at clock " + std::to_string(clock));
+        return st.PushDevice(clock, ptrs)
+            .WithContext("device push at clock " + std::to_string(clock));
       });
     }));
   }
@@ -278,33 +279,28 @@ class PyStore {
   std::vector<PsParameterStore::TensorBytes> closed_tensor_bytes_;
 };
 
-std::shared_ptr<PyClient> MakeClient(std::vector<std::string> servers, int rank,
-                                double timeout_s, double attempt_timeout_s,
-                                double max_backoff_s, double heartbeat_s,
-                                const std::string& curve_server_key,
-                                const std::string& curve_secret_key,
-                                const std::string& curve_public_key,
-                                size_t max_in_flight,
-                                double interrupt_poll_s,
-                                size_t shared_memory_mb,
-                                std::vector<std::string> etcd,
-                                const std::string& etcd_prefix,
-                                int64_t send_buffer_kb,
-                                const std::string& etcd_ca_file,
-                                const std::string& etcd_cert_file,
-                                const std::string& etcd_key_file,
-                                const std::string& etcd_user,
-                                const std::string& etcd_password_file) {
+std::shared_ptr<PyClient> MakeClient(
+    std::vector<std::string> servers, int rank, double timeout_s,
+    double attempt_timeout_s, double max_backoff_s, double heartbeat_s,
+    const std::string& curve_server_key, const std::string& curve_secret_key,
+    const std::string& curve_public_key, size_t max_in_flight,
+    double interrupt_poll_s, size_t shared_memory_mb,
+    std::vector<std::string> etcd, const std::string& etcd_prefix,
+    int64_t send_buffer_kb, const std::string& etcd_ca_file,
+    const std::string& etcd_cert_file, const std::string& etcd_key_file,
+    const std::string& etcd_user, const std::string& etcd_password_file) {
   ClientOptions o;
   o.etcd_security.ca_file = etcd_ca_file;
   o.etcd_security.cert_file = etcd_cert_file;
   o.etcd_security.key_file = etcd_key_file;
   o.etcd_security.user = etcd_user;
   if (etcd_user.empty() != etcd_password_file.empty()) {
-    Raise(Status::InvalidArgument("etcd_user and etcd_password_file go together"));
+    Raise(Status::InvalidArgument(
+        "etcd_user and etcd_password_file go together"));
   }
   if (!etcd_password_file.empty()) {
-    ThrowIfError(LoadEtcdPassword(etcd_password_file, &o.etcd_security.password));
+    ThrowIfError(
+        LoadEtcdPassword(etcd_password_file, &o.etcd_security.password));
   }
   ThrowIfError(CheckSendBufferKb(send_buffer_kb, "send_buffer_kb"));
   o.transport.send_buffer_bytes = static_cast<int>(send_buffer_kb * 1024);
@@ -326,11 +322,10 @@ std::shared_ptr<PyClient> MakeClient(std::vector<std::string> servers, int rank,
   o.max_backoff = Millis(max_backoff_s);
   o.heartbeat_interval = Millis(heartbeat_s);
   o.max_in_flight = max_in_flight;
-  o.interrupt_poll = std::max(Millis(interrupt_poll_s),
-                              std::chrono::milliseconds(1));
+  o.interrupt_poll =
+      std::max(Millis(interrupt_poll_s), std::chrono::milliseconds(1));
   if (!curve_server_key.empty()) {
-    o.transport.curve_server_key =
-        ValueOrThrow(LoadCurveKey(curve_server_key));
+    o.transport.curve_server_key = ValueOrThrow(LoadCurveKey(curve_server_key));
     if (!curve_secret_key.empty())
       o.transport.curve_secret_key =
           ValueOrThrow(LoadCurveKey(curve_secret_key));
@@ -367,19 +362,21 @@ Initial values depend only on (seed, name, index).)doc")
            py::arg("param") = 0.0f, py::arg("seed") = 0)
       .def_readonly("name", &TensorSpec::name)
       .def_readonly("shape", &TensorSpec::shape)
-      .def_property_readonly("init",
-                             [](const TensorSpec& t) { return InitName(t.init); })
+      .def_property_readonly(
+          "init", [](const TensorSpec& t) { return InitName(t.init); })
       .def_readonly("param", &TensorSpec::init_param)
       .def_readonly("seed", &TensorSpec::seed)
       .def_property_readonly("num_elements", &TensorSpec::num_elements)
-      .def("initial_values",
-           [](const TensorSpec& t) {
-             py::array_t<float> a(t.shape);
-             InitializeTensorRange(t, 0, t.num_elements(), a.mutable_data());
-             return a;
-           },
-           "The tensor's initial value, as the shards compute it.")
-      .def("__eq__", [](const TensorSpec& a, const TensorSpec& b) { return a == b; })
+      .def(
+          "initial_values",
+          [](const TensorSpec& t) {
+            py::array_t<float> a(t.shape);
+            InitializeTensorRange(t, 0, t.num_elements(), a.mutable_data());
+            return a;
+          },
+          "The tensor's initial value, as the shards compute it.")
+      .def("__eq__",
+           [](const TensorSpec& a, const TensorSpec& b) { return a == b; })
       .def("__repr__", [](const TensorSpec& t) {
         return "TensorSpec('" + t.name + "', " + ShapeString(t.shape) + ", '" +
                InitName(t.init) + "', " + std::to_string(t.init_param) + ", " +
@@ -399,27 +396,31 @@ left still joins (servers stays the fleet's first shards). etcd_ca_file,
 etcd_cert_file, etcd_key_file: etcd over TLS (https:// URLs); etcd_user and
 etcd_password_file (mode 600, the password on its first line): etcd's
 authentication (psrun hands them to workers as ASYNCPS_ETCD_* variables).)doc");
-  client.def(py::init(&MakeClient), py::arg("servers"),
-           py::arg("rank") = -1, py::arg("timeout_s") = 120.0,
-           py::arg("attempt_timeout_s") = 2.0, py::arg("max_backoff_s") = 4.0,
-           py::arg("heartbeat_s") = 0.0, py::arg("curve_server_key") = "",
-           py::arg("curve_secret_key") = "", py::arg("curve_public_key") = "",
-           py::arg("max_in_flight") = 256, py::arg("interrupt_poll_s") = 0.05,
-           py::arg("shared_memory_mb") = 0,
+  client
+      .def(py::init(&MakeClient), py::arg("servers"), py::arg("rank") = -1,
+           py::arg("timeout_s") = 120.0, py::arg("attempt_timeout_s") = 2.0,
+           py::arg("max_backoff_s") = 4.0, py::arg("heartbeat_s") = 0.0,
+           py::arg("curve_server_key") = "", py::arg("curve_secret_key") = "",
+           py::arg("curve_public_key") = "", py::arg("max_in_flight") = 256,
+           py::arg("interrupt_poll_s") = 0.05, py::arg("shared_memory_mb") = 0,
            py::arg("etcd") = std::vector<std::string>{},
-           py::arg("etcd_prefix") = "/asyncps/default", py::arg("send_buffer_kb") = 0,
-           py::arg("etcd_ca_file") = "", py::arg("etcd_cert_file") = "",
-           py::arg("etcd_key_file") = "", py::arg("etcd_user") = "",
-           py::arg("etcd_password_file") = "")
+           py::arg("etcd_prefix") = "/asyncps/default",
+           py::arg("send_buffer_kb") = 0, py::arg("etcd_ca_file") = "",
+           py::arg("etcd_cert_file") = "", py::arg("etcd_key_file") = "",
+           py::arg("etcd_user") = "", py::arg("etcd_password_file") = "")
       .def(
           "register",
-          [](PyClient& c, const std::vector<TensorSpec>& tensors, size_t chunk_elems,
-             size_t min_chunk_elems, const std::vector<TableSpec>& tables,
+          [](PyClient& c, const std::vector<TensorSpec>& tensors,
+             size_t chunk_elems, size_t min_chunk_elems,
+             const std::vector<TableSpec>& tables,
              const std::string& placement) {
-            c.Register(tensors, LayoutFor(chunk_elems, min_chunk_elems, placement), tables);
+            c.Register(tensors,
+                       LayoutFor(chunk_elems, min_chunk_elems, placement),
+                       tables);
           },
           py::arg("tensors"), py::arg("chunk_elems") = size_t{1} << 20,
-          py::arg("min_chunk_elems") = 4096, py::arg("tables") = std::vector<TableSpec>{},
+          py::arg("min_chunk_elems") = 4096,
+          py::arg("tables") = std::vector<TableSpec>{},
           py::arg("placement") = "balanced",
           "Registers the model (tensors and sparse tables) on every shard "
           "(idempotent; AlreadyExists naming the tensor or table when a "
@@ -432,22 +433,23 @@ authentication (psrun hands them to workers as ASYNCPS_ETCD_* variables).)doc");
                              [](PyClient& c) { return c.get()->num_shards(); })
       .def_property_readonly(
           "servers", [](PyClient& c) { return c.get()->options().servers; })
-      .def_property_readonly("rank",
-                             [](PyClient& c) { return c.get()->options().rank; })
+      .def_property_readonly(
+          "rank", [](PyClient& c) { return c.get()->options().rank; })
       .def_property_readonly("resends",
                              [](PyClient& c) { return c.get()->resends(); })
-      .def("chunks",
-           [](PyClient& c) {
-             if (!c.registered())
-               Raise(Status::FailedPrecondition("register() first"));
-             py::list out;
-             for (const ChunkSpec& s : c.get()->layout().chunks()) {
-               out.append(py::make_tuple(s.id, s.tensor, s.offset, s.num_elems,
-                                         s.shard));
-             }
-             return out;
-           },
-           "(id, tensor, offset, num_elems, shard) per chunk.")
+      .def(
+          "chunks",
+          [](PyClient& c) {
+            if (!c.registered())
+              Raise(Status::FailedPrecondition("register() first"));
+            py::list out;
+            for (const ChunkSpec& s : c.get()->layout().chunks()) {
+              out.append(py::make_tuple(s.id, s.tensor, s.offset, s.num_elems,
+                                        s.shard));
+            }
+            return out;
+          },
+          "(id, tensor, offset, num_elems, shard) per chunk.")
       .def(
           "stats",
           [](PyClient& c, double timeout_s) {
@@ -506,14 +508,14 @@ pull(c, bufs) -> compute -> push(c, grads) -> clock(c + 1).)doc")
              return std::make_unique<PyStore>(std::move(client),
                                               std::move(tensors), o);
            }),
-           py::arg("client"), py::arg("tensors"), py::arg("push_codec") = "none",
-           py::arg("pull_codec") = "", py::arg("seed") = 1,
-           py::arg("steps_per_epoch") = 1000, py::arg("timeout_s") = 120.0,
+           py::arg("client"), py::arg("tensors"),
+           py::arg("push_codec") = "none", py::arg("pull_codec") = "",
+           py::arg("seed") = 1, py::arg("steps_per_epoch") = 1000,
+           py::arg("timeout_s") = 120.0,
            py::arg("chunk_elems") = size_t{1} << 20,
-           py::arg("min_chunk_elems") = 4096,
-           py::arg("prefetch_ahead") = false, py::arg("register") = true,
-           py::arg("device_compression") = false, py::arg("placement") = "balanced",
-           py::keep_alive<1, 2>())
+           py::arg("min_chunk_elems") = 4096, py::arg("prefetch_ahead") = false,
+           py::arg("register") = true, py::arg("device_compression") = false,
+           py::arg("placement") = "balanced", py::keep_alive<1, 2>())
       .def("pull", &PyStore::Pull, py::arg("clock"), py::arg("buffers"),
            "Writes weights at least as fresh as the consistency mode requires "
            "for clock `clock` into `buffers` (float32, C-contiguous, one per "

@@ -25,15 +25,16 @@ using compression::Compressor;
 // A 1-d float32 C-contiguous array of n elements, or InvalidArgument.
 const float* CheckedVector(const py::handle& h, size_t n, const char* what) {
   if (!py::isinstance<py::array>(h))
-    Raise(Status::InvalidArgument(std::string(what) + " must be a numpy array"));
+    Raise(
+        Status::InvalidArgument(std::string(what) + " must be a numpy array"));
   auto a = py::reinterpret_borrow<py::array>(h);
   if (!a.dtype().is(py::dtype::of<float>()) ||
       !(a.flags() & py::array::c_style) || static_cast<size_t>(a.size()) != n) {
-    Raise(Status::InvalidArgument(
-        std::string(what) + " must be a C-contiguous float32 array of " +
-        std::to_string(n) + " elements, got dtype " +
-        std::string(py::str(a.dtype())) + " with " + std::to_string(a.size()) +
-        " elements"));
+    Raise(Status::InvalidArgument(std::string(what) +
+                                  " must be a C-contiguous float32 array of " +
+                                  std::to_string(n) + " elements, got dtype " +
+                                  std::string(py::str(a.dtype())) + " with " +
+                                  std::to_string(a.size()) + " elements"));
   }
   return static_cast<const float*>(a.data());
 }

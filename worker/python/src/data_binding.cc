@@ -40,8 +40,10 @@ PartitionOptions MakePartition(int rank, int num_workers,
   } else if (kind == "contiguous") {
     o.kind = PartitionKind::kContiguous;
   } else {
-    Raise(Status::InvalidArgument("partition kind must be strided or "
-                                  "contiguous, got '" + kind + "'"));
+    Raise(
+        Status::InvalidArgument("partition kind must be strided or "
+                                "contiguous, got '" +
+                                kind + "'"));
   }
   return o;
 }
@@ -63,8 +65,7 @@ void BindData(py::module_& m) {
         } else {
           Raise(Status::InvalidArgument("split must be train or test"));
         }
-        if (!(stddev > 0))
-          Raise(Status::InvalidArgument("stddev must be > 0"));
+        if (!(stddev > 0)) Raise(Status::InvalidArgument("stddev must be > 0"));
         worker::MnistOptions o;
         o.mean = mean;
         o.stddev = stddev;
@@ -93,7 +94,8 @@ from data_dir as ps_worker does: (images float32 [N, rows, cols] with pixels
         if (epoch < 0) Raise(Status::InvalidArgument("epoch must be >= 0"));
         std::vector<int64_t> order = worker::PartitionIndices(n, o);
         worker::ShuffleForEpoch(seed, rank, epoch, &order);
-        order.resize(static_cast<size_t>(worker::PartitionSize(n, num_workers)));
+        order.resize(
+            static_cast<size_t>(worker::PartitionSize(n, num_workers)));
         const py::ssize_t size = static_cast<py::ssize_t>(order.size());
         return Adopt(std::move(order), {size});
       },

@@ -9,8 +9,8 @@ void Raise(const Status& s) {
   // per code, named as StatusCodeName() names it; unknown codes are Internal.
   py::module_ errors = py::module_::import("asyncps.errors");
   const char* name = StatusCodeName(s.code());
-  py::object cls = py::hasattr(errors, name) ? errors.attr(name)
-                                              : errors.attr("Internal");
+  py::object cls =
+      py::hasattr(errors, name) ? errors.attr(name) : errors.attr("Internal");
   PyErr_SetString(cls.ptr(), std::string(s.message()).c_str());
   throw py::error_already_set();
 }

@@ -106,7 +106,7 @@ class PyClient {
   std::shared_ptr<Interrupter> interrupter_;
   std::unique_ptr<worker::Client> client_;
   std::mutex mu_;
-  bool registered_ = false;         // by the Python thread holding the GIL
+  bool registered_ = false;        // by the Python thread holding the GIL
   std::vector<TensorSpec> specs_;  // what was registered
   std::vector<TableSpec> tables_;
 };

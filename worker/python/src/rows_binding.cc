@@ -142,8 +142,8 @@ pushed for N clocks reads as its initial value again (0: never).)doc")
            py::arg("admit_after") = 0, py::arg("expire_after") = 0)
       .def_readonly("name", &TableSpec::name)
       .def_readonly("dim", &TableSpec::dim)
-      .def_property_readonly("init",
-                             [](const TableSpec& t) { return InitName(t.init); })
+      .def_property_readonly(
+          "init", [](const TableSpec& t) { return InitName(t.init); })
       .def_readonly("param", &TableSpec::init_param)
       .def_readonly("seed", &TableSpec::seed)
       .def_property_readonly("optimizer",
@@ -165,7 +165,8 @@ pushed for N clocks reads as its initial value again (0: never).)doc")
             return out;
           },
           py::arg("keys"), "The rows of `keys` before any push, (n, dim).")
-      .def("__eq__", [](const TableSpec& a, const TableSpec& b) { return a == b; })
+      .def("__eq__",
+           [](const TableSpec& a, const TableSpec& b) { return a == b; })
       .def("__repr__", [](const TableSpec& t) {
         return "TableSpec('" + t.name + "', " + std::to_string(t.dim) + ", '" +
                InitName(t.init) + "', optimizer='" +

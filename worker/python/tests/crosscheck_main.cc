@@ -12,7 +12,8 @@
 //       --output=WEIGHTS [--prefetch_ahead]
 //     Runs K steps of Pull(c) -> Push(c, grads[c]) -> Clock(c + 1) through a
 //     PsParameterStore and writes every pulled model (K + 1 x total float32,
-//     the last one pulled at clock K). SPECS: name:dim1xdim2:init:param:seed,...
+//     the last one pulled at clock K). SPECS:
+//     name:dim1xdim2:init:param:seed,...
 //   ps_py_crosscheck --mode=loop --servers=E --tensors=SPECS --steps=K
 //       [--prefetch_ahead]
 //     The step loop of ps_worker without compute (Pull -> Push of zero
@@ -33,7 +34,8 @@
 DEFINE_string(mode, "", "encode | train | loop");
 DEFINE_string(codec, "none", "push codec spec");
 DEFINE_string(pull_codec, "", "pull codec spec");
-DEFINE_uint64(seed, 1, "codec seed (encode: the Compressor's; train: the store's)");
+DEFINE_uint64(seed, 1,
+              "codec seed (encode: the Compressor's; train: the store's)");
 DEFINE_string(sizes, "", "encode: chunk sizes");
 DEFINE_int32(steps, 1, "steps");
 DEFINE_string(input, "", "gradients file");
@@ -71,9 +73,11 @@ StatusOr<std::vector<TensorSpec>> ParseTensors(const std::string& text) {
     if (f.size() != 5) return Status::InvalidArgument("bad tensor " + item);
     TensorSpec t;
     t.name = f[0];
-    for (const std::string& d : Split(f[1], 'x')) t.shape.push_back(std::stoll(d));
-    const std::vector<std::string> kinds = {"zeros",  "constant",  "uniform",
-                                            "normal", "he_normal", "xavier_uniform"};
+    for (const std::string& d : Split(f[1], 'x'))
+      t.shape.push_back(std::stoll(d));
+    const std::vector<std::string> kinds = {"zeros",     "constant",
+                                            "uniform",   "normal",
+                                            "he_normal", "xavier_uniform"};
     auto it = std::find(kinds.begin(), kinds.end(), f[2]);
     if (it == kinds.end()) return Status::InvalidArgument("bad init " + f[2]);
     t.init = static_cast<InitKind>(it - kinds.begin());
