@@ -1,7 +1,7 @@
 // Shard: options, dispatch, clocks and timers. Registration is in
 // shard_register.cc, pulls in shard_pull.cc, pushes in shard_push.cc,
 // persistence in shard_persist.cc, the stats document in shard_stats.cc;
-// kAssign requests are an UploadHandler's (server/shard/upload_handler.h),
+// kAssign requests are an UploadHandler's (server/upload/upload_handler.h),
 // the rows of sparse tables a SparseRequests' (sparse_requests.h).
 #include "server/shard/shard.h"
 
@@ -13,11 +13,11 @@
 #include <cstring>
 
 #include "server/internal/push_dedup.h"
-#include "server/internal/shard_state.h"
-#include "server/internal/shard_types.h"
+#include "server/shard/shard_state.h"
+#include "server/shard/shard_types.h"
 #include "server/internal/task_pool.h"
 #include "server/shard/sparse_requests.h"
-#include "server/shard/upload_handler.h"
+#include "server/upload/upload_handler.h"
 
 namespace asyncps::server {
 
@@ -137,7 +137,7 @@ Shard::Shard(const ShardOptions& options, Store* store,
 
 Shard::~Shard() = default;
 
-// What the core lends its handlers (server/internal/shard_state.h): its
+// What the core lends its handlers (server/shard/shard_state.h): its
 // private operations, called back by them.
 class Shard::Services : public internal::ShardServices {
  public:

@@ -108,7 +108,7 @@ struct DecodedRows;
 struct ShardState;
 }  // namespace internal
 class SparseRequests;  // server/shard/sparse_requests.h
-class UploadHandler;   // server/shard/upload_handler.h
+class UploadHandler;   // server/upload/upload_handler.h
 
 // Largest clock a worker may report (clocks are in [0, kMaxClock], so no
 // arithmetic on them overflows).
@@ -713,7 +713,7 @@ class Shard {
   std::unique_ptr<internal::DecodedRows> rows_;
 
   // The request handlers cut out of the core, on the view of it that
-  // services_ and ShardState (server/internal/shard_state.h) lend; declared
+  // services_ and ShardState (server/shard/shard_state.h) lend; declared
   // last, so destroyed first (the open scans before sparse_ and the store).
   std::unique_ptr<Services> services_;
   std::unique_ptr<SparseRequests> sparse_requests_;  // rows of requests

@@ -24,10 +24,10 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
-#include "server/elastic/elastic_doc.h"
+#include "common/elastic_doc.h"
 #include "server/internal/layout_record.h"
 #include "server/internal/shard_records.h"
-#include "server/internal/shard_types.h"
+#include "server/shard/shard_types.h"
 #include "server/shard/shard.h"
 
 namespace asyncps::server {
@@ -473,10 +473,10 @@ Status Shard::ImportChunks(const RequestHeader& req,
 
 Status Shard::Adopt(const RequestHeader& req, std::vector<OutgoingReply>* out) {
   ElasticState& e = *elastic_;
-  StatusOr<elastic::ElasticDoc> parsed =
-      elastic::ElasticDoc::FromJson(req.migrate_doc);
+  StatusOr<ElasticDoc> parsed =
+      ElasticDoc::FromJson(req.migrate_doc);
   if (!parsed.ok()) return Reject(RejectReason::kMalformed, parsed.status());
-  const elastic::ElasticDoc& doc = *parsed;
+  const ElasticDoc& doc = *parsed;
   if (doc.epoch != req.migrate_epoch) {
     return Reject(RejectReason::kOther,
                   Status::InvalidArgument("adopt of epoch " +

@@ -24,7 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/elastic_doc.h"
-#include "server/internal/shard_types.h"
+#include "server/shard/shard_types.h"
 #include "server/shard/shard.h"
 #include "server/shard/sparse_requests.h"
 

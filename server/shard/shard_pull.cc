@@ -14,12 +14,10 @@
 #include <algorithm>
 #include <cstring>
 
-#include "server/internal/shard_types.h"
+#include "server/shard/shard_types.h"
 #include "server/shard/shard.h"
 #include "server/shard/sparse_requests.h"
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
 #include "compression/codec.h"
-#endif
 
 namespace asyncps::server {
 
@@ -176,15 +174,9 @@ Status Shard::ValidatePullRequest(const RequestHeader& req) {
   }
   if (!req.pull_shm_offsets.empty()) return ValidateShmPull(req);
   if (!req.pull_codec.empty() && req.pull_codec != "none") {
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
     StatusOr<compression::CodecSpec> spec =
         compression::CodecSpec::Parse(req.pull_codec);
     if (!spec.ok()) return Reject(RejectReason::kBadCodec, spec.status());
-#else
-    return Reject(RejectReason::kBadCodec,
-                  Status::Unimplemented("pull codec '" + req.pull_codec +
-                                        "' needs the compression library"));
-#endif
   }
   return Status::OK();
 }
@@ -288,7 +280,6 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
       !req.pull_dense           ? kNoChunks  // rows only
       : req.pull_chunks.empty() ? layout_->shard_chunks(options_.shard_id)
                                 : req.pull_chunks;
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
   std::unique_ptr<compression::Codec> codec;
   if (!req.pull_codec.empty() && req.pull_codec != "none") {
     ASSIGN_OR_RETURN(compression::CodecSpec spec,
@@ -300,16 +291,13 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
       codec = std::move(c).value();
     }
   }
-#endif
   uint64_t most = 0;
   for (uint32_t id : ids) {
     const uint64_t n = chunks_[local_index_[id]]->n;
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
     if (codec) {
       most += std::max<uint64_t>(codec->MaxEncodedBytes(n), n * sizeof(float));
       continue;
     }
-#endif
     most += n * sizeof(float);
   }
   const uint64_t reply_limit = options_.max_reply_bytes != 0
@@ -342,7 +330,6 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
   // shard last sent it (first pull, lost reply, new incarnation, restart).
   PullReplica* replica = nullptr;
   bool resync = false;
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
   if (codec && codec->IsSparse()) {
     if (req.rank < 0) {
       return Reject(RejectReason::kBadCodec,
@@ -371,7 +358,6 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
     replica->seq = next_pull_seq_++;
     reply->header.pull_seq = replica->seq;
   }
-#endif
   // A worker that pulls without a sparse codec no longer needs its replica.
   if (replica == nullptr && req.rank >= 0) FreeReplica(req.rank);
   uint64_t bytes = 0, fresh = 0;
@@ -383,7 +369,6 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
     ref.num_elems = c.n;
     ref.version = c.version;
     ByteView view;
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
     auto encode = [&](const float* x, std::vector<uint8_t>* payload) -> Status {
       StatusOr<MemoryBudget::Charge> charge =
           budget_->Reserve(codec->MaxEncodedBytes(c.n), "a pull codec payload");
@@ -425,7 +410,6 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
       std::vector<uint8_t> payload;
       RETURN_IF_ERROR(encode(c.w.data(), &payload));
     }
-#endif
     if (view.data == nullptr) {
       Status s = EnsureSnapshot(c, &fresh);
       if (!s.ok()) {

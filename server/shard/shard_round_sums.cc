@@ -11,7 +11,7 @@
 
 #include <cstring>
 
-#include "server/internal/shard_types.h"
+#include "server/shard/shard_types.h"
 #include "server/shard/shard.h"
 
 namespace asyncps::server {

@@ -17,7 +17,7 @@
 #include <cstring>
 #include <string>
 
-#include "server/internal/shard_types.h"
+#include "server/shard/shard_types.h"
 #include "server/shard/shard.h"
 
 namespace asyncps::server {

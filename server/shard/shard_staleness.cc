@@ -14,7 +14,7 @@
 
 #include <algorithm>
 
-#include "server/internal/shard_types.h"
+#include "server/shard/shard_types.h"
 #include "server/shard/shard.h"
 
 namespace asyncps::server {

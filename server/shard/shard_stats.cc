@@ -3,8 +3,8 @@
 #include <nlohmann/json.hpp>
 
 #include "server/internal/push_dedup.h"
-#include "server/internal/shard_types.h"
-#include "server/internal/stats_json.h"
+#include "server/shard/shard_types.h"
+#include "server/shard/stats_json.h"
 #include "server/shard/shard.h"
 
 namespace asyncps::server {

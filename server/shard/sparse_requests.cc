@@ -22,10 +22,8 @@
 
 #include <cstring>
 
-#include "server/internal/shard_types.h"
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
+#include "server/shard/shard_types.h"
 #include "compression/codec.h"
-#endif
 
 namespace asyncps::server {
 namespace {
@@ -202,7 +200,6 @@ Status SparseRequests::ValidatePush(const RequestHeader& req,
     if (records) {
       // Sized above.
     } else if (ref.codec != 0) {
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
       namespace cz = compression;
       if (ref.codec >= cz::kNumCodecs ||
           cz::CodecForId(static_cast<cz::CodecId>(ref.codec)).IsSparse()) {
@@ -220,12 +217,6 @@ Status SparseRequests::ValidatePush(const RequestHeader& req,
         if (!v.ok())
           return core_->Reject(RejectReason::kBadCodec, v.WithContext(name));
       }
-#else
-      return core_->Reject(
-          RejectReason::kBadCodec,
-          Status::Unimplemented(name + ": codec " + std::to_string(ref.codec) +
-                                " needs the compression library"));
-#endif
     } else if (push &&
                data[ref.rows_frame - 1].size != values * sizeof(float)) {
       return core_->Reject(
@@ -313,7 +304,6 @@ Status SparseRequests::ValidatePush(const RequestHeader& req,
       } else if (ref.codec == 0) {
         std::memcpy(rows, f.data, f.size);
       } else {
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
         const size_t values = p.n * shard_.sparse->specs()[p.table].dim;
         Status s = compression::CodecForId(
                        static_cast<compression::CodecId>(ref.codec))
@@ -322,7 +312,6 @@ Status SparseRequests::ValidatePush(const RequestHeader& req,
           return core_->Reject(
               RejectReason::kBadCodec,
               s.WithContext(TableName(*shard_.sparse, p.table)));
-#endif
       }
     }
     sparse::CheckFailure why = sparse::CheckFailure::kNone;
@@ -440,7 +429,6 @@ Status SparseRequests::AnswerPull(const RequestHeader& req,
     out.table = ref.table;
     out.num_keys = p.n;
     out.codec = 0;
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
     if (ref.codec != 0) {
       compression::CodecSpec spec;
       spec.id = static_cast<compression::CodecId>(ref.codec);
@@ -455,7 +443,6 @@ Status SparseRequests::AnswerPull(const RequestHeader& req,
       out.codec = ref.codec;
       owner->charge.ShrinkTo(rows->size());
     }
-#endif
     owner->buffer = rows;
     *fresh += owner->charge.bytes();
     out.rows_frame = static_cast<uint32_t>(reply->frames.size() + 1);

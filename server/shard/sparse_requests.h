@@ -8,7 +8,7 @@
 // the embedding cache, of a request's decoded rows and of the BSP round's
 // sums of rows.
 //
-// Needs from the shard (server/internal/shard_state.h): its options, store,
+// Needs from the shard (server/shard/shard_state.h): its options, store,
 // memory budget and clocks, the sparse tables (which it creates and drops:
 // the core owns the pointer, every part of the shard reads the tables), the
 // validation stamps shared with the push path and the decoded rows it fills
@@ -26,7 +26,7 @@
 #include "common/buffer.h"
 #include "common/status.h"
 #include "common/wire.h"
-#include "server/internal/shard_state.h"
+#include "server/shard/shard_state.h"
 #include "server/shard/memory_budget.h"
 #include "server/shard/shard.h"
 

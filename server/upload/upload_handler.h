@@ -9,7 +9,7 @@
 // values are final, and the open point-in-time scans (their store snapshots
 // or copies, charged to the shard's memory budget).
 //
-// Needs from the shard (server/internal/shard_state.h): its options, layout,
+// Needs from the shard (server/shard/shard_state.h): its options, layout,
 // chunks, clocks (is the claimant live), memory budget, store, optimizer,
 // sparse tables and version (a commit sets it), lent as a ShardState; and
 // the core's Reject, Checkpoint, PinUnsent and CheckRoute, lent as
@@ -31,13 +31,13 @@
 #include "common/buffer.h"
 #include "common/status.h"
 #include "common/wire.h"
-#include "server/internal/shard_state.h"
+#include "server/shard/shard_state.h"
 #include "server/shard/shard.h"
 #include "server/store/store.h"
 
 namespace asyncps::server {
 
-struct ChargedBuffer;  // server/internal/shard_types.h
+struct ChargedBuffer;  // server/shard/shard_types.h
 
 class SparseRequests;  // server/shard/sparse_requests.h
 

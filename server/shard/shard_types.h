@@ -15,7 +15,7 @@
 #include "common/shm_segment.h"
 #include "common/wire.h"
 #include "server/internal/binary_io.h"
-#include "server/internal/shard_state.h"
+#include "server/shard/shard_state.h"
 #include "server/shard/memory_budget.h"
 #include "server/shard/shard.h"
 

@@ -1,5 +1,5 @@
 // ShardState and ShardServices: the narrow view of a Shard that the request
-// handlers cut out of it (server/shard/upload_handler.h) work on. Not part
+// handlers cut out of it (server/upload/upload_handler.h) work on. Not part
 // of the server API.
 //
 // The Shard core (server/shard/shard.h: dispatch, clocks, dense push and
@@ -32,7 +32,7 @@
 
 namespace asyncps::server::internal {
 
-struct ShardChunk;  // server/internal/shard_types.h
+struct ShardChunk;  // server/shard/shard_types.h
 
 // One table's rows of a request, validated and decoded by SparseRequests
 // (server/shard/sparse_requests.h), waiting to be applied or set.
