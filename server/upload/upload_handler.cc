@@ -145,9 +145,16 @@ void UploadHandler::Tick(TimePoint now) {
   if (!scans_.empty()) ExpireScanSnapshots(now);
 }
 
+std::unique_ptr<RequestHandler> UploadHandler::Make(
+    const internal::ShardState& shard, internal::ShardServices* core,
+    SparseRequests* sparse) {
+  return std::make_unique<UploadHandler>(shard, core, sparse);
+}
+
 Status UploadHandler::Handle(const std::string& peer, const RequestHeader& req,
                              const std::vector<ByteView>& data, TimePoint now,
-                             OutgoingReply* out) {
+                             OutgoingReply* out,
+                             std::vector<OutgoingReply>* /*others*/) {
   ReplyHeader* reply = &out->header;
   reply->created = false;
   if (!shard_.layout) {
