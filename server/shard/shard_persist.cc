@@ -37,8 +37,8 @@
 #include "server/internal/layout_record.h"
 #include "server/internal/push_dedup.h"
 #include "server/internal/shard_records.h"
-#include "server/shard/shard_types.h"
 #include "server/shard/shard.h"
+#include "server/shard/shard_types.h"
 #include "server/shard/sparse_requests.h"
 
 namespace asyncps::server {
@@ -178,8 +178,7 @@ Status Shard::Recover() {
       store_->Scan([&](std::string_view key, std::string_view value) -> Status {
         found = true;
         if (key == kElasticKey) {
-          StatusOr<ElasticDoc> doc =
-              ElasticDoc::FromJson(std::string(value));
+          StatusOr<ElasticDoc> doc = ElasticDoc::FromJson(std::string(value));
           if (!doc.ok()) return Damaged("elastic layout");
           if (doc->epoch == 0) return Status::OK();
           elastic_->epoch = doc->epoch;

@@ -16,13 +16,13 @@
 #include <cmath>
 #include <cstring>
 
+#include "compression/codec.h"
 #include "server/internal/all_finite.h"
 #include "server/internal/push_dedup.h"
-#include "server/shard/shard_types.h"
 #include "server/internal/task_pool.h"
 #include "server/shard/shard.h"
+#include "server/shard/shard_types.h"
 #include "server/shard/sparse_requests.h"
-#include "compression/codec.h"
 
 namespace asyncps::server {
 namespace {
