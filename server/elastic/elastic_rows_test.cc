@@ -429,7 +429,7 @@ TEST_F(RowsMigrateTest, MoveUnderBspIsBitwiseTheSameAsNoMove) {
   ASSERT_TRUE(c.shard->Checkpoint().ok());
   const std::vector<float> emb = Rows(moved, 0), ctr = Rows(moved, 1);
   c.shard.reset();
-  auto again = Shard::Create(Options(2, 3), sc.get(), c.now);
+  auto again = CreateShard(Options(2, 3), sc.get(), c.now);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   c.shard = std::move(again).value();
   EXPECT_EQ(c.shard->layout_epoch(), 1u);

@@ -242,7 +242,7 @@ TEST_F(MigrateTest, MoveUnderBspIsBitwiseTheSameAsNoMove) {
 
   // The receiver checkpointed its new layout: a restart holds chunk 4.
   ASSERT_TRUE(c.shard->Checkpoint().ok());
-  auto again = Shard::Create(Options(2, 3), &store, c.now);
+  auto again = CreateShard(Options(2, 3), &store, c.now);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   ASSERT_NE((*again)->weights(4), nullptr);
   EXPECT_EQ(*(*again)->weights(4), *c.shard->weights(4));

@@ -9,6 +9,7 @@
 
 #include "common/buffer.h"
 #include "common/wire.h"
+#include "server/loop/shard_factory.h"
 #include "server/shard/shard.h"
 
 namespace asyncps::server::testing {
@@ -60,7 +61,7 @@ class ShardHarness {
  public:
   explicit ShardHarness(ShardOptions o, Store* store = nullptr)
       : options(o), t0(std::chrono::steady_clock::now()), now(t0) {
-    auto s = Shard::Create(o, store, t0);
+    auto s = CreateShard(o, store, t0);
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     if (s.ok()) shard = std::move(s).value();
   }

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/elastic_doc.h"
+#include "server/loop/shard_factory.h"
 #include "server/loop/trust.h"
 #include "server/replication/replica_auth.h"
 
@@ -195,11 +196,11 @@ Status Server::InstallSnapshot(const std::string& staging,
     if (s.ok()) store_ = std::move(store).value();
   }
   StatusOr<std::unique_ptr<Shard>> shard =
-      Shard::Create(options_.shard, store_.get(), now);
+      CreateShard(options_.shard, store_.get(), now);
   if (s.ok() && !shard.ok()) {
     s = shard.status();
     store_.reset();
-    shard = Shard::Create(options_.shard, nullptr, now);
+    shard = CreateShard(options_.shard, nullptr, now);
   }
   if (!shard.ok()) {
     // Without a store a shard always builds; this is not expected.
@@ -227,8 +228,8 @@ StatusOr<std::unique_ptr<Server>> Server::Create(const ServerOptions& options) {
     so.path = options.db_path;
     ASSIGN_OR_RETURN(s->store_, OpenRocksDbStore(so));
   }
-  ASSIGN_OR_RETURN(s->shard_, Shard::Create(s->options_.shard, s->store_.get(),
-                                            std::chrono::steady_clock::now()));
+  ASSIGN_OR_RETURN(s->shard_, CreateShard(s->options_.shard, s->store_.get(),
+                                          std::chrono::steady_clock::now()));
   TransportOptions to;
   to.context = options.context;
   to.max_message_bytes = options.max_message_bytes;

@@ -1,8 +1,10 @@
 // Shard: options, dispatch, clocks and timers. Registration is in
 // shard_register.cc, pulls in shard_pull.cc, pushes in shard_push.cc,
 // persistence in shard_persist.cc, the stats document in shard_stats.cc;
-// kAssign requests are an UploadHandler's (server/shard/upload_handler.h),
-// the rows of sparse tables a SparseRequests' (sparse_requests.h).
+// the elastic epoch and freeze in shard_elastic.cc; kAssign and kMigrate
+// requests go to the RequestHandlers the shard was built with (uploads,
+// server/upload/; migration, server/migrate/), the rows of sparse tables to
+// a SparseRequests (sparse_requests.h).
 #include "server/shard/shard.h"
 
 #include <glog/logging.h>
@@ -13,11 +15,10 @@
 #include <cstring>
 
 #include "server/internal/push_dedup.h"
-#include "server/internal/shard_state.h"
-#include "server/internal/shard_types.h"
 #include "server/internal/task_pool.h"
+#include "server/shard/shard_state.h"
+#include "server/shard/shard_types.h"
 #include "server/shard/sparse_requests.h"
-#include "server/shard/upload_handler.h"
 
 namespace asyncps::server {
 
@@ -100,8 +101,64 @@ LrScheduleOptions ShardOptions::lr_schedule() const {
   return o;
 }
 
+// What the core lends its handlers (server/shard/shard_state.h): its
+// private operations, called back by them.
+class Shard::Services : public internal::ShardServices {
+ public:
+  explicit Services(Shard* shard) : shard_(shard) {}
+  Status Reject(RejectReason reason, Status s) override {
+    return shard_->Reject(reason, std::move(s));
+  }
+  Status Checkpoint() override { return shard_->Checkpoint(); }
+  void PinUnsent(const std::string& peer, int rank, uint64_t fresh,
+                 OutgoingReply* reply) override {
+    shard_->PinUnsent(peer, rank, fresh, reply);
+  }
+  Status CheckRoute(const RequestHeader& req, ReplyHeader* reply) override {
+    return shard_->CheckRoute(req, reply);
+  }
+  uint64_t layout_epoch() const override { return shard_->layout_epoch(); }
+  void ApplyKeyRanges() override { shard_->ApplyKeyRanges(); }
+  void EnterDegraded(const Status& cause) override {
+    shard_->EnterDegraded(cause);
+  }
+  Status ChargeLayoutTables(const std::vector<TensorSpec>& tensors,
+                            const LayoutOptions& options) override {
+    return shard_->ChargeLayoutTables(tensors, options);
+  }
+  void ReleaseLayoutCharge() override { shard_->layout_charge_.Reset(); }
+  void InstallImportedLayout(Layout layout,
+                             const internal::ImportedClocks& state) override {
+    shard_->InstallImportedLayout(std::move(layout), state);
+  }
+  void AddExportEntries(const std::vector<uint32_t>& ids,
+                        std::vector<StoreEntry>* entries) override {
+    shard_->AddLayoutEntry(entries);
+    shard_->AddStateEntry(entries);
+    for (uint32_t id : ids)
+      shard_->AddChunkEntry(*shard_->chunks_[shard_->local_index_[id]],
+                            entries);
+  }
+  std::vector<std::unique_ptr<Chunk>> TakeChunks() override {
+    return std::move(shard_->chunks_);
+  }
+  void InstallChunks(std::vector<std::unique_ptr<Chunk>> chunks,
+                     std::vector<int32_t> local, Layout layout, int num_shards,
+                     uint64_t dropped_bytes) override {
+    shard_->InstallChunks(std::move(chunks), std::move(local),
+                          std::move(layout), num_shards, dropped_bytes);
+  }
+  void ReleaseForEpoch(std::vector<OutgoingReply>* out) override {
+    shard_->ReleaseForEpoch(out);
+  }
+
+ private:
+  Shard* shard_;
+};
+
 Shard::Shard(const ShardOptions& options, Store* store,
-             std::unique_ptr<Optimizer> optimizer, TimePoint now)
+             std::unique_ptr<Optimizer> optimizer, TimePoint now,
+             const ShardHandlers& handlers)
     : options_(options),
       store_(store),
       optimizer_(std::move(optimizer)),
@@ -126,53 +183,40 @@ Shard::Shard(const ShardOptions& options, Store* store,
   unsent_by_rank_.reserve(options.num_workers);
   for (int r = 0; r < options.num_workers; ++r)
     unsent_by_rank_.push_back(std::make_shared<UnsentBytes>(0));
-  elastic_ = std::make_unique<ElasticState>();
+  elastic_ = std::make_unique<internal::ElasticState>();
   rows_ = std::make_unique<internal::DecodedRows>();
   services_ = std::make_unique<Services>(this);
   sparse_requests_ =
       std::make_unique<SparseRequests>(LendState(), services_.get());
-  uploads_ = std::make_unique<UploadHandler>(LendState(), services_.get(),
-                                             sparse_requests_.get());
+  if (handlers.assign) {
+    uploads_ =
+        handlers.assign(LendState(), services_.get(), sparse_requests_.get());
+  }
+  if (handlers.migrate) {
+    migration_ =
+        handlers.migrate(LendState(), services_.get(), sparse_requests_.get());
+  }
 }
 
 Shard::~Shard() = default;
 
-// What the core lends its handlers (server/internal/shard_state.h): its
-// private operations, called back by them.
-class Shard::Services : public internal::ShardServices {
- public:
-  explicit Services(Shard* shard) : shard_(shard) {}
-  Status Reject(RejectReason reason, Status s) override {
-    return shard_->Reject(reason, std::move(s));
-  }
-  Status Checkpoint() override { return shard_->Checkpoint(); }
-  void PinUnsent(const std::string& peer, int rank, uint64_t fresh,
-                 OutgoingReply* reply) override {
-    shard_->PinUnsent(peer, rank, fresh, reply);
-  }
-  Status CheckRoute(const RequestHeader& req, ReplyHeader* reply) override {
-    return shard_->CheckRoute(req, reply);
-  }
-  uint64_t layout_epoch() const override { return shard_->layout_epoch(); }
-  void ApplyKeyRanges() override { shard_->ApplyKeyRanges(); }
-
- private:
-  Shard* shard_;
-};
-
 internal::ShardState Shard::LendState() {
-  return internal::ShardState{
-      options_, store_,       *optimizer_, *budget_,       layout_,
-      chunks_,  local_index_, clocks_,     shard_version_, sparse_,
-      stamp_,   frame_stamp_, *rows_};
+  return internal::ShardState{options_,       store_,     *optimizer_,
+                              *budget_,       layout_,    chunks_,
+                              local_index_,   clocks_,    state_per_elem_,
+                              shard_version_, bsp_round_, bsp_pushed_round_,
+                              *elastic_,      sparse_,    stamp_,
+                              frame_stamp_,   *rows_};
 }
 
 StatusOr<std::unique_ptr<Shard>> Shard::Create(const ShardOptions& options,
-                                               Store* store, TimePoint now) {
+                                               Store* store, TimePoint now,
+                                               const ShardHandlers& handlers) {
   RETURN_IF_ERROR(options.Validate());
   ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> opt,
                    Optimizer::Create(options.optimizer));
-  std::unique_ptr<Shard> shard(new Shard(options, store, std::move(opt), now));
+  std::unique_ptr<Shard> shard(
+      new Shard(options, store, std::move(opt), now, handlers));
   if (options.apply_threads > 1) {
     shard->apply_pool_ =
         std::make_unique<internal::TaskPool>(options.apply_threads);
@@ -288,11 +332,16 @@ void Shard::Handle(const std::string& peer, const RequestHeader& req,
         st = HandleAttachShm(req);
         break;
       case RequestKind::kAssign:
-        st = uploads_->Handle(peer, req, data, now, &r);
+      case RequestKind::kMigrate: {
+        RequestHandler* h = req.kind == RequestKind::kAssign ? uploads_.get()
+                                                             : migration_.get();
+        st = h != nullptr ? h->Handle(peer, req, data, now, &r, out)
+                          : Reject(RejectReason::kOther,
+                                   Status::Unimplemented(
+                                       std::string(RequestKindName(req.kind)) +
+                                       " is not served by this shard"));
         break;
-      case RequestKind::kMigrate:
-        st = HandleMigrate(req, data, &r, out);
-        break;
+      }
       case RequestKind::kReplicate:
       case RequestKind::kSnapshot:
         // The server unwraps these (server/replication/replicator.h).
@@ -490,7 +539,8 @@ void Shard::Tick(TimePoint now, std::vector<OutgoingReply>* out) {
   ReleaseParked(out);
   ExpireParked(now, out);
   PruneUnsent();
-  uploads_->Tick(now);
+  if (uploads_) uploads_->Tick(now);
+  if (migration_) migration_->Tick(now);
 }
 
 void Shard::OnClocksChanged(std::vector<OutgoingReply>* out) {

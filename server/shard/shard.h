@@ -89,14 +89,15 @@
 #include "server/optimizer/optimizer.h"
 #include "server/optimizer/staleness_rules.h"
 #include "server/shard/memory_budget.h"
+#include "server/shard/request_handler.h"
 #include "server/shard/stats.h"
 #include "server/shard/worker_clocks.h"
 #include "server/sparse/sparse_tables.h"
 #include "server/store/store.h"
 
-namespace asyncps {
-struct ElasticDoc;  // common/elastic_doc.h
-}  // namespace asyncps
+namespace asyncps::compression {
+class Codec;  // compression/codec.h
+}  // namespace asyncps::compression
 
 namespace asyncps::server {
 namespace internal {
@@ -106,9 +107,10 @@ struct ShardChunk;
 struct PendingRows;
 struct DecodedRows;
 struct ShardState;
+struct ElasticState;
+struct ImportedClocks;
 }  // namespace internal
 class SparseRequests;  // server/shard/sparse_requests.h
-class UploadHandler;   // server/shard/upload_handler.h
 
 // Largest clock a worker may report (clocks are in [0, kMaxClock], so no
 // arithmetic on them overflows).
@@ -268,9 +270,12 @@ class Shard {
   // (layout, weights, optimizer state, versions, clocks, dedup table,
   // counters). FailedPrecondition if the store belongs to another shard id
   // or shard count; Corruption if a record is damaged. `now` starts the
-  // liveness clocks.
-  static StatusOr<std::unique_ptr<Shard>> Create(const ShardOptions& options,
-                                                 Store* store, TimePoint now);
+  // liveness clocks. `handlers` serve kAssign and kMigrate (built before
+  // recovery; server/loop/shard_factory.h gives a shard all of them); a
+  // kind without one is answered Unimplemented.
+  static StatusOr<std::unique_ptr<Shard>> Create(
+      const ShardOptions& options, Store* store, TimePoint now,
+      const ShardHandlers& handlers = {});
   ~Shard();
   Shard(const Shard&) = delete;
   Shard& operator=(const Shard&) = delete;
@@ -418,12 +423,12 @@ class Shard {
   struct WorkPiece;
   struct DcReads;
   struct ShmAttachment;
-  struct ElasticState;
   // Reply bytes handed to the transport and not yet released by it.
   using UnsentBytes = std::atomic<uint64_t>;
 
   Shard(const ShardOptions& options, Store* store,
-        std::unique_ptr<Optimizer> optimizer, TimePoint now);
+        std::unique_ptr<Optimizer> optimizer, TimePoint now,
+        const ShardHandlers& handlers);
   // References to the state the handlers work on (shard.cc).
   internal::ShardState LendState();
 
@@ -463,6 +468,24 @@ class Shard {
   // Fills the reply to a pull, or returns an error. Never parks.
   Status AnswerPull(const std::string& peer, const RequestHeader& req,
                     const std::vector<ByteView>& data, OutgoingReply* reply);
+  // AnswerPull's steps: the cap on unsent reply bytes of `peer` and `rank`;
+  // the pull codec (*codec, null for raw fp32) and the bound on the reply
+  // of chunks `ids`; a sparse codec's replica of `req.rank` (*resync: send
+  // whole weights); one chunk's ref and frame (a codec payload, a delta
+  // against the replica, or the shared snapshot) appended to `reply`.
+  Status CheckUnsent(const std::string& peer, int rank);
+  Status MakePullCodec(const RequestHeader& req,
+                       const std::vector<uint32_t>& ids,
+                       std::unique_ptr<compression::Codec>* codec);
+  Status TakePullReplica(const RequestHeader& req, OutgoingReply* reply,
+                         PullReplica** replica, bool* resync);
+  Status AddPulledChunk(uint32_t id, uint32_t frame, compression::Codec* codec,
+                        PullReplica* replica, bool resync, OutgoingReply* reply,
+                        uint64_t* fresh);
+  // Encodes `x` (chunk c's weights or delta) with `codec` into a payload
+  // drawn from the budget: *view, ref->codec; its bytes added to *fresh.
+  Status EncodePulled(const Chunk& c, const float* x, compression::Codec* codec,
+                      ChunkRef* ref, ByteView* view, uint64_t* fresh);
   void ReleaseParked(std::vector<OutgoingReply>* out);
   void ExpireParked(TimePoint now, std::vector<OutgoingReply>* out);
   // True when a pull with this id from this peer is already parked.
@@ -512,48 +535,25 @@ class Shard {
   Status AnswerShmPull(const RequestHeader& req,
                        const std::vector<uint32_t>& ids, OutgoingReply* reply);
 
-  // shard_migrate.cc: elastic shards (server/elastic/): chunks that move
-  // between shards while training runs (kMigrate), the layout epoch a push
-  // or pull was routed by, and the freeze that holds pushes back meanwhile.
-  Status HandleMigrate(const RequestHeader& req,
-                       const std::vector<ByteView>& data, OutgoingReply* r,
-                       std::vector<OutgoingReply>* out);
+  // shard_elastic.cc: elastic shards (server/elastic/). The kMigrate
+  // requests that move chunks are Migration's (server/migrate/); the core
+  // routes by the layout epoch adopted and holds pushes back while frozen.
   // A push or pull routed by another epoch than this shard's: refused with
   // this shard's layout document (older) or asked again shortly (newer).
   Status CheckRoute(const RequestHeader& req, ReplyHeader* reply);
   // A push (or clock) the freeze holds back: Unavailable, retry shortly.
   Status CheckFrozen(const RequestHeader& req, ReplyHeader* reply);
-  bool Drained() const;
-  std::string DescribeJson() const;
-  Status ExportChunks(const RequestHeader& req, OutgoingReply* r);
-  Status ImportChunks(const RequestHeader& req,
-                      const std::vector<ByteView>& data);
-  Status Adopt(const RequestHeader& req, std::vector<OutgoingReply>* out);
-  void EndFreeze(const char* why);
-  // Applies the adopted elastic owners to layout_ (recovery, import).
+  // Applies the adopted elastic owners to layout_ (recovery).
   Status ApplyElasticOwners();
-  // shard_migrate_rows.cc: the rows of sparse tables move by key-range
-  // buckets (common/sparse_table.h, KeyRanges) in the same steps.
-  Status ExportRows(const RequestHeader& req, OutgoingReply* r);
-  Status ImportRows(const RequestHeader& req,
-                    const std::vector<ByteView>& data);
-  // ImportRows once the tables are registered: checks and stages.
-  Status StageRows(const RequestHeader& req, const std::vector<ByteView>& data);
-  // The bucket list of an export or import as flags over
-  // req.migrate_num_buckets; InvalidArgument for a count that is no cut of
-  // this fleet, a bucket out of range or named twice, more than the count.
-  Status CheckBucketList(const RequestHeader& req,
-                         std::vector<uint8_t>* chosen);
-  // The owner of bucket b of a cut into num_buckets by the ranges this
-  // shard serves (static: b / (num_buckets / num_shards)); -1: none here.
-  int BucketOwnerNow(uint32_t b, uint32_t num_buckets) const;
-  // Adopt, before anything moves: every bucket the document gives this
-  // shard is held or staged. Then AdoptRows: staged rows installed, rows of
-  // buckets given away dropped, the document's ranges served.
-  Status CheckAdoptRows(const ElasticDoc& doc);
-  Status AdoptRows(const ElasticDoc& doc);
   // Serves the adopted key ranges (after adopt, recovery, registration).
   void ApplyKeyRanges();
+  // What ShardServices lends Migration (server/shard/shard_state.h).
+  void InstallImportedLayout(Layout layout,
+                             const internal::ImportedClocks& state);
+  void InstallChunks(std::vector<std::unique_ptr<Chunk>> chunks,
+                     std::vector<int32_t> local, Layout layout, int num_shards,
+                     uint64_t dropped_bytes);
+  void ReleaseForEpoch(std::vector<OutgoingReply>* out);
 
   // shard_push.cc: validation and apply.
   Status HandlePush(const RequestHeader& req, const std::vector<ByteView>& data,
@@ -701,10 +701,9 @@ class Shard {
   std::vector<float> sparse_val_;
   std::vector<StoreEntry> entries_;
 
-  // Elastic shards: the adopted epoch and document, the freeze, staged
-  // chunks (shard_migrate.cc).
-  std::unique_ptr<ElasticState> elastic_;
-  std::vector<MemoryBudget::Charge> elastic_charges_;  // installed chunks
+  // Elastic shards: the adopted epoch and document, and the freeze
+  // (shard_elastic.cc; set by Migration).
+  std::unique_ptr<internal::ElasticState> elastic_;
 
   // Sparse tables (nullptr until a model with tables is registered).
   std::unique_ptr<sparse::SparseTables> sparse_;
@@ -713,11 +712,12 @@ class Shard {
   std::unique_ptr<internal::DecodedRows> rows_;
 
   // The request handlers cut out of the core, on the view of it that
-  // services_ and ShardState (server/internal/shard_state.h) lend; declared
+  // services_ and ShardState (server/shard/shard_state.h) lend; declared
   // last, so destroyed first (the open scans before sparse_ and the store).
   std::unique_ptr<Services> services_;
   std::unique_ptr<SparseRequests> sparse_requests_;  // rows of requests
-  std::unique_ptr<UploadHandler> uploads_;           // kAssign
+  std::unique_ptr<RequestHandler> uploads_;          // kAssign (null: unserved)
+  std::unique_ptr<RequestHandler> migration_;  // kMigrate (null: unserved)
 };
 
 }  // namespace asyncps::server

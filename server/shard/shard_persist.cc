@@ -21,7 +21,7 @@
 //                      f32 w[n], f32 state[n * state_per_elem], f32 acc[n]?
 //                      (state: the optimizer's, then DC-ASGD-a's mean square)
 //   "0elastic"         the adopted elastic layout document (JSON,
-//                      server/elastic/elastic_doc.h); only once a shard
+//                      common/elastic_doc.h); only once a shard
 //                      joined or left (epoch > 0). Chunks it gives to other
 //                      shards may still have records here: skipped.
 //   "0tables", "1sparse"  sparse tables (server/sparse/sparse_tables.cc)
@@ -33,12 +33,12 @@
 #include <chrono>
 #include <cstring>
 
-#include "server/elastic/elastic_doc.h"
+#include "common/elastic_doc.h"
 #include "server/internal/layout_record.h"
 #include "server/internal/push_dedup.h"
 #include "server/internal/shard_records.h"
-#include "server/internal/shard_types.h"
 #include "server/shard/shard.h"
+#include "server/shard/shard_types.h"
 #include "server/shard/sparse_requests.h"
 
 namespace asyncps::server {
@@ -178,8 +178,7 @@ Status Shard::Recover() {
       store_->Scan([&](std::string_view key, std::string_view value) -> Status {
         found = true;
         if (key == kElasticKey) {
-          StatusOr<elastic::ElasticDoc> doc =
-              elastic::ElasticDoc::FromJson(std::string(value));
+          StatusOr<ElasticDoc> doc = ElasticDoc::FromJson(std::string(value));
           if (!doc.ok()) return Damaged("elastic layout");
           if (doc->epoch == 0) return Status::OK();
           elastic_->epoch = doc->epoch;

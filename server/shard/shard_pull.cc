@@ -14,12 +14,10 @@
 #include <algorithm>
 #include <cstring>
 
-#include "server/internal/shard_types.h"
-#include "server/shard/shard.h"
-#include "server/shard/sparse_requests.h"
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
 #include "compression/codec.h"
-#endif
+#include "server/shard/shard.h"
+#include "server/shard/shard_types.h"
+#include "server/shard/sparse_requests.h"
 
 namespace asyncps::server {
 
@@ -176,15 +174,9 @@ Status Shard::ValidatePullRequest(const RequestHeader& req) {
   }
   if (!req.pull_shm_offsets.empty()) return ValidateShmPull(req);
   if (!req.pull_codec.empty() && req.pull_codec != "none") {
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
     StatusOr<compression::CodecSpec> spec =
         compression::CodecSpec::Parse(req.pull_codec);
     if (!spec.ok()) return Reject(RejectReason::kBadCodec, spec.status());
-#else
-    return Reject(RejectReason::kBadCodec,
-                  Status::Unimplemented("pull codec '" + req.pull_codec +
-                                        "' needs the compression library"));
-#endif
   }
   return Status::OK();
 }
@@ -257,10 +249,7 @@ Status Shard::EnsureSnapshot(Chunk& c, uint64_t* fresh) {
   return Status::OK();
 }
 
-Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
-                         const std::vector<ByteView>& data,
-                         OutgoingReply* reply) {
-  RETURN_IF_ERROR(ValidatePullRequest(req));
+Status Shard::CheckUnsent(const std::string& peer, int rank) {
   // A client that pulls and does not read would otherwise pin snapshot after
   // snapshot in ZeroMQ's queue. What counts against it is the buffers made
   // for its replies (a new snapshot because the previous one is still
@@ -272,8 +261,7 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
       found == unsent_.end() ? 0
                              : found->second->load(std::memory_order_relaxed);
   const uint64_t unsent_rank =
-      req.rank >= 0 ? unsent_by_rank_[req.rank]->load(std::memory_order_relaxed)
-                    : 0;
+      rank >= 0 ? unsent_by_rank_[rank]->load(std::memory_order_relaxed) : 0;
   const uint64_t unsent_limit = options_.max_unsent_bytes_per_client;
   if (unsent_peer >= unsent_limit || unsent_rank >= unsent_limit) {
     return Reject(RejectReason::kUnsentReplies,
@@ -283,13 +271,12 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
                       "sent (limit " +
                       std::to_string(unsent_limit) + "): read them first"));
   }
-  static const std::vector<uint32_t> kNoChunks;
-  const std::vector<uint32_t>& ids =
-      !req.pull_dense           ? kNoChunks  // rows only
-      : req.pull_chunks.empty() ? layout_->shard_chunks(options_.shard_id)
-                                : req.pull_chunks;
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
-  std::unique_ptr<compression::Codec> codec;
+  return Status::OK();
+}
+
+Status Shard::MakePullCodec(const RequestHeader& req,
+                            const std::vector<uint32_t>& ids,
+                            std::unique_ptr<compression::Codec>* codec) {
   if (!req.pull_codec.empty() && req.pull_codec != "none") {
     ASSIGN_OR_RETURN(compression::CodecSpec spec,
                      compression::CodecSpec::Parse(req.pull_codec));
@@ -297,19 +284,17 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
       StatusOr<std::unique_ptr<compression::Codec>> c =
           compression::CreateCodec(spec);
       if (!c.ok()) return Reject(RejectReason::kBadCodec, c.status());
-      codec = std::move(c).value();
+      *codec = std::move(c).value();
     }
   }
-#endif
   uint64_t most = 0;
   for (uint32_t id : ids) {
     const uint64_t n = chunks_[local_index_[id]]->n;
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
-    if (codec) {
-      most += std::max<uint64_t>(codec->MaxEncodedBytes(n), n * sizeof(float));
+    if (*codec) {
+      most +=
+          std::max<uint64_t>((*codec)->MaxEncodedBytes(n), n * sizeof(float));
       continue;
     }
-#endif
     most += n * sizeof(float);
   }
   const uint64_t reply_limit = options_.max_reply_bytes != 0
@@ -323,6 +308,115 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
                                 " bytes, above the reply limit of " +
                                 std::to_string(reply_limit)));
   }
+  return Status::OK();
+}
+
+Status Shard::TakePullReplica(const RequestHeader& req, OutgoingReply* reply,
+                              PullReplica** replica, bool* resync) {
+  if (req.rank < 0) {
+    return Reject(RejectReason::kBadCodec,
+                  Status::InvalidArgument(
+                      "sparse pull codecs send changes since a worker's "
+                      "last pull: they need a worker rank"));
+  }
+  std::unique_ptr<PullReplica>& slot = replicas_[req.rank];
+  if (slot &&
+      (slot->incarnation != req.incarnation || slot->codec != req.pull_codec)) {
+    slot.reset();  // a new client process or codec: start over
+  }
+  if (!slot) {
+    StatusOr<MemoryBudget::Charge> charge = budget_->Reserve(
+        shard_bytes_, "the pull replica of rank " + std::to_string(req.rank));
+    if (!charge.ok())
+      return Reject(RejectReason::kMemoryBudget, charge.status());
+    slot = std::make_unique<PullReplica>();
+    slot->incarnation = req.incarnation;
+    slot->codec = req.pull_codec;
+    slot->chunks.resize(chunks_.size());
+    slot->charge = std::move(charge).value();
+  }
+  *replica = slot.get();
+  *resync = (*replica)->seq == 0 || (*replica)->seq != req.pull_base_seq;
+  (*replica)->seq = next_pull_seq_++;
+  reply->header.pull_seq = (*replica)->seq;
+  return Status::OK();
+}
+
+Status Shard::EncodePulled(const Chunk& c, const float* x,
+                           compression::Codec* codec, ChunkRef* ref,
+                           ByteView* view, uint64_t* fresh) {
+  StatusOr<MemoryBudget::Charge> charge =
+      budget_->Reserve(codec->MaxEncodedBytes(c.n), "a pull codec payload");
+  if (!charge.ok()) return Reject(RejectReason::kMemoryBudget, charge.status());
+  std::vector<uint8_t> payload;
+  Status s = codec->Encode(x, c.n, c.version, &payload);
+  if (!s.ok())
+    return Reject(RejectReason::kBadCodec, s.WithContext("pull codec"));
+  auto held = std::make_shared<ChargedBuffer>();
+  held->charge = std::move(charge).value();
+  held->charge.ShrinkTo(payload.capacity());
+  *fresh += held->charge.bytes();
+  held->buffer = Buffer::FromVector(std::move(payload));
+  ref->codec = static_cast<uint8_t>(codec->id());
+  *view = ByteView{held->buffer->data(), held->buffer->size(), held};
+  return Status::OK();
+}
+
+Status Shard::AddPulledChunk(uint32_t id, uint32_t frame,
+                             compression::Codec* codec, PullReplica* replica,
+                             bool resync, OutgoingReply* reply,
+                             uint64_t* fresh) {
+  Chunk& c = *chunks_[local_index_[id]];
+  ChunkRef ref;
+  ref.chunk = c.id;
+  ref.frame = frame;
+  ref.num_elems = c.n;
+  ref.version = c.version;
+  ByteView view;
+  if (replica != nullptr) {
+    std::vector<float>& held = replica->chunks[local_index_[id]];
+    if (resync || held.size() != c.n) {
+      held.assign(c.w.begin(), c.w.end());  // whole weights go below
+    } else {
+      delta_scratch_.resize(c.n);
+      for (size_t j = 0; j < c.n; ++j) delta_scratch_[j] = c.w[j] - held[j];
+      Status s =
+          EncodePulled(c, delta_scratch_.data(), codec, &ref, &view, fresh);
+      // The worker adds exactly the decoded payload: so does its replica,
+      // and what was not sent stays in the next delta (error feedback).
+      if (s.ok()) {
+        s = codec->DecodeAdd(view.data, view.size, c.n, 1.0f, held.data());
+        if (!s.ok()) s = Reject(RejectReason::kBadCodec, s);
+      }
+      if (!s.ok()) return s;
+    }
+  } else if (codec) {
+    RETURN_IF_ERROR(EncodePulled(c, c.w.data(), codec, &ref, &view, fresh));
+  }
+  if (view.data == nullptr) {
+    RETURN_IF_ERROR(EnsureSnapshot(c, fresh));
+    ref.codec = 0;
+    view = ByteView{c.snapshot->buffer->data(), c.snapshot->buffer->size(),
+                    c.snapshot};
+  }
+  ref.byte_size = view.size;
+  reply->header.chunks.push_back(ref);
+  reply->frames.push_back(std::move(view));
+  return Status::OK();
+}
+
+Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
+                         const std::vector<ByteView>& data,
+                         OutgoingReply* reply) {
+  RETURN_IF_ERROR(ValidatePullRequest(req));
+  RETURN_IF_ERROR(CheckUnsent(peer, req.rank));
+  static const std::vector<uint32_t> kNoChunks;
+  const std::vector<uint32_t>& ids =
+      !req.pull_dense           ? kNoChunks  // rows only
+      : req.pull_chunks.empty() ? layout_->shard_chunks(options_.shard_id)
+                                : req.pull_chunks;
+  std::unique_ptr<compression::Codec> codec;
+  RETURN_IF_ERROR(MakePullCodec(req, ids, &codec));
   if (!req.pull_shm_offsets.empty()) {
     RETURN_IF_ERROR(AnswerShmPull(req, ids, reply));
     if (!dc_reads_.empty() && req.rank >= 0)
@@ -342,115 +436,24 @@ Status Shard::AnswerPull(const std::string& peer, const RequestHeader& req,
   // shard last sent it (first pull, lost reply, new incarnation, restart).
   PullReplica* replica = nullptr;
   bool resync = false;
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
-  if (codec && codec->IsSparse()) {
-    if (req.rank < 0) {
-      return Reject(RejectReason::kBadCodec,
-                    Status::InvalidArgument(
-                        "sparse pull codecs send changes since a worker's "
-                        "last pull: they need a worker rank"));
-    }
-    std::unique_ptr<PullReplica>& slot = replicas_[req.rank];
-    if (slot && (slot->incarnation != req.incarnation ||
-                 slot->codec != req.pull_codec)) {
-      slot.reset();  // a new client process or codec: start over
-    }
-    if (!slot) {
-      StatusOr<MemoryBudget::Charge> charge = budget_->Reserve(
-          shard_bytes_, "the pull replica of rank " + std::to_string(req.rank));
-      if (!charge.ok())
-        return Reject(RejectReason::kMemoryBudget, charge.status());
-      slot = std::make_unique<PullReplica>();
-      slot->incarnation = req.incarnation;
-      slot->codec = req.pull_codec;
-      slot->chunks.resize(chunks_.size());
-      slot->charge = std::move(charge).value();
-    }
-    replica = slot.get();
-    resync = replica->seq == 0 || replica->seq != req.pull_base_seq;
-    replica->seq = next_pull_seq_++;
-    reply->header.pull_seq = replica->seq;
-  }
-#endif
+  if (codec && codec->IsSparse())
+    RETURN_IF_ERROR(TakePullReplica(req, reply, &replica, &resync));
   // A worker that pulls without a sparse codec no longer needs its replica.
   if (replica == nullptr && req.rank >= 0) FreeReplica(req.rank);
-  uint64_t bytes = 0, fresh = 0;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    Chunk& c = *chunks_[local_index_[ids[i]]];
-    ChunkRef ref;
-    ref.chunk = c.id;
-    ref.frame = static_cast<uint32_t>(i + 1);
-    ref.num_elems = c.n;
-    ref.version = c.version;
-    ByteView view;
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
-    auto encode = [&](const float* x, std::vector<uint8_t>* payload) -> Status {
-      StatusOr<MemoryBudget::Charge> charge =
-          budget_->Reserve(codec->MaxEncodedBytes(c.n), "a pull codec payload");
-      if (!charge.ok())
-        return Reject(RejectReason::kMemoryBudget, charge.status());
-      Status s = codec->Encode(x, c.n, c.version, payload);
-      if (!s.ok())
-        return Reject(RejectReason::kBadCodec, s.WithContext("pull codec"));
-      auto held = std::make_shared<ChargedBuffer>();
-      held->charge = std::move(charge).value();
-      held->charge.ShrinkTo(payload->capacity());
-      fresh += held->charge.bytes();
-      held->buffer = Buffer::FromVector(std::move(*payload));
-      ref.codec = static_cast<uint8_t>(codec->id());
-      view = ByteView{held->buffer->data(), held->buffer->size(), held};
-      return Status::OK();
-    };
-    if (replica != nullptr) {
-      std::vector<float>& held = replica->chunks[local_index_[ids[i]]];
-      if (resync || held.size() != c.n) {
-        held.assign(c.w.begin(), c.w.end());  // whole weights go below
-      } else {
-        delta_scratch_.resize(c.n);
-        for (size_t j = 0; j < c.n; ++j) delta_scratch_[j] = c.w[j] - held[j];
-        std::vector<uint8_t> payload;
-        Status s = encode(delta_scratch_.data(), &payload);
-        // The worker adds exactly the decoded payload: so does its replica,
-        // and what was not sent stays in the next delta (error feedback).
-        if (s.ok()) {
-          s = codec->DecodeAdd(view.data, view.size, c.n, 1.0f, held.data());
-          if (!s.ok()) s = Reject(RejectReason::kBadCodec, s);
-        }
-        if (!s.ok()) {
-          replica->seq = 0;  // resync next time
-          return s;
-        }
-      }
-    } else if (codec) {
-      std::vector<uint8_t> payload;
-      RETURN_IF_ERROR(encode(c.w.data(), &payload));
-    }
-#endif
-    if (view.data == nullptr) {
-      Status s = EnsureSnapshot(c, &fresh);
-      if (!s.ok()) {
-        if (replica != nullptr) replica->seq = 0;
-        return s;
-      }
-      ref.codec = 0;
-      view = ByteView{c.snapshot->buffer->data(), c.snapshot->buffer->size(),
-                      c.snapshot};
-    }
-    ref.byte_size = view.size;
-    bytes += view.size;
-    reply->header.chunks.push_back(ref);
-    reply->frames.push_back(std::move(view));
+  uint64_t fresh = 0;
+  Status s;
+  for (size_t i = 0; i < ids.size() && s.ok(); ++i) {
+    s = AddPulledChunk(ids[i], static_cast<uint32_t>(i + 1), codec.get(),
+                       replica, resync, reply, &fresh);
   }
-  if (!dc_reads_.empty() && req.rank >= 0) {
-    Status s = RecordDcRead(req, ids);
-    if (!s.ok()) {
-      if (replica != nullptr) replica->seq = 0;
-      return s;
-    }
+  if (s.ok() && !dc_reads_.empty() && req.rank >= 0) s = RecordDcRead(req, ids);
+  if (!s.ok()) {
+    if (replica != nullptr) replica->seq = 0;  // resync next time
+    return s;
   }
   RETURN_IF_ERROR(sparse_requests_->AnswerPull(req, data, reply, &fresh));
-  for (size_t i = ids.size(); i < reply->frames.size(); ++i)
-    bytes += reply->frames[i].size;
+  uint64_t bytes = 0;
+  for (const ByteView& f : reply->frames) bytes += f.size;
   ++counters_.pulls;
   counters_.bytes_out += bytes;
   if (req.rank >= 0) last_read_[req.rank] = shard_version_;

@@ -16,15 +16,13 @@
 #include <cmath>
 #include <cstring>
 
+#include "compression/codec.h"
 #include "server/internal/all_finite.h"
 #include "server/internal/push_dedup.h"
-#include "server/internal/shard_types.h"
 #include "server/internal/task_pool.h"
 #include "server/shard/shard.h"
+#include "server/shard/shard_types.h"
 #include "server/shard/sparse_requests.h"
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
-#include "compression/codec.h"
-#endif
 
 namespace asyncps::server {
 namespace {
@@ -334,7 +332,6 @@ Status Shard::ValidatePushFrames(const RequestHeader& req,
         p.dense = c.scratch.data();
       }
     } else {
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
       namespace cz = compression;
       if (ref.codec >= cz::kNumCodecs) {
         return Reject(RejectReason::kBadCodec,
@@ -369,12 +366,6 @@ Status Shard::ValidatePushFrames(const RequestHeader& req,
                         s.WithContext(ChunkName(ref.chunk)));
         p.dense = c.scratch.data();
       }
-#else
-      return Reject(RejectReason::kBadCodec,
-                    Status::Unimplemented(ChunkName(ref.chunk) + ": codec " +
-                                          std::to_string(ref.codec) +
-                                          " needs the compression library"));
-#endif
     }
     pending_.push_back(p);
   }
@@ -443,7 +434,6 @@ void Shard::ApplyPending(int rank, float lr_scale) {
     Chunk& c = *p.chunk;
     ++c.step;
     if (p.sparse != nullptr) {
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
       StatusOr<compression::SparseView> view =
           compression::ParseSparse(p.sparse, p.bytes, c.n);
       CHECK(view.ok()) << "payload validated in phase 1";
@@ -455,7 +445,6 @@ void Shard::ApplyPending(int rank, float lr_scale) {
       });
       optimizer_->ApplySparse(c.w.data(), sparse_idx_.data(),
                               sparse_val_.data(), sparse_idx_.size(), lr_scale);
-#endif
     } else {
       AddWork(&c, p.dense);
     }

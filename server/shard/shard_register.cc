@@ -4,8 +4,8 @@
 
 #include <algorithm>
 
-#include "server/internal/shard_types.h"
 #include "server/shard/shard.h"
+#include "server/shard/shard_types.h"
 #include "server/shard/sparse_requests.h"
 
 namespace asyncps::server {

@@ -11,8 +11,8 @@
 
 #include <cstring>
 
-#include "server/internal/shard_types.h"
 #include "server/shard/shard.h"
+#include "server/shard/shard_types.h"
 
 namespace asyncps::server {
 

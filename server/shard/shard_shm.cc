@@ -17,8 +17,8 @@
 #include <cstring>
 #include <string>
 
-#include "server/internal/shard_types.h"
 #include "server/shard/shard.h"
+#include "server/shard/shard_types.h"
 
 namespace asyncps::server {
 

@@ -14,8 +14,8 @@
 
 #include <algorithm>
 
-#include "server/internal/shard_types.h"
 #include "server/shard/shard.h"
+#include "server/shard/shard_types.h"
 
 namespace asyncps::server {
 

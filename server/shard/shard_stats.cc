@@ -3,9 +3,9 @@
 #include <nlohmann/json.hpp>
 
 #include "server/internal/push_dedup.h"
-#include "server/internal/shard_types.h"
-#include "server/internal/stats_json.h"
 #include "server/shard/shard.h"
+#include "server/shard/shard_types.h"
+#include "server/shard/stats_json.h"
 
 namespace asyncps::server {
 

@@ -22,10 +22,8 @@
 
 #include <cstring>
 
-#include "server/internal/shard_types.h"
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
 #include "compression/codec.h"
-#endif
+#include "server/shard/shard_types.h"
 
 namespace asyncps::server {
 namespace {
@@ -121,122 +119,22 @@ Status SparseRequests::ValidatePush(const RequestHeader& req,
   // Pushes and uploads (kAssign) carry rows; pulls and reads of row
   // records (kAssign phase 3) carry keys only.
   const bool assign = req.kind == RequestKind::kAssign;
-  const bool push = req.kind == RequestKind::kPush ||
-                    (assign && req.assign_phase != AssignOp::kRead);
-  const bool records = assign && (req.assign_phase == AssignOp::kRows ||
-                                  req.assign_phase == AssignOp::kSaved);
+  Shape shape;
+  shape.push = req.kind == RequestKind::kPush ||
+               (assign && req.assign_phase != AssignOp::kRead);
+  shape.records = assign && (req.assign_phase == AssignOp::kRows ||
+                             req.assign_phase == AssignOp::kSaved);
   // Phase 7: saved records (kind, count, clock before the row record).
-  const bool saved = assign && req.assign_phase == AssignOp::kSaved;
-  const sparse::SparseOptions& limits = shard_.sparse->options();
+  shape.saved = assign && req.assign_phase == AssignOp::kSaved;
   if (shard_.frame_stamp.size() < data.size())
     shard_.frame_stamp.resize(data.size(), 0);
   shard_.sparse->BeginRequest();
   // Sizes first, so nothing is allocated for a request that lies about them.
   size_t total_keys = 0, total_values = 0, total_state = 0;
   for (const RowsRef& ref : req.rows) {
-    if (ref.table >= shard_.sparse->num_tables()) {
-      return core_->Reject(
-          RejectReason::kUnknownChunk,
-          Status::NotFound("unknown table " + std::to_string(ref.table) + " (" +
-                           std::to_string(shard_.sparse->num_tables()) +
-                           " registered)"));
-    }
-    const std::string name = TableName(*shard_.sparse, ref.table);
-    if (table_stamp_[ref.table] == shard_.stamp) {
-      return core_->Reject(
-          RejectReason::kOther,
-          Status::InvalidArgument(name + " named twice in one " +
-                                  RequestKindName(req.kind)));
-    }
-    table_stamp_[ref.table] = shard_.stamp;
-    if (ref.num_keys > limits.max_keys_per_request) {
-      return core_->Reject(
-          RejectReason::kOversize,
-          Status::InvalidArgument(name + ": " + std::to_string(ref.num_keys) +
-                                  " keys, more than the " +
-                                  std::to_string(limits.max_keys_per_request) +
-                                  " one request may name: split it"));
-    }
-    const uint32_t frames[2] = {ref.keys_frame, ref.rows_frame};
-    for (int k = 0; k < (push ? 2 : 1); ++k) {  // pulls carry keys only
-      const uint32_t f = frames[k];
-      if (f < 1 || f > data.size()) {
-        return core_->Reject(
-            RejectReason::kSizeMismatch,
-            Status::InvalidArgument(name + ": frame index " +
-                                    std::to_string(f) + " out of range [1, " +
-                                    std::to_string(data.size()) + "]"));
-      }
-      if (shard_.frame_stamp[f - 1] == shard_.stamp) {
-        return core_->Reject(
-            RejectReason::kSizeMismatch,
-            Status::InvalidArgument(name + ": frame " + std::to_string(f) +
-                                    " referenced twice"));
-      }
-      shard_.frame_stamp[f - 1] = shard_.stamp;
-    }
-    const ByteView& keys = data[ref.keys_frame - 1];
-    if (keys.size != ref.num_keys * sizeof(uint64_t)) {
-      return core_->Reject(
-          RejectReason::kSizeMismatch,
-          Status::InvalidArgument(name + ": keys frame of " +
-                                  std::to_string(keys.size) + " bytes for " +
-                                  std::to_string(ref.num_keys) + " keys"));
-    }
+    RETURN_IF_ERROR(CheckRef(req, ref, data, shape));
     const uint64_t values =
         ref.num_keys * shard_.sparse->specs()[ref.table].dim;
-    const sparse::SparseTable& table = shard_.sparse->table(ref.table);
-    const size_t record_bytes =
-        saved ? table.saved_record_bytes() : table.record_bytes();
-    if (records && (ref.codec != 0 || data[ref.rows_frame - 1].size !=
-                                          ref.num_keys * record_bytes)) {
-      return core_->Reject(
-          RejectReason::kSizeMismatch,
-          Status::InvalidArgument(
-              name + ": row records frame of " +
-              std::to_string(data[ref.rows_frame - 1].size) + " bytes (codec " +
-              std::to_string(ref.codec) + "), expected " +
-              std::to_string(ref.num_keys) + " raw records of " +
-              std::to_string(record_bytes) + " bytes"));
-    }
-    if (records) {
-      // Sized above.
-    } else if (ref.codec != 0) {
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
-      namespace cz = compression;
-      if (ref.codec >= cz::kNumCodecs ||
-          cz::CodecForId(static_cast<cz::CodecId>(ref.codec)).IsSparse()) {
-        return core_->Reject(
-            RejectReason::kBadCodec,
-            Status::InvalidArgument(name +
-                                    ": rows need a dense codec (none, fp16, "
-                                    "bf16, ...), not codec " +
-                                    std::to_string(ref.codec)));
-      }
-      if (push) {
-        const ByteView& f = data[ref.rows_frame - 1];
-        Status v = cz::CodecForId(static_cast<cz::CodecId>(ref.codec))
-                       .Validate(f.data, f.size, values);
-        if (!v.ok())
-          return core_->Reject(RejectReason::kBadCodec, v.WithContext(name));
-      }
-#else
-      return core_->Reject(
-          RejectReason::kBadCodec,
-          Status::Unimplemented(name + ": codec " + std::to_string(ref.codec) +
-                                " needs the compression library"));
-#endif
-    } else if (push &&
-               data[ref.rows_frame - 1].size != values * sizeof(float)) {
-      return core_->Reject(
-          RejectReason::kSizeMismatch,
-          Status::InvalidArgument(
-              name + ": rows frame of " +
-              std::to_string(data[ref.rows_frame - 1].size) +
-              " bytes, expected " + std::to_string(ref.num_keys) + " rows of " +
-              std::to_string(shard_.sparse->specs()[ref.table].dim) +
-              " floats"));
-    }
     PendingRows p;
     p.table = ref.table;
     p.n = ref.num_keys;
@@ -245,11 +143,124 @@ Status SparseRequests::ValidatePush(const RequestHeader& req,
     p.state_at = total_state;
     shard_.rows.pending.push_back(p);
     total_keys += ref.num_keys;
-    if (push) total_values += values;
-    if (records) total_state += ref.num_keys * table.state_floats();
+    if (shape.push) total_values += values;
+    if (shape.records)
+      total_state +=
+          ref.num_keys * shard_.sparse->table(ref.table).state_floats();
   }
-  // Decode and check every table's part before anything is applied. The
-  // scratch (reused) is charged to the memory budget at its size.
+  RETURN_IF_ERROR(SizeDecoded(total_keys, total_values, total_state, shape));
+  // Decode and check every table's part before anything is applied.
+  for (size_t i = 0; i < req.rows.size(); ++i) {
+    RETURN_IF_ERROR(
+        DecodeRef(req.rows[i], shard_.rows.pending[i], data, shape));
+  }
+  return Status::OK();
+}
+
+Status SparseRequests::CheckRef(const RequestHeader& req, const RowsRef& ref,
+                                const std::vector<ByteView>& data,
+                                const Shape& shape) {
+  const bool push = shape.push, records = shape.records, saved = shape.saved;
+  const sparse::SparseOptions& limits = shard_.sparse->options();
+  if (ref.table >= shard_.sparse->num_tables()) {
+    return core_->Reject(
+        RejectReason::kUnknownChunk,
+        Status::NotFound("unknown table " + std::to_string(ref.table) + " (" +
+                         std::to_string(shard_.sparse->num_tables()) +
+                         " registered)"));
+  }
+  const std::string name = TableName(*shard_.sparse, ref.table);
+  if (table_stamp_[ref.table] == shard_.stamp) {
+    return core_->Reject(RejectReason::kOther,
+                         Status::InvalidArgument(name + " named twice in one " +
+                                                 RequestKindName(req.kind)));
+  }
+  table_stamp_[ref.table] = shard_.stamp;
+  if (ref.num_keys > limits.max_keys_per_request) {
+    return core_->Reject(
+        RejectReason::kOversize,
+        Status::InvalidArgument(name + ": " + std::to_string(ref.num_keys) +
+                                " keys, more than the " +
+                                std::to_string(limits.max_keys_per_request) +
+                                " one request may name: split it"));
+  }
+  const uint32_t frames[2] = {ref.keys_frame, ref.rows_frame};
+  for (int k = 0; k < (push ? 2 : 1); ++k) {  // pulls carry keys only
+    const uint32_t f = frames[k];
+    if (f < 1 || f > data.size()) {
+      return core_->Reject(
+          RejectReason::kSizeMismatch,
+          Status::InvalidArgument(name + ": frame index " + std::to_string(f) +
+                                  " out of range [1, " +
+                                  std::to_string(data.size()) + "]"));
+    }
+    if (shard_.frame_stamp[f - 1] == shard_.stamp) {
+      return core_->Reject(
+          RejectReason::kSizeMismatch,
+          Status::InvalidArgument(name + ": frame " + std::to_string(f) +
+                                  " referenced twice"));
+    }
+    shard_.frame_stamp[f - 1] = shard_.stamp;
+  }
+  const ByteView& keys = data[ref.keys_frame - 1];
+  if (keys.size != ref.num_keys * sizeof(uint64_t)) {
+    return core_->Reject(
+        RejectReason::kSizeMismatch,
+        Status::InvalidArgument(name + ": keys frame of " +
+                                std::to_string(keys.size) + " bytes for " +
+                                std::to_string(ref.num_keys) + " keys"));
+  }
+  const uint64_t values = ref.num_keys * shard_.sparse->specs()[ref.table].dim;
+  const sparse::SparseTable& table = shard_.sparse->table(ref.table);
+  const size_t record_bytes =
+      saved ? table.saved_record_bytes() : table.record_bytes();
+  if (records && (ref.codec != 0 || data[ref.rows_frame - 1].size !=
+                                        ref.num_keys * record_bytes)) {
+    return core_->Reject(
+        RejectReason::kSizeMismatch,
+        Status::InvalidArgument(name + ": row records frame of " +
+                                std::to_string(data[ref.rows_frame - 1].size) +
+                                " bytes (codec " + std::to_string(ref.codec) +
+                                "), expected " + std::to_string(ref.num_keys) +
+                                " raw records of " +
+                                std::to_string(record_bytes) + " bytes"));
+  }
+  if (records) {
+    // Sized above.
+  } else if (ref.codec != 0) {
+    namespace cz = compression;
+    if (ref.codec >= cz::kNumCodecs ||
+        cz::CodecForId(static_cast<cz::CodecId>(ref.codec)).IsSparse()) {
+      return core_->Reject(
+          RejectReason::kBadCodec,
+          Status::InvalidArgument(name +
+                                  ": rows need a dense codec (none, fp16, "
+                                  "bf16, ...), not codec " +
+                                  std::to_string(ref.codec)));
+    }
+    if (push) {
+      const ByteView& f = data[ref.rows_frame - 1];
+      Status v = cz::CodecForId(static_cast<cz::CodecId>(ref.codec))
+                     .Validate(f.data, f.size, values);
+      if (!v.ok())
+        return core_->Reject(RejectReason::kBadCodec, v.WithContext(name));
+    }
+  } else if (push && data[ref.rows_frame - 1].size != values * sizeof(float)) {
+    return core_->Reject(
+        RejectReason::kSizeMismatch,
+        Status::InvalidArgument(
+            name + ": rows frame of " +
+            std::to_string(data[ref.rows_frame - 1].size) +
+            " bytes, expected " + std::to_string(ref.num_keys) + " rows of " +
+            std::to_string(shard_.sparse->specs()[ref.table].dim) + " floats"));
+  }
+  return Status::OK();
+}
+
+Status SparseRequests::SizeDecoded(size_t total_keys, size_t total_values,
+                                   size_t total_state, const Shape& shape) {
+  const bool records = shape.records, saved = shape.saved;
+  // The scratch (reused) is charged to the memory budget at its size.
   const uint64_t scratch = total_keys * sizeof(uint64_t) * (records ? 2 : 1) +
                            (saved ? total_keys * 12 : 0) +
                            (total_values + total_state) * sizeof(float);
@@ -270,75 +281,76 @@ Status SparseRequests::ValidatePush(const RequestHeader& req,
     shard_.rows.kinds.resize(total_keys);
     shard_.rows.clocks.resize(total_keys);
   }
-  for (size_t i = 0; i < req.rows.size(); ++i) {
-    const RowsRef& ref = req.rows[i];
-    const PendingRows& p = shard_.rows.pending[i];
-    uint64_t* keys = shard_.rows.keys.data() + p.keys_at;
-    std::memcpy(keys, data[ref.keys_frame - 1].data, p.n * sizeof(uint64_t));
-    float* rows = nullptr;
-    if (push) {
-      rows = shard_.rows.values.data() + p.rows_at;
-      const ByteView& f = data[ref.rows_frame - 1];
-      if (records) {
-        const sparse::SparseTable& t = shard_.sparse->table(p.table);
-        const size_t dim = shard_.sparse->specs()[p.table].dim;
-        const size_t k = t.state_floats();
-        for (size_t j = 0; j < p.n; ++j) {
-          const uint8_t* rec;
-          if (saved) {
-            rec = f.data + j * t.saved_record_bytes();
-            uint32_t zero = 0;
-            std::memcpy(&shard_.rows.kinds[p.keys_at + j], rec,
-                        sizeof(uint32_t));
-            std::memcpy(&zero, rec + 4, sizeof(zero));
-            if (zero != 0)
-              shard_.rows.kinds[p.keys_at + j] = 0;  // refused below
-            std::memcpy(&shard_.rows.clocks[p.keys_at + j], rec + 16,
-                        sizeof(int64_t));
-            // Then the count (as a row record's steps), the clock (read
-            // above) and the floats (as a row record's).
-            std::memcpy(&shard_.rows.steps[p.keys_at + j], rec + 8,
-                        sizeof(uint64_t));
-            rec += 16;
-          } else {
-            rec = f.data + j * t.record_bytes();
-            std::memcpy(&shard_.rows.steps[p.keys_at + j], rec,
-                        sizeof(uint64_t));
-          }
-          rec += sizeof(uint64_t);
-          std::memcpy(rows + j * dim, rec, dim * sizeof(float));
-          std::memcpy(shard_.rows.state.data() + p.state_at + j * k,
-                      rec + dim * sizeof(float), k * sizeof(float));
-        }
-      } else if (ref.codec == 0) {
-        std::memcpy(rows, f.data, f.size);
-      } else {
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
-        const size_t values = p.n * shard_.sparse->specs()[p.table].dim;
-        Status s = compression::CodecForId(
-                       static_cast<compression::CodecId>(ref.codec))
-                       .Decode(f.data, f.size, values, rows);
-        if (!s.ok())
-          return core_->Reject(
-              RejectReason::kBadCodec,
-              s.WithContext(TableName(*shard_.sparse, p.table)));
-#endif
-      }
+  return Status::OK();
+}
+
+void SparseRequests::DecodeRecords(const PendingRows& p, const ByteView& f,
+                                   bool saved, float* rows) {
+  const sparse::SparseTable& t = shard_.sparse->table(p.table);
+  const size_t dim = shard_.sparse->specs()[p.table].dim;
+  const size_t k = t.state_floats();
+  for (size_t j = 0; j < p.n; ++j) {
+    const uint8_t* rec;
+    if (saved) {
+      rec = f.data + j * t.saved_record_bytes();
+      uint32_t zero = 0;
+      std::memcpy(&shard_.rows.kinds[p.keys_at + j], rec, sizeof(uint32_t));
+      std::memcpy(&zero, rec + 4, sizeof(zero));
+      if (zero != 0) shard_.rows.kinds[p.keys_at + j] = 0;  // refused below
+      std::memcpy(&shard_.rows.clocks[p.keys_at + j], rec + 16,
+                  sizeof(int64_t));
+      // Then the count (as a row record's steps), the clock (read
+      // above) and the floats (as a row record's).
+      std::memcpy(&shard_.rows.steps[p.keys_at + j], rec + 8, sizeof(uint64_t));
+      rec += 16;
+    } else {
+      rec = f.data + j * t.record_bytes();
+      std::memcpy(&shard_.rows.steps[p.keys_at + j], rec, sizeof(uint64_t));
     }
-    sparse::CheckFailure why = sparse::CheckFailure::kNone;
-    Status s = shard_.sparse->Check(p.table, keys, p.n, rows, &why);
-    if (!s.ok()) {
-      RejectReason reason = RejectReason::kOther;  // duplicate keys
-      if (why == sparse::CheckFailure::kUnknownTable)
-        reason = RejectReason::kUnknownChunk;
-      if (why == sparse::CheckFailure::kWrongShard)
-        reason = RejectReason::kWrongShard;
-      if (why == sparse::CheckFailure::kNonFinite)
-        reason = RejectReason::kNonFinite;
-      if (why == sparse::CheckFailure::kTooLarge)
-        reason = RejectReason::kOversize;
-      return core_->Reject(reason, s);
+    rec += sizeof(uint64_t);
+    std::memcpy(rows + j * dim, rec, dim * sizeof(float));
+    std::memcpy(shard_.rows.state.data() + p.state_at + j * k,
+                rec + dim * sizeof(float), k * sizeof(float));
+  }
+}
+
+Status SparseRequests::DecodeRef(const RowsRef& ref, const PendingRows& p,
+                                 const std::vector<ByteView>& data,
+                                 const Shape& shape) {
+  const bool push = shape.push, records = shape.records;
+  uint64_t* keys = shard_.rows.keys.data() + p.keys_at;
+  std::memcpy(keys, data[ref.keys_frame - 1].data, p.n * sizeof(uint64_t));
+  float* rows = nullptr;
+  if (push) {
+    rows = shard_.rows.values.data() + p.rows_at;
+    const ByteView& f = data[ref.rows_frame - 1];
+    if (records) {
+      DecodeRecords(p, f, shape.saved, rows);
+    } else if (ref.codec == 0) {
+      std::memcpy(rows, f.data, f.size);
+    } else {
+      const size_t values = p.n * shard_.sparse->specs()[p.table].dim;
+      Status s =
+          compression::CodecForId(static_cast<compression::CodecId>(ref.codec))
+              .Decode(f.data, f.size, values, rows);
+      if (!s.ok())
+        return core_->Reject(RejectReason::kBadCodec,
+                             s.WithContext(TableName(*shard_.sparse, p.table)));
     }
+  }
+  sparse::CheckFailure why = sparse::CheckFailure::kNone;
+  Status s = shard_.sparse->Check(p.table, keys, p.n, rows, &why);
+  if (!s.ok()) {
+    RejectReason reason = RejectReason::kOther;  // duplicate keys
+    if (why == sparse::CheckFailure::kUnknownTable)
+      reason = RejectReason::kUnknownChunk;
+    if (why == sparse::CheckFailure::kWrongShard)
+      reason = RejectReason::kWrongShard;
+    if (why == sparse::CheckFailure::kNonFinite)
+      reason = RejectReason::kNonFinite;
+    if (why == sparse::CheckFailure::kTooLarge)
+      reason = RejectReason::kOversize;
+    return core_->Reject(reason, s);
   }
   return Status::OK();
 }
@@ -440,7 +452,6 @@ Status SparseRequests::AnswerPull(const RequestHeader& req,
     out.table = ref.table;
     out.num_keys = p.n;
     out.codec = 0;
-#if ASYNCPS_SERVER_HAVE_COMPRESSION
     if (ref.codec != 0) {
       compression::CodecSpec spec;
       spec.id = static_cast<compression::CodecId>(ref.codec);
@@ -455,7 +466,6 @@ Status SparseRequests::AnswerPull(const RequestHeader& req,
       out.codec = ref.codec;
       owner->charge.ShrinkTo(rows->size());
     }
-#endif
     owner->buffer = rows;
     *fresh += owner->charge.bytes();
     out.rows_frame = static_cast<uint32_t>(reply->frames.size() + 1);

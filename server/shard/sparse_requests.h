@@ -8,7 +8,7 @@
 // the embedding cache, of a request's decoded rows and of the BSP round's
 // sums of rows.
 //
-// Needs from the shard (server/internal/shard_state.h): its options, store,
+// Needs from the shard (server/shard/shard_state.h): its options, store,
 // memory budget and clocks, the sparse tables (which it creates and drops:
 // the core owns the pointer, every part of the shard reads the tables), the
 // validation stamps shared with the push path and the decoded rows it fills
@@ -26,9 +26,9 @@
 #include "common/buffer.h"
 #include "common/status.h"
 #include "common/wire.h"
-#include "server/internal/shard_state.h"
 #include "server/shard/memory_budget.h"
 #include "server/shard/shard.h"
+#include "server/shard/shard_state.h"
 
 namespace asyncps::server {
 
@@ -73,6 +73,29 @@ class SparseRequests {
 
  private:
   using PendingRows = internal::PendingRows;
+  // What a request's RowsRefs carry: rows (pushes, uploads) or keys only
+  // (pulls, reads of records); row records with their optimizer state
+  // (uploads kRows, kSaved); saved records (kSaved).
+  struct Shape {
+    bool push = false;
+    bool records = false;
+    bool saved = false;
+  };
+
+  // ValidatePush's steps: one RowsRef checked against its frames (table,
+  // stamps, sizes, codec), before anything is allocated; the decoded rows
+  // sized (charged to the budget); one table's part decoded into
+  // ShardState::rows and checked by the tables.
+  Status CheckRef(const RequestHeader& req, const RowsRef& ref,
+                  const std::vector<ByteView>& data, const Shape& shape);
+  Status SizeDecoded(size_t total_keys, size_t total_values, size_t total_state,
+                     const Shape& shape);
+  Status DecodeRef(const RowsRef& ref, const PendingRows& p,
+                   const std::vector<ByteView>& data, const Shape& shape);
+  // Row records of frame `f` (saved ones when `saved`): the steps, kinds,
+  // clocks and state of `p` into ShardState::rows, the weights into `rows`.
+  void DecodeRecords(const PendingRows& p, const ByteView& f, bool saved,
+                     float* rows);
 
   internal::ShardState shard_;
   internal::ShardServices* core_;      // not owned

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "server/internal/stats_json.h"
+#include "server/shard/stats_json.h"
 
 namespace asyncps::server {
 

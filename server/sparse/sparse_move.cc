@@ -1,5 +1,5 @@
 // SparseTables / SparseTable: moving the rows of key-range buckets between
-// shards (elastic shards: server/shard/shard_migrate_rows.cc drives it).
+// shards (elastic shards: server/migrate/migration_rows.cc drives it).
 //
 // What moves is what the store would hold of a key: its row record (weights,
 // optimizer state, step count, clock of the last push) or its admission
@@ -192,7 +192,7 @@ Status SparseTables::StageImport(uint32_t num_buckets,
   // A resend names buckets whose rows are staged already (the coordinator's
   // retry, or its first try handed on to a backup that is now the primary):
   // their staged records are replaced, as a resent chunk is
-  // (shard_migrate.cc). The others' records stay.
+  // (server/migrate/migration.cc). The others' records stay.
   bool resent = false;
   for (size_t t = 0; t < tables_.size() && !resent; ++t) {
     ForEachMoveRecord(staged_[t], [&](uint64_t key, std::string_view) {

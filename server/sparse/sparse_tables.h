@@ -137,7 +137,7 @@ class SparseTables {
                              const float* grads, size_t n, int64_t clock,
                              float lr_scale, bool durable);
   // Sets rows (checked) to `values` with zero optimizer state (an upload:
-  // server/shard/upload_handler.cc), at worker clock `clock`; pins them when
+  // server/upload/upload_handler.cc), at worker clock `clock`; pins them when
   // `durable`. With `state` (n x the table's state_floats(), checked:
   // common/sparse_table.h CheckRowState) and `steps` (n), the rows get
   // those as their optimizer

@@ -6,7 +6,6 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,9 +14,9 @@
 #include "common/shm_segment.h"
 #include "common/wire.h"
 #include "server/internal/binary_io.h"
-#include "server/internal/shard_state.h"
 #include "server/shard/memory_budget.h"
 #include "server/shard/shard.h"
+#include "server/shard/shard_state.h"
 
 namespace asyncps::server {
 namespace internal {
@@ -127,31 +126,6 @@ struct Shard::PullReplica {
   uint64_t seq = 0;   // pull_seq of the last reply sent; 0: none
   std::vector<std::vector<float>> chunks;  // by local chunk index
   MemoryBudget::Charge charge;
-};
-
-// Elastic shards (shard_migrate.cc): the layout epoch adopted, the freeze
-// toward the next one, and the chunks copied here for it.
-struct Shard::ElasticState {
-  uint64_t epoch = 0;  // 0: the static layout
-  std::string doc;     // the adopted document (server/elastic/elastic_doc.h)
-  std::vector<int> owners;  // of the adopted document, by chunk id
-  size_t num_servers = 0;
-  bool frozen = false;
-  uint64_t freeze_epoch = 0;
-  int64_t freeze_clock = -1;  // -1: every push and clock waits
-  TimePoint freeze_until{};
-  struct Staged {
-    std::unique_ptr<Chunk> chunk;
-    MemoryBudget::Charge charge;
-  };
-  std::map<uint32_t, Staged> staged;  // by chunk id
-  // Sparse tables: the adopted key ranges (null: static, or no buckets in
-  // the document), and the buckets whose rows are staged (flags over
-  // staged_num_buckets; the rows wait in SparseTables) with their charge.
-  std::shared_ptr<const KeyRanges> ranges;
-  uint32_t staged_num_buckets = 0;
-  std::vector<uint8_t> staged_buckets;
-  MemoryBudget::Charge staged_rows_charge;
 };
 
 // A client's shared-memory segment, mapped by this shard (shard_shm.cc).

@@ -1,4 +1,4 @@
-// UploadHandler (server/shard/upload_handler.h): uploads of values (kAssign:
+// UploadHandler (server/upload/upload_handler.h): uploads of values (kAssign:
 // fine-tuning from a worker's weights, ps.load_state_dict()). The request is
 // described in common/protocol.capnp (Assign), its operations in
 // common/wire.h (AssignOp).
@@ -30,7 +30,7 @@
 // their steps or counts and last-push clocks; the page size bounded by the
 // request limits; routed by the shard's layout epoch, as pushes and pulls,
 // so a scan never sees a moving key on two shards or on none; plain or
-// point-in-time: server/shard/upload_scan.cc), `saved`
+// point-in-time: server/upload/upload_scan.cc), `saved`
 // requests (phase 7) of the claimant set such
 // entries back (checked as phase 5's, and their kinds, counts and clocks),
 // a `clear` (phase 8) of the claimant drops every entry of the tables it
@@ -48,7 +48,7 @@
 // answers created = false, so nobody reads half an upload; a claimant that
 // dies mid-upload is replaced and the next claimant writes every chunk
 // again (the state it set is reset unless the new claimant sets it too).
-#include "server/shard/upload_handler.h"
+#include "server/upload/upload_handler.h"
 
 #include <glog/logging.h>
 
@@ -56,7 +56,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "server/internal/shard_types.h"
+#include "server/shard/shard_types.h"
 #include "server/shard/sparse_requests.h"
 
 namespace asyncps::server {
@@ -145,9 +145,16 @@ void UploadHandler::Tick(TimePoint now) {
   if (!scans_.empty()) ExpireScanSnapshots(now);
 }
 
+std::unique_ptr<RequestHandler> UploadHandler::Make(
+    const internal::ShardState& shard, internal::ShardServices* core,
+    SparseRequests* sparse) {
+  return std::make_unique<UploadHandler>(shard, core, sparse);
+}
+
 Status UploadHandler::Handle(const std::string& peer, const RequestHeader& req,
                              const std::vector<ByteView>& data, TimePoint now,
-                             OutgoingReply* out) {
+                             OutgoingReply* out,
+                             std::vector<OutgoingReply>* /*others*/) {
   ReplyHeader* reply = &out->header;
   reply->created = false;
   if (!shard_.layout) {

@@ -1,6 +1,7 @@
 // ShardState and ShardServices: the narrow view of a Shard that the request
-// handlers cut out of it (server/shard/upload_handler.h) work on. Not part
-// of the server API.
+// handlers cut out of it (server/shard/sparse_requests.h,
+// server/upload/upload_handler.h, server/migrate/migration.h) work on. Not
+// part of the server API.
 //
 // The Shard core (server/shard/shard.h: dispatch, clocks, dense push and
 // pull) owns every object named here; it lends a ShardState (references to
@@ -13,6 +14,7 @@
 // event loop), as the Shard itself.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -21,6 +23,7 @@
 
 #include "common/buffer.h"
 #include "common/layout.h"
+#include "common/sparse_table.h"
 #include "common/status.h"
 #include "common/wire.h"
 #include "server/optimizer/optimizer.h"
@@ -32,7 +35,7 @@
 
 namespace asyncps::server::internal {
 
-struct ShardChunk;  // server/internal/shard_types.h
+struct ShardChunk;  // server/shard/shard_types.h
 
 // One table's rows of a request, validated and decoded by SparseRequests
 // (server/shard/sparse_requests.h), waiting to be applied or set.
@@ -59,6 +62,31 @@ struct DecodedRows {
   std::vector<int64_t> clocks;
 };
 
+// Elastic shards: the layout epoch the shard serves under (persisted with
+// its document, "0elastic") and the freeze toward the next one, which the
+// core enforces on pushes and clocks. Migration (server/migrate/) sets both.
+struct ElasticState {
+  uint64_t epoch = 0;       // 0: the static layout
+  std::string doc;          // the adopted document (common/elastic_doc.h)
+  std::vector<int> owners;  // of the adopted document, by chunk id
+  size_t num_servers = 0;
+  // Sparse tables: the adopted key ranges (null: static, or no buckets in
+  // the document).
+  std::shared_ptr<const KeyRanges> ranges;
+  bool frozen = false;
+  uint64_t freeze_epoch = 0;
+  int64_t freeze_clock = -1;  // -1: every push and clock waits
+  std::chrono::steady_clock::time_point freeze_until{};
+};
+
+// A fresh shard's clocks and rounds, taken from an imported state record.
+struct ImportedClocks {
+  uint64_t version = 0;
+  int64_t round = 0;
+  std::vector<int64_t> clocks;  // per rank
+  std::vector<int64_t> pushed;  // per rank: BSP round last pushed for
+};
+
 // What the core lends: references into the Shard's own members, valid for
 // the Shard's lifetime.
 struct ShardState {
@@ -72,8 +100,15 @@ struct ShardState {
   const std::vector<std::unique_ptr<ShardChunk>>& chunks;
   const std::vector<int32_t>& local_index;
   const WorkerClocks& clocks;
+  // Floats of optimizer (and delay compensation) state per weight.
+  const size_t state_per_elem;
   // Updates applied (the lr schedule's count).
   uint64_t& shard_version;
+  // BSP: the open round, and per rank the round its last counted push was
+  // for (-1: none).
+  const int64_t& bsp_round;
+  const std::vector<int64_t>& bsp_pushed_round;
+  ElasticState& elastic;
   // Sparse tables (null until a model with tables is registered; made and
   // dropped by SparseRequests).
   std::unique_ptr<sparse::SparseTables>& sparse;
@@ -104,6 +139,37 @@ class ShardServices {
   // Serves the adopted elastic key ranges on the sparse tables (after a
   // registration).
   virtual void ApplyKeyRanges() = 0;
+  // A durable write failed: pushes are refused until a checkpoint succeeds.
+  virtual void EnterDegraded(const Status& cause) = 0;
+
+  // --- For Migration (server/migrate/migration.h) ---
+  // Reserves the layout tables of a layout from the budget (before it is
+  // built); ReleaseLayoutCharge() gives them back when it is not installed.
+  virtual Status ChargeLayoutTables(const std::vector<TensorSpec>& tensors,
+                                    const LayoutOptions& options) = 0;
+  virtual void ReleaseLayoutCharge() = 0;
+  // An empty shard takes `layout` (charged above, no chunk of it held yet)
+  // and the clocks and rounds of an imported state record.
+  virtual void InstallImportedLayout(Layout layout,
+                                     const ImportedClocks& state) = 0;
+  // The persistence records (layout, shard state, then the chunks `ids`,
+  // all held here) of an export, appended to *entries; valid until the
+  // shard's state next changes.
+  virtual void AddExportEntries(const std::vector<uint32_t>& ids,
+                                std::vector<StoreEntry>* entries) = 0;
+  // Adopt: takes the shard's chunks out (local_index unchanged), then
+  // installs `chunks` (id order) with `local` (chunk id -> index) under
+  // `layout` for `num_shards` shards; what stayed keeps the registration's
+  // charge, less `dropped_bytes`. Pull replicas and delay-compensation reads
+  // start over (local indexes changed).
+  virtual std::vector<std::unique_ptr<ShardChunk>> TakeChunks() = 0;
+  virtual void InstallChunks(std::vector<std::unique_ptr<ShardChunk>> chunks,
+                             std::vector<int32_t> local, Layout layout,
+                             int num_shards, uint64_t dropped_bytes) = 0;
+  // A new layout epoch was adopted (ShardState::elastic): pushes held back
+  // under the old one are forgotten, pulls parked under it are answered
+  // with the new document (into *out).
+  virtual void ReleaseForEpoch(std::vector<OutgoingReply>* out) = 0;
 };
 
 }  // namespace asyncps::server::internal

@@ -9,14 +9,15 @@
 // values are final, and the open point-in-time scans (their store snapshots
 // or copies, charged to the shard's memory budget).
 //
-// Needs from the shard (server/internal/shard_state.h): its options, layout,
+// Needs from the shard (server/shard/shard_state.h): its options, layout,
 // chunks, clocks (is the claimant live), memory budget, store, optimizer,
 // sparse tables and version (a commit sets it), lent as a ShardState; and
 // the core's Reject, Checkpoint, PinUnsent and CheckRoute, lent as
 // ShardServices; and the shard's SparseRequests, which validates and
-// decodes the rows an upload or read names. The Shard builds one UploadHandler,
-// hands it every kAssign request from Shard::Handle(), calls Tick() from its
-// own Tick(), and destroys it before its sparse tables and store.
+// decodes the rows an upload or read names. A Shard built with an assign
+// factory (server/loop/shard_factory.h) builds one UploadHandler, hands it
+// every kAssign request from Shard::Handle(), calls Tick() from its own
+// Tick(), and destroys it before its sparse tables and store.
 //
 // Thread safety: none; driven by the shard's thread (the event loop).
 #pragma once
@@ -31,35 +32,40 @@
 #include "common/buffer.h"
 #include "common/status.h"
 #include "common/wire.h"
-#include "server/internal/shard_state.h"
+#include "server/shard/request_handler.h"
 #include "server/shard/shard.h"
+#include "server/shard/shard_state.h"
 #include "server/store/store.h"
 
 namespace asyncps::server {
 
-struct ChargedBuffer;  // server/internal/shard_types.h
+struct ChargedBuffer;  // server/shard/shard_types.h
 
 class SparseRequests;  // server/shard/sparse_requests.h
 
-class UploadHandler {
+class UploadHandler : public RequestHandler {
  public:
-  using TimePoint = Shard::TimePoint;
-
   // `shard`, `core` and `sparse` must outlive the handler.
   UploadHandler(internal::ShardState shard, internal::ShardServices* core,
                 SparseRequests* sparse);
-  ~UploadHandler();
+  ~UploadHandler() override;
   UploadHandler(const UploadHandler&) = delete;
   UploadHandler& operator=(const UploadHandler&) = delete;
 
+  // A RequestHandlerFactory for Shard::Create.
+  static std::unique_ptr<RequestHandler> Make(const internal::ShardState& shard,
+                                              internal::ShardServices* core,
+                                              SparseRequests* sparse);
+
   // Handles one kAssign request from `peer`; fills `reply` (header and data
-  // frames). A failure went through ShardServices::Reject.
+  // frames; nothing goes to `out`). A failure went through
+  // ShardServices::Reject.
   Status Handle(const std::string& peer, const RequestHeader& req,
                 const std::vector<ByteView>& data, TimePoint now,
-                OutgoingReply* reply);
+                OutgoingReply* reply, std::vector<OutgoingReply>* out) override;
 
   // Timers: drops point-in-time scans idle past options.scan_snapshot_idle.
-  void Tick(TimePoint now);
+  void Tick(TimePoint now) override;
 
  private:
   using Chunk = internal::ShardChunk;

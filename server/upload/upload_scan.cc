@@ -29,8 +29,8 @@
 #include <cstring>
 #include <random>
 
-#include "server/internal/shard_types.h"
-#include "server/shard/upload_handler.h"
+#include "server/shard/shard_types.h"
+#include "server/upload/upload_handler.h"
 
 namespace asyncps::server {
 

@@ -1,6 +1,6 @@
-// Shard: elastic shards move the rows of sparse tables too, by key-range
-// buckets (common/sparse_table.h, KeyRanges), in the steps of
-// shard_migrate.cc:
+// Migration (server/migrate/migration.h): elastic shards move the rows of
+// sparse tables too, by key-range buckets (common/sparse_table.h, KeyRanges),
+// in the steps of migration.cc:
 //
 //   export  (frozen, drained) kExport with `buckets` of a cut into
 //           `num_buckets`: frame 1 the tables record ("0tables",
@@ -24,8 +24,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/elastic_doc.h"
-#include "server/internal/shard_types.h"
-#include "server/shard/shard.h"
+#include "server/migrate/migration.h"
+#include "server/shard/shard_types.h"
 #include "server/shard/sparse_requests.h"
 
 namespace asyncps::server {
@@ -51,41 +51,43 @@ std::string_view View(const ByteView& v) {
 
 }  // namespace
 
-int Shard::BucketOwnerNow(uint32_t b, uint32_t num_buckets) const {
-  const ElasticState& e = *elastic_;
+int Migration::BucketOwnerNow(uint32_t b, uint32_t num_buckets) const {
+  const internal::ElasticState& e = shard_.elastic;
   if (e.ranges) return e.ranges->owners[b];
-  if (!sparse_) return -1;
-  const uint32_t n = static_cast<uint32_t>(sparse_->options().num_shards);
+  if (!shard_.sparse) return -1;
+  const uint32_t n = static_cast<uint32_t>(shard_.sparse->options().num_shards);
   return static_cast<int>(b / (num_buckets / n));
 }
 
-Status Shard::CheckBucketList(const RequestHeader& req,
-                              std::vector<uint8_t>* chosen) {
-  const ElasticState& e = *elastic_;
+Status Migration::CheckBucketList(const RequestHeader& req,
+                                  std::vector<uint8_t>* chosen) {
+  const internal::ElasticState& e = shard_.elastic;
   const uint32_t nb = req.migrate_num_buckets;
   if (nb < 1 || nb > kMaxBuckets) {
-    return Reject(RejectReason::kOther,
-                  Status::InvalidArgument("a cut into " + std::to_string(nb) +
-                                          " buckets: not in [1, " +
-                                          std::to_string(kMaxBuckets) + "]"));
+    return core_->Reject(
+        RejectReason::kOther,
+        Status::InvalidArgument("a cut into " + std::to_string(nb) +
+                                " buckets: not in [1, " +
+                                std::to_string(kMaxBuckets) + "]"));
   }
   if (e.ranges && e.ranges->num_buckets != nb) {
-    return Reject(
+    return core_->Reject(
         RejectReason::kOther,
         Status::InvalidArgument("a cut into " + std::to_string(nb) +
                                 " buckets; this shard serves one into " +
                                 std::to_string(e.ranges->num_buckets)));
   }
-  if (!e.ranges && sparse_ &&
-      nb % static_cast<uint32_t>(sparse_->options().num_shards) != 0) {
-    return Reject(
+  if (!e.ranges && shard_.sparse &&
+      nb % static_cast<uint32_t>(shard_.sparse->options().num_shards) != 0) {
+    return core_->Reject(
         RejectReason::kOther,
         Status::InvalidArgument(
             "a cut into " + std::to_string(nb) + " buckets is not one of " +
-            std::to_string(sparse_->options().num_shards) + " static shards"));
+            std::to_string(shard_.sparse->options().num_shards) +
+            " static shards"));
   }
   if (req.migrate_buckets.empty() || req.migrate_buckets.size() > nb) {
-    return Reject(
+    return core_->Reject(
         RejectReason::kOther,
         Status::InvalidArgument("a move names " +
                                 std::to_string(req.migrate_buckets.size()) +
@@ -94,7 +96,7 @@ Status Shard::CheckBucketList(const RequestHeader& req,
   chosen->assign(nb, 0);
   for (uint32_t b : req.migrate_buckets) {
     if (b >= nb || (*chosen)[b]) {
-      return Reject(
+      return core_->Reject(
           RejectReason::kRepeatedChunk,
           Status::InvalidArgument("bucket " + std::to_string(b) +
                                   " named twice or outside the cut into " +
@@ -105,51 +107,46 @@ Status Shard::CheckBucketList(const RequestHeader& req,
   return Status::OK();
 }
 
-Status Shard::ExportRows(const RequestHeader& req, OutgoingReply* r) {
-  ElasticState& e = *elastic_;
-  if (!sparse_) {
-    return Reject(RejectReason::kNotRegistered,
-                  Status::FailedPrecondition(
-                      "no sparse tables registered: no rows to export"));
+Status Migration::ExportRows(const RequestHeader& req, OutgoingReply* r) {
+  if (!shard_.sparse) {
+    return core_->Reject(RejectReason::kNotRegistered,
+                         Status::FailedPrecondition(
+                             "no sparse tables registered: no rows to export"));
   }
-  if (!e.frozen || e.freeze_epoch != req.migrate_epoch || !Drained()) {
-    return Reject(RejectReason::kOther,
-                  Status::FailedPrecondition(
-                      "export needs the shard frozen toward epoch " +
-                      std::to_string(req.migrate_epoch) + " and drained"));
-  }
+  RETURN_IF_ERROR(CheckFrozenFor(req, "export", /*drained=*/true));
   std::vector<uint8_t> chosen;
   RETURN_IF_ERROR(CheckBucketList(req, &chosen));
   for (uint32_t b : req.migrate_buckets) {
-    if (BucketOwnerNow(b, req.migrate_num_buckets) != options_.shard_id) {
-      return Reject(RejectReason::kWrongShard,
-                    Status::NotFound("bucket " + std::to_string(b) +
-                                     " is not held by this shard"));
+    if (BucketOwnerNow(b, req.migrate_num_buckets) != shard_.options.shard_id) {
+      return core_->Reject(RejectReason::kWrongShard,
+                           Status::NotFound("bucket " + std::to_string(b) +
+                                            " is not held by this shard"));
     }
   }
   std::vector<std::string> tables;
   uint64_t rows = 0;
-  Status s = sparse_->ExportBuckets(req.migrate_num_buckets, chosen,
-                                    sparse_->options().max_reply_bytes, &tables,
-                                    &rows);
+  Status s = shard_.sparse->ExportBuckets(
+      req.migrate_num_buckets, chosen, shard_.sparse->options().max_reply_bytes,
+      &tables, &rows);
   if (!s.ok()) {
-    return Reject(s.code() == StatusCode::kResourceExhausted
-                      ? RejectReason::kOversize
-                      : RejectReason::kStore,
-                  s);
+    return core_->Reject(s.code() == StatusCode::kResourceExhausted
+                             ? RejectReason::kOversize
+                             : RejectReason::kStore,
+                         s);
   }
   uint64_t bytes = 0;
   for (const std::string& t : tables) bytes += t.size();
-  StatusOr<MemoryBudget::Charge> charge = budget_->Reserve(
+  StatusOr<MemoryBudget::Charge> charge = shard_.budget.Reserve(
       bytes + 4096, "an export of the rows of " +
                         std::to_string(req.migrate_buckets.size()) +
                         " buckets");
-  if (!charge.ok()) return Reject(RejectReason::kMemoryBudget, charge.status());
+  if (!charge.ok())
+    return core_->Reject(RejectReason::kMemoryBudget, charge.status());
   std::vector<StoreEntry> specs;
-  sparse_->AddSpecsEntry(&specs);
+  shard_.sparse->AddSpecsEntry(&specs);
   std::string head;
   Put<uint32_t>(&head, kRowsHeadMagic);
-  Put<int64_t>(&head, sparse_->clock());
+  Put<int64_t>(&head, shard_.sparse->clock());
   Put<uint32_t>(&head, static_cast<uint32_t>(tables.size()));
   r->frames.push_back(Owned(std::move(specs[0].head)));
   r->frames.push_back(Owned(std::move(head)));
@@ -161,7 +158,7 @@ Status Shard::ExportRows(const RequestHeader& req, OutgoingReply* r) {
           r->frames[0].owner,
           std::make_shared<MemoryBudget::Charge>(std::move(charge).value()));
   r->frames[0].owner = std::shared_ptr<const void>(keep, keep.get());
-  PinUnsent("", -1, 0, r);
+  core_->PinUnsent("", -1, 0, r);
   nlohmann::json j;
   j["rows"] = rows;
   j["bytes"] = bytes;
@@ -172,17 +169,12 @@ Status Shard::ExportRows(const RequestHeader& req, OutgoingReply* r) {
   return Status::OK();
 }
 
-Status Shard::ImportRows(const RequestHeader& req,
-                         const std::vector<ByteView>& data) {
-  ElasticState& e = *elastic_;
-  if (!e.frozen || e.freeze_epoch != req.migrate_epoch) {
-    return Reject(RejectReason::kOther,
-                  Status::FailedPrecondition(
-                      "import needs the shard frozen toward epoch " +
-                      std::to_string(req.migrate_epoch)));
-  }
+Status Migration::ImportRows(const RequestHeader& req,
+                             const std::vector<ByteView>& data) {
+  internal::ElasticState& e = shard_.elastic;
+  RETURN_IF_ERROR(CheckFrozenFor(req, "import", /*drained=*/false));
   if (data.size() < 2) {
-    return Reject(
+    return core_->Reject(
         RejectReason::kSizeMismatch,
         Status::InvalidArgument("an import of rows needs the tables record and "
                                 "a head frame, got " +
@@ -191,7 +183,7 @@ Status Shard::ImportRows(const RequestHeader& req,
   StatusOr<std::vector<TableSpec>> specs =
       sparse::SparseTables::ParseSpecs(View(data[0]));
   if (!specs.ok()) {
-    return Reject(
+    return core_->Reject(
         RejectReason::kMalformed,
         Status::InvalidArgument("import: " + specs.status().message()));
   }
@@ -201,46 +193,47 @@ Status Shard::ImportRows(const RequestHeader& req,
   if (!hr.Get(&magic) || magic != kRowsHeadMagic || !hr.Get(&clock) ||
       !hr.Get(&nt) || hr.remaining() != 0 || nt != specs->size() ||
       data.size() != 2 + size_t{nt}) {
-    return Reject(
+    return core_->Reject(
         RejectReason::kMalformed,
         Status::InvalidArgument("import: the rows head is damaged or does not "
                                 "match the " +
                                 std::to_string(data.size()) + " frames"));
   }
-  if (sparse_ && sparse_->specs() != *specs) {
-    return Reject(
+  if (shard_.sparse && shard_.sparse->specs() != *specs) {
+    return core_->Reject(
         RejectReason::kRegistrationMismatch,
         Status::AlreadyExists("import of another model's sparse tables"));
   }
-  if (e.staged_num_buckets != 0 &&
-      e.staged_num_buckets != req.migrate_num_buckets) {
-    return Reject(RejectReason::kOther,
-                  Status::InvalidArgument("rows of a cut into " +
-                                          std::to_string(e.staged_num_buckets) +
-                                          " buckets are staged already"));
+  if (staged_num_buckets_ != 0 &&
+      staged_num_buckets_ != req.migrate_num_buckets) {
+    return core_->Reject(
+        RejectReason::kOther,
+        Status::InvalidArgument("rows of a cut into " +
+                                std::to_string(staged_num_buckets_) +
+                                " buckets are staged already"));
   }
-  const bool fresh = !sparse_;
+  const bool fresh = !shard_.sparse;
   if (fresh) {
     // An empty shard joining: the tables first; it holds no bucket yet.
     if (req.migrate_num_buckets < 1 || req.migrate_num_buckets > kMaxBuckets) {
-      return Reject(
+      return core_->Reject(
           RejectReason::kOther,
           Status::InvalidArgument(
               "a cut into " + std::to_string(req.migrate_num_buckets) +
               " buckets: not in [1, " + std::to_string(kMaxBuckets) + "]"));
     }
-    RETURN_IF_ERROR(sparse_requests_->RegisterTables(*specs, /*created=*/true));
+    RETURN_IF_ERROR(sparse_->RegisterTables(*specs, /*created=*/true));
     auto none = std::make_shared<KeyRanges>();
     none->num_buckets = req.migrate_num_buckets;
     none->owners.assign(none->num_buckets, -1);
     e.ranges = std::move(none);
-    ApplyKeyRanges();
-    sparse_->AdvanceClock(clock);
+    core_->ApplyKeyRanges();
+    shard_.sparse->AdvanceClock(clock);
   }
   Status s = StageRows(req, data);
   if (!s.ok() && fresh) {
     // A refused import changes nothing: not even the registration.
-    sparse_requests_->DropTables();
+    sparse_->DropTables();
     e.ranges.reset();
     return s;
   }
@@ -251,50 +244,51 @@ Status Shard::ImportRows(const RequestHeader& req,
   return s;
 }
 
-Status Shard::StageRows(const RequestHeader& req,
-                        const std::vector<ByteView>& data) {
-  ElasticState& e = *elastic_;
+Status Migration::StageRows(const RequestHeader& req,
+                            const std::vector<ByteView>& data) {
+  internal::ElasticState& e = shard_.elastic;
   std::vector<uint8_t> chosen;
   RETURN_IF_ERROR(CheckBucketList(req, &chosen));
   for (uint32_t b : req.migrate_buckets) {
-    if (BucketOwnerNow(b, req.migrate_num_buckets) == options_.shard_id) {
-      return Reject(RejectReason::kRepeatedChunk,
-                    Status::InvalidArgument("bucket " + std::to_string(b) +
-                                            " is held here already"));
+    if (BucketOwnerNow(b, req.migrate_num_buckets) == shard_.options.shard_id) {
+      return core_->Reject(
+          RejectReason::kRepeatedChunk,
+          Status::InvalidArgument("bucket " + std::to_string(b) +
+                                  " is held here already"));
     }
   }
   // A bucket staged already is a resend: its rows are replaced (the charge
   // covers both copies while they are checked, then what stays staged).
-  uint64_t bytes = sparse_->staged_bytes();
+  uint64_t bytes = shard_.sparse->staged_bytes();
   for (size_t t = 2; t < data.size(); ++t) bytes += data[t].size;
-  StatusOr<MemoryBudget::Charge> charge = budget_->Reserve(
+  StatusOr<MemoryBudget::Charge> charge = shard_.budget.Reserve(
       bytes, "staged rows of " + std::to_string(req.migrate_buckets.size()) +
                  " buckets");
-  if (!charge.ok()) return Reject(RejectReason::kMemoryBudget, charge.status());
+  if (!charge.ok())
+    return core_->Reject(RejectReason::kMemoryBudget, charge.status());
   std::vector<std::string_view> frames;
   for (size_t t = 2; t < data.size(); ++t) frames.push_back(View(data[t]));
   uint64_t rows = 0;
-  Status s =
-      sparse_->StageImport(req.migrate_num_buckets, chosen, frames, &rows);
-  if (!s.ok()) return Reject(RejectReason::kMalformed, s);
-  e.staged_rows_charge = std::move(charge).value();  // the old one released
-  e.staged_rows_charge.ShrinkTo(sparse_->staged_bytes());
-  e.staged_num_buckets = req.migrate_num_buckets;
-  if (e.staged_buckets.empty())
-    e.staged_buckets.assign(e.staged_num_buckets, 0);
-  for (uint32_t b : req.migrate_buckets) e.staged_buckets[b] = 1;
+  Status s = shard_.sparse->StageImport(req.migrate_num_buckets, chosen, frames,
+                                        &rows);
+  if (!s.ok()) return core_->Reject(RejectReason::kMalformed, s);
+  staged_rows_charge_ = std::move(charge).value();  // the old one released
+  staged_rows_charge_.ShrinkTo(shard_.sparse->staged_bytes());
+  staged_num_buckets_ = req.migrate_num_buckets;
+  if (staged_buckets_.empty()) staged_buckets_.assign(staged_num_buckets_, 0);
+  for (uint32_t b : req.migrate_buckets) staged_buckets_[b] = 1;
   LOG(INFO) << "elastic: staged " << rows << " sparse rows of "
             << req.migrate_buckets.size() << " buckets toward epoch "
             << e.freeze_epoch;
   return Status::OK();
 }
 
-Status Shard::CheckAdoptRows(const ElasticDoc& doc) {
-  const ElasticState& e = *elastic_;
-  if (!sparse_) {
+Status Migration::CheckAdoptRows(const ElasticDoc& doc) {
+  const internal::ElasticState& e = shard_.elastic;
+  if (!shard_.sparse) {
     for (int o : doc.bucket_owners) {
-      if (o == options_.shard_id) {
-        return Reject(
+      if (o == shard_.options.shard_id) {
+        return core_->Reject(
             RejectReason::kOther,
             Status::FailedPrecondition(
                 "adopt gives this shard key ranges of sparse tables, but it "
@@ -304,64 +298,63 @@ Status Shard::CheckAdoptRows(const ElasticDoc& doc) {
     return Status::OK();
   }
   if (doc.num_buckets == 0) {
-    return Reject(RejectReason::kOther,
-                  Status::InvalidArgument(
-                      "the document has no key ranges, but this model "
-                      "has sparse tables"));
+    return core_->Reject(RejectReason::kOther,
+                         Status::InvalidArgument(
+                             "the document has no key ranges, but this model "
+                             "has sparse tables"));
   }
   if ((e.ranges && e.ranges->num_buckets != doc.num_buckets) ||
       (!e.ranges &&
-       doc.num_buckets % static_cast<uint32_t>(sparse_->options().num_shards) !=
+       doc.num_buckets %
+               static_cast<uint32_t>(shard_.sparse->options().num_shards) !=
            0)) {
-    return Reject(
+    return core_->Reject(
         RejectReason::kOther,
         Status::InvalidArgument("the document cuts the keys into " +
                                 std::to_string(doc.num_buckets) +
                                 " buckets, which is not this shard's cut"));
   }
   for (uint32_t b = 0; b < doc.num_buckets; ++b) {
-    if (doc.bucket_owners[b] != options_.shard_id ||
-        BucketOwnerNow(b, doc.num_buckets) == options_.shard_id)
+    if (doc.bucket_owners[b] != shard_.options.shard_id ||
+        BucketOwnerNow(b, doc.num_buckets) == shard_.options.shard_id)
       continue;
-    if (e.staged_num_buckets != doc.num_buckets || !e.staged_buckets[b]) {
-      return Reject(RejectReason::kOther,
-                    Status::FailedPrecondition(
-                        "adopt gives this shard bucket " + std::to_string(b) +
-                        " whose rows it neither holds nor has staged"));
+    if (staged_num_buckets_ != doc.num_buckets || !staged_buckets_[b]) {
+      return core_->Reject(
+          RejectReason::kOther,
+          Status::FailedPrecondition(
+              "adopt gives this shard bucket " + std::to_string(b) +
+              " whose rows it neither holds nor has staged"));
     }
   }
   return Status::OK();
 }
 
-Status Shard::AdoptRows(const ElasticDoc& doc) {
-  ElasticState& e = *elastic_;
-  if (!sparse_ || doc.num_buckets == 0) return Status::OK();
+Status Migration::AdoptRows(const ElasticDoc& doc) {
+  internal::ElasticState& e = shard_.elastic;
+  if (!shard_.sparse || doc.num_buckets == 0) return Status::OK();
   std::vector<uint8_t> gone(doc.num_buckets, 0);
   uint64_t giving = 0, taking = 0;
   for (uint32_t b = 0; b < doc.num_buckets; ++b) {
-    const bool had = BucketOwnerNow(b, doc.num_buckets) == options_.shard_id;
-    const bool has = doc.bucket_owners[b] == options_.shard_id;
+    const bool had =
+        BucketOwnerNow(b, doc.num_buckets) == shard_.options.shard_id;
+    const bool has = doc.bucket_owners[b] == shard_.options.shard_id;
     gone[b] = had && !has;
     giving += gone[b];
     taking += !had && has;
   }
-  Status first = sparse_->InstallStaged();
+  Status first = shard_.sparse->InstallStaged();
   uint64_t dropped = 0;
-  Status d = sparse_->DropBuckets(doc.num_buckets, gone, &dropped);
+  Status d = shard_.sparse->DropBuckets(doc.num_buckets, gone, &dropped);
   if (first.ok()) first = d;
   auto ranges = std::make_shared<KeyRanges>();
   ranges->num_buckets = doc.num_buckets;
   ranges->owners = doc.bucket_owners;
   e.ranges = std::move(ranges);
-  ApplyKeyRanges();
+  core_->ApplyKeyRanges();
   LOG(INFO) << "elastic: key ranges of epoch " << doc.epoch << ": " << taking
             << " buckets taken, " << giving << " given away (" << dropped
             << " stored rows dropped)";
   return first;
-}
-
-void Shard::ApplyKeyRanges() {
-  if (sparse_ && elastic_->ranges) sparse_->SetKeyRanges(elastic_->ranges);
 }
 
 }  // namespace asyncps::server
