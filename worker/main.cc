@@ -271,9 +271,21 @@ Status WriteFinalWeights(PsParameterStore* store,
   return Status::OK();
 }
 
-Status Main() {
-  std::vector<std::string> servers = ParseEndpoints(FLAGS_servers);
-  if (servers.empty())
+// What the flags say once checked (CheckFlags).
+struct CheckedFlags {
+  std::vector<std::string> servers;
+  std::vector<int> layers;
+  bool eval_role = false;
+  compression::CodecSpec push_spec;
+  DeviceKind device = DeviceKind::kCpu;
+};
+
+// Every check of the flags that needs no shard nor data: InvalidArgument
+// naming the flag.
+StatusOr<CheckedFlags> CheckFlags() {
+  CheckedFlags f;
+  f.servers = ParseEndpoints(FLAGS_servers);
+  if (f.servers.empty())
     return Status::InvalidArgument(
         "--servers is required (comma-separated endpoints)");
   if (FLAGS_num_workers < 1)
@@ -281,7 +293,7 @@ Status Main() {
   if (FLAGS_rank < 0 || FLAGS_rank >= FLAGS_num_workers) {
     return Status::InvalidArgument("--rank must be in [0, --num_workers)");
   }
-  ASSIGN_OR_RETURN(std::vector<int> layers, ParseLayers(FLAGS_layers));
+  ASSIGN_OR_RETURN(f.layers, ParseLayers(FLAGS_layers));
   if (FLAGS_batch < 1) return Status::InvalidArgument("--batch must be >= 1");
   if (FLAGS_epochs < 0 || FLAGS_max_steps < 0)
     return Status::InvalidArgument("--epochs and --max_steps must be >= 0");
@@ -302,8 +314,8 @@ Status Main() {
   if (FLAGS_role != "train" && FLAGS_role != "eval") {
     return Status::InvalidArgument("--role must be train or eval");
   }
-  const bool eval_role = FLAGS_role == "eval";
-  if (eval_role && FLAGS_eval_interval_ms < 1) {
+  f.eval_role = FLAGS_role == "eval";
+  if (f.eval_role && FLAGS_eval_interval_ms < 1) {
     return Status::InvalidArgument("--eval_interval_ms must be >= 1");
   }
   if (FLAGS_eval != "auto" && FLAGS_eval != "true" && FLAGS_eval != "false") {
@@ -316,18 +328,22 @@ Status Main() {
   const StatusOr<compression::CodecSpec> push_spec =
       compression::CodecSpec::Parse(FLAGS_codec);
   RETURN_IF_ERROR(push_spec.status().WithContext("--codec"));
+  f.push_spec = *push_spec;
   if (FLAGS_device_compression != "auto" && FLAGS_device_compression != "on" &&
       FLAGS_device_compression != "off") {
     return Status::InvalidArgument(
         "--device_compression must be auto, on or off");
   }
-  ASSIGN_OR_RETURN(DeviceKind device, ParseDeviceKind(FLAGS_device));
-  RETURN_IF_ERROR(CheckOverlapFlags(eval_role));
+  ASSIGN_OR_RETURN(f.device, ParseDeviceKind(FLAGS_device));
+  RETURN_IF_ERROR(CheckOverlapFlags(f.eval_role));
   RETURN_IF_ERROR(metrics::ValidateMetricsFlags());
   if (FLAGS_metrics_linger_s < 0) {
     return Status::InvalidArgument("--metrics_linger_s must be >= 0");
   }
+  return f;
+}
 
+void LogFlags(const std::vector<int>& layers) {
   LOG(INFO) << "ps_worker: servers=" << FLAGS_servers << " rank=" << FLAGS_rank
             << "/" << FLAGS_num_workers << " layers=" << LayersToString(layers)
             << " batch=" << FLAGS_batch << " epochs=" << FLAGS_epochs
@@ -343,102 +359,70 @@ Status Main() {
             << " pipeline_shards=" << FLAGS_pipeline_shards
             << " device_compression=" << FLAGS_device_compression
             << " metrics_csv='" << FLAGS_metrics_csv << "'";
+}
 
-  MnistOptions mo;
-  if (FLAGS_normalize)
-    mo.mean = kFashionMnistMean, mo.stddev = kFashionMnistStddev;
-  ASSIGN_OR_RETURN(Dataset train, LoadMnist(FLAGS_data_dir, Split::kTrain, mo));
-  ASSIGN_OR_RETURN(Dataset test, LoadMnist(FLAGS_data_dir, Split::kTest, mo));
+// --push_log: opened for appending into *fd, and co->on_push writing a
+// line per push to it.
+Status OpenPushLog(ClientOptions* co, int* fd) {
+  // "{rank}" in the path: one file per worker of a fleet sharing flags.
+  std::string path = FLAGS_push_log;
+  for (size_t at = path.find("{rank}"); at != std::string::npos;
+       at = path.find("{rank}"))
+    path.replace(at, 6, std::to_string(FLAGS_rank));
+  const int push_log = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  if (push_log < 0)
+    return Status::InvalidArgument("cannot open --push_log=" + path);
+  *fd = push_log;
+  co->on_push = [push_log](int shard, uint64_t id, bool acked) {
+    // The wall-clock time (microseconds since the epoch) lets a test put
+    // the acknowledgements beside events of other processes (a kill).
+    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count();
+    char line[96];
+    const int n = std::snprintf(
+        line, sizeof(line), "%s %d %llu %lld\n", acked ? "acked" : "sent",
+        shard, static_cast<unsigned long long>(id), static_cast<long long>(us));
+    (void)!write(push_log, line, n);
+  };
+  return Status::OK();
+}
 
-  // Check the model against the data before registering it on the shards.
-  const int64_t pixels = static_cast<int64_t>(train.rows) * train.cols;
-  if (layers.front() != pixels || layers.back() != 10) {
-    return Status::InvalidArgument(
-        "--layers=" + LayersToString(layers) +
-        " does not fit the data: the input must be " + std::to_string(pixels) +
-        " (" + std::to_string(train.rows) + "x" + std::to_string(train.cols) +
-        " pixels) and the output 10 classes");
-  }
-
-  BackendOptions bo;
-  bo.layers = layers;
-  bo.device = device;
-  bo.threads = FLAGS_threads;
-  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, Backend::Create(bo));
-  if (FLAGS_overlap && !backend->supports_layered_steps()) {
-    return Status::InvalidArgument(
-        "--overlap needs a backend with a layered step (cpu, cuda); the " +
-        backend->name() + " backend has none");
-  }
-
-  ClientOptions co;
-  co.servers = servers;
-  co.rank = eval_role ? -1 : FLAGS_rank;
-  co.deadline = std::chrono::seconds(FLAGS_timeout_s);
+// The client's options from the flags; with --push_log, its descriptor in
+// *push_log (else -1).
+Status ClientOptionsFromFlags(const CheckedFlags& f, ClientOptions* co,
+                              int* push_log) {
+  co->servers = f.servers;
+  co->rank = f.eval_role ? -1 : FLAGS_rank;
+  co->deadline = std::chrono::seconds(FLAGS_timeout_s);
   if (!FLAGS_etcd.empty()) {
     if (FLAGS_etcd_prefix.empty() || FLAGS_etcd_prefix[0] != '/')
       return Status::InvalidArgument("--etcd_prefix must start with /");
-    co.etcd_endpoints = ParseEndpoints(FLAGS_etcd);
-    co.etcd_prefix = FLAGS_etcd_prefix;
+    co->etcd_endpoints = ParseEndpoints(FLAGS_etcd);
+    co->etcd_prefix = FLAGS_etcd_prefix;
   }
-  RETURN_IF_ERROR(EtcdSecurityFromFlags(&co.etcd_security));
+  RETURN_IF_ERROR(EtcdSecurityFromFlags(&co->etcd_security));
   if (FLAGS_attempt_timeout_ms < 10 || FLAGS_attempt_timeout_ms > 600000)
     return Status::InvalidArgument(
         "--attempt_timeout_ms must be in [10, 600000]");
-  co.attempt_timeout = std::chrono::milliseconds(FLAGS_attempt_timeout_ms);
-  co.max_backoff = std::max(co.attempt_timeout, co.max_backoff);
-  co.heartbeat_interval = std::chrono::milliseconds(FLAGS_heartbeat_ms);
+  co->attempt_timeout = std::chrono::milliseconds(FLAGS_attempt_timeout_ms);
+  co->max_backoff = std::max(co->attempt_timeout, co->max_backoff);
+  co->heartbeat_interval = std::chrono::milliseconds(FLAGS_heartbeat_ms);
   if (FLAGS_shared_memory_mb < 0 || FLAGS_shared_memory_mb > (1 << 20)) {
     return Status::InvalidArgument("--shared_memory_mb must be in [0, 2^20]");
   }
-  co.shared_memory_bytes = static_cast<size_t>(FLAGS_shared_memory_mb) << 20;
+  co->shared_memory_bytes = static_cast<size_t>(FLAGS_shared_memory_mb) << 20;
   RETURN_IF_ERROR(CheckSendBufferKb(FLAGS_send_buffer_kb, "--send_buffer_kb"));
-  co.transport.send_buffer_bytes = FLAGS_send_buffer_kb * 1024;
-  RETURN_IF_ERROR(CurveClientKeysFromFlags(&co.transport));
-  int push_log = -1;
-  if (!FLAGS_push_log.empty()) {
-    // "{rank}" in the path: one file per worker of a fleet sharing flags.
-    std::string path = FLAGS_push_log;
-    for (size_t at = path.find("{rank}"); at != std::string::npos;
-         at = path.find("{rank}"))
-      path.replace(at, 6, std::to_string(FLAGS_rank));
-    push_log = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (push_log < 0)
-      return Status::InvalidArgument("cannot open --push_log=" + path);
-    co.on_push = [push_log](int shard, uint64_t id, bool acked) {
-      // The wall-clock time (microseconds since the epoch) lets a test put
-      // the acknowledgements beside events of other processes (a kill).
-      const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
-                          std::chrono::system_clock::now().time_since_epoch())
-                          .count();
-      char line[96];
-      const int n = std::snprintf(line, sizeof(line), "%s %d %llu %lld\n",
-                                  acked ? "acked" : "sent", shard,
-                                  static_cast<unsigned long long>(id),
-                                  static_cast<long long>(us));
-      (void)!write(push_log, line, n);
-    };
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Create(co));
-  if (push_log >= 0) {
-    const std::string head = "incarnation " +
-                             std::to_string(client->incarnation()) + " rank " +
-                             std::to_string(FLAGS_rank) + "\n";
-    (void)!write(push_log, head.data(), head.size());
-  }
+  co->transport.send_buffer_bytes = FLAGS_send_buffer_kb * 1024;
+  RETURN_IF_ERROR(CurveClientKeysFromFlags(&co->transport));
+  *push_log = -1;
+  if (!FLAGS_push_log.empty()) RETURN_IF_ERROR(OpenPushLog(co, push_log));
+  return Status::OK();
+}
 
-  // Metrics: the registry outlives the HTTP server that reads it.
-  metrics::Registry registry;
-  std::unique_ptr<metrics::MetricsServer> metrics_server;
-  std::shared_ptr<WorkerMetrics> worker_metrics;
-  if (metrics::MetricsRequested()) {
-    metrics::AddProcessMetrics(&registry);
-    Client* raw_client = client.get();
-    worker_metrics = std::make_shared<WorkerMetrics>(
-        &registry, [raw_client] { return raw_client->resends(); });
-    ASSIGN_OR_RETURN(metrics_server, metrics::StartMetricsFromFlags(&registry));
-  }
-
+StatusOr<TrainerOptions> TrainerOptionsFromFlags(
+    const std::vector<int>& layers, std::shared_ptr<WorkerMetrics> metrics,
+    Client* client) {
   TrainerOptions to;
   to.layers = layers;
   to.batch = FLAGS_batch;
@@ -452,28 +436,38 @@ Status Main() {
   to.log_every = FLAGS_log_every;
   to.slowdown = FLAGS_slowdown;
   to.metrics_csv = FLAGS_metrics_csv;
-  to.metrics = worker_metrics;
-  ASSIGN_OR_RETURN(to.drop_last, ResolveDropLast(client.get()));
+  to.metrics = std::move(metrics);
+  ASSIGN_OR_RETURN(to.drop_last, ResolveDropLast(client));
   LOG(INFO) << "drop_last=" << (to.drop_last ? "true" : "false")
             << " (--drop_last=" << FLAGS_drop_last << ")";
+  return to;
+}
 
-  if (eval_role) {
-    LayoutOptions lo;
-    lo.chunk_elems = static_cast<size_t>(FLAGS_chunk_elems);
-    lo.placement = *ParsePlacement(FLAGS_placement);
-    // An observer does not register: it pulls what the workers registered
-    // (and waits for them to do so).
-    RETURN_IF_ERROR(client->UseLayout(MlpTensorSpecs(layers, FLAGS_seed), lo)
-                        .WithContext("model layout"));
-    EvaluatorOptions eo;
-    eo.interval = std::chrono::milliseconds(FLAGS_eval_interval_ms);
-    eo.final_clock = Trainer::PlannedSteps(to, train.num_examples);
-    eo.metrics_csv = FLAGS_metrics_csv;
-    LOG(INFO) << "evaluating every " << FLAGS_eval_interval_ms
-              << " ms until the workers reach clock " << eo.final_clock;
-    return RunEvaluator(client.get(), backend.get(), test, eo).status();
-  }
+// --role=eval: evaluates what the workers train until they are done.
+Status RunEvalRole(Client* client, Backend* backend, const Dataset& train,
+                   const Dataset& test, const std::vector<int>& layers,
+                   const TrainerOptions& to) {
+  LayoutOptions lo;
+  lo.chunk_elems = static_cast<size_t>(FLAGS_chunk_elems);
+  lo.placement = *ParsePlacement(FLAGS_placement);
+  // An observer does not register: it pulls what the workers registered
+  // (and waits for them to do so).
+  RETURN_IF_ERROR(client->UseLayout(MlpTensorSpecs(layers, FLAGS_seed), lo)
+                      .WithContext("model layout"));
+  EvaluatorOptions eo;
+  eo.interval = std::chrono::milliseconds(FLAGS_eval_interval_ms);
+  eo.final_clock = Trainer::PlannedSteps(to, train.num_examples);
+  eo.metrics_csv = FLAGS_metrics_csv;
+  LOG(INFO) << "evaluating every " << FLAGS_eval_interval_ms
+            << " ms until the workers reach clock " << eo.final_clock;
+  return RunEvaluator(client, backend, test, eo).status();
+}
 
+// The parameter store the trainer pushes to and pulls from.
+StatusOr<std::unique_ptr<PsParameterStore>> CreateStore(const CheckedFlags& f,
+                                                        Client* client,
+                                                        Backend* backend,
+                                                        const Dataset& train) {
   PsStoreOptions so;
   so.push_codec = FLAGS_codec;
   so.pull_codec = FLAGS_pull_codec;
@@ -485,13 +479,13 @@ Status Main() {
   so.steps_per_epoch = std::max<int64_t>(
       1, train.num_examples / FLAGS_num_workers / FLAGS_batch);
   const bool cuda_backend = backend->device_grad(0) != nullptr;
-  const bool codec_set = push_spec->id != compression::CodecId::kNone;
+  const bool codec_set = f.push_spec.id != compression::CodecId::kNone;
   so.device_compression =
       FLAGS_device_compression == "on" ||
       (FLAGS_device_compression == "auto" && cuda_backend && codec_set);
   ASSIGN_OR_RETURN(std::unique_ptr<PsParameterStore> store,
                    PsParameterStore::Create(
-                       client.get(), MlpTensorSpecs(layers, FLAGS_seed), so));
+                       client, MlpTensorSpecs(f.layers, FLAGS_seed), so));
   const bool device_push = cuda_backend && store->AcceptsDeviceGradients();
   if (FLAGS_device_compression == "on" && !device_push) {
     return Status::InvalidArgument(
@@ -501,42 +495,33 @@ Status Main() {
   LOG(INFO) << "gradient compression on the "
             << (device_push ? "device" : "host")
             << " (--device_compression=" << FLAGS_device_compression << ")";
+  return store;
+}
 
-  std::unique_ptr<OverlapScheduler> overlap;
-  if (FLAGS_overlap) {
-    OverlapOptions oo;
-    for (size_t l = 0; l + 1 < layers.size(); ++l) {
-      oo.layers.push_back(
-          {static_cast<uint32_t>(2 * l), static_cast<uint32_t>(2 * l + 1)});
-    }
-    ASSIGN_OR_RETURN(std::string mode, ShardConsistency(client.get()));
-    oo.buckets =
-        mode == "bsp" ? PushBuckets::kPerShard : PushBuckets::kPerLayer;
-    oo.pipeline_shards = FLAGS_pipeline_shards;
-    oo.sender_thread = FLAGS_overlap_sender_thread;
-    ASSIGN_OR_RETURN(
-        overlap, OverlapScheduler::Create(store.get(), client->layout(), oo));
-    LOG(INFO) << "overlap: " << mode << " shards, pushes "
-              << (mode == "bsp" ? "per shard" : "per layer") << ", "
-              << overlap->pull_groups().size() << " pull groups";
+// --overlap: the scheduler that pipelines pulls and pushes by layer.
+StatusOr<std::unique_ptr<OverlapScheduler>> CreateOverlap(
+    const std::vector<int>& layers, Client* client, PsParameterStore* store) {
+  OverlapOptions oo;
+  for (size_t l = 0; l + 1 < layers.size(); ++l) {
+    oo.layers.push_back(
+        {static_cast<uint32_t>(2 * l), static_cast<uint32_t>(2 * l + 1)});
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                   Trainer::Create(to, backend.get(), store.get(), &train,
-                                   &test, overlap.get()));
-  LOG(INFO) << "training " << trainer->total_steps() << " steps ("
-            << trainer->batches_per_epoch() << " per epoch) on "
-            << backend->name() << " against " << servers.size() << " shard(s)";
-  ASSIGN_OR_RETURN(TrainResult r, trainer->Run());
-  RETURN_IF_ERROR(store->Flush());
-  if (!FLAGS_weights_out.empty()) {
-    RETURN_IF_ERROR(
-        WriteFinalWeights(store.get(), layers, trainer->total_steps())
-            .WithContext("--weights_out"));
-  }
-  LOG(INFO) << "done: test accuracy " << r.final_test_acc << ", "
-            << r.samples_per_s << " samples/s, " << client->resends()
-            << " resends";
-  for (const PsParameterStore::TensorBytes& t : store->tensor_bytes()) {
+  ASSIGN_OR_RETURN(std::string mode, ShardConsistency(client));
+  oo.buckets = mode == "bsp" ? PushBuckets::kPerShard : PushBuckets::kPerLayer;
+  oo.pipeline_shards = FLAGS_pipeline_shards;
+  oo.sender_thread = FLAGS_overlap_sender_thread;
+  ASSIGN_OR_RETURN(std::unique_ptr<OverlapScheduler> overlap,
+                   OverlapScheduler::Create(store, client->layout(), oo));
+  LOG(INFO) << "overlap: " << mode << " shards, pushes "
+            << (mode == "bsp" ? "per shard" : "per layer") << ", "
+            << overlap->pull_groups().size() << " pull groups";
+  return overlap;
+}
+
+// The lines experiments/ and the tests parse after a run.
+void PrintRunStats(const TrainResult& r, const PsParameterStore& store,
+                   const OverlapScheduler* overlap) {
+  for (const PsParameterStore::TensorBytes& t : store.tensor_bytes()) {
     std::printf(
         "TENSOR_BYTES rank=%d tensor=%s raw=%llu wire=%llu ratio=%.2f\n",
         FLAGS_rank, t.name.c_str(), static_cast<unsigned long long>(t.raw),
@@ -565,6 +550,94 @@ Status Main() {
         static_cast<long long>(os.sender_waits), os.sender_wait_ns / 1e6);
     std::fflush(stdout);
   }
+}
+
+Status Main() {
+  ASSIGN_OR_RETURN(const CheckedFlags f, CheckFlags());
+  const std::vector<int>& layers = f.layers;
+  LogFlags(layers);
+
+  MnistOptions mo;
+  if (FLAGS_normalize)
+    mo.mean = kFashionMnistMean, mo.stddev = kFashionMnistStddev;
+  ASSIGN_OR_RETURN(Dataset train, LoadMnist(FLAGS_data_dir, Split::kTrain, mo));
+  ASSIGN_OR_RETURN(Dataset test, LoadMnist(FLAGS_data_dir, Split::kTest, mo));
+
+  // Check the model against the data before registering it on the shards.
+  const int64_t pixels = static_cast<int64_t>(train.rows) * train.cols;
+  if (layers.front() != pixels || layers.back() != 10) {
+    return Status::InvalidArgument(
+        "--layers=" + LayersToString(layers) +
+        " does not fit the data: the input must be " + std::to_string(pixels) +
+        " (" + std::to_string(train.rows) + "x" + std::to_string(train.cols) +
+        " pixels) and the output 10 classes");
+  }
+
+  BackendOptions bo;
+  bo.layers = layers;
+  bo.device = f.device;
+  bo.threads = FLAGS_threads;
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, Backend::Create(bo));
+  if (FLAGS_overlap && !backend->supports_layered_steps()) {
+    return Status::InvalidArgument(
+        "--overlap needs a backend with a layered step (cpu, cuda); the " +
+        backend->name() + " backend has none");
+  }
+
+  ClientOptions co;
+  int push_log = -1;
+  RETURN_IF_ERROR(ClientOptionsFromFlags(f, &co, &push_log));
+  ASSIGN_OR_RETURN(std::unique_ptr<Client> client, Client::Create(co));
+  if (push_log >= 0) {
+    const std::string head = "incarnation " +
+                             std::to_string(client->incarnation()) + " rank " +
+                             std::to_string(FLAGS_rank) + "\n";
+    (void)!write(push_log, head.data(), head.size());
+  }
+
+  // Metrics: the registry outlives the HTTP server that reads it.
+  metrics::Registry registry;
+  std::unique_ptr<metrics::MetricsServer> metrics_server;
+  std::shared_ptr<WorkerMetrics> worker_metrics;
+  if (metrics::MetricsRequested()) {
+    metrics::AddProcessMetrics(&registry);
+    Client* raw_client = client.get();
+    worker_metrics = std::make_shared<WorkerMetrics>(
+        &registry, [raw_client] { return raw_client->resends(); });
+    ASSIGN_OR_RETURN(metrics_server, metrics::StartMetricsFromFlags(&registry));
+  }
+
+  ASSIGN_OR_RETURN(
+      const TrainerOptions to,
+      TrainerOptionsFromFlags(layers, worker_metrics, client.get()));
+  if (f.eval_role) {
+    return RunEvalRole(client.get(), backend.get(), train, test, layers, to);
+  }
+
+  ASSIGN_OR_RETURN(std::unique_ptr<PsParameterStore> store,
+                   CreateStore(f, client.get(), backend.get(), train));
+  std::unique_ptr<OverlapScheduler> overlap;
+  if (FLAGS_overlap) {
+    ASSIGN_OR_RETURN(overlap, CreateOverlap(layers, client.get(), store.get()));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                   Trainer::Create(to, backend.get(), store.get(), &train,
+                                   &test, overlap.get()));
+  LOG(INFO) << "training " << trainer->total_steps() << " steps ("
+            << trainer->batches_per_epoch() << " per epoch) on "
+            << backend->name() << " against " << f.servers.size()
+            << " shard(s)";
+  ASSIGN_OR_RETURN(TrainResult r, trainer->Run());
+  RETURN_IF_ERROR(store->Flush());
+  if (!FLAGS_weights_out.empty()) {
+    RETURN_IF_ERROR(
+        WriteFinalWeights(store.get(), layers, trainer->total_steps())
+            .WithContext("--weights_out"));
+  }
+  LOG(INFO) << "done: test accuracy " << r.final_test_acc << ", "
+            << r.samples_per_s << " samples/s, " << client->resends()
+            << " resends";
+  PrintRunStats(r, *store, overlap.get());
   if (metrics_server && FLAGS_metrics_linger_s > 0) {
     std::fflush(stdout);
     std::this_thread::sleep_for(

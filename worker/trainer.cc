@@ -142,31 +142,25 @@ double Trainer::StoreSeconds() const {
   return (t.pull_wait_ns + t.push_ns + t.clock_ns + uncounted) / 1e9;
 }
 
-StatusOr<TrainResult> Trainer::Run() {
+// What Run carries from one step to the next.
+struct Trainer::RunState {
   TrainResult result;
   std::vector<float*> weight_ptrs;
   std::vector<const float*> weight_cptrs, grad_cptrs;
   std::vector<float*> grad_ptrs;
-  for (auto& w : weights_)
-    weight_ptrs.push_back(w.data()), weight_cptrs.push_back(w.data());
-  for (auto& g : grads_)
-    grad_ptrs.push_back(g.data()), grad_cptrs.push_back(g.data());
-
   // Device path: the gradients stay on the GPU and the store compresses
   // them there; otherwise they are copied to grads_ and pushed from there.
-  const bool device_push = layered_ == nullptr &&
-                           backend_->device_grad(0) != nullptr &&
-                           store_->AcceptsDeviceGradients();
-  std::vector<const float*> device_grads(backend_->num_tensors(), nullptr);
+  bool device_push = false;
+  std::vector<const float*> device_grads;
   const std::vector<float*> no_host_grads;
 
-  const auto start = Clock::now();
+  Clock::time_point start;
   double eval_s = 0;
   double interval_loss = 0, interval_compute_s = 0;
   int64_t interval_steps = 0;
   int64_t samples = 0;
   double last_acc = -1, last_eval_loss = -1;
-  auto last_log = start;
+  Clock::time_point last_log;
   int64_t last_log_samples = 0;
   double last_log_eval_s = 0;
 
@@ -174,178 +168,230 @@ StatusOr<TrainResult> Trainer::Run() {
   // for right before its forward (`arriving`: this step's weights are
   // those of a pull by layers), each layer's gradients handed over as soon
   // as they are complete.
-  const int num_layers = static_cast<int>(options_.layers.size()) - 1;
+  int num_layers = 0;
   bool arriving = false;
   LayerHooks hooks;
+};
+
+StatusOr<TrainResult> Trainer::Run() {
+  RunState rs;
+  StartRun(&rs);
+  for (int64_t step = 0; step < total_steps_; ++step) {
+    RETURN_IF_ERROR(RunStep(&rs, step));
+  }
+  return FinishRun(&rs);
+}
+
+void Trainer::StartRun(RunState* rs) {
+  for (auto& w : weights_)
+    rs->weight_ptrs.push_back(w.data()), rs->weight_cptrs.push_back(w.data());
+  for (auto& g : grads_)
+    rs->grad_ptrs.push_back(g.data()), rs->grad_cptrs.push_back(g.data());
+  rs->device_push = layered_ == nullptr &&
+                    backend_->device_grad(0) != nullptr &&
+                    store_->AcceptsDeviceGradients();
+  rs->device_grads.assign(backend_->num_tensors(), nullptr);
+  rs->start = Clock::now();
+  rs->last_log = rs->start;
+  rs->num_layers = static_cast<int>(options_.layers.size()) - 1;
   if (layered_ != nullptr) {
-    hooks.before_forward = [&](int l) -> Status {
-      if (!arriving) return Status::OK();
-      RETURN_IF_ERROR(layered_->WaitLayer(l, weight_ptrs));
+    rs->hooks.before_forward = [this, rs](int l) -> Status {
+      if (!rs->arriving) return Status::OK();
+      RETURN_IF_ERROR(layered_->WaitLayer(l, rs->weight_ptrs));
       return backend_->SetLayerParameters(l, weights_[2 * l].data(),
                                           weights_[2 * l + 1].data());
     };
-    hooks.after_backward = [&](int l) {
+    rs->hooks.after_backward = [this](int l) {
       return layered_->LayerGradientsReady(l);
     };
   }
-  // Completes a pull by layers in flight into weights_ and the backend.
-  auto finish_layered_pull = [&]() -> Status {
-    RETURN_IF_ERROR(layered_->WaitLayer(num_layers - 1, weight_ptrs));
-    arriving = false;
-    return backend_->SetParameters(weight_cptrs);
-  };
+}
 
-  auto evaluate = [&]() -> Status {
-    const auto t0 = Clock::now();
-    ASSIGN_OR_RETURN(EvalResult e, Evaluate());
-    eval_s += Seconds(t0, Clock::now());
-    last_acc = e.accuracy;
-    last_eval_loss = e.loss;
-    if (options_.metrics) options_.metrics->OnEval(e.accuracy, e.loss);
-    return Status::OK();
-  };
+// Completes a pull by layers in flight into weights_ and the backend.
+Status Trainer::FinishLayeredPull(RunState* rs) {
+  RETURN_IF_ERROR(layered_->WaitLayer(rs->num_layers - 1, rs->weight_ptrs));
+  rs->arriving = false;
+  return backend_->SetParameters(rs->weight_cptrs);
+}
 
-  for (int64_t step = 0; step < total_steps_; ++step) {
-    ASSIGN_OR_RETURN(const Batch* batch, batches_->Next());
-    const std::string at = " at clock " + std::to_string(step);
-    arriving = layered_ != nullptr && layered_->pull_pending();
-    if (!arriving) {
-      RETURN_IF_ERROR(store_->Pull(step, weight_ptrs).WithContext("pull" + at));
-      RETURN_IF_ERROR(backend_->SetParameters(weight_cptrs));
-    }
-    bool evaluated = false;
-    if (options_.eval && options_.eval_every > 0 && step > 0 &&
-        step % options_.eval_every == 0) {
-      if (arriving) {
-        RETURN_IF_ERROR(finish_layered_pull().WithContext("pull" + at));
-      }
-      RETURN_IF_ERROR(evaluate());
-      evaluated = true;
-    }
-    const auto c0 = Clock::now();
-    double compute_s = 0;
-    float loss = 0;
-    if (layered_ != nullptr) {
-      if (store_->NextGradientBuffers(&grad_ptrs)) {
-        // The store's buffers: each layer's push sends them without a copy.
-        grad_cptrs.assign(grad_ptrs.begin(), grad_ptrs.end());
-      }
-      const double store_s = StoreSeconds();
-      RETURN_IF_ERROR(layered_->BeginBackward(step, grad_cptrs));
-      ASSIGN_OR_RETURN(loss, backend_->ForwardBackwardLayered(
-                                 batch->x.data(), batch->y.data(), batch->size,
-                                 grad_ptrs, hooks));
-      compute_s = Seconds(c0, Clock::now()) - (StoreSeconds() - store_s);
-    } else {
-      if (!device_push && store_->NextGradientBuffers(&grad_ptrs)) {
-        // The store's buffers: pushed from there without a copy.
-        grad_cptrs.assign(grad_ptrs.begin(), grad_ptrs.end());
-      }
-      ASSIGN_OR_RETURN(loss, backend_->ForwardBackward(
-                                 batch->x.data(), batch->y.data(), batch->size,
-                                 device_push ? no_host_grads : grad_ptrs));
-      compute_s = Seconds(c0, Clock::now());
-    }
-    if (!std::isfinite(loss)) {
-      return Status::Internal(
-          "training diverged: loss is " + std::to_string(loss) + " at step " +
-          std::to_string(step) + " (lower the learning rate)");
-    }
-    if (options_.slowdown > 1.0) {
-      std::this_thread::sleep_for(
-          std::chrono::duration<double>((options_.slowdown - 1.0) * compute_s));
-    }
-    if (layered_ != nullptr) {
-      RETURN_IF_ERROR(layered_->EndStep().WithContext("overlapped push" + at));
-    } else if (device_push) {
-      for (size_t i = 0; i < device_grads.size(); ++i)
-        device_grads[i] = backend_->device_grad(i);
-      RETURN_IF_ERROR(
-          store_->PushDevice(step, device_grads)
-              .WithContext("device push at clock " + std::to_string(step)));
-    } else {
-      RETURN_IF_ERROR(
-          store_->Push(step, grad_cptrs)
-              .WithContext("push at clock " + std::to_string(step)));
-    }
-    if (layered_ == nullptr) RETURN_IF_ERROR(store_->Clock(step + 1));
-    samples += batch->size;
-    result.compute_s += compute_s;
-    interval_loss += loss;
-    interval_compute_s += compute_s;
-    ++interval_steps;
-    if (options_.metrics) {
-      options_.metrics->OnStep(loss, batch->size, compute_s, store_->traffic());
-    }
+Status Trainer::EvaluateNow(RunState* rs) {
+  const auto t0 = Clock::now();
+  ASSIGN_OR_RETURN(EvalResult e, Evaluate());
+  rs->eval_s += Seconds(t0, Clock::now());
+  rs->last_acc = e.accuracy;
+  rs->last_eval_loss = e.loss;
+  if (options_.metrics) options_.metrics->OnEval(e.accuracy, e.loss);
+  return Status::OK();
+}
 
-    const bool last = step + 1 == total_steps_;
-    if (last && options_.eval) {
-      // Final evaluation with the weights after the last update.
-      if (layered_ != nullptr && layered_->pull_pending()) {
-        RETURN_IF_ERROR(finish_layered_pull().WithContext("final pull"));
-      } else {
-        RETURN_IF_ERROR(
-            store_->Pull(step + 1, weight_ptrs).WithContext("final pull"));
-        RETURN_IF_ERROR(backend_->SetParameters(weight_cptrs));
-      }
-      RETURN_IF_ERROR(evaluate());
-      evaluated = true;
-    }
-    const bool log = last || (options_.log_every > 0 &&
-                              (step + 1) % options_.log_every == 0);
-    if (log || evaluated) {
-      const auto now = Clock::now();
-      const TrafficStats tr = store_->traffic();
-      const double mean_loss =
-          interval_loss / std::max<int64_t>(interval_steps, 1);
-      result.final_train_loss = mean_loss;
-      if (csv_) {
-        std::fprintf(csv_.get(), "%.3f,%d,%lld,%lld,%lld,%.6f,",
-                     Seconds(start, now), options_.rank,
-                     static_cast<long long>(step + 1),
-                     static_cast<long long>(batch->epoch),
-                     static_cast<long long>(samples), mean_loss);
-        if (evaluated) std::fprintf(csv_.get(), "%.4f", last_acc);
-        std::fprintf(
-            csv_.get(), ",%llu,%llu,%llu,%.3f,%.4f,%lld\n",
-            static_cast<unsigned long long>(tr.bytes_pushed_raw),
-            static_cast<unsigned long long>(tr.bytes_pushed_wire),
-            static_cast<unsigned long long>(tr.bytes_pulled),
-            tr.pull_wait_ns / 1e6,
-            1e3 * interval_compute_s / std::max<int64_t>(interval_steps, 1),
-            static_cast<long long>(tr.last_staleness));
-        if (last) std::fflush(csv_.get());
-      }
-      if (log) {
-        // Training throughput: evaluation time is left out.
-        const double dt = Seconds(last_log, now) - (eval_s - last_log_eval_s);
-        std::fprintf(
-            stderr,
-            "[rank %d] epoch %lld step %lld/%lld  %.0f samples/s  loss %.4f  "
-            "test_acc %s\n",
-            options_.rank, static_cast<long long>(batch->epoch),
-            static_cast<long long>(step + 1),
-            static_cast<long long>(total_steps_),
-            dt > 0 ? (samples - last_log_samples) / dt : 0.0, mean_loss,
-            last_acc < 0 ? "-" : std::to_string(last_acc).substr(0, 6).c_str());
-        last_log = now;
-        last_log_samples = samples;
-        last_log_eval_s = eval_s;
-      }
-      interval_loss = 0;
-      interval_compute_s = 0;
-      interval_steps = 0;
-    }
+Status Trainer::RunStep(RunState* rs, int64_t step) {
+  ASSIGN_OR_RETURN(const Batch* batch, batches_->Next());
+  const std::string at = " at clock " + std::to_string(step);
+  rs->arriving = layered_ != nullptr && layered_->pull_pending();
+  if (!rs->arriving) {
+    RETURN_IF_ERROR(
+        store_->Pull(step, rs->weight_ptrs).WithContext("pull" + at));
+    RETURN_IF_ERROR(backend_->SetParameters(rs->weight_cptrs));
   }
+  bool evaluated = false;
+  if (options_.eval && options_.eval_every > 0 && step > 0 &&
+      step % options_.eval_every == 0) {
+    if (rs->arriving) {
+      RETURN_IF_ERROR(FinishLayeredPull(rs).WithContext("pull" + at));
+    }
+    RETURN_IF_ERROR(EvaluateNow(rs));
+    evaluated = true;
+  }
+  double compute_s = 0;
+  ASSIGN_OR_RETURN(const float loss, ComputeStep(rs, *batch, step, &compute_s));
+  if (!std::isfinite(loss)) {
+    return Status::Internal(
+        "training diverged: loss is " + std::to_string(loss) + " at step " +
+        std::to_string(step) + " (lower the learning rate)");
+  }
+  if (options_.slowdown > 1.0) {
+    std::this_thread::sleep_for(
+        std::chrono::duration<double>((options_.slowdown - 1.0) * compute_s));
+  }
+  RETURN_IF_ERROR(PushStep(rs, step));
+  rs->samples += batch->size;
+  rs->result.compute_s += compute_s;
+  rs->interval_loss += loss;
+  rs->interval_compute_s += compute_s;
+  ++rs->interval_steps;
+  if (options_.metrics) {
+    options_.metrics->OnStep(loss, batch->size, compute_s, store_->traffic());
+  }
+
+  const bool last = step + 1 == total_steps_;
+  if (last && options_.eval) {
+    // Final evaluation with the weights after the last update.
+    if (layered_ != nullptr && layered_->pull_pending()) {
+      RETURN_IF_ERROR(FinishLayeredPull(rs).WithContext("final pull"));
+    } else {
+      RETURN_IF_ERROR(
+          store_->Pull(step + 1, rs->weight_ptrs).WithContext("final pull"));
+      RETURN_IF_ERROR(backend_->SetParameters(rs->weight_cptrs));
+    }
+    RETURN_IF_ERROR(EvaluateNow(rs));
+    evaluated = true;
+  }
+  const bool log =
+      last || (options_.log_every > 0 && (step + 1) % options_.log_every == 0);
+  if (log || evaluated) LogInterval(rs, *batch, step, last, log, evaluated);
+  return Status::OK();
+}
+
+// Forward and backward on `batch`: the loss, and in *compute_s the time
+// spent computing (the store's waits of a layered step left out).
+StatusOr<float> Trainer::ComputeStep(RunState* rs, const Batch& batch,
+                                     int64_t step, double* compute_s) {
+  const auto c0 = Clock::now();
+  float loss = 0;
+  if (layered_ != nullptr) {
+    if (store_->NextGradientBuffers(&rs->grad_ptrs)) {
+      // The store's buffers: each layer's push sends them without a copy.
+      rs->grad_cptrs.assign(rs->grad_ptrs.begin(), rs->grad_ptrs.end());
+    }
+    const double store_s = StoreSeconds();
+    RETURN_IF_ERROR(layered_->BeginBackward(step, rs->grad_cptrs));
+    ASSIGN_OR_RETURN(loss, backend_->ForwardBackwardLayered(
+                               batch.x.data(), batch.y.data(), batch.size,
+                               rs->grad_ptrs, rs->hooks));
+    *compute_s = Seconds(c0, Clock::now()) - (StoreSeconds() - store_s);
+  } else {
+    if (!rs->device_push && store_->NextGradientBuffers(&rs->grad_ptrs)) {
+      // The store's buffers: pushed from there without a copy.
+      rs->grad_cptrs.assign(rs->grad_ptrs.begin(), rs->grad_ptrs.end());
+    }
+    ASSIGN_OR_RETURN(loss,
+                     backend_->ForwardBackward(
+                         batch.x.data(), batch.y.data(), batch.size,
+                         rs->device_push ? rs->no_host_grads : rs->grad_ptrs));
+    *compute_s = Seconds(c0, Clock::now());
+  }
+  return loss;
+}
+
+// The step's gradients to the store, then (without a LayeredStep) the
+// clock.
+Status Trainer::PushStep(RunState* rs, int64_t step) {
+  const std::string at = " at clock " + std::to_string(step);
+  if (layered_ != nullptr) {
+    RETURN_IF_ERROR(layered_->EndStep().WithContext("overlapped push" + at));
+  } else if (rs->device_push) {
+    for (size_t i = 0; i < rs->device_grads.size(); ++i)
+      rs->device_grads[i] = backend_->device_grad(i);
+    RETURN_IF_ERROR(
+        store_->PushDevice(step, rs->device_grads)
+            .WithContext("device push at clock " + std::to_string(step)));
+  } else {
+    RETURN_IF_ERROR(store_->Push(step, rs->grad_cptrs)
+                        .WithContext("push at clock " + std::to_string(step)));
+  }
+  if (layered_ == nullptr) RETURN_IF_ERROR(store_->Clock(step + 1));
+  return Status::OK();
+}
+
+// The interval's CSV row and (when `log`) its log line; starts a new
+// interval.
+void Trainer::LogInterval(RunState* rs, const Batch& batch, int64_t step,
+                          bool last, bool log, bool evaluated) {
+  const auto now = Clock::now();
+  const TrafficStats tr = store_->traffic();
+  const double mean_loss =
+      rs->interval_loss / std::max<int64_t>(rs->interval_steps, 1);
+  rs->result.final_train_loss = mean_loss;
+  if (csv_) {
+    std::fprintf(csv_.get(), "%.3f,%d,%lld,%lld,%lld,%.6f,",
+                 Seconds(rs->start, now), options_.rank,
+                 static_cast<long long>(step + 1),
+                 static_cast<long long>(batch.epoch),
+                 static_cast<long long>(rs->samples), mean_loss);
+    if (evaluated) std::fprintf(csv_.get(), "%.4f", rs->last_acc);
+    std::fprintf(
+        csv_.get(), ",%llu,%llu,%llu,%.3f,%.4f,%lld\n",
+        static_cast<unsigned long long>(tr.bytes_pushed_raw),
+        static_cast<unsigned long long>(tr.bytes_pushed_wire),
+        static_cast<unsigned long long>(tr.bytes_pulled), tr.pull_wait_ns / 1e6,
+        1e3 * rs->interval_compute_s / std::max<int64_t>(rs->interval_steps, 1),
+        static_cast<long long>(tr.last_staleness));
+    if (last) std::fflush(csv_.get());
+  }
+  if (log) {
+    // Training throughput: evaluation time is left out.
+    const double dt =
+        Seconds(rs->last_log, now) - (rs->eval_s - rs->last_log_eval_s);
+    std::fprintf(
+        stderr,
+        "[rank %d] epoch %lld step %lld/%lld  %.0f samples/s  loss %.4f  "
+        "test_acc %s\n",
+        options_.rank, static_cast<long long>(batch.epoch),
+        static_cast<long long>(step + 1), static_cast<long long>(total_steps_),
+        dt > 0 ? (rs->samples - rs->last_log_samples) / dt : 0.0, mean_loss,
+        rs->last_acc < 0 ? "-"
+                         : std::to_string(rs->last_acc).substr(0, 6).c_str());
+    rs->last_log = now;
+    rs->last_log_samples = rs->samples;
+    rs->last_log_eval_s = rs->eval_s;
+  }
+  rs->interval_loss = 0;
+  rs->interval_compute_s = 0;
+  rs->interval_steps = 0;
+}
+
+// The run's totals and SUMMARY line.
+StatusOr<TrainResult> Trainer::FinishRun(RunState* rs) {
+  TrainResult& result = rs->result;
   const auto end = Clock::now();
   result.steps = total_steps_;
-  result.samples = samples;
-  result.wall_s = Seconds(start, end);
-  result.eval_s = eval_s;
-  const double train_s = result.wall_s - eval_s;
-  result.samples_per_s = train_s > 0 ? samples / train_s : 0;
-  result.final_test_acc = last_acc;
-  result.final_test_loss = last_eval_loss;
+  result.samples = rs->samples;
+  result.wall_s = Seconds(rs->start, end);
+  result.eval_s = rs->eval_s;
+  const double train_s = result.wall_s - rs->eval_s;
+  result.samples_per_s = train_s > 0 ? rs->samples / train_s : 0;
+  result.final_test_acc = rs->last_acc;
+  result.final_test_loss = rs->last_eval_loss;
   result.traffic = store_->traffic();
   char line[512];
   std::snprintf(
@@ -367,7 +413,7 @@ StatusOr<TrainResult> Trainer::Run() {
     return Status::Internal("writing the metrics CSV '" + options_.metrics_csv +
                             "' failed");
   }
-  return result;
+  return std::move(result);
 }
 
 }  // namespace asyncps::worker

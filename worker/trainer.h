@@ -143,6 +143,18 @@ class Trainer {
   // The store's time (pull waits, pushes, clocks, the LayeredStep's other
   // waits) so far, in seconds.
   double StoreSeconds() const;
+  // The parts of Run; RunState carries what one step hands the next.
+  struct RunState;
+  void StartRun(RunState* rs);
+  Status RunStep(RunState* rs, int64_t step);
+  StatusOr<float> ComputeStep(RunState* rs, const Batch& batch, int64_t step,
+                              double* compute_s);
+  Status PushStep(RunState* rs, int64_t step);
+  Status FinishLayeredPull(RunState* rs);
+  Status EvaluateNow(RunState* rs);
+  void LogInterval(RunState* rs, const Batch& batch, int64_t step, bool last,
+                   bool log, bool evaluated);
+  StatusOr<TrainResult> FinishRun(RunState* rs);
 
   const TrainerOptions options_;
   Backend* const backend_;

@@ -300,6 +300,42 @@ struct DeviceCodec::Impl {
     if (stream) cudaStreamDestroy(stream);
   }
   Status Sync() { return CudaStatus(cudaStreamSynchronize(stream), "sync"); }
+  // Top-k of d_x[0, n): the keys of every element (non-finite ones flag
+  // *bad), sorted descending, and the k largest gathered into d_body
+  // (k indices ascending, then their k values). Queued on `stream`.
+  Status EncodeTopK(const float* d_x, size_t n, uint64_t k, int* bad,
+                    uint8_t* d_body) {
+    cudaStream_t st = stream;
+    RETURN_IF_ERROR(keys.Reserve(4 * n));
+    RETURN_IF_ERROR(keys_out.Reserve(4 * n));
+    RETURN_IF_ERROR(idx.Reserve(4 * n));
+    RETURN_IF_ERROR(idx_out.Reserve(4 * n));
+    TopKKeysKernel<<<Blocks(n), kThreads, 0, st>>>(d_x, n, keys.as<uint32_t>(),
+                                                   idx.as<uint32_t>(), bad);
+    if (k == 0) return Status::OK();
+    size_t temp = 0, temp2 = 0;
+    CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairsDescending(
+        nullptr, temp, keys.as<uint32_t>(), keys_out.as<uint32_t>(),
+        idx.as<uint32_t>(), idx_out.as<uint32_t>(), static_cast<int64_t>(n), 0,
+        31, st));
+    CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortKeys(
+        nullptr, temp2, idx_out.as<uint32_t>(), idx.as<uint32_t>(),
+        static_cast<int64_t>(k), 0, 32, st));
+    RETURN_IF_ERROR(cub_temp.Reserve(std::max(temp, temp2)));
+    CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairsDescending(
+        cub_temp.as<void>(), temp, keys.as<uint32_t>(), keys_out.as<uint32_t>(),
+        idx.as<uint32_t>(), idx_out.as<uint32_t>(), static_cast<int64_t>(n), 0,
+        31, st));
+    // The first k are the k largest (ties: lower index first, the sort is
+    // stable); sort those indices ascending.
+    CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortKeys(
+        cub_temp.as<void>(), temp2, idx_out.as<uint32_t>(), idx.as<uint32_t>(),
+        static_cast<int64_t>(k), 0, 32, st));
+    TopKGatherKernel<<<Blocks(k), kThreads, 0, st>>>(
+        d_x, idx.as<uint32_t>(), k, body.as<uint32_t>(),
+        reinterpret_cast<float*>(d_body + 4 * k));
+    return Status::OK();
+  }
 };
 
 StatusOr<std::unique_ptr<DeviceCodec>> DeviceCodec::Create(
@@ -453,37 +489,9 @@ Status DeviceCodec::EncodeImpl(const float* d_x, size_t n, size_t k_override,
                                                             scales, bad);
       }
       break;
-    case CodecId::kTopK: {
-      RETURN_IF_ERROR(im.keys.Reserve(4 * n));
-      RETURN_IF_ERROR(im.keys_out.Reserve(4 * n));
-      RETURN_IF_ERROR(im.idx.Reserve(4 * n));
-      RETURN_IF_ERROR(im.idx_out.Reserve(4 * n));
-      TopKKeysKernel<<<grid, kThreads, 0, st>>>(d_x, n, im.keys.as<uint32_t>(),
-                                                im.idx.as<uint32_t>(), bad);
-      if (k == 0) break;
-      size_t temp = 0, temp2 = 0;
-      CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairsDescending(
-          nullptr, temp, im.keys.as<uint32_t>(), im.keys_out.as<uint32_t>(),
-          im.idx.as<uint32_t>(), im.idx_out.as<uint32_t>(),
-          static_cast<int64_t>(n), 0, 31, st));
-      CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortKeys(
-          nullptr, temp2, im.idx_out.as<uint32_t>(), im.idx.as<uint32_t>(),
-          static_cast<int64_t>(k), 0, 32, st));
-      RETURN_IF_ERROR(im.cub_temp.Reserve(std::max(temp, temp2)));
-      CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairsDescending(
-          im.cub_temp.as<void>(), temp, im.keys.as<uint32_t>(),
-          im.keys_out.as<uint32_t>(), im.idx.as<uint32_t>(),
-          im.idx_out.as<uint32_t>(), static_cast<int64_t>(n), 0, 31, st));
-      // The first k are the k largest (ties: lower index first, the sort is
-      // stable); sort those indices ascending.
-      CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortKeys(
-          im.cub_temp.as<void>(), temp2, im.idx_out.as<uint32_t>(),
-          im.idx.as<uint32_t>(), static_cast<int64_t>(k), 0, 32, st));
-      TopKGatherKernel<<<Blocks(k), kThreads, 0, st>>>(
-          d_x, im.idx.as<uint32_t>(), k, im.body.as<uint32_t>(),
-          reinterpret_cast<float*>(d_body + 4 * k));
+    case CodecId::kTopK:
+      RETURN_IF_ERROR(im.EncodeTopK(d_x, n, k, bad, d_body));
       break;
-    }
     case CodecId::kNone:
       break;
   }

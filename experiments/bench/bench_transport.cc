@@ -688,6 +688,112 @@ int ShmRows(const std::string& bin) {
   return 0;
 }
 
+// One row per mode (and with --curve=on one of CURVE) of `bytes` pushed or
+// pulled with `inflight` requests in flight; 1 when a run failed (its error
+// emitted), else 0. `keys`: CURVE keys, null when --curve is off.
+int MeasureRows(const std::string& bin, const std::vector<std::string>& modes,
+                const CurveKeys* keys, int64_t bytes, int64_t inflight,
+                bool push) {
+  const bool curve = keys != nullptr;
+  // Raw and ours alternate, so a burst of load hits both alike.
+  std::vector<Rate> raw, raw2;
+  std::vector<std::vector<Rate>> ours(modes.size());
+  std::vector<Rate> plain, enc;
+  for (int rep = 0; rep < std::max(1, FLAGS_repeats); ++rep) {
+    raw.push_back(FLAGS_baseline ? RawMeasure(push, bytes, inflight, false)
+                                 : Rate{});
+    raw2.push_back(FLAGS_baseline ? RawMeasure(push, bytes, inflight, true)
+                                  : Rate{});
+    for (size_t m = 0; m < modes.size(); ++m) {
+      auto o =
+          OursMeasure(bin, modes[m] == "transport_only", push, bytes, inflight);
+      if (!o.ok()) {
+        bench::Json e;
+        e["bench"] = "transport";
+        e["error"] = o.status().ToString();
+        bench::Emit(e);
+        return 1;
+      }
+      ours[m].push_back(*o);
+    }
+    if (curve) {
+      // Encrypted + authenticated, server in transport-only mode: the
+      // cost of CURVE next to the same-run plaintext transport-only run.
+      auto p = OursMeasure(bin, true, push, bytes, inflight);
+      auto e = OursMeasure(bin, true, push, bytes, inflight, keys);
+      if (!p.ok() || !e.ok()) {
+        bench::Json j;
+        j["bench"] = "transport";
+        j["error"] = (p.ok() ? e.status() : p.status()).ToString();
+        bench::Emit(j);
+        return 1;
+      }
+      plain.push_back(*p);
+      enc.push_back(*e);
+    }
+  }
+  const bool small = bytes < (1 << 20);
+  auto metric = [small](const std::vector<Rate>& v) {
+    std::vector<double> out;
+    for (const Rate& r : v) out.push_back(small ? r.ops_per_s : r.mb_per_s);
+    return out;
+  };
+  auto field = [](const std::vector<Rate>& v, double Rate::*f) {
+    std::vector<double> out;
+    for (const Rate& r : v) out.push_back(r.*f);
+    return out;
+  };
+  // Medians of the repeats' MB/s, ops/s and CPU per GB, named prefix +
+  // field.
+  auto rates = [&field](bench::Json& j, const std::string& prefix,
+                        const std::vector<Rate>& v) {
+    j[prefix + "mb_per_s"] =
+        bench::Round(bench::SpreadOf(field(v, &Rate::mb_per_s)).median, 1);
+    j[prefix + "ops_per_s"] =
+        bench::Round(bench::SpreadOf(field(v, &Rate::ops_per_s)).median, 1);
+    j[prefix + "cpu_ms_per_gb"] =
+        bench::Round(bench::SpreadOf(field(v, &Rate::cpu_ms_per_gb)).median, 1);
+  };
+  auto row = [&](const std::string& mode, const std::vector<Rate>& v) {
+    const auto ratio = bench::SpreadOf(bench::Ratios(metric(v), metric(raw)));
+    bench::Json j;
+    j["bench"] = "transport";
+    j["op"] = push ? "push" : "pull";
+    j["mode"] = mode;
+    j["transport"] = FLAGS_transport;
+    j["bytes"] = bytes;
+    j["inflight"] = inflight;
+    rates(j, "", v);
+    j["baseline"] = "raw_zmq_dealer_router";
+    rates(j, "baseline_", raw);
+    j["ratio_metric"] = small ? "ops_per_s" : "mb_per_s";
+    j["ratio"] = bench::Round(ratio.median, 3);
+    j["ratio_spread"] = bench::ToJson(ratio);
+    // The same raw client and server, the server in its own process
+    // (as ps_server is): the cost of two processes is in both.
+    rates(j, "raw_2proc_", raw2);
+    const auto vs2 = bench::SpreadOf(bench::Ratios(metric(v), metric(raw2)));
+    j["ratio_vs_raw_2proc"] = bench::Round(vs2.median, 3);
+    j["ratio_vs_raw_2proc_spread"] = bench::ToJson(vs2);
+    j["cpu_ratio"] = bench::Round(
+        bench::SpreadOf(bench::Ratios(field(raw, &Rate::cpu_ms_per_gb),
+                                      field(v, &Rate::cpu_ms_per_gb)))
+            .median,
+        3);
+    return j;
+  };
+  for (size_t m = 0; m < modes.size(); ++m) bench::Emit(row(modes[m], ours[m]));
+  if (curve) {
+    bench::Json j = row("curve", enc);
+    j["plain_transport_only_mb_per_s"] =
+        bench::Round(bench::SpreadOf(field(plain, &Rate::mb_per_s)).median, 1);
+    j["ratio_vs_plain"] = bench::Round(
+        bench::SpreadOf(bench::Ratios(metric(enc), metric(plain))).median, 3);
+    bench::Emit(j);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -737,109 +843,9 @@ int main(int argc, char** argv) {
   for (int64_t bytes : ParseList(FLAGS_sizes)) {
     for (int64_t inflight : ParseList(FLAGS_inflight)) {
       for (bool push : {true, false}) {
-        // Raw and ours alternate, so a burst of load hits both alike.
-        std::vector<Rate> raw, raw2;
-        std::vector<std::vector<Rate>> ours(modes.size());
-        std::vector<Rate> plain, enc;
-        for (int rep = 0; rep < std::max(1, FLAGS_repeats); ++rep) {
-          raw.push_back(FLAGS_baseline
-                            ? RawMeasure(push, bytes, inflight, false)
-                            : Rate{});
-          raw2.push_back(FLAGS_baseline
-                             ? RawMeasure(push, bytes, inflight, true)
-                             : Rate{});
-          for (size_t m = 0; m < modes.size(); ++m) {
-            auto o = OursMeasure(bin, modes[m] == "transport_only", push, bytes,
-                                 inflight);
-            if (!o.ok()) {
-              bench::Json e;
-              e["bench"] = "transport";
-              e["error"] = o.status().ToString();
-              bench::Emit(e);
-              return 1;
-            }
-            ours[m].push_back(*o);
-          }
-          if (curve) {
-            // Encrypted + authenticated, server in transport-only mode: the
-            // cost of CURVE next to the same-run plaintext transport-only run.
-            auto p = OursMeasure(bin, true, push, bytes, inflight);
-            auto e = OursMeasure(bin, true, push, bytes, inflight, &keys);
-            if (!p.ok() || !e.ok()) {
-              bench::Json j;
-              j["bench"] = "transport";
-              j["error"] = (p.ok() ? e.status() : p.status()).ToString();
-              bench::Emit(j);
-              return 1;
-            }
-            plain.push_back(*p);
-            enc.push_back(*e);
-          }
-        }
-        const bool small = bytes < (1 << 20);
-        auto metric = [small](const std::vector<Rate>& v) {
-          std::vector<double> out;
-          for (const Rate& r : v)
-            out.push_back(small ? r.ops_per_s : r.mb_per_s);
-          return out;
-        };
-        auto field = [](const std::vector<Rate>& v, double Rate::*f) {
-          std::vector<double> out;
-          for (const Rate& r : v) out.push_back(r.*f);
-          return out;
-        };
-        // Medians of the repeats' MB/s, ops/s and CPU per GB, named prefix +
-        // field.
-        auto rates = [&field](bench::Json& j, const std::string& prefix,
-                              const std::vector<Rate>& v) {
-          j[prefix + "mb_per_s"] = bench::Round(
-              bench::SpreadOf(field(v, &Rate::mb_per_s)).median, 1);
-          j[prefix + "ops_per_s"] = bench::Round(
-              bench::SpreadOf(field(v, &Rate::ops_per_s)).median, 1);
-          j[prefix + "cpu_ms_per_gb"] = bench::Round(
-              bench::SpreadOf(field(v, &Rate::cpu_ms_per_gb)).median, 1);
-        };
-        auto row = [&](const std::string& mode, const std::vector<Rate>& v) {
-          const auto ratio =
-              bench::SpreadOf(bench::Ratios(metric(v), metric(raw)));
-          bench::Json j;
-          j["bench"] = "transport";
-          j["op"] = push ? "push" : "pull";
-          j["mode"] = mode;
-          j["transport"] = FLAGS_transport;
-          j["bytes"] = bytes;
-          j["inflight"] = inflight;
-          rates(j, "", v);
-          j["baseline"] = "raw_zmq_dealer_router";
-          rates(j, "baseline_", raw);
-          j["ratio_metric"] = small ? "ops_per_s" : "mb_per_s";
-          j["ratio"] = bench::Round(ratio.median, 3);
-          j["ratio_spread"] = bench::ToJson(ratio);
-          // The same raw client and server, the server in its own process
-          // (as ps_server is): the cost of two processes is in both.
-          rates(j, "raw_2proc_", raw2);
-          const auto vs2 =
-              bench::SpreadOf(bench::Ratios(metric(v), metric(raw2)));
-          j["ratio_vs_raw_2proc"] = bench::Round(vs2.median, 3);
-          j["ratio_vs_raw_2proc_spread"] = bench::ToJson(vs2);
-          j["cpu_ratio"] = bench::Round(
-              bench::SpreadOf(bench::Ratios(field(raw, &Rate::cpu_ms_per_gb),
-                                            field(v, &Rate::cpu_ms_per_gb)))
-                  .median,
-              3);
-          return j;
-        };
-        for (size_t m = 0; m < modes.size(); ++m)
-          bench::Emit(row(modes[m], ours[m]));
-        if (curve) {
-          bench::Json j = row("curve", enc);
-          j["plain_transport_only_mb_per_s"] = bench::Round(
-              bench::SpreadOf(field(plain, &Rate::mb_per_s)).median, 1);
-          j["ratio_vs_plain"] = bench::Round(
-              bench::SpreadOf(bench::Ratios(metric(enc), metric(plain))).median,
-              3);
-          bench::Emit(j);
-        }
+        if (MeasureRows(bin, modes, curve ? &keys : nullptr, bytes, inflight,
+                        push) != 0)
+          return 1;
       }
     }
   }

@@ -128,6 +128,46 @@ std::string ChangeReport::ToJson() const {
   return j.dump();
 }
 
+// What one change of the fleet carries from each step of
+// Coordinator::Impl::Change to the next.
+struct ChangeState {
+  bool add = false;
+  std::string endpoint;
+  ChangeReport rep;
+  // 1. The document (or the static fleet's) and the participants.
+  ElasticDoc doc;
+  int64_t mod_revision = 0;
+  bool from_etcd = false;
+  uint64_t epoch = 0, next = 0;
+  std::vector<int> active, new_active;
+  int index = 0;  // the shard joining or leaving
+  bool known = false;
+  std::vector<std::string> servers;
+  std::vector<int> part;         // shard indexes, the one joining first
+  std::vector<std::string> eps;  // their endpoints
+  // 2. Their descriptions, and the model's as the first registered one
+  // described it.
+  std::map<int, ShardView> views;
+  std::vector<uint64_t> sizes;
+  bool bsp = false;
+  bool sparse = false;
+  std::vector<int> bucket_owners;
+  uint32_t num_buckets = 0;
+  // 3. The new owners and what moves.
+  std::vector<int> owners;
+  std::map<std::pair<int, int>, std::vector<uint32_t>>
+      moves;  // (from, to) -> chunks
+  std::set<int> receivers;
+  std::vector<int> new_bucket_owners;
+  std::map<std::pair<int, int>, std::vector<uint32_t>>
+      bucket_moves;  // (from, to) -> buckets
+  // 4. When the freeze began; 6. when the copy began; 7. the committed
+  // document.
+  SteadyClock::time_point frozen_at;
+  SteadyClock::time_point copy_start;
+  std::string text;
+};
+
 struct Coordinator::Impl {
   CoordinatorOptions o;
   std::unique_ptr<EtcdClient> etcd;
@@ -255,6 +295,20 @@ struct Coordinator::Impl {
   }
 
   StatusOr<ChangeReport> Change(bool add, const std::string& endpoint);
+  // The steps of Change, in order; each reads and fills `st`.
+  Status ReadLayout(ChangeState* st);
+  Status ChooseParticipants(ChangeState* st);
+  Status DescribeAll(ChangeState* st);
+  Status CheckShards(ChangeState* st);
+  Status PlanMoves(ChangeState* st);
+  Status Freeze(ChangeState* st);
+  // Steps 5-7: a failure leaves every shard frozen (Change aborts them).
+  Status Drain(ChangeState* st);
+  Status CopyChunks(ChangeState* st);
+  Status CopyLayoutToJoiner(ChangeState* st);
+  Status CopyBuckets(ChangeState* st);
+  Status Commit(ChangeState* st);
+  void Adopt(ChangeState* st);
 
   // Bytes of rows per bucket on shard `shard` (an estimate from its
   // describe), at least 1.
@@ -348,24 +402,45 @@ StatusOr<ChangeReport> Coordinator::RemoveShard(const std::string& endpoint) {
 
 StatusOr<ChangeReport> Coordinator::Impl::Change(bool add,
                                                  const std::string& endpoint) {
-  ChangeReport rep;
-  rep.command = add ? "add-shard" : "remove-shard";
-  rep.endpoint = endpoint;
+  ChangeState st;
+  st.add = add;
+  st.endpoint = endpoint;
+  st.rep.command = add ? "add-shard" : "remove-shard";
+  st.rep.endpoint = endpoint;
   if (endpoint.empty())
-    return Status::InvalidArgument(rep.command + ": no endpoint");
+    return Status::InvalidArgument(st.rep.command + ": no endpoint");
 
-  // 1. The document, or the static fleet's.
+  RETURN_IF_ERROR(ReadLayout(&st));          // 1.
+  RETURN_IF_ERROR(ChooseParticipants(&st));  // 1.
+  RETURN_IF_ERROR(CheckShards(&st));         // 2.
+  RETURN_IF_ERROR(PlanMoves(&st));           // 3.
+  RETURN_IF_ERROR(Freeze(&st));              // 4.
+
+  // Everything from here on aborts every shard when it fails.
+  Status s = Drain(&st);            // 5.
+  if (s.ok()) s = CopyChunks(&st);  // 6.
+  if (s.ok()) s = CopyLayoutToJoiner(&st);
+  if (s.ok()) s = CopyBuckets(&st);
+  if (s.ok()) s = Commit(&st);  // 7.
+  if (!s.ok()) {
+    AbortAll(st.eps, st.next);
+    return s;
+  }
+  Adopt(&st);  // 8.
+  return st.rep;
+}
+
+// 1. The document, or the static fleet's.
+Status Coordinator::Impl::ReadLayout(ChangeState* st) {
   StatusOr<std::optional<EtcdKeyValue>> kv = etcd->Get(Key());
   if (!kv.ok())
     return kv.status().WithContext("reading " + Key() + " from etcd");
-  ElasticDoc doc;
-  int64_t mod_revision = 0;
-  const bool from_etcd = kv->has_value();
-  if (from_etcd) {
+  st->from_etcd = kv->has_value();
+  if (st->from_etcd) {
     StatusOr<ElasticDoc> d = ElasticDoc::FromJson((*kv)->value);
     if (!d.ok()) return d.status().WithContext("etcd " + Key());
-    doc = std::move(*d);
-    mod_revision = (*kv)->mod_revision;
+    st->doc = std::move(*d);
+    st->mod_revision = (*kv)->mod_revision;
   } else {
     if (o.servers.empty()) {
       return Status::InvalidArgument(
@@ -373,25 +448,36 @@ StatusOr<ChangeReport> Coordinator::Impl::Change(bool add,
           " yet: give the fleet's shard endpoints in shard order (--servers) "
           "for its first change, and the --etcd_prefix the fleet uses");
     }
-    doc.servers = o.servers;
+    st->doc.servers = o.servers;
   }
-  const uint64_t epoch = doc.epoch, next = doc.epoch + 1;
-  rep.epoch_before = epoch;
-  rep.epoch_after = next;
+  st->epoch = st->doc.epoch;
+  st->next = st->doc.epoch + 1;
+  st->rep.epoch_before = st->epoch;
+  st->rep.epoch_after = st->next;
+  return Status::OK();
+}
 
-  // Participants: the shards that own chunks, and the one joining.
-  std::vector<int> active = from_etcd ? doc.Active() : std::vector<int>();
-  if (!from_etcd)
+// Participants: the shards that own chunks, and the one joining.
+Status Coordinator::Impl::ChooseParticipants(ChangeState* st) {
+  const bool add = st->add;
+  const std::string& endpoint = st->endpoint;
+  const ElasticDoc& doc = st->doc;
+  std::vector<int>& active = st->active;
+  if (st->from_etcd) {
+    active = doc.Active();
+  } else {
     for (size_t i = 0; i < doc.servers.size(); ++i)
       active.push_back(static_cast<int>(i));
+  }
   const auto pos = std::find(doc.servers.begin(), doc.servers.end(), endpoint);
-  int index = static_cast<int>(pos - doc.servers.begin());
-  const bool known = pos != doc.servers.end();
+  const int index = static_cast<int>(pos - doc.servers.begin());
+  st->index = index;
+  st->known = pos != doc.servers.end();
   const bool is_active = std::count(active.begin(), active.end(), index) > 0;
   if (add && is_active)
     return Status::InvalidArgument(endpoint + " is already shard " +
                                    std::to_string(index) + " of the fleet");
-  if (!add && !known) {
+  if (!add && !st->known) {
     std::string list;
     for (const std::string& s : doc.servers)
       list += (list.empty() ? "" : ", ") + s;
@@ -405,36 +491,43 @@ StatusOr<ChangeReport> Coordinator::Impl::Change(bool add,
   if (!add && active.size() < 2)
     return Status::InvalidArgument("cannot remove " + endpoint +
                                    ": it is the only shard holding chunks");
-  rep.shard = index;
-  std::vector<std::string> servers = doc.servers;
-  if (add && !known) servers.push_back(endpoint);
-  std::vector<int> new_active = active;
+  st->rep.shard = index;
+  st->servers = doc.servers;
+  if (add && !st->known) st->servers.push_back(endpoint);
+  st->new_active = active;
   if (add) {
-    new_active.push_back(index);
+    st->new_active.push_back(index);
   } else {
-    new_active.erase(std::find(new_active.begin(), new_active.end(), index));
+    st->new_active.erase(
+        std::find(st->new_active.begin(), st->new_active.end(), index));
   }
-  std::sort(new_active.begin(), new_active.end());
+  std::sort(st->new_active.begin(), st->new_active.end());
   // Shard indexes, the one joining first (its checks say how to start it).
-  std::vector<int> part = active;
-  if (add) part.insert(part.begin(), index);
-  std::vector<std::string> eps;
-  for (int i : part) eps.push_back(servers[i]);
+  st->part = active;
+  if (add) st->part.insert(st->part.begin(), index);
+  for (int i : st->part) st->eps.push_back(st->servers[i]);
+  return Status::OK();
+}
 
-  // 2. Describe them.
-  std::map<int, ShardView> views;
-  auto describe_all = [&]() -> Status {
-    for (int i : part) {
-      ASSIGN_OR_RETURN(views[i], Describe(servers[i]));
-    }
-    return Status::OK();
-  };
-  RETURN_IF_ERROR(describe_all());
+Status Coordinator::Impl::DescribeAll(ChangeState* st) {
+  for (int i : st->part) {
+    ASSIGN_OR_RETURN(st->views[i], Describe(st->servers[i]));
+  }
+  return Status::OK();
+}
+
+// 2. Describe them.
+Status Coordinator::Impl::CheckShards(ChangeState* st) {
+  RETURN_IF_ERROR(DescribeAll(st));
+  ElasticDoc& doc = st->doc;
+  const std::vector<std::string>& servers = st->servers;
+  const int index = st->index;
+  const uint64_t epoch = st->epoch;
   const ShardView* first = nullptr;
-  for (int i : part) {
-    const ShardView& v = views[i];
+  for (int i : st->part) {
+    const ShardView& v = st->views[i];
     const std::string& ep = servers[i];
-    if (add && i == index) {
+    if (st->add && i == index) {
       if (v.shard != index) {
         return Status::InvalidArgument(
             ep + " was started as shard " + std::to_string(v.shard) +
@@ -472,13 +565,13 @@ StatusOr<ChangeReport> Coordinator::Impl::Change(bool add,
           Key() + " says " + std::to_string(epoch));
     if (first == nullptr) {
       first = &v;
-      if (!from_etcd) doc.owners = v.owners;
+      if (!st->from_etcd) doc.owners = v.owners;
     }
     if (v.num_chunks != first->num_chunks ||
         v.consistency != first->consistency)
       return Status::FailedPrecondition(
           ep + " holds a different model or consistency than " +
-          servers[active[0]]);
+          servers[st->active[0]]);
     if (v.owners != doc.owners)
       return Status::FailedPrecondition(
           ep + "'s chunk owners differ from the layout of epoch " +
@@ -491,103 +584,108 @@ StatusOr<ChangeReport> Coordinator::Impl::Change(bool add,
   }
   if (first == nullptr)
     return Status::Internal("no registered shard described");
-  rep.consistency = first->consistency;
+  st->rep.consistency = first->consistency;
   for (int o_ : doc.owners)
     if (o_ < 0 || o_ >= static_cast<int>(doc.servers.size()))
       return Status::Corruption("a chunk owner outside the fleet");
-  const std::vector<uint64_t> sizes = first->chunk_elems;
-  const bool bsp = first->consistency == "bsp";
+  st->sizes = first->chunk_elems;
+  st->bsp = first->consistency == "bsp";
   // Sparse tables: key ranges. The first change of a static fleet of n
   // shards cuts the keys into n * kBucketsPerShard buckets, owned as the
   // static function routes them (common/sparse_table.h), so nothing moves
   // that Rebalance does not move.
-  const bool sparse = first->sparse;
-  std::vector<int> bucket_owners = doc.bucket_owners;
-  uint32_t num_buckets = doc.num_buckets;
-  if (sparse && num_buckets == 0) {
-    if (from_etcd)
+  st->sparse = first->sparse;
+  st->bucket_owners = doc.bucket_owners;
+  st->num_buckets = doc.num_buckets;
+  if (st->sparse && st->num_buckets == 0) {
+    if (st->from_etcd)
       return Status::FailedPrecondition(
           Key() + " has no key ranges, but the model has sparse tables");
     if (doc.servers.size() * kBucketsPerShard > kMaxBuckets)
       return Status::InvalidArgument("too many shards to cut sparse keys");
     const KeyRanges initial =
         KeyRanges::Static(static_cast<int>(doc.servers.size()));
-    num_buckets = initial.num_buckets;
-    bucket_owners = initial.owners;
+    st->num_buckets = initial.num_buckets;
+    st->bucket_owners = initial.owners;
   }
+  return Status::OK();
+}
 
-  // 3. New owners.
-  const std::vector<int> owners = Rebalance(sizes, doc.owners, new_active);
-  std::map<std::pair<int, int>, std::vector<uint32_t>>
-      moves;  // (from, to) -> chunks
-  std::set<int> receivers;
+// 3. New owners.
+Status Coordinator::Impl::PlanMoves(ChangeState* st) {
+  const ElasticDoc& doc = st->doc;
+  ChangeReport& rep = st->rep;
+  st->owners = Rebalance(st->sizes, doc.owners, st->new_active);
+  const std::vector<int>& owners = st->owners;
   for (uint32_t c = 0; c < owners.size(); ++c) {
     if (owners[c] == doc.owners[c]) continue;
-    moves[{doc.owners[c], owners[c]}].push_back(c);
-    receivers.insert(owners[c]);
+    st->moves[{doc.owners[c], owners[c]}].push_back(c);
+    st->receivers.insert(owners[c]);
     ++rep.moved_chunks;
   }
-  std::vector<int> new_bucket_owners;
-  std::map<std::pair<int, int>, std::vector<uint32_t>>
-      bucket_moves;  // (from, to) -> buckets
-  if (sparse) {
-    new_bucket_owners = RebalanceBuckets(bucket_owners, new_active);
-    for (uint32_t b = 0; b < num_buckets; ++b) {
-      if (new_bucket_owners[b] == bucket_owners[b]) continue;
-      bucket_moves[{bucket_owners[b], new_bucket_owners[b]}].push_back(b);
-      receivers.insert(new_bucket_owners[b]);
+  if (st->sparse) {
+    st->new_bucket_owners = RebalanceBuckets(st->bucket_owners, st->new_active);
+    for (uint32_t b = 0; b < st->num_buckets; ++b) {
+      if (st->new_bucket_owners[b] == st->bucket_owners[b]) continue;
+      st->bucket_moves[{st->bucket_owners[b], st->new_bucket_owners[b]}]
+          .push_back(b);
+      st->receivers.insert(st->new_bucket_owners[b]);
       ++rep.moved_buckets;
     }
   }
-  rep.active_before = active;
-  rep.active_after = new_active;
-  rep.imbalance_before = Imbalance(sizes, doc.owners, active);
-  rep.imbalance_after = Imbalance(sizes, owners, new_active);
-  if (add && receivers.count(index) == 0)
+  rep.active_before = st->active;
+  rep.active_after = st->new_active;
+  rep.imbalance_before = Imbalance(st->sizes, doc.owners, st->active);
+  rep.imbalance_after = Imbalance(st->sizes, owners, st->new_active);
+  if (st->add && st->receivers.count(st->index) == 0)
     return Status::FailedPrecondition(
-        "no chunk would move to " + endpoint + ": the model's " +
-        std::to_string(sizes.size()) +
+        "no chunk would move to " + st->endpoint + ": the model's " +
+        std::to_string(st->sizes.size()) +
         " chunk(s) are too few to spread further");
-  LOG(INFO) << "elastic: " << rep.command << " " << endpoint << " (shard "
-            << index << "): epoch " << epoch << " -> " << next << ", active {"
-            << Join(active) << "} -> {" << Join(new_active) << "}, "
-            << rep.moved_chunks << " chunk(s), " << rep.moved_buckets
+  LOG(INFO) << "elastic: " << rep.command << " " << st->endpoint << " (shard "
+            << st->index << "): epoch " << st->epoch << " -> " << st->next
+            << ", active {" << Join(st->active) << "} -> {"
+            << Join(st->new_active) << "}, " << rep.moved_chunks
+            << " chunk(s), " << rep.moved_buckets
             << " key-range bucket(s) move; imbalance " << rep.imbalance_before
             << " -> " << rep.imbalance_after;
+  return Status::OK();
+}
 
-  // 4. Freeze, with a later clock when a worker got past it.
-  SteadyClock::time_point frozen_at;
+// 4. Freeze, with a later clock when a worker got past it.
+Status Coordinator::Impl::Freeze(ChangeState* st) {
+  ChangeReport& rep = st->rep;
   Status freeze_status;
   for (int attempt = 1; attempt <= o.freeze_attempts; ++attempt) {
     if (attempt > 1) {
-      RETURN_IF_ERROR(describe_all());
+      RETURN_IF_ERROR(DescribeAll(st));
     }
     // The first clock no worker has reached or pushed for: an idle fleet
     // (every worker at clock c, round c not started) freezes at c and is
     // drained at once; one with pushes for round c under way freezes at
     // c + 1, after that round. Each retry goes one further.
     int64_t first_free = 0;
-    for (int i : part)
-      if (views[i].registered)
-        first_free = std::max(
-            {first_free, views[i].max_clock, views[i].max_pushed_round + 1});
-    rep.freeze_clock = bsp ? first_free + attempt - 1 : -1;
+    for (int i : st->part) {
+      const ShardView& v = st->views[i];
+      if (v.registered)
+        first_free =
+            std::max({first_free, v.max_clock, v.max_pushed_round + 1});
+    }
+    rep.freeze_clock = st->bsp ? first_free + attempt - 1 : -1;
     rep.freeze_tries = attempt;
-    frozen_at = SteadyClock::now();
-    std::vector<std::string> frozen;
+    st->frozen_at = SteadyClock::now();
     freeze_status = Status::OK();
-    for (const std::string& ep : eps) {
-      RequestHeader req = Migrate(MigrateOp::kFreeze, next);
+    for (const std::string& ep : st->eps) {
+      RequestHeader req = Migrate(MigrateOp::kFreeze, st->next);
       req.migrate_at_clock = rep.freeze_clock;
       req.migrate_deadline_ms = o.freeze_deadline_ms;
       freeze_status = Call(ep, req);
       if (!freeze_status.ok()) break;
-      frozen.push_back(ep);
     }
     if (freeze_status.ok()) break;
     // Abort on every shard, the refusing one too (a freeze that reached it
     // but whose reply was lost would otherwise hold it until its deadline).
-    AbortAll(eps, next);
+    AbortAll(st->eps, st->next);
     LOG(WARNING) << "elastic: freeze at clock " << rep.freeze_clock << " (try "
                  << attempt << "): " << freeze_status.ToString();
     if (freeze_status.code() != StatusCode::kFailedPrecondition)
@@ -599,166 +697,177 @@ StatusOr<ChangeReport> Coordinator::Impl::Change(bool add,
         std::to_string(o.freeze_attempts) +
         " tries): " + freeze_status.ToString());
   }
+  return Status::OK();
+}
 
-  // Everything from here on aborts every shard when it fails.
-  auto fail = [&](Status s) -> Status {
-    AbortAll(eps, next);
-    return s;
-  };
-
-  // 5. Wait until nothing is half applied.
+// 5. Wait until nothing is half applied.
+Status Coordinator::Impl::Drain(ChangeState* st) {
+  const std::vector<std::string>& eps = st->eps;
   const auto drain_deadline = SteadyClock::now() + o.drain_timeout;
   for (;;) {
     std::string waiting;
     for (size_t k = 0; k < eps.size(); ++k) {
       StatusOr<ShardView> v = Describe(eps[k]);
-      if (!v.ok()) return fail(v.status().WithContext("waiting for the drain"));
+      if (!v.ok()) return v.status().WithContext("waiting for the drain");
       if (v->registered && !v->frozen)
-        return fail(
-            Status::FailedPrecondition(eps[k] +
-                                       " is no longer frozen (its freeze "
-                                       "deadline passed?)"));
+        return Status::FailedPrecondition(eps[k] +
+                                          " is no longer frozen (its freeze "
+                                          "deadline passed?)");
       if (v->registered && !v->drained)
         waiting += (waiting.empty() ? "" : ", ") + eps[k];
     }
     if (waiting.empty()) break;
     if (SteadyClock::now() > drain_deadline) {
-      return fail(Status::TimedOut("shards not drained within " +
-                                   std::to_string(o.drain_timeout.count()) +
-                                   " ms of the freeze at clock " +
-                                   std::to_string(rep.freeze_clock) + ": " +
-                                   waiting));
+      return Status::TimedOut("shards not drained within " +
+                              std::to_string(o.drain_timeout.count()) +
+                              " ms of the freeze at clock " +
+                              std::to_string(st->rep.freeze_clock) + ": " +
+                              waiting);
     }
     std::this_thread::sleep_for(o.drain_poll);
   }
-  rep.drain_ms = MsSince(frozen_at);
+  st->rep.drain_ms = MsSince(st->frozen_at);
+  return Status::OK();
+}
 
-  // 6. Copy the chunks that move, per (source, destination), in requests
-  // of at most max_request_bytes.
-  const auto copy_start = SteadyClock::now();
-  for (const auto& [route, chunks] : moves) {
-    const std::string& from = servers[route.first];
-    const std::string& to = servers[route.second];
+// 6. Copy the chunks that move, per (source, destination), in requests
+// of at most max_request_bytes.
+Status Coordinator::Impl::CopyChunks(ChangeState* st) {
+  st->copy_start = SteadyClock::now();
+  for (const auto& [route, chunks] : st->moves) {
+    const std::string& from = st->servers[route.first];
+    const std::string& to = st->servers[route.second];
     size_t k = 0;
     while (k < chunks.size()) {
       std::vector<uint32_t> batch;
       uint64_t bytes = 0;
       while (k < chunks.size()) {
-        const uint64_t b = sizes[chunks[k]] * 16;
+        const uint64_t b = st->sizes[chunks[k]] * 16;
         if (!batch.empty() && bytes + b > o.max_request_bytes) break;
         batch.push_back(chunks[k++]);
         bytes += b;
       }
       ReplyHeader reply;
       Message msg;
-      Status s = Call(from, Migrate(MigrateOp::kExport, next, batch), {},
+      Status s = Call(from, Migrate(MigrateOp::kExport, st->next, batch), {},
                       &reply, &msg);
-      if (!s.ok()) return fail(s.WithContext("export of chunks to " + to));
+      if (!s.ok()) return s.WithContext("export of chunks to " + to);
       if (msg.frames.size() != batch.size() + 3) {
-        return fail(Status::Corruption(
+        return Status::Corruption(
             from + ": export of " + std::to_string(batch.size()) +
             " chunk(s) answered " + std::to_string(msg.frames.size() - 1) +
-            " data frame(s), not " + std::to_string(batch.size() + 2)));
+            " data frame(s), not " + std::to_string(batch.size() + 2));
       }
       std::vector<ByteView> data(msg.frames.begin() + 1, msg.frames.end());
       for (size_t f = 3; f < msg.frames.size(); ++f)
-        rep.moved_bytes += msg.frames[f].size;
+        st->rep.moved_bytes += msg.frames[f].size;
       ReplyHeader ireply;
       Message imsg;
-      s = Call(to, Migrate(MigrateOp::kImport, next, batch), data, &ireply,
+      s = Call(to, Migrate(MigrateOp::kImport, st->next, batch), data, &ireply,
                &imsg);
-      if (!s.ok()) return fail(s.WithContext("import of chunks from " + from));
+      if (!s.ok()) return s.WithContext("import of chunks from " + from);
     }
   }
-  // A shard that joins with key ranges but no chunk still needs the layout
-  // and the clocks: an export of no chunks carries both.
-  bool gets_chunks = false;
-  for (const auto& [route, chunks] : moves)
-    gets_chunks |= route.second == index;
-  if (add && !gets_chunks && !bucket_moves.empty()) {
-    const std::string& from = servers[active[0]];
-    ReplyHeader reply;
-    Message msg;
-    Status s =
-        Call(from, Migrate(MigrateOp::kExport, next, {}), {}, &reply, &msg);
-    if (!s.ok())
-      return fail(s.WithContext("export of the layout to " + endpoint));
-    if (msg.frames.size() != 3)
-      return fail(Status::Corruption(
-          from + ": an export of no chunks answered " +
-          std::to_string(msg.frames.size() - 1) + " data frame(s), not 2"));
-    std::vector<ByteView> data(msg.frames.begin() + 1, msg.frames.end());
-    ReplyHeader ireply;
-    Message imsg;
-    s = Call(endpoint, Migrate(MigrateOp::kImport, next, {}), data, &ireply,
-             &imsg);
-    if (!s.ok())
-      return fail(s.WithContext("import of the layout from " + from));
-  }
-  for (const auto& [route, buckets] : bucket_moves) {
-    Status s = CopyRows(
-        servers[route.first], servers[route.second], next, num_buckets, buckets,
-        RowsPerBucketBytes(views[route.first], bucket_owners, route.first),
-        &rep);
-    if (!s.ok()) return fail(s);
-  }
-  rep.copy_ms =
-      std::chrono::duration<double, std::milli>(SteadyClock::now() - copy_start)
-          .count();
+  return Status::OK();
+}
 
-  // 7. Commit: etcd decides the flip once.
-  ElasticDoc next_doc;
-  next_doc.epoch = next;
-  next_doc.servers = servers;
-  next_doc.owners = owners;
-  if (sparse) {
-    next_doc.num_buckets = num_buckets;
-    next_doc.bucket_owners = new_bucket_owners;
+// A shard that joins with key ranges but no chunk still needs the layout
+// and the clocks: an export of no chunks carries both.
+Status Coordinator::Impl::CopyLayoutToJoiner(ChangeState* st) {
+  bool gets_chunks = false;
+  for (const auto& [route, chunks] : st->moves)
+    gets_chunks |= route.second == st->index;
+  if (!st->add || gets_chunks || st->bucket_moves.empty()) return Status::OK();
+  const std::string& from = st->servers[st->active[0]];
+  ReplyHeader reply;
+  Message msg;
+  Status s =
+      Call(from, Migrate(MigrateOp::kExport, st->next, {}), {}, &reply, &msg);
+  if (!s.ok()) return s.WithContext("export of the layout to " + st->endpoint);
+  if (msg.frames.size() != 3)
+    return Status::Corruption(from + ": an export of no chunks answered " +
+                              std::to_string(msg.frames.size() - 1) +
+                              " data frame(s), not 2");
+  std::vector<ByteView> data(msg.frames.begin() + 1, msg.frames.end());
+  ReplyHeader ireply;
+  Message imsg;
+  s = Call(st->endpoint, Migrate(MigrateOp::kImport, st->next, {}), data,
+           &ireply, &imsg);
+  if (!s.ok()) return s.WithContext("import of the layout from " + from);
+  return Status::OK();
+}
+
+// The key-range buckets that move, then the copy's time.
+Status Coordinator::Impl::CopyBuckets(ChangeState* st) {
+  for (const auto& [route, buckets] : st->bucket_moves) {
+    RETURN_IF_ERROR(CopyRows(st->servers[route.first],
+                             st->servers[route.second], st->next,
+                             st->num_buckets, buckets,
+                             RowsPerBucketBytes(st->views[route.first],
+                                                st->bucket_owners, route.first),
+                             &st->rep));
   }
-  const std::string text = next_doc.ToJson();
-  StatusOr<bool> cas = etcd->CompareAndPut(Key(), text, mod_revision);
+  st->rep.copy_ms = MsSince(st->copy_start);
+  return Status::OK();
+}
+
+// 7. Commit: etcd decides the flip once.
+Status Coordinator::Impl::Commit(ChangeState* st) {
+  ElasticDoc next_doc;
+  next_doc.epoch = st->next;
+  next_doc.servers = st->servers;
+  next_doc.owners = st->owners;
+  if (st->sparse) {
+    next_doc.num_buckets = st->num_buckets;
+    next_doc.bucket_owners = st->new_bucket_owners;
+  }
+  st->text = next_doc.ToJson();
+  StatusOr<bool> cas = etcd->CompareAndPut(Key(), st->text, st->mod_revision);
   if (!cas.ok()) {
     // The answer may have been lost after etcd applied it: look.
     StatusOr<std::optional<EtcdKeyValue>> now = etcd->Get(Key());
-    if (now.ok() && now->has_value() && (*now)->value == text) {
+    if (now.ok() && now->has_value() && (*now)->value == st->text) {
       cas = true;
     } else {
-      return fail(cas.status().WithContext("committing " + Key() + " in etcd"));
+      return cas.status().WithContext("committing " + Key() + " in etcd");
     }
   }
   if (!*cas) {
-    return fail(Status::FailedPrecondition(
+    return Status::FailedPrecondition(
         Key() +
-        " changed in etcd during the move (another ps_ctl?): nothing changed"));
+        " changed in etcd during the move (another ps_ctl?): nothing changed");
   }
+  return Status::OK();
+}
 
-  // 8. Adopt: receivers first (they must hold their chunks before the
-  // others stop serving them), then everyone else.
+// 8. Adopt: receivers first (they must hold their chunks before the
+// others stop serving them), then everyone else.
+void Coordinator::Impl::Adopt(ChangeState* st) {
+  ChangeReport& rep = st->rep;
   std::vector<std::string> order;
-  for (int r : receivers) order.push_back(servers[r]);
-  for (const std::string& ep : eps)
+  for (int r : st->receivers) order.push_back(st->servers[r]);
+  for (const std::string& ep : st->eps)
     if (std::find(order.begin(), order.end(), ep) == order.end())
       order.push_back(ep);
   for (const std::string& ep : order) {
-    RequestHeader req = Migrate(MigrateOp::kAdopt, next);
-    req.migrate_doc = text;
+    RequestHeader req = Migrate(MigrateOp::kAdopt, st->next);
+    req.migrate_doc = st->text;
     Status s;
     for (int t = 0; t < 3; ++t) {
       s = Call(ep, req);
       if (s.ok() || s.code() == StatusCode::kFailedPrecondition) break;
     }
     if (!s.ok()) {
-      LOG(ERROR) << "elastic: adopt of epoch " << next << " by " << ep << ": "
-                 << s.ToString();
+      LOG(ERROR) << "elastic: adopt of epoch " << st->next << " by " << ep
+                 << ": " << s.ToString();
       rep.adopt_failures.push_back(s.ToString());
     }
   }
-  rep.frozen_ms = MsSince(frozen_at);
-  LOG(INFO) << "elastic: epoch " << next << " adopted: " << rep.moved_chunks
+  rep.frozen_ms = MsSince(st->frozen_at);
+  LOG(INFO) << "elastic: epoch " << st->next << " adopted: " << rep.moved_chunks
             << " chunk(s), " << rep.moved_bytes << " bytes moved; frozen "
             << rep.frozen_ms << " ms (drain " << rep.drain_ms << " ms, copy "
             << rep.copy_ms << " ms)";
-  return rep;
 }
 
 }  // namespace asyncps::server::elastic

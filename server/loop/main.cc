@@ -280,8 +280,9 @@ bool IsLocalEndpoint(const std::string& ep) {
          host.find_first_not_of("0123456789.") == std::string::npos;
 }
 
-srv::ServerOptions OptionsFromFlags() {
-  srv::ServerOptions o;
+// --endpoint, --db_path, checkpoints, message sizes and I/O threads.
+void TransportFromFlags(srv::ServerOptions* out) {
+  srv::ServerOptions& o = *out;
   o.endpoint = FLAGS_endpoint;
   o.db_path = FLAGS_db_path;
   if (FLAGS_checkpoint_every_s < 0)
@@ -301,7 +302,11 @@ srv::ServerOptions OptionsFromFlags() {
   if (FLAGS_io_threads < 1 || FLAGS_io_threads > 64)
     BadFlag("--io_threads must be in [1, 64]");
   o.context = asyncps::Context::Create(FLAGS_io_threads);
-  srv::ShardOptions& s = o.shard;
+}
+
+// The shard's place in the fleet and its consistency model.
+void ConsistencyFromFlags(srv::ShardOptions* shard) {
+  srv::ShardOptions& s = *shard;
   s.shard_id = FLAGS_shard_id;
   s.num_shards = FLAGS_num_shards;
   s.num_workers = FLAGS_num_workers;
@@ -335,6 +340,11 @@ srv::ServerOptions OptionsFromFlags() {
       s.consistency == srv::Consistency::kBsp) {
     BadFlag("--dc_lambda needs --consistency=ssp or asp");
   }
+}
+
+// The learning-rate schedule: warm-up and decay.
+void LrScheduleFromFlags(srv::ShardOptions* shard) {
+  srv::ShardOptions& s = *shard;
   if (FLAGS_lr_final < 0 || FLAGS_lr_final > 1) {
     BadFlag("--lr_final must be in [0, 1]");
   }
@@ -360,6 +370,11 @@ srv::ServerOptions OptionsFromFlags() {
   s.lr_decay_updates = FLAGS_lr_decay_updates;
   s.lr_final = static_cast<float>(FLAGS_lr_final);
   if (Status ls = s.lr_schedule().Validate(); !ls.ok()) BadFlag(ls.message());
+}
+
+// --optimizer and its hyperparameters.
+void OptimizerFromFlags(srv::ShardOptions* shard) {
+  srv::ShardOptions& s = *shard;
   std::string opt = FLAGS_optimizer;
   if (opt == "nesterov") {
     opt = "momentum";
@@ -375,6 +390,11 @@ srv::ServerOptions OptionsFromFlags() {
   s.optimizer.beta1 = static_cast<float>(FLAGS_beta1);
   s.optimizer.beta2 = static_cast<float>(FLAGS_beta2);
   s.optimizer.eps = static_cast<float>(FLAGS_eps);
+}
+
+// Timeouts and the limits on what clients may hold.
+void LimitsFromFlags(srv::ShardOptions* shard) {
+  srv::ShardOptions& s = *shard;
   if (FLAGS_worker_timeout_s < 0) BadFlag("--worker_timeout_s must be >= 0");
   s.worker_timeout = std::chrono::milliseconds(
       static_cast<int64_t>(FLAGS_worker_timeout_s * 1000));
@@ -412,6 +432,12 @@ srv::ServerOptions OptionsFromFlags() {
       static_cast<int64_t>(FLAGS_scan_snapshot_idle_s * 1000));
   if (FLAGS_shutdown_timeout_s <= 0)
     BadFlag("--shutdown_timeout_s must be > 0");
+}
+
+// Replicas (--etcd) and elastic shards (--elastic_etcd).
+void ReplicationFromFlags(srv::ServerOptions* out) {
+  srv::ServerOptions& o = *out;
+  const srv::ShardOptions& s = o.shard;
   if (FLAGS_replicas < 1 || FLAGS_replicas > 16)
     BadFlag("--replicas must be in [1, 16]");
   if (FLAGS_replica < 0 || FLAGS_replica >= FLAGS_replicas)
@@ -490,6 +516,11 @@ srv::ServerOptions OptionsFromFlags() {
     o.round_record_flush_after =
         std::chrono::milliseconds(FLAGS_round_record_flush_ms);
   }
+}
+
+// CurveZMQ keys, and the refusal to serve a remote endpoint in the clear.
+void CurveFromFlags(srv::ServerOptions* out) {
+  srv::ServerOptions& o = *out;
   if (!FLAGS_curve_secret_key.empty()) {
     StatusOr<std::string> k = asyncps::LoadCurveKey(FLAGS_curve_secret_key);
     if (!k.ok()) BadFlag("--curve_secret_key: " + k.status().message());
@@ -524,6 +555,11 @@ srv::ServerOptions OptionsFromFlags() {
             " is not a loopback address: give --curve_secret_key (keys from "
             "ps_ctl keygen) or --insecure to serve it unencrypted");
   }
+}
+
+// Apply threads, sparse tables and durability.
+void ExecutionFromFlags(srv::ShardOptions* shard) {
+  srv::ShardOptions& s = *shard;
   if (FLAGS_apply_threads < 0 || FLAGS_apply_threads > 256)
     BadFlag("--apply_threads must be in [0, 256]");
   s.apply_threads =
@@ -545,6 +581,19 @@ srv::ServerOptions OptionsFromFlags() {
                                       : asyncps::server::SyncMode::kNoSync;
   if (FLAGS_max_message_bytes < 1024)
     BadFlag("--max_message_bytes must be >= 1024");
+}
+
+srv::ServerOptions OptionsFromFlags() {
+  srv::ServerOptions o;
+  TransportFromFlags(&o);
+  srv::ShardOptions& s = o.shard;
+  ConsistencyFromFlags(&s);
+  LrScheduleFromFlags(&s);
+  OptimizerFromFlags(&s);
+  LimitsFromFlags(&s);
+  ReplicationFromFlags(&o);
+  CurveFromFlags(&o);
+  ExecutionFromFlags(&s);
   Status mv = asyncps::metrics::ValidateMetricsFlags();
   if (!mv.ok()) BadFlag(mv.message());
   Status v = s.Validate();

@@ -189,6 +189,55 @@ Status Membership::KeepAlive(SteadyClock::time_point now) {
   return Status::OK();
 }
 
+namespace {
+
+bool ListedIn(const GroupLayout& gl, const std::string& n) {
+  return gl.primary == n ||
+         std::find(gl.backups.begin(), gl.backups.end(), n) != gl.backups.end();
+}
+
+}  // namespace
+
+// What one Step carries from each of its parts to the next.
+struct Membership::StepState {
+  SteadyClock::time_point now;
+  std::string layout_key;
+  EtcdKeyValue kv;  // the layout key as read
+  ReplicaLayout layout;
+  std::map<std::string, Member> alive;  // member name -> its member key
+  const std::map<std::string, uint64_t>* seen = nullptr;  // Membership::seen_
+  bool grace_over = false;
+  GroupLayout* g = nullptr;  // this process's group, in `layout`
+  bool me_listed = false;
+  bool was_primary = false;
+  // Backups the replicator asked to drop (DropBackup), taken for this step;
+  // given back if the layout changed under it (another group's write won):
+  // lost, a silent backup would stay listed until its lease ended, and the
+  // primary's acknowledgements wait for it meanwhile.
+  std::vector<std::pair<std::string, bool>> broken;
+  std::vector<std::string> add;  // spares taken from add_backups_
+  uint64_t dropped = 0;
+  bool change = false;  // roles changed: a new epoch
+  bool bind = false;    // only incarnations bound
+
+  GroupLayout* GroupOf(const std::string& n) {
+    for (GroupLayout& gl : layout.groups)
+      if (ListedIn(gl, n)) return &gl;
+    return nullptr;
+  }
+  bool IsAlive(const std::string& n) const {
+    auto it = alive.find(n);
+    if (it == alive.end()) return false;
+    auto s = seen->find(n);
+    return s == seen->end() || s->second == it->second.incarnation;
+  }
+  bool Gone(const std::string& n) const {
+    if (n.empty()) return true;
+    if (IsAlive(n)) return false;
+    return seen->count(n) > 0 || grace_over;
+  }
+};
+
 Status Membership::Step(SteadyClock::time_point now) {
   if (now >= next_keepalive_) {
     RETURN_IF_ERROR(KeepAlive(now));  // a failed one is tried next step
@@ -197,7 +246,25 @@ Status Membership::Step(SteadyClock::time_point now) {
                                                 : options_.lease_ttl / 4;
     next_keepalive_ = now + std::max(every, options_.poll);
   }
-  const std::string layout_key = options_.prefix + "/layout";
+  StepState st;
+  st.now = now;
+  st.seen = &seen_;
+  bool read_again = false;
+  RETURN_IF_ERROR(ReadLayout(&st, &read_again));
+  if (read_again) return Status::OK();
+  BindMembers(&st);
+  ChangeRoles(&st);
+  ListAddedBackups(&st);
+  bool written = true;
+  RETURN_IF_ERROR(WriteLayout(&st, &written));
+  if (!written) return Status::OK();
+  PublishView(st);
+  return Status::OK();
+}
+
+Status Membership::ReadLayout(StepState* st, bool* read_again) {
+  st->layout_key = options_.prefix + "/layout";
+  const std::string& layout_key = st->layout_key;
   const std::string members = options_.prefix + "/members/";
   // The layout key and the member keys in one read: "<prefix>/layout" sorts
   // right before "<prefix>/members/", which ends before "<prefix>/members0".
@@ -217,7 +284,8 @@ Status Membership::Step(SteadyClock::time_point now) {
     ASSIGN_OR_RETURN(kv, etcd_->Get(layout_key));
     if (!kv) return Status::Unavailable("layout key vanished");
   }
-  ASSIGN_OR_RETURN(ReplicaLayout layout, ReplicaLayout::FromJson(kv->value));
+  ASSIGN_OR_RETURN(st->layout, ReplicaLayout::FromJson(kv->value));
+  ReplicaLayout& layout = st->layout;
   const size_t have = layout.groups.size();
   if (static_cast<size_t>(options_.group) == have &&
       options_.groups == options_.group + 1) {
@@ -236,6 +304,7 @@ Status Membership::Step(SteadyClock::time_point now) {
       LOG(INFO) << "member " << name_ << " added group " << options_.group
                 << " to the replica layout (epoch " << layout.epoch << ")";
     }
+    *read_again = true;
     return Status::OK();  // read again next time
   }
   if (static_cast<size_t>(options_.group) >= have ||
@@ -248,32 +317,28 @@ Status Membership::Step(SteadyClock::time_point now) {
         std::to_string(options_.groups) + " as group " +
         std::to_string(options_.group));
   }
-  std::map<std::string, Member> alive;
   const size_t cut = members.size();
   for (const EtcdKeyValue& m : kvs) {
     Member mem;
     if (m.key.size() <= cut || m.key.compare(0, cut, members) != 0 ||
         !ParseMember(m.value, &mem))
       continue;
-    alive[m.key.substr(cut)] = mem;
+    st->alive[m.key.substr(cut)] = mem;
   }
-  // Who is who. A listed name stands for the process its incarnation is
-  // bound to (before it is bound, for the first one seen under it); any
-  // other process under that name lost what it held and is a spare. An
-  // unlisted live process is a spare.
-  const bool grace_over = now - started_ >= options_.startup_grace;
-  GroupLayout& g = layout.groups[options_.group];
-  auto listed_in = [](const GroupLayout& gl, const std::string& n) {
-    return gl.primary == n || std::find(gl.backups.begin(), gl.backups.end(),
-                                        n) != gl.backups.end();
-  };
-  auto group_of = [&](const std::string& n) -> GroupLayout* {
-    for (GroupLayout& gl : layout.groups)
-      if (listed_in(gl, n)) return &gl;
-    return nullptr;
-  };
-  for (const auto& [n, m] : alive) {
-    GroupLayout* gl = group_of(n);
+  st->kv = std::move(*kv);
+  return Status::OK();
+}
+
+// Who is who. A listed name stands for the process its incarnation is
+// bound to (before it is bound, for the first one seen under it); any
+// other process under that name lost what it held and is a spare. An
+// unlisted live process is a spare.
+void Membership::BindMembers(StepState* st) {
+  st->grace_over = st->now - started_ >= options_.startup_grace;
+  st->g = &st->layout.groups[options_.group];
+  GroupLayout& g = *st->g;
+  for (const auto& [n, m] : st->alive) {
+    GroupLayout* gl = st->GroupOf(n);
     if (gl == nullptr) {
       seen_[n] = m.incarnation;
     } else if (gl->incarnations.count(n)) {
@@ -282,220 +347,244 @@ Status Membership::Step(SteadyClock::time_point now) {
       seen_.emplace(n, m.incarnation);
     }
   }
-  auto is_alive = [&](const std::string& n) {
-    auto it = alive.find(n);
-    if (it == alive.end()) return false;
-    auto s = seen_.find(n);
-    return s == seen_.end() || s->second == it->second.incarnation;
-  };
-  auto gone = [&](const std::string& n) {
-    if (n.empty()) return true;
-    if (is_alive(n)) return false;
-    return seen_.count(n) > 0 || grace_over;
-  };
-  const bool me_listed =
-      listed_in(g, name_) && (g.incarnations.count(name_) == 0 ||
-                              g.incarnations.at(name_) == incarnation_);
+  st->me_listed =
+      ListedIn(g, name_) && (g.incarnations.count(name_) == 0 ||
+                             g.incarnations.at(name_) == incarnation_);
 
-  const bool was_primary = g.primary == name_ && me_listed;
-  // Backups the replicator asked to drop (DropBackup), taken for this step;
-  // given back if the layout changed under it (another group's write won):
-  // lost, a silent backup would stay listed until its lease ended, and the
-  // primary's acknowledgements wait for it meanwhile.
-  std::vector<std::pair<std::string, bool>> broken;
-  uint64_t dropped = 0;
-  bool change = false;  // roles changed: a new epoch
-  bool bind = false;    // only incarnations bound
-  if (me_listed && g.incarnations.count(name_) == 0) {
+  st->was_primary = g.primary == name_ && st->me_listed;
+  if (st->me_listed && g.incarnations.count(name_) == 0) {
     g.incarnations[name_] = incarnation_;
     seen_[name_] = incarnation_;
-    bind = true;
+    st->bind = true;
   }
+}
+
+void Membership::ChangeRoles(StepState* st) {
+  const GroupLayout& g = *st->g;
   uint64_t suspect = 0;
   {
     MutexLock l(&mu_);
     suspect = suspect_epoch_;
   }
   const bool suspected = suspect == g.epoch && suspect > 0;
-  if (me_listed && g.primary != name_ && (gone(g.primary) || suspected)) {
-    std::string first;
-    for (const std::string& b : g.backups) {
-      if (is_alive(b)) {
-        first = b;
-        break;
-      }
-    }
-    if (first == name_) {
-      GroupLayout next;
-      next.primary = name_;
-      for (const std::string& b : g.backups)
-        if (b != name_ && !gone(b)) next.backups.push_back(b);
-      LOG(WARNING) << "primary " << (g.primary.empty() ? "?" : g.primary)
-                   << " of group " << options_.group
-                   << (gone(g.primary) ? " is gone: " : " is silent: ") << name_
-                   << " takes over (epoch " << layout.epoch + 1 << ")";
-      if (!gone(g.primary)) ++counters_.suspicions;
-      for (const auto& [n, i] : g.incarnations) {
-        if (n == next.primary || listed_in(next, n)) {
-          next.incarnations[n] = i;
-        } else {
-          deposed_[n] = {i,
-                         now};  // not a spare to copy to while its key lingers
-        }
-      }
-      g = next;
-      change = true;
-    }
-  } else if (me_listed && g.primary == name_) {
-    std::vector<std::string> keep;
-    {
-      MutexLock l(&mu_);
-      broken.swap(drop_backups_);
-    }
-    for (const std::string& b : g.backups) {
-      auto it = alive.find(b);
-      auto drop =
-          it == alive.end()
-              ? broken.end()
-              : std::find_if(broken.begin(), broken.end(), [&](const auto& d) {
-                  return d.first == it->second.endpoint;
-                });
-      if (drop != broken.end()) {
-        LOG(WARNING) << "backup " << b << " of group " << options_.group
-                     << (drop->second ? " is silent" : " diverged")
-                     << ": dropped (epoch " << layout.epoch + 1 << ")";
-        ++dropped;
-        if (drop->second && g.incarnations.count(b))
-          deposed_[b] = {g.incarnations.at(b), now};
-        g.incarnations.erase(b);
-        change = true;
-        continue;
-      }
-      if (gone(b)) {
-        LOG(WARNING) << "backup " << b << " of group " << options_.group
-                     << " is gone: dropped (epoch " << layout.epoch + 1 << ")";
-        ++dropped;
-        if (g.incarnations.count(b)) deposed_[b] = {g.incarnations.at(b), now};
-        g.incarnations.erase(b);
-        change = true;
-      } else {
-        keep.push_back(b);
-      }
-    }
-    g.backups = std::move(keep);
-  } else if (!me_listed && gone(g.primary) &&
-             std::none_of(g.backups.begin(), g.backups.end(), is_alive) &&
+  if (st->me_listed && g.primary != name_ &&
+      (st->Gone(g.primary) || suspected)) {
+    TakeOverIfFirst(st);
+  } else if (st->me_listed && g.primary == name_) {
+    DropBrokenBackups(st);
+  } else if (!st->me_listed && st->Gone(g.primary) &&
+             std::none_of(
+                 g.backups.begin(), g.backups.end(),
+                 [st](const std::string& b) { return st->IsAlive(b); }) &&
              (g.primary.empty() || g.primary == name_)) {
-    // No process of the group holds its state any more (every replica was
-    // lost, or there was only one): the last primary, started again under
-    // its name, resumes from what its own store holds, as a lone restarted
-    // shard does (whatever was acknowledged after that store's last write
-    // is lost with the group, unless the shard is --durable). Any other
-    // spare waits for it: its store stopped at some older epoch (it was
-    // dropped, or never caught up), and resuming from it would lose every
-    // write the last primary acknowledged since.
-    LOG(WARNING) << "group " << options_.group
-                 << " has no live replica: " << name_
-                 << " resumes it from its own store (epoch " << layout.epoch + 1
-                 << ")";
-    g.primary = name_;
-    g.backups.clear();
-    g.incarnations.clear();
-    g.incarnations[name_] = incarnation_;
-    seen_[name_] = incarnation_;
-    change = true;
+    ResumeLoneGroup(st);
   }
-  std::vector<std::string> add;
-  if (g.primary == name_ && g.incarnations.count(name_) &&
-      g.incarnations.at(name_) == incarnation_) {
-    // Spares whose state this primary copied: list them as backups.
-    {
-      MutexLock l(&mu_);
-      add.swap(add_backups_);
-    }
-    for (const std::string& endpoint : add) {
-      for (const auto& [n, m] : alive) {
-        if (m.endpoint != endpoint || m.group != options_.group || n == name_ ||
-            listed_in(g, n))
-          continue;
-        seen_[n] = m.incarnation;
-        g.incarnations[n] = m.incarnation;
-        LOG(INFO) << "spare " << n << " of group " << options_.group
-                  << " holds the primary's state: listed as a backup (epoch "
-                  << layout.epoch + 1 << ")";
-        g.backups.push_back(n);
-        ++counters_.backups_added;
-        change = true;
-      }
+}
+
+// A backup whose primary is gone or silent: the first live backup takes
+// over.
+void Membership::TakeOverIfFirst(StepState* st) {
+  GroupLayout& g = *st->g;
+  std::string first;
+  for (const std::string& b : g.backups) {
+    if (st->IsAlive(b)) {
+      first = b;
+      break;
     }
   }
-  if (change || bind) {
-    if (change) g.epoch = ++layout.epoch;
-    // Not written (a conflict or an etcd error): what this step took is
-    // asked for again, at once.
-    auto retry = [&] {
-      MutexLock l(&mu_);
-      add_backups_.insert(add_backups_.end(), add.begin(), add.end());
-      drop_backups_.insert(drop_backups_.begin(), broken.begin(), broken.end());
-      wake_ = true;
-    };
-    StatusOr<bool> written =
-        etcd_->CompareAndPut(layout_key, layout.ToJson(), kv->mod_revision);
-    if (!written.ok()) {
-      retry();
-      return written.status();
+  if (first != name_) return;
+  GroupLayout next;
+  next.primary = name_;
+  for (const std::string& b : g.backups)
+    if (b != name_ && !st->Gone(b)) next.backups.push_back(b);
+  LOG(WARNING) << "primary " << (g.primary.empty() ? "?" : g.primary)
+               << " of group " << options_.group
+               << (st->Gone(g.primary) ? " is gone: " : " is silent: ") << name_
+               << " takes over (epoch " << st->layout.epoch + 1 << ")";
+  if (!st->Gone(g.primary)) ++counters_.suspicions;
+  for (const auto& [n, i] : g.incarnations) {
+    if (n == next.primary || ListedIn(next, n)) {
+      next.incarnations[n] = i;
+    } else {
+      deposed_[n] = {i,
+                     st->now};  // not a spare to copy to while its key lingers
     }
-    if (!*written) {
-      ++counters_.cas_conflicts;
-      if (change) {
-        LOG(WARNING) << "group " << options_.group << ": the layout changed "
-                     << "before epoch " << layout.epoch
-                     << " was written (another group's change): trying again";
-      }
-      retry();
-      return Status::OK();
-    }
-    counters_.backups_dropped += dropped;
-    if (change && g.primary == name_ && !was_primary) ++counters_.promotions;
   }
+  g = next;
+  st->change = true;
+}
+
+// The primary: drops the backups the replicator gave up on and those gone.
+void Membership::DropBrokenBackups(StepState* st) {
+  GroupLayout& g = *st->g;
+  std::vector<std::pair<std::string, bool>>& broken = st->broken;
+  std::vector<std::string> keep;
+  {
+    MutexLock l(&mu_);
+    broken.swap(drop_backups_);
+  }
+  for (const std::string& b : g.backups) {
+    auto it = st->alive.find(b);
+    auto drop =
+        it == st->alive.end()
+            ? broken.end()
+            : std::find_if(broken.begin(), broken.end(), [&](const auto& d) {
+                return d.first == it->second.endpoint;
+              });
+    if (drop != broken.end()) {
+      LOG(WARNING) << "backup " << b << " of group " << options_.group
+                   << (drop->second ? " is silent" : " diverged")
+                   << ": dropped (epoch " << st->layout.epoch + 1 << ")";
+      ++st->dropped;
+      if (drop->second && g.incarnations.count(b))
+        deposed_[b] = {g.incarnations.at(b), st->now};
+      g.incarnations.erase(b);
+      st->change = true;
+      continue;
+    }
+    if (st->Gone(b)) {
+      LOG(WARNING) << "backup " << b << " of group " << options_.group
+                   << " is gone: dropped (epoch " << st->layout.epoch + 1
+                   << ")";
+      ++st->dropped;
+      if (g.incarnations.count(b))
+        deposed_[b] = {g.incarnations.at(b), st->now};
+      g.incarnations.erase(b);
+      st->change = true;
+    } else {
+      keep.push_back(b);
+    }
+  }
+  g.backups = std::move(keep);
+}
+
+// No process of the group holds its state any more (every replica was
+// lost, or there was only one): the last primary, started again under
+// its name, resumes from what its own store holds, as a lone restarted
+// shard does (whatever was acknowledged after that store's last write
+// is lost with the group, unless the shard is --durable). Any other
+// spare waits for it: its store stopped at some older epoch (it was
+// dropped, or never caught up), and resuming from it would lose every
+// write the last primary acknowledged since.
+void Membership::ResumeLoneGroup(StepState* st) {
+  GroupLayout& g = *st->g;
+  LOG(WARNING) << "group " << options_.group
+               << " has no live replica: " << name_
+               << " resumes it from its own store (epoch "
+               << st->layout.epoch + 1 << ")";
+  g.primary = name_;
+  g.backups.clear();
+  g.incarnations.clear();
+  g.incarnations[name_] = incarnation_;
+  seen_[name_] = incarnation_;
+  st->change = true;
+}
+
+void Membership::ListAddedBackups(StepState* st) {
+  GroupLayout& g = *st->g;
+  if (!(g.primary == name_ && g.incarnations.count(name_) &&
+        g.incarnations.at(name_) == incarnation_))
+    return;
+  // Spares whose state this primary copied: list them as backups.
+  {
+    MutexLock l(&mu_);
+    st->add.swap(add_backups_);
+  }
+  for (const std::string& endpoint : st->add) {
+    for (const auto& [n, m] : st->alive) {
+      if (m.endpoint != endpoint || m.group != options_.group || n == name_ ||
+          ListedIn(g, n))
+        continue;
+      seen_[n] = m.incarnation;
+      g.incarnations[n] = m.incarnation;
+      LOG(INFO) << "spare " << n << " of group " << options_.group
+                << " holds the primary's state: listed as a backup (epoch "
+                << st->layout.epoch + 1 << ")";
+      g.backups.push_back(n);
+      ++counters_.backups_added;
+      st->change = true;
+    }
+  }
+}
+
+Status Membership::WriteLayout(StepState* st, bool* written_out) {
+  *written_out = true;
+  if (!st->change && !st->bind) return Status::OK();
+  GroupLayout& g = *st->g;
+  ReplicaLayout& layout = st->layout;
+  if (st->change) g.epoch = ++layout.epoch;
+  // Not written (a conflict or an etcd error): what this step took is
+  // asked for again, at once.
+  auto retry = [&] {
+    MutexLock l(&mu_);
+    add_backups_.insert(add_backups_.end(), st->add.begin(), st->add.end());
+    drop_backups_.insert(drop_backups_.begin(), st->broken.begin(),
+                         st->broken.end());
+    wake_ = true;
+  };
+  StatusOr<bool> written = etcd_->CompareAndPut(st->layout_key, layout.ToJson(),
+                                                st->kv.mod_revision);
+  if (!written.ok()) {
+    retry();
+    return written.status();
+  }
+  if (!*written) {
+    ++counters_.cas_conflicts;
+    if (st->change) {
+      LOG(WARNING) << "group " << options_.group << ": the layout changed "
+                   << "before epoch " << layout.epoch
+                   << " was written (another group's change): trying again";
+    }
+    retry();
+    *written_out = false;
+    return Status::OK();
+  }
+  counters_.backups_dropped += st->dropped;
+  if (st->change && g.primary == name_ && !st->was_primary)
+    ++counters_.promotions;
+  return Status::OK();
+}
+
+void Membership::PublishView(const StepState& st) {
+  const GroupLayout& g = *st.g;
   const bool me_now =
-      listed_in(g, name_) && (g.incarnations.count(name_) == 0 ||
-                              g.incarnations.at(name_) == incarnation_);
+      ListedIn(g, name_) && (g.incarnations.count(name_) == 0 ||
+                             g.incarnations.at(name_) == incarnation_);
 
   ReplicaView v;
   v.epoch = g.epoch;
   v.primary = me_now && g.primary == name_;
   v.backup = me_now && std::find(g.backups.begin(), g.backups.end(), name_) !=
                            g.backups.end();
-  if (is_alive(g.primary)) {
-    const Member& pm = alive[g.primary];
+  if (st.IsAlive(g.primary)) {
+    const Member& pm = st.alive.at(g.primary);
     v.primary_endpoint = pm.endpoint;
     v.primary_name = g.primary;
     v.primary_incarnation = pm.incarnation;  // the one the layout binds
     v.primary_replica_key = pm.replica_key;
   }
-  for (const auto& [n, m] : alive) {
+  for (const auto& [n, m] : st.alive) {
     if (m.group != options_.group) continue;
     v.members.push_back(ReplicaMember{n, m.incarnation, m.endpoint,
                                       m.replica_key, m.server_key});
   }
   if (v.primary) {
     for (const std::string& b : g.backups) {
-      if (is_alive(b)) {
-        v.backup_endpoints.push_back(alive[b].endpoint);
+      if (st.IsAlive(b)) {
+        v.backup_endpoints.push_back(st.alive.at(b).endpoint);
       } else {
         v.waiting_for_backups = true;  // listed, not seen yet, in the grace
       }
     }
-    for (const auto& [n, m] : alive) {
+    for (const auto& [n, m] : st.alive) {
       // A dropped process's key lingers until its lease ends (a dead one)
       // or stays (one that was cut off and is back: a spare to copy to).
       auto d = deposed_.find(n);
       const bool lingering =
           d != deposed_.end() && d->second.first == m.incarnation &&
-          now - d->second.second <
+          st.now - d->second.second <
               2 * options_.lease_ttl + std::chrono::seconds(1);
-      if (m.group == options_.group && !listed_in(g, n) && !lingering)
+      if (m.group == options_.group && !ListedIn(g, n) && !lingering)
         v.spare_endpoints.push_back(m.endpoint);
     }
   }
@@ -505,7 +594,6 @@ Status Membership::Step(SteadyClock::time_point now) {
   view_ = v;
   ++published_;
   published_cv_.SignalAll();
-  return Status::OK();
 }
 
 void Membership::Run() {

@@ -169,6 +169,21 @@ class Membership {
   // Reads (or creates) the group's secret in etcd into group_secret_.
   Status FetchGroupSecret();
   Status Step(std::chrono::steady_clock::time_point now);
+  // The parts of Step, in order; each reads and fills `st`.
+  struct StepState;
+  // Reads the layout and the live members; `read_again` when this step
+  // ends here (it added this group to the layout).
+  Status ReadLayout(StepState* st, bool* read_again);
+  void BindMembers(StepState* st);
+  void ChangeRoles(StepState* st);
+  void TakeOverIfFirst(StepState* st);
+  void DropBrokenBackups(StepState* st);
+  void ResumeLoneGroup(StepState* st);
+  void ListAddedBackups(StepState* st);
+  // Writes the layout when roles changed or incarnations were bound;
+  // `written` false when another write won (the step ends, asked again).
+  Status WriteLayout(StepState* st, bool* written);
+  void PublishView(const StepState& st);
   Status KeepAlive(std::chrono::steady_clock::time_point now);
   void Run();
 

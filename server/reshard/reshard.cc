@@ -453,31 +453,43 @@ std::string ChunkingSummary(const Layout& l) {
          std::to_string(largest) + " floats";
 }
 
-}  // namespace
+// What one Reshard carries from each of its steps to the next.
+struct ReshardState {
+  ReshardState(const std::vector<Store*>& from, const std::vector<Store*>& to,
+               const ReshardOptions& options)
+      : from(from), to(to), options(options) {}
 
-Status Reshard(const std::vector<Store*>& from, const std::vector<Store*>& to,
-               const ReshardOptions& options, ReshardReport* report_out) {
+  const std::vector<Store*>& from;
+  const std::vector<Store*>& to;
+  const ReshardOptions& options;
+  int S = 0, T = 0;  // source and destination shards
   ReshardReport report;
-  const int S = static_cast<int>(from.size());
-  const int T = static_cast<int>(to.size());
-  if (S < 1) return Status::InvalidArgument("no source store given");
-  if (T < 1) return Status::InvalidArgument("no destination store given");
-  if (S > 4096 || T > 4096)
-    return Status::InvalidArgument("at most 4096 shards");
-  for (Store* s : from) {
-    if (s == nullptr) return Status::InvalidArgument("a source store is null");
-  }
-  for (Store* s : to) {
-    if (s == nullptr)
-      return Status::InvalidArgument("a destination store is null");
-  }
-  report.from_shards = S;
-  report.to_shards = T;
+  // 1. The sources' default-space records, their model and sparse tables.
+  std::vector<Source> sources;
+  std::vector<TensorSpec> tensors;
+  LayoutOptions lo;
+  uint32_t num_workers = 0;
+  std::vector<TableSpec> specs;
+  // 2. The layouts for S and T shards.
+  std::optional<Layout> old_layout, new_layout;
+  // 3. Re-cut chunk records (report.recut), by new chunk id.
+  std::vector<std::optional<std::string>> recut;
+  // 4. The clock each source's rows expire by; rows that expired.
+  std::vector<int64_t> expiry_clock;
+  uint64_t expired = 0;
+  // 5. The destinations' sparse key spaces, by table.
+  std::vector<std::vector<SpaceId>> to_spaces;
+  // 6. Each destination's batch of rows not written yet.
+  std::vector<std::unique_ptr<StoreBatch>> batches;
+};
 
-  // 1. Read and check the sources' default-space records.
-  std::vector<Source> sources(S);
+// 1. Read and check the sources' default-space records.
+Status ReadSources(ReshardState* st) {
+  const int S = st->S;
+  std::vector<Source>& sources = st->sources;
+  sources.resize(S);
   for (int i = 0; i < S; ++i) {
-    RETURN_IF_ERROR(ReadSource(from[i], i, &sources[i], &report));
+    RETURN_IF_ERROR(ReadSource(st->from[i], i, &sources[i], &st->report));
     if (!sources[i].layout) {
       return Status::FailedPrecondition(
           SourceName(i) +
@@ -485,15 +497,14 @@ Status Reshard(const std::vector<Store*>& from, const std::vector<Store*>& to,
           "is it a shard's store, and was a model registered?");
     }
   }
-  std::vector<TensorSpec> tensors;
-  LayoutOptions lo;
   {
-    Status s = internal::ParseLayoutRecord(*sources[0].layout, &tensors, &lo);
+    Status s =
+        internal::ParseLayoutRecord(*sources[0].layout, &st->tensors, &st->lo);
     if (!s.ok()) return Damaged(0, kLayoutKey, s.message());
   }
-  if (lo.num_shards != S) {
+  if (st->lo.num_shards != S) {
     return Status::FailedPrecondition(
-        "the sources hold a model of " + std::to_string(lo.num_shards) +
+        "the sources hold a model of " + std::to_string(st->lo.num_shards) +
         " shards, " + std::to_string(S) +
         " stores were given: give every shard's store, in shard order");
   }
@@ -505,7 +516,7 @@ Status Reshard(const std::vector<Store*>& from, const std::vector<Store*>& to,
           "from source 0's)");
     }
   }
-  uint32_t num_workers = 0;
+  uint32_t& num_workers = st->num_workers;
   for (int i = 0; i < S; ++i) {
     if (!sources[i].state) continue;
     if (sources[i].state_num_shards != S) {
@@ -522,13 +533,19 @@ Status Reshard(const std::vector<Store*>& from, const std::vector<Store*>& to,
           " workers, another source for " + std::to_string(num_workers));
     }
   }
+  return Status::OK();
+}
+
+// 1. (continued) The sources' sparse tables and sparse state records.
+Status ReadSparseSources(ReshardState* st) {
+  const int S = st->S;
+  std::vector<Source>& sources = st->sources;
   for (int i = 1; i < S; ++i) {
     if (sources[i].tables != sources[0].tables) {
       return Status::FailedPrecondition(
           SourceName(i) + " holds other sparse tables than source 0");
     }
   }
-  std::vector<TableSpec> specs;
   if (sources[0].tables) {
     StatusOr<std::vector<TableSpec>> parsed =
         sparse::SparseTables::ParseSpecs(*sources[0].tables);
@@ -536,7 +553,7 @@ Status Reshard(const std::vector<Store*>& from, const std::vector<Store*>& to,
       return Damaged(0, sparse::SparseTables::kTablesKey,
                      parsed.status().message());
     }
-    specs = std::move(parsed).value();
+    st->specs = std::move(parsed).value();
   }
   for (int i = 0; i < S; ++i) {
     Source& src = sources[i];
@@ -546,60 +563,72 @@ Status Reshard(const std::vector<Store*>& from, const std::vector<Store*>& to,
                      "sparse state without tables");
     }
     SparseState ss;
-    Status s = ParseSparseState(src.sparse_value, specs, i, S, &ss);
+    Status s = ParseSparseState(src.sparse_value, st->specs, i, S, &ss);
     if (!s.ok())
       return Damaged(i, sparse::SparseTables::kStateKey, s.message());
     src.sparse = std::move(ss);
   }
+  return Status::OK();
+}
 
-  // 2. The layouts for S and T shards: the same chunks (records copied), or
-  // the tensors cut differently (records re-cut).
-  lo.num_shards = S;
+// 2. The layouts for S and T shards: the same chunks (records copied), or
+// the tensors cut differently (records re-cut).
+Status CutLayouts(ReshardState* st) {
+  LayoutOptions& lo = st->lo;
+  lo.num_shards = st->S;
   // A damaged record could still parse into a layout of billions of chunks:
   // measured first, and refused past what the shards themselves accept.
-  StatusOr<LayoutSize> size = Layout::Measure(tensors, lo);
+  StatusOr<LayoutSize> size = Layout::Measure(st->tensors, lo);
   if (!size.ok() || size->num_chunks > kMaxChunks) {
     return Damaged(0, kLayoutKey,
                    size.ok() ? std::to_string(size->num_chunks) + " chunks"
                              : "invalid layout: " + size.status().message());
   }
-  StatusOr<Layout> old_layout = Layout::Create(tensors, lo);
+  StatusOr<Layout> old_layout = Layout::Create(st->tensors, lo);
   if (!old_layout.ok()) {
     return Damaged(0, kLayoutKey,
                    "invalid layout: " + old_layout.status().message());
   }
+  st->old_layout.emplace(std::move(*old_layout));
   LayoutOptions new_lo = lo;
-  new_lo.num_shards = T;
-  ASSIGN_OR_RETURN(Layout new_layout, Layout::Create(tensors, new_lo));
-  bool same = old_layout->chunks().size() == new_layout.chunks().size();
-  for (size_t c = 0; same && c < new_layout.chunks().size(); ++c) {
-    const ChunkSpec& a = old_layout->chunks()[c];
-    const ChunkSpec& b = new_layout.chunks()[c];
+  new_lo.num_shards = st->T;
+  ASSIGN_OR_RETURN(Layout new_layout, Layout::Create(st->tensors, new_lo));
+  st->new_layout.emplace(std::move(new_layout));
+  const Layout& a_layout = *st->old_layout;
+  const Layout& b_layout = *st->new_layout;
+  bool same = a_layout.chunks().size() == b_layout.chunks().size();
+  for (size_t c = 0; same && c < b_layout.chunks().size(); ++c) {
+    const ChunkSpec& a = a_layout.chunks()[c];
+    const ChunkSpec& b = b_layout.chunks()[c];
     same = a.tensor == b.tensor && a.offset == b.offset &&
            a.num_elems == b.num_elems;
   }
-  report.recut = !same;
-  if (report.recut) {
-    LOG(INFO) << "the model is cut differently for " << T << " shards ("
-              << ChunkingSummary(new_layout) << ") than for " << S << " ("
-              << ChunkingSummary(*old_layout)
+  st->report.recut = !same;
+  if (st->report.recut) {
+    LOG(INFO) << "the model is cut differently for " << st->T << " shards ("
+              << ChunkingSummary(b_layout) << ") than for " << st->S << " ("
+              << ChunkingSummary(a_layout)
               << "): chunk records are re-cut element by element";
   }
-  report.chunks = new_layout.chunks().size();
+  st->report.chunks = b_layout.chunks().size();
+  return Status::OK();
+}
 
-  // 3. Check every chunk record.
+// 3. Check every chunk record.
+Status CheckChunkRecords(const ReshardState& st) {
+  const Layout& old_layout = *st.old_layout;
   uint32_t spe = ~uint32_t{0};
-  for (int i = 0; i < S; ++i) {
-    for (const auto& [id, kv] : sources[i].chunks) {
-      if (id >= old_layout->chunks().size() ||
-          old_layout->chunks()[id].shard != i) {
+  for (int i = 0; i < st.S; ++i) {
+    for (const auto& [id, kv] : st.sources[i].chunks) {
+      if (id >= old_layout.chunks().size() ||
+          old_layout.chunks()[id].shard != i) {
         return Damaged(
             i, kv.first,
             "chunk " + std::to_string(id) + " is not one of this shard's");
       }
       internal::ChunkRecord rec;
       Status s = internal::ParseChunkRecord(
-          kv.second, old_layout->chunks()[id].num_elems, &rec);
+          kv.second, old_layout.chunks()[id].num_elems, &rec);
       if (!s.ok()) return Damaged(i, kv.first, s.message());
       const uint32_t chunk_spe = rec.state_per_elem;
       if (spe == ~uint32_t{0}) spe = chunk_spe;
@@ -610,58 +639,69 @@ Status Reshard(const std::vector<Store*>& from, const std::vector<Store*>& to,
       }
     }
   }
+  return Status::OK();
+}
 
-  // Re-cut chunk records, built before anything is written (a refusal
-  // leaves the destinations untouched).
-  std::vector<std::optional<std::string>> recut(
-      report.recut ? new_layout.chunks().size() : 0);
-  if (report.recut) {
-    internal::RecutStats stats;
-    auto record = [&](uint32_t id) -> const std::string* {
-      const Source& src = sources[old_layout->chunks()[id].shard];
-      auto it = src.chunks.find(id);
-      return it == src.chunks.end() ? nullptr : &it->second.second;
-    };
-    for (const ChunkSpec& c : new_layout.chunks()) {
-      std::string value;
-      bool has = false;
-      RETURN_IF_ERROR(
-          internal::RecutChunk(*old_layout, c, record, &value, &has, &stats)
-              .WithContext("re-cutting chunk " + std::to_string(c.id) +
-                           " of the layout for " + std::to_string(T) +
-                           " shards"));
-      if (has) recut[c.id] = std::move(value);
-    }
-    report.recut_chunks = stats.recut_chunks;
-    report.step_mismatches = stats.step_mismatches;
-    if (stats.step_mismatches > 0) {
-      LOG(WARNING) << stats.step_mismatches
-                   << " re-cut chunks are made of pieces with different "
-                      "optimizer steps: each takes the largest";
-    }
+// Re-cut chunk records, built before anything is written (a refusal
+// leaves the destinations untouched).
+Status RecutChunkRecords(ReshardState* st) {
+  st->recut.assign(st->report.recut ? st->new_layout->chunks().size() : 0,
+                   std::nullopt);
+  if (!st->report.recut) return Status::OK();
+  const Layout& old_layout = *st->old_layout;
+  internal::RecutStats stats;
+  auto record = [&](uint32_t id) -> const std::string* {
+    const Source& src = st->sources[old_layout.chunks()[id].shard];
+    auto it = src.chunks.find(id);
+    return it == src.chunks.end() ? nullptr : &it->second.second;
+  };
+  for (const ChunkSpec& c : st->new_layout->chunks()) {
+    std::string value;
+    bool has = false;
+    RETURN_IF_ERROR(
+        internal::RecutChunk(old_layout, c, record, &value, &has, &stats)
+            .WithContext("re-cutting chunk " + std::to_string(c.id) +
+                         " of the layout for " + std::to_string(st->T) +
+                         " shards"));
+    if (has) st->recut[c.id] = std::move(value);
   }
+  st->report.recut_chunks = stats.recut_chunks;
+  st->report.step_mismatches = stats.step_mismatches;
+  if (stats.step_mismatches > 0) {
+    LOG(WARNING) << stats.step_mismatches
+                 << " re-cut chunks are made of pieces with different "
+                    "optimizer steps: each takes the largest";
+  }
+  return Status::OK();
+}
 
-  // 4. Check every sparse record (the sources are read twice: nothing is
-  // written before all of them passed).
-  std::vector<int64_t> expiry_clock(S, 0);
+// 4. Check every sparse record (the sources are read twice: nothing is
+// written before all of them passed).
+Status CheckSparseRecords(ReshardState* st) {
+  const int S = st->S;
+  st->expiry_clock.assign(S, 0);
   for (int i = 0; i < S; ++i) {
-    if (sources[i].sparse) expiry_clock[i] = sources[i].sparse->clock;
+    if (st->sources[i].sparse)
+      st->expiry_clock[i] = st->sources[i].sparse->clock;
   }
-  uint64_t expired = 0;
   for (int i = 0; i < S; ++i) {
-    for (size_t t = 0; t < specs.size(); ++t) {
+    for (size_t t = 0; t < st->specs.size(); ++t) {
       RETURN_IF_ERROR(ForEachRow(
-          from[i], i, S, t, specs[t], expiry_clock[i], &expired,
+          st->from[i], i, S, t, st->specs[t], st->expiry_clock[i], &st->expired,
           [](std::string_view, std::string_view) { return Status::OK(); }));
     }
   }
+  return Status::OK();
+}
 
-  // 5. The destinations must be empty.
-  std::vector<std::vector<SpaceId>> to_spaces(T);
-  for (int j = 0; j < T; ++j) {
+// 5. The destinations must be empty.
+Status OpenEmptyDestinations(ReshardState* st) {
+  st->to_spaces.assign(st->T, {});
+  for (int j = 0; j < st->T; ++j) {
+    Store* to = st->to[j];
     std::optional<std::string> first;
     Status scanned =
-        to[j]->Scan([&](std::string_view key, std::string_view) -> Status {
+        to->Scan([&](std::string_view key, std::string_view) -> Status {
           first.emplace(key);
           return Status::Cancelled("found");
         });
@@ -671,11 +711,11 @@ Status Reshard(const std::vector<Store*>& from, const std::vector<Store*>& to,
           Printable(*first) + "\"): give new, empty stores");
     }
     RETURN_IF_ERROR(scanned.WithContext("destination " + std::to_string(j)));
-    for (size_t t = 0; t < specs.size(); ++t) {
-      const std::string name = sparse::SparseTables::SpaceName(t, specs[t]);
-      ASSIGN_OR_RETURN(SpaceId space, to[j]->OpenSpace(name));
+    for (size_t t = 0; t < st->specs.size(); ++t) {
+      const std::string name = sparse::SparseTables::SpaceName(t, st->specs[t]);
+      ASSIGN_OR_RETURN(SpaceId space, to->OpenSpace(name));
       bool any = false;
-      Status s = to[j]->ScanSpace(
+      Status s = to->ScanSpace(
           space, [&](std::string_view, std::string_view) -> Status {
             any = true;
             return Status::Cancelled("found");
@@ -686,55 +726,53 @@ Status Reshard(const std::vector<Store*>& from, const std::vector<Store*>& to,
             name + " holds records): give new, empty stores");
       }
       RETURN_IF_ERROR(s.WithContext("destination " + std::to_string(j)));
-      to_spaces[j].push_back(space);
+      st->to_spaces[j].push_back(space);
     }
   }
+  return Status::OK();
+}
 
-  report.chunks_per_shard.assign(T, 0);
-  report.rows_per_shard.assign(T, 0);
-  report.bytes_per_shard.assign(T, 0);
-  for (const ChunkSpec& c : new_layout.chunks()) {
-    ++report.chunks_per_shard[c.shard];
-    report.bytes_per_shard[c.shard] += c.num_elems * sizeof(float);
-  }
-  report.expired_rows = expired;
-  if (options.dry_run) {
-    if (report_out != nullptr) *report_out = std::move(report);
-    return Status::OK();
-  }
-
-  // 6. Rows: streamed from the sources into each destination's batch,
-  // written as partial writes when full; the rest goes with the cut.
-  std::vector<std::unique_ptr<StoreBatch>> batches(T);
-  for (int j = 0; j < T; ++j) batches[j] = to[j]->NewBatch();
+// 6. Rows: streamed from the sources into each destination's batch,
+// written as partial writes when full; the rest goes with the cut.
+Status CopySparseRows(ReshardState* st) {
+  const int T = st->T;
+  ReshardReport& report = st->report;
+  st->batches.resize(T);
+  for (int j = 0; j < T; ++j) st->batches[j] = st->to[j]->NewBatch();
   uint64_t ignored = 0;
-  for (int i = 0; i < S; ++i) {
-    for (size_t t = 0; t < specs.size(); ++t) {
+  for (int i = 0; i < st->S; ++i) {
+    for (size_t t = 0; t < st->specs.size(); ++t) {
       RETURN_IF_ERROR(ForEachRow(
-          from[i], i, S, t, specs[t], expiry_clock[i], &ignored,
+          st->from[i], i, st->S, t, st->specs[t], st->expiry_clock[i], &ignored,
           [&](std::string_view key, std::string_view value) -> Status {
             uint64_t k = 0;
             for (unsigned char c : key) k = (k << 8) | c;
-            const int j = ShardOfKey(specs[t], k, T);
-            batches[j]->Put(to_spaces[j][t], key, value, std::string_view());
+            const int j = ShardOfKey(st->specs[t], k, T);
+            StoreBatch* batch = st->batches[j].get();
+            batch->Put(st->to_spaces[j][t], key, value, std::string_view());
             ++report.rows;
             ++report.rows_per_shard[j];
-            if (batches[j]->bytes() >= options.batch_bytes) {
-              RETURN_IF_ERROR(to[j]
-                                  ->Write({}, batches[j].get(),
-                                          SyncMode::kNoSync,
-                                          WriteKind::kPartial)
-                                  .WithContext("writing rows to destination " +
-                                               std::to_string(j)));
-              batches[j]->Clear();
+            if (batch->bytes() >= st->options.batch_bytes) {
+              RETURN_IF_ERROR(
+                  st->to[j]
+                      ->Write({}, batch, SyncMode::kNoSync, WriteKind::kPartial)
+                      .WithContext("writing rows to destination " +
+                                   std::to_string(j)));
+              batch->Clear();
             }
             return Status::OK();
           }));
     }
   }
+  return Status::OK();
+}
 
-  // 7. Each destination's default-space records, in one cut with the rest
-  // of its rows.
+// 7. Each destination's default-space records, in one cut with the rest
+// of its rows.
+Status WriteDestinationRecords(ReshardState* st) {
+  const int T = st->T;
+  const std::vector<Source>& sources = st->sources;
+  ReshardReport& report = st->report;
   std::string layout_record = *sources[0].layout;
   {
     const uint32_t t32 = static_cast<uint32_t>(T);
@@ -748,25 +786,26 @@ Status Reshard(const std::vector<Store*>& from, const std::vector<Store*>& to,
                          *sources[0].tables,
                          {}});
       entries.push_back({std::string(sparse::SparseTables::kStateKey),
-                         MergedSparseState(sources, specs, j, T),
+                         MergedSparseState(sources, st->specs, j, T),
                          {}});
     }
-    if (num_workers > 0) {
+    if (st->num_workers > 0) {
       entries.push_back({std::string(kStateKey),
-                         MergedState(sources, j, T, num_workers),
+                         MergedState(sources, j, T, st->num_workers),
                          {}});
     }
-    for (uint32_t id : new_layout.shard_chunks(j)) {
+    for (uint32_t id : st->new_layout->shard_chunks(j)) {
       if (report.recut) {
-        if (!recut[id]) continue;  // never written: initial value
+        const std::optional<std::string>& value = st->recut[id];
+        if (!value) continue;  // never written: initial value
         StoreEntry e;
         e.key = internal::ChunkKey(id);
-        e.parts.push_back({recut[id]->data(), recut[id]->size()});
+        e.parts.push_back({value->data(), value->size()});
         entries.push_back(std::move(e));
         ++report.chunk_records;
         continue;
       }
-      const Source& src = sources[old_layout->chunks()[id].shard];
+      const Source& src = sources[st->old_layout->chunks()[id].shard];
       auto it = src.chunks.find(id);
       if (it == src.chunks.end()) continue;  // never written: initial value
       StoreEntry e;
@@ -776,10 +815,59 @@ Status Reshard(const std::vector<Store*>& from, const std::vector<Store*>& to,
       ++report.chunk_records;
     }
     RETURN_IF_ERROR(
-        to[j]
-            ->Write(entries, batches[j].get(), SyncMode::kSync, WriteKind::kCut)
+        st->to[j]
+            ->Write(entries, st->batches[j].get(), SyncMode::kSync,
+                    WriteKind::kCut)
             .WithContext("writing destination " + std::to_string(j)));
   }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status Reshard(const std::vector<Store*>& from, const std::vector<Store*>& to,
+               const ReshardOptions& options, ReshardReport* report_out) {
+  ReshardState st(from, to, options);
+  const int S = st.S = static_cast<int>(from.size());
+  const int T = st.T = static_cast<int>(to.size());
+  if (S < 1) return Status::InvalidArgument("no source store given");
+  if (T < 1) return Status::InvalidArgument("no destination store given");
+  if (S > 4096 || T > 4096)
+    return Status::InvalidArgument("at most 4096 shards");
+  for (Store* s : from) {
+    if (s == nullptr) return Status::InvalidArgument("a source store is null");
+  }
+  for (Store* s : to) {
+    if (s == nullptr)
+      return Status::InvalidArgument("a destination store is null");
+  }
+  ReshardReport& report = st.report;
+  report.from_shards = S;
+  report.to_shards = T;
+
+  RETURN_IF_ERROR(ReadSources(&st));            // 1.
+  RETURN_IF_ERROR(ReadSparseSources(&st));      // 1.
+  RETURN_IF_ERROR(CutLayouts(&st));             // 2.
+  RETURN_IF_ERROR(CheckChunkRecords(st));       // 3.
+  RETURN_IF_ERROR(RecutChunkRecords(&st));      // 3.
+  RETURN_IF_ERROR(CheckSparseRecords(&st));     // 4.
+  RETURN_IF_ERROR(OpenEmptyDestinations(&st));  // 5.
+
+  report.chunks_per_shard.assign(T, 0);
+  report.rows_per_shard.assign(T, 0);
+  report.bytes_per_shard.assign(T, 0);
+  for (const ChunkSpec& c : st.new_layout->chunks()) {
+    ++report.chunks_per_shard[c.shard];
+    report.bytes_per_shard[c.shard] += c.num_elems * sizeof(float);
+  }
+  report.expired_rows = st.expired;
+  if (options.dry_run) {
+    if (report_out != nullptr) *report_out = std::move(report);
+    return Status::OK();
+  }
+
+  RETURN_IF_ERROR(CopySparseRows(&st));           // 6.
+  RETURN_IF_ERROR(WriteDestinationRecords(&st));  // 7.
   if (report_out != nullptr) *report_out = std::move(report);
   return Status::OK();
 }

@@ -253,122 +253,118 @@ worker::StateValues CheckedState(PyClient& self, const py::object& state) {
   return out;
 }
 
+// Client.upload: see its docstring in AddAssignMethods.
+bool Upload(PyClient& self, const py::sequence& arrays, bool overwrite,
+            uint64_t max_request_bytes, double timeout_s,
+            const py::sequence& rows, const py::object& state,
+            const py::sequence& clear) {
+  if (!self.registered()) {
+    Raise(Status::FailedPrecondition(
+        "upload before register(): register the model first"));
+  }
+  std::vector<float*> ptrs =
+      CheckedBuffers(arrays, self.specs(), false, "upload");
+  std::vector<const float*> values(ptrs.begin(), ptrs.end());
+  std::vector<py::object> keep;
+  std::vector<worker::RowsValues> row_values = CheckedRows(self, rows, &keep);
+  // Tables cleared first (kAssign phase 8): their rows entry, or an
+  // entry of no rows.
+  for (py::handle item : clear) {
+    const uint32_t table = TableIndex(self, item, "clear");
+    auto it = std::find_if(
+        row_values.begin(), row_values.end(),
+        [&](const worker::RowsValues& r) { return r.table == table; });
+    if (it == row_values.end()) {
+      row_values.emplace_back();
+      row_values.back().table = table;
+      it = row_values.end() - 1;
+    } else if (it->clear) {
+      Raise(Status::InvalidArgument(
+          "clear: table '" + self.tables()[table].name + "' named twice"));
+    }
+    it->clear = true;
+  }
+  worker::UploadOptions o;
+  o.overwrite = overwrite;
+  o.max_request_bytes = max_request_bytes;
+  o.timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0));
+  worker::StateValues st;
+  if (!state.is_none()) st = CheckedState(self, state);
+  bool uploaded = false;
+  ThrowIfError(self.Run([&] {
+    return worker::UploadValues(self.get(), values, o, &uploaded, row_values,
+                                state.is_none() ? nullptr : &st);
+  }));
+  return uploaded;
+}
+
+// Client.optimizer_state: (k, k lists of arrays, steps, chunk steps).
+py::tuple OptimizerState(PyClient& self, double timeout_s) {
+  if (!self.registered()) {
+    Raise(Status::FailedPrecondition("optimizer_state before register()"));
+  }
+  worker::OptimizerState st;
+  ThrowIfError(self.Run([&] {
+    return self.get()->ReadOptimizerState(
+        &st,
+        std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0)));
+  }));
+  py::list slots;
+  for (auto& slot : st.slots) {
+    py::list tensors;
+    for (size_t t = 0; t < slot.size(); ++t) {
+      const auto& shape = self.specs()[t].shape;
+      std::vector<py::ssize_t> dims(shape.begin(), shape.end());
+      py::array_t<float> a(dims);
+      std::memcpy(a.mutable_data(), slot[t].data(),
+                  slot[t].size() * sizeof(float));
+      tensors.append(a);
+    }
+    slots.append(tensors);
+  }
+  py::list steps;
+  for (const auto& ids : TensorChunks(self.get()->layout())) {
+    py::array_t<uint64_t> a(static_cast<py::ssize_t>(ids.size()));
+    for (size_t j = 0; j < ids.size(); ++j)
+      a.mutable_data()[j] =
+          ids[j] < st.chunk_steps.size() ? st.chunk_steps[ids[j]] : 0;
+    steps.append(a);
+  }
+  return py::make_tuple(st.per_weight, slots, st.steps, steps);
+}
+
 }  // namespace
 
 void AddAssignMethods(py::class_<PyClient, std::shared_ptr<PyClient>>& c) {
-  c.def(
-       "upload",
-       [](PyClient& self, const py::sequence& arrays, bool overwrite,
-          uint64_t max_request_bytes, double timeout_s,
-          const py::sequence& rows, const py::object& state,
-          const py::sequence& clear) {
-         if (!self.registered()) {
-           Raise(Status::FailedPrecondition(
-               "upload before register(): register the model first"));
-         }
-         std::vector<float*> ptrs =
-             CheckedBuffers(arrays, self.specs(), false, "upload");
-         std::vector<const float*> values(ptrs.begin(), ptrs.end());
-         std::vector<py::object> keep;
-         std::vector<worker::RowsValues> row_values =
-             CheckedRows(self, rows, &keep);
-         // Tables cleared first (kAssign phase 8): their rows entry, or an
-         // entry of no rows.
-         for (py::handle item : clear) {
-           const uint32_t table = TableIndex(self, item, "clear");
-           auto it = std::find_if(
-               row_values.begin(), row_values.end(),
-               [&](const worker::RowsValues& r) { return r.table == table; });
-           if (it == row_values.end()) {
-             row_values.emplace_back();
-             row_values.back().table = table;
-             it = row_values.end() - 1;
-           } else if (it->clear) {
-             Raise(Status::InvalidArgument("clear: table '" +
-                                           self.tables()[table].name +
-                                           "' named twice"));
-           }
-           it->clear = true;
-         }
-         worker::UploadOptions o;
-         o.overwrite = overwrite;
-         o.max_request_bytes = max_request_bytes;
-         o.timeout = std::chrono::milliseconds(
-             static_cast<int64_t>(timeout_s * 1000.0));
-         worker::StateValues st;
-         if (!state.is_none()) st = CheckedState(self, state);
-         bool uploaded = false;
-         ThrowIfError(self.Run([&] {
-           return worker::UploadValues(self.get(), values, o, &uploaded,
-                                       row_values,
-                                       state.is_none() ? nullptr : &st);
-         }));
-         return uploaded;
-       },
-       py::arg("values"), py::arg("overwrite") = false,
-       py::arg("max_request_bytes") = uint64_t{16} << 20,
-       py::arg("timeout_s") = 600.0, py::arg("rows") = py::list(),
-       py::arg("state") = py::none(), py::arg("clear") = py::list(),
-       "Makes `values` (float32 arrays, one per registered tensor) the "
-       "shards' weights, unless another worker's upload wins the race or "
-       "the shards' values are final (trained or uploaded) and not "
-       "`overwrite`: then waits until that upload is complete. Returns True "
-       "when these values were written (worker/upload.h). `rows`: "
-       "(table index or name, uint64 keys, float32 (n, dim) values) per "
-       "sparse table, set in the same upload with zero optimizer state, or "
-       "(..., row optimizer name, float32 (n, dim x k) state, uint64 (n,) "
-       "steps) with that state (as read_rows gives it; a table running "
-       "another row optimizer refuses it). `state`: (optimizer name, k "
-       "lists of one float32 array per tensor, one uint64 array per tensor "
-       "of its chunks' optimizer steps or of one for all) becomes the "
-       "shards' optimizer state (kAssign phase 4; a shard running another "
-       "optimizer refuses it before any value is written); without it the "
-       "shards' optimizer state restarts from zero. `clear`: tables (index "
-       "or name) whose every entry each shard drops first (kAssign phase "
-       "8), so they hold exactly the rows given (a restore of a table "
-       "saved whole); other tables keep the rows of keys not given.")
-      .def(
-          "optimizer_state",
-          [](PyClient& self, double timeout_s) {
-            if (!self.registered()) {
-              Raise(Status::FailedPrecondition(
-                  "optimizer_state before register()"));
-            }
-            worker::OptimizerState st;
-            ThrowIfError(self.Run([&] {
-              return self.get()->ReadOptimizerState(
-                  &st, std::chrono::milliseconds(
-                           static_cast<int64_t>(timeout_s * 1000.0)));
-            }));
-            py::list slots;
-            for (auto& slot : st.slots) {
-              py::list tensors;
-              for (size_t t = 0; t < slot.size(); ++t) {
-                const auto& shape = self.specs()[t].shape;
-                std::vector<py::ssize_t> dims(shape.begin(), shape.end());
-                py::array_t<float> a(dims);
-                std::memcpy(a.mutable_data(), slot[t].data(),
-                            slot[t].size() * sizeof(float));
-                tensors.append(a);
-              }
-              slots.append(tensors);
-            }
-            py::list steps;
-            for (const auto& ids : TensorChunks(self.get()->layout())) {
-              py::array_t<uint64_t> a(static_cast<py::ssize_t>(ids.size()));
-              for (size_t j = 0; j < ids.size(); ++j)
-                a.mutable_data()[j] =
-                    ids[j] < st.chunk_steps.size() ? st.chunk_steps[ids[j]] : 0;
-              steps.append(a);
-            }
-            return py::make_tuple(st.per_weight, slots, st.steps, steps);
-          },
-          py::arg("timeout_s") = 120.0,
-          "The shards' optimizer state: (floats per weight k, k lists of "
-          "one float32 array per registered tensor -- Adam: m then v; "
-          "momentum and AdaGrad: one --, the most optimizer steps of any "
-          "chunk, one uint64 array per tensor of its chunks' steps in "
-          "offset order).")
+  c.def("upload", &Upload, py::arg("values"), py::arg("overwrite") = false,
+        py::arg("max_request_bytes") = uint64_t{16} << 20,
+        py::arg("timeout_s") = 600.0, py::arg("rows") = py::list(),
+        py::arg("state") = py::none(), py::arg("clear") = py::list(),
+        "Makes `values` (float32 arrays, one per registered tensor) the "
+        "shards' weights, unless another worker's upload wins the race or "
+        "the shards' values are final (trained or uploaded) and not "
+        "`overwrite`: then waits until that upload is complete. Returns True "
+        "when these values were written (worker/upload.h). `rows`: "
+        "(table index or name, uint64 keys, float32 (n, dim) values) per "
+        "sparse table, set in the same upload with zero optimizer state, or "
+        "(..., row optimizer name, float32 (n, dim x k) state, uint64 (n,) "
+        "steps) with that state (as read_rows gives it; a table running "
+        "another row optimizer refuses it). `state`: (optimizer name, k "
+        "lists of one float32 array per tensor, one uint64 array per tensor "
+        "of its chunks' optimizer steps or of one for all) becomes the "
+        "shards' optimizer state (kAssign phase 4; a shard running another "
+        "optimizer refuses it before any value is written); without it the "
+        "shards' optimizer state restarts from zero. `clear`: tables (index "
+        "or name) whose every entry each shard drops first (kAssign phase "
+        "8), so they hold exactly the rows given (a restore of a table "
+        "saved whole); other tables keep the rows of keys not given.")
+      .def("optimizer_state", &OptimizerState, py::arg("timeout_s") = 120.0,
+           "The shards' optimizer state: (floats per weight k, k lists of "
+           "one float32 array per registered tensor -- Adam: m then v; "
+           "momentum and AdaGrad: one --, the most optimizer steps of any "
+           "chunk, one uint64 array per tensor of its chunks' steps in "
+           "offset order).")
       .def(
           "read_rows",
           [](PyClient& self, uint32_t table, const KeysArray& keys,

@@ -339,9 +339,8 @@ std::shared_ptr<PyClient> MakeClient(
   return std::make_shared<PyClient>(std::move(o));
 }
 
-}  // namespace
-
-void BindClient(py::module_& m) {
+// TensorSpec: a tensor's name, shape and initialiser.
+void BindTensorSpec(py::module_& m) {
   py::class_<TensorSpec>(m, "TensorSpec", R"doc(
 One named tensor of a model: its shape and the shards' initialiser.
 
@@ -382,8 +381,11 @@ Initial values depend only on (seed, name, index).)doc")
                InitName(t.init) + "', " + std::to_string(t.init_param) + ", " +
                std::to_string(t.seed) + ")";
       });
+}
 
-  BindTables(m);
+// Client: a worker's connection to every shard, with its row and assign
+// methods.
+void BindClientClass(py::module_& m) {
   py::class_<PyClient, std::shared_ptr<PyClient>> client(m, "Client", R"doc(
 A worker's connection to every shard (worker/client.h). Thread-safe: calls
 are serialised. Blocking calls release the GIL and raise KeyboardInterrupt
@@ -482,7 +484,10 @@ authentication (psrun hands them to workers as ASYNCPS_ETCD_* variables).)doc");
           py::arg("timeout_s") = 10.0);
   AddRowMethods(client);
   AddAssignMethods(client);
+}
 
+// Store: one worker's parameter store.
+void BindStore(py::module_& m) {
   py::class_<PyStore>(m, "Store", R"doc(
 The parameter-server store of one worker (worker/ps_store.h): per step c,
 pull(c, bufs) -> compute -> push(c, grads) -> clock(c + 1).)doc")
@@ -582,6 +587,15 @@ pull(c, bufs) -> compute -> push(c, grads) -> clock(c + 1).)doc")
            "pull_wait_ns, encode_ns, last_staleness, resends.")
       .def("tensor_bytes", &PyStore::TensorBytes,
            "Pushed bytes per tensor: [{name, raw, wire}].");
+}
+
+}  // namespace
+
+void BindClient(py::module_& m) {
+  BindTensorSpec(m);
+  BindTables(m);
+  BindClientClass(m);
+  BindStore(m);
 }
 
 }  // namespace asyncps::python
