@@ -24,13 +24,14 @@ def _has_server(d):
 
 def package_bin_dir():
     """The bin/ folder of the installed asyncps package (found without
-    importing it), or None where asyncps is not installed or has none."""
+    importing it), or None where asyncps is not installed or its bin/ has no
+    ps_server."""
     try:
         spec = importlib.util.find_spec("asyncps")
     except (ImportError, ValueError):
         return None
     for d in (spec.submodule_search_locations or []) if spec else []:
-        if os.path.isdir(os.path.join(d, "bin")):
+        if _has_server(os.path.join(d, "bin")):
             return os.path.join(d, "bin")
     return None
 
