@@ -24,6 +24,9 @@ PKGS=(
   # The Python package (worker/python): built for Debian's python3, which
   # imports Debian's PyTorch (CPU) and numpy; tests run with pytest.
   python3-dev pybind11-dev python3-numpy python3-torch python3-pytest
+  # pip install . (setup.py, --no-build-isolation) and cpack -G DEB, whose
+  # Depends: dpkg-shlibdeps (dpkg-dev) computes; tests/packaging uses both.
+  python3-setuptools python3-wheel python3-pip python3-venv dpkg-dev
   # Static checks in CI: Clang's thread-safety analysis and the
   # .clang-format check of every C++ source (tests/static/).
   clang clang-format

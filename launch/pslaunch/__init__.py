@@ -18,5 +18,7 @@ first on sys.path. Anything else puts launch/ there itself: ctest and
 launch/slurm/task.sh (`python3 -m pslaunch.etcd_tls`) through PYTHONPATH, a
 script of experiments/ in one statement at its top (experiments/expkit/
 __init__.py). No module of either package edits sys.path, and none imports a
-module that imports it back (tests/launch/import_cycles_test.py).
+module that imports it back (tests/launch/import_cycles_test.py). Installed
+(pip install . with setup.py, or the Debian package) both are ordinary
+packages of site-packages / dist-packages, with psrun and psstudy as commands.
 """

@@ -27,7 +27,9 @@ def make_parser():
     # DEFAULTS below applies what is still unset.
     p.add_argument("--servers", type=int, help="number of shards S (default 1)")
     p.add_argument("--workers", type=int, help="number of workers W (default 1)")
-    p.add_argument("--config", help="experiment flag file with [server]/[worker]/[psrun] sections")
+    p.add_argument("--config", help="experiment flag file with [server]/[worker]/[psrun] sections "
+                   "(a bare name such as fashion_ssp: one of launch/configs, also installed "
+                   "in share/asyncps/configs)")
     p.add_argument("--run_dir", help="run folder (default runs/<UTC time>-<pid> in the cwd)")
     p.add_argument("--backend", choices=["local", "ssh", "slurm", "k8s"],
                    help="where processes run (default local)")
@@ -162,6 +164,7 @@ def parse_args(argv):
     opts = parser.parse_args(joined)
     cfg = {r: [] for r in config_mod.ROLES}
     if opts.config:
+        opts.config = config_mod.find_config(opts.config)
         cfg = config_mod.parse_config_file(opts.config)
         from_cfg = config_mod.psrun_defaults(cfg["psrun"], make_parser())
         for k, v in vars(from_cfg).items():
@@ -351,7 +354,10 @@ def emulated_hosts(opts, log):
     return network, spawn, bind_host
 
 
-def main(argv):
+def main(argv=None):
+    """psrun; argv: its arguments (default sys.argv[1:], the console script)."""
+    if argv is None:
+        argv = sys.argv[1:]
     try:
         opts, cfg = parse_args(argv)
     except config_mod.ConfigError as e:

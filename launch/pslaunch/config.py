@@ -21,6 +21,16 @@ import re
 import shlex
 
 ROLES = ("psrun", "server", "worker")
+# Where a bare --config name (fashion_ssp, fashion_ssp.flags) is looked up:
+# this checkout's launch/configs, then the installed copies: <prefix>/share/
+# asyncps/configs beside <prefix>/lib/python3.../site-packages/pslaunch (pip,
+# also in a venv or with --user; the Debian package, also unpacked with
+# dpkg -x), then /usr/share/asyncps/configs.
+_PKG = os.path.dirname(os.path.realpath(__file__))
+CONFIG_DIRS = (os.path.join(os.path.dirname(_PKG), "configs"),
+               os.path.normpath(os.path.join(_PKG, "..", "..", "..", "..", "share", "asyncps",
+                                             "configs")),
+               "/usr/share/asyncps/configs")
 
 
 class ConfigError(Exception):
@@ -56,6 +66,19 @@ def parse_config_text(text, source="<config>"):
             raise ConfigError("%s:%d: expected --flag=value, got '%s'" % (source, lineno, line))
         out[role].append(line)
     return out
+
+
+def find_config(path):
+    """`path` where it exists or names a folder; else the first of
+    CONFIG_DIRS/<path> and CONFIG_DIRS/<path>.flags that exists; else `path`
+    (parse_config_file then says it is missing)."""
+    if os.path.exists(path) or os.sep in path:
+        return path
+    for d in CONFIG_DIRS:
+        for name in (path, path + ".flags"):
+            if os.path.isfile(os.path.join(d, name)):
+                return os.path.join(d, name)
+    return path
 
 
 def parse_config_file(path):

@@ -69,12 +69,13 @@ def runs_of(study):
     return [(c, seed) for c in study.configs for seed in study.seeds]
 
 
-def main(argv):
-    args = make_parser().parse_args(argv)
+def main(argv=None):
+    """psstudy; argv: its arguments (default sys.argv[1:], the console script)."""
+    args = make_parser().parse_args(sys.argv[1:] if argv is None else argv)
     t0 = time.time()
     try:
         study = grid.load(args.study)
-        help_text = subprocess.run([sys.executable, execute.PSRUN, "--help"],
+        help_text = subprocess.run(execute.psrun_command() + ["--help"],
                                    capture_output=True, text=True).stdout
         check_hosts(study, help_text)
     except grid.GridError as e:

@@ -26,7 +26,15 @@ from pslaunch.procs import tail as _tail  # psrun's log tail
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LAUNCH = os.path.dirname(HERE)
-PSRUN = os.path.join(LAUNCH, "psrun")
+PSRUN = os.path.join(LAUNCH, "psrun")  # in a checkout
+
+
+def psrun_command(python=sys.executable):
+    """How psstudy starts psrun: launch/psrun in a checkout, else (an
+    installed pslaunch, which that python imports) python -m pslaunch."""
+    if os.path.isfile(PSRUN):
+        return [python, PSRUN]
+    return [python, "-m", "pslaunch"]
 RANKWRAP = os.path.join(HERE, "rankwrap.py")
 
 
@@ -46,8 +54,9 @@ def psrun_argv(config, seed, rdir, bin_dir, python=sys.executable):
     """psrun's command line for one run."""
     v = config.values
     study = config.study
-    argv = [python, PSRUN, "--servers", str(v["servers"]), "--workers", str(v["workers"]),
-            "--run_dir", rdir, "--bin_dir", bin_dir, "--progress", "off"]
+    argv = psrun_command(python) + [
+        "--servers", str(v["servers"]), "--workers", str(v["workers"]), "--run_dir", rdir,
+        "--bin_dir", bin_dir, "--progress", "off"]
     if study.top.get("config"):
         argv += ["--config", os.path.abspath(study.top["config"])]
     if v["hosts"]:

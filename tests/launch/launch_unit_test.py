@@ -6,7 +6,7 @@ import os
 
 import launch_test_util as u
 
-from pslaunch import cli, config, netns, procs, summary
+from pslaunch import binaries, cli, config, netns, procs, summary
 
 
 class ConfigTest(u.LaunchTestCase):
@@ -41,6 +41,37 @@ class ConfigTest(u.LaunchTestCase):
         ssp = config.parse_config_file(os.path.join(d, "fashion_ssp.flags"))
         self.assertIn("--consistency=ssp", ssp["server"])
         self.assertIn("--staleness=2", ssp["server"])
+
+    def test_bare_config_names(self):
+        # A bare name is one of launch/configs here, the installed copy elsewhere.
+        d = os.path.join(u.REPO, "launch", "configs")
+        for name in ("fashion_ssp", "fashion_ssp.flags"):
+            self.assertEqual(config.find_config(name), os.path.join(d, "fashion_ssp.flags"))
+        self.assertEqual(config.find_config("no_such_config"), "no_such_config")
+        self.assertEqual(config.find_config("./fashion_ssp"), "./fashion_ssp")  # a path: as given
+
+    def test_default_bin_dir_order(self):
+        env = {k: os.environ.pop(k) for k in ("ASYNCPS_BIN_DIR", "BUILD") if k in os.environ}
+        try:
+            os.environ["BUILD"] = "/b"
+            self.assertEqual(binaries.default_bin_dir(), "/b/bin")
+            os.environ["ASYNCPS_BIN_DIR"] = "/x"
+            self.assertEqual(binaries.default_bin_dir(), "/x")
+        finally:
+            for k in ("ASYNCPS_BIN_DIR", "BUILD"):
+                os.environ.pop(k, None)
+            os.environ.update(env)
+        # A console script named ps_server on PATH (pip's) is no binary folder.
+        fake = os.path.join(self.tmp.name, "ps_server")
+        with open(fake, "w") as f:
+            f.write("#!/usr/bin/python3\n")
+        os.chmod(fake, 0o755)
+        path = os.environ["PATH"]
+        os.environ["PATH"] = self.tmp.name
+        try:
+            self.assertIsNone(binaries.path_bin_dir())
+        finally:
+            os.environ["PATH"] = path
 
     def test_cli_precedence(self):
         path = os.path.join(self.tmp.name, "c.flags")

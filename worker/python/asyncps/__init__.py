@@ -25,6 +25,9 @@ within ~50 ms of Ctrl-C. Errors are asyncps.Error subclasses (asyncps.errors).
 
 asyncps.torch has the PyTorch integration (ParameterServer,
 DistributedOptimizer, SparseEmbedding); asyncps.env the launcher contract (psrun --worker_cmd).
+PyTorch is optional (pip install 'asyncps[torch]'): this module and all but
+asyncps.torch, asyncps.overlap and asyncps.torch_update import without it.
+The compiled _asyncps fits the CPython it was built with (Debian 12: 3.11).
 """
 from . import errors
 from .errors import *  # noqa: F401,F403

@@ -92,8 +92,8 @@ import json
 import threading
 
 import numpy as np
-import torch
 
+from ._torch_required import torch
 from .errors import FailedPrecondition, InvalidArgument
 
 DEFAULT_BUCKET_MB = 25.0

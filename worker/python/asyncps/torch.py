@@ -66,8 +66,8 @@ import time
 import warnings
 
 import numpy as np
-import torch
 
+from ._torch_required import torch
 from . import _asyncps
 from . import torch_update as _update
 from .env import worker_env

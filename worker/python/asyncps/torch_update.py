@@ -76,8 +76,8 @@ import collections
 import json
 
 import numpy as np
-import torch
 
+from ._torch_required import torch
 from .errors import FailedPrecondition, InvalidArgument
 
 
