@@ -13,9 +13,9 @@
 #include "common/elastic_doc.h"
 #include "common/hash.h"
 #include "server/elastic/elastic_doc.h"
-#include "server/internal/test_util.h"
 #include "server/shard/shard.h"
 #include "server/store/store.h"
+#include "server/testing/test_util.h"
 #include "tests/util/process.h"
 
 namespace asyncps::server {

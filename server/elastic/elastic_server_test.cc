@@ -11,8 +11,8 @@
 
 #include "common/elastic_doc.h"
 #include "common/etcd_client.h"
-#include "server/internal/test_util.h"
 #include "server/loop/server.h"
+#include "server/testing/test_util.h"
 #include "tests/util/etcd_fixture.h"
 
 namespace asyncps::server {

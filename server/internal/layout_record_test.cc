@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "server/internal/shard_records.h"
-#include "server/internal/test_util.h"
+#include "server/testing/test_util.h"
 
 namespace asyncps::server {
 namespace {

@@ -4,8 +4,8 @@
 
 #include <thread>
 
-#include "server/internal/test_util.h"
 #include "server/loop/server.h"
+#include "server/testing/test_util.h"
 
 namespace asyncps::server {
 namespace {

@@ -6,7 +6,7 @@
 
 #include <thread>
 
-#include "server/internal/test_util.h"
+#include "server/testing/test_util.h"
 
 namespace asyncps::server {
 namespace {

@@ -17,12 +17,12 @@
 #include <thread>
 
 #include "common/etcd_client.h"
-#include "server/internal/test_util.h"
 #include "server/loop/server.h"
 #include "server/replication/membership.h"
 #include "server/replication/replica_auth.h"
 #include "server/replication/replica_view.h"
 #include "server/replication/replicator.h"
+#include "server/testing/test_util.h"
 #include "tests/util/etcd_fixture.h"
 
 namespace asyncps::server::replication {

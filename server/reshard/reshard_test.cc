@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "common/sparse_table.h"
-#include "server/internal/test_util.h"
 #include "server/shard/shard.h"
 #include "server/sparse/sparse_tables.h"
 #include "server/store/store.h"
+#include "server/testing/test_util.h"
 #include "tests/util/process.h"
 
 namespace asyncps::server {

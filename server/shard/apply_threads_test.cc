@@ -8,9 +8,9 @@
 #include <random>
 #include <vector>
 
-#include "server/internal/test_util.h"
 #include "server/optimizer/optimizer.h"
 #include "server/shard/shard.h"
+#include "server/testing/test_util.h"
 
 namespace asyncps::server {
 namespace {

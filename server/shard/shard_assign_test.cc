@@ -9,9 +9,9 @@
 #include <cstring>
 #include <limits>
 
-#include "server/internal/test_util.h"
 #include "server/shard/shard.h"
 #include "server/store/store.h"
+#include "server/testing/test_util.h"
 
 namespace asyncps::server {
 namespace {

@@ -4,8 +4,8 @@
 #include <cmath>
 
 #include "compression/codec.h"
-#include "server/internal/test_util.h"
 #include "server/shard/shard.h"
+#include "server/testing/test_util.h"
 
 namespace asyncps::server {
 namespace {

@@ -8,9 +8,9 @@
 #include <limits>
 
 #include "server/internal/push_dedup.h"
-#include "server/internal/test_util.h"
 #include "server/shard/shard.h"
 #include "server/store/store.h"
+#include "server/testing/test_util.h"
 
 namespace asyncps::server {
 namespace {

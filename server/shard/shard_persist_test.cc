@@ -7,10 +7,10 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "server/internal/fault_store.h"
-#include "server/internal/test_util.h"
 #include "server/shard/shard.h"
 #include "server/store/store.h"
+#include "server/testing/fault_store.h"
+#include "server/testing/test_util.h"
 
 namespace asyncps::server {
 namespace {

@@ -14,10 +14,10 @@
 #include <utility>
 
 #include "compression/codec.h"
-#include "server/internal/test_util.h"
 #include "server/loop/server_metrics.h"
 #include "server/shard/shard.h"
 #include "server/sparse/sparse_table.h"
+#include "server/testing/test_util.h"
 
 namespace asyncps::server {
 namespace {

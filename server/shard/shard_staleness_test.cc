@@ -7,9 +7,9 @@
 #include <cmath>
 #include <vector>
 
-#include "server/internal/test_util.h"
 #include "server/shard/shard.h"
 #include "server/store/store.h"
+#include "server/testing/test_util.h"
 
 namespace asyncps::server {
 namespace {

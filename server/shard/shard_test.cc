@@ -5,7 +5,7 @@
 #include <cmath>
 #include <limits>
 
-#include "server/internal/test_util.h"
+#include "server/testing/test_util.h"
 
 namespace asyncps::server {
 namespace {
