@@ -152,7 +152,7 @@ struct Trainer::RunState {
   // them there; otherwise they are copied to grads_ and pushed from there.
   bool device_push = false;
   std::vector<const float*> device_grads;
-  const std::vector<float*> no_host_grads;
+  const std::vector<float*> no_host_grads{};
 
   Clock::time_point start;
   double eval_s = 0;
