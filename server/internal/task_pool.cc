@@ -10,10 +10,10 @@ TaskPool::TaskPool(int threads) {
 
 TaskPool::~TaskPool() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     stop_ = true;
   }
-  wake_.notify_all();
+  wake_.SignalAll();
   for (std::thread& t : workers_) t.join();
 }
 
@@ -31,33 +31,34 @@ void TaskPool::Run(size_t n, const std::function<void(size_t)>& fn) {
     return;
   }
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     fn_ = &fn;
     n_ = n;
     next_.store(0, std::memory_order_relaxed);
     joined_ = 0;
     ++generation_;
   }
-  wake_.notify_all();
+  wake_.SignalAll();
   Drain();
   // Every worker joins every generation, so none can still be about to take
   // an item of this loop when the next one starts.
-  std::unique_lock<std::mutex> l(mu_);
-  idle_.wait(l, [this] { return joined_ == workers_.size(); });
+  MutexLock l(&mu_);
+  while (joined_ != workers_.size()) idle_.Wait(&mu_);
   fn_ = nullptr;
 }
 
 void TaskPool::WorkerLoop() {
   uint64_t seen = 0;
-  std::unique_lock<std::mutex> l(mu_);
-  while (true) {
-    wake_.wait(l, [&] { return stop_ || generation_ != seen; });
-    if (stop_) return;
-    seen = generation_;
-    l.unlock();
+  for (;;) {
+    {
+      MutexLock l(&mu_);
+      while (!stop_ && generation_ == seen) wake_.Wait(&mu_);
+      if (stop_) return;
+      seen = generation_;
+    }
     Drain();
-    l.lock();
-    if (++joined_ == workers_.size()) idle_.notify_one();
+    MutexLock l(&mu_);
+    if (++joined_ == workers_.size()) idle_.Signal();
   }
 }
 

@@ -11,13 +11,14 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 
 namespace asyncps::server::internal {
 
@@ -43,13 +44,15 @@ class TaskPool {
   void Drain();
 
   std::vector<std::thread> workers_;
-  std::mutex mu_;
-  std::condition_variable wake_;  // workers: a new generation or stop
-  std::condition_variable idle_;  // Run(): the last worker is done
-  uint64_t generation_ = 0;       // guarded by mu_
-  size_t joined_ = 0;             // workers done with this generation
-  bool stop_ = false;             // guarded by mu_
-  // The loop of the current generation: valid while Run() waits.
+  Mutex mu_;
+  CondVar wake_;  // workers: a new generation or stop
+  CondVar idle_;  // Run(): the last worker is done
+  uint64_t generation_ GUARDED_BY(mu_) = 0;
+  size_t joined_ GUARDED_BY(mu_) = 0;  // workers done with this generation
+  bool stop_ GUARDED_BY(mu_) = false;
+  // The loop of the current generation: valid while Run() waits. Written
+  // under mu_ before generation_ moves on, read by the workers once they
+  // saw it move (so not marked GUARDED_BY: Drain reads them without mu_).
   const std::function<void(size_t)>* fn_ = nullptr;
   size_t n_ = 0;
   std::atomic<size_t> next_{0};

@@ -23,7 +23,7 @@ Status Heartbeater::Start() {
 Status Heartbeater::Add(const std::string& group) {
   for (const auto& e : ParseReplicaGroup(group)) {
     ASSIGN_OR_RETURN(auto s, ClientSocket::Connect(e, options_.transport));
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     added_.push_back(std::move(s));
   }
   return Status::OK();
@@ -31,20 +31,22 @@ Status Heartbeater::Add(const std::string& group) {
 
 void Heartbeater::Stop() {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
   if (thread_.joinable()) thread_.join();
 }
 
 void Heartbeater::Run() {
   uint64_t id = uint64_t{1} << 63;
-  std::unique_lock<std::mutex> l(mu_);
-  while (!stop_) {
-    for (auto& s : added_) sockets_.push_back(std::move(s));
-    added_.clear();
-    l.unlock();
+  for (;;) {
+    {
+      MutexLock l(&mu_);
+      if (stop_) return;
+      for (auto& s : added_) sockets_.push_back(std::move(s));
+      added_.clear();
+    }
     RequestHeader h;
     h.kind = RequestKind::kHeartbeat;
     h.rank = options_.rank;
@@ -61,8 +63,12 @@ void Heartbeater::Run() {
         if (!got.ok() || !*got) break;
       }
     }
-    l.lock();
-    cv_.wait_for(l, options_.heartbeat_interval, [this] { return stop_; });
+    // Until the next heartbeat is due, or Stop().
+    const auto until =
+        std::chrono::steady_clock::now() + options_.heartbeat_interval;
+    MutexLock l(&mu_);
+    while (!stop_ && cv_.WaitUntil(&mu_, until)) {
+    }
   }
 }
 

@@ -8,15 +8,15 @@
 // GUARDED_BY(mu_).
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "common/transport.h"
 #include "worker/client.h"
 
@@ -43,10 +43,10 @@ class Heartbeater {
   uint64_t incarnation_;
   std::vector<std::unique_ptr<ClientSocket>> sockets_;  // the thread's
   std::thread thread_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;                                 // GUARDED_BY(mu_)
-  std::vector<std::unique_ptr<ClientSocket>> added_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  CondVar cv_;
+  bool stop_ GUARDED_BY(mu_) = false;
+  std::vector<std::unique_ptr<ClientSocket>> added_ GUARDED_BY(mu_);
 };
 
 }  // namespace asyncps::worker::client
