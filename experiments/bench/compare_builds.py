@@ -78,7 +78,7 @@ def bench_apply(bin_dir, quick):
 def bench_worker(bin_dir, quick):
     rows = run([sys.executable, os.path.join(HERE, "bench_worker.py"), "--bin_dir", bin_dir,
                 "--repeats=1", "--no_torch", "--no_profile", "--epochs=1"], 1800)
-    # The 2-worker row is compared with the local run of the same build.
+    # Its rows only (its ratios are to the ps_train_local of the same build).
     return [r for r in rows if r.get("bench") == "worker"]
 
 
